@@ -1,0 +1,122 @@
+package iptables
+
+import (
+	"slices"
+	"strings"
+)
+
+// SavedState is what iptables-save shows of ours in the nat table of one family.
+type SavedState struct {
+	// Chains are our chains that exist, whether or not they hold rules.
+	Chains []string
+	// Rules are the lines inside our chains, and the lines anywhere that jump to them, in
+	// iptables-save order.
+	Rules []string
+}
+
+// Empty reports whether nothing of ours is present.
+func (s SavedState) Empty() bool { return len(s.Chains) == 0 && len(s.Rules) == 0 }
+
+// Jumps returns the saved rules that jump into our chains from other chains, parsed back into
+// Rules so they can be deleted exactly as they are.
+func (s SavedState) Jumps() []Rule {
+	var out []Rule
+	for _, l := range s.Rules {
+		chain, spec, ok := strings.Cut(strings.TrimPrefix(l, "-A "), " ")
+		if !ok || isOurChain(chain) {
+			continue
+		}
+		out = append(out, Rule{Chain: chain, Spec: spec})
+	}
+	return out
+}
+
+func isOurChain(c string) bool { return c == RedirectChain || c == OutputChain }
+
+// ParseSave extracts our chains and rules from iptables-save output (any tables; only nat is read).
+func ParseSave(save string) SavedState {
+	var s SavedState
+	inNat := false
+	for _, l := range strings.Split(save, "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "*"):
+			inNat = l == "*"+Table
+		case !inNat:
+		case strings.HasPrefix(l, ":"):
+			name, _, _ := strings.Cut(l[1:], " ")
+			if isOurChain(name) {
+				s.Chains = append(s.Chains, name)
+			}
+		case strings.HasPrefix(l, "-A "):
+			chain, _, _ := strings.Cut(l[3:], " ")
+			if isOurChain(chain) || strings.HasSuffix(l, " -j "+RedirectChain) || strings.HasSuffix(l, " -j "+OutputChain) {
+				s.Rules = append(s.Rules, l)
+			}
+		}
+	}
+	return s
+}
+
+// Diff is the difference between the rules a Ruleset expects and the rules in place.
+type Diff struct {
+	Missing []string // expected, not present
+	Extra   []string // present, not expected (including duplicates)
+	// Reordered is set when the same rules are present in a different order.
+	Reordered bool
+}
+
+// Empty reports whether the rules in place are exactly the expected ones.
+func (d Diff) Empty() bool { return len(d.Missing) == 0 && len(d.Extra) == 0 && !d.Reordered }
+
+func (d Diff) String() string {
+	if d.Empty() {
+		return "rules match"
+	}
+	var parts []string
+	for _, m := range d.Missing {
+		parts = append(parts, "missing: "+m)
+	}
+	for _, e := range d.Extra {
+		parts = append(parts, "extra: "+e)
+	}
+	if d.Reordered {
+		parts = append(parts, "rules are in the wrong order")
+	}
+	return strings.Join(parts, "\n")
+}
+
+// Compare checks the rules in place for family f against the expected ones. Order matters within a
+// chain, because the first matching RETURN or REDIRECT wins.
+func (r *Ruleset) Compare(f Family, s SavedState) Diff {
+	var want []string
+	for _, rl := range r.Rules(f) {
+		want = append(want, rl.String())
+	}
+	return diffLines(want, s.Rules)
+}
+
+func diffLines(want, have []string) Diff {
+	var d Diff
+	count := map[string]int{}
+	for _, l := range have {
+		count[l]++
+	}
+	for _, l := range want {
+		if count[l] > 0 {
+			count[l]--
+		} else {
+			d.Missing = append(d.Missing, l)
+		}
+	}
+	for _, l := range have {
+		if count[l] > 0 {
+			count[l]--
+			d.Extra = append(d.Extra, l)
+		}
+	}
+	if len(d.Missing) == 0 && len(d.Extra) == 0 && !slices.Equal(want, have) {
+		d.Reordered = true
+	}
+	return d
+}

@@ -1,0 +1,316 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Mode selects how rules are written. The names are the values of --iptables-mode.
+type Mode string
+
+const (
+	// ModeAuto prefers native nftables, then iptables-nft, then iptables-legacy.
+	ModeAuto Mode = "auto"
+	// ModeLegacy uses the iptables-legacy binaries.
+	ModeLegacy Mode = "legacy"
+	// ModeNFT uses the iptables-nft binaries (Linkerd's "nft").
+	ModeNFT Mode = "nft"
+	// ModePlain uses whatever the plain "iptables" binaries are.
+	ModePlain Mode = "plain"
+	// ModeNFTables speaks nftables over netlink, with no binaries at all.
+	ModeNFTables Mode = "nftables"
+)
+
+// Modes lists every valid mode, in the order they are documented.
+var Modes = []Mode{ModeAuto, ModeLegacy, ModeNFT, ModePlain, ModeNFTables}
+
+// Field names used in validation errors. They are the proxy-init flag names, which are also the
+// keys of the CNI network config's "linkerd" block, so one message serves both front ends.
+const (
+	FieldInboundProxyPort        = "incoming-proxy-port"
+	FieldOutboundProxyPort       = "outgoing-proxy-port"
+	FieldProxyUID                = "proxy-uid"
+	FieldProxyGID                = "proxy-gid"
+	FieldPortsToRedirect         = "ports-to-redirect"
+	FieldInboundPortsToIgnore    = "inbound-ports-to-ignore"
+	FieldOutboundPortsToIgnore   = "outbound-ports-to-ignore"
+	FieldInboundSubnetsToIgnore  = "subnets-to-ignore"
+	FieldOutboundSubnetsToIgnore = "outbound-subnets-to-ignore"
+	FieldMode                    = "iptables-mode"
+)
+
+// Config is what the user asked for, in the user's own terms: port lists are the strings given on
+// the command line or in JSON ("4190,4191", "1000-2000"), so that Validate can name the exact
+// offending value.
+type Config struct {
+	InboundProxyPort  int
+	OutboundProxyPort int
+	// ProxyUID and ProxyGID exempt the proxy's own outbound traffic; -1 means no exemption.
+	ProxyUID int
+	ProxyGID int
+	// PortsToRedirect, when non-empty, switches inbound to "redirect-listed" mode.
+	PortsToRedirect       []string
+	InboundPortsToIgnore  []string
+	OutboundPortsToIgnore []string
+	// InboundSubnetsToIgnore skips the proxy by source address (Linkerd's --subnets-to-ignore).
+	InboundSubnetsToIgnore []string
+	// OutboundSubnetsToIgnore skips the proxy by destination address.
+	OutboundSubnetsToIgnore []string
+	// IPv6 also writes rules for IPv6; IPv4 rules are always written.
+	IPv6 bool
+	// Mode is the backend; empty means ModeAuto.
+	Mode Mode
+}
+
+// NewConfig returns a Config with proxy-init's defaults: ports unset, no UID or GID exemption,
+// IPv6 on and automatic backend selection.
+func NewConfig() Config {
+	return Config{InboundProxyPort: -1, OutboundProxyPort: -1, ProxyUID: -1, ProxyGID: -1, IPv6: true, Mode: ModeAuto}
+}
+
+// Problem is one invalid value.
+type Problem struct {
+	Field  string // flag or config key, e.g. "inbound-ports-to-ignore"
+	Value  string // the offending value, as given
+	Reason string
+}
+
+func (p Problem) String() string {
+	return fmt.Sprintf("%s %q: %s", p.Field, p.Value, p.Reason)
+}
+
+// ValidationError lists every problem found in a Config.
+type ValidationError struct {
+	Problems []Problem
+}
+
+func (e *ValidationError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return "invalid configuration: " + strings.Join(parts, "; ")
+}
+
+// IsValidationError reports whether err is, or wraps, a *ValidationError: bad input rather than a
+// failure to apply.
+func IsValidationError(err error) bool {
+	var v *ValidationError
+	return errors.As(err, &v)
+}
+
+// PortRange is an inclusive range of TCP ports; a single port has First == Last.
+type PortRange struct {
+	First, Last uint16
+}
+
+// String renders the range the way the user writes it: "80" or "1000-2000".
+func (r PortRange) String() string {
+	if r.First == r.Last {
+		return strconv.Itoa(int(r.First))
+	}
+	return fmt.Sprintf("%d-%d", r.First, r.Last)
+}
+
+// ParsePort parses one port ("8080") or range ("1000-2000"), each end within 1-65535.
+func ParsePort(s string) (PortRange, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return PortRange{}, errors.New("empty port")
+	}
+	lo, hi, isRange := strings.Cut(s, "-")
+	first, err := parsePortNumber(lo)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if !isRange {
+		return PortRange{first, first}, nil
+	}
+	last, err := parsePortNumber(hi)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if last < first {
+		return PortRange{}, fmt.Errorf("range %d-%d is reversed", first, last)
+	}
+	return PortRange{first, last}, nil
+}
+
+func parsePortNumber(s string) (uint16, error) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a port number", s)
+	}
+	if n < 1 || n > 65535 {
+		return 0, fmt.Errorf("port %d is outside 1-65535", n)
+	}
+	return uint16(n), nil
+}
+
+// ParsePorts parses a comma-separated list of ports and ranges ("4190,4191,1000-2000"). An empty
+// or all-blank string is an empty list; an empty element inside a list is an error.
+func ParsePorts(s string) ([]PortRange, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []PortRange
+	for _, part := range strings.Split(s, ",") {
+		r, err := ParsePort(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// ParseCIDR parses a subnet ("10.0.0.0/8", "fd00::/8") or a bare address, taken as a single host.
+// Host bits are cleared, as iptables would.
+func ParseCIDR(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return netip.Prefix{}, errors.New("empty subnet")
+	}
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR or an IP address", s)
+		}
+		if a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("%q has a zone, which a subnet cannot have", s)
+		}
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a valid CIDR", s)
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped IPv6 subnet; write the IPv4 subnet", s)
+	}
+	return p.Masked(), nil
+}
+
+// ParseCIDRs parses a comma-separated list of subnets.
+func ParseCIDRs(s string) ([]netip.Prefix, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []netip.Prefix
+	for _, part := range strings.Split(s, ",") {
+		p, err := ParseCIDR(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Validate reports every problem in c at once, as a *ValidationError, or nil.
+func (c Config) Validate() error {
+	_, err := c.plan()
+	return err
+}
+
+// plan validates c and converts it into the normalized Ruleset. Doing both in one pass keeps
+// Validate and Build from ever disagreeing.
+func (c Config) plan() (*Ruleset, error) {
+	var probs []Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, Problem{Field: field, Value: value, Reason: reason})
+	}
+	proxyPort := func(field string, v int) uint16 {
+		switch {
+		case v == -1:
+			bad(field, strconv.Itoa(v), "must be set")
+		case v < 1 || v > 65535:
+			bad(field, strconv.Itoa(v), "port is outside 1-65535")
+		default:
+			return uint16(v)
+		}
+		return 0
+	}
+	id := func(field, what string, v int) {
+		switch {
+		case v == 0:
+			bad(field, "0", "refusing to exempt "+what+" 0 (root): use -1 for no exemption")
+		case v < -1:
+			bad(field, strconv.Itoa(v), "must be -1 (none) or a positive "+what)
+		}
+	}
+	ports := func(field string, values []string) []PortRange {
+		var out []PortRange
+		seen := map[PortRange]bool{}
+		for _, v := range values {
+			for _, part := range strings.Split(v, ",") {
+				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
+					continue
+				}
+				r, err := ParsePort(part)
+				if err != nil {
+					bad(field, strings.TrimSpace(part), err.Error())
+					continue
+				}
+				if !seen[r] {
+					seen[r] = true
+					out = append(out, r)
+				}
+			}
+		}
+		return out
+	}
+	subnets := func(field string, values []string) []netip.Prefix {
+		var out []netip.Prefix
+		seen := map[netip.Prefix]bool{}
+		for _, v := range values {
+			for _, part := range strings.Split(v, ",") {
+				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
+					continue
+				}
+				p, err := ParseCIDR(part)
+				if err != nil {
+					bad(field, strings.TrimSpace(part), err.Error())
+					continue
+				}
+				if !seen[p] {
+					seen[p] = true
+					out = append(out, p)
+				}
+			}
+		}
+		return out
+	}
+
+	rs := &Ruleset{
+		InboundProxyPort:      proxyPort(FieldInboundProxyPort, c.InboundProxyPort),
+		OutboundProxyPort:     proxyPort(FieldOutboundProxyPort, c.OutboundProxyPort),
+		ProxyUID:              c.ProxyUID,
+		ProxyGID:              c.ProxyGID,
+		RedirectPorts:         ports(FieldPortsToRedirect, c.PortsToRedirect),
+		InboundIgnorePorts:    ports(FieldInboundPortsToIgnore, c.InboundPortsToIgnore),
+		OutboundIgnorePorts:   ports(FieldOutboundPortsToIgnore, c.OutboundPortsToIgnore),
+		InboundIgnoreSubnets:  subnets(FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
+		OutboundIgnoreSubnets: subnets(FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
+		Families:              []Family{IPv4},
+	}
+	id(FieldProxyUID, "UID", c.ProxyUID)
+	id(FieldProxyGID, "GID", c.ProxyGID)
+	if c.IPv6 {
+		rs.Families = append(rs.Families, IPv6)
+	}
+	switch c.Mode {
+	case "", ModeAuto, ModeLegacy, ModeNFT, ModePlain, ModeNFTables:
+	default:
+		bad(FieldMode, string(c.Mode), "unknown mode; want one of auto, legacy, nft, plain, nftables")
+	}
+	if len(probs) > 0 {
+		return nil, &ValidationError{Problems: probs}
+	}
+	return rs, nil
+}

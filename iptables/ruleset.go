@@ -1,0 +1,243 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Family is an address family the rules are written for.
+type Family string
+
+const (
+	IPv4 Family = "ipv4"
+	IPv6 Family = "ipv6"
+)
+
+// Contains reports whether p belongs to family f.
+func (f Family) Contains(p netip.Prefix) bool {
+	return p.Addr().Is4() == (f == IPv4)
+}
+
+// Chain and table names shared with Linkerd's proxy-init: tools and runbooks look for them.
+const (
+	Table          = "nat"
+	RedirectChain  = "PROXY_INIT_REDIRECT"
+	OutputChain    = "PROXY_INIT_OUTPUT"
+	PreroutingHook = "PREROUTING"
+	OutputHook     = "OUTPUT"
+	CommentPrefix  = "proxy-init/"
+)
+
+// maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
+const maxMultiportPorts = 15
+
+// Ruleset is the validated, normalized plan both backends write. Every list is deduplicated and
+// keeps the user's order; subnet lists hold both families and are split with Subnets.
+type Ruleset struct {
+	Families          []Family
+	InboundProxyPort  uint16
+	OutboundProxyPort uint16
+	ProxyUID          int // -1: none
+	ProxyGID          int // -1: none
+	// RedirectPorts is empty when every inbound port is redirected.
+	RedirectPorts         []PortRange
+	InboundIgnorePorts    []PortRange
+	OutboundIgnorePorts   []PortRange
+	InboundIgnoreSubnets  []netip.Prefix
+	OutboundIgnoreSubnets []netip.Prefix
+}
+
+// Build validates c and returns the rules it describes.
+func Build(c Config) (*Ruleset, error) {
+	return c.plan()
+}
+
+// HasFamily reports whether rules are written for f.
+func (r *Ruleset) HasFamily(f Family) bool {
+	for _, g := range r.Families {
+		if g == f {
+			return true
+		}
+	}
+	return false
+}
+
+// Subnets returns the members of list that belong to family f, so a v4 CIDR never reaches the
+// v6 rules.
+func Subnets(f Family, list []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range list {
+		if f.Contains(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Rule is one iptables rule in the canonical form iptables-save prints, so that what we render and
+// what we read back compare as plain strings.
+type Rule struct {
+	Chain string
+	// Spec is everything after "-A <chain> ", comment included.
+	Spec string
+}
+
+// String renders the rule as an iptables-save line.
+func (r Rule) String() string { return "-A " + r.Chain + " " + r.Spec }
+
+// Delete renders the rule as an iptables-restore delete command.
+func (r Rule) Delete() string { return "-D " + r.Chain + " " + r.Spec }
+
+func rule(chain, matches, name, target string) Rule {
+	spec := fmt.Sprintf("-m comment --comment %q -j %s", CommentPrefix+name, target)
+	if matches != "" {
+		spec = matches + " " + spec
+	}
+	return Rule{Chain: chain, Spec: spec}
+}
+
+// ChainRules returns the rules inside our two chains for family f, in order: first
+// PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT.
+func (r *Ruleset) ChainRules(f Family) []Rule {
+	var out []Rule
+	in := RedirectChain
+	for _, g := range multiportGroups(r.InboundIgnorePorts) {
+		out = append(out, rule(in, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
+	}
+	for _, p := range Subnets(f, r.InboundIgnoreSubnets) {
+		out = append(out, rule(in, "-s "+p.String(), "ignore-subnet-"+p.String(), "RETURN"))
+	}
+	toIn := "REDIRECT --to-ports " + strconv.Itoa(int(r.InboundProxyPort))
+	if len(r.RedirectPorts) == 0 {
+		out = append(out, rule(in, "-p tcp", "redirect-all-incoming-to-proxy-port", toIn))
+	}
+	for _, p := range r.RedirectPorts {
+		out = append(out, rule(in, "-p tcp -m tcp --dport "+xtPorts(p), "redirect-port-"+p.String()+"-to-proxy-port", toIn))
+	}
+
+	o := OutputChain
+	if r.ProxyUID >= 0 {
+		out = append(out, rule(o, "-m owner --uid-owner "+strconv.Itoa(r.ProxyUID), "ignore-proxy-user-id", "RETURN"))
+	}
+	if r.ProxyGID >= 0 {
+		out = append(out, rule(o, "-m owner --gid-owner "+strconv.Itoa(r.ProxyGID), "ignore-proxy-group-id", "RETURN"))
+	}
+	out = append(out, rule(o, "-o lo", "ignore-loopback", "RETURN"))
+	for _, g := range multiportGroups(r.OutboundIgnorePorts) {
+		out = append(out, rule(o, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
+	}
+	for _, p := range Subnets(f, r.OutboundIgnoreSubnets) {
+		out = append(out, rule(o, "-d "+p.String(), "ignore-subnet-"+p.String(), "RETURN"))
+	}
+	out = append(out, rule(o, "-p tcp", "redirect-all-outgoing-to-proxy-port", "REDIRECT --to-ports "+strconv.Itoa(int(r.OutboundProxyPort))))
+	return out
+}
+
+// Jumps returns the rules that hook our chains into the built-in nat chains. They are the same for
+// both families.
+func (r *Ruleset) Jumps() []Rule {
+	return []Rule{
+		rule(PreroutingHook, "", "install-proxy-init-prerouting", RedirectChain),
+		rule(OutputHook, "", "install-proxy-init-output", OutputChain),
+	}
+}
+
+// Rules returns every rule for family f as iptables-save would list it: jumps first (built-in
+// chains are printed before ours), then our chains in name order.
+func (r *Ruleset) Rules(f Family) []Rule {
+	out := r.Jumps()
+	chain := r.ChainRules(f)
+	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
+	for _, c := range []string{OutputChain, RedirectChain} {
+		for _, rl := range chain {
+			if rl.Chain == c {
+				out = append(out, rl)
+			}
+		}
+	}
+	return out
+}
+
+// RestorePayload renders the iptables-restore --noflush input that replaces our chains for family
+// f in one transaction. Declaring a chain flushes it, so old rules vanish in the same commit that
+// adds the new ones. Only the jumps passed in are added: the caller passes those not yet present,
+// so re-runs never duplicate them.
+func (r *Ruleset) RestorePayload(f Family, missingJumps []Rule) string {
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	b.WriteString(":" + RedirectChain + " - [0:0]\n")
+	b.WriteString(":" + OutputChain + " - [0:0]\n")
+	for _, rl := range r.ChainRules(f) {
+		b.WriteString(rl.String() + "\n")
+	}
+	for _, j := range missingJumps {
+		b.WriteString(j.String() + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// CleanupPayload renders the iptables-restore --noflush input that removes the given jump rules
+// (as read back from the kernel) and then our two chains. Chains are declared before -X so the
+// payload also works when one of them is already gone.
+func CleanupPayload(presentJumps []Rule) string {
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	b.WriteString(":" + RedirectChain + " - [0:0]\n")
+	b.WriteString(":" + OutputChain + " - [0:0]\n")
+	for _, j := range presentJumps {
+		b.WriteString(j.Delete() + "\n")
+	}
+	b.WriteString("-X " + RedirectChain + "\n")
+	b.WriteString("-X " + OutputChain + "\n")
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
+func (r *Ruleset) Hash() string {
+	h := sha256.New()
+	for _, f := range r.Families {
+		fmt.Fprintf(h, "%s\n", f)
+		for _, rl := range r.Rules(f) {
+			fmt.Fprintf(h, "%s\n", rl)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".
+func xtPorts(p PortRange) string {
+	if p.First == p.Last {
+		return strconv.Itoa(int(p.First))
+	}
+	return fmt.Sprintf("%d:%d", p.First, p.Last)
+}
+
+// multiportGroups splits ports into multiport argument lists of at most 15 ports, a range counting
+// as two.
+func multiportGroups(ports []PortRange) []string {
+	var groups []string
+	var cur []string
+	n := 0
+	for _, p := range ports {
+		cost := 1
+		if p.First != p.Last {
+			cost = 2
+		}
+		if n+cost > maxMultiportPorts {
+			groups = append(groups, strings.Join(cur, ","))
+			cur, n = nil, 0
+		}
+		cur = append(cur, xtPorts(p))
+		n += cost
+	}
+	if len(cur) > 0 {
+		groups = append(groups, strings.Join(cur, ","))
+	}
+	return groups
+}
