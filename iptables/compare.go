@@ -120,3 +120,60 @@ func diffLines(want, have []string) Diff {
 	}
 	return d
 }
+
+// Saved returns the state that Apply leaves in place for family f: what a matching SavedState
+// read back from the kernel looks like.
+func (r *Ruleset) Saved(f Family) SavedState {
+	s := SavedState{Chains: []string{OutputChain, RedirectChain}}
+	for _, rl := range r.Rules(f) {
+		s.Rules = append(s.Rules, rl.String())
+	}
+	return s
+}
+
+// TransitionPayload renders one iptables-restore --noflush transaction that takes our rules from
+// the state now in place to the target state, touching nothing else. Applying a Ruleset is
+// TransitionPayload(current, rs.Saved(f)); rolling back is the reverse; cleanup is a transition
+// to the empty state.
+//
+// Our chains are declared, which flushes them, and refilled from target. Jumps into them are
+// deleted or added one by one, so a jump already in place is never removed and re-added (no gap)
+// and duplicates left by older tools are removed.
+func TransitionPayload(current, target SavedState) string {
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	b.WriteString(":" + RedirectChain + " - [0:0]\n")
+	b.WriteString(":" + OutputChain + " - [0:0]\n")
+
+	keep := map[string]int{}
+	for _, j := range target.Jumps() {
+		keep[j.String()]++
+	}
+	have := map[string]int{}
+	for _, j := range current.Jumps() {
+		if keep[j.String()] > have[j.String()] {
+			have[j.String()]++
+			continue
+		}
+		b.WriteString(j.Delete() + "\n")
+	}
+	if len(target.Chains) == 0 {
+		b.WriteString("-X " + RedirectChain + "\n")
+		b.WriteString("-X " + OutputChain + "\n")
+	}
+	for _, l := range target.Rules {
+		chain, _, _ := strings.Cut(strings.TrimPrefix(l, "-A "), " ")
+		if isOurChain(chain) {
+			b.WriteString(l + "\n")
+		}
+	}
+	for _, j := range target.Jumps() {
+		if have[j.String()] > 0 {
+			have[j.String()]--
+			continue
+		}
+		b.WriteString(j.String() + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}

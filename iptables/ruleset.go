@@ -162,42 +162,6 @@ func (r *Ruleset) Rules(f Family) []Rule {
 	return out
 }
 
-// RestorePayload renders the iptables-restore --noflush input that replaces our chains for family
-// f in one transaction. Declaring a chain flushes it, so old rules vanish in the same commit that
-// adds the new ones. Only the jumps passed in are added: the caller passes those not yet present,
-// so re-runs never duplicate them.
-func (r *Ruleset) RestorePayload(f Family, missingJumps []Rule) string {
-	var b strings.Builder
-	b.WriteString("*nat\n")
-	b.WriteString(":" + RedirectChain + " - [0:0]\n")
-	b.WriteString(":" + OutputChain + " - [0:0]\n")
-	for _, rl := range r.ChainRules(f) {
-		b.WriteString(rl.String() + "\n")
-	}
-	for _, j := range missingJumps {
-		b.WriteString(j.String() + "\n")
-	}
-	b.WriteString("COMMIT\n")
-	return b.String()
-}
-
-// CleanupPayload renders the iptables-restore --noflush input that removes the given jump rules
-// (as read back from the kernel) and then our two chains. Chains are declared before -X so the
-// payload also works when one of them is already gone.
-func CleanupPayload(presentJumps []Rule) string {
-	var b strings.Builder
-	b.WriteString("*nat\n")
-	b.WriteString(":" + RedirectChain + " - [0:0]\n")
-	b.WriteString(":" + OutputChain + " - [0:0]\n")
-	for _, j := range presentJumps {
-		b.WriteString(j.Delete() + "\n")
-	}
-	b.WriteString("-X " + RedirectChain + "\n")
-	b.WriteString("-X " + OutputChain + "\n")
-	b.WriteString("COMMIT\n")
-	return b.String()
-}
-
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
 func (r *Ruleset) Hash() string {
 	h := sha256.New()

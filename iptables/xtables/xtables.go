@@ -1,0 +1,357 @@
+// Package xtables applies a Ruleset with the iptables binaries (iptables-legacy, iptables-nft or
+// plain iptables): one `iptables-restore --noflush` transaction per family.
+//
+// It learns what is already in place without spawning a process where the kernel allows it: the
+// legacy nat table shows up in /proc/net/ip{,6}_tables_names only once something created it, and
+// iptables-nft's chains are visible over nf_tables netlink. `*-save` runs only when our chains
+// may exist. It never decides which rules exist; that is the builder's job.
+package xtables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Flavor is the kernel side the binaries drive.
+type Flavor string
+
+const (
+	Legacy Flavor = "legacy"
+	NFT    Flavor = "nf_tables"
+)
+
+// Options configure an Applier.
+type Options struct {
+	// Wait makes iptables-restore wait for the xtables lock, at most WaitTimeout.
+	Wait        bool
+	WaitTimeout time.Duration
+}
+
+// DefaultWaitTimeout bounds the wait for the xtables lock: long enough to outlast another
+// writer, short enough that a stuck lock fails the pod visibly instead of hanging it.
+const DefaultWaitTimeout = 10 * time.Second
+
+// Applier writes rules through one set of iptables binaries.
+type Applier struct {
+	name   string
+	flavor Flavor
+	bins   map[iptables.Family]binaries
+	opts   Options
+}
+
+type binaries struct{ restore, save string }
+
+var _ iptables.Applier = (*Applier)(nil)
+
+// New returns the applier for mode legacy, nft or plain. When the mode's own binaries are
+// missing it falls back within the same kernel flavor: e.g. nft mode on a host whose only
+// binary is an nf_tables-backed "iptables".
+func New(mode iptables.Mode, opts Options) (*Applier, error) {
+	if opts.WaitTimeout == 0 {
+		opts.WaitTimeout = DefaultWaitTimeout
+	}
+	var prefix string
+	var flavor Flavor
+	switch mode {
+	case iptables.ModeLegacy:
+		prefix, flavor = "-legacy", Legacy
+	case iptables.ModeNFT:
+		prefix, flavor = "-nft", NFT
+	case iptables.ModePlain:
+		f, err := DetectPlain()
+		if err != nil {
+			return nil, err
+		}
+		prefix, flavor = "", f
+	default:
+		return nil, fmt.Errorf("iptables mode %q is not served by the iptables binaries", mode)
+	}
+	a := &Applier{name: "iptables" + prefix, flavor: flavor, opts: opts, bins: map[iptables.Family]binaries{}}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cmd := "iptables"
+		if f == iptables.IPv6 {
+			cmd = "ip6tables"
+		}
+		b, err := findBinaries(cmd, prefix, flavor)
+		if err != nil {
+			return nil, err
+		}
+		a.bins[f] = b
+	}
+	return a, nil
+}
+
+func findBinaries(cmd, suffix string, flavor Flavor) (binaries, error) {
+	restore, err1 := exec.LookPath(cmd + suffix + "-restore")
+	save, err2 := exec.LookPath(cmd + suffix + "-save")
+	if err1 == nil && err2 == nil {
+		return binaries{restore, save}, nil
+	}
+	if suffix != "" {
+		// Fall back to the plain binaries, but only if they drive the same kernel flavor.
+		if f, err := flavorOf(cmd); err == nil && f == flavor {
+			restore, err1 = exec.LookPath(cmd + "-restore")
+			save, err2 = exec.LookPath(cmd + "-save")
+			if err1 == nil && err2 == nil {
+				return binaries{restore, save}, nil
+			}
+		}
+	}
+	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor an %s-backed %s to fall back on",
+		cmd, suffix, cmd, suffix, os.Getenv("PATH"), flavor, cmd)
+}
+
+// DetectPlain tells which kernel flavor the plain "iptables" binary drives.
+func DetectPlain() (Flavor, error) { return flavorOf("iptables") }
+
+// flavorOf reads the flavor from the alternatives symlink chain when it names one (no exec), and
+// otherwise asks the binary for its version.
+func flavorOf(cmd string) (Flavor, error) {
+	p, err := exec.LookPath(cmd)
+	if err != nil {
+		return "", fmt.Errorf("%s not found in PATH (%s)", cmd, os.Getenv("PATH"))
+	}
+	if target, err := filepath.EvalSymlinks(p); err == nil {
+		base := filepath.Base(target)
+		switch {
+		case strings.Contains(base, "legacy"):
+			return Legacy, nil
+		case strings.Contains(base, "nft"):
+			return NFT, nil
+		}
+	}
+	// go-iptables parses this same output but keeps the mode private, so read it here.
+	out, err := exec.Command(p, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("probe %s --version: %w: %s", p, err, strings.TrimSpace(string(out)))
+	}
+	switch {
+	case strings.Contains(string(out), "(nf_tables)"):
+		return NFT, nil
+	case strings.Contains(string(out), "(legacy)"):
+		return Legacy, nil
+	}
+	return "", fmt.Errorf("%s --version printed %q, which names neither legacy nor nf_tables", p, strings.TrimSpace(string(out)))
+}
+
+// Name is the binary family in use, e.g. "iptables-nft".
+func (a *Applier) Name() string { return a.name }
+
+// Flavor is the kernel side the binaries drive.
+func (a *Applier) Flavor() Flavor { return a.flavor }
+
+// Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
+// later one fails.
+func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
+	var applied []appliedFamily
+	var res iptables.Result
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return res, errors.Join(err, a.rollback(ctx, rs, applied))
+		}
+		target := iptables.SavedState{}
+		if rs.HasFamily(f) {
+			target = rs.Saved(f)
+		}
+		if rs.HasFamily(f) && rs.Compare(f, cur).Empty() || !rs.HasFamily(f) && cur.Empty() {
+			continue
+		}
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
+			return res, errors.Join(err, a.rollback(ctx, rs, applied))
+		}
+		res.Changed = true
+		applied = append(applied, appliedFamily{f, cur})
+	}
+	return res, nil
+}
+
+// appliedFamily remembers what a family held before Apply changed it.
+type appliedFamily struct {
+	f    iptables.Family
+	prev iptables.SavedState
+}
+
+// rollback returns each already-applied family to the state it had before.
+func (a *Applier) rollback(ctx context.Context, rs *iptables.Ruleset, applied []appliedFamily) error {
+	var errs []error
+	for _, d := range applied {
+		cur := iptables.SavedState{}
+		if rs.HasFamily(d.f) {
+			cur = rs.Saved(d.f)
+		}
+		if err := a.restore(ctx, d.f, iptables.TransitionPayload(cur, d.prev)); err != nil {
+			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
+		}
+	}
+	if len(errs) == 0 && len(applied) > 0 {
+		return fmt.Errorf("rolled back %d already applied famil(ies) to their previous rules", len(applied))
+	}
+	return errors.Join(errs...)
+}
+
+// Show reads back our rules and compares them with rs. A family rs does not cover is expected
+// to hold none of our rules.
+func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
+	st := iptables.State{Backend: a.name}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return st, err
+		}
+		fs := iptables.FamilyState{Family: f, Rules: cur.Rules}
+		if rs.HasFamily(f) {
+			fs.Diff = rs.Compare(f, cur)
+		} else {
+			fs.Diff = iptables.Diff{Extra: cur.Rules}
+		}
+		st.Families = append(st.Families, fs)
+	}
+	return st, nil
+}
+
+// Cleanup removes our chains and the jumps to them, in both families.
+func (a *Applier) Cleanup(ctx context.Context) error {
+	var errs []error
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if cur.Empty() {
+			continue
+		}
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, iptables.SavedState{})); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// read returns our rules in place for family f, running *-save only when they may exist.
+func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
+	maybe, err := a.mayHaveRules(f)
+	if err != nil {
+		return iptables.SavedState{}, err
+	}
+	if !maybe {
+		return iptables.SavedState{}, nil
+	}
+	b := a.bins[f]
+	cmd := exec.CommandContext(ctx, b.save, "-t", iptables.Table)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return iptables.SavedState{}, fmt.Errorf("%s -t nat: %w: %s", b.save, err, strings.TrimSpace(stderr.String()))
+	}
+	return iptables.ParseSave(string(out)), nil
+}
+
+// mayHaveRules answers from the kernel, without exec, whether our chains can exist.
+func (a *Applier) mayHaveRules(f iptables.Family) (bool, error) {
+	if a.flavor == Legacy {
+		// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
+		// locked thread that entered another one.
+		file := "/proc/thread-self/net/ip_tables_names"
+		if f == iptables.IPv6 {
+			file = "/proc/thread-self/net/ip6_tables_names"
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			// No legacy module loaded at all: nothing of ours can be there.
+			if errors.Is(err, os.ErrNotExist) {
+				return false, nil
+			}
+			return true, nil
+		}
+		for _, t := range strings.Fields(string(data)) {
+			if t == iptables.Table {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	return NFTChainsExist(f)
+}
+
+// NFTChainsExist reports, over netlink, whether iptables-nft's nat table for f holds one of our
+// chains. An error from netlink is treated as "maybe", so the caller falls back to *-save.
+func NFTChainsExist(f iptables.Family) (bool, error) {
+	conn, err := nftables.New()
+	if err != nil {
+		return true, nil
+	}
+	defer conn.CloseLasting()
+	fam := nftables.TableFamilyIPv4
+	if f == iptables.IPv6 {
+		fam = nftables.TableFamilyIPv6
+	}
+	chains, err := conn.ListChainsOfTableFamily(fam)
+	if err != nil {
+		return true, nil
+	}
+	for _, c := range chains {
+		if c.Table.Name == iptables.Table && (c.Name == iptables.RedirectChain || c.Name == iptables.OutputChain) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+var lineRE = regexp.MustCompile(`(?:line:? |line )(\d+)`)
+
+// restore runs one iptables-restore --noflush transaction. On failure the error quotes the
+// payload lines the tool complained about.
+func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string) error {
+	b := a.bins[f]
+	args := []string{"--noflush"}
+	if a.opts.Wait {
+		args = append(args, "-w", strconv.Itoa(int(a.opts.WaitTimeout.Seconds())))
+	}
+	cmd := exec.CommandContext(ctx, b.restore, args...)
+	cmd.Stdin = strings.NewReader(payload)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return &RestoreError{Binary: b.restore, Family: f, Output: strings.TrimSpace(out.String()), Payload: payload, Err: err}
+	}
+	return nil
+}
+
+// RestoreError is a failed iptables-restore run.
+type RestoreError struct {
+	Binary  string
+	Family  iptables.Family
+	Output  string
+	Payload string
+	Err     error
+}
+
+func (e *RestoreError) Error() string {
+	msg := fmt.Sprintf("%s (%s) failed: %v: %s", e.Binary, e.Family, e.Err, e.Output)
+	lines := strings.Split(e.Payload, "\n")
+	for _, m := range lineRE.FindAllStringSubmatch(e.Output, -1) {
+		n, _ := strconv.Atoi(m[1])
+		if n >= 1 && n <= len(lines) {
+			msg += fmt.Sprintf("\n  payload line %d: %s", n, lines[n-1])
+		}
+	}
+	return msg
+}
+
+func (e *RestoreError) Unwrap() error { return e.Err }

@@ -1,0 +1,220 @@
+package xtables_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: writes iptables rules in throwaway network namespaces")
+	}
+}
+
+func newNS(t *testing.T) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		testutils.UnmountNS(n)
+	})
+	return n
+}
+
+func chartConfig() iptables.Config {
+	c := iptables.NewConfig()
+	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
+	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
+	c.OutboundPortsToIgnore = []string{"4567,4568"}
+	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:1::/48"}
+	return c
+}
+
+func save(t *testing.T, n ns.NetNS, bin string) string {
+	t.Helper()
+	var out []byte
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		out, err = exec.Command(bin, "-t", "nat").Output()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	// Drop the timestamped comment lines and counters so runs compare.
+	var keep []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+func do(t *testing.T, n ns.NetNS, fn func() error) error {
+	t.Helper()
+	return n.Do(func(ns.NetNS) error { return fn() })
+}
+
+func TestApplyIdempotentChangeCleanup(t *testing.T) {
+	requireRoot(t)
+	for _, mode := range []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := context.Background()
+			n := newNS(t)
+			a, err := xtables.New(mode, xtables.Options{Wait: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			saveBin := map[iptables.Mode]string{iptables.ModeLegacy: "iptables-legacy-save", iptables.ModeNFT: "iptables-nft-save"}[mode]
+			save6 := "ip6" + strings.TrimPrefix(saveBin, "ip")
+			rs, err := iptables.Build(chartConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res iptables.Result
+			if err := do(t, n, func() (err error) { res, err = a.Apply(ctx, rs); return }); err != nil {
+				t.Fatal(err)
+			}
+			if !res.Changed {
+				t.Fatal("first apply reported no change")
+			}
+			first4, first6 := save(t, n, saveBin), save(t, n, save6)
+			for _, rl := range rs.Rules(iptables.IPv4) {
+				if !strings.Contains(first4, rl.String()) {
+					t.Errorf("ipv4 save lacks %q:\n%s", rl, first4)
+				}
+			}
+			if strings.Contains(first6, "198.51.100.0/24") || !strings.Contains(first6, "2001:db8:1::/48") {
+				t.Errorf("ipv6 rules carry the wrong subnets:\n%s", first6)
+			}
+
+			if err := do(t, n, func() (err error) { res, err = a.Apply(ctx, rs); return }); err != nil {
+				t.Fatal(err)
+			}
+			if res.Changed {
+				t.Error("identical re-run reported a change")
+			}
+			if s4, s6 := save(t, n, saveBin), save(t, n, save6); s4 != first4 || s6 != first6 {
+				t.Errorf("re-run changed the rules:\n%s\nwas\n%s", s4, first4)
+			}
+
+			// A new config replaces the chains' content and keeps single jumps.
+			c := chartConfig()
+			c.OutboundPortsToIgnore = []string{"443,6443"}
+			rs2, _ := iptables.Build(c)
+			if err := do(t, n, func() (err error) { _, err = a.Apply(ctx, rs2); return }); err != nil {
+				t.Fatal(err)
+			}
+			var st iptables.State
+			if err := do(t, n, func() (err error) { st, err = a.Show(ctx, rs2); return }); err != nil {
+				t.Fatal(err)
+			}
+			if !st.Match() {
+				t.Errorf("after a config change the rules differ: %+v", st)
+			}
+			if s := save(t, n, saveBin); strings.Contains(s, "proxy-init/ignore-port-4567,4568\"") || strings.Count(s, "-j PROXY_INIT_OUTPUT") != 1 {
+				t.Errorf("old rules survived the change or jumps duplicated:\n%s", s)
+			}
+
+			if err := do(t, n, func() error { return a.Cleanup(ctx) }); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range []string{saveBin, save6} {
+				if s := save(t, n, b); strings.Contains(s, "PROXY_INIT") {
+					t.Errorf("%s after cleanup still shows our chains:\n%s", b, s)
+				}
+			}
+			if err := do(t, n, func() error { return a.Cleanup(ctx) }); err != nil {
+				t.Errorf("second cleanup: %v", err)
+			}
+		})
+	}
+}
+
+// TestIPv6FailureRollsBackIPv4 makes ip6tables-restore fail after IPv4 succeeded, and checks
+// that IPv4 is returned to the rules it had before, so the pod is never half meshed.
+func TestIPv6FailureRollsBackIPv4(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		prior bool
+	}{{"from empty", false}, {"from previous rules", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNS(t)
+			good, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			old, _ := iptables.Build(chartConfig())
+			if tc.prior {
+				if err := do(t, n, func() (err error) { _, err = good.Apply(ctx, old); return }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := save(t, n, "iptables-legacy-save")
+
+			// A PATH where ip6tables-legacy-restore always fails.
+			dir := t.TempDir()
+			for _, b := range []string{"iptables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy-save"} {
+				real, err := exec.LookPath(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(real, filepath.Join(dir, b)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fail := "#!/bin/sh\necho 'ip6tables-restore: line 3 failed' >&2\nexit 1\n"
+			if err := os.WriteFile(filepath.Join(dir, "ip6tables-legacy-restore"), []byte(fail), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("PATH", dir)
+			bad, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := chartConfig()
+			c.OutboundSubnetsToIgnore = []string{"203.0.113.0/24", "2001:db8:2::/48"}
+			rs, _ := iptables.Build(c)
+			err = do(t, n, func() (err error) { _, err = bad.Apply(ctx, rs); return })
+			if err == nil {
+				t.Fatal("apply succeeded with a failing ip6tables-legacy-restore")
+			}
+			if !strings.Contains(err.Error(), "ipv6") || !strings.Contains(err.Error(), "payload line 3: :PROXY_INIT_OUTPUT - [0:0]") {
+				t.Errorf("error does not name the family and quote the payload line: %v", err)
+			}
+			if !strings.Contains(err.Error(), "rolled back") {
+				t.Errorf("error does not say IPv4 was rolled back: %v", err)
+			}
+			if after := save(t, n, "iptables-legacy-save"); after != before {
+				t.Errorf("ipv4 not restored:\n%s\nwant\n%s", after, before)
+			}
+		})
+	}
+}
+
+func TestRestoreErrorQuotesPayload(t *testing.T) {
+	e := &xtables.RestoreError{Binary: "iptables-nft-restore", Family: iptables.IPv4,
+		Output: "iptables-nft-restore v1.8.9 (nf_tables): Chain 'BOGUS' does not exist\nError occurred at line: 2",
+		Payload: "*nat\n-A X -j BOGUS\nCOMMIT\n", Err: os.ErrInvalid}
+	want := "payload line 2: -A X -j BOGUS"
+	if !strings.Contains(e.Error(), want) {
+		t.Errorf("error %q lacks %q", e.Error(), want)
+	}
+}
