@@ -211,7 +211,7 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 
 func TestRestoreErrorQuotesPayload(t *testing.T) {
 	e := &xtables.RestoreError{Binary: "iptables-nft-restore", Family: iptables.IPv4,
-		Output: "iptables-nft-restore v1.8.9 (nf_tables): Chain 'BOGUS' does not exist\nError occurred at line: 2",
+		Output:  "iptables-nft-restore v1.8.9 (nf_tables): Chain 'BOGUS' does not exist\nError occurred at line: 2",
 		Payload: "*nat\n-A X -j BOGUS\nCOMMIT\n", Err: os.ErrInvalid}
 	want := "payload line 2: -A X -j BOGUS"
 	if !strings.Contains(e.Error(), want) {
