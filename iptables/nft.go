@@ -1,0 +1,477 @@
+package iptables
+
+// The nftables rendering of a Ruleset: one "inet" table holding the logic of both families, with
+// port and subnet lists in interval sets so that a rule's cost does not grow with its list.
+//
+// NFT returns an abstract model that the netlink applier (iptables/nftables) translates
+// mechanically into expressions; NFTScript renders the same model as an `nft -f` script. Both
+// derive from ChainRules' semantics and order, so the two backends cannot drift apart.
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Names of the nftables objects. The chains keep the iptables chain names, so runbooks that
+// look for PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT find them in `nft list ruleset` too.
+const (
+	NFTFamily    = "inet"
+	NFTTableName = "proxy_init"
+	// NFTPriority is where iptables' nat PREROUTING and OUTPUT chains sit (NF_IP_PRI_NAT_DST,
+	// nft's "dstnat"), so the two backends see packets at the same point.
+	NFTPriority = -100
+	// NFTCommentMax is the longest comment nft accepts (and prints back unchanged).
+	NFTCommentMax = 128
+	// nftFormat versions the table layout. It is part of the recorded plan, so a newer
+	// proxy-init that renders the same config differently rewrites an older table.
+	nftFormat = 1
+)
+
+// FamilyInet is the Family that the nftables backend reports in State: one table serves IPv4
+// and IPv6 together. Rule builders never use it.
+const FamilyInet Family = "inet"
+
+// NFTSetType is an nftables set key type.
+type NFTSetType string
+
+const (
+	NFTPorts NFTSetType = "inet_service"
+	NFTIPv4  NFTSetType = "ipv4_addr"
+	NFTIPv6  NFTSetType = "ipv6_addr"
+)
+
+// KeyLen is the length in bytes of the set's keys.
+func (t NFTSetType) KeyLen() int {
+	switch t {
+	case NFTPorts:
+		return 2
+	case NFTIPv4:
+		return 4
+	case NFTIPv6:
+		return 16
+	}
+	return 0
+}
+
+// NFTInterval is an inclusive range of set keys in network byte order. A single port or address
+// has First equal to Last.
+type NFTInterval struct {
+	First, Last []byte
+}
+
+// NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent
+// (touching intervals are merged), which is also how the kernel holds them, so a set read back
+// compares equal to the one written.
+type NFTSet struct {
+	Name     string
+	Type     NFTSetType
+	Elements []NFTInterval
+}
+
+// NFTMatchKind is one nft match statement. Each kind includes the protocol dependency nft itself
+// adds (a port match implies "meta l4proto tcp", an address match implies "meta nfproto"), so a
+// rule never lists a dependency separately and the expressions the applier writes are exactly
+// those `nft -f` writes for the script.
+type NFTMatchKind int
+
+const (
+	// NFTMatchNFProto is "meta nfproto ipv4|ipv6" (Family).
+	NFTMatchNFProto NFTMatchKind = iota + 1
+	// NFTMatchTCP is "meta l4proto tcp".
+	NFTMatchTCP
+	// NFTMatchDPortSet is "tcp dport @Set".
+	NFTMatchDPortSet
+	// NFTMatchSAddrSet is "ip saddr @Set" or "ip6 saddr @Set" (Family).
+	NFTMatchSAddrSet
+	// NFTMatchDAddrSet is "ip daddr @Set" or "ip6 daddr @Set" (Family).
+	NFTMatchDAddrSet
+	// NFTMatchSkUID is "meta skuid ID".
+	NFTMatchSkUID
+	// NFTMatchSkGID is "meta skgid ID".
+	NFTMatchSkGID
+	// NFTMatchOIFName is `oifname "Name"`, matched by name like iptables' -o.
+	NFTMatchOIFName
+)
+
+// NFTMatch is one match of a rule; which fields are used depends on Kind.
+type NFTMatch struct {
+	Kind   NFTMatchKind
+	Family Family // NFProto, SAddrSet, DAddrSet
+	Set    string // DPortSet, SAddrSet, DAddrSet
+	ID     uint32 // SkUID, SkGID
+	Name   string // OIFName
+}
+
+// String renders the match in nft syntax.
+func (m NFTMatch) String() string {
+	ip := "ip"
+	if m.Family == IPv6 {
+		ip = "ip6"
+	}
+	switch m.Kind {
+	case NFTMatchNFProto:
+		return "meta nfproto " + string(m.Family)
+	case NFTMatchTCP:
+		return "meta l4proto tcp"
+	case NFTMatchDPortSet:
+		return "tcp dport @" + m.Set
+	case NFTMatchSAddrSet:
+		return ip + " saddr @" + m.Set
+	case NFTMatchDAddrSet:
+		return ip + " daddr @" + m.Set
+	case NFTMatchSkUID:
+		return "meta skuid " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchSkGID:
+		return "meta skgid " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchOIFName:
+		return "oifname " + strconv.Quote(m.Name)
+	}
+	return fmt.Sprintf("<unknown match %d>", m.Kind)
+}
+
+// NFTRule is one rule: every match must hold, then the verdict applies. RedirectPort zero means
+// "return"; otherwise the packet is redirected to that local port.
+type NFTRule struct {
+	Comment      string
+	Matches      []NFTMatch
+	RedirectPort uint16
+}
+
+// String renders the rule in nft syntax, as `nft list` prints it.
+func (r NFTRule) String() string {
+	var parts []string
+	for _, m := range r.Matches {
+		parts = append(parts, m.String())
+	}
+	if r.RedirectPort == 0 {
+		parts = append(parts, "return")
+	} else {
+		parts = append(parts, "redirect to :"+strconv.Itoa(int(r.RedirectPort)))
+	}
+	if r.Comment != "" {
+		parts = append(parts, "comment "+strconv.Quote(r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+// NFTChain is a nat base chain.
+type NFTChain struct {
+	Name string
+	// Hook is "prerouting" or "output".
+	Hook     string
+	Priority int
+	Rules    []NFTRule
+}
+
+// Header renders the chain's type line.
+func (c NFTChain) Header() string {
+	return fmt.Sprintf("type nat hook %s priority %d; policy accept;", c.Hook, c.Priority)
+}
+
+// NFTTable is the whole table: what the applier writes in one batch.
+type NFTTable struct {
+	// Comment records the plan (NFTComment), so an identical re-run can skip the write.
+	Comment string
+	Sets    []NFTSet
+	Chains  []NFTChain
+}
+
+// Set names. One per list and, for subnets, per family, created only when non-empty.
+const (
+	nftInIgnorePorts    = "inbound_ignore_ports"
+	nftInRedirectPorts  = "inbound_redirect_ports"
+	nftOutIgnorePorts   = "outbound_ignore_ports"
+	nftInIgnoreSubnets  = "inbound_ignore_subnets_"
+	nftOutIgnoreSubnets = "outbound_ignore_subnets_"
+)
+
+// NFTComment is the table comment that records the plan: its hash and the table layout version.
+func (r *Ruleset) NFTComment() string {
+	return fmt.Sprintf("proxy-init/plan %s format %d", r.Hash(), nftFormat)
+}
+
+// NFT returns the nftables table for r, with the semantics and order of ChainRules. When IPv6 is
+// off, the redirect rules match "meta nfproto ipv4", so IPv6 traffic passes untouched, as it does
+// when iptables writes no IPv6 rules.
+func (r *Ruleset) NFT() NFTTable {
+	t := NFTTable{Comment: r.NFTComment()}
+	addSet := func(name string, typ NFTSetType, elems []NFTInterval) string {
+		t.Sets = append(t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
+		return name
+	}
+	var redirectOnly []NFTMatch
+	if !r.HasFamily(IPv6) {
+		redirectOnly = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
+	}
+	subnetRules := func(setPrefix string, kind NFTMatchKind, list []netip.Prefix) []NFTRule {
+		var out []NFTRule
+		for _, f := range r.Families {
+			ps := Subnets(f, list)
+			if len(ps) == 0 {
+				continue
+			}
+			typ, suffix := NFTIPv4, "v4"
+			if f == IPv6 {
+				typ, suffix = NFTIPv6, "v6"
+			}
+			names := make([]string, len(ps))
+			for i, p := range ps {
+				names[i] = p.String()
+			}
+			set := addSet(setPrefix+suffix, typ, prefixIntervals(ps))
+			out = append(out, NFTRule{
+				Comment: listComment("ignore-subnet-", names, ""),
+				Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
+			})
+		}
+		return out
+	}
+	ignorePorts := func(setName string, ports []PortRange) []NFTRule {
+		if len(ports) == 0 {
+			return nil
+		}
+		names := make([]string, len(ports))
+		for i, p := range ports {
+			names[i] = xtPorts(p)
+		}
+		set := addSet(setName, NFTPorts, portIntervals(ports))
+		return []NFTRule{{
+			Comment: listComment("ignore-port-", names, ""),
+			Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}},
+		}}
+	}
+
+	in := NFTChain{Name: RedirectChain, Hook: "prerouting", Priority: NFTPriority}
+	in.Rules = append(in.Rules, ignorePorts(nftInIgnorePorts, r.InboundIgnorePorts)...)
+	in.Rules = append(in.Rules, subnetRules(nftInIgnoreSubnets, NFTMatchSAddrSet, r.InboundIgnoreSubnets)...)
+	if len(r.RedirectPorts) == 0 {
+		in.Rules = append(in.Rules, NFTRule{
+			Comment:      CommentPrefix + "redirect-all-incoming-to-proxy-port",
+			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
+			RedirectPort: r.InboundProxyPort,
+		})
+	} else {
+		names := make([]string, len(r.RedirectPorts))
+		for i, p := range r.RedirectPorts {
+			names[i] = p.String()
+		}
+		set := addSet(nftInRedirectPorts, NFTPorts, portIntervals(r.RedirectPorts))
+		in.Rules = append(in.Rules, NFTRule{
+			Comment:      listComment("redirect-port-", names, "-to-proxy-port"),
+			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchDPortSet, Set: set}),
+			RedirectPort: r.InboundProxyPort,
+		})
+	}
+
+	out := NFTChain{Name: OutputChain, Hook: "output", Priority: NFTPriority}
+	if r.ProxyUID >= 0 {
+		out.Rules = append(out.Rules, NFTRule{
+			Comment: CommentPrefix + "ignore-proxy-user-id",
+			Matches: []NFTMatch{{Kind: NFTMatchSkUID, ID: uint32(r.ProxyUID)}},
+		})
+	}
+	if r.ProxyGID >= 0 {
+		out.Rules = append(out.Rules, NFTRule{
+			Comment: CommentPrefix + "ignore-proxy-group-id",
+			Matches: []NFTMatch{{Kind: NFTMatchSkGID, ID: uint32(r.ProxyGID)}},
+		})
+	}
+	out.Rules = append(out.Rules, NFTRule{
+		Comment: CommentPrefix + "ignore-loopback",
+		Matches: []NFTMatch{{Kind: NFTMatchOIFName, Name: "lo"}},
+	})
+	out.Rules = append(out.Rules, ignorePorts(nftOutIgnorePorts, r.OutboundIgnorePorts)...)
+	out.Rules = append(out.Rules, subnetRules(nftOutIgnoreSubnets, NFTMatchDAddrSet, r.OutboundIgnoreSubnets)...)
+	out.Rules = append(out.Rules, NFTRule{
+		Comment:      CommentPrefix + "redirect-all-outgoing-to-proxy-port",
+		Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
+		RedirectPort: r.OutboundProxyPort,
+	})
+
+	t.Chains = []NFTChain{in, out}
+	return t
+}
+
+// listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
+// like the iptables comment of a rule covering the same list. Lists too long for a comment are
+// cut short with "...+N" (N items left out); the set holds every item regardless.
+func listComment(prefix string, items []string, suffix string) string {
+	full := CommentPrefix + prefix + strings.Join(items, ",") + suffix
+	if len(full) <= NFTCommentMax {
+		return full
+	}
+	for n := len(items) - 1; n >= 0; n-- {
+		c := CommentPrefix + prefix + strings.Join(items[:n], ",") + ",...+" + strconv.Itoa(len(items)-n) + suffix
+		if n == 0 {
+			c = CommentPrefix + prefix + strconv.Itoa(len(items)) + "-items" + suffix
+		}
+		if len(c) <= NFTCommentMax {
+			return c
+		}
+	}
+	return full[:NFTCommentMax]
+}
+
+func portIntervals(ports []PortRange) []NFTInterval {
+	out := make([]NFTInterval, len(ports))
+	for i, p := range ports {
+		out[i] = NFTInterval{First: []byte{byte(p.First >> 8), byte(p.First)}, Last: []byte{byte(p.Last >> 8), byte(p.Last)}}
+	}
+	return NormalizeIntervals(out)
+}
+
+func prefixIntervals(ps []netip.Prefix) []NFTInterval {
+	out := make([]NFTInterval, len(ps))
+	for i, p := range ps {
+		first := p.Masked().Addr().AsSlice()
+		last := slices.Clone(first)
+		for b := p.Bits(); b < len(last)*8; b++ {
+			last[b/8] |= 0x80 >> (b % 8)
+		}
+		out[i] = NFTInterval{First: first, Last: last}
+	}
+	return NormalizeIntervals(out)
+}
+
+// NormalizeIntervals sorts intervals and merges those that overlap or touch, which is the one
+// form an nftables interval set can hold them in (nft refuses overlapping elements).
+func NormalizeIntervals(in []NFTInterval) []NFTInterval {
+	s := slices.Clone(in)
+	slices.SortFunc(s, func(a, b NFTInterval) int { return bytes.Compare(a.First, b.First) })
+	var out []NFTInterval
+	for _, iv := range s {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			next, overflow := Increment(last.Last)
+			if overflow || bytes.Compare(iv.First, next) <= 0 {
+				if bytes.Compare(iv.Last, last.Last) > 0 {
+					last.Last = iv.Last
+				}
+				continue
+			}
+		}
+		out = append(out, NFTInterval{First: slices.Clone(iv.First), Last: slices.Clone(iv.Last)})
+	}
+	return out
+}
+
+// Increment returns k+1 as a big-endian number of the same length, and whether it overflowed
+// (k was all ones). Interval sets store an interval's end as the first key after it.
+func Increment(k []byte) ([]byte, bool) {
+	out := slices.Clone(k)
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i]++
+		if out[i] != 0 {
+			return out, false
+		}
+	}
+	return out, true
+}
+
+// ElementString renders one interval of set type t in nft syntax: "80", "1000-2000",
+// "192.0.2.0/24", "198.51.100.7" or "203.0.113.0-203.0.113.9".
+func (t NFTSetType) ElementString(iv NFTInterval) string {
+	if t == NFTPorts {
+		if len(iv.First) != 2 || len(iv.Last) != 2 {
+			return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
+		}
+		p := PortRange{First: uint16(iv.First[0])<<8 | uint16(iv.First[1]), Last: uint16(iv.Last[0])<<8 | uint16(iv.Last[1])}
+		return p.String()
+	}
+	first, ok1 := netip.AddrFromSlice(iv.First)
+	last, ok2 := netip.AddrFromSlice(iv.Last)
+	if !ok1 || !ok2 {
+		return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
+	}
+	if first == last {
+		return first.String()
+	}
+	// A range that is exactly one prefix prints as the prefix, as nft does.
+	for bits := 0; bits <= first.BitLen(); bits++ {
+		p := netip.PrefixFrom(first, bits)
+		if p.Masked().Addr() != first {
+			continue
+		}
+		if iv := prefixIntervals([]netip.Prefix{p}); len(iv) == 1 && bytes.Equal(iv[0].Last, last.AsSlice()) {
+			return p.String()
+		}
+	}
+	return first.String() + "-" + last.String()
+}
+
+// Elements renders the set's elements in nft syntax.
+func (s NFTSet) ElementStrings() []string {
+	out := make([]string, len(s.Elements))
+	for i, iv := range s.Elements {
+		out[i] = s.Type.ElementString(iv)
+	}
+	return out
+}
+
+// Body renders the set's definition without its name: type, flags and elements.
+func (s NFTSet) Body() string {
+	return fmt.Sprintf("type %s; flags constant,interval; elements = { %s };", s.Type, strings.Join(s.ElementStrings(), ", "))
+}
+
+// Statements renders the table as nft commands, one object or rule a line, in a canonical order
+// (sets by name, chains by name, rules in chain order). They are what `show` compares and
+// reports: two tables are the same exactly when their statements are.
+func (t NFTTable) Statements() []string {
+	tbl := NFTFamily + " " + NFTTableName
+	out := []string{fmt.Sprintf("add table %s { comment %s; }", tbl, strconv.Quote(t.Comment))}
+	sets := slices.Clone(t.Sets)
+	slices.SortFunc(sets, func(a, b NFTSet) int { return strings.Compare(a.Name, b.Name) })
+	for _, s := range sets {
+		out = append(out, fmt.Sprintf("add set %s %s { %s }", tbl, s.Name, s.Body()))
+	}
+	chains := slices.Clone(t.Chains)
+	slices.SortFunc(chains, func(a, b NFTChain) int { return strings.Compare(a.Name, b.Name) })
+	for _, c := range chains {
+		out = append(out, fmt.Sprintf("add chain %s %s { %s }", tbl, c.Name, c.Header()))
+		for _, r := range c.Rules {
+			out = append(out, fmt.Sprintf("add rule %s %s %s", tbl, c.Name, r))
+		}
+	}
+	return out
+}
+
+// CompareNFT compares a table read back from the kernel with the expected one, statement by
+// statement; a nil have means the table is absent.
+func CompareNFT(want NFTTable, have *NFTTable) Diff {
+	var h []string
+	if have != nil {
+		h = have.Statements()
+	}
+	return diffLines(want.Statements(), h)
+}
+
+// Script renders an `nft -f` script that replaces the table atomically: the first line creates
+// the table if it is missing, so that the delete that follows cannot fail, and the whole file is
+// one transaction. Running it twice leaves the same table.
+func (t NFTTable) Script() string {
+	var b strings.Builder
+	tbl := NFTFamily + " " + NFTTableName
+	fmt.Fprintf(&b, "table %s\ndelete table %s\ntable %s {\n", tbl, tbl, tbl)
+	fmt.Fprintf(&b, "\tcomment %s\n", strconv.Quote(t.Comment))
+	for _, s := range t.Sets {
+		fmt.Fprintf(&b, "\n\tset %s {\n\t\ttype %s\n\t\tflags constant,interval\n\t\telements = { %s }\n\t}\n",
+			s.Name, s.Type, strings.Join(s.ElementStrings(), ", "))
+	}
+	for _, c := range t.Chains {
+		fmt.Fprintf(&b, "\n\tchain %s {\n\t\t%s\n", c.Name, c.Header())
+		for _, r := range c.Rules {
+			fmt.Fprintf(&b, "\t\t%s\n", r)
+		}
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// NFTScript renders the `nft -f` script that writes r's table: what --simulate prints for the
+// nftables backend.
+func (r *Ruleset) NFTScript() string { return r.NFT().Script() }
