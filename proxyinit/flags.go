@@ -1,0 +1,467 @@
+package proxyinit
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Command is a proxy-init subcommand.
+type Command string
+
+const (
+	// CommandApply writes the rules; it is what runs when no subcommand is given.
+	CommandApply Command = "apply"
+	// CommandCleanup removes our chains and the jumps to them, and nothing else.
+	CommandCleanup Command = "cleanup"
+	// CommandShow prints the rules in place and whether they match the flags.
+	CommandShow Command = "show"
+	// CommandVersion prints build information.
+	CommandVersion Command = "version"
+)
+
+// commands are the subcommands accepted as a positional argument. "validate" (the network
+// validator) joins this list when it is built; "apply" is not listed because Linkerd users never
+// name it: no subcommand means apply.
+var commands = []Command{CommandCleanup, CommandShow, CommandVersion}
+
+// Flag names beyond the iptables.Field* ones, which double as flag names.
+const (
+	flagInboundSubnetsAlias = "inbound-subnets-to-ignore"
+	flagSimulate            = "simulate"
+	flagNetNS               = "netns"
+	flagUseWait             = "use-wait-flag"
+	flagCloseWait           = "timeout-close-wait-secs"
+	flagLogFormat           = "log-format"
+	flagLogLevel            = "log-level"
+	flagIPv6                = "ipv6"
+	flagFirewallBin         = "firewall-bin-path"
+	flagFirewallSave        = "firewall-save-bin-path"
+	flagOutput              = "output"
+)
+
+// Options is a parsed and validated command line.
+type Options struct {
+	Command Command
+	// Config is the rule configuration; it has passed Validate (except that cleanup, which needs
+	// no ports, accepts the proxy ports unset).
+	Config iptables.Config
+	// ModeSource says where Config.Mode came from, for the logs: "--iptables-mode",
+	// "--firewall-bin-path", "--firewall-save-bin-path" or "default".
+	ModeSource string
+	Simulate   bool
+	// NetNS is the path of the network namespace to work in; empty means the current one.
+	NetNS       string
+	UseWaitFlag bool
+	// TimeoutCloseWaitSecs, when positive, is written to nf_conntrack_tcp_timeout_close_wait in
+	// the namespace.
+	TimeoutCloseWaitSecs int
+	LogFormat            string // "plain" or "json"
+	LogLevel             slog.Level
+	Output               string // "text" or "json": how show and version print
+	// Warnings are accepted but ignored inputs, logged once the logger exists.
+	Warnings []string
+}
+
+// UsageError is bad usage or bad input: proxy-init exits 2 and writes nothing.
+type UsageError struct {
+	// Problems name each offending flag and value; Message is set instead for errors of the
+	// command line's shape (unknown flag, missing value, unknown subcommand).
+	Problems []iptables.Problem
+	Message  string
+}
+
+func (e *UsageError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = FormatProblem(p)
+	}
+	return "invalid input:\n  " + strings.Join(lines, "\n  ")
+}
+
+// FormatProblem renders one problem the way proxy-init prints it, naming the flag as typed:
+// `--inbound-ports-to-ignore "70000": port 70000 is outside 1-65535`.
+func FormatProblem(p iptables.Problem) string {
+	return fmt.Sprintf("--%s %q: %s", p.Field, p.Value, p.Reason)
+}
+
+// ErrHelp is returned by Parse for -h and --help; Main prints Usage and exits 0.
+var ErrHelp = pflag.ErrHelp
+
+// flagValues holds the raw flag values. Ints and bools are kept as text and converted after
+// parsing, so a malformed number is one more reported problem instead of aborting the parse at
+// the first one.
+type flagValues struct {
+	inPort, outPort, uid, gid, closeWait  *lenientInt
+	redirect, inPorts, outPorts           *rawList
+	inSubnets, outSubnets                 *rawList
+	simulate, wait, ipv6                  *lenientBool
+	netns, logFormat, logLevel, mode      string
+	firewallBin, firewallSave, outputMode string
+}
+
+func newFlagSet() (*pflag.FlagSet, *flagValues) {
+	fs := pflag.NewFlagSet("proxy-init", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard) // Main reports errors itself, once
+	fs.SortFlags = false
+	v := &flagValues{
+		inPort: newInt(-1), outPort: newInt(-1), uid: newInt(-1), gid: newInt(-1), closeWait: newInt(0),
+		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
+		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
+		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
+	}
+	fs.VarP(v.inPort, iptables.FieldInboundProxyPort, "p", "port the proxy accepts inbound traffic on; inbound TCP is redirected here (required)")
+	fs.VarP(v.outPort, iptables.FieldOutboundProxyPort, "o", "port the proxy accepts outbound traffic on; outbound TCP is redirected here (required)")
+	fs.VarP(v.uid, iptables.FieldProxyUID, "u", "UID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
+	fs.VarP(v.gid, iptables.FieldProxyGID, "g", "GID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
+	fs.VarP(v.redirect, iptables.FieldPortsToRedirect, "r", "redirect only these inbound ports and ranges (default: all); comma list, repeatable")
+	fs.Var(v.inPorts, iptables.FieldInboundPortsToIgnore, "inbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(v.outPorts, iptables.FieldOutboundPortsToIgnore, "outbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(v.inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
+	fs.Var(v.inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
+	fs.Var(v.outSubnets, iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
+	fs.Var(v.simulate, flagSimulate, "print the iptables-restore payloads that would be written, and change nothing")
+	fs.StringVar(&v.netns, flagNetNS, "", "path of the network namespace to work in (e.g. /run/netns/pod), entered in-process")
+	fs.VarP(v.wait, flagUseWait, "w", "wait for the xtables lock (bounded) instead of failing when it is held")
+	fs.Var(v.closeWait, flagCloseWait, "set nf_conntrack_tcp_timeout_close_wait in the namespace to this many seconds (0: leave alone)")
+	fs.StringVar(&v.logFormat, flagLogFormat, "plain", "log format: plain or json (logs go to stderr)")
+	fs.StringVar(&v.logLevel, flagLogLevel, "info", "log level: trace, debug, info, warn, error")
+	fs.StringVar(&v.mode, iptables.FieldMode, string(iptables.ModeAuto), "backend: auto, legacy, nft, plain or nftables (auto prefers iptables-nft when the kernel accepts nf_tables, else legacy)")
+	fs.Var(v.ipv6, flagIPv6, "also write IPv6 rules")
+	fs.StringVar(&v.firewallBin, flagFirewallBin, "", "back-compat: iptables, iptables-legacy or iptables-nft selects the mode plain, legacy or nft")
+	fs.StringVar(&v.firewallSave, flagFirewallSave, "", "back-compat: iptables-save, iptables-legacy-save or iptables-nft-save; must agree with --firewall-bin-path")
+	fs.StringVar(&v.outputMode, flagOutput, "text", "show and version: print as text or json")
+	return fs, v
+}
+
+// Usage is the help text.
+func Usage() string {
+	fs, _ := newFlagSet()
+	return `proxy-init writes the netfilter rules that send a pod's TCP traffic through its sidecar proxy.
+
+Usage:
+  proxy-init [flags]            apply the rules (idempotent; a changed config replaces them atomically)
+  proxy-init cleanup [flags]    remove our chains and jumps, and nothing else
+  proxy-init show [flags]       print the rules in place; exit 1 if they do not match the flags
+  proxy-init version            print build information
+
+Every subcommand accepts the same flags, so an apply command line works with a subcommand put first.
+
+Flags:
+` + fs.FlagUsages() + `
+Exit codes: 0 success, 1 failure, 2 bad usage or input (nothing is written).
+`
+}
+
+// Parse turns a command line (without the program name) into validated Options. Every problem
+// is reported at once in a *UsageError; -h or --help returns ErrHelp. Parse reads nothing but the
+// --netns path's existence.
+func Parse(args []string) (*Options, error) {
+	fs, v := newFlagSet()
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, ErrHelp
+		}
+		return nil, &UsageError{Message: err.Error() + " (see proxy-init --help)"}
+	}
+	o := &Options{Command: CommandApply}
+	switch pos := fs.Args(); len(pos) {
+	case 0:
+	case 1:
+		cmd, ok := lookupCommand(pos[0])
+		if !ok {
+			return nil, &UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
+		}
+		o.Command = cmd
+	default:
+		return nil, &UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
+	}
+
+	var probs []iptables.Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+	}
+	badFields := map[string]bool{} // fields already reported, so Validate does not repeat them
+	intOf := func(name string, f *lenientInt) int {
+		n, err := f.value()
+		if err != nil {
+			bad(name, f.raw, "not an integer")
+			badFields[name] = true
+		}
+		return n
+	}
+	boolOf := func(name string, f *lenientBool) bool {
+		b, err := f.value()
+		if err != nil {
+			bad(name, f.raw, "not a boolean (want true or false)")
+		}
+		return b
+	}
+
+	c := iptables.NewConfig()
+	c.InboundProxyPort = intOf(iptables.FieldInboundProxyPort, v.inPort)
+	c.OutboundProxyPort = intOf(iptables.FieldOutboundProxyPort, v.outPort)
+	c.ProxyUID = intOf(iptables.FieldProxyUID, v.uid)
+	c.ProxyGID = intOf(iptables.FieldProxyGID, v.gid)
+	c.PortsToRedirect = v.redirect.values
+	c.InboundPortsToIgnore = v.inPorts.values
+	c.OutboundPortsToIgnore = v.outPorts.values
+	c.InboundSubnetsToIgnore = v.inSubnets.values
+	c.OutboundSubnetsToIgnore = v.outSubnets.values
+	c.IPv6 = boolOf(flagIPv6, v.ipv6)
+	o.Simulate = boolOf(flagSimulate, v.simulate)
+	o.UseWaitFlag = boolOf(flagUseWait, v.wait)
+	o.TimeoutCloseWaitSecs = intOf(flagCloseWait, v.closeWait)
+	if o.TimeoutCloseWaitSecs < 0 {
+		bad(flagCloseWait, v.closeWait.raw, "must be 0 (leave alone) or a positive number of seconds")
+	}
+	o.NetNS = v.netns
+
+	mode, source, warnings, modeProbs := resolveMode(fs, v)
+	c.Mode, o.ModeSource, o.Warnings = mode, source, warnings
+	probs = append(probs, modeProbs...)
+
+	o.LogFormat = v.logFormat
+	if v.logFormat != "plain" && v.logFormat != "json" {
+		bad(flagLogFormat, v.logFormat, "unknown log format; want plain or json")
+	}
+	lvl, err := parseLevel(v.logLevel)
+	if err != nil {
+		bad(flagLogLevel, v.logLevel, err.Error())
+	}
+	o.LogLevel = lvl
+	o.Output = v.outputMode
+	if v.outputMode != "text" && v.outputMode != "json" {
+		bad(flagOutput, v.outputMode, "unknown output format; want text or json")
+	}
+	o.Config = c
+
+	if o.Command != CommandVersion {
+		if o.NetNS != "" {
+			if _, err := os.Stat(o.NetNS); err != nil {
+				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+statReason(err))
+			}
+		}
+		probs = append(probs, configProblems(o.Command, c, badFields, fs)...)
+	}
+	if len(probs) > 0 {
+		sortByFlagOrder(fs, probs)
+		return nil, &UsageError{Problems: probs}
+	}
+	return o, nil
+}
+
+// sortByFlagOrder lists problems in the order the flags appear in --help, which is stable and
+// easy to scan, whatever order the checks ran in.
+func sortByFlagOrder(fs *pflag.FlagSet, probs []iptables.Problem) {
+	order := map[string]int{}
+	i := 0
+	fs.VisitAll(func(f *pflag.Flag) { order[f.Name] = i; i++ })
+	slices.SortStableFunc(probs, func(a, b iptables.Problem) int { return order[a.Field] - order[b.Field] })
+}
+
+// configProblems validates the rule configuration. Cleanup needs no ports, so it accepts them
+// unset (but still refuses bad values). Problems about the inbound subnets name the alias when
+// that is the flag the user typed.
+func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) []iptables.Problem {
+	err := c.Validate()
+	var verr *iptables.ValidationError
+	if !errors.As(err, &verr) {
+		return nil
+	}
+	var out []iptables.Problem
+	for _, p := range verr.Problems {
+		if skip[p.Field] {
+			continue
+		}
+		unsetPort := (p.Field == iptables.FieldInboundProxyPort || p.Field == iptables.FieldOutboundProxyPort) && p.Value == "-1"
+		if cmd == CommandCleanup && unsetPort {
+			continue
+		}
+		if p.Field == iptables.FieldInboundSubnetsToIgnore && fs.Changed(flagInboundSubnetsAlias) && !fs.Changed(iptables.FieldInboundSubnetsToIgnore) {
+			p.Field = flagInboundSubnetsAlias
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func statReason(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+func lookupCommand(s string) (Command, bool) {
+	for _, c := range commands {
+		if string(c) == s {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+func commandList() string {
+	names := make([]string, len(commands))
+	for i, c := range commands {
+		names[i] = string(c)
+	}
+	return strings.Join(names, ", ")
+}
+
+// resolveMode picks the backend mode. An explicit --iptables-mode wins, as in Linkerd, where it
+// overrides the firewall paths; otherwise the paths' base names select the mode, for charts that
+// still pass them; otherwise auto.
+func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []iptables.Problem) {
+	binSet := v.firewallBin != ""
+	saveSet := v.firewallSave != ""
+	if fs.Changed(iptables.FieldMode) && v.mode != "" {
+		var warnings []string
+		if binSet || saveSet {
+			warnings = append(warnings, fmt.Sprintf("--%s and --%s are ignored: --%s takes precedence", flagFirewallBin, flagFirewallSave, iptables.FieldMode))
+		}
+		// The value itself is checked by iptables.Config.Validate, under the same flag name.
+		return iptables.Mode(v.mode), "--" + iptables.FieldMode, warnings, nil
+	}
+	if !binSet && !saveSet {
+		return iptables.ModeAuto, "default", nil, nil
+	}
+	var probs []iptables.Problem
+	var binMode, saveMode iptables.Mode
+	if binSet {
+		var ok bool
+		if binMode, ok = modeFromBinary(v.firewallBin, false); !ok {
+			probs = append(probs, iptables.Problem{Field: flagFirewallBin, Value: v.firewallBin,
+				Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
+		}
+	}
+	if saveSet {
+		var ok bool
+		if saveMode, ok = modeFromBinary(v.firewallSave, true); !ok {
+			probs = append(probs, iptables.Problem{Field: flagFirewallSave, Value: v.firewallSave,
+				Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
+		}
+	}
+	if len(probs) > 0 {
+		return iptables.ModeAuto, "", nil, probs
+	}
+	switch {
+	case binSet && saveSet && binMode != saveMode:
+		return iptables.ModeAuto, "", nil, []iptables.Problem{{Field: flagFirewallSave, Value: v.firewallSave,
+			Reason: fmt.Sprintf("selects mode %s but --%s %q selects mode %s", saveMode, flagFirewallBin, v.firewallBin, binMode)}}
+	case binSet:
+		return binMode, "--" + flagFirewallBin, nil, nil
+	default:
+		return saveMode, "--" + flagFirewallSave, nil, nil
+	}
+}
+
+// modeFromBinary maps a Linkerd firewall binary path to a mode by its base name.
+func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
+	base := filepath.Base(strings.TrimSpace(path))
+	plain := "iptables"
+	if save {
+		plain = "iptables-save"
+	}
+	switch {
+	case strings.HasPrefix(base, "iptables-legacy"):
+		return iptables.ModeLegacy, true
+	case strings.HasPrefix(base, "iptables-nft"):
+		return iptables.ModeNFT, true
+	case base == plain:
+		return iptables.ModePlain, true
+	}
+	return "", false
+}
+
+// parseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic).
+func parseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "trace":
+		return slog.LevelDebug - 4, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error", "fatal", "panic":
+		return slog.LevelError, nil
+	}
+	return slog.LevelInfo, errors.New("unknown log level; want trace, debug, info, warn or error")
+}
+
+// lenientInt is an int flag that keeps its text, so a bad number is reported with the others.
+type lenientInt struct {
+	raw string
+	def int
+}
+
+func newInt(def int) *lenientInt { return &lenientInt{raw: strconv.Itoa(def), def: def} }
+
+func (f *lenientInt) String() string     { return f.raw }
+func (f *lenientInt) Set(s string) error { f.raw = s; return nil }
+func (f *lenientInt) Type() string       { return "int" }
+
+func (f *lenientInt) value() (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(f.raw))
+	if err != nil {
+		return f.def, err
+	}
+	return n, nil
+}
+
+// lenientBool is a bool flag ("--simulate", "--ipv6=false") that keeps its text.
+type lenientBool struct {
+	raw string
+	def bool
+}
+
+func newBool(def bool) *lenientBool { return &lenientBool{raw: strconv.FormatBool(def), def: def} }
+
+func (f *lenientBool) String() string     { return f.raw }
+func (f *lenientBool) Set(s string) error { f.raw = s; return nil }
+func (f *lenientBool) Type() string       { return "bool" }
+
+// IsBoolFlag lets pflag accept the flag without a value, meaning true.
+func (f *lenientBool) IsBoolFlag() bool { return true }
+
+func (f *lenientBool) value() (bool, error) {
+	b, err := strconv.ParseBool(strings.TrimSpace(f.raw))
+	if err != nil {
+		return f.def, err
+	}
+	return b, nil
+}
+
+// rawList is a repeatable, comma-separated list flag that keeps each occurrence as typed. It
+// accepts what Linkerd's IntSlice and StringSlice flags accept ("-r 80,81 -r 82"); splitting and
+// checking each element is iptables.Config.Validate's job, so the error names the exact element.
+type rawList struct {
+	values []string
+	typ    string
+}
+
+// String is empty for an empty list so that help shows no "(default [])".
+func (l *rawList) String() string { return strings.Join(l.values, ",") }
+func (l *rawList) Set(s string) error {
+	l.values = append(l.values, s)
+	return nil
+}
+
+func (l *rawList) Type() string { return l.typ }

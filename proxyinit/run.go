@@ -1,0 +1,359 @@
+package proxyinit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// CloseWaitSysctl is the file --timeout-close-wait-secs writes, inside the namespace.
+const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+
+// ErrMismatch is returned by show when the rules in place differ from the flags; Main exits 1.
+var ErrMismatch = errors.New("the rules in place do not match the configuration")
+
+// Main runs proxy-init with args (without the program name), printing results to stdout and
+// logs and errors to stderr, and returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := Parse(args)
+	if errors.Is(err, ErrHelp) {
+		fmt.Fprint(stdout, Usage())
+		return ExitOK
+	}
+	var uerr *UsageError
+	if errors.As(err, &uerr) {
+		fmt.Fprintln(stderr, "proxy-init: "+uerr.Error())
+		return ExitUsage
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
+		return ExitFailure
+	}
+	log := NewLogger(stderr, o.LogFormat, o.LogLevel)
+	for _, w := range o.Warnings {
+		log.Warn(w)
+	}
+	if err := Run(ctx, o, stdout, log); err != nil {
+		if !errors.Is(err, ErrMismatch) {
+			log.Error("proxy-init failed", "command", string(o.Command), "error", err.Error())
+		}
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+// NewLogger returns the slog logger for --log-format ("plain" is slog's text handler) and
+// --log-level.
+func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Run executes a parsed command line.
+func Run(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
+	switch o.Command {
+	case CommandVersion:
+		return version(stdout, o.Output)
+	case CommandApply:
+		if o.Simulate {
+			return Simulate(stdout, o)
+		}
+		return apply(ctx, o, log)
+	case CommandCleanup:
+		if o.Simulate {
+			fmt.Fprintf(stdout, "# --simulate: cleanup would remove the %s and %s chains and the jumps to them from every backend; nothing was changed\n",
+				iptables.RedirectChain, iptables.OutputChain)
+			return nil
+		}
+		return cleanup(ctx, o, log)
+	case CommandShow:
+		return show(ctx, o, stdout, log)
+	}
+	return fmt.Errorf("command %q is not implemented", o.Command)
+}
+
+func version(stdout io.Writer, output string) error {
+	info := buildinfo.Get()
+	if output == "json" {
+		return writeJSON(stdout, info)
+	}
+	_, err := fmt.Fprintln(stdout, "proxy-init "+info.String())
+	return err
+}
+
+func newBackend(o *Options, log *slog.Logger) (backend.Applier, error) {
+	a, reason, err := backend.New(backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag})
+	if err != nil {
+		return nil, fmt.Errorf("choose backend for --iptables-mode %s: %w", o.Config.Mode, err)
+	}
+	log.Info("backend chosen", "backend", a.Name(), "reason", reason, "mode", string(o.Config.Mode), "mode_from", o.ModeSource)
+	return a, nil
+}
+
+func apply(ctx context.Context, o *Options, log *slog.Logger) error {
+	start := time.Now()
+	rs, err := iptables.Build(o.Config)
+	if err != nil {
+		return fmt.Errorf("build rules: %w", err)
+	}
+	log.Info("configuration", configAttrs(o, rs)...)
+	return netnsutil.Do(o.NetNS, func() error {
+		a, err := newBackend(o, log)
+		if err != nil {
+			return err
+		}
+		res, err := backend.Apply(ctx, a, rs)
+		if err != nil {
+			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
+		}
+		if o.TimeoutCloseWaitSecs > 0 {
+			// After the rules: the nat rules load conntrack, which is what creates this sysctl.
+			if err := os.WriteFile(CloseWaitSysctl, []byte(strconv.Itoa(o.TimeoutCloseWaitSecs)), 0o644); err != nil {
+				return fmt.Errorf("set --%s: %w", flagCloseWait, err)
+			}
+			log.Info("conntrack close-wait timeout set", "file", CloseWaitSysctl, "seconds", o.TimeoutCloseWaitSecs)
+		}
+		log.Info("rules applied", "backend", a.Name(), "changed", res.Changed, "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+		return nil
+	})
+}
+
+func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
+	start := time.Now()
+	return netnsutil.Do(o.NetNS, func() error {
+		a, err := newBackend(o, log)
+		if err != nil {
+			return err
+		}
+		if err := backend.Cleanup(ctx, a); err != nil {
+			return fmt.Errorf("clean up: %w", err)
+		}
+		log.Info("rules removed", "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+		return nil
+	})
+}
+
+// ShowReport is what `show --output json` prints.
+type ShowReport struct {
+	Backend  string          `json:"backend"`
+	Match    bool            `json:"match"`
+	Families []FamilyReport  `json:"families"`
+	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
+}
+
+// FamilyReport is one family's rules in place and their difference from the expected ones.
+type FamilyReport struct {
+	Family    string   `json:"family"`
+	Match     bool     `json:"match"`
+	Rules     []string `json:"rules"`
+	Missing   []string `json:"missing,omitempty"`
+	Extra     []string `json:"extra,omitempty"`
+	Reordered bool     `json:"reordered,omitempty"`
+}
+
+// NewShowReport converts a backend's State into the report show prints.
+func NewShowReport(st backend.State, rs *iptables.Ruleset) ShowReport {
+	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{}}
+	for _, f := range st.Families {
+		r.Expected[string(f.Family)] = rs.HasFamily(f.Family)
+		rules := f.Rules
+		if rules == nil {
+			rules = []string{}
+		}
+		r.Families = append(r.Families, FamilyReport{
+			Family: string(f.Family), Match: f.Diff.Empty(), Rules: rules,
+			Missing: f.Diff.Missing, Extra: f.Diff.Extra, Reordered: f.Diff.Reordered,
+		})
+	}
+	return r
+}
+
+// WriteText renders the report for people.
+func (r ShowReport) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "backend: %s\n", r.Backend)
+	for _, f := range r.Families {
+		verdict := "match"
+		if !f.Match {
+			verdict = "DO NOT MATCH"
+		}
+		want := "expected"
+		if !r.Expected[f.Family] {
+			want = "none expected"
+		}
+		fmt.Fprintf(&b, "%s (%s): %d rules, %s\n", f.Family, want, len(f.Rules), verdict)
+		for _, l := range f.Rules {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+		for _, l := range f.Missing {
+			fmt.Fprintf(&b, "  missing: %s\n", l)
+		}
+		for _, l := range f.Extra {
+			fmt.Fprintf(&b, "  unexpected: %s\n", l)
+		}
+		if f.Reordered {
+			fmt.Fprintf(&b, "  the rules are in the wrong order\n")
+		}
+	}
+	if r.Match {
+		b.WriteString("rules match the configuration\n")
+	} else {
+		b.WriteString("rules do NOT match the configuration\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
+	rs, err := iptables.Build(o.Config)
+	if err != nil {
+		return fmt.Errorf("build rules: %w", err)
+	}
+	var st backend.State
+	if err := netnsutil.Do(o.NetNS, func() error {
+		a, err := newBackend(o, log)
+		if err != nil {
+			return err
+		}
+		st, err = a.Show(ctx, rs)
+		if err != nil {
+			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	rep := NewShowReport(st, rs)
+	if o.Output == "json" {
+		err = writeJSON(stdout, rep)
+	} else {
+		err = rep.WriteText(stdout)
+	}
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	if !rep.Match {
+		log.Warn("rules do not match the configuration", "backend", rep.Backend, "netns", nsLabel(o.NetNS))
+		return ErrMismatch
+	}
+	return nil
+}
+
+// nftScripter is implemented by *iptables.Ruleset once the native nftables backend lands; it
+// renders the one `nft -f` script that backend writes. Asserting it here keeps --simulate
+// compiling before and after.
+type nftScripter interface{ NFTScript() string }
+
+// Simulate prints what apply would write, changing nothing and entering no namespace: for the
+// iptables modes, the iptables-restore --noflush payload per family as applied to a namespace
+// holding none of our rules (the first run of an init container); for nftables, the nft script.
+func Simulate(w io.Writer, o *Options) error {
+	rs, err := iptables.Build(o.Config)
+	if err != nil {
+		return fmt.Errorf("build rules: %w", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# proxy-init --simulate: nothing was written (mode %s, from %s)\n", o.Config.Mode, o.ModeSource)
+	if o.Config.Mode == iptables.ModeNFTables {
+		s, ok := any(rs).(nftScripter)
+		if !ok {
+			return errors.New("--simulate with --iptables-mode nftables: the native nftables script is not yet available in this build")
+		}
+		b.WriteString("# nft -f - (one inet table, both families)\n")
+		b.WriteString(s.NFTScript())
+	} else {
+		if o.Config.Mode == iptables.ModeAuto {
+			b.WriteString("# auto picks iptables-nft or iptables-legacy at run time; both are given the same payload\n")
+		}
+		for _, f := range rs.Families {
+			bin := "iptables-restore"
+			if f == iptables.IPv6 {
+				bin = "ip6tables-restore"
+			}
+			fmt.Fprintf(&b, "# %s: %s --noflush\n", f, bin)
+			b.WriteString(iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f)))
+		}
+	}
+	if o.TimeoutCloseWaitSecs > 0 {
+		fmt.Fprintf(&b, "# and write %d to %s\n", o.TimeoutCloseWaitSecs, CloseWaitSysctl)
+	}
+	_, err = io.WriteString(w, b.String())
+	return err
+}
+
+func configAttrs(o *Options, rs *iptables.Ruleset) []any {
+	c := o.Config
+	fams := make([]string, len(rs.Families))
+	for i, f := range rs.Families {
+		fams[i] = string(f)
+	}
+	redirect := "all"
+	if len(rs.RedirectPorts) > 0 {
+		redirect = joinRanges(rs.RedirectPorts)
+	}
+	return []any{
+		"incoming_proxy_port", c.InboundProxyPort,
+		"outgoing_proxy_port", c.OutboundProxyPort,
+		"proxy_uid", c.ProxyUID,
+		"proxy_gid", c.ProxyGID,
+		"ports_to_redirect", redirect,
+		"inbound_ports_to_ignore", joinRanges(rs.InboundIgnorePorts),
+		"outbound_ports_to_ignore", joinRanges(rs.OutboundIgnorePorts),
+		"inbound_subnets_to_ignore", joinPrefixes(rs.InboundIgnoreSubnets),
+		"outbound_subnets_to_ignore", joinPrefixes(rs.OutboundIgnoreSubnets),
+		"families", strings.Join(fams, ","),
+		"mode", string(c.Mode),
+		"netns", nsLabel(o.NetNS),
+	}
+}
+
+func joinRanges(rs []iptables.PortRange) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func joinPrefixes[T fmt.Stringer](ps []T) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func nsLabel(p string) string {
+	if p == "" {
+		return "(current)"
+	}
+	return p
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
