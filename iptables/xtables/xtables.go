@@ -355,3 +355,17 @@ func (e *RestoreError) Error() string {
 }
 
 func (e *RestoreError) Unwrap() error { return e.Err }
+
+// ProbeNFTables reports whether the kernel's nf_tables answers over netlink in the current
+// namespace, without running a binary.
+func ProbeNFTables() error {
+	conn, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nf_tables netlink socket: %w", err)
+	}
+	defer conn.CloseLasting()
+	if _, err := conn.ListTables(); err != nil {
+		return fmt.Errorf("nf_tables does not answer: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
+)
+
+// Options choose and configure a backend.
+type Options struct {
+	Mode iptables.Mode
+	// Wait makes the iptables binaries wait for the xtables lock, at most WaitTimeout.
+	Wait        bool
+	WaitTimeout time.Duration
+}
+
+// New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
+// log: in auto mode it is the only record of why a node got the backend it got.
+func New(opts Options) (Applier, string, error) {
+	xo := xtables.Options{Wait: opts.Wait, WaitTimeout: opts.WaitTimeout}
+	switch opts.Mode {
+	case iptables.ModeLegacy, iptables.ModeNFT, iptables.ModePlain:
+		a, err := xtables.New(opts.Mode, xo)
+		if err != nil {
+			return nil, "", err
+		}
+		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+	case iptables.ModeAuto, "":
+		return auto(xo)
+	}
+	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
+}
+
+func auto(xo xtables.Options) (Applier, string, error) {
+	probe := xtables.ProbeNFTables()
+	if probe == nil {
+		a, err := xtables.New(iptables.ModeNFT, xo)
+		if err == nil {
+			return a, "auto: the kernel accepts nf_tables and iptables-nft is installed", nil
+		}
+		probe = err
+	}
+	a, err := xtables.New(iptables.ModeLegacy, xo)
+	if err != nil {
+		return nil, "", fmt.Errorf("auto: no usable backend: nf_tables: %v; legacy: %w", probe, err)
+	}
+	return a, fmt.Sprintf("auto: falling back to iptables-legacy because %v", probe), nil
+}
+
+// Apply writes rs with a, then removes our rules from every other backend, so only one backend's
+// rules redirect at a time. The old rules go only after the new ones are in place: there is never
+// a moment without redirection.
+func Apply(ctx context.Context, a Applier, rs *iptables.Ruleset) (Result, error) {
+	res, err := a.Apply(ctx, rs)
+	if err != nil {
+		return res, err
+	}
+	return res, removeOthers(ctx, a)
+}
+
+// Cleanup removes our rules from every backend that holds some, starting with a.
+func Cleanup(ctx context.Context, a Applier) error {
+	return errors.Join(a.Cleanup(ctx), removeOthers(ctx, a))
+}
+
+// removeOthers cleans up the backends other than keep. Each cleanup first checks, without exec,
+// whether there is anything to remove, so this costs no process spawns in the common case.
+func removeOthers(ctx context.Context, keep Applier) error {
+	var errs []error
+	for _, mode := range []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT} {
+		other, err := xtables.New(mode, xtables.Options{})
+		if err != nil {
+			continue // binaries absent: that backend cannot have written rules from this host's tools
+		}
+		if x, ok := keep.(*xtables.Applier); ok && x.Flavor() == other.Flavor() {
+			continue
+		}
+		if err := other.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s rules left by an earlier run: %w", other.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,146 @@
+package iptables
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := NewConfig()
+	c.InboundProxyPort = 70000
+	c.ProxyUID = 0
+	c.ProxyGID = -5
+	c.PortsToRedirect = []string{"0"}
+	c.InboundPortsToIgnore = []string{"4190,,4191", "200-100"}
+	c.OutboundPortsToIgnore = []string{"80-x", "65536"}
+	c.InboundSubnetsToIgnore = []string{"10.0.0.0/33"}
+	c.OutboundSubnetsToIgnore = []string{"::ffff:10.0.0.0/104", "fe80::1%eth0"}
+	c.Mode = "iptables-magic"
+
+	err := c.Validate()
+	if !IsValidationError(err) {
+		t.Fatalf("want a *ValidationError, got %v", err)
+	}
+	want := []string{
+		`incoming-proxy-port "70000": port is outside 1-65535`,
+		`outgoing-proxy-port "-1": must be set`,
+		`ports-to-redirect "0": port 0 is outside 1-65535`,
+		`inbound-ports-to-ignore "": empty port`,
+		`inbound-ports-to-ignore "200-100": range 200-100 is reversed`,
+		`outbound-ports-to-ignore "80-x": "x" is not a port number`,
+		`outbound-ports-to-ignore "65536": port 65536 is outside 1-65535`,
+		`subnets-to-ignore "10.0.0.0/33": "10.0.0.0/33" is not a valid CIDR`,
+		`outbound-subnets-to-ignore "::ffff:10.0.0.0/104": "::ffff:10.0.0.0/104" is an IPv4-mapped IPv6 subnet; write the IPv4 subnet`,
+		`outbound-subnets-to-ignore "fe80::1%eth0": "fe80::1%eth0" has a zone, which a subnet cannot have`,
+		`proxy-uid "0": refusing to exempt UID 0 (root): use -1 for no exemption`,
+		`proxy-gid "-5": must be -1 (none) or a positive GID`,
+		`iptables-mode "iptables-magic": unknown mode; want one of auto, legacy, nft, plain, nftables`,
+	}
+	msg := err.Error()
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error lacks %q\nfull error: %s", w, msg)
+		}
+	}
+	if n := len(err.(*ValidationError).Problems); n != len(want) {
+		t.Errorf("got %d problems, want %d: %s", n, len(want), msg)
+	}
+	if _, err := Build(c); err == nil {
+		t.Error("Build accepted what Validate refused")
+	}
+}
+
+func TestBuildNormalizes(t *testing.T) {
+	c := NewConfig()
+	c.InboundProxyPort, c.OutboundProxyPort = 4143, 4140
+	c.InboundPortsToIgnore = []string{" 4190 , 4191", "4190", ""}
+	c.InboundSubnetsToIgnore = []string{"10.1.2.3/8", "10.0.0.0/8", "2001:db8::1"}
+	rs, err := Build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rs.InboundIgnorePorts; len(got) != 2 || got[0] != (PortRange{4190, 4190}) || got[1] != (PortRange{4191, 4191}) {
+		t.Errorf("ports not trimmed and deduplicated in order: %v", got)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::1/128")}
+	if got := rs.InboundIgnoreSubnets; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("subnets not masked and deduplicated: %v", got)
+	}
+	if got := Subnets(IPv6, rs.InboundIgnoreSubnets); len(got) != 1 || got[0] != want[1] {
+		t.Errorf("IPv6 filter: %v", got)
+	}
+	if !rs.HasFamily(IPv6) {
+		t.Error("IPv6 is on by default")
+	}
+}
+
+func TestMultiportGroups(t *testing.T) {
+	tests := []struct {
+		ports []PortRange
+		want  []string
+	}{
+		{nil, nil},
+		{[]PortRange{{1, 1}, {2, 5}}, []string{"1,2:5"}},
+		// 13 singles + a range is 15: one rule; one more single spills over.
+		{append(singles(1, 13), PortRange{20, 30}), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,20:30"}},
+		{append(singles(1, 14), PortRange{20, 30}), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14", "20:30"}},
+		{singles(1, 16), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "16"}},
+	}
+	for _, tc := range tests {
+		got := multiportGroups(tc.ports)
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("multiportGroups(%v) = %v, want %v", tc.ports, got, tc.want)
+		}
+	}
+}
+
+func singles(from, to int) []PortRange {
+	var out []PortRange
+	for p := from; p <= to; p++ {
+		out = append(out, PortRange{uint16(p), uint16(p)})
+	}
+	return out
+}
+
+func TestCompareAndTransition(t *testing.T) {
+	c := NewConfig()
+	c.InboundProxyPort, c.OutboundProxyPort = 4143, 4140
+	rs, _ := Build(c)
+	want := rs.Saved(IPv4)
+	if d := rs.Compare(IPv4, want); !d.Empty() {
+		t.Fatalf("expected state differs from itself: %s", d)
+	}
+
+	// A save with a duplicated jump, a stale rule and a missing one.
+	var lines []string
+	lines = append(lines, want.Rules...)
+	lines = append(lines, want.Rules[0]) // duplicate PREROUTING jump
+	stale := `-A PROXY_INIT_OUTPUT -p tcp -m multiport --dports 9 -m comment --comment "proxy-init/ignore-port-9" -j RETURN`
+	lines = append(lines[:3], append([]string{stale}, lines[4:]...)...)
+	save := "*filter\n-A INPUT -j PROXY_INIT_OUTPUT\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:PROXY_INIT_OUTPUT - [0:0]\n:PROXY_INIT_REDIRECT - [0:0]\n" +
+		strings.Join(lines, "\n") + "\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n"
+	got := ParseSave(save)
+	if len(got.Chains) != 2 {
+		t.Errorf("chains: %v", got.Chains)
+	}
+	d := rs.Compare(IPv4, got)
+	if len(d.Missing) != 1 || d.Missing[0] != want.Rules[3] {
+		t.Errorf("missing = %q, want %q", d.Missing, want.Rules[3])
+	}
+	if extra := strings.Join(d.Extra, "\n"); len(d.Extra) != 2 || !strings.Contains(extra, stale) || !strings.Contains(extra, want.Rules[0]) {
+		t.Errorf("extra = %q", d.Extra)
+	}
+
+	p := TransitionPayload(got, want)
+	if strings.Count(p, "-D PREROUTING") != 1 || strings.Contains(p, "-A PREROUTING") || strings.Contains(p, "-A OUTPUT") {
+		t.Errorf("transition should delete the duplicate jump only and keep the others in place:\n%s", p)
+	}
+	if strings.Contains(p, "MASQUERADE") || strings.Contains(p, "INPUT") {
+		t.Errorf("transition touches rules that are not ours:\n%s", p)
+	}
+	clean := TransitionPayload(got, SavedState{})
+	if strings.Count(clean, "-D ") != 3 || !strings.Contains(clean, "-X PROXY_INIT_REDIRECT\n") {
+		t.Errorf("cleanup payload:\n%s", clean)
+	}
+}
