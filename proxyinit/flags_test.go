@@ -1,0 +1,316 @@
+package proxyinit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// chart builds the Linkerd chart's command line (partials.proxy-init), optional parts included
+// when non-empty, exactly as the chart renders them.
+func chartArgs(extra ...string) []string {
+	return append([]string{
+		"--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140", "--proxy-uid", "2102",
+		"--inbound-ports-to-ignore", "4190,4191,4567,4568",
+	}, extra...)
+}
+
+func cfg(mut func(*iptables.Config)) iptables.Config {
+	c := iptables.NewConfig()
+	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
+	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
+	if mut != nil {
+		mut(&c)
+	}
+	return c
+}
+
+func TestParseLinkerdCommandLines(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		cmd        Command
+		want       iptables.Config
+		modeSource string
+		check      func(t *testing.T, o *Options)
+	}{
+		{
+			name: "chart defaults (legacy chart: no firewall flags)",
+			args: chartArgs(), cmd: CommandApply, modeSource: "default",
+			want: cfg(nil),
+		},
+		{
+			name: "chart with iptablesMode nft, IPv6 off, GID, outbound ignores and every option",
+			args: append([]string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save", "--ipv6=false",
+				"--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140", "--proxy-uid", "2102", "--proxy-gid", "2102",
+				"--inbound-ports-to-ignore", "4190,4191,4567,4568,25,587", "--outbound-ports-to-ignore", "4567,4568,3306",
+				"--timeout-close-wait-secs", "3600", "--log-format", "json", "--log-level", "debug",
+				"--subnets-to-ignore", "10.0.0.0/8, 2001:db8::/32"}),
+			cmd: CommandApply, modeSource: "--firewall-bin-path",
+			want: cfg(func(c *iptables.Config) {
+				c.ProxyGID = 2102
+				c.InboundPortsToIgnore = []string{"4190,4191,4567,4568,25,587"}
+				c.OutboundPortsToIgnore = []string{"4567,4568,3306"}
+				c.InboundSubnetsToIgnore = []string{"10.0.0.0/8, 2001:db8::/32"}
+				c.IPv6 = false
+				c.Mode = iptables.ModeNFT
+			}),
+			check: func(t *testing.T, o *Options) {
+				if o.TimeoutCloseWaitSecs != 3600 || o.LogFormat != "json" || o.LogLevel != slog.LevelDebug {
+					t.Errorf("close-wait %d, log format %q, level %v; want 3600, json, debug", o.TimeoutCloseWaitSecs, o.LogFormat, o.LogLevel)
+				}
+			},
+		},
+		{
+			name: "control-plane pods",
+			args: chartArgs("--outbound-ports-to-ignore", "443,6443"), cmd: CommandApply, modeSource: "default",
+			want: cfg(func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"443,6443"} }),
+		},
+		{
+			name: "control-plane pods on the nft chart",
+			args: append([]string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save"},
+				chartArgs("--outbound-ports-to-ignore", "443,6443")...),
+			cmd: CommandApply, modeSource: "--firewall-bin-path",
+			want: cfg(func(c *iptables.Config) {
+				c.OutboundPortsToIgnore = []string{"443,6443"}
+				c.Mode = iptables.ModeNFT
+			}),
+		},
+		{
+			name: "shorthands, repeated lists and redirect-listed ports",
+			args: []string{"-p", "4143", "-o4140", "-u", "2102", "-g", "2103", "-r", "80,81", "-r", "8080-8090", "-w",
+				"--inbound-ports-to-ignore", "4190", "--inbound-ports-to-ignore", "4191"},
+			cmd: CommandApply, modeSource: "default",
+			want: cfg(func(c *iptables.Config) {
+				c.ProxyGID = 2103
+				c.PortsToRedirect = []string{"80,81", "8080-8090"}
+				c.InboundPortsToIgnore = []string{"4190", "4191"}
+			}),
+			check: func(t *testing.T, o *Options) {
+				if !o.UseWaitFlag {
+					t.Error("-w did not set UseWaitFlag")
+				}
+			},
+		},
+		{
+			name: "subcommand put first: show",
+			args: append([]string{"show"}, chartArgs("--output", "json")...), cmd: CommandShow, modeSource: "default",
+			want: cfg(nil),
+		},
+		{
+			name: "subcommand put first: cleanup",
+			args: append([]string{"cleanup"}, chartArgs()...), cmd: CommandCleanup, modeSource: "default",
+			want: cfg(nil),
+		},
+		{
+			name: "cleanup needs no ports",
+			args: []string{"cleanup", "--netns", "/proc/self/ns/net"}, cmd: CommandCleanup, modeSource: "default",
+			want: iptables.NewConfig(),
+		},
+		{
+			name: "version accepts the apply flags",
+			args: append([]string{"version"}, chartArgs()...), cmd: CommandVersion, modeSource: "default",
+			want: cfg(nil),
+		},
+		{
+			name: "explicit --iptables-mode wins over the firewall paths, as in Linkerd",
+			args: chartArgs("--iptables-mode", "legacy", "--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save"),
+			cmd:  CommandApply, modeSource: "--iptables-mode",
+			want: cfg(func(c *iptables.Config) { c.Mode = iptables.ModeLegacy }),
+			check: func(t *testing.T, o *Options) {
+				if len(o.Warnings) != 1 || !strings.Contains(o.Warnings[0], "ignored") {
+					t.Errorf("warnings %q, want one saying the firewall paths are ignored", o.Warnings)
+				}
+			},
+		},
+		{
+			name: "Linkerd's old /sbin/iptables default selects plain",
+			args: chartArgs("--firewall-bin-path", "/sbin/iptables", "--firewall-save-bin-path", "/sbin/iptables-save"),
+			cmd:  CommandApply, modeSource: "--firewall-bin-path",
+			want: cfg(func(c *iptables.Config) { c.Mode = iptables.ModePlain }),
+		},
+		{
+			name: "save path alone selects the mode",
+			args: chartArgs("--firewall-save-bin-path", "/usr/sbin/iptables-legacy-save"),
+			cmd:  CommandApply, modeSource: "--firewall-save-bin-path",
+			want: cfg(func(c *iptables.Config) { c.Mode = iptables.ModeLegacy }),
+		},
+		{
+			name: "native nftables and outbound subnets via the alias",
+			args: chartArgs("--iptables-mode=nftables", "--inbound-subnets-to-ignore", "192.0.2.0/24",
+				"--outbound-subnets-to-ignore", "198.51.100.0/24,2001:db8:1::/64", "--simulate"),
+			cmd: CommandApply, modeSource: "--iptables-mode",
+			want: cfg(func(c *iptables.Config) {
+				c.Mode = iptables.ModeNFTables
+				c.InboundSubnetsToIgnore = []string{"192.0.2.0/24"}
+				c.OutboundSubnetsToIgnore = []string{"198.51.100.0/24,2001:db8:1::/64"}
+			}),
+			check: func(t *testing.T, o *Options) {
+				if !o.Simulate {
+					t.Error("--simulate not set")
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := Parse(tt.args)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tt.args, err)
+			}
+			if o.Command != tt.cmd {
+				t.Errorf("command %q, want %q", o.Command, tt.cmd)
+			}
+			if !reflect.DeepEqual(o.Config, tt.want) {
+				t.Errorf("config\n got %+v\nwant %+v", o.Config, tt.want)
+			}
+			if o.ModeSource != tt.modeSource {
+				t.Errorf("mode source %q, want %q", o.ModeSource, tt.modeSource)
+			}
+			if tt.check != nil {
+				tt.check(t, o)
+			}
+		})
+	}
+}
+
+// TestBadInput runs Main, so it checks both the message and the exit code; none of these reach
+// a namespace or a backend, which is what makes "nothing is written" hold (the binary tests
+// check that against a real namespace too).
+func TestBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string // the whole of stderr
+	}{
+		{"proxy port out of range", []string{"-p", "0", "-o", "65536"},
+			"proxy-init: invalid input:\n  --incoming-proxy-port \"0\": port is outside 1-65535\n  --outgoing-proxy-port \"65536\": port is outside 1-65535\n"},
+		{"proxy ports unset", []string{"--proxy-uid", "2102"},
+			"proxy-init: invalid input:\n  --incoming-proxy-port \"-1\": must be set\n  --outgoing-proxy-port \"-1\": must be set\n"},
+		{"not a number", chartArgs("--proxy-gid", "wheel"),
+			"proxy-init: invalid input:\n  --proxy-gid \"wheel\": not an integer\n"},
+		{"uid 0", []string{"-p", "4143", "-o", "4140", "-u", "0"},
+			"proxy-init: invalid input:\n  --proxy-uid \"0\": refusing to exempt UID 0 (root): use -1 for no exemption\n"},
+		{"gid 0", chartArgs("-g", "0"),
+			"proxy-init: invalid input:\n  --proxy-gid \"0\": refusing to exempt GID 0 (root): use -1 for no exemption\n"},
+		{"ignored port out of range, reversed and malformed ranges", chartArgs("--outbound-ports-to-ignore", "443,70000,9000-8000,1-x"),
+			"proxy-init: invalid input:\n" +
+				"  --outbound-ports-to-ignore \"70000\": port 70000 is outside 1-65535\n" +
+				"  --outbound-ports-to-ignore \"9000-8000\": range 9000-8000 is reversed\n" +
+				"  --outbound-ports-to-ignore \"1-x\": \"x\" is not a port number\n"},
+		{"redirect port", chartArgs("-r", "80,0"),
+			"proxy-init: invalid input:\n  --ports-to-redirect \"0\": port 0 is outside 1-65535\n"},
+		{"bad CIDR", chartArgs("--subnets-to-ignore", "10.0.0.0/8,10.0.0.0/33"),
+			"proxy-init: invalid input:\n  --subnets-to-ignore \"10.0.0.0/33\": \"10.0.0.0/33\" is not a valid CIDR\n"},
+		{"bad CIDR named by the alias typed", chartArgs("--inbound-subnets-to-ignore", "nonsense"),
+			"proxy-init: invalid input:\n  --inbound-subnets-to-ignore \"nonsense\": \"nonsense\" is not a CIDR or an IP address\n"},
+		{"bad outbound CIDR", chartArgs("--outbound-subnets-to-ignore", "2001:db8::/129"),
+			"proxy-init: invalid input:\n  --outbound-subnets-to-ignore \"2001:db8::/129\": \"2001:db8::/129\" is not a valid CIDR\n"},
+		{"unknown mode", chartArgs("--iptables-mode", "ebpf"),
+			"proxy-init: invalid input:\n  --iptables-mode \"ebpf\": unknown mode; want one of auto, legacy, nft, plain, nftables\n"},
+		{"inconsistent firewall pair", chartArgs("--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-legacy-save"),
+			"proxy-init: invalid input:\n  --firewall-save-bin-path \"iptables-legacy-save\": selects mode legacy but --firewall-bin-path \"iptables-nft\" selects mode nft\n"},
+		{"unknown firewall binaries", chartArgs("--firewall-bin-path", "/usr/sbin/nft", "--firewall-save-bin-path", "/usr/sbin/ebtables-save"),
+			"proxy-init: invalid input:\n" +
+				"  --firewall-bin-path \"/usr/sbin/nft\": cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)\n" +
+				"  --firewall-save-bin-path \"/usr/sbin/ebtables-save\": cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)\n"},
+		{"bad log settings, bool and close-wait", chartArgs("--log-format", "xml", "--log-level", "loud", "--ipv6=maybe", "--timeout-close-wait-secs", "-5"),
+			"proxy-init: invalid input:\n" +
+				"  --timeout-close-wait-secs \"-5\": must be 0 (leave alone) or a positive number of seconds\n" +
+				"  --log-format \"xml\": unknown log format; want plain or json\n" +
+				"  --log-level \"loud\": unknown log level; want trace, debug, info, warn or error\n" +
+				"  --ipv6 \"maybe\": not a boolean (want true or false)\n"},
+		{"missing netns", chartArgs("--netns", "/run/netns/does-not-exist-proxyinit-test"),
+			"proxy-init: invalid input:\n  --netns \"/run/netns/does-not-exist-proxyinit-test\": cannot use it as a network namespace: no such file or directory\n"},
+		{"cleanup still refuses bad values", []string{"cleanup", "-p", "99999", "--iptables-mode", "x"},
+			"proxy-init: invalid input:\n  --incoming-proxy-port \"99999\": port is outside 1-65535\n  --iptables-mode \"x\": unknown mode; want one of auto, legacy, nft, plain, nftables\n"},
+		{"show output format", append([]string{"show"}, chartArgs("--output", "yaml")...),
+			"proxy-init: invalid input:\n  --output \"yaml\": unknown output format; want text or json\n"},
+		{"every problem at once", []string{"-p", "x", "-o", "4140", "-u", "0", "--inbound-ports-to-ignore", "0", "--subnets-to-ignore", "1.2.3.4/40", "--iptables-mode", "y"},
+			"proxy-init: invalid input:\n" +
+				"  --incoming-proxy-port \"x\": not an integer\n" +
+				"  --proxy-uid \"0\": refusing to exempt UID 0 (root): use -1 for no exemption\n" +
+				"  --inbound-ports-to-ignore \"0\": port 0 is outside 1-65535\n" +
+				"  --subnets-to-ignore \"1.2.3.4/40\": \"1.2.3.4/40\" is not a valid CIDR\n" +
+				"  --iptables-mode \"y\": unknown mode; want one of auto, legacy, nft, plain, nftables\n"},
+		{"unknown flag", chartArgs("--proxy-port", "1"),
+			"proxy-init: unknown flag: --proxy-port (see proxy-init --help)\n"},
+		{"missing value", []string{"-p"},
+			"proxy-init: flag needs an argument: 'p' in -p (see proxy-init --help)\n"},
+		{"unknown subcommand", append([]string{"validate"}, chartArgs()...),
+			"proxy-init: unknown command \"validate\"; want one of cleanup, show, version (see proxy-init --help)\n"},
+		{"two subcommands", []string{"show", "cleanup"},
+			"proxy-init: unexpected arguments [\"show\" \"cleanup\"]: proxy-init takes at most one subcommand (see proxy-init --help)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), tt.args, &stdout, &stderr)
+			if code != ExitUsage {
+				t.Errorf("exit code %d, want %d", code, ExitUsage)
+			}
+			if got := stderr.String(); got != tt.want {
+				t.Errorf("stderr\n got %q\nwant %q", got, tt.want)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout not empty: %q", stdout.String())
+			}
+			_, err := Parse(tt.args)
+			var uerr *UsageError
+			if !errors.As(err, &uerr) {
+				t.Errorf("Parse error %v is not a *UsageError", err)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"show", "--help"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(context.Background(), args, &stdout, &stderr); code != ExitOK {
+			t.Errorf("%q: exit %d, want 0 (stderr %q)", args, code, stderr.String())
+		}
+		for _, want := range []string{"-p, --incoming-proxy-port", "-r, --ports-to-redirect", "-w, --use-wait-flag",
+			"--inbound-subnets-to-ignore", "--iptables-mode string", `(default "auto")`, "Exit codes"} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("%q: help lacks %q", args, want)
+			}
+		}
+	}
+}
+
+// TestDefaults pins the defaults of DESIGN.md's flag table.
+func TestDefaults(t *testing.T) {
+	fs, _ := newFlagSet()
+	want := map[string][2]string{ // name -> shorthand, default
+		"incoming-proxy-port": {"p", "-1"}, "outgoing-proxy-port": {"o", "-1"}, "proxy-uid": {"u", "-1"}, "proxy-gid": {"g", "-1"},
+		"ports-to-redirect": {"r", ""}, "inbound-ports-to-ignore": {"", ""}, "outbound-ports-to-ignore": {"", ""},
+		"subnets-to-ignore": {"", ""}, "inbound-subnets-to-ignore": {"", ""}, "outbound-subnets-to-ignore": {"", ""},
+		"simulate": {"", "false"}, "netns": {"", ""}, "use-wait-flag": {"w", "false"}, "timeout-close-wait-secs": {"", "0"},
+		"log-format": {"", "plain"}, "log-level": {"", "info"}, "iptables-mode": {"", "auto"}, "ipv6": {"", "true"},
+		"firewall-bin-path": {"", ""}, "firewall-save-bin-path": {"", ""}, "output": {"", "text"},
+	}
+	for name, w := range want {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("flag --%s missing", name)
+			continue
+		}
+		if f.Shorthand != w[0] || f.DefValue != w[1] {
+			t.Errorf("--%s: shorthand %q default %q, want %q %q", name, f.Shorthand, f.DefValue, w[0], w[1])
+		}
+	}
+	n := 0
+	fs.VisitAll(func(*pflag.Flag) { n++ })
+	if n != len(want) {
+		t.Errorf("%d flags defined, want %d: update this table and the README", n, len(want))
+	}
+}

@@ -1,0 +1,159 @@
+package proxyinit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+func TestSimulatePrintsExactPayloads(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		families []iptables.Family
+	}{
+		{"dual stack", chartArgs("--simulate"), []iptables.Family{iptables.IPv4, iptables.IPv6}},
+		{"IPv6 off, legacy chart paths", chartArgs("--simulate", "--ipv6=false", "--firewall-bin-path", "iptables-legacy"), []iptables.Family{iptables.IPv4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := Main(context.Background(), tt.args, &stdout, &stderr); code != ExitOK {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			o, err := Parse(tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs, err := iptables.Build(o.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := stdout.String()
+			for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+				label := "# " + string(f) + ": "
+				want := slicesContains(tt.families, f)
+				if strings.Contains(out, label) != want {
+					t.Errorf("output has %s label = %v, want %v:\n%s", f, !want, want, out)
+				}
+				if !want {
+					continue
+				}
+				payload := iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f))
+				_, after, _ := strings.Cut(out, label)
+				_, after, _ = strings.Cut(after, "\n")
+				if !strings.HasPrefix(after, payload) {
+					t.Errorf("%s payload after its label is not TransitionPayload from empty:\n got %q\nwant prefix %q", f, after, payload)
+				}
+			}
+		})
+	}
+}
+
+func slicesContains(fs []iptables.Family, f iptables.Family) bool {
+	for _, g := range fs {
+		if g == f {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSimulateCloseWaitAndCleanup(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), chartArgs("--simulate", "--timeout-close-wait-secs", "120"), &stdout, &stderr); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "# and write 120 to "+CloseWaitSysctl) {
+		t.Errorf("simulate does not mention the sysctl:\n%s", stdout.String())
+	}
+	stdout.Reset()
+	if code := Main(context.Background(), []string{"cleanup", "--simulate"}, &stdout, &stderr); code != ExitOK {
+		t.Fatalf("cleanup --simulate: exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "nothing was changed") {
+		t.Errorf("cleanup --simulate output %q", stdout.String())
+	}
+}
+
+// The native nftables backend adds (*Ruleset).NFTScript; until then simulate says so and fails.
+func TestSimulateNFTables(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), chartArgs("--simulate", "--iptables-mode", "nftables"), &stdout, &stderr)
+	rs, err := iptables.Build(cfg(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := any(rs).(nftScripter); ok {
+		if code != ExitOK || !strings.Contains(stdout.String(), s.NFTScript()) {
+			t.Errorf("exit %d, output lacks the nft script:\n%s%s", code, stdout.String(), stderr.String())
+		}
+		return
+	}
+	if code != ExitFailure || !strings.Contains(stderr.String(), "not yet available") {
+		t.Errorf("exit %d, stderr %q; want 1 and a not-yet-available message", code, stderr.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	old := buildinfo.Version
+	t.Cleanup(func() { buildinfo.Version = old })
+	buildinfo.Version = "v1.2.3-test"
+
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), append([]string{"version"}, chartArgs()...), &stdout, &stderr); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.HasPrefix(stdout.String(), "proxy-init v1.2.3-test (") {
+		t.Errorf("version output %q", stdout.String())
+	}
+	stdout.Reset()
+	if code := Main(context.Background(), []string{"version", "--output", "json"}, &stdout, &stderr); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var info buildinfo.Info
+	if err := json.Unmarshal(stdout.Bytes(), &info); err != nil || info.Version != "v1.2.3-test" || info.GoVersion == "" {
+		t.Errorf("version JSON %q: %+v, %v", stdout.String(), info, err)
+	}
+}
+
+func TestShowReport(t *testing.T) {
+	rs, err := iptables.Build(cfg(func(c *iptables.Config) { c.IPv6 = false }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := rs.Saved(iptables.IPv4)
+	missing := saved.Rules[len(saved.Rules)-1]
+	partial := iptables.SavedState{Chains: saved.Chains, Rules: saved.Rules[:len(saved.Rules)-1]}
+	st := iptables.State{Backend: "iptables-test", Families: []iptables.FamilyState{
+		{Family: iptables.IPv4, Rules: partial.Rules, Diff: rs.Compare(iptables.IPv4, partial)},
+		{Family: iptables.IPv6},
+	}}
+	rep := NewShowReport(st, rs)
+	if rep.Match || rep.Families[0].Match || !rep.Families[1].Match {
+		t.Fatalf("report %+v: want ipv4 mismatching, ipv6 matching", rep)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"backend: iptables-test\n", "ipv4 (expected): " + "6 rules, DO NOT MATCH\n", "  missing: " + missing + "\n",
+		"ipv6 (none expected): 0 rules, match\n", "rules do NOT match the configuration\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, b.String())
+		}
+	}
+	js, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back ShowReport
+	if err := json.Unmarshal(js, &back); err != nil || back.Families[0].Missing[0] != missing || back.Families[1].Rules == nil {
+		t.Errorf("JSON round trip %s: %+v %v", js, back, err)
+	}
+}
