@@ -207,37 +207,85 @@ func taintedThreads(t *testing.T) []string {
 	return tainted
 }
 
+// redirectNft is the native nftables equivalent of the iptables rules in
+// TestRedirect, to show the harness observes either kind of NAT.
+const redirectNft = `table inet netnstest {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		meta l4proto tcp redirect to :4143
+	}
+	chain output {
+		type nat hook output priority -100; policy accept;
+		meta l4proto tcp meta skuid 2102 return
+		meta l4proto tcp meta skgid 2200 return
+		oifname "lo" return
+		meta l4proto tcp redirect to :4140
+	}
+}
+`
+
 // TestRedirect proves the harness can observe redirection: with hand-written
-// iptables-legacy rules in the pod, outbound lands on the fake proxy's 4140
-// and inbound on 4143, each with the right original destination, and owner
-// matches exempt the proxy's UID and a GID.
+// rules in the pod (iptables-legacy, iptables-nft, native nft), outbound lands
+// on the fake proxy's 4140 and inbound on 4143, each with the right original
+// destination, and owner matches exempt the proxy's UID and a GID.
 func TestRedirect(t *testing.T) {
 	RequireRoot(t)
-	p := NewPair(t)
-	proxy := StartProxy(t, p.Pod, 4140, 4143)
-	peerSrv := StartServer(t, p.Peer, ":80")
-	appSrv := StartServer(t, p.Pod, ":8080")
-
-	for _, bin := range []string{"iptables-legacy", "ip6tables-legacy"} {
-		for _, rule := range [][]string{
-			{"-A", "PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "4143"},
-			{"-A", "OUTPUT", "-p", "tcp", "-m", "owner", "--uid-owner", "2102", "-j", "RETURN"},
-			{"-A", "OUTPUT", "-p", "tcp", "-m", "owner", "--gid-owner", "2200", "-j", "RETURN"},
-			{"-A", "OUTPUT", "-p", "tcp", "!", "-o", "lo", "-j", "REDIRECT", "--to-ports", "4140"},
-		} {
-			if _, err := RunIn(t, p.Pod, bin, append([]string{"-w", "-t", "nat"}, rule...)...); err != nil {
+	iptablesRules := [][]string{
+		{"-A", "PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "4143"},
+		{"-A", "OUTPUT", "-p", "tcp", "-m", "owner", "--uid-owner", "2102", "-j", "RETURN"},
+		{"-A", "OUTPUT", "-p", "tcp", "-m", "owner", "--gid-owner", "2200", "-j", "RETURN"},
+		{"-A", "OUTPUT", "-p", "tcp", "!", "-o", "lo", "-j", "REDIRECT", "--to-ports", "4140"},
+	}
+	iptables := func(v4, v6, save string) func(t *testing.T, pod *NS) {
+		return func(t *testing.T, pod *NS) {
+			for _, bin := range []string{v4, v6} {
+				for _, rule := range iptablesRules {
+					if _, err := RunIn(t, pod, bin, append([]string{"-w", "-t", "nat"}, rule...)...); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			out, err := RunIn(t, pod, save, "-t", "nat")
+			if err != nil {
 				t.Fatal(err)
+			}
+			if !strings.Contains(out, "--uid-owner 2102 -j RETURN") {
+				t.Fatalf("%s in the pod lacks the owner rule:\n%s", save, out)
 			}
 		}
 	}
-	out, err := RunIn(t, p.Pod, "ip6tables-legacy-save", "-t", "nat")
-	if err != nil {
-		t.Fatal(err)
+	backends := []struct {
+		name  string
+		apply func(t *testing.T, pod *NS)
+	}{
+		{"iptables-legacy", iptables("iptables-legacy", "ip6tables-legacy", "ip6tables-legacy-save")},
+		{"iptables-nft", iptables("iptables-nft", "ip6tables-nft", "ip6tables-nft-save")},
+		{"nft", func(t *testing.T, pod *NS) {
+			if _, err := RunInWithInput(t, pod, redirectNft, "nft", "-f", "-"); err != nil {
+				t.Fatal(err)
+			}
+			out, err := RunIn(t, pod, "nft", "list", "ruleset")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "skuid 2102") {
+				t.Fatalf("nft ruleset in the pod lacks the owner rule:\n%s", out)
+			}
+		}},
 	}
-	if !strings.Contains(out, "--uid-owner 2102 -j RETURN") {
-		t.Fatalf("ip6tables-legacy-save in the pod lacks the owner rule:\n%s", out)
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			p := NewPair(t)
+			proxy := StartProxy(t, p.Pod, 4140, 4143)
+			peerSrv := StartServer(t, p.Peer, ":80")
+			appSrv := StartServer(t, p.Pod, ":8080")
+			b.apply(t, p.Pod)
+			checkRedirect(t, p, proxy, peerSrv, appSrv)
+		})
 	}
+}
 
+func checkRedirect(t *testing.T, p *Pair, proxy *Proxy, peerSrv, appSrv *Server) {
 	tests := []struct {
 		name      string
 		from      *NS
