@@ -14,7 +14,7 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// chart builds the Linkerd chart's command line (partials.proxy-init), optional parts included
+// chartArgs builds the Linkerd chart's command line (partials.proxy-init), optional parts included
 // when non-empty, exactly as the chart renders them.
 func chartArgs(extra ...string) []string {
 	return append([]string{
@@ -49,11 +49,11 @@ func TestParseLinkerdCommandLines(t *testing.T) {
 		},
 		{
 			name: "chart with iptablesMode nft, IPv6 off, GID, outbound ignores and every option",
-			args: append([]string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save", "--ipv6=false",
+			args: []string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save", "--ipv6=false",
 				"--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140", "--proxy-uid", "2102", "--proxy-gid", "2102",
 				"--inbound-ports-to-ignore", "4190,4191,4567,4568,25,587", "--outbound-ports-to-ignore", "4567,4568,3306",
 				"--timeout-close-wait-secs", "3600", "--log-format", "json", "--log-level", "debug",
-				"--subnets-to-ignore", "10.0.0.0/8, 2001:db8::/32"}),
+				"--subnets-to-ignore", "10.0.0.0/8, 2001:db8::/32"},
 			cmd: CommandApply, modeSource: "--firewall-bin-path",
 			want: cfg(func(c *iptables.Config) {
 				c.ProxyGID = 2102
