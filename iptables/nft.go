@@ -67,8 +67,11 @@ type NFTInterval struct {
 // (touching intervals are merged), which is also how the kernel holds them, so a set read back
 // compares equal to the one written.
 type NFTSet struct {
-	Name     string
-	Type     NFTSetType
+	Name string
+	Type NFTSetType
+	// Flags is empty for the flags NFT always writes ("constant,interval"); a set read back
+	// with other flags reports them here, so the difference shows.
+	Flags    string
 	Elements []NFTInterval
 }
 
@@ -95,6 +98,9 @@ const (
 	NFTMatchSkGID
 	// NFTMatchOIFName is `oifname "Name"`, matched by name like iptables' -o.
 	NFTMatchOIFName
+	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of
+	// the above; Name describes them. NFT never produces it.
+	NFTMatchUnknown
 )
 
 // NFTMatch is one match of a rule; which fields are used depends on Kind.
@@ -129,6 +135,8 @@ func (m NFTMatch) String() string {
 		return "meta skgid " + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchOIFName:
 		return "oifname " + strconv.Quote(m.Name)
+	case NFTMatchUnknown:
+		return "<unrecognized: " + m.Name + ">"
 	}
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
@@ -164,12 +172,22 @@ type NFTChain struct {
 	// Hook is "prerouting" or "output".
 	Hook     string
 	Priority int
-	Rules    []NFTRule
+	// Type and Policy are empty for what NFT always writes ("nat", "accept"); a chain read back
+	// with others reports them here, so the difference shows.
+	Type, Policy string
+	Rules        []NFTRule
 }
 
 // Header renders the chain's type line.
 func (c NFTChain) Header() string {
-	return fmt.Sprintf("type nat hook %s priority %d; policy accept;", c.Hook, c.Priority)
+	typ, policy := c.Type, c.Policy
+	if typ == "" {
+		typ = "nat"
+	}
+	if policy == "" {
+		policy = "accept"
+	}
+	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook, c.Priority, policy)
 }
 
 // NFTTable is the whole table: what the applier writes in one batch.
@@ -414,7 +432,14 @@ func (s NFTSet) ElementStrings() []string {
 
 // Body renders the set's definition without its name: type, flags and elements.
 func (s NFTSet) Body() string {
-	return fmt.Sprintf("type %s; flags constant,interval; elements = { %s };", s.Type, strings.Join(s.ElementStrings(), ", "))
+	return fmt.Sprintf("type %s; flags %s; elements = { %s };", s.Type, s.flags(), strings.Join(s.ElementStrings(), ", "))
+}
+
+func (s NFTSet) flags() string {
+	if s.Flags == "" {
+		return "constant,interval"
+	}
+	return s.Flags
 }
 
 // Statements renders the table as nft commands, one object or rule a line, in a canonical order
@@ -458,8 +483,8 @@ func (t NFTTable) Script() string {
 	fmt.Fprintf(&b, "table %s\ndelete table %s\ntable %s {\n", tbl, tbl, tbl)
 	fmt.Fprintf(&b, "\tcomment %s\n", strconv.Quote(t.Comment))
 	for _, s := range t.Sets {
-		fmt.Fprintf(&b, "\n\tset %s {\n\t\ttype %s\n\t\tflags constant,interval\n\t\telements = { %s }\n\t}\n",
-			s.Name, s.Type, strings.Join(s.ElementStrings(), ", "))
+		fmt.Fprintf(&b, "\n\tset %s {\n\t\ttype %s\n\t\tflags %s\n\t\telements = { %s }\n\t}\n",
+			s.Name, s.Type, s.flags(), strings.Join(s.ElementStrings(), ", "))
 	}
 	for _, c := range t.Chains {
 		fmt.Fprintf(&b, "\n\tchain %s {\n\t\t%s\n", c.Name, c.Header())

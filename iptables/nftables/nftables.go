@@ -1,0 +1,296 @@
+// Package nftables is the native nftables backend: it writes the builder's inet table
+// (iptables.Ruleset.NFT) over netlink, with no iptables or nft binary and no exec.
+//
+// Apply is one nftables transaction (one sendmsg): it deletes our table if present and creates
+// it anew with its sets, chains and rules, and in the same transaction removes the chains and
+// jumps that iptables-nft wrote for us. The kernel commits all of it or none, so there is no
+// moment without rules and no half state. The table's comment records the plan; a re-run whose
+// plan matches and whose table reads back intact writes nothing.
+//
+// Namespaces: by default every socket is opened in the network namespace of the calling OS
+// thread, so callers enter the target namespace on a locked thread first (internal/netnsutil).
+// WithNetNS instead opens the sockets in the namespace an fd refers to, without the caller
+// switching threads.
+//
+// Limits: the applier decides nothing about which rules exist (that is iptables.Ruleset.NFT);
+// it cannot see iptables-legacy rules, which live outside nftables; it needs CAP_NET_ADMIN in
+// the namespace and a kernel with nf_tables, nat chains and the redir expression (Probe checks).
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Name is what logs and show call this backend.
+const Name = "nftables"
+
+// Option configures where the applier works.
+type Option func(*options)
+
+type options struct {
+	netns int
+}
+
+// WithNetNS opens the netlink sockets in the network namespace that fd refers to (an open
+// /proc/PID/ns/net or /var/run/netns/NAME) instead of the calling thread's. The fd must stay
+// open while the applier is used.
+func WithNetNS(fd int) Option {
+	return func(o *options) { o.netns = fd }
+}
+
+// Applier writes, reads back and removes our nftables table. It implements iptables.Applier.
+// It holds no connection between calls, so one Applier may be used from any goroutine; each
+// call opens its sockets in the namespace current at that moment (or the WithNetNS one).
+type Applier struct {
+	opts options
+}
+
+var _ iptables.Applier = (*Applier)(nil)
+
+// New returns an applier.
+func New(opts ...Option) *Applier {
+	a := &Applier{}
+	for _, o := range opts {
+		o(&a.opts)
+	}
+	return a
+}
+
+// Name returns "nftables".
+func (a *Applier) Name() string { return Name }
+
+// session is the sockets of one call: a raw netlink socket for the table list and the batch,
+// and, only when something must be read in detail, a google/nftables connection.
+type session struct {
+	opts options
+	ctx  context.Context
+	nl   *netlink.Conn
+	gc   *nftables.Conn
+}
+
+func open(ctx context.Context, o options) (*session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: o.netns})
+	if err != nil {
+		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
+	}
+	// Errors echo only the header of the refused message, not the whole message, and carry the
+	// kernel's explanation where it gives one.
+	_ = nl.SetOption(netlink.CapAcknowledge, true)
+	_ = nl.SetOption(netlink.ExtendedAcknowledge, true)
+	if d, ok := ctx.Deadline(); ok {
+		if err := nl.SetDeadline(d); err != nil {
+			nl.Close()
+			return nil, fmt.Errorf("set netlink deadline: %w", err)
+		}
+	}
+	return &session{opts: o, ctx: ctx, nl: nl}, nil
+}
+
+// google returns the session's google/nftables connection, opening it on first use.
+func (s *session) google() (*nftables.Conn, error) {
+	if s.gc != nil {
+		return s.gc, nil
+	}
+	opts := []nftables.ConnOption{nftables.AsLasting(), nftables.WithNetNSFd(s.opts.netns)}
+	if d, ok := s.ctx.Deadline(); ok {
+		opts = append(opts, nftables.WithSockOptions(func(c *netlink.Conn) error { return c.SetDeadline(d) }))
+	}
+	gc, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables connection: %w", err)
+	}
+	s.gc = gc
+	return gc, nil
+}
+
+func (s *session) close() {
+	if s.gc != nil {
+		_ = s.gc.CloseLasting()
+	}
+	_ = s.nl.Close()
+}
+
+// Apply makes our table exactly rs's, in one transaction that also removes iptables-nft rules of
+// ours. When the table already records rs's plan and reads back identical, and no iptables-nft
+// rules of ours exist, it writes nothing and reports Changed false.
+func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
+	if rs == nil {
+		return iptables.Result{}, errors.New("nftables apply: no ruleset")
+	}
+	want := rs.NFT()
+	s, err := open(ctx, a.opts)
+	if err != nil {
+		return iptables.Result{}, err
+	}
+	defer s.close()
+
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return iptables.Result{}, err
+	}
+	var b batch
+	xt, err := xtRemoval(&b, s.google, tables)
+	if err != nil {
+		return iptables.Result{}, err
+	}
+	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil && ours.Comment == want.Comment && xt == 0 {
+		gc, err := s.google()
+		if err != nil {
+			return iptables.Result{}, err
+		}
+		have, err := readTable(gc, ours.Comment)
+		if err != nil {
+			return iptables.Result{}, err
+		}
+		if iptables.CompareNFT(want, have).Empty() {
+			return iptables.Result{Changed: false}, nil
+		}
+	}
+	b.replaceTable(want)
+	if err := b.send(s.nl); err != nil {
+		return iptables.Result{}, fmt.Errorf("nftables apply: %w", err)
+	}
+	return iptables.Result{Changed: true}, nil
+}
+
+// Show reads our table back and compares it with rs's. The state has one entry, for family
+// iptables.FamilyInet, whose rules are the table's nft statements. iptables-nft chains or jumps
+// of ours, which Apply would remove, are reported as extra.
+func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
+	if rs == nil {
+		return iptables.State{}, errors.New("nftables show: no ruleset")
+	}
+	s, err := open(ctx, a.opts)
+	if err != nil {
+		return iptables.State{}, err
+	}
+	defer s.close()
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return iptables.State{}, err
+	}
+	var have *iptables.NFTTable
+	var lines []string
+	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil {
+		gc, err := s.google()
+		if err != nil {
+			return iptables.State{}, err
+		}
+		if have, err = readTable(gc, ours.Comment); err != nil {
+			return iptables.State{}, err
+		}
+		lines = have.Statements()
+	}
+	diff := iptables.CompareNFT(rs.NFT(), have)
+	var b batch
+	if _, err := xtRemoval(&b, s.google, tables); err != nil {
+		return iptables.State{}, err
+	}
+	for _, d := range b.desc {
+		// "delete iptables-nft chain ip nat PROXY_INIT_OUTPUT" -> "iptables-nft chain ip nat ...".
+		if len(d) > len("delete ") && d[:len("delete ")] == "delete " {
+			diff.Extra = append(diff.Extra, d[len("delete "):])
+		}
+	}
+	return iptables.State{
+		Backend:  Name,
+		Families: []iptables.FamilyState{{Family: iptables.FamilyInet, Rules: lines, Diff: diff}},
+	}, nil
+}
+
+// Cleanup deletes our table. It succeeds when there is none.
+func (a *Applier) Cleanup(ctx context.Context) error {
+	s, err := open(ctx, a.opts)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return err
+	}
+	if findTable(tables, inet, iptables.NFTTableName) == nil {
+		return nil
+	}
+	var b batch
+	b.add(unix.NFT_MSG_DELTABLE, 0, inet, []netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: cstr(iptables.NFTTableName)}},
+		"delete table "+iptables.NFTTableName)
+	if err := b.send(s.nl); err != nil && !errNotFound(err) {
+		return fmt.Errorf("nftables cleanup: %w", err)
+	}
+	return nil
+}
+
+// RemoveXtablesNFT deletes, in one transaction, the chains PROXY_INIT_REDIRECT and
+// PROXY_INIT_OUTPUT that iptables-nft wrote in the "ip nat" and "ip6 nat" tables, and every
+// rule jumping to them. It returns how many chains and jump rules it removed. It runs no binary.
+// Apply already does this in its own transaction; this is for switching away from iptables-nft
+// without applying nftables rules, e.g. from a backend selector.
+func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := open(ctx, o)
+	if err != nil {
+		return 0, err
+	}
+	defer s.close()
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return 0, err
+	}
+	var b batch
+	n, err := xtRemoval(&b, s.google, tables)
+	if err != nil {
+		return 0, err
+	}
+	if err := b.send(s.nl); err != nil {
+		return 0, fmt.Errorf("remove iptables-nft rules: %w", err)
+	}
+	return n, nil
+}
+
+// Probe reports whether this backend can work in the namespace: it sends, over netlink only, a
+// transaction creating a throwaway table with a nat output chain and a redirect rule, without
+// the commit marker. The kernel checks every message (loading nf_tables, nat chain and redir
+// support on demand, as for a real apply) and then discards the batch, so nothing is written.
+func Probe(ctx context.Context, opts ...Option) error {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := open(ctx, o)
+	if err != nil {
+		return fmt.Errorf("nftables probe: %w", err)
+	}
+	defer s.close()
+	probe := iptables.NFTTable{
+		Comment: "proxy-init/probe",
+		Chains: []iptables.NFTChain{{
+			Name: iptables.OutputChain, Hook: "output", Priority: iptables.NFTPriority,
+			Rules: []iptables.NFTRule{{Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, RedirectPort: 1}},
+		}},
+	}
+	// A table of its own name: the probe must not touch ours, even though it never commits.
+	var b batch
+	b.addTable("proxy_init_probe", probe)
+	if b.err != nil {
+		return fmt.Errorf("nftables probe: %w", b.err)
+	}
+	if err := sendBatch(s.nl, b.msgs, b.desc, false); err != nil {
+		return fmt.Errorf("nftables probe: %w", err)
+	}
+	return nil
+}
