@@ -1,0 +1,323 @@
+package main_test
+
+// These tests run the built proxy-init binary, as root, against throwaway network namespaces:
+// the command line, --netns entry, exit codes and output as a user (or the kubelet) sees them.
+// Flag parsing details are unit-tested in package proxyinit.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/proxyinit"
+)
+
+var binary string // built once by TestMain
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "proxy-init-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		binary = filepath.Join(dir, "proxy-init")
+		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs proxy-init against throwaway network namespaces (run as root; CI does)")
+	}
+}
+
+// newNS returns the path of a fresh network namespace, removed at cleanup.
+func newNS(t *testing.T) string {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Errorf("close netns: %v", err)
+		}
+		if err := testutils.UnmountNS(n); err != nil {
+			t.Errorf("unmount netns: %v", err)
+		}
+	})
+	return n.Path()
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run runs the binary with args and returns its exit code and output.
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	switch {
+	case err == nil:
+	case errors.As(err, &exitErr):
+		r.code = exitErr.ExitCode()
+	default:
+		t.Fatalf("run proxy-init %q: %v", args, err)
+	}
+	return r
+}
+
+func mustRun(t *testing.T, want int, args ...string) result {
+	t.Helper()
+	r := run(t, args...)
+	if r.code != want {
+		t.Fatalf("proxy-init %q: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, r.code, want, r.stdout, r.stderr)
+	}
+	return r
+}
+
+// inNS runs a command inside the namespace (through the one helper that enters namespaces).
+func inNS(t *testing.T, nsPath, name string, args ...string) string {
+	t.Helper()
+	var out []byte
+	err := netnsutil.Do(nsPath, func() error {
+		var err error
+		out, err = exec.Command(name, args...).CombinedOutput()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s %q in %s: %v\n%s", name, args, nsPath, err, out)
+	}
+	return string(out)
+}
+
+// saveNat is *-save -t nat without the timestamped comment lines, so runs compare.
+func saveNat(t *testing.T, nsPath, bin string) string {
+	t.Helper()
+	var keep []string
+	for _, l := range strings.Split(inNS(t, nsPath, bin, "-t", "nat"), "\n") {
+		if !strings.HasPrefix(l, "#") && l != "" {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// legacyTables lists the legacy xtables tables instantiated in the namespace, both families. The
+// kernel lists a legacy table only once something touched it, so "" means nothing did.
+func legacyTables(t *testing.T, nsPath string) string {
+	t.Helper()
+	var all []string
+	for _, file := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
+		var data []byte
+		err := netnsutil.Do(nsPath, func() error {
+			var err error
+			data, err = os.ReadFile(file)
+			return err
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("read %s: %v", file, err)
+		}
+		all = append(all, strings.Fields(string(data))...)
+	}
+	return strings.Join(all, " ")
+}
+
+// assertPristine checks that nothing at all was written into the namespace: no legacy table was
+// even instantiated and nf_tables holds nothing.
+func assertPristine(t *testing.T, nsPath string) {
+	t.Helper()
+	if names := legacyTables(t, nsPath); names != "" {
+		t.Errorf("legacy tables %q exist in the namespace; want none", names)
+	}
+	if out := inNS(t, nsPath, "nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
+		t.Errorf("nft list ruleset in the namespace is not empty:\n%s", out)
+	}
+}
+
+var chart = []string{
+	"--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140", "--proxy-uid", "2102",
+	"--inbound-ports-to-ignore", "4190,4191,4567,4568", "--outbound-ports-to-ignore", "443,6443",
+}
+
+func args(parts ...[]string) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+var modes = []struct {
+	mode, save, otherSave string
+}{
+	{"legacy", "iptables-legacy-save", "iptables-nft-save"},
+	{"nft", "iptables-nft-save", "iptables-legacy-save"},
+}
+
+func TestApplyShowCleanup(t *testing.T) {
+	requireRoot(t)
+	for _, m := range modes {
+		t.Run(m.mode, func(t *testing.T) {
+			ns := newNS(t)
+			flags := args(chart, []string{"--netns", ns, "--iptables-mode", m.mode})
+
+			r := mustRun(t, 0, flags...)
+			if !strings.Contains(r.stderr, "changed=true") || !strings.Contains(r.stderr, "backend=iptables-"+m.mode) {
+				t.Errorf("apply log lacks changed=true or the backend:\n%s", r.stderr)
+			}
+			first := saveNat(t, ns, m.save)
+			if !strings.Contains(first, `-A PROXY_INIT_OUTPUT -p tcp -m multiport --dports 443,6443 -m comment --comment "proxy-init/ignore-port-443,6443" -j RETURN`) {
+				t.Fatalf("%s after apply lacks the outbound ignore rule:\n%s", m.save, first)
+			}
+
+			// The same command line with the subcommand first: show, as JSON.
+			r = mustRun(t, 0, args([]string{"show", "--output", "json"}, flags)...)
+			var rep proxyinit.ShowReport
+			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+				t.Fatalf("show --output json is not JSON: %v\n%s", err, r.stdout)
+			}
+			if !rep.Match || rep.Backend != "iptables-"+m.mode || len(rep.Families) != 2 || len(rep.Families[0].Rules) != 8 {
+				t.Errorf("show report %+v: want a match on iptables-%s with 8 IPv4 rules", rep, m.mode)
+			}
+
+			// A re-run changes nothing.
+			r = mustRun(t, 0, flags...)
+			if !strings.Contains(r.stderr, "changed=false") {
+				t.Errorf("second apply log lacks changed=false:\n%s", r.stderr)
+			}
+			if again := saveNat(t, ns, m.save); again != first {
+				t.Errorf("second apply changed %s:\nbefore:\n%s\nafter:\n%s", m.save, first, again)
+			}
+
+			// Delete one rule by hand: show must fail and name it.
+			lo := `-A PROXY_INIT_OUTPUT -o lo -m comment --comment "proxy-init/ignore-loopback" -j RETURN`
+			bin := strings.TrimSuffix(m.save, "-save")
+			inNS(t, ns, bin, "-t", "nat", "-D", "PROXY_INIT_OUTPUT", "-o", "lo", "-m", "comment", "--comment", "proxy-init/ignore-loopback", "-j", "RETURN")
+			r = mustRun(t, 1, args([]string{"show"}, flags)...)
+			if !strings.Contains(r.stdout, "missing: "+lo) {
+				t.Errorf("show after deleting a rule does not name it:\n%s", r.stdout)
+			}
+
+			// Cleanup leaves nothing of ours, in either backend.
+			mustRun(t, 0, "cleanup", "--netns", ns, "--iptables-mode", m.mode)
+			for _, bin := range []string{m.save, m.otherSave, strings.Replace(m.save, "iptables", "ip6tables", 1)} {
+				if out := saveNat(t, ns, bin); strings.Contains(out, "PROXY_INIT") || strings.Contains(out, "proxy-init/") {
+					t.Errorf("%s after cleanup still holds our rules:\n%s", bin, out)
+				}
+			}
+			// And cleanup is idempotent.
+			mustRun(t, 0, "cleanup", "--netns", ns, "--iptables-mode", m.mode)
+		})
+	}
+}
+
+// TestLinkerdChartNFT runs the Linkerd chart's nft command line unchanged.
+func TestLinkerdChartNFT(t *testing.T) {
+	requireRoot(t)
+	ns := newNS(t)
+	mustRun(t, 0, args([]string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save", "--netns", ns}, chart)...)
+	if out := saveNat(t, ns, "iptables-nft-save"); !strings.Contains(out, "proxy-init/redirect-all-incoming-to-proxy-port") {
+		t.Errorf("iptables-nft-save lacks our rules:\n%s", out)
+	}
+	if out := saveNat(t, ns, "ip6tables-nft-save"); !strings.Contains(out, "proxy-init/redirect-all-outgoing-to-proxy-port") {
+		t.Errorf("ip6tables-nft-save lacks our rules:\n%s", out)
+	}
+	// Not iptables-legacy-save -t nat: naming the table makes the kernel instantiate it.
+	if names := legacyTables(t, ns); names != "" {
+		t.Errorf("the nft chart line touched legacy tables: %q", names)
+	}
+}
+
+func TestSimulateWritesNothing(t *testing.T) {
+	requireRoot(t)
+	for _, m := range append(modes, struct{ mode, save, otherSave string }{"auto", "", ""}) {
+		t.Run(m.mode, func(t *testing.T) {
+			ns := newNS(t)
+			r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--iptables-mode", m.mode, "--simulate", "--timeout-close-wait-secs", "60"})...)
+			if strings.Count(r.stdout, "*nat\n") != 2 || strings.Count(r.stdout, "COMMIT\n") != 2 {
+				t.Errorf("simulate did not print two payloads:\n%s", r.stdout)
+			}
+			assertPristine(t, ns)
+		})
+	}
+}
+
+func TestBadInputWritesNothing(t *testing.T) {
+	requireRoot(t)
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"port out of range", []string{"-p", "4143", "-o", "70000"}, `--outgoing-proxy-port "70000": port is outside 1-65535`},
+		{"reversed range", args(chart, []string{"--inbound-ports-to-ignore", "5000-4000"}), `--inbound-ports-to-ignore "5000-4000": range 5000-4000 is reversed`},
+		{"bad CIDR", args(chart, []string{"--subnets-to-ignore", "10.0.0.0/8,300.0.0.0/8"}), `--subnets-to-ignore "300.0.0.0/8"`},
+		{"unknown mode", args(chart, []string{"--iptables-mode", "bpf"}), `--iptables-mode "bpf": unknown mode`},
+		{"uid 0", []string{"-p", "4143", "-o", "4140", "-u", "0"}, `--proxy-uid "0": refusing to exempt UID 0`},
+		{"inconsistent firewall paths", args([]string{"--firewall-bin-path", "iptables-legacy", "--firewall-save-bin-path", "iptables-nft-save"}, chart), `--firewall-save-bin-path "iptables-nft-save"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := newNS(t)
+			for _, sub := range [][]string{nil, {"show"}} {
+				r := mustRun(t, 2, args(sub, tt.args, []string{"--netns", ns, "--timeout-close-wait-secs", "60"})...)
+				if !strings.Contains(r.stderr, tt.want) {
+					t.Errorf("stderr %q lacks %q", r.stderr, tt.want)
+				}
+			}
+			assertPristine(t, ns)
+		})
+	}
+}
+
+func TestCloseWaitSysctl(t *testing.T) {
+	requireRoot(t)
+	root, rootErr := os.ReadFile(proxyinit.CloseWaitSysctl) // read only: the root namespace is never written
+	ns := newNS(t)
+	mustRun(t, 0, args(chart, []string{"--netns", ns, "--timeout-close-wait-secs", "123"})...)
+	if got := strings.TrimSpace(inNS(t, ns, "cat", proxyinit.CloseWaitSysctl)); got != "123" {
+		t.Errorf("close-wait timeout in the namespace is %q, want 123", got)
+	}
+	if rootErr == nil {
+		if now, err := os.ReadFile(proxyinit.CloseWaitSysctl); err != nil || !bytes.Equal(now, root) {
+			t.Errorf("the root namespace's close-wait timeout changed from %q to %q (%v)", root, now, err)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	r := mustRun(t, 0, "version")
+	if !strings.HasPrefix(r.stdout, "proxy-init ") {
+		t.Errorf("version output %q", r.stdout)
+	}
+}
