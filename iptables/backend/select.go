@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/nftables"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
@@ -29,20 +30,27 @@ func New(opts Options) (Applier, string, error) {
 			return nil, "", err
 		}
 		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+	case iptables.ModeNFTables:
+		return nftables.New(), "--iptables-mode=nftables asks for it", nil
 	case iptables.ModeAuto, "":
 		return auto(xo)
 	}
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
 }
 
+// auto prefers native nftables (no binaries, one batch for both families), then iptables-nft,
+// then iptables-legacy. The probes are netlink round trips, not execs.
 func auto(xo xtables.Options) (Applier, string, error) {
-	probe := xtables.ProbeNFTables()
+	probe := nftables.Probe(context.Background())
 	if probe == nil {
+		return nftables.New(), "auto: the kernel accepts nf_tables nat and redirect over netlink", nil
+	}
+	if err := xtables.ProbeNFTables(); err == nil {
 		a, err := xtables.New(iptables.ModeNFT, xo)
 		if err == nil {
-			return a, "auto: the kernel accepts nf_tables and iptables-nft is installed", nil
+			return a, fmt.Sprintf("auto: iptables-nft, because native nftables failed its probe: %v", probe), nil
 		}
-		probe = err
+		probe = fmt.Errorf("%v; iptables-nft: %w", probe, err)
 	}
 	a, err := xtables.New(iptables.ModeLegacy, xo)
 	if err != nil {
@@ -71,16 +79,25 @@ func Cleanup(ctx context.Context, a Applier) error {
 // whether there is anything to remove, so this costs no process spawns in the common case.
 func removeOthers(ctx context.Context, keep Applier) error {
 	var errs []error
-	for _, mode := range []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT} {
-		other, err := xtables.New(mode, xtables.Options{})
-		if err != nil {
-			continue // binaries absent: that backend cannot have written rules from this host's tools
+	x, _ := keep.(*xtables.Applier)
+	if _, native := keep.(*nftables.Applier); !native {
+		if err := nftables.New().Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove the nftables table left by an earlier run: %w", err))
 		}
-		if x, ok := keep.(*xtables.Applier); ok && x.Flavor() == other.Flavor() {
-			continue
+	}
+	if x == nil || x.Flavor() != xtables.NFT {
+		// Over netlink, so it works on hosts without iptables-nft binaries.
+		if _, err := nftables.RemoveXtablesNFT(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove iptables-nft rules left by an earlier run: %w", err))
 		}
-		if err := other.Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s rules left by an earlier run: %w", other.Name(), err))
+	}
+	if x == nil || x.Flavor() != xtables.Legacy {
+		// Legacy rules are invisible to netlink; without the binaries no earlier run could have
+		// written them from this image, so there is nothing to do.
+		if legacy, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
+			if err := legacy.Cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("remove iptables-legacy rules left by an earlier run: %w", err))
+			}
 		}
 	}
 	return errors.Join(errs...)

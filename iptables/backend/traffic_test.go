@@ -14,7 +14,7 @@ import (
 )
 
 // trafficModes are the backends the real-traffic suite runs on.
-var trafficModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT}
+var trafficModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables}
 
 const (
 	inboundProxy  = 4143
@@ -231,5 +231,33 @@ func TestRealTraffic(t *testing.T) {
 				expectDirect(t, w.Peer, nt.HostPort(f.pod, appPort), root)
 			}
 		})
+	}
+}
+
+// TestBackendSwitchLeavesOne applies with one backend and then another: only the second one's
+// rules may remain, and traffic is still redirected.
+func TestBackendSwitchLeavesOne(t *testing.T) {
+	modes := []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables}
+	for _, from := range modes {
+		for _, to := range modes {
+			if from == to {
+				continue
+			}
+			t.Run(string(from)+"-to-"+string(to), func(t *testing.T) {
+				w := newWorld(t)
+				cfg := suiteConfig()
+				apply(t, w, from, cfg)
+				apply(t, w, to, cfg)
+				for _, fs := range show(t, w, from, cfg).Families {
+					if len(fs.Rules) != 0 {
+						t.Errorf("%s rules survived the switch to %s: %q", from, to, fs.Rules)
+					}
+				}
+				if st := show(t, w, to, cfg); !st.Match() {
+					t.Errorf("%s rules after the switch: %+v", to, st)
+				}
+				w.expectProxy(t, w.Pod, nt.HostPort(nt.PeerIPv6, peerPort), outboundProxy, nt.DialOpts{UID: -1, GID: -1})
+			})
+		}
 	}
 }
