@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+)
+
+// nftablesRows compares the native backend with `nft -f` of the same table, with the two
+// iptables-restore execs, and with itself on a large config.
+func nftablesRows(b *testing.B, bin string) []row {
+	rs, err := iptables.Build(chartConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	nftFile := []step{{name: "nft", args: []string{"-f", "-"}, stdin: rs.NFTScript(), in: true}}
+	var rows []row
+	got, base := compare(b, proxyInit(bin, "nftables"), nftFile)
+	rows = append(rows, row{"proxy-init --iptables-mode nftables, chart defaults, v4+v6", got, base,
+		"1x nft -f of the same table", "<= 1.0x", 1.0})
+	got, base = compare(b, proxyInit(bin, "nftables"), restoreSteps(b, "nft", chartConfig()))
+	rows = append(rows, row{"proxy-init --iptables-mode nftables, chart defaults, v4+v6", got, base,
+		"2x nft iptables-restore, same rules", "<= 0.8x", 0.8})
+
+	big := proxyInit(bin, "nftables", "--outbound-subnets-to-ignore", strings.Join(manySubnets(1000), ","),
+		"--outbound-ports-to-ignore", strings.Join(portRanges(200), ","))
+	got, base = compare(b, big, proxyInit(bin, "nftables"))
+	rows = append(rows, row{"proxy-init nftables, 1,000 outbound subnets + 200 port ranges", got, base,
+		"proxy-init nftables, chart defaults", "<= 1.5x", 1.5})
+	return rows
+}
+
+func connectionModes() []string { return []string{"nft", "legacy", "nftables"} }
+
+func applyIn(b *testing.B, n *nt.NS, c iptables.Config) {
+	rs, err := iptables.Build(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = n.Do(func() error {
+		a, _, err := backend.New(backend.Options{Mode: c.Mode})
+		if err != nil {
+			return err
+		}
+		_, err = backend.Apply(context.Background(), a, rs)
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
