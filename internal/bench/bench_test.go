@@ -12,9 +12,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/testutils"
 
-	"github.com/kubemesh/proxy-init/iptables"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // runs is how many times each command is timed; the median is reported.
@@ -237,5 +237,3 @@ func dialRate(b *testing.B, n *nt.NS, addr string, d time.Duration) float64 {
 	}
 	return float64(count) / d.Seconds()
 }
-
-

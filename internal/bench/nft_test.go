@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
 // nftablesRows compares the native backend with `nft -f` of the same table, with the two
