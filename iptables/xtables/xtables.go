@@ -110,7 +110,7 @@ func findBinaries(cmd, suffix string, flavor Flavor) (binaries, error) {
 			}
 		}
 	}
-	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor an %s-backed %s to fall back on",
+	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a %s-backed %s to fall back on",
 		cmd, suffix, cmd, suffix, os.Getenv("PATH"), flavor, cmd)
 }
 

@@ -218,3 +218,33 @@ func TestRestoreErrorQuotesPayload(t *testing.T) {
 		t.Errorf("error %q lacks %q", e.Error(), want)
 	}
 }
+
+// TestFallbackWithinFlavor: a host with only plain, nf_tables-backed iptables binaries still
+// serves nft mode, and refuses legacy mode with a message naming what is missing.
+func TestFallbackWithinFlavor(t *testing.T) {
+	dir := t.TempDir()
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-restore", "-save"} {
+			real, err := exec.LookPath(cmd + "-nft" + suffix)
+			if err != nil {
+				t.Fatalf("needs the iptables package (make deps)'s %s-nft%s: %v", cmd, suffix, err)
+			}
+			if err := os.Symlink(real, filepath.Join(dir, cmd+suffix)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Setenv("PATH", dir)
+	a, err := xtables.New(iptables.ModeNFT, xtables.Options{})
+	if err != nil {
+		t.Fatalf("nft mode with nf_tables-backed plain binaries: %v", err)
+	}
+	if a.Flavor() != xtables.NFT {
+		t.Errorf("flavor %s", a.Flavor())
+	}
+	_, err = xtables.New(iptables.ModeLegacy, xtables.Options{})
+	want := "iptables-legacy-restore and iptables-legacy-save not found in PATH (" + dir + "), nor a legacy-backed iptables to fall back on"
+	if err == nil || err.Error() != want {
+		t.Errorf("legacy mode without legacy binaries: got %v, want %q", err, want)
+	}
+}
