@@ -322,16 +322,25 @@ func listComment(prefix string, items []string, suffix string) string {
 	if len(full) <= NFTCommentMax {
 		return full
 	}
-	for n := len(items) - 1; n >= 0; n-- {
-		c := CommentPrefix + prefix + strings.Join(items[:n], ",") + ",...+" + strconv.Itoa(len(items)-n) + suffix
-		if n == 0 {
-			c = CommentPrefix + prefix + strconv.Itoa(len(items)) + "-items" + suffix
+	// Keep as many leading items as fit together with the ",...+N" marker (N has at most as
+	// many digits as len(items)). Linear: lists may hold thousands of subnets.
+	base := len(CommentPrefix) + len(prefix) + len(suffix) + len(",...+") + len(strconv.Itoa(len(items)))
+	n, size := 0, 0
+	for n < len(items) {
+		add := len(items[n])
+		if n > 0 {
+			add++ // comma
 		}
-		if len(c) <= NFTCommentMax {
-			return c
+		if base+size+add > NFTCommentMax {
+			break
 		}
+		size += add
+		n++
 	}
-	return full[:NFTCommentMax]
+	if n == 0 {
+		return CommentPrefix + prefix + strconv.Itoa(len(items)) + "-items" + suffix
+	}
+	return CommentPrefix + prefix + strings.Join(items[:n], ",") + ",...+" + strconv.Itoa(len(items)-n) + suffix
 }
 
 func portIntervals(ports []PortRange) []NFTInterval {
