@@ -1,0 +1,222 @@
+package validator
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Defaults, as Linkerd's chart passes them for IPv4 (and for IPv6 in the --ipv6 check).
+const (
+	DefaultConnectAddr     = "1.1.1.1:20001"
+	DefaultListenAddr      = "0.0.0.0:4140"
+	DefaultIPv6ConnectAddr = "[fd00::1]:20001"
+	DefaultTimeout         = 10 * time.Second
+)
+
+// Flag names. The first five are Linkerd's; the rest are ours.
+const (
+	FlagConnectAddr     = "connect-addr"
+	FlagListenAddr      = "listen-addr"
+	FlagTimeout         = "timeout"
+	FlagLogFormat       = "log-format"
+	FlagLogLevel        = "log-level"
+	FlagIPv6            = "ipv6"
+	FlagIPv6ConnectAddr = "ipv6-connect-addr"
+	FlagIPv6ListenAddr  = "ipv6-listen-addr"
+	FlagProxyUID        = "proxy-uid"
+)
+
+// Config is what the validator checks. The zero value is not useful; start from DefaultConfig.
+type Config struct {
+	// ConnectAddr is dialled and must be redirected to ListenAddr (IP literal and port).
+	ConnectAddr string
+	// ListenAddr is the outbound proxy port the redirect must reach.
+	ListenAddr string
+	// Timeout bounds each check's wait for the redirected connection.
+	Timeout time.Duration
+	// LogFormat ("plain" or "json") and LogLevel are used by Main to build the logger.
+	LogFormat, LogLevel string
+	// IPv6 adds an IPv6 check of IPv6ConnectAddr against IPv6ListenAddr (empty: [::] on
+	// ListenAddr's port). It is skipped when ConnectAddr already is IPv6.
+	IPv6            bool
+	IPv6ConnectAddr string
+	IPv6ListenAddr  string
+	// ProxyUID, when not -1, is checked to be exempt: a connection made as this UID must not be
+	// redirected.
+	ProxyUID int
+}
+
+// DefaultConfig returns the defaults of every flag.
+func DefaultConfig() Config {
+	return Config{
+		ConnectAddr:     DefaultConnectAddr,
+		ListenAddr:      DefaultListenAddr,
+		Timeout:         DefaultTimeout,
+		LogFormat:       "plain",
+		LogLevel:        "info",
+		IPv6ConnectAddr: DefaultIPv6ConnectAddr,
+		ProxyUID:        -1,
+	}
+}
+
+// AddFlags registers the validator's flags on fs, bound to c; c's current values are the
+// defaults shown.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ConnectAddr, FlagConnectAddr, c.ConnectAddr, "address to connect to; the connection must be redirected to --listen-addr (it is never really reached)")
+	fs.StringVar(&c.ListenAddr, FlagListenAddr, c.ListenAddr, "address to listen on: the proxy's outbound port")
+	fs.DurationVar(&c.Timeout, FlagTimeout, c.Timeout, "how long to wait for the redirected connection")
+	fs.StringVar(&c.LogFormat, FlagLogFormat, c.LogFormat, "log format: plain or json (logs go to stderr)")
+	fs.StringVar(&c.LogLevel, FlagLogLevel, c.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.BoolVar(&c.IPv6, FlagIPv6, c.IPv6, "also check IPv6, connecting to --ipv6-connect-addr")
+	fs.StringVar(&c.IPv6ConnectAddr, FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "IPv6 address to connect to when --ipv6 is set")
+	fs.StringVar(&c.IPv6ListenAddr, FlagIPv6ListenAddr, c.IPv6ListenAddr, "IPv6 address to listen on when --ipv6 is set (default [::] on --listen-addr's port)")
+	fs.IntVar(&c.ProxyUID, FlagProxyUID, c.ProxyUID, "also check that this UID's connections are NOT redirected (-1: skip; needs root or CAP_SETUID, else skipped with a log line)")
+}
+
+// UsageError is a bad command line or configuration; Main exits 2 (ExitUsage).
+type UsageError struct{ Msg string }
+
+func (e *UsageError) Error() string { return e.Msg }
+
+// ErrHelp is returned by Parse for -h and --help.
+var ErrHelp = pflag.ErrHelp
+
+// Parse turns the arguments after "validate" into a validated Config.
+func Parse(args []string) (Config, error) {
+	c := DefaultConfig()
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return c, ErrHelp
+		}
+		return c, &UsageError{Msg: err.Error() + " (see proxy-init validate --help)"}
+	}
+	if fs.NArg() > 0 {
+		return c, &UsageError{Msg: fmt.Sprintf("unexpected arguments %q (see proxy-init validate --help)", fs.Args())}
+	}
+	return c, c.Validate()
+}
+
+// Usage is the help text of `proxy-init validate`.
+func Usage() string {
+	c := DefaultConfig()
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	return `proxy-init validate proves that the pod's outbound TCP is redirected to the proxy port.
+
+Usage:
+  proxy-init validate [flags]
+
+Flags:
+` + fs.FlagUsages() + `
+Exit codes: 0 the redirect works, 95 it does not (the message says what failed), 2 bad usage, 1 other errors.
+`
+}
+
+// Validate reports every problem in c at once, naming the flag and value.
+func (c Config) Validate() error {
+	var probs []string
+	bad := func(flag, value, reason string) {
+		probs = append(probs, fmt.Sprintf("--%s %q: %s", flag, value, reason))
+	}
+	addr := func(flag, value string, wantPort bool) {
+		ap, err := netip.ParseAddrPort(value)
+		switch {
+		case err != nil:
+			bad(flag, value, "want an IP address and port, such as 1.1.1.1:20001 or [fd00::1]:20001")
+		case wantPort && ap.Port() == 0:
+			bad(flag, value, "port 0 cannot be connected to")
+		case ap.Addr().Zone() != "":
+			bad(flag, value, "zoned addresses are not supported")
+		}
+	}
+	addr(FlagConnectAddr, c.ConnectAddr, true)
+	addr(FlagListenAddr, c.ListenAddr, true)
+	if !listenCanReceive(c.ListenAddr, c.ConnectAddr) {
+		bad(FlagListenAddr, c.ListenAddr, "cannot receive a redirected "+c.ConnectAddr+"; listen on an address of the same family, or on [::] for both")
+	}
+	if c.Timeout <= 0 {
+		bad(FlagTimeout, c.Timeout.String(), "must be positive")
+	}
+	if c.LogFormat != "plain" && c.LogFormat != "json" {
+		bad(FlagLogFormat, c.LogFormat, "unknown log format; want plain or json")
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		bad(FlagLogLevel, c.LogLevel, err.Error())
+	}
+	if c.IPv6 {
+		addr(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, true)
+		if ap, err := netip.ParseAddrPort(c.IPv6ConnectAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
+			bad(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "not an IPv6 address")
+		}
+		if c.IPv6ListenAddr != "" {
+			addr(FlagIPv6ListenAddr, c.IPv6ListenAddr, true)
+			if ap, err := netip.ParseAddrPort(c.IPv6ListenAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
+				bad(FlagIPv6ListenAddr, c.IPv6ListenAddr, "not an IPv6 address")
+			}
+		}
+	}
+	switch {
+	case c.ProxyUID == 0:
+		// Root is never exempt in proxy-init either (it refuses --proxy-uid 0).
+		bad(FlagProxyUID, "0", "root cannot be the proxy UID; want -1 (skip) or a positive UID")
+	case c.ProxyUID < -1:
+		bad(FlagProxyUID, fmt.Sprint(c.ProxyUID), "want -1 (skip) or a positive UID")
+	}
+	if len(probs) > 0 {
+		return &UsageError{Msg: "invalid input:\n  " + strings.Join(probs, "\n  ")}
+	}
+	return nil
+}
+
+// ParseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic).
+func ParseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "trace":
+		return slog.LevelDebug - 4, nil
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error", "fatal", "panic":
+		return slog.LevelError, nil
+	}
+	return slog.LevelInfo, errors.New("unknown log level; want trace, debug, info, warn or error")
+}
+
+// NewLogger returns the logger for c's --log-format and --log-level, writing to w. An unknown
+// level falls back to info (Validate reports it).
+func (c Config) NewLogger(w io.Writer) *slog.Logger {
+	lvl, _ := ParseLevel(c.LogLevel)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// listenCanReceive reports whether a listener on listen can accept a connection to connect once
+// it is redirected: the families must match, except that [::] is dual-stack. Unparsable
+// addresses are reported elsewhere, so they pass here.
+func listenCanReceive(listen, connect string) bool {
+	l, err1 := netip.ParseAddrPort(listen)
+	c, err2 := netip.ParseAddrPort(connect)
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	la, ca := l.Addr().Unmap(), c.Addr().Unmap()
+	return la.Is4() == ca.Is4() || (la.Is6() && la.IsUnspecified())
+}

@@ -1,0 +1,35 @@
+package validator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Main runs `proxy-init validate` with args (the arguments after "validate"), writing help to
+// stdout and logs to stderr, and returns the exit code: 0 the redirect works, 95 it does not, 2
+// bad usage, 1 anything else.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := Parse(args)
+	if errors.Is(err, ErrHelp) {
+		fmt.Fprint(stdout, Usage())
+		return ExitOK
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "proxy-init validate: "+err.Error())
+		return ExitCode(err)
+	}
+	log := c.NewLogger(stderr)
+	err = Run(ctx, c, log)
+	code := ExitCode(err)
+	switch code {
+	case ExitOK:
+		log.Info("validation passed: outbound TCP is redirected to the proxy port")
+	case ExitRedirectFailed:
+		log.Error("validation failed: the redirect does not work", "exit_code", code, "error", err.Error())
+	default:
+		log.Error("validator could not run", "exit_code", code, "error", err.Error())
+	}
+	return code
+}

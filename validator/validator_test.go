@@ -1,0 +1,255 @@
+package validator
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestParse(t *testing.T) {
+	def := DefaultConfig()
+	tests := []struct {
+		name    string
+		args    []string
+		want    func(c *Config)
+		wantErr []string // substrings of the usage error, all reported at once
+	}{
+		{name: "defaults", args: nil, want: func(*Config) {}},
+		{
+			name: "linkerd chart ipv4",
+			args: []string{"--log-format", "plain", "--log-level", "info", "--connect-addr", "1.1.1.1:20001", "--listen-addr", "0.0.0.0:4140", "--timeout", "10s"},
+			want: func(*Config) {},
+		},
+		{
+			name: "linkerd chart ipv6",
+			args: []string{"--log-format", "json", "--log-level", "debug", "--connect-addr", "[fd00::1]:20001", "--listen-addr", "[::]:4140", "--timeout", "10s"},
+			want: func(c *Config) {
+				c.LogFormat, c.LogLevel, c.ConnectAddr, c.ListenAddr = "json", "debug", "[fd00::1]:20001", "[::]:4140"
+			},
+		},
+		{
+			name: "our extra flags",
+			args: []string{"--ipv6", "--ipv6-connect-addr", "[2001:db8::1]:9", "--ipv6-listen-addr", "[::1]:4140", "--proxy-uid", "2102"},
+			want: func(c *Config) {
+				c.IPv6, c.IPv6ConnectAddr, c.IPv6ListenAddr, c.ProxyUID = true, "[2001:db8::1]:9", "[::1]:4140", 2102
+			},
+		},
+		{
+			name: "every problem at once",
+			args: []string{"--connect-addr", "example.com:80", "--listen-addr", "0.0.0.0:0", "--timeout", "0s", "--log-format", "xml", "--log-level", "loud", "--proxy-uid", "0"},
+			wantErr: []string{
+				`--connect-addr "example.com:80": want an IP address and port`,
+				`--listen-addr "0.0.0.0:0": port 0`,
+				`--timeout "0s": must be positive`,
+				`--log-format "xml": unknown log format`,
+				`--log-level "loud": unknown log level`,
+				`--proxy-uid "0": root cannot be the proxy UID`,
+			},
+		},
+		{
+			name:    "ipv6 connect with an ipv4 listener",
+			args:    []string{"--connect-addr", "[2001:db8::1]:20001"},
+			wantErr: []string{`--listen-addr "0.0.0.0:4140": cannot receive a redirected [2001:db8::1]:20001`},
+		},
+		{
+			name:    "ipv6 flags must be ipv6",
+			args:    []string{"--ipv6", "--ipv6-connect-addr", "192.0.2.1:20001", "--ipv6-listen-addr", "[::ffff:192.0.2.1]:4140"},
+			wantErr: []string{`--ipv6-connect-addr "192.0.2.1:20001": not an IPv6 address`, `--ipv6-listen-addr "[::ffff:192.0.2.1]:4140": not an IPv6 address`},
+		},
+		{name: "negative uid", args: []string{"--proxy-uid", "-2"}, wantErr: []string{`--proxy-uid "-2": want -1`}},
+		{name: "unknown flag", args: []string{"--incoming-proxy-port", "4143"}, wantErr: []string{"unknown flag: --incoming-proxy-port"}},
+		{name: "stray argument", args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse(tc.args)
+			if tc.wantErr != nil {
+				var u *UsageError
+				if !errors.As(err, &u) {
+					t.Fatalf("Parse error = %v, want a *UsageError", err)
+				}
+				if ExitCode(err) != ExitUsage {
+					t.Errorf("ExitCode = %d, want %d", ExitCode(err), ExitUsage)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error\n%s\nlacks %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			want := def
+			tc.want(&want)
+			if got != want {
+				t.Fatalf("Parse = %+v\nwant    %+v", got, want)
+			}
+		})
+	}
+	if _, err := Parse([]string{"--help"}); !errors.Is(err, ErrHelp) {
+		t.Errorf("Parse(--help) = %v, want ErrHelp", err)
+	}
+}
+
+func TestUsageNamesEveryFlag(t *testing.T) {
+	u := Usage()
+	for _, f := range []string{FlagConnectAddr, FlagListenAddr, FlagTimeout, FlagLogFormat, FlagLogLevel, FlagIPv6, FlagIPv6ConnectAddr, FlagIPv6ListenAddr, FlagProxyUID} {
+		if !strings.Contains(u, "--"+f) {
+			t.Errorf("usage lacks --%s:\n%s", f, u)
+		}
+	}
+	if !strings.Contains(u, "95") {
+		t.Errorf("usage does not document exit code 95:\n%s", u)
+	}
+}
+
+func TestChecks(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(c *Config)
+		want []string // "name connect listen"
+	}{
+		{name: "default", mod: func(*Config) {}, want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:4140"}},
+		{
+			name: "ipv6 derives its listener from the listen port",
+			mod:  func(c *Config) { c.IPv6, c.ListenAddr = true, "0.0.0.0:5140" },
+			want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:5140", "ipv6 [fd00::1]:20001 [::]:5140"},
+		},
+		{
+			name: "explicit ipv6 listener",
+			mod:  func(c *Config) { c.IPv6, c.IPv6ListenAddr = true, "[::1]:4140" },
+			want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:4140", "ipv6 [fd00::1]:20001 [::1]:4140"},
+		},
+		{
+			name: "ipv6 connect addr is not checked twice",
+			mod:  func(c *Config) { c.IPv6, c.ConnectAddr, c.ListenAddr = true, "[2001:db8::1]:20001", "[::]:4140" },
+			want: []string{"ipv6 [2001:db8::1]:20001 [::]:4140"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.mod(&c)
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ck := range c.checks() {
+				got = append(got, fmt.Sprintf("%s %s %s", ck.name, ck.connect, ck.listen))
+			}
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+				t.Fatalf("checks = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	f := &Failure{Check: "ipv4", Reason: ReasonNotRedirected, Detail: "no connection arrived"}
+	tests := []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"nil", nil, ExitOK},
+		{"failure", f, ExitRedirectFailed},
+		{"wrapped joined failures", fmt.Errorf("ctx: %w", errors.Join(errors.New("x"), f)), ExitRedirectFailed},
+		{"usage", &UsageError{Msg: "bad"}, ExitUsage},
+		{"other", errors.New("listen on 0.0.0.0:4140: address already in use"), ExitFailure},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ExitCode(tc.err); got != tc.want {
+				t.Fatalf("ExitCode(%v) = %d, want %d", tc.err, got, tc.want)
+			}
+		})
+	}
+	if got := f.Error(); got != "ipv4 check failed (not-redirected): no connection arrived" {
+		t.Errorf("Failure.Error() = %q", got)
+	}
+}
+
+func TestParseSockaddr(t *testing.T) {
+	v4 := make([]byte, unix.SizeofSockaddrInet4)
+	binary.NativeEndian.PutUint16(v4[0:], unix.AF_INET)
+	binary.BigEndian.PutUint16(v4[2:], 20001)
+	copy(v4[4:], []byte{203, 0, 113, 99})
+	v6 := make([]byte, unix.SizeofSockaddrInet6)
+	binary.NativeEndian.PutUint16(v6[0:], unix.AF_INET6)
+	binary.BigEndian.PutUint16(v6[2:], 20001)
+	a := netip.MustParseAddr("2001:db8:2::99").As16()
+	copy(v6[8:], a[:])
+	bad := append([]byte(nil), v4...)
+	binary.NativeEndian.PutUint16(bad[0:], unix.AF_UNIX)
+	tests := []struct {
+		name    string
+		in      []byte
+		want    string
+		wantErr bool
+	}{
+		{name: "ipv4", in: v4, want: "203.0.113.99:20001"},
+		{name: "ipv6", in: v6, want: "[2001:db8:2::99]:20001"},
+		{name: "short", in: v4[:2], wantErr: true},
+		{name: "truncated ipv6", in: v6[:unix.SizeofSockaddrInet4], wantErr: true},
+		{name: "wrong family", in: bad, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseSockaddr(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && got.String() != tc.want {
+				t.Fatalf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHopLimitOne checks that validator sockets carry TTL / hop limit 1, which is what keeps an
+// unredirected SYN from ever reaching the connect address. Loopback only; no root needed.
+func TestHopLimitOne(t *testing.T) {
+	tests := []struct {
+		network, listen string
+		level, opt      int
+	}{
+		{"tcp4", "127.0.0.1:0", unix.IPPROTO_IP, unix.IP_TTL},
+		{"tcp6", "[::1]:0", unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS},
+	}
+	for _, tc := range tests {
+		t.Run(tc.network, func(t *testing.T) {
+			ln, err := net.Listen(tc.network, tc.listen)
+			if err != nil {
+				t.Skipf("no %s loopback here: %v", tc.network, err)
+			}
+			defer ln.Close()
+			d := net.Dialer{Control: hopLimitOne, Timeout: 2 * time.Second}
+			c, err := d.Dial(tc.network, ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			raw, err := c.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got int
+			var gerr error
+			if err := raw.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), tc.level, tc.opt) }); err != nil {
+				t.Fatal(err)
+			}
+			if gerr != nil || got != 1 {
+				t.Fatalf("hop limit = %d (%v), want 1", got, gerr)
+			}
+		})
+	}
+}
