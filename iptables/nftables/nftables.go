@@ -7,6 +7,12 @@
 // moment without rules and no half state. The table's comment records the plan; a re-run whose
 // plan matches and whose table reads back intact writes nothing.
 //
+// Connections: each call opens its own sockets and closes them before returning: a raw netlink
+// socket for the table list and the batch, and, only when the table must be read in detail, a
+// lasting google/nftables connection. Nothing outlives a call, so a socket is never used in a
+// namespace other than the one it was opened in, and a fresh namespace costs one table dump and
+// one batch.
+//
 // Namespaces: by default every socket is opened in the network namespace of the calling OS
 // thread, so callers enter the target namespace on a locked thread first (internal/netnsutil).
 // WithNetNS instead opens the sockets in the namespace an fd refers to, without the caller
@@ -144,7 +150,10 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	if err != nil {
 		return iptables.Result{}, err
 	}
-	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil && ours.Comment == want.Comment && xt == 0 {
+	// Cheap checks first: the recorded plan, and the table's object count (chains, sets and
+	// anything else someone added to it); only then the full read-back.
+	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil && ours.Comment == want.Comment && xt == 0 &&
+		ours.Use == uint32(len(want.Chains)+len(want.Sets)) {
 		gc, err := s.google()
 		if err != nil {
 			return iptables.Result{}, err
@@ -193,6 +202,13 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		lines = have.Statements()
 	}
 	diff := iptables.CompareNFT(rs.NFT(), have)
+	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil && have != nil {
+		// The model has chains and sets only; the kernel's count shows anything else.
+		if other := int(ours.Use) - len(have.Chains) - len(have.Sets); other > 0 {
+			diff.Extra = append(diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
+				other, iptables.NFTFamily, iptables.NFTTableName))
+		}
+	}
 	var b batch
 	if _, err := xtRemoval(&b, s.google, tables); err != nil {
 		return iptables.State{}, err

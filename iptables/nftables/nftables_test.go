@@ -208,6 +208,11 @@ func TestApplyShowReapplyCleanup(t *testing.T) {
 		t.Errorf("show after apply does not match:\n%s", st.Families[0].Diff)
 	}
 
+	// The table holds exactly our chains and sets.
+	if use := ourTable(t, n).Use; use != uint32(2+len(rs.NFT().Sets)) {
+		t.Errorf("table use count %d, want %d chains and sets", use, 2+len(rs.NFT().Sets))
+	}
+
 	// Re-apply: nothing written, proven by the ruleset generation and the table handle.
 	gen, handle := generation(t, n), ourTable(t, n).Handle
 	if res := apply(t, n, a, rs); res.Changed {
@@ -332,6 +337,7 @@ func TestTamperedTableIsRepaired(t *testing.T) {
 		{"rule added", `add rule inet proxy_init PROXY_INIT_OUTPUT tcp dport 22 return`},
 		{"set element added", "add element inet proxy_init outbound_ignore_ports { 22 }"},
 		{"chain deleted", "delete chain inet proxy_init PROXY_INIT_REDIRECT"},
+		{"object added", "add counter inet proxy_init stray"},
 	}
 	rs := build(t, nil)
 	for _, tt := range tests {
