@@ -135,12 +135,27 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		return iptables.Result{}, errors.New("nftables apply: no ruleset")
 	}
 	want := rs.NFT()
+	// What is read first (iptables-nft rule handles) can vanish before the batch lands if
+	// something else writes at the same time; the kernel then refuses the whole batch, and one
+	// fresh attempt, on fresh sockets (a refused batch leaves unread answers behind), settles it.
+	res, err := a.applyOnce(ctx, want)
+	var be *BatchError
+	if errors.As(err, &be) && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY)) {
+		res, err = a.applyOnce(ctx, want)
+	}
+	return res, err
+}
+
+func (a *Applier) applyOnce(ctx context.Context, want iptables.NFTTable) (iptables.Result, error) {
 	s, err := open(ctx, a.opts)
 	if err != nil {
 		return iptables.Result{}, err
 	}
 	defer s.close()
+	return s.apply(want)
+}
 
+func (s *session) apply(want iptables.NFTTable) (iptables.Result, error) {
 	tables, err := listTables(s.nl)
 	if err != nil {
 		return iptables.Result{}, err
