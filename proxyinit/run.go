@@ -177,7 +177,8 @@ type FamilyReport struct {
 func NewShowReport(st backend.State, rs *iptables.Ruleset) ShowReport {
 	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{}}
 	for _, f := range st.Families {
-		r.Expected[string(f.Family)] = rs.HasFamily(f.Family)
+		// nftables reports one "inet" family for both; rules are always expected in it.
+		r.Expected[string(f.Family)] = f.Family == iptables.FamilyInet || rs.HasFamily(f.Family)
 		rules := f.Rules
 		if rules == nil {
 			rules = []string{}
@@ -203,7 +204,7 @@ func (r ShowReport) WriteText(w io.Writer) error {
 		if !r.Expected[f.Family] {
 			want = "none expected"
 		}
-		fmt.Fprintf(&b, "%s (%s): %d rules, %s\n", f.Family, want, len(f.Rules), verdict)
+		fmt.Fprintf(&b, "%s (%s): %d lines in place, %s\n", f.Family, want, len(f.Rules), verdict)
 		for _, l := range f.Rules {
 			fmt.Fprintf(&b, "  %s\n", l)
 		}
@@ -261,14 +262,16 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) e
 	return nil
 }
 
-// nftScripter is implemented by *iptables.Ruleset once the native nftables backend lands; it
-// renders the one `nft -f` script that backend writes. Asserting it here keeps --simulate
-// compiling before and after.
+// nftScripter is implemented by *iptables.Ruleset: the one `nft -f` script the native nftables
+// backend writes. It is asserted rather than called directly so --simulate keeps building on a
+// builder without the nftables rendering.
 type nftScripter interface{ NFTScript() string }
 
-// Simulate prints what apply would write, changing nothing and entering no namespace: for the
-// iptables modes, the iptables-restore --noflush payload per family as applied to a namespace
-// holding none of our rules (the first run of an init container); for nftables, the nft script.
+// Simulate prints what apply would write, changing nothing and entering no namespace. For the
+// iptables modes it prints the iptables-restore --noflush payload per family, as applied to a
+// namespace holding none of our rules (an init container's first run); for nftables, the nft
+// script. Auto decides at run time, from the kernel, so it prints both, nftables first because
+// auto prefers it.
 func Simulate(w io.Writer, o *Options) error {
 	rs, err := iptables.Build(o.Config)
 	if err != nil {
@@ -276,17 +279,25 @@ func Simulate(w io.Writer, o *Options) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# proxy-init --simulate: nothing was written (mode %s, from %s)\n", o.Config.Mode, o.ModeSource)
-	if o.Config.Mode == iptables.ModeNFTables {
+	mode := o.Config.Mode
+	if mode == iptables.ModeAuto {
+		b.WriteString("# auto chooses at run time: native nftables when the kernel accepts it, else iptables-nft, else\n")
+		b.WriteString("# iptables-legacy (both given the same iptables-restore payloads)\n")
+	}
+	if mode == iptables.ModeNFTables || mode == iptables.ModeAuto {
 		s, ok := any(rs).(nftScripter)
-		if !ok {
+		switch {
+		case ok:
+			b.WriteString("# nftables: nft -f - (one inet table for both families, one atomic batch)\n")
+			b.WriteString(s.NFTScript())
+			if !strings.HasSuffix(s.NFTScript(), "\n") {
+				b.WriteString("\n")
+			}
+		case mode == iptables.ModeNFTables:
 			return errors.New("--simulate with --iptables-mode nftables: the native nftables script is not yet available in this build")
 		}
-		b.WriteString("# nft -f - (one inet table, both families)\n")
-		b.WriteString(s.NFTScript())
-	} else {
-		if o.Config.Mode == iptables.ModeAuto {
-			b.WriteString("# auto picks iptables-nft or iptables-legacy at run time; both are given the same payload\n")
-		}
+	}
+	if mode != iptables.ModeNFTables {
 		for _, f := range rs.Families {
 			bin := "iptables-restore"
 			if f == iptables.IPv6 {

@@ -142,8 +142,8 @@ func TestShowReport(t *testing.T) {
 	if err := rep.WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"backend: iptables-test\n", "ipv4 (expected): " + "6 rules, DO NOT MATCH\n", "  missing: " + missing + "\n",
-		"ipv6 (none expected): 0 rules, match\n", "rules do NOT match the configuration\n"} {
+	for _, want := range []string{"backend: iptables-test\n", "ipv4 (expected): 6 lines in place, DO NOT MATCH\n", "  missing: " + missing + "\n",
+		"ipv6 (none expected): 0 lines in place, match\n", "rules do NOT match the configuration\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, b.String())
 		}

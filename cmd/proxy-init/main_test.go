@@ -260,15 +260,67 @@ func TestLinkerdChartNFT(t *testing.T) {
 
 func TestSimulateWritesNothing(t *testing.T) {
 	requireRoot(t)
-	for _, m := range append(modes, struct{ mode, save, otherSave string }{"auto", "", ""}) {
-		t.Run(m.mode, func(t *testing.T) {
+	tests := []struct {
+		mode          string
+		restores, nft int // iptables-restore payloads and nft scripts expected
+	}{
+		{"legacy", 2, 0}, {"nft", 2, 0}, {"plain", 2, 0}, {"nftables", 0, 1}, {"auto", 2, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
 			ns := newNS(t)
-			r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--iptables-mode", m.mode, "--simulate", "--timeout-close-wait-secs", "60"})...)
-			if strings.Count(r.stdout, "*nat\n") != 2 || strings.Count(r.stdout, "COMMIT\n") != 2 {
-				t.Errorf("simulate did not print two payloads:\n%s", r.stdout)
+			r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--iptables-mode", tt.mode, "--simulate", "--timeout-close-wait-secs", "60"})...)
+			if strings.Count(r.stdout, "*nat\n") != tt.restores || strings.Count(r.stdout, "COMMIT\n") != tt.restores {
+				t.Errorf("simulate did not print %d iptables-restore payloads:\n%s", tt.restores, r.stdout)
+			}
+			if got := strings.Count(r.stdout, "table inet proxy_init {\n"); got != tt.nft {
+				t.Errorf("simulate printed %d nft scripts, want %d:\n%s", got, tt.nft, r.stdout)
 			}
 			assertPristine(t, ns)
 		})
+	}
+}
+
+// TestNFTablesApplyShowCleanup drives the native nftables backend through the binary.
+func TestNFTablesApplyShowCleanup(t *testing.T) {
+	requireRoot(t)
+	ns := newNS(t)
+	flags := args(chart, []string{"--netns", ns, "--iptables-mode", "nftables"})
+	mustRun(t, 0, flags...)
+	r := mustRun(t, 0, args([]string{"show", "--output", "json"}, flags)...)
+	var rep proxyinit.ShowReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("show --output json is not JSON: %v\n%s", err, r.stdout)
+	}
+	if !rep.Match || rep.Backend != "nftables" || len(rep.Families) == 0 || !rep.Expected[rep.Families[0].Family] {
+		t.Errorf("show report %+v: want a match on nftables with rules expected", rep)
+	}
+	if r = mustRun(t, 0, flags...); !strings.Contains(r.stderr, "changed=false") {
+		t.Errorf("second apply log lacks changed=false:\n%s", r.stderr)
+	}
+
+	// Delete the loopback rule by its handle: show must fail and name it.
+	listing := inNS(t, ns, "nft", "-a", "list", "chain", "inet", "proxy_init", "PROXY_INIT_OUTPUT")
+	handle := ""
+	for _, l := range strings.Split(listing, "\n") {
+		if strings.Contains(l, "proxy-init/ignore-loopback") {
+			if _, h, ok := strings.Cut(l, "# handle "); ok {
+				handle = strings.TrimSpace(h)
+			}
+		}
+	}
+	if handle == "" {
+		t.Fatalf("no handle for the loopback rule in:\n%s", listing)
+	}
+	inNS(t, ns, "nft", "delete", "rule", "inet", "proxy_init", "PROXY_INIT_OUTPUT", "handle", handle)
+	r = mustRun(t, 1, args([]string{"show"}, flags)...)
+	if !strings.Contains(r.stdout, "missing: ") || !strings.Contains(r.stdout, "proxy-init/ignore-loopback") {
+		t.Errorf("show after deleting a rule does not name it:\n%s", r.stdout)
+	}
+
+	mustRun(t, 0, "cleanup", "--netns", ns, "--iptables-mode", "nftables")
+	if out := inNS(t, ns, "nft", "list", "ruleset"); strings.Contains(out, "proxy_init") || strings.Contains(out, "PROXY_INIT") {
+		t.Errorf("nft ruleset after cleanup still holds our rules:\n%s", out)
 	}
 }
 

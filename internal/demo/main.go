@@ -1,0 +1,220 @@
+// Command demo is the small TCP helper behind `make demo` (hack/demo.sh): a fake sidecar proxy
+// that tells each client where its connection was originally headed, a plain server, and a
+// client that prints the one-line reply it gets.
+//
+//	demo proxy -ports 4140,4143 -ready FILE   fake proxy on every port, IPv4 and IPv6
+//	demo serve -addr :8080 -name app -ready FILE
+//	demo dial 192.0.2.20:80
+//
+// The fake proxy reads the pre-NAT destination with SO_ORIGINAL_DST (IPv4) or
+// IP6T_SO_ORIGINAL_DST (IPv6), exactly what Linkerd's proxy does to learn where a redirected
+// connection was going. Limits: demo only; TCP only; it runs in whatever network namespace it is
+// started in (the script uses `ip netns exec`) and never enters one itself.
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: demo proxy|serve|dial ...")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "proxy":
+		err = proxy(os.Args[2:])
+	case "serve":
+		err = serve(os.Args[2:])
+	case "dial":
+		err = dial(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo: "+err.Error())
+		os.Exit(1)
+	}
+}
+
+// proxy answers every connection with where it landed and where it was headed.
+func proxy(args []string) error {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	ports := fs.String("ports", "4140,4143", "comma-separated ports")
+	ready := fs.String("ready", "", "file to create once listening")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var lns []net.Listener
+	for _, p := range strings.Split(*ports, ",") {
+		port, err := strconv.Atoi(p)
+		if err != nil {
+			return fmt.Errorf("bad port %q", p)
+		}
+		for _, network := range []string{"tcp4", "tcp6"} {
+			ln, err := listen(network, port)
+			if err != nil {
+				return err
+			}
+			lns = append(lns, ln)
+		}
+	}
+	for _, ln := range lns {
+		go accept(ln, func(c *net.TCPConn) string {
+			role := "outbound"
+			if c.LocalAddr().(*net.TCPAddr).Port == 4143 {
+				role = "inbound"
+			}
+			dst, err := originalDst(c)
+			if err != nil {
+				return fmt.Sprintf("fake proxy (%s port %d): connection from %s, original destination unknown (%v)",
+					role, c.LocalAddr().(*net.TCPAddr).Port, c.RemoteAddr(), err)
+			}
+			return fmt.Sprintf("fake proxy (%s port %d): connection from %s, original destination %s",
+				role, c.LocalAddr().(*net.TCPAddr).Port, c.RemoteAddr(), dst)
+		})
+	}
+	return waitReady(*ready)
+}
+
+// serve is an application or peer server that answers directly.
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	port := fs.Int("port", 80, "port to listen on (IPv4 and IPv6)")
+	name := fs.String("name", "server", "name to answer with")
+	ready := fs.String("ready", "", "file to create once listening")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, network := range []string{"tcp4", "tcp6"} {
+		ln, err := listen(network, *port)
+		if err != nil {
+			return err
+		}
+		go accept(ln, func(c *net.TCPConn) string {
+			return fmt.Sprintf("%s at %s answered directly (no proxy), connection from %s", *name, c.LocalAddr(), c.RemoteAddr())
+		})
+	}
+	return waitReady(*ready)
+}
+
+func listen(network string, port int) (net.Listener, error) {
+	host := "0.0.0.0"
+	if network == "tcp6" {
+		host = "::" // tcp6 sets IPV6_V6ONLY, so IPv4 clients never show up as v4-mapped
+	}
+	ln, err := net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	return ln, nil
+}
+
+func accept(ln net.Listener, reply func(*net.TCPConn) string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintln(c, reply(c.(*net.TCPConn)))
+		}()
+	}
+}
+
+// waitReady signals readiness, then serves until killed.
+func waitReady(file string) error {
+	if file != "" {
+		if err := os.WriteFile(file, nil, 0o644); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	<-sig
+	return nil
+}
+
+// originalDst asks conntrack where the connection was headed before NAT. The kernel writes a
+// sockaddr_in (IPv4) or sockaddr_in6 (IPv6); the x/sys getsockopt helpers with a large enough
+// fixed-size struct receive it without unsafe code.
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	v6 := c.LocalAddr().(*net.TCPAddr).IP.To4() == nil
+	var dst netip.AddrPort
+	var sysErr error
+	err = raw.Control(func(fd uintptr) {
+		if v6 {
+			// IP6T_SO_ORIGINAL_DST is 80, the same number as SO_ORIGINAL_DST, at level SOL_IPV6.
+			info, err := unix.GetsockoptIPv6MTUInfo(int(fd), unix.SOL_IPV6, unix.SO_ORIGINAL_DST)
+			if err != nil {
+				sysErr = err
+				return
+			}
+			// The port's bytes are in network order; undo the native-order load.
+			var pb [2]byte
+			binary.NativeEndian.PutUint16(pb[:], info.Addr.Port)
+			port := binary.BigEndian.Uint16(pb[:])
+			dst = netip.AddrPortFrom(netip.AddrFrom16(info.Addr.Addr), port)
+			return
+		}
+		mreq, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			sysErr = err
+			return
+		}
+		// sockaddr_in: family (2 bytes), port (2, network order), address (4).
+		b := mreq.Multiaddr
+		port := uint16(b[2])<<8 | uint16(b[3])
+		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port)
+	})
+	if err == nil {
+		err = sysErr
+	}
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("getsockopt SO_ORIGINAL_DST: %w", err)
+	}
+	return dst, nil
+}
+
+// dial connects, prints the reply and exits non-zero if nothing answered.
+func dial(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: demo dial HOST:PORT")
+	}
+	c, err := net.DialTimeout("tcp", args[0], 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(io.LimitReader(c, 4096))
+	if err != nil {
+		return fmt.Errorf("read reply: %w", err)
+	}
+	if len(b) == 0 {
+		return fmt.Errorf("connected to %s but got no reply", args[0])
+	}
+	fmt.Print(string(b))
+	return nil
+}
