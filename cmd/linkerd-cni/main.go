@@ -1,0 +1,21 @@
+// Command linkerd-cni is the Linkerd-compatible chained CNI plugin. With CNI_COMMAND set (the
+// container runtime calling it) it is the plugin; otherwise it runs a subcommand. All logic lives
+// in package cniplugin.
+package main
+
+import (
+	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
+)
+
+func main() {
+	if os.Getenv("CNI_COMMAND") != "" {
+		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
+		return
+	}
+	os.Exit(cniplugin.Main(os.Args[1:], os.Stdout, os.Stderr))
+}

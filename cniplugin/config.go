@@ -1,0 +1,342 @@
+package cniplugin
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// KubeContext is the kubeconfig context the plugin uses; the installer writes it.
+const KubeContext = "linkerd-cni-context"
+
+// DefaultAPITimeout bounds all Kubernetes API requests of one ADD or CHECK when the config sets
+// no kubernetes.timeout.
+const DefaultAPITimeout = 10 * time.Second
+
+// NetConf is the parsed linkerd-cni network config: the keys of Linkerd's ConfigMap
+// linkerd-cni-config, plus the optional new ones documented in README.section.md.
+type NetConf struct {
+	types.PluginConf
+
+	// LogLevel is log_level: debug, info, warn or error (Linkerd's trace, warning, fatal and panic
+	// are accepted as their nearest slog level). Empty means info.
+	LogLevel string
+	// LogFile is log_file: when set, log lines are also appended to this file (new key).
+	LogFile string
+	// ExcludeNamespaces is exclude-namespaces: pods there are passed through without any API
+	// call (new key; the installer puts the DaemonSet's own namespace there).
+	ExcludeNamespaces []string
+
+	Kubernetes Kubernetes
+	Linkerd    Linkerd
+}
+
+// Kubernetes is the "kubernetes" block.
+type Kubernetes struct {
+	// Kubeconfig is kubernetes.kubeconfig, the file the installer writes.
+	Kubeconfig string
+	// APIRoot is kubernetes.k8s_api_root; when set it replaces the kubeconfig's server URL.
+	APIRoot string
+	// Timeout is kubernetes.timeout (new key, a Go duration such as "5s"), the bound on all
+	// API requests of one ADD or CHECK. Zero means DefaultAPITimeout.
+	Timeout time.Duration
+}
+
+// Linkerd is the "linkerd" block: proxy-init's settings under their flag names.
+type Linkerd struct {
+	IncomingProxyPort     int
+	OutgoingProxyPort     int
+	ProxyUID              int
+	ProxyGID              int
+	PortsToRedirect       []string
+	InboundPortsToIgnore  []string
+	OutboundPortsToIgnore []string
+	SubnetsToIgnore       []string
+	// OutboundSubnetsToIgnore is outbound-subnets-to-ignore (new key): skip by destination.
+	OutboundSubnetsToIgnore []string
+	Simulate                bool
+	UseWaitFlag             bool
+	// IPTablesMode is iptables-mode; empty means legacy, as in Linkerd.
+	IPTablesMode iptables.Mode
+	IPv6         bool
+}
+
+// Config returns the rule builder's config for this block, before any annotation.
+func (l Linkerd) Config() iptables.Config {
+	return iptables.Config{
+		InboundProxyPort:        l.IncomingProxyPort,
+		OutboundProxyPort:       l.OutgoingProxyPort,
+		ProxyUID:                l.ProxyUID,
+		ProxyGID:                l.ProxyGID,
+		PortsToRedirect:         clone(l.PortsToRedirect),
+		InboundPortsToIgnore:    clone(l.InboundPortsToIgnore),
+		OutboundPortsToIgnore:   clone(l.OutboundPortsToIgnore),
+		InboundSubnetsToIgnore:  clone(l.SubnetsToIgnore),
+		OutboundSubnetsToIgnore: clone(l.OutboundSubnetsToIgnore),
+		IPv6:                    l.IPv6,
+		Mode:                    l.IPTablesMode,
+	}
+}
+
+func clone(s []string) []string {
+	if s == nil {
+		return nil
+	}
+	return append([]string(nil), s...)
+}
+
+// APITimeout is the effective bound on the API requests of one command.
+func (c *NetConf) APITimeout() time.Duration {
+	if c.Kubernetes.Timeout > 0 {
+		return c.Kubernetes.Timeout
+	}
+	return DefaultAPITimeout
+}
+
+// Excluded reports whether pods of namespace ns are passed through without a lookup.
+func (c *NetConf) Excluded(ns string) bool {
+	for _, e := range c.ExcludeNamespaces {
+		if e == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// ConfigError lists every problem found in a network config, each naming the JSON key (with its
+// block, e.g. "linkerd.proxy-uid") and the offending value.
+type ConfigError struct {
+	Problems []iptables.Problem
+}
+
+func (e *ConfigError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return "invalid linkerd-cni network config: " + strings.Join(parts, "; ")
+}
+
+// ParseConfig decodes a network config and its prevResult, which is converted to the config's CNI
+// version, and validates every key. All problems are reported at once as a *ConfigError; JSON that
+// does not decode at all is a plain error. Values the config omits take Linkerd's meaning: an
+// absent proxy-uid or proxy-gid is -1 (no exemption), an absent or empty iptables-mode is legacy.
+func ParseConfig(data []byte) (*NetConf, error) {
+	conf, probs, err := decodeConfig(data, true)
+	if err != nil {
+		return nil, err
+	}
+	probs = append(probs, conf.validate()...)
+	if len(probs) > 0 {
+		return nil, &ConfigError{Problems: probs}
+	}
+	return conf, nil
+}
+
+// ParseConfigLenient is ParseConfig for DEL: it decodes what it can and ignores invalid values,
+// because DEL must never fail on a config that ADD would have refused. Only JSON that does not
+// decode at all is an error.
+func ParseConfigLenient(data []byte) (*NetConf, error) {
+	conf, _, err := decodeConfig(data, false)
+	return conf, err
+}
+
+func decodeConfig(data []byte, strict bool) (*NetConf, []iptables.Problem, error) {
+	conf := &NetConf{Linkerd: Linkerd{IncomingProxyPort: -1, OutgoingProxyPort: -1, ProxyUID: -1, ProxyGID: -1}}
+	if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
+		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
+	}
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		if strict {
+			return nil, nil, fmt.Errorf("parse prevResult of the linkerd-cni network config: %w", err)
+		}
+		conf.PrevResult = nil
+	}
+
+	d := &decoder{}
+	d.get(top, "", "log_level", &conf.LogLevel, "a string")
+	d.get(top, "", "log_file", &conf.LogFile, "a string")
+	d.get(top, "", "exclude-namespaces", &conf.ExcludeNamespaces, "a list of namespace names")
+	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
+
+	k8s := d.object(top, "", "kubernetes")
+	d.get(k8s, "kubernetes.", "kubeconfig", &conf.Kubernetes.Kubeconfig, "a string")
+	d.get(k8s, "kubernetes.", "k8s_api_root", &conf.Kubernetes.APIRoot, "a string")
+	var timeout string
+	if d.get(k8s, "kubernetes.", "timeout", &timeout, "a duration string such as \"5s\"") && timeout != "" {
+		t, err := time.ParseDuration(timeout)
+		switch {
+		case err != nil:
+			d.bad("kubernetes.timeout", timeout, "want a duration such as \"5s\"")
+		case t <= 0:
+			d.bad("kubernetes.timeout", timeout, "must be positive")
+		default:
+			conf.Kubernetes.Timeout = t
+		}
+	}
+
+	l := &conf.Linkerd
+	ld := d.object(top, "", "linkerd")
+	const lp = "linkerd."
+	d.get(ld, lp, iptables.FieldInboundProxyPort, &l.IncomingProxyPort, "an integer")
+	d.get(ld, lp, iptables.FieldOutboundProxyPort, &l.OutgoingProxyPort, "an integer")
+	d.get(ld, lp, iptables.FieldProxyUID, &l.ProxyUID, "an integer")
+	d.get(ld, lp, iptables.FieldProxyGID, &l.ProxyGID, "an integer")
+	d.ports(ld, lp, iptables.FieldPortsToRedirect, &l.PortsToRedirect)
+	d.ports(ld, lp, iptables.FieldInboundPortsToIgnore, &l.InboundPortsToIgnore)
+	d.ports(ld, lp, iptables.FieldOutboundPortsToIgnore, &l.OutboundPortsToIgnore)
+	d.get(ld, lp, iptables.FieldInboundSubnetsToIgnore, &l.SubnetsToIgnore, "a list of CIDR strings")
+	d.get(ld, lp, iptables.FieldOutboundSubnetsToIgnore, &l.OutboundSubnetsToIgnore, "a list of CIDR strings")
+	d.get(ld, lp, "simulate", &l.Simulate, "true or false")
+	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
+	var mode string
+	d.get(ld, lp, iptables.FieldMode, &mode, "a string")
+	l.IPTablesMode = iptables.Mode(mode)
+	if mode == "" {
+		l.IPTablesMode = iptables.ModeLegacy
+	}
+	d.get(ld, lp, "ipv6", &l.IPv6, "true or false")
+	return conf, d.probs, nil
+}
+
+// validate checks the values that decoded: the rule builder's checks on the linkerd block
+// (renamed to their JSON keys), the log level and the namespace list.
+func (c *NetConf) validate() []iptables.Problem {
+	var probs []iptables.Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+	}
+	if _, ok := parseLevel(c.LogLevel); !ok {
+		bad("log_level", c.LogLevel, "want debug, info, warn or error")
+	}
+	for _, ns := range c.ExcludeNamespaces {
+		if strings.TrimSpace(ns) == "" {
+			bad("exclude-namespaces", ns, "empty namespace name")
+		}
+	}
+	if c.Kubernetes.Kubeconfig == "" {
+		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
+	}
+	if err := c.Linkerd.Config().Validate(); err != nil {
+		if v, ok := err.(*iptables.ValidationError); ok {
+			for _, p := range v.Problems {
+				p.Field = "linkerd." + p.Field
+				probs = append(probs, p)
+			}
+		} else {
+			bad("linkerd", "", err.Error())
+		}
+	}
+	return probs
+}
+
+// parseLevel maps log_level to slog. Linkerd's logrus names are accepted too.
+func parseLevel(s string) (slog.Level, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "trace", "debug":
+		return slog.LevelDebug, true
+	case "", "info":
+		return slog.LevelInfo, true
+	case "warn", "warning":
+		return slog.LevelWarn, true
+	case "error", "fatal", "panic":
+		return slog.LevelError, true
+	}
+	return slog.LevelInfo, false
+}
+
+// decoder decodes one key at a time so that a type error names the key and shows the value.
+type decoder struct {
+	probs []iptables.Problem
+}
+
+func (d *decoder) bad(field, value, reason string) {
+	d.probs = append(d.probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+}
+
+// get decodes obj[key] into dst and reports whether the key was present and decoded. A JSON null
+// leaves dst unchanged.
+func (d *decoder) get(obj map[string]json.RawMessage, prefix, key string, dst any, want string) bool {
+	raw, ok := obj[key]
+	if !ok {
+		return false
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		d.bad(prefix+key, compact(raw), "want "+want)
+		return false
+	}
+	return true
+}
+
+// object decodes obj[key] as a JSON object; absent or null is an empty object.
+func (d *decoder) object(obj map[string]json.RawMessage, prefix, key string) map[string]json.RawMessage {
+	var out map[string]json.RawMessage
+	d.get(obj, prefix, key, &out, "an object")
+	return out
+}
+
+// ports decodes a port list. Linkerd's config has strings for the ignore lists and integers for
+// ports-to-redirect; both spellings are accepted everywhere, as is one comma-separated string.
+func (d *decoder) ports(obj map[string]json.RawMessage, prefix, key string, dst *[]string) {
+	raw, ok := obj[key]
+	if !ok {
+		return
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		if one != "" {
+			*dst = []string{one}
+		}
+		return
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		d.bad(prefix+key, compact(raw), "want a list of ports (numbers or strings such as \"4190\" or \"1000-2000\")")
+		return
+	}
+	out := []string{}
+	for _, it := range items {
+		var s string
+		var n json.Number
+		switch {
+		case json.Unmarshal(it, &s) == nil:
+			out = append(out, s)
+		case json.Unmarshal(it, &n) == nil:
+			if _, err := strconv.Atoi(n.String()); err != nil {
+				d.bad(prefix+key, n.String(), "not an integer port")
+				continue
+			}
+			out = append(out, n.String())
+		default:
+			d.bad(prefix+key, compact(it), "want a port number or a string such as \"1000-2000\"")
+		}
+	}
+	*dst = out
+}
+
+// compact renders a JSON value for a message: strings without their quotes (the message quotes
+// them), anything else in compact JSON.
+func compact(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return string(raw)
+	}
+	return b.String()
+}

@@ -1,0 +1,205 @@
+package install
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultNetworkConfig is the CNI network configuration used when neither
+// CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set. It is Linkerd's
+// (DESIGN.md, "CNI network config").
+const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
+ "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
+ "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
+   "proxy-gid":-1,"ports-to-redirect":[],"inbound-ports-to-ignore":["4191","4190"],
+   "outbound-ports-to-ignore":[],"subnets-to-ignore":[],"simulate":false,
+   "use-wait-flag":false,"iptables-mode":"nft","ipv6":false}}`
+
+// DefaultServiceAccountDir is where Kubernetes mounts a pod's service
+// account token, CA and namespace.
+const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// DefaultAdminAddr is where /ready and /live are served. Loopback, because
+// the DaemonSet runs in the host network namespace and the endpoints have
+// no business on the node's public addresses; the probes name the host.
+const DefaultAdminAddr = "127.0.0.1:9992"
+
+// Config is the installer's configuration. The zero value of a field means
+// its default; ConfigFromEnv fills it from the environment like Linkerd's
+// install-cni.sh.
+type Config struct {
+	// DestNetDir and DestBinDir are the node's CNI config and binary
+	// directories as the node (and so the container runtime) sees them:
+	// DEST_CNI_NET_DIR and DEST_CNI_BIN_DIR.
+	DestNetDir, DestBinDir string
+	// MountPrefix is where the node's root is mounted in this container
+	// (CONTAINER_MOUNT_PREFIX): the installer writes MountPrefix+DestNetDir.
+	MountPrefix string
+	// ContainerBinDir holds the plugin binary inside the image
+	// (CONTAINER_CNI_BIN_DIR).
+	ContainerBinDir string
+	// NetworkConfig is the plugin configuration template
+	// (CNI_NETWORK_CONFIG); NetworkConfigFile, when set, wins
+	// (CNI_NETWORK_CONFIG_FILE) and must exist.
+	NetworkConfig, NetworkConfigFile string
+	// KubeconfigFileName is the kubeconfig's name in the net dir
+	// (KUBECONFIG_FILE_NAME).
+	KubeconfigFileName string
+	// ServiceAccountDir holds token, ca.crt and namespace
+	// (SERVICE_ACCOUNT_PATH); KubeCAFile overrides the CA (KUBE_CA_FILE).
+	ServiceAccountDir, KubeCAFile string
+	// ServiceHost, ServicePort and ServiceProtocol locate the API server
+	// (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT,
+	// KUBERNETES_SERVICE_PROTOCOL, default https).
+	ServiceHost, ServicePort, ServiceProtocol string
+	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA
+	// (SKIP_TLS_VERIFY). For Linkerd compatibility only.
+	SkipTLSVerify bool
+	// NodeName and CNIMTU fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__
+	// placeholders (KUBERNETES_NODE_NAME, CNI_MTU default 1500).
+	NodeName, CNIMTU string
+	// Namespace is the DaemonSet's namespace (POD_NAMESPACE, else the
+	// service account's namespace file). It is put into the plugin's
+	// exclude-namespaces so the plugin never handles its own pods.
+	Namespace string
+	// AdminAddr is where /ready and /live are served; "-" disables them.
+	AdminAddr string
+	// Debounce is how long a burst of file events is collected before the
+	// configs are reconciled (default 50ms).
+	Debounce time.Duration
+	// Resync is how often everything is re-checked without any event, as a
+	// safety net (default 1m). It never replaces the watches: a dead watch
+	// is fatal.
+	Resync time.Duration
+	// PluginLogOutput receives the lines of the plugin's log_file (default:
+	// the process's stdout, so they show in kubectl logs).
+	PluginLogOutput io.Writer
+
+	// Test hooks.
+	onWrite       func(path string)
+	onAdminListen func(addr net.Addr)
+}
+
+// ConfigFromEnv reads the installer's environment variables (DESIGN.md,
+// "Installer environment") with Linkerd's defaults. It reports every bad
+// value at once.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	get := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	var errs []error
+	cfg := Config{
+		DestNetDir:         get("DEST_CNI_NET_DIR", "/etc/cni/net.d"),
+		DestBinDir:         get("DEST_CNI_BIN_DIR", "/opt/cni/bin"),
+		MountPrefix:        get("CONTAINER_MOUNT_PREFIX", "/host"),
+		ContainerBinDir:    get("CONTAINER_CNI_BIN_DIR", "/opt/cni/bin"),
+		NetworkConfig:      get("CNI_NETWORK_CONFIG", DefaultNetworkConfig),
+		NetworkConfigFile:  getenv("CNI_NETWORK_CONFIG_FILE"),
+		KubeconfigFileName: get("KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-kubeconfig"),
+		ServiceAccountDir:  get("SERVICE_ACCOUNT_PATH", DefaultServiceAccountDir),
+		KubeCAFile:         getenv("KUBE_CA_FILE"),
+		ServiceHost:        getenv("KUBERNETES_SERVICE_HOST"),
+		ServicePort:        getenv("KUBERNETES_SERVICE_PORT"),
+		ServiceProtocol:    get("KUBERNETES_SERVICE_PROTOCOL", "https"),
+		NodeName:           getenv("KUBERNETES_NODE_NAME"),
+		CNIMTU:             get("CNI_MTU", "1500"),
+		Namespace:          getenv("POD_NAMESPACE"),
+	}
+	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SKIP_TLS_VERIFY=%q: not a boolean", v))
+		}
+		cfg.SkipTLSVerify = b
+	}
+	if err := cfg.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// validate checks what can be checked without touching the file system.
+func (c *Config) validate() error {
+	var errs []error
+	if c.ServiceHost == "" {
+		errs = append(errs, errors.New("KUBERNETES_SERVICE_HOST is not set: the plugin's kubeconfig needs the API server address"))
+	}
+	if c.ServicePort == "" {
+		errs = append(errs, errors.New("KUBERNETES_SERVICE_PORT is not set: the plugin's kubeconfig needs the API server port"))
+	} else if p, err := strconv.Atoi(c.ServicePort); err != nil || p < 1 || p > 65535 {
+		errs = append(errs, fmt.Errorf("KUBERNETES_SERVICE_PORT=%q: not a port number", c.ServicePort))
+	}
+	for _, d := range []struct{ name, v string }{
+		{"DEST_CNI_NET_DIR", c.DestNetDir}, {"DEST_CNI_BIN_DIR", c.DestBinDir},
+		{"CONTAINER_CNI_BIN_DIR", c.ContainerBinDir},
+	} {
+		if d.v != "" && !path.IsAbs(d.v) {
+			errs = append(errs, fmt.Errorf("%s=%q: not an absolute path", d.name, d.v))
+		}
+	}
+	if n := c.KubeconfigFileName; n != "" && (strings.ContainsRune(n, '/') || n == "." || n == "..") {
+		errs = append(errs, fmt.Errorf("KUBECONFIG_FILE_NAME=%q: must be a plain file name", n))
+	}
+	if n := c.KubeconfigFileName; strings.HasSuffix(n, ".conf") || strings.HasSuffix(n, ".conflist") || strings.HasSuffix(n, ".json") {
+		errs = append(errs, fmt.Errorf("KUBECONFIG_FILE_NAME=%q: a CNI config extension would make the runtime load the kubeconfig as a network config", n))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults fills unset fields.
+func (c Config) withDefaults() Config {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.DestNetDir, "/etc/cni/net.d")
+	def(&c.DestBinDir, "/opt/cni/bin")
+	def(&c.ContainerBinDir, "/opt/cni/bin")
+	def(&c.NetworkConfig, DefaultNetworkConfig)
+	def(&c.KubeconfigFileName, "ZZZ-linkerd-cni-kubeconfig")
+	def(&c.ServiceAccountDir, DefaultServiceAccountDir)
+	def(&c.ServiceProtocol, "https")
+	def(&c.CNIMTU, "1500")
+	def(&c.AdminAddr, DefaultAdminAddr)
+	if c.KubeCAFile == "" {
+		c.KubeCAFile = filepath.Join(c.ServiceAccountDir, "ca.crt")
+	}
+	if c.Debounce <= 0 {
+		c.Debounce = 50 * time.Millisecond
+	}
+	if c.Resync <= 0 {
+		c.Resync = time.Minute
+	}
+	return c
+}
+
+// hostPath maps a path on the node to where this container sees it.
+func (c *Config) hostPath(p string) string { return filepath.Join(c.MountPrefix, p) }
+
+// netDir and binDir are the node's directories as this container sees them.
+func (c *Config) netDir() string { return c.hostPath(c.DestNetDir) }
+func (c *Config) binDir() string { return c.hostPath(c.DestBinDir) }
+
+// kubeconfigPath is the kubeconfig as the container sees it;
+// kubeconfigHostPath is the path the plugin, on the node, is told to read.
+func (c *Config) kubeconfigPath() string { return filepath.Join(c.netDir(), c.KubeconfigFileName) }
+func (c *Config) kubeconfigHostPath() string {
+	return path.Join(c.DestNetDir, c.KubeconfigFileName)
+}
+
+// serverURL is the API server URL; JoinHostPort brackets IPv6 hosts.
+func (c *Config) serverURL() string {
+	host := strings.TrimSuffix(strings.TrimPrefix(c.ServiceHost, "["), "]")
+	return c.ServiceProtocol + "://" + net.JoinHostPort(host, c.ServicePort)
+}

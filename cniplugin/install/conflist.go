@@ -1,0 +1,226 @@
+package install
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// listDoc is a parsed network configuration list: where its "plugins" array
+// and each plugin sit in the original bytes, and each plugin's type.
+type listDoc struct {
+	members     []member
+	open, close int // the brackets of "plugins"
+	elems       []span
+	types       []string
+}
+
+// jsonError turns a failed json.Valid into a message with the decoder's
+// reason and offset.
+func jsonError(data []byte) error {
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
+		}
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	return errors.New("invalid JSON")
+}
+
+// pluginType returns the "type" of a plugin object, or "" when it has none.
+func pluginType(raw []byte) string {
+	var p struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return ""
+	}
+	return p.Type
+}
+
+// parseList locates the plugins of a network configuration list.
+func parseList(data []byte) (*listDoc, error) {
+	if !json.Valid(data) {
+		return nil, jsonError(data)
+	}
+	members, _, _, err := scanObject(data, 0)
+	if err != nil {
+		return nil, err
+	}
+	ps, ok := lookup(members, "plugins")
+	if !ok {
+		return nil, errors.New(`no "plugins" list`)
+	}
+	elems, open, closeAt, err := scanArray(data, ps.start)
+	if err != nil {
+		return nil, fmt.Errorf(`"plugins": %w`, err)
+	}
+	doc := &listDoc{members: members, open: open, close: closeAt, elems: elems}
+	for i, e := range elems {
+		if data[e.start] != '{' {
+			return nil, fmt.Errorf("plugins[%d] is not an object", i)
+		}
+		doc.types = append(doc.types, pluginType(data[e.start:e.end]))
+	}
+	return doc, nil
+}
+
+// isList reports whether data is a JSON object with a "plugins" key: a
+// configuration list, whatever its file is called.
+func isList(data []byte) bool {
+	if !json.Valid(data) {
+		return false
+	}
+	members, _, _, err := scanObject(data, 0)
+	if err != nil {
+		return false
+	}
+	_, ok := lookup(members, "plugins")
+	return ok
+}
+
+// deleteElem removes plugins[i] together with the comma and whitespace that
+// joined it to its predecessor, which is exactly what appendEntry inserted.
+func deleteElem(data []byte, doc *listDoc, i int) []byte {
+	e := doc.elems
+	switch {
+	case i > 0:
+		return splice(data, span{e[i-1].end, e[i].end}, nil)
+	case len(e) > 1:
+		return splice(data, span{e[0].start, e[1].start}, nil)
+	default:
+		return splice(data, e[0], nil)
+	}
+}
+
+// removeEntries returns data without any plugin of type typ, and how many
+// it removed. Every other byte is kept.
+func removeEntries(data []byte, typ string) ([]byte, int, error) {
+	removed := 0
+	for {
+		doc, err := parseList(data)
+		if err != nil {
+			return nil, 0, err
+		}
+		idx := -1
+		for i, t := range doc.types {
+			if t == typ {
+				idx = i
+			}
+		}
+		if idx < 0 {
+			return data, removed, nil
+		}
+		data = deleteElem(data, doc, idx)
+		removed++
+	}
+}
+
+// appendEntry returns data with entry as the last plugin, after removing
+// any plugin of type typ: an old entry is replaced, never duplicated. The
+// entry is indented like the plugin before it.
+func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
+	data, _, err := removeEntries(data, typ)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := parseList(data)
+	if err != nil {
+		return nil, err
+	}
+	n := len(doc.elems)
+	if n == 0 {
+		return splice(data, span{doc.open + 1, doc.open + 1}, entry), nil
+	}
+	last := doc.elems[n-1]
+	// sep is the whitespace in front of the last plugin, after its comma
+	// or the opening bracket.
+	sepStart := doc.open + 1
+	if n > 1 {
+		sepStart = doc.elems[n-2].end + bytes.IndexByte(data[doc.elems[n-2].end:last.start], ',') + 1
+	}
+	sep := data[sepStart:last.start]
+	ins := make([]byte, 0, len(entry)*2)
+	ins = append(ins, ',')
+	ins = append(ins, sep...)
+	ins = append(ins, indentLike(entry, sep)...)
+	return splice(data, span{last.end, last.end}, ins), nil
+}
+
+// indentLike formats a compact JSON entry to fit after the whitespace sep:
+// on one line when sep has no newline, else indented below sep's column.
+func indentLike(entry, sep []byte) []byte {
+	nl := bytes.LastIndexByte(sep, '\n')
+	if nl < 0 {
+		return entry
+	}
+	prefix := string(sep[nl+1:])
+	unit := "  "
+	if strings.HasPrefix(prefix, "\t") {
+		unit = "\t"
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, entry, prefix, unit); err != nil {
+		return entry
+	}
+	return b.Bytes()
+}
+
+// convertConf turns a single-plugin .conf into a configuration list that
+// keeps the .conf's cniVersion and name, holds the original plugin bytes
+// unchanged, and ends with entry. name is used when the .conf has none.
+func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
+	if !json.Valid(data) {
+		return nil, jsonError(data)
+	}
+	members, _, _, err := scanObject(data, 0)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := lookup(members, "type")
+	if !ok || data[t.start] != '"' {
+		return nil, errors.New(`no "type" string: not a plugin configuration`)
+	}
+	if got := pluginType(data); got == typ {
+		return nil, fmt.Errorf("it configures %s itself; refusing to chain %s after it", typ, typ)
+	}
+	var b bytes.Buffer
+	b.WriteString("{\n")
+	if v, ok := lookup(members, "cniVersion"); ok {
+		fmt.Fprintf(&b, "  \"cniVersion\": %s,\n", data[v.start:v.end])
+	}
+	if v, ok := lookup(members, "name"); ok {
+		fmt.Fprintf(&b, "  \"name\": %s,\n", data[v.start:v.end])
+	} else {
+		q, _ := json.Marshal(name)
+		fmt.Fprintf(&b, "  \"name\": %s,\n", q)
+	}
+	b.WriteString("  \"plugins\": [\n    ")
+	b.Write(bytes.TrimSpace(data))
+	b.WriteString("\n  ]\n}\n")
+	return appendEntry(b.Bytes(), typ, entry)
+}
+
+// soleOtherPlugin returns the bytes of the only plugin of a list that is not
+// of type typ, or false when there is not exactly one.
+func soleOtherPlugin(data []byte, typ string) ([]byte, bool) {
+	doc, err := parseList(data)
+	if err != nil {
+		return nil, false
+	}
+	var found []byte
+	for i, t := range doc.types {
+		if t == typ {
+			continue
+		}
+		if found != nil {
+			return nil, false
+		}
+		found = data[doc.elems[i].start:doc.elems[i].end]
+	}
+	return found, found != nil
+}

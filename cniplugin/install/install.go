@@ -1,0 +1,604 @@
+// Package install is the linkerd-cni DaemonSet installer behind
+// `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
+// configuration, keeps it there, and takes it out again.
+//
+// Run copies the plugin binary into the node's CNI bin dir, writes the
+// plugin's kubeconfig from the pod's service account (and rewrites it when
+// the kubelet rotates the token), waits for the primary CNI's
+// configuration, and appends the plugin to every *.conflist and *.conf in
+// the node's CNI net dir (a .conf becomes a .conflist). It watches the
+// directories with inotify and re-adds the plugin within a second when the
+// primary CNI rewrites its file. When its context ends (SIGTERM on pod
+// deletion) it removes its entry from every file, leaving every other byte
+// as it was, then the kubeconfig and the binary.
+//
+// Files are edited as bytes, not decoded and re-encoded: other plugins'
+// keys, order, numbers and whitespace survive exactly, and removal is the
+// exact inverse of insertion. Every write is a temporary file plus rename.
+//
+// Limits: the original bytes of a converted .conf live in memory, so after
+// a crash (SIGKILL) the next installer can only remove its entry from the
+// .conflist, not turn it back into the .conf. A config file that is a
+// symbolic link, or is not valid JSON, is reported and left alone, and the
+// installer stays unready. The installer does not talk to the API server.
+package install
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// fileState is what the installer knows about one config file it manages.
+type fileState struct {
+	// written is the hash of the content we last wrote or found already
+	// carrying our entry; an event for a file still holding it is our own
+	// write echoing back.
+	written [32]byte
+	// orig is the content before we changed it, when it held no entry of
+	// ours; it is written back on removal if the file is unchanged since.
+	orig []byte
+	// origName is set for a list we made from a .conf: that .conf's name.
+	origName string
+}
+
+// installer is one Run. Only the run goroutine touches its fields, except
+// ready (guarded by mu) which the admin server reads.
+type installer struct {
+	cfg   Config
+	log   *slog.Logger
+	entry *pluginEntry
+
+	files    map[string]*fileState
+	reported map[string][32]byte // problems logged, by file, for the content they were about
+	binID    fileID
+	binOK    bool
+	kubeOK   bool
+	waiting  bool // the "waiting for the primary CNI" line was logged
+
+	mu     sync.Mutex
+	ready  bool
+	reason string
+}
+
+// Run installs the plugin and keeps it installed until ctx ends, then
+// removes it and returns nil (or the removal's errors). It returns an error
+// at once if the configuration, the service account credentials or the
+// plugin binary are unusable, and whenever a file watch dies: a restarted
+// installer is better than one that no longer sees changes.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	in, err := newInstaller(cfg, log)
+	if err != nil {
+		return err
+	}
+	return in.run(ctx)
+}
+
+func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	source, tmpl := "CNI_NETWORK_CONFIG", cfg.NetworkConfig
+	if cfg.NetworkConfigFile != "" {
+		b, err := os.ReadFile(cfg.NetworkConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("CNI_NETWORK_CONFIG_FILE: %w", err)
+		}
+		source, tmpl = cfg.NetworkConfigFile, string(b)
+	}
+	if cfg.Namespace == "" {
+		if b, err := os.ReadFile(filepath.Join(cfg.ServiceAccountDir, "namespace")); err == nil {
+			cfg.Namespace = strings.TrimSpace(string(b))
+		}
+	}
+	if cfg.Namespace == "" {
+		log.Warn("POD_NAMESPACE is not set and the service account has no namespace file: " +
+			"the installer's own namespace is not added to exclude-namespaces")
+	}
+	node := cfg.NodeName
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	vars := map[string]string{
+		"__KUBECONFIG_FILEPATH__":     cfg.kubeconfigHostPath(),
+		"__KUBECONFIG_FILENAME__":     cfg.KubeconfigFileName,
+		"__KUBERNETES_SERVICE_HOST__": cfg.ServiceHost,
+		"__KUBERNETES_SERVICE_PORT__": cfg.ServicePort,
+		"__KUBERNETES_NODE_NAME__":    node,
+		"__CNI_MTU__":                 cfg.CNIMTU,
+	}
+	entry, warnings, err := renderEntry(source, tmpl, vars, cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	return &installer{
+		cfg:      cfg,
+		log:      log,
+		entry:    entry,
+		files:    map[string]*fileState{},
+		reported: map[string][32]byte{},
+		reason:   "starting",
+	}, nil
+}
+
+func (in *installer) setReady(ok bool, reason string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if ok != in.ready {
+		if ok {
+			in.log.Info("ready: linkerd-cni is in every CNI config file")
+		} else {
+			in.log.Info("not ready", "reason", reason)
+		}
+	}
+	in.ready, in.reason = ok, reason
+}
+
+func (in *installer) readiness() (bool, string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.ready, in.reason
+}
+
+// watchError explains the inotify limits that make a watch fail.
+func watchError(what string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EMFILE):
+		return fmt.Errorf("%s: %w (inotify instance limit reached: raise fs.inotify.max_user_instances)", what, err)
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("%s: %w (inotify watch limit reached: raise fs.inotify.max_user_watches)", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func (in *installer) run(ctx context.Context) error {
+	cfg := &in.cfg
+	if cfg.AdminAddr != "-" {
+		stop, err := in.serveAdmin()
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	for _, d := range []string{cfg.netDir(), cfg.binDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return watchError("start file watcher", err)
+	}
+	defer w.Close()
+	watched := []string{cfg.netDir(), cfg.binDir(), cfg.ServiceAccountDir}
+	if d := filepath.Dir(cfg.KubeCAFile); !cfg.SkipTLSVerify && d != cfg.ServiceAccountDir {
+		watched = append(watched, d)
+	}
+	for _, d := range watched {
+		d = filepath.Clean(d)
+		if slices.Contains(w.WatchList(), d) {
+			continue
+		}
+		if err := w.Add(d); err != nil {
+			return watchError("watch "+d, err)
+		}
+	}
+
+	// The binary and the kubeconfig come first, so no config file ever
+	// names a plugin that is not there yet. Failing here is fatal: the
+	// kubelet shows the error and retries.
+	if err := in.syncBinary(); err != nil {
+		return err
+	}
+	if err := in.syncKubeconfig(); err != nil {
+		return err
+	}
+	if in.entry.logFile != "" {
+		go streamLog(ctx, cfg.hostPath(in.entry.logFile), in.pluginLogOutput(), in.log)
+	}
+	in.syncAll()
+
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	resync := time.NewTicker(cfg.Resync)
+	defer resync.Stop()
+	watchedSet := map[string]bool{}
+	for _, d := range w.WatchList() {
+		watchedSet[filepath.Clean(d)] = true
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			in.setReady(false, "uninstalling")
+			return in.uninstall()
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("file watcher stopped: exiting so the kubelet restarts the installer")
+			}
+			if watchedSet[filepath.Clean(ev.Name)] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				return fmt.Errorf("watched directory %s was removed or moved: exiting so the kubelet restarts the installer", ev.Name)
+			}
+			if strings.HasPrefix(filepath.Base(ev.Name), tmpPrefix) {
+				continue
+			}
+			debounce.Reset(cfg.Debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("file watcher stopped: exiting so the kubelet restarts the installer")
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				// Events were lost, not the watch: look at everything.
+				in.log.Warn("file events were dropped; re-checking every file", "error", err)
+				debounce.Reset(cfg.Debounce)
+				continue
+			}
+			return fmt.Errorf("file watcher failed: %w", err)
+		case <-debounce.C:
+			if !in.syncAll() {
+				// Something failed (a write, a read): try again soon even
+				// if no further event arrives.
+				debounce.Reset(time.Second)
+			}
+		case <-resync.C:
+			in.syncAll()
+		}
+	}
+}
+
+// syncAll brings the binary, the kubeconfig and every config file to the
+// wanted state, updates readiness and reports whether all of it worked.
+// Problems are logged, not returned: the next event or resync retries.
+func (in *installer) syncAll() bool {
+	var problems []string
+	if err := in.syncBinary(); err != nil {
+		in.log.Error("plugin binary", "error", err)
+		problems = append(problems, err.Error())
+	}
+	if err := in.syncKubeconfig(); err != nil {
+		in.log.Error("kubeconfig", "error", err)
+		problems = append(problems, err.Error())
+	}
+	waiting, err := in.syncConfigs()
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	switch {
+	case len(problems) > 0:
+		in.setReady(false, strings.Join(problems, "; "))
+	case waiting:
+		in.setReady(false, "waiting for the primary CNI's configuration in "+in.cfg.netDir())
+		return true
+	default:
+		in.setReady(true, "")
+	}
+	return len(problems) == 0
+}
+
+// syncBinary copies the plugin binary unless the copy we made is still
+// there untouched.
+func (in *installer) syncBinary() error {
+	src := filepath.Join(in.cfg.ContainerBinDir, in.entry.typ)
+	dst := filepath.Join(in.cfg.binDir(), in.entry.typ)
+	if in.binOK {
+		if id, err := statID(dst); err == nil && id == in.binID {
+			return nil
+		}
+	}
+	in.binOK = false
+	if si, err := os.Stat(src); err == nil {
+		if di, err := os.Stat(dst); err == nil && os.SameFile(si, di) {
+			in.binOK = true // the image's bin dir is the node's
+			return nil
+		}
+	}
+	if err := copyFileAtomic(src, dst); err != nil {
+		return err
+	}
+	id, err := statID(dst)
+	if err != nil {
+		return fmt.Errorf("copy plugin binary: %w", err)
+	}
+	in.binID, in.binOK = id, true
+	in.log.Info("installed plugin binary", "path", dst)
+	return nil
+}
+
+// syncKubeconfig writes the kubeconfig when it is missing or differs from
+// what the current token and CA give, e.g. after a token rotation.
+func (in *installer) syncKubeconfig() error {
+	cr, err := readCredentials(&in.cfg)
+	if err != nil {
+		in.kubeOK = false
+		return err
+	}
+	want := renderKubeconfig(&in.cfg, cr)
+	path := in.cfg.kubeconfigPath()
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() == kubeconfigMode {
+			in.kubeOK = true
+			return nil
+		}
+	}
+	existed := in.kubeOK
+	if err := writeAtomic(path, want, kubeconfigMode); err != nil {
+		in.kubeOK = false
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	in.noteWrite(path)
+	in.kubeOK = true
+	if existed {
+		in.log.Info("rewrote kubeconfig (token or CA changed)", "path", path)
+	} else {
+		in.log.Info("wrote kubeconfig", "path", path, "server", in.cfg.serverURL())
+	}
+	return nil
+}
+
+func (in *installer) noteWrite(path string) {
+	if in.cfg.onWrite != nil {
+		in.cfg.onWrite(path)
+	}
+}
+
+// isConfigName reports whether a runtime would read name as a network
+// configuration we patch.
+func isConfigName(name string) bool {
+	return !strings.HasPrefix(name, ".") &&
+		(strings.HasSuffix(name, ".conflist") || strings.HasSuffix(name, ".conf"))
+}
+
+// listConfigs returns the *.conf and *.conflist entries of dir, sorted.
+func listConfigs(dir string) ([]fs.DirEntry, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list CNI configs: %w", err)
+	}
+	var out []fs.DirEntry
+	for _, e := range ents {
+		if isConfigName(e.Name()) && !e.IsDir() {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// problem logs a problem with a file once per content version and returns
+// it as an error.
+func (in *installer) problem(name string, content []byte, err error) error {
+	h := hashOf(content)
+	if prev, ok := in.reported[name]; !ok || prev != h {
+		in.reported[name] = h
+		in.log.Error("cannot add linkerd-cni to a CNI config file; left untouched", "error", err)
+	}
+	return err
+}
+
+// syncConfigs puts our entry into every config file. waiting is true when
+// there is no config file yet.
+func (in *installer) syncConfigs() (waiting bool, _ error) {
+	dir := in.cfg.netDir()
+	ents, err := listConfigs(dir)
+	if err != nil {
+		return false, err
+	}
+	if len(ents) == 0 {
+		if !in.waiting {
+			in.log.Info("waiting for the primary CNI's configuration", "dir", dir)
+			in.waiting = true
+		}
+		return true, nil
+	}
+	in.waiting = false
+	present := map[string]bool{}
+	var errs []error
+	for _, e := range ents {
+		present[e.Name()] = true
+		if err := in.syncFile(e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Forget files that are gone, including .confs we converted.
+	for name := range in.files {
+		if !present[name] {
+			delete(in.files, name)
+		}
+	}
+	for name := range in.reported {
+		if !present[name] {
+			delete(in.reported, name)
+		}
+	}
+	return false, errors.Join(errs...)
+}
+
+func (in *installer) syncFile(e fs.DirEntry) error {
+	name := e.Name()
+	path := filepath.Join(in.cfg.netDir(), name)
+	if e.Type()&fs.ModeSymlink != 0 {
+		return in.problem(name, nil, fmt.Errorf("%s is a symbolic link: not editing what it points to", path))
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // gone since the listing; its own event follows
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	h := hashOf(data)
+	if st := in.files[name]; st != nil && st.written == h {
+		return nil
+	}
+	if strings.HasSuffix(name, ".conf") && !isList(data) {
+		return in.convert(name, path, data)
+	}
+	out, err := appendEntry(data, in.entry.typ, in.entry.raw)
+	if err != nil {
+		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
+	}
+	if bytes.Equal(out, data) {
+		in.files[name] = &fileState{written: h}
+		return nil
+	}
+	mode := fs.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	if err := writeAtomic(path, out, mode); err != nil {
+		return err
+	}
+	in.noteWrite(path)
+	st := &fileState{written: hashOf(out)}
+	if _, n, err := removeEntries(data, in.entry.typ); err == nil && n == 0 {
+		st.orig = data
+	}
+	in.files[name] = st
+	delete(in.reported, name)
+	in.log.Info("added linkerd-cni to CNI config", "path", path)
+	return nil
+}
+
+// convert turns a single-plugin .conf into a .conflist carrying our entry
+// and removes the .conf. The list is written first, so the node is never
+// without a network configuration.
+func (in *installer) convert(name, path string, data []byte) error {
+	dir := in.cfg.netDir()
+	stem := strings.TrimSuffix(name, ".conf")
+	target := stem + ".conflist"
+	tpath := filepath.Join(dir, target)
+	out, err := convertConf(data, in.entry.typ, in.entry.raw, stem)
+	if err != nil {
+		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
+	}
+	if have, err := os.ReadFile(tpath); err == nil {
+		st := in.files[target]
+		ours := st != nil && st.origName == name && st.written == hashOf(have)
+		if !ours {
+			// After a restart: a list whose only other plugin is this
+			// .conf's exact bytes is a conversion of ours.
+			other, ok := soleOtherPlugin(have, in.entry.typ)
+			ours = ok && bytes.Equal(other, bytes.TrimSpace(data))
+		}
+		if !ours {
+			return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file already exists", path, tpath))
+		}
+	}
+	mode := fs.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	if err := writeAtomic(tpath, out, mode); err != nil {
+		return err
+	}
+	in.noteWrite(tpath)
+	if err := removeIfExists(path); err != nil {
+		return err
+	}
+	in.files[target] = &fileState{written: hashOf(out), orig: data, origName: name}
+	delete(in.files, name)
+	delete(in.reported, name)
+	in.log.Info("converted CNI config to a list with linkerd-cni", "from", path, "to", tpath)
+	return nil
+}
+
+// uninstall removes our entry from every config file, then the kubeconfig
+// and the binary, in that order, so that no config ever names a missing
+// plugin or kubeconfig. It carries on past errors and returns them all.
+func (in *installer) uninstall() error {
+	dir := in.cfg.netDir()
+	var errs []error
+	ents, err := listConfigs(dir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink != 0 {
+			continue
+		}
+		if err := in.uninstallFile(e.Name()); err != nil {
+			in.log.Error("remove linkerd-cni from CNI config", "error", err)
+			errs = append(errs, err)
+		}
+	}
+	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeIfExists(filepath.Join(in.cfg.binDir(), in.entry.typ)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; kubeconfig and binary removed")
+	}
+	return errors.Join(errs...)
+}
+
+func (in *installer) uninstallFile(name string) error {
+	dir := in.cfg.netDir()
+	path := filepath.Join(dir, name)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	mode := fs.FileMode(0o644)
+	if fi, err := os.Stat(path); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	if st := in.files[name]; st != nil && st.orig != nil && st.written == hashOf(data) {
+		// Unchanged since our write: put the original back, byte for byte.
+		if st.origName == "" {
+			if err := writeAtomic(path, st.orig, mode); err != nil {
+				return err
+			}
+			in.log.Info("restored CNI config", "path", path)
+			return nil
+		}
+		opath := filepath.Join(dir, st.origName)
+		if _, err := os.Lstat(opath); errors.Is(err, fs.ErrNotExist) {
+			if err := writeAtomic(opath, st.orig, mode); err != nil {
+				return err
+			}
+		}
+		if err := removeIfExists(path); err != nil {
+			return err
+		}
+		in.log.Info("restored CNI config", "path", opath, "removed", path)
+		return nil
+	}
+	if strings.HasSuffix(name, ".conf") && !isList(data) {
+		return nil // a single plugin: never ours to edit
+	}
+	out, n, err := removeEntries(data, in.entry.typ)
+	if err != nil {
+		return fmt.Errorf("%s: %w; left untouched", path, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := writeAtomic(path, out, mode); err != nil {
+		return err
+	}
+	in.log.Info("removed linkerd-cni from CNI config", "path", path)
+	return nil
+}

@@ -1,0 +1,192 @@
+package install
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The conflist editor works on byte spans instead of decoding and
+// re-encoding: a decode/encode round trip would reorder keys, reformat
+// numbers and whitespace and so rewrite bytes that belong to other plugins.
+// Editing spans keeps every byte outside our own entry exactly as it was,
+// which is what makes removal restore the original file byte for byte.
+
+// span is the half-open byte range [start, end) of one JSON value.
+type span struct{ start, end int }
+
+// member is one key/value pair of a JSON object.
+type member struct {
+	key string
+	val span
+}
+
+var errTruncated = errors.New("unexpected end of JSON")
+
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// skipWS returns the first position at or after pos that is not JSON
+// whitespace.
+func skipWS(data []byte, pos int) int {
+	for pos < len(data) && isWS(data[pos]) {
+		pos++
+	}
+	return pos
+}
+
+// skipValue returns the end of the JSON value starting at data[pos]. The
+// document must already have passed json.Valid; the checks here only keep
+// a bad caller from looping or panicking.
+func skipValue(data []byte, pos int) (int, error) {
+	if pos >= len(data) {
+		return 0, errTruncated
+	}
+	switch data[pos] {
+	case '"':
+		return skipString(data, pos)
+	case '{', '[':
+		depth := 0
+		for i := pos; i < len(data); i++ {
+			switch data[i] {
+			case '"':
+				end, err := skipString(data, i)
+				if err != nil {
+					return 0, err
+				}
+				i = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, nil
+				}
+			}
+		}
+		return 0, errTruncated
+	default:
+		// Number, true, false or null: runs until a delimiter.
+		i := pos
+		for i < len(data) && !isWS(data[i]) && data[i] != ',' && data[i] != '}' && data[i] != ']' {
+			i++
+		}
+		if i == pos {
+			return 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
+		}
+		return i, nil
+	}
+}
+
+// skipString returns the end of the string literal starting at data[pos].
+func skipString(data []byte, pos int) (int, error) {
+	for i := pos + 1; i < len(data); i++ {
+		switch data[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1, nil
+		}
+	}
+	return 0, errTruncated
+}
+
+// scanObject returns the members of the object starting at data[pos] and
+// the positions of its braces.
+func scanObject(data []byte, pos int) (members []member, open, close int, err error) {
+	pos = skipWS(data, pos)
+	if pos >= len(data) || data[pos] != '{' {
+		return nil, 0, 0, errors.New("not a JSON object")
+	}
+	open = pos
+	pos = skipWS(data, pos+1)
+	if pos < len(data) && data[pos] == '}' {
+		return nil, open, pos, nil
+	}
+	for {
+		keyEnd, err := skipString(data, pos)
+		if err != nil || data[pos] != '"' {
+			return nil, 0, 0, fmt.Errorf("expected a key at offset %d", pos)
+		}
+		var key string
+		if err := json.Unmarshal(data[pos:keyEnd], &key); err != nil {
+			return nil, 0, 0, fmt.Errorf("key at offset %d: %w", pos, err)
+		}
+		pos = skipWS(data, keyEnd)
+		if pos >= len(data) || data[pos] != ':' {
+			return nil, 0, 0, fmt.Errorf("expected ':' at offset %d", pos)
+		}
+		pos = skipWS(data, pos+1)
+		end, err := skipValue(data, pos)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		members = append(members, member{key: key, val: span{pos, end}})
+		pos = skipWS(data, end)
+		if pos >= len(data) {
+			return nil, 0, 0, errTruncated
+		}
+		switch data[pos] {
+		case ',':
+			pos = skipWS(data, pos+1)
+		case '}':
+			return members, open, pos, nil
+		default:
+			return nil, 0, 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
+		}
+	}
+}
+
+// scanArray returns the elements of the array starting at data[pos] and the
+// positions of its brackets.
+func scanArray(data []byte, pos int) (elems []span, open, close int, err error) {
+	pos = skipWS(data, pos)
+	if pos >= len(data) || data[pos] != '[' {
+		return nil, 0, 0, errors.New("not a JSON array")
+	}
+	open = pos
+	pos = skipWS(data, pos+1)
+	if pos < len(data) && data[pos] == ']' {
+		return nil, open, pos, nil
+	}
+	for {
+		end, err := skipValue(data, pos)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		elems = append(elems, span{pos, end})
+		pos = skipWS(data, end)
+		if pos >= len(data) {
+			return nil, 0, 0, errTruncated
+		}
+		switch data[pos] {
+		case ',':
+			pos = skipWS(data, pos+1)
+		case ']':
+			return elems, open, pos, nil
+		default:
+			return nil, 0, 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
+		}
+	}
+}
+
+// lookup returns the value span of key in members, the last one if the key
+// repeats (encoding/json and libcni keep the last).
+func lookup(members []member, key string) (span, bool) {
+	var s span
+	found := false
+	for _, m := range members {
+		if m.key == key {
+			s, found = m.val, true
+		}
+	}
+	return s, found
+}
+
+// splice returns data with data[s.start:s.end] replaced by repl, in a new
+// slice.
+func splice(data []byte, s span, repl []byte) []byte {
+	out := make([]byte, 0, len(data)-(s.end-s.start)+len(repl))
+	out = append(out, data[:s.start]...)
+	out = append(out, repl...)
+	return append(out, data[s.end:]...)
+}

@@ -1,0 +1,101 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// logPollInterval is how often the plugin's log file is checked for new
+// lines. Polling, not inotify: the file may not exist yet, and may be
+// replaced or truncated, and a poll handles all of that the same way.
+const logPollInterval = 200 * time.Millisecond
+
+// streamLog copies complete lines appended to path to out until ctx ends,
+// like `tail -F -n0`: lines already in the file at start are skipped (they
+// were streamed by an earlier installer), a file created later is read
+// from its start, and a replaced or truncated file is followed.
+func streamLog(ctx context.Context, path string, out io.Writer, log *slog.Logger) {
+	var (
+		f       *os.File
+		ino     fileID
+		off     int64
+		partial []byte
+		first   = true
+		buf     = make([]byte, 32*1024)
+	)
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	emit := func(b []byte) {
+		partial = append(partial, b...)
+		if i := bytes.LastIndexByte(partial, '\n'); i >= 0 {
+			_, _ = out.Write(partial[:i+1])
+			partial = append(partial[:0], partial[i+1:]...)
+		}
+	}
+	drain := func() {
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				off += int64(n)
+				emit(buf[:n])
+			}
+			if err != nil || n == 0 {
+				return
+			}
+		}
+	}
+	tick := time.NewTicker(logPollInterval)
+	defer tick.Stop()
+	for {
+		if f == nil {
+			nf, err := os.Open(path)
+			switch {
+			case err == nil:
+				f = nf
+				ino, _ = statID(path)
+				off = 0
+				if first {
+					if end, err := f.Seek(0, io.SeekEnd); err == nil {
+						off = end
+					}
+				}
+				log.Info("streaming the plugin's log file", "path", path)
+			case !errors.Is(err, fs.ErrNotExist):
+				log.Warn("cannot open the plugin's log file", "path", path, "error", err)
+			}
+			first = false
+		}
+		if f != nil {
+			drain()
+			cur, err := statID(path)
+			switch {
+			case err != nil || cur.ino != ino.ino:
+				// Replaced or removed: finish the old file, then reopen.
+				drain()
+				f.Close()
+				f, partial = nil, partial[:0]
+				continue
+			case cur.size < off:
+				// Truncated: start over from the beginning.
+				if _, err := f.Seek(0, io.SeekStart); err == nil {
+					off, partial = 0, partial[:0]
+				}
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

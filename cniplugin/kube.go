@@ -1,0 +1,140 @@
+package cniplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kubemesh/proxy-init/internal/buildinfo"
+)
+
+// PodAPI is what the plugin reads from Kubernetes. The production implementation is a REST
+// client over the kubeconfig; tests may substitute their own.
+type PodAPI interface {
+	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	Namespace(ctx context.Context, name string) (*corev1.Namespace, error)
+	Service(ctx context.Context, namespace, name string) (*corev1.Service, error)
+}
+
+// coreCodecs decodes only core/v1 objects and metav1.Status. Registering this one group instead
+// of importing client-go's clientset scheme (every API group) saves tens of milliseconds on every
+// plugin start.
+var coreCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		panic(fmt.Sprintf("register core/v1: %v", err))
+	}
+	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
+	return serializer.NewCodecFactory(s)
+}()
+
+// LoadKubeconfig reads the kubeconfig at path and returns the REST config of its
+// linkerd-cni-context. apiRoot, when set (kubernetes.k8s_api_root), replaces the server URL.
+// Nothing is sent to the API.
+func LoadKubeconfig(path, apiRoot string) (*rest.Config, error) {
+	if path == "" {
+		return nil, errors.New("no kubeconfig: set kubernetes.kubeconfig in the network config")
+	}
+	raw, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read kubeconfig %s: %w", path, err)
+	}
+	overrides := &clientcmd.ConfigOverrides{}
+	if apiRoot != "" {
+		overrides.ClusterInfo = clientcmdapi.Cluster{Server: apiRoot}
+	}
+	cfg, err := clientcmd.NewNonInteractiveClientConfig(*raw, KubeContext, overrides, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s, context %s: %w", path, KubeContext, err)
+	}
+	return cfg, nil
+}
+
+// kubeClient is the production PodAPI: plain GETs on a core/v1 REST client.
+type kubeClient struct {
+	rc         *rest.RESTClient
+	kubeconfig string
+	host       string
+}
+
+// NewKubeClient returns a PodAPI that reads through the kubeconfig's linkerd-cni-context. Its
+// errors say plainly when the API is unreachable, timed out or refused the credentials, and name
+// the kubeconfig.
+func NewKubeClient(conf *NetConf) (PodAPI, error) {
+	cfg, err := LoadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot)
+	if err != nil {
+		return nil, err
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	cfg.UserAgent = "linkerd-cni/" + buildinfo.Version
+	cfg.Timeout = conf.APITimeout()
+	// Three requests at most: the client-side rate limiter would only add latency.
+	cfg.QPS, cfg.Burst = -1, 0
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: build the API client: %w", conf.Kubernetes.Kubeconfig, err)
+	}
+	return &kubeClient{rc: rc, kubeconfig: conf.Kubernetes.Kubeconfig, host: cfg.Host}, nil
+}
+
+func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	var pod corev1.Pod
+	err := k.rc.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(&pod)
+	if err != nil {
+		return nil, k.explain(ctx, "get pod "+namespace+"/"+name, err)
+	}
+	return &pod, nil
+}
+
+func (k *kubeClient) Namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
+	var ns corev1.Namespace
+	err := k.rc.Get().Resource("namespaces").Name(name).Do(ctx).Into(&ns)
+	if err != nil {
+		return nil, k.explain(ctx, "get namespace "+name, err)
+	}
+	return &ns, nil
+}
+
+func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*corev1.Service, error) {
+	var svc corev1.Service
+	err := k.rc.Get().Namespace(namespace).Resource("services").Name(name).Do(ctx).Into(&svc)
+	if err != nil {
+		return nil, k.explain(ctx, "get service "+namespace+"/"+name, err)
+	}
+	return &svc, nil
+}
+
+// explain turns a client error into a message an operator can act on. The original error stays
+// wrapped, so apierrors predicates still work on it.
+func (k *kubeClient) explain(ctx context.Context, what string, err error) error {
+	where := fmt.Sprintf("the Kubernetes API at %s (kubeconfig %s, context %s)", k.host, k.kubeconfig, KubeContext)
+	var ne net.Error
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%s: unauthorized: %s rejected the credentials; the token may be revoked or expired: %w", what, where, err)
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%s: forbidden: %s denies the linkerd-cni user; check its ClusterRole: %w", what, where, err)
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s: not found in %s: %w", what, where, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(ctx.Err(), context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout(), apierrors.IsTimeout(err), apierrors.IsServerTimeout(err):
+		return fmt.Errorf("%s: timed out waiting for %s: %w", what, where, err)
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("%s: %s: %w", what, where, err)
+	}
+	return fmt.Errorf("%s: %s is unreachable or failed: %w", what, where, err)
+}

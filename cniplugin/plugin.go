@@ -1,0 +1,445 @@
+package cniplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+)
+
+// About is the plugin's one-line description for skel.
+var About = "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transparent-proxy redirect, as a chained CNI plugin"
+
+// applyTimeout bounds writing, reading back or removing the rules in one namespace.
+const applyTimeout = 60 * time.Second
+
+// closeWaitSysctl is the conntrack CLOSE_WAIT timeout, per network namespace.
+const closeWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+
+// Plugin runs the CNI commands. Use New; the fields are seams for tests.
+type Plugin struct {
+	// Stdout receives the CNI result and nothing else.
+	Stdout io.Writer
+	// Stderr receives the log lines (and log_file, when configured, a copy).
+	Stderr io.Writer
+	// NewPodAPI builds the Kubernetes client for a config; NewKubeClient by default.
+	NewPodAPI func(*NetConf) (PodAPI, error)
+}
+
+// New returns the plugin wired to the process's stdout and stderr and the real Kubernetes API.
+func New() *Plugin {
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient}
+}
+
+// Funcs returns the CNI command table for skel.PluginMainFuncs.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Check: p.Check, Del: p.Del, Status: p.Status, GC: p.GC}
+}
+
+// PodArgs are the Kubernetes keys of CNI_ARGS.
+type PodArgs struct {
+	Namespace        string // K8S_POD_NAMESPACE
+	Name             string // K8S_POD_NAME
+	InfraContainerID string // K8S_POD_INFRA_CONTAINER_ID
+	UID              string // K8S_POD_UID
+}
+
+// ParseCNIArgs reads CNI_ARGS ("K1=v1;K2=v2"). Unknown keys are ignored; an element without "="
+// is an error, because a garbled CNI_ARGS could otherwise hide a meshed pod.
+func ParseCNIArgs(s string) (PodArgs, error) {
+	var a PodArgs
+	if strings.TrimSpace(s) == "" {
+		return a, nil
+	}
+	for _, kv := range strings.Split(s, ";") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return PodArgs{}, fmt.Errorf("CNI_ARGS %q: element %q is not KEY=VALUE", s, kv)
+		}
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			a.Namespace = v
+		case "K8S_POD_NAME":
+			a.Name = v
+		case "K8S_POD_INFRA_CONTAINER_ID":
+			a.InfraContainerID = v
+		case "K8S_POD_UID":
+			a.UID = v
+		}
+	}
+	return a, nil
+}
+
+// call is one plugin invocation: its parsed inputs and its logger.
+type call struct {
+	args *skel.CmdArgs
+	conf *NetConf
+	pod  PodArgs
+	log  *slog.Logger
+	done func()
+}
+
+func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
+
+// start parses CNI_ARGS and opens the logger. The logger exists even when the config is bad, so
+// that the failure itself is logged with the pod it concerns.
+func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, error) {
+	pod, argErr := ParseCNIArgs(args.Args)
+	level, logFile := slog.LevelInfo, ""
+	if conf != nil {
+		level, _ = parseLevel(conf.LogLevel)
+		logFile = conf.LogFile
+	}
+	log, done := newLogger(p.Stderr, level, logFile,
+		"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)
+	return &call{args: args, conf: conf, pod: pod, log: log, done: done}, argErr
+}
+
+// fail logs err and returns it as the CNI error the runtime shows.
+func (c *call) fail(code uint, err error) error {
+	c.log.Error("failed", "error", err)
+	return types.NewError(code, err.Error(), "")
+}
+
+// Add writes the rules into a meshed pod's namespace and passes prevResult through. See the
+// package documentation and README.section.md for the decisions and the failure policy.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	began := time.Now()
+	conf, confErr := ParseConfig(args.StdinData)
+	c, argErr := p.start("ADD", args, conf)
+	defer c.done()
+	if confErr != nil {
+		return c.fail(types.ErrInvalidNetworkConfig, confErr)
+	}
+	if argErr != nil {
+		return c.fail(types.ErrInvalidEnvironmentVariables, argErr)
+	}
+	if conf.PrevResult == nil {
+		return c.fail(types.ErrInvalidNetworkConfig, errors.New("prevResult is required: linkerd-cni is a chained plugin and must come after the primary CNI plugin in the conflist"))
+	}
+	if c.pod.Namespace == "" || c.pod.Name == "" {
+		c.log.Info("no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS; not a Kubernetes pod, passing through")
+		return p.printPrev(c)
+	}
+	if conf.Excluded(c.pod.Namespace) {
+		c.log.Info("namespace is in exclude-namespaces; passing through without an API call")
+		return p.printPrev(c)
+	}
+
+	pl, err := p.plan(c)
+	if err != nil {
+		return c.fail(planCode(err), err)
+	}
+	if !pl.kind.NeedsRules() {
+		c.log.Info("no rules needed", "kind", pl.kind, "apiRequests", pl.requests, "elapsed", time.Since(began))
+		return p.printPrev(c)
+	}
+	if conf.Linkerd.Simulate {
+		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", renderRules(pl.rules))
+		return p.printPrev(c)
+	}
+
+	var (
+		name    string
+		changed bool
+	)
+	err = netnsutil.Do(args.Netns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+		defer cancel()
+		a, reason, err := p.backend(conf)
+		if err != nil {
+			return err
+		}
+		c.log.Debug("backend chosen", "backend", a.Name(), "reason", reason)
+		name = a.Name()
+		res, err := backend.Apply(ctx, a, pl.rules)
+		if err != nil {
+			return fmt.Errorf("write rules with %s: %w", a.Name(), err)
+		}
+		changed = res.Changed
+		if pl.settings.CloseWait > 0 {
+			secs := strconv.Itoa(int(pl.settings.CloseWait / time.Second))
+			if err := os.WriteFile(closeWaitSysctl, []byte(secs), 0o644); err != nil {
+				return fmt.Errorf("set %s to %s for %s: %w", closeWaitSysctl, secs, pl.settings.Sources["close-wait-timeout"], err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
+	}
+	c.log.Info("rules written", "kind", pl.kind, "backend", name, "changed", changed,
+		"apiRequests", pl.requests, "closeWait", pl.settings.CloseWait, "elapsed", time.Since(began))
+	return p.printPrev(c)
+}
+
+// Check verifies that the rules in the pod's namespace are exactly the expected ones: those of
+// the current config and annotations for a meshed pod, none at all for an unmeshed one. A pod
+// with linkerd-init, an excluded namespace or a simulated config is not checked.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	conf, confErr := ParseConfig(args.StdinData)
+	c, argErr := p.start("CHECK", args, conf)
+	defer c.done()
+	if confErr != nil {
+		return c.fail(types.ErrInvalidNetworkConfig, confErr)
+	}
+	if argErr != nil {
+		return c.fail(types.ErrInvalidEnvironmentVariables, argErr)
+	}
+	if conf.PrevResult == nil {
+		return c.fail(types.ErrInvalidNetworkConfig, errors.New("prevResult is required for CHECK"))
+	}
+	if c.pod.Namespace == "" || c.pod.Name == "" || conf.Excluded(c.pod.Namespace) || conf.Linkerd.Simulate {
+		c.log.Debug("nothing of ours to check")
+		return nil
+	}
+	pl, err := p.plan(c)
+	if err != nil {
+		return c.fail(planCode(err), err)
+	}
+	if pl.kind == KindLinkerdInit {
+		c.log.Debug("pod has linkerd-init, which owns its rules; not checked")
+		return nil
+	}
+	err = netnsutil.Do(args.Netns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+		defer cancel()
+		a, _, err := p.backend(conf)
+		if err != nil {
+			return err
+		}
+		st, err := a.Show(ctx, pl.rules)
+		if err != nil {
+			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
+		}
+		var problems []string
+		for _, f := range st.Families {
+			switch {
+			case pl.kind.NeedsRules() && !f.Diff.Empty():
+				problems = append(problems, fmt.Sprintf("%s: %s", f.Family, f.Diff.String()))
+			case !pl.kind.NeedsRules() && len(f.Rules) > 0:
+				problems = append(problems, fmt.Sprintf("%s: unmeshed pod has rules: extra: %s", f.Family, strings.Join(f.Rules, "\nextra: ")))
+			}
+		}
+		if pl.kind.NeedsRules() && pl.settings.CloseWait > 0 {
+			want := strconv.Itoa(int(pl.settings.CloseWait / time.Second))
+			got, err := os.ReadFile(closeWaitSysctl)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("read %s: %v", closeWaitSysctl, err))
+			} else if strings.TrimSpace(string(got)) != want {
+				problems = append(problems, fmt.Sprintf("%s is %s, want %s", closeWaitSysctl, strings.TrimSpace(string(got)), want))
+			}
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("rules (%s) differ from the expected ones for a %s pod:\n%s", st.Backend, pl.kind, strings.Join(problems, "\n"))
+		}
+		return nil
+	})
+	if err != nil {
+		return c.fail(types.ErrInternal, fmt.Errorf("CHECK pod %s, netns %s: %w", c.podName(), args.Netns, err))
+	}
+	c.log.Debug("rules match", "kind", pl.kind)
+	return nil
+}
+
+// Del removes our rules from the pod's namespace if it still exists. It never fails: the rules
+// live in the pod's namespace and die with it, and a failing DEL would block sandbox teardown.
+// Problems are logged. It makes no API call.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	conf, confErr := ParseConfigLenient(args.StdinData)
+	c, _ := p.start("DEL", args, conf)
+	defer c.done()
+	switch {
+	case confErr != nil:
+		c.log.Error("cannot parse the network config; nothing removed", "error", confErr)
+		return nil
+	case args.Netns == "":
+		c.log.Debug("no netns; nothing to remove")
+		return nil
+	case conf.Linkerd.Simulate || conf.Excluded(c.pod.Namespace):
+		c.log.Debug("simulated or excluded: nothing was written")
+		return nil
+	}
+	if _, err := os.Stat(args.Netns); err != nil {
+		c.log.Debug("netns is gone; nothing to remove", "netns", args.Netns, "error", err)
+		return nil
+	}
+	err := netnsutil.Do(args.Netns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+		defer cancel()
+		a, _, err := p.backend(conf)
+		if err != nil {
+			return err
+		}
+		return backend.Cleanup(ctx, a)
+	})
+	if err != nil {
+		c.log.Warn("could not remove rules; they go with the netns", "netns", args.Netns, "error", err)
+		return nil
+	}
+	c.log.Debug("rules removed", "netns", args.Netns)
+	return nil
+}
+
+// Status reports whether the plugin can work: the config must be valid and the kubeconfig
+// readable, with a linkerd-cni-context. It sends nothing to the API.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	conf, confErr := ParseConfig(args.StdinData)
+	c, _ := p.start("STATUS", args, conf)
+	defer c.done()
+	if confErr != nil {
+		return c.fail(types.ErrInvalidNetworkConfig, confErr)
+	}
+	if _, err := LoadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot); err != nil {
+		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
+	}
+	return nil
+}
+
+// GC has nothing to collect: all state lives in the pods' namespaces.
+func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
+
+func (p *Plugin) backend(conf *NetConf) (backend.Applier, string, error) {
+	a, reason, err := backend.New(backend.Options{Mode: conf.Linkerd.IPTablesMode, Wait: conf.Linkerd.UseWaitFlag})
+	if err != nil {
+		return nil, "", fmt.Errorf("iptables-mode %q: %w", conf.Linkerd.IPTablesMode, err)
+	}
+	return a, reason, nil
+}
+
+// printPrev writes prevResult, converted to the config's CNI version, as the result.
+func (p *Plugin) printPrev(c *call) error {
+	res, err := c.conf.PrevResult.GetAsVersion(c.conf.CNIVersion)
+	if err != nil {
+		return c.fail(types.ErrIncompatibleCNIVersion, fmt.Errorf("convert prevResult to CNI version %s: %w", c.conf.CNIVersion, err))
+	}
+	if err := res.PrintTo(p.Stdout); err != nil {
+		return c.fail(types.ErrIOFailure, fmt.Errorf("write the result: %w", err))
+	}
+	return nil
+}
+
+// plan is what the API says about a pod, turned into rules.
+type plan struct {
+	kind     Kind
+	settings Settings
+	rules    *iptables.Ruleset
+	requests int
+}
+
+// apiError marks failures to learn about the pod, which the runtime should retry.
+type apiError struct{ error }
+
+func (e apiError) Unwrap() error { return e.error }
+
+func planCode(err error) uint {
+	var ae apiError
+	if errors.As(err, &ae) {
+		return types.ErrTryAgainLater
+	}
+	return types.ErrInvalidNetworkConfig
+}
+
+// plan looks the pod up (one GET), its namespace only if an annotation may have to be inherited
+// (at most one GET), and default/kubernetes only for control-plane pods, all within the config's
+// API timeout. An API failure is an error: the pod might be meshed, and must not start unmeshed.
+func (p *Plugin) plan(c *call) (*plan, error) {
+	newAPI := p.NewPodAPI
+	if newAPI == nil {
+		newAPI = NewKubeClient
+	}
+	api, err := newAPI(c.conf)
+	if err != nil {
+		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up: %w", c.podName(), err)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.conf.APITimeout())
+	defer cancel()
+	pl := &plan{}
+	pod, err := api.Pod(ctx, c.pod.Namespace, c.pod.Name)
+	pl.requests++
+	if err != nil {
+		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
+	}
+	pl.kind = Classify(&pod.Spec)
+	base := c.conf.Linkerd.Config()
+	if !pl.kind.NeedsRules() {
+		// Rules for CHECK to look for: none are expected, but reading them back needs a ruleset.
+		pl.rules, err = iptables.Build(base)
+		return pl, err
+	}
+	podObj := Object{Kind: "pod", Name: c.podName(), Annotations: pod.Annotations}
+	var nsObj *Object
+	if NeedsNamespace(pod.Annotations) {
+		ns, err := api.Namespace(ctx, c.pod.Namespace)
+		pl.requests++
+		if err != nil {
+			return nil, apiError{fmt.Errorf("meshed pod %s: its namespace's annotations cannot be read (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
+		}
+		nsObj = &Object{Kind: "namespace", Name: ns.Name, Annotations: ns.Annotations}
+	}
+	var apiPorts []string
+	if IsControlPlane(pod.Labels) {
+		svc, err := api.Service(ctx, "default", "kubernetes")
+		pl.requests++
+		if err == nil {
+			apiPorts = APIServerPorts(svc)
+		}
+		if len(apiPorts) == 0 {
+			c.log.Warn("control-plane pod: cannot read the ports of Service default/kubernetes; skipping 443 and 6443", "error", err)
+			apiPorts = FallbackAPIServerPorts
+		}
+	}
+	pl.settings, err = Merge(base, podObj, nsObj, apiPorts)
+	if err != nil {
+		return nil, err
+	}
+	pl.rules, err = iptables.Build(pl.settings.Config)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s (overrides: %s): %w", c.podName(), describeSources(pl.settings.Sources), err)
+	}
+	if len(pl.settings.Sources) > 0 {
+		c.log.Debug("annotations applied", "overrides", describeSources(pl.settings.Sources))
+	}
+	return pl, nil
+}
+
+func describeSources(src map[string]string) string {
+	var parts []string
+	for _, a := range Annotations {
+		for field, from := range src {
+			if strings.HasPrefix(from, "annotation "+a+" ") {
+				parts = append(parts, field+" from "+from)
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func renderRules(rs *iptables.Ruleset) string {
+	var lines []string
+	for _, f := range rs.Families {
+		for _, r := range rs.Rules(f) {
+			lines = append(lines, string(f)+": "+r.String())
+		}
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,317 @@
+package cniplugin
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Names Linkerd users and the proxy injector rely on.
+const (
+	ProxyContainerName = "linkerd-proxy"
+	InitContainerName  = "linkerd-init"
+
+	// LabelControlPlaneComponent marks Linkerd's own control-plane pods, which also skip the
+	// Kubernetes API server's ports.
+	LabelControlPlaneComponent = "linkerd.io/control-plane-component"
+
+	AnnotationSkipOutboundPorts = "config.linkerd.io/skip-outbound-ports"
+	AnnotationSkipInboundPorts  = "config.linkerd.io/skip-inbound-ports"
+	AnnotationSkipSubnets       = "config.linkerd.io/skip-subnets"
+	AnnotationProxyUID          = "config.linkerd.io/proxy-uid"
+	AnnotationProxyGID          = "config.linkerd.io/proxy-gid"
+	AnnotationInboundPort       = "config.linkerd.io/inbound-port"
+	AnnotationOutboundPort      = "config.linkerd.io/outbound-port"
+	AnnotationCloseWaitTimeout  = "config.linkerd.io/close-wait-timeout"
+)
+
+// Annotations lists every annotation the plugin honours, in the order they are applied.
+var Annotations = []string{
+	AnnotationSkipOutboundPorts, AnnotationSkipInboundPorts, AnnotationSkipSubnets,
+	AnnotationProxyUID, AnnotationProxyGID, AnnotationInboundPort, AnnotationOutboundPort,
+	AnnotationCloseWaitTimeout,
+}
+
+// FallbackAPIServerPorts are skipped by control-plane pods when the default/kubernetes Service
+// cannot be read.
+var FallbackAPIServerPorts = []string{"443", "6443"}
+
+// Kind is what the plugin makes of a pod.
+type Kind string
+
+const (
+	// KindMeshed has a linkerd-proxy container (a classic sidecar): rules are written.
+	KindMeshed Kind = "meshed"
+	// KindNativeSidecar has linkerd-proxy as an init container with restartPolicy Always:
+	// rules are written.
+	KindNativeSidecar Kind = "native-sidecar"
+	// KindLinkerdInit has a linkerd-init init container, which writes its own rules: left alone.
+	KindLinkerdInit Kind = "linkerd-init"
+	// KindUnmeshed has no proxy: left alone.
+	KindUnmeshed Kind = "unmeshed"
+)
+
+// NeedsRules reports whether the plugin writes rules for pods of this kind.
+func (k Kind) NeedsRules() bool { return k == KindMeshed || k == KindNativeSidecar }
+
+// Classify decides what a pod is, as Linkerd does: a linkerd-init init container wins (it writes
+// its own rules); otherwise a container or an init container named linkerd-proxy makes the pod
+// meshed, and an init container with restartPolicy Always is a native sidecar.
+func Classify(spec *corev1.PodSpec) Kind {
+	kind := KindUnmeshed
+	for _, c := range spec.InitContainers {
+		switch c.Name {
+		case InitContainerName:
+			return KindLinkerdInit
+		case ProxyContainerName:
+			if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+				kind = KindNativeSidecar
+			} else if kind == KindUnmeshed {
+				kind = KindMeshed
+			}
+		}
+	}
+	for _, c := range spec.Containers {
+		if c.Name == ProxyContainerName && kind == KindUnmeshed {
+			kind = KindMeshed
+		}
+	}
+	return kind
+}
+
+// IsControlPlane reports whether the pod is one of Linkerd's control-plane components.
+func IsControlPlane(labels map[string]string) bool {
+	return labels[LabelControlPlaneComponent] != ""
+}
+
+// NeedsNamespace reports whether some honoured annotation is missing from the pod, so that its
+// namespace might supply it. An empty value counts as missing, as in Linkerd.
+func NeedsNamespace(podAnnotations map[string]string) bool {
+	for _, a := range Annotations {
+		if podAnnotations[a] == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// Object is a pod or a namespace whose annotations are merged, named for messages.
+type Object struct {
+	Kind        string // "pod" or "namespace"
+	Name        string // "ns/name" for a pod, the name for a namespace
+	Annotations map[string]string
+}
+
+func (o Object) String() string { return o.Kind + " " + o.Name }
+
+// AnnotationProblem is one malformed annotation value.
+type AnnotationProblem struct {
+	Annotation string
+	Value      string // the whole annotation value
+	On         string // "pod ns/name" or "namespace ns"
+	Reason     string
+}
+
+func (p AnnotationProblem) String() string {
+	return fmt.Sprintf("annotation %s=%q on %s: %s", p.Annotation, p.Value, p.On, p.Reason)
+}
+
+// AnnotationError lists every malformed annotation of a pod.
+type AnnotationError struct {
+	Problems []AnnotationProblem
+}
+
+func (e *AnnotationError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return "invalid annotation: " + strings.Join(parts, "; ")
+}
+
+// Settings is what a meshed pod gets: the rule builder's config after the annotations, and the
+// conntrack CLOSE_WAIT timeout to set (zero: leave the kernel's).
+type Settings struct {
+	Config    iptables.Config
+	CloseWait time.Duration
+	// Sources names where each overridden setting came from, e.g.
+	// "skip-outbound-ports": "annotation config.linkerd.io/skip-outbound-ports on namespace web".
+	Sources map[string]string
+}
+
+// Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
+// not needed), to base, with Linkerd's semantics:
+//   - skip-outbound-ports replaces the configured outbound-ports-to-ignore;
+//   - skip-inbound-ports is appended to inbound-ports-to-ignore;
+//   - skip-subnets replaces subnets-to-ignore (inbound source subnets);
+//   - proxy-uid, proxy-gid, inbound-port and outbound-port override;
+//   - close-wait-timeout (a duration such as "1h", or whole seconds) sets the conntrack timeout.
+//
+// Each annotation is taken from the pod when it has a non-empty value there, else from the
+// namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
+// ignore after the annotations. Every malformed value is reported at once in an *AnnotationError
+// naming the annotation, the object it is on and the value.
+func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
+	s := Settings{Config: base, Sources: map[string]string{}}
+	s.Config.PortsToRedirect = clone(base.PortsToRedirect)
+	s.Config.InboundPortsToIgnore = clone(base.InboundPortsToIgnore)
+	s.Config.OutboundPortsToIgnore = clone(base.OutboundPortsToIgnore)
+	s.Config.InboundSubnetsToIgnore = clone(base.InboundSubnetsToIgnore)
+	s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
+
+	var probs []AnnotationProblem
+	lookup := func(key string) (string, Object, bool) {
+		if v := pod.Annotations[key]; v != "" {
+			return v, pod, true
+		}
+		if ns != nil {
+			if v := ns.Annotations[key]; v != "" {
+				return v, *ns, true
+			}
+		}
+		return "", Object{}, false
+	}
+	// each parses one annotation when present; apply returns the reason the value is bad, if any.
+	each := func(key, field string, apply func(v string) string) {
+		v, from, ok := lookup(key)
+		if !ok {
+			return
+		}
+		if reason := apply(strings.TrimSpace(v)); reason != "" {
+			probs = append(probs, AnnotationProblem{Annotation: key, Value: v, On: from.String(), Reason: reason})
+			return
+		}
+		if field != "" {
+			s.Sources[field] = "annotation " + key + " on " + from.String()
+		}
+	}
+	portList := func(v string) ([]string, string) {
+		if _, err := iptables.ParsePorts(v); err != nil {
+			return nil, err.Error()
+		}
+		return splitList(v), ""
+	}
+	port := func(dst *int) func(string) string {
+		return func(v string) string {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return "not a port number"
+			}
+			if n < 1 || n > 65535 {
+				return "port is outside 1-65535"
+			}
+			*dst = n
+			return ""
+		}
+	}
+	id := func(dst *int, what string) func(string) string {
+		return func(v string) string {
+			n, err := strconv.Atoi(v)
+			switch {
+			case err != nil:
+				return "not an integer " + what
+			case n == 0:
+				return "refusing to exempt " + what + " 0 (root): use -1 for no exemption"
+			case n < -1:
+				return "must be -1 (none) or a positive " + what
+			}
+			*dst = n
+			return ""
+		}
+	}
+
+	each(AnnotationSkipOutboundPorts, iptables.FieldOutboundPortsToIgnore, func(v string) string {
+		ports, reason := portList(v)
+		if reason == "" {
+			s.Config.OutboundPortsToIgnore = ports
+		}
+		return reason
+	})
+	each(AnnotationSkipInboundPorts, iptables.FieldInboundPortsToIgnore, func(v string) string {
+		ports, reason := portList(v)
+		if reason == "" {
+			s.Config.InboundPortsToIgnore = append(s.Config.InboundPortsToIgnore, ports...)
+		}
+		return reason
+	})
+	each(AnnotationSkipSubnets, iptables.FieldInboundSubnetsToIgnore, func(v string) string {
+		if _, err := iptables.ParseCIDRs(v); err != nil {
+			return err.Error()
+		}
+		s.Config.InboundSubnetsToIgnore = splitList(v)
+		return ""
+	})
+	each(AnnotationProxyUID, iptables.FieldProxyUID, id(&s.Config.ProxyUID, "UID"))
+	each(AnnotationProxyGID, iptables.FieldProxyGID, id(&s.Config.ProxyGID, "GID"))
+	each(AnnotationInboundPort, iptables.FieldInboundProxyPort, port(&s.Config.InboundProxyPort))
+	each(AnnotationOutboundPort, iptables.FieldOutboundProxyPort, port(&s.Config.OutboundProxyPort))
+	each(AnnotationCloseWaitTimeout, "close-wait-timeout", func(v string) string {
+		d, reason := parseCloseWait(v)
+		s.CloseWait = d
+		return reason
+	})
+	if len(probs) > 0 {
+		return Settings{}, &AnnotationError{Problems: probs}
+	}
+	if len(apiServerPorts) > 0 {
+		s.Config.OutboundPortsToIgnore = append(s.Config.OutboundPortsToIgnore, apiServerPorts...)
+	}
+	return s, nil
+}
+
+// parseCloseWait accepts what the proxy injector accepts (a Go duration such as "1h"), and whole
+// seconds for convenience. The kernel takes whole seconds, at least one.
+func parseCloseWait(v string) (time.Duration, string) {
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 1 {
+			return 0, "must be at least 1s"
+		}
+		return time.Duration(n) * time.Second, ""
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, "not a duration such as \"1h\" or \"3600s\""
+	}
+	if d < time.Second {
+		return 0, "must be at least 1s"
+	}
+	return d.Truncate(time.Second), ""
+}
+
+// splitList splits a comma-separated annotation value into trimmed, non-empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// APIServerPorts returns the ports and numeric targetPorts of the default/kubernetes Service,
+// deduplicated, in order. Named targetPorts cannot be resolved without the endpoints and are
+// skipped. It returns nil when the Service has no usable port.
+func APIServerPorts(svc *corev1.Service) []string {
+	var out []string
+	seen := map[int32]bool{}
+	add := func(p int32) {
+		if p > 0 && p <= 65535 && !seen[p] {
+			seen[p] = true
+			out = append(out, strconv.Itoa(int(p)))
+		}
+	}
+	for _, p := range svc.Spec.Ports {
+		add(p.Port)
+		if p.TargetPort.Type == intstr.Int {
+			add(p.TargetPort.IntVal)
+		}
+	}
+	return out
+}
