@@ -181,6 +181,9 @@ func Parse(args []string) (*Options, error) {
 	switch pos := fs.Args(); len(pos) {
 	case 0:
 	case 1:
+		if pos[0] == "help" {
+			return nil, ErrHelp
+		}
 		cmd, ok := lookupCommand(pos[0])
 		if !ok {
 			return nil, &UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}

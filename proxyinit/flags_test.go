@@ -273,7 +273,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"-h"}, {"--help"}, {"show", "--help"}} {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"show", "--help"}, {"help"}} {
 		var stdout, stderr bytes.Buffer
 		if code := Main(context.Background(), args, &stdout, &stderr); code != ExitOK {
 			t.Errorf("%q: exit %d, want 0 (stderr %q)", args, code, stderr.String())

@@ -241,6 +241,31 @@ func TestApplyShowCleanup(t *testing.T) {
 	}
 }
 
+// TestLinkerdChartDefault runs the Linkerd chart's default (legacy chart) command line unchanged:
+// no mode flags, so auto chooses, and logs why.
+func TestLinkerdChartDefault(t *testing.T) {
+	requireRoot(t)
+	ns := newNS(t)
+	r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--log-format", "json"})...)
+	var chosen struct{ Msg, Backend, Reason string }
+	for _, l := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+		var rec struct{ Msg, Backend, Reason string }
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("--log-format json wrote a non-JSON line %q: %v", l, err)
+		}
+		if rec.Msg == "backend chosen" {
+			chosen = rec
+		}
+	}
+	if chosen.Backend == "" || !strings.HasPrefix(chosen.Reason, "auto: ") {
+		t.Errorf("no \"backend chosen\" log with an auto reason in:\n%s", r.stderr)
+	}
+	r = mustRun(t, 0, args([]string{"show"}, chart, []string{"--netns", ns})...)
+	if !strings.Contains(r.stdout, "backend: "+chosen.Backend+"\n") || !strings.Contains(r.stdout, "rules match the configuration") {
+		t.Errorf("show after the chart's apply:\n%s", r.stdout)
+	}
+}
+
 // TestLinkerdChartNFT runs the Linkerd chart's nft command line unchanged.
 func TestLinkerdChartNFT(t *testing.T) {
 	requireRoot(t)
