@@ -16,6 +16,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/validator"
 )
 
 // Exit codes.
@@ -34,6 +35,11 @@ var ErrMismatch = errors.New("the rules in place do not match the configuration"
 // Main runs proxy-init with args (without the program name), printing results to stdout and
 // logs and errors to stderr, and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
+	// dispatched before proxy-init's flags are parsed.
+	if len(args) > 0 && args[0] == "validate" {
+		return validator.Main(ctx, args[1:], stdout, stderr)
+	}
 	o, err := Parse(args)
 	if errors.Is(err, ErrHelp) {
 		fmt.Fprint(stdout, Usage())
