@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -206,7 +207,8 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	}
 	var have *iptables.NFTTable
 	var lines []string
-	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil {
+	ours := findTable(tables, inet, iptables.NFTTableName)
+	if ours != nil {
 		gc, err := s.google()
 		if err != nil {
 			return iptables.State{}, err
@@ -217,7 +219,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		lines = have.Statements()
 	}
 	diff := iptables.CompareNFT(rs.NFT(), have)
-	if ours := findTable(tables, inet, iptables.NFTTableName); ours != nil && have != nil {
+	if ours != nil {
 		// The model has chains and sets only; the kernel's count shows anything else.
 		if other := int(ours.Use) - len(have.Chains) - len(have.Sets); other > 0 {
 			diff.Extra = append(diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
@@ -229,9 +231,9 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		return iptables.State{}, err
 	}
 	for _, d := range b.desc {
-		// "delete iptables-nft chain ip nat PROXY_INIT_OUTPUT" -> "iptables-nft chain ip nat ...".
-		if len(d) > len("delete ") && d[:len("delete ")] == "delete " {
-			diff.Extra = append(diff.Extra, d[len("delete "):])
+		// "delete iptables-nft chain ip nat PROXY_INIT_OUTPUT" reports the chain itself.
+		if what, ok := strings.CutPrefix(d, "delete "); ok {
+			diff.Extra = append(diff.Extra, what)
 		}
 	}
 	return iptables.State{
