@@ -30,9 +30,10 @@ const (
 	CommandVersion Command = "version"
 )
 
-// commands are the subcommands accepted as a positional argument. "validate" (the network
-// validator) joins this list when it is built; "apply" is not listed because Linkerd users never
-// name it: no subcommand means apply.
+// commands are the subcommands that take proxy-init's flags, accepted as a positional argument
+// anywhere on the line. "validate" is not among them: it has the network validator's own flags and
+// Main dispatches it, as the first argument, before these flags are parsed. "apply" is not listed
+// because Linkerd users never name it: no subcommand means apply.
 var commands = []Command{CommandCleanup, CommandShow, CommandVersion}
 
 // Flag names beyond the iptables.Field* ones, which double as flag names.
@@ -157,8 +158,10 @@ Usage:
   proxy-init cleanup [flags]    remove our chains and jumps, and nothing else
   proxy-init show [flags]       print the rules in place; exit 1 if they do not match the flags
   proxy-init version            print build information
+  proxy-init validate ...       the network validator, with its own flags (see proxy-init validate --help)
 
-Every subcommand accepts the same flags, so an apply command line works with a subcommand put first.
+Every subcommand but validate accepts the same flags, so an apply command line works with a
+subcommand put first.
 
 Flags:
 ` + fs.FlagUsages() + `

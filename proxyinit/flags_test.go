@@ -245,8 +245,8 @@ func TestBadInput(t *testing.T) {
 			"proxy-init: unknown flag: --proxy-port (see proxy-init --help)\n"},
 		{"missing value", []string{"-p"},
 			"proxy-init: flag needs an argument: 'p' in -p (see proxy-init --help)\n"},
-		{"unknown subcommand", append([]string{"validate"}, chartArgs()...),
-			"proxy-init: unknown command \"validate\"; want one of cleanup, show, version (see proxy-init --help)\n"},
+		{"unknown subcommand", append([]string{"status"}, chartArgs()...),
+			"proxy-init: unknown command \"status\"; want one of cleanup, show, version (see proxy-init --help)\n"},
 		{"two subcommands", []string{"show", "cleanup"},
 			"proxy-init: unexpected arguments [\"show\" \"cleanup\"]: proxy-init takes at most one subcommand (see proxy-init --help)\n"},
 	}
