@@ -171,8 +171,8 @@ func indentLike(entry, sep []byte) []byte {
 }
 
 // convertConf turns a single-plugin .conf into a configuration list that
-// keeps the .conf's cniVersion and name, holds the original plugin bytes
-// unchanged, and ends with entry. name is used when the .conf has none.
+// keeps the .conf's cniVersion and name, holds the original plugin with
+// only its whitespace changed, and ends with entry. name is used when the .conf has none.
 func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
 	if !json.Valid(data) {
 		return nil, jsonError(data)
@@ -200,9 +200,20 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 		fmt.Fprintf(&b, "  \"name\": %s,\n", q)
 	}
 	b.WriteString("  \"plugins\": [\n    ")
-	b.Write(bytes.TrimSpace(data))
+	// Re-indent the plugin to sit in the list; json.Indent changes only
+	// whitespace between tokens, never keys, order, numbers or strings.
+	if err := json.Indent(&b, bytes.TrimSpace(data), "    ", "  "); err != nil {
+		return nil, err
+	}
 	b.WriteString("\n  ]\n}\n")
 	return appendEntry(b.Bytes(), typ, entry)
+}
+
+// sameJSONText reports whether a and b differ at most in whitespace between
+// tokens.
+func sameJSONText(a, b []byte) bool {
+	var ca, cb bytes.Buffer
+	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
 // soleOtherPlugin returns the bytes of the only plugin of a list that is not

@@ -494,9 +494,9 @@ func (in *installer) convert(name, path string, data []byte) error {
 		ours := st != nil && st.origName == name && st.written == hashOf(have)
 		if !ours {
 			// After a restart: a list whose only other plugin is this
-			// .conf's exact bytes is a conversion of ours.
+			// .conf's plugin, up to whitespace, is a conversion of ours.
 			other, ok := soleOtherPlugin(have, in.entry.typ)
-			ours = ok && bytes.Equal(other, bytes.TrimSpace(data))
+			ours = ok && sameJSONText(other, data)
 		}
 		if !ours {
 			return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file already exists", path, tpath))

@@ -3,7 +3,6 @@ package install
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -100,7 +99,3 @@ func addExcludedNamespace(data []byte, members []member, open, closeAt int, ns s
 	last := members[len(members)-1].val.end
 	return splice(data, span{last, last}, append([]byte{','}, ins...)), nil
 }
-
-// errNoType is returned for configuration files that are not lists and
-// have no plugin type.
-var errNoType = errors.New(`no "type": not a plugin configuration`)

@@ -1,0 +1,100 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/pflag"
+)
+
+// Main is `linkerd-cni install [flags]`: it reads the environment, runs the
+// installer until SIGTERM or SIGINT, and returns the exit code: 0 after a
+// clean removal, 1 on a runtime error, 2 on bad flags or environment.
+//
+// `--pre-stop` is for the DaemonSet's preStop hook: it sends SIGTERM to the
+// installer (PID 1 of the container, checked to be `linkerd-cni install`)
+// and returns, so removal starts while the kubelet is still honouring the
+// grace period.
+func Main(args []string) int {
+	return mainWith(args, os.Getenv, os.Stderr)
+}
+
+func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("linkerd-cni install", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	adminAddr := fs.String("admin-addr", DefaultAdminAddr, `address serving /ready and /live ("-" disables them)`)
+	logFormat := fs.String("log-format", "plain", "log format: plain or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	preStop := fs.Bool("pre-stop", false, "signal the running installer (PID 1) to uninstall, then return")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "linkerd-cni install: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "linkerd-cni install: --log-level %q: %v\n", *logLevel, err)
+		return 2
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
+	switch *logFormat {
+	case "plain", "text":
+		log = slog.New(slog.NewTextHandler(stderr, opts))
+	case "json":
+		log = slog.New(slog.NewJSONHandler(stderr, opts))
+	default:
+		fmt.Fprintf(stderr, "linkerd-cni install: --log-format %q: must be plain or json\n", *logFormat)
+		return 2
+	}
+	if *preStop {
+		if err := signalInstaller(1); err != nil {
+			log.Error("pre-stop", "error", err)
+			return 1
+		}
+		return 0
+	}
+	cfg, err := ConfigFromEnv(getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "linkerd-cni install: %v\n", err)
+		return 2
+	}
+	cfg.AdminAddr = *adminAddr
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := Run(ctx, cfg, log); err != nil {
+		log.Error("linkerd-cni install failed", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// signalInstaller sends SIGTERM to pid after checking, via its command
+// line, that it is `linkerd-cni install`: a preStop hook run in a pod that
+// shares a PID namespace must not terminate anything else.
+func signalInstaller(pid int) error {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return fmt.Errorf("read command line of pid %d: %w", pid, err)
+	}
+	argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	if len(argv) < 2 || !strings.Contains(argv[0], "linkerd-cni") || argv[1] != "install" {
+		return fmt.Errorf("pid %d is %q, not `linkerd-cni install`: not signalling it", pid, strings.Join(argv, " "))
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("signal pid %d: %w", pid, err)
+	}
+	return nil
+}
