@@ -1,0 +1,436 @@
+package cniplugin
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+func containers(names ...string) []corev1.Container {
+	var out []corev1.Container
+	for _, n := range names {
+		out = append(out, corev1.Container{Name: n})
+	}
+	return out
+}
+
+func always() *corev1.ContainerRestartPolicy {
+	p := corev1.ContainerRestartPolicyAlways
+	return &p
+}
+
+func TestClassify(t *testing.T) {
+	nativeProxy := corev1.Container{Name: ProxyContainerName, RestartPolicy: always()}
+	tests := []struct {
+		name string
+		spec corev1.PodSpec
+		want Kind
+	}{
+		{"no containers", corev1.PodSpec{}, KindUnmeshed},
+		{"app only", corev1.PodSpec{Containers: containers("app")}, KindUnmeshed},
+		{"proxy-like name", corev1.PodSpec{Containers: containers("app", "linkerd-proxy-x")}, KindUnmeshed},
+		{"classic sidecar", corev1.PodSpec{Containers: containers("app", "linkerd-proxy")}, KindMeshed},
+		{"native sidecar", corev1.PodSpec{InitContainers: []corev1.Container{nativeProxy}, Containers: containers("app")}, KindNativeSidecar},
+		{"proxy init container without restartPolicy", corev1.PodSpec{InitContainers: containers("linkerd-proxy"), Containers: containers("app")}, KindMeshed},
+		{"linkerd-init with classic proxy", corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app", "linkerd-proxy")}, KindLinkerdInit},
+		{"linkerd-init after native proxy", corev1.PodSpec{InitContainers: []corev1.Container{nativeProxy, {Name: "linkerd-init"}}}, KindLinkerdInit},
+		{"linkerd-init only", corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app")}, KindLinkerdInit},
+		{"validator is not a proxy", corev1.PodSpec{InitContainers: containers("linkerd-network-validator"), Containers: containers("app")}, KindUnmeshed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Classify(&tt.spec); got != tt.want {
+				t.Errorf("Classify = %s, want %s", got, tt.want)
+			}
+			if got := tt.want.NeedsRules(); got != (tt.want == KindMeshed || tt.want == KindNativeSidecar) {
+				t.Errorf("NeedsRules(%s) = %v", tt.want, got)
+			}
+		})
+	}
+}
+
+func TestNeedsNamespace(t *testing.T) {
+	all := map[string]string{}
+	for _, a := range Annotations {
+		all[a] = "1"
+	}
+	if NeedsNamespace(all) {
+		t.Error("a pod with every annotation still asks for its namespace")
+	}
+	all[AnnotationProxyGID] = ""
+	if !NeedsNamespace(all) {
+		t.Error("an empty annotation counts as missing, as in Linkerd")
+	}
+	if !NeedsNamespace(nil) {
+		t.Error("a pod without annotations must look at its namespace")
+	}
+}
+
+func baseConfig() iptables.Config {
+	c := Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+		InboundPortsToIgnore: []string{"4191", "4190"}, OutboundPortsToIgnore: []string{"25"},
+		SubnetsToIgnore: []string{"10.0.0.0/8"}, IPTablesMode: iptables.ModeNFTables}
+	return c.Config()
+}
+
+func TestMerge(t *testing.T) {
+	pod := func(a map[string]string) Object { return Object{Kind: "pod", Name: "web/api-0", Annotations: a} }
+	ns := func(a map[string]string) *Object { return &Object{Kind: "namespace", Name: "web", Annotations: a} }
+	tests := []struct {
+		name     string
+		pod      Object
+		ns       *Object
+		apiPorts []string
+		// edit turns the base config into the expected one.
+		edit      func(c *iptables.Config)
+		closeWait time.Duration
+		sources   map[string]string
+	}{
+		{name: "no annotations", pod: pod(nil), ns: ns(nil), edit: func(*iptables.Config) {}},
+		{name: "skip-outbound-ports replaces", pod: pod(map[string]string{AnnotationSkipOutboundPorts: "3306, 5432-5440"}),
+			edit:    func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306", "5432-5440"} },
+			sources: map[string]string{"outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on pod web/api-0"}},
+		{name: "skip-inbound-ports appends", pod: pod(map[string]string{AnnotationSkipInboundPorts: "9090,9091"}),
+			edit:    func(c *iptables.Config) { c.InboundPortsToIgnore = []string{"4191", "4190", "9090", "9091"} },
+			sources: map[string]string{"inbound-ports-to-ignore": "annotation config.linkerd.io/skip-inbound-ports on pod web/api-0"}},
+		{name: "skip-subnets replaces", pod: pod(map[string]string{AnnotationSkipSubnets: "192.0.2.0/24,2001:db8::/32"}),
+			edit:    func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"192.0.2.0/24", "2001:db8::/32"} },
+			sources: map[string]string{"subnets-to-ignore": "annotation config.linkerd.io/skip-subnets on pod web/api-0"}},
+		{name: "ids and proxy ports override", pod: pod(map[string]string{AnnotationProxyUID: "3000", AnnotationProxyGID: "3001",
+			AnnotationInboundPort: "5143", AnnotationOutboundPort: "5140"}),
+			edit: func(c *iptables.Config) {
+				c.ProxyUID, c.ProxyGID, c.InboundProxyPort, c.OutboundProxyPort = 3000, 3001, 5143, 5140
+			},
+			sources: map[string]string{"proxy-uid": "annotation config.linkerd.io/proxy-uid on pod web/api-0",
+				"proxy-gid": "annotation config.linkerd.io/proxy-gid on pod web/api-0", "incoming-proxy-port": "annotation config.linkerd.io/inbound-port on pod web/api-0",
+				"outgoing-proxy-port": "annotation config.linkerd.io/outbound-port on pod web/api-0"}},
+		{name: "close-wait duration", pod: pod(map[string]string{AnnotationCloseWaitTimeout: "1m30.5s"}),
+			edit: func(*iptables.Config) {}, closeWait: 90 * time.Second,
+			sources: map[string]string{"close-wait-timeout": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
+		{name: "close-wait seconds", pod: pod(map[string]string{AnnotationCloseWaitTimeout: "120"}),
+			edit: func(*iptables.Config) {}, closeWait: 120 * time.Second,
+			sources: map[string]string{"close-wait-timeout": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
+		{name: "inherited from the namespace", pod: pod(nil),
+			ns: ns(map[string]string{AnnotationSkipOutboundPorts: "3306", AnnotationSkipInboundPorts: "9090", AnnotationProxyUID: "3000"}),
+			edit: func(c *iptables.Config) {
+				c.OutboundPortsToIgnore = []string{"3306"}
+				c.InboundPortsToIgnore = []string{"4191", "4190", "9090"}
+				c.ProxyUID = 3000
+			},
+			sources: map[string]string{"outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on namespace web",
+				"inbound-ports-to-ignore": "annotation config.linkerd.io/skip-inbound-ports on namespace web",
+				"proxy-uid":               "annotation config.linkerd.io/proxy-uid on namespace web"}},
+		{name: "pod wins over namespace; empty pod value falls back", pod: pod(map[string]string{AnnotationSkipOutboundPorts: "3306", AnnotationProxyUID: ""}),
+			ns: ns(map[string]string{AnnotationSkipOutboundPorts: "9999", AnnotationProxyUID: "3000"}),
+			edit: func(c *iptables.Config) {
+				c.OutboundPortsToIgnore = []string{"3306"}
+				c.ProxyUID = 3000
+			},
+			sources: map[string]string{"outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on pod web/api-0",
+				"proxy-uid": "annotation config.linkerd.io/proxy-uid on namespace web"}},
+		{name: "control plane appends API ports after the override", pod: pod(map[string]string{AnnotationSkipOutboundPorts: "3306"}),
+			apiPorts: []string{"443", "6443"},
+			edit:     func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306", "443", "6443"} },
+			sources:  map[string]string{"outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on pod web/api-0"}},
+		{name: "unrelated annotations ignored", pod: pod(map[string]string{"config.linkerd.io/skip-outbound-subnets": "junk", "linkerd.io/inject": "enabled"}),
+			edit: func(*iptables.Config) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := baseConfig()
+			got, err := Merge(base, tt.pod, tt.ns, tt.apiPorts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := baseConfig()
+			tt.edit(&want)
+			if !reflect.DeepEqual(got.Config, want) {
+				t.Errorf("config\n got %+v\nwant %+v", got.Config, want)
+			}
+			if !reflect.DeepEqual(base, baseConfig()) {
+				t.Errorf("Merge modified its base config: %+v", base)
+			}
+			if got.CloseWait != tt.closeWait {
+				t.Errorf("close wait %s, want %s", got.CloseWait, tt.closeWait)
+			}
+			if tt.sources == nil {
+				tt.sources = map[string]string{}
+			}
+			if !reflect.DeepEqual(got.Sources, tt.sources) {
+				t.Errorf("sources\n got %v\nwant %v", got.Sources, tt.sources)
+			}
+			if _, err := iptables.Build(got.Config); err != nil {
+				t.Errorf("merged config does not build: %v", err)
+			}
+		})
+	}
+}
+
+func TestMergeMalformed(t *testing.T) {
+	pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{
+		AnnotationSkipOutboundPorts: "80,abc",
+		AnnotationSkipInboundPorts:  "9000-8000",
+		AnnotationProxyUID:          "0",
+		AnnotationInboundPort:       "70000",
+		AnnotationCloseWaitTimeout:  "soon",
+	}}
+	ns := &Object{Kind: "namespace", Name: "web", Annotations: map[string]string{
+		AnnotationSkipSubnets:  "10.0.0.0/8,nope",
+		AnnotationProxyGID:     "-5",
+		AnnotationOutboundPort: "x",
+	}}
+	_, err := Merge(baseConfig(), pod, ns, nil)
+	var ae *AnnotationError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want *AnnotationError", err)
+	}
+	want := []string{
+		`annotation config.linkerd.io/skip-outbound-ports="80,abc" on pod web/api-0: "abc" is not a port number`,
+		`annotation config.linkerd.io/skip-inbound-ports="9000-8000" on pod web/api-0: range 9000-8000 is reversed`,
+		`annotation config.linkerd.io/skip-subnets="10.0.0.0/8,nope" on namespace web: "nope" is not a CIDR or an IP address`,
+		`annotation config.linkerd.io/proxy-uid="0" on pod web/api-0: refusing to exempt UID 0 (root): use -1 for no exemption`,
+		`annotation config.linkerd.io/proxy-gid="-5" on namespace web: must be -1 (none) or a positive GID`,
+		`annotation config.linkerd.io/inbound-port="70000" on pod web/api-0: port is outside 1-65535`,
+		`annotation config.linkerd.io/outbound-port="x" on namespace web: not a port number`,
+		`annotation config.linkerd.io/close-wait-timeout="soon" on pod web/api-0: not a duration such as "1h" or "3600s"`,
+	}
+	if len(ae.Problems) != len(want) {
+		t.Fatalf("%d problems, want %d: %v", len(ae.Problems), len(want), err)
+	}
+	for i, p := range ae.Problems {
+		if p.String() != want[i] {
+			t.Errorf("problem %d\n got %s\nwant %s", i, p, want[i])
+		}
+	}
+	if !strings.HasPrefix(err.Error(), "invalid annotation: "+want[0]+"; ") {
+		t.Errorf("message %q", err.Error())
+	}
+}
+
+func TestAPIServerPorts(t *testing.T) {
+	svc := &corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+		{Name: "https", Port: 443, TargetPort: intstr.FromInt32(6443)},
+		{Name: "alt", Port: 8443, TargetPort: intstr.FromString("https")},
+		{Name: "dup", Port: 6443, TargetPort: intstr.FromInt32(443)},
+	}}}
+	if got, want := APIServerPorts(svc), []string{"443", "6443", "8443"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("APIServerPorts = %v, want %v", got, want)
+	}
+	if got := APIServerPorts(&corev1.Service{}); got != nil {
+		t.Errorf("no ports: %v", got)
+	}
+}
+
+func meshedPod(labels, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "api-0", Namespace: "web", Labels: labels, Annotations: annotations},
+		Spec:       corev1.PodSpec{Containers: containers("app", "linkerd-proxy")},
+	}
+}
+
+// TestPlanAPIRequests pins how many GETs each kind of pod costs.
+func TestPlanAPIRequests(t *testing.T) {
+	every := map[string]string{}
+	for _, a := range Annotations {
+		every[a] = "1"
+	}
+	every[AnnotationSkipOutboundPorts] = "3306"
+	every[AnnotationSkipSubnets] = "192.0.2.0/24"
+	kubeSvc := &corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443, TargetPort: intstr.FromInt32(16443)}}}}
+	tests := []struct {
+		name         string
+		api          *fakeAPI
+		wantKind     Kind
+		wantRequests []string
+		wantOutbound []string
+	}{
+		{"unmeshed: pod only", &fakeAPI{pod: &corev1.Pod{Spec: corev1.PodSpec{Containers: containers("app")}}},
+			KindUnmeshed, []string{"pod web/api-0"}, nil},
+		{"linkerd-init: pod only", &fakeAPI{pod: &corev1.Pod{Spec: corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("linkerd-proxy")}}},
+			KindLinkerdInit, []string{"pod web/api-0"}, nil},
+		{"meshed, every annotation on the pod: pod only", &fakeAPI{pod: meshedPod(nil, every)},
+			KindMeshed, []string{"pod web/api-0"}, []string{"3306"}},
+		{"meshed: pod and namespace", &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web",
+			Annotations: map[string]string{AnnotationSkipOutboundPorts: "5432"}}}},
+			KindMeshed, []string{"pod web/api-0", "namespace web"}, []string{"5432"}},
+		{"control plane: plus default/kubernetes", &fakeAPI{pod: meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, every)},
+			KindMeshed, []string{"pod web/api-0", "service default/kubernetes"}, []string{"3306", "443", "6443"}},
+		{"control plane with the Service", &fakeAPI{pod: meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, every), svc: kubeSvc},
+			KindMeshed, []string{"pod web/api-0", "service default/kubernetes"}, []string{"3306", "443", "16443"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conf, err := ParseConfig(withVersion(t, linkerdChartConfig, "1.0.0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs bytes.Buffer
+			p := &Plugin{Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return tt.api, nil }}
+			c, _ := p.start("ADD", &skel.CmdArgs{Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0"}, conf)
+			pl, err := p.plan(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pl.kind != tt.wantKind {
+				t.Errorf("kind %s, want %s", pl.kind, tt.wantKind)
+			}
+			if !reflect.DeepEqual(tt.api.requests, tt.wantRequests) || pl.requests != len(tt.wantRequests) {
+				t.Errorf("requests %v (counted %d), want %v", tt.api.requests, pl.requests, tt.wantRequests)
+			}
+			if tt.wantOutbound != nil && !reflect.DeepEqual(pl.settings.Config.OutboundPortsToIgnore, tt.wantOutbound) {
+				t.Errorf("outbound ports to ignore %v, want %v", pl.settings.Config.OutboundPortsToIgnore, tt.wantOutbound)
+			}
+		})
+	}
+}
+
+func TestAddFailures(t *testing.T) {
+	tests := []struct {
+		name     string
+		api      *fakeAPI
+		wantCode uint
+		wantMsg  string
+	}{
+		{"malformed pod annotation", &fakeAPI{pod: meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "80,http"}), ns: &corev1.Namespace{}},
+			types.ErrInvalidNetworkConfig,
+			`invalid annotation: annotation config.linkerd.io/skip-outbound-ports="80,http" on pod web/api-0: "http" is not a port number`},
+		{"namespace unreadable", &fakeAPI{pod: meshedPod(nil, nil), err: errors.New("forbidden")},
+			types.ErrTryAgainLater,
+			`meshed pod web/api-0: its namespace's annotations cannot be read (timeout 10s): forbidden`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, logs bytes.Buffer
+			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return tt.api, nil }}
+			err := p.Add(&skel.CmdArgs{ContainerID: "c", Netns: "/nonexistent", Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0",
+				StdinData: withVersion(t, linkerdChartConfig, "1.0.0")})
+			var ce *types.Error
+			if !errors.As(err, &ce) || ce.Code != tt.wantCode || ce.Msg != tt.wantMsg {
+				t.Fatalf("err = %#v\nwant code %d, %q", err, tt.wantCode, tt.wantMsg)
+			}
+			if out.Len() != 0 {
+				t.Errorf("stdout %q", out.String())
+			}
+		})
+	}
+}
+
+// TestAddSimulate runs a meshed pod with simulate on: the rules are logged, nothing is written
+// (the netns does not even exist) and prevResult passes through.
+func TestAddSimulate(t *testing.T) {
+	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{}}
+	var out, logs bytes.Buffer
+	p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
+	conf := strings.Replace(linkerdChartConfig, `"simulate":false`, `"simulate":true`, 1)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "c", Netns: "/nonexistent", Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0",
+		StdinData: withVersion(t, conf, "0.4.0")}); err != nil {
+		t.Fatal(err)
+	}
+	jsonEqual(t, out.String(), prevResults["0.4.0"])
+	if !strings.Contains(logs.String(), "redirect-all-outgoing-to-proxy-port") {
+		t.Errorf("simulate did not log the rules: %s", logs.String())
+	}
+}
+
+func TestDelNeverFails(t *testing.T) {
+	tests := []struct{ name, netns, config string }{
+		{"garbage config", "/nonexistent", `garbage`},
+		{"netns gone", "/nonexistent/netns", linkerdChartConfig},
+		{"no netns", "", linkerdChartConfig},
+		{"invalid values", "/nonexistent", `{"cniVersion":"1.0.0","linkerd":{"proxy-uid":"x"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, logs bytes.Buffer
+			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: noAPI(t)}
+			if err := p.Del(&skel.CmdArgs{ContainerID: "c", Netns: tt.netns, Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: []byte(tt.config)}); err != nil {
+				t.Errorf("DEL failed: %v", err)
+			}
+			if out.Len() != 0 {
+				t.Errorf("DEL wrote %q to stdout", out.String())
+			}
+		})
+	}
+}
+
+func TestStatus(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/kubeconfig"
+	kc := `apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://[2001:db8::1]:6443", insecure-skip-tls-verify: true}}]
+users: [{name: linkerd-cni, user: {token: abc}}]
+contexts: [{name: linkerd-cni-context, context: {cluster: local, user: linkerd-cni}}]
+current-context: linkerd-cni-context
+`
+	if err := writeFile(good, kc); err != nil {
+		t.Fatal(err)
+	}
+	noContext := dir + "/other"
+	if err := writeFile(noContext, strings.ReplaceAll(kc, "linkerd-cni-context", "other")); err != nil {
+		t.Fatal(err)
+	}
+	conf := func(path string) []byte {
+		return []byte(strings.Replace(`{"cniVersion":"1.1.0","name":"n","type":"linkerd-cni","kubernetes":{"kubeconfig":"KC"},
+			"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140}}`, "KC", path, 1))
+	}
+	tests := []struct {
+		name, path, want string
+	}{
+		{"readable", good, ""},
+		{"missing", dir + "/missing", "linkerd-cni cannot look pods up: read kubeconfig " + dir + "/missing: open " + dir + "/missing: no such file or directory"},
+		{"no linkerd-cni-context", noContext, "linkerd-cni cannot look pods up: kubeconfig " + noContext + ", context linkerd-cni-context: invalid configuration: [context was not found for specified context: linkerd-cni-context"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			p := &Plugin{Stderr: &logs}
+			err := p.Status(&skel.CmdArgs{StdinData: conf(tt.path)})
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			var ce *types.Error
+			if !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
+				t.Fatalf("err = %#v, want code %d", err, types.ErrPluginNotAvailable)
+			}
+			if !strings.HasPrefix(ce.Msg, tt.want) {
+				t.Errorf("message\n got %q\nwant prefix %q", ce.Msg, tt.want)
+			}
+		})
+	}
+}
+
+func TestMain_Subcommands(t *testing.T) {
+	tests := []struct {
+		args     []string
+		code     int
+		contains string
+	}{
+		{[]string{"version"}, 0, "linkerd-cni dev"},
+		{[]string{"install"}, 2, "not implemented yet"},
+		{[]string{"repair"}, 2, "not implemented yet"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{nil, 2, "usage: linkerd-cni"},
+	}
+	for _, tt := range tests {
+		var out, errOut bytes.Buffer
+		code := Main(tt.args, &out, &errOut)
+		if code != tt.code || !strings.Contains(out.String()+errOut.String(), tt.contains) {
+			t.Errorf("Main(%v) = %d, %q %q; want %d containing %q", tt.args, code, out.String(), errOut.String(), tt.code, tt.contains)
+		}
+	}
+}

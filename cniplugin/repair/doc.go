@@ -1,0 +1,27 @@
+// Package repair is the linkerd-cni repair controller, run as `linkerd-cni repair` next to the
+// installer in the DaemonSet. In CNI mode a pod whose sandbox was created before linkerd-cni was
+// in the node's CNI configuration (after node boot or autoscaling) runs without the redirect; its
+// linkerd-network-validator init container (package validator) then exits 95. This controller
+// watches the pods on its node and deletes (grace period 0) every pod whose validator terminated
+// with 95, so its owner recreates it, this time with the plugin in place. Each deletion is
+// recorded as an events.k8s.io Event on the pod.
+//
+// Beyond Linkerd's controller, it checks both the validator's current state and its last state:
+// Linkerd's looks at the last state only, so it never repairs a pod with restartPolicy Never
+// (Jobs), whose validator is not restarted.
+//
+// It watches only pods with spec.nodeName equal to $LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME and
+// the label linkerd.io/control-plane-ns (every meshed pod has it). Work goes through a
+// rate-limited queue with one worker, and a pod UID is deleted at most once, so one failure never
+// causes two deletions. /live, /ready and /metrics (Prometheus, prefix
+// linkerd_cni_repair_controller_) are served on --admin-addr.
+//
+// RBAC it needs: pods get, list, watch, delete; events.k8s.io events create (Linkerd's
+// linkerd-cni ClusterRole grants exactly these when the repair controller is enabled).
+// RemoveNodeTaint, used by the installer, additionally needs nodes get and patch.
+//
+// Limits: it cannot tell why the validator failed; it assumes a fresh sandbox will fix it. A
+// pod that keeps failing is deleted again each time it is recreated (a new UID), at the pace of
+// its owner's back-off. Pods without an owner are deleted too, and are not recreated: that is
+// Linkerd's behaviour, kept for compatibility.
+package repair
