@@ -174,11 +174,10 @@ func (s *session) apply(want iptables.NFTTable) (iptables.Result, error) {
 		if err != nil {
 			return iptables.Result{}, err
 		}
-		have, err := readTable(gc, ours.Comment)
-		if err != nil {
-			return iptables.Result{}, err
-		}
-		if iptables.CompareNFT(want, have).Empty() {
+		// A read that fails (typically because something replaced the table while it was being
+		// read; google/nftables does not keep the errno to tell) leaves the table unverified,
+		// so it is rewritten: the write succeeds or reports its own error.
+		if have, err := readTable(gc, ours.Comment); err == nil && iptables.CompareNFT(want, have).Empty() {
 			return iptables.Result{Changed: false}, nil
 		}
 	}
@@ -196,6 +195,16 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	if rs == nil {
 		return iptables.State{}, errors.New("nftables show: no ruleset")
 	}
+	st, err := a.showOnce(ctx, rs)
+	if err != nil && ctx.Err() == nil {
+		// An object that vanished between two reads means the table was being replaced
+		// (google/nftables does not keep the errno to tell): read once more.
+		st, err = a.showOnce(ctx, rs)
+	}
+	return st, err
+}
+
+func (a *Applier) showOnce(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	s, err := open(ctx, a.opts)
 	if err != nil {
 		return iptables.State{}, err
