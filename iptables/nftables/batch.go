@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -155,9 +156,7 @@ func (b *batch) fail(err error) {
 	}
 }
 
-// addSet adds a constant interval set and its elements. Elements are written the way nft writes
-// them: each interval as its first key and, flagged as an interval end, the key after its last;
-// plus a leading end marker at zero when the first interval starts above zero.
+// addSet adds a constant interval set and its elements (see intervalElements).
 func (b *batch) addSet(tbl []byte, s iptables.NFTSet, id uint32) {
 	keyType := map[iptables.NFTSetType]uint32{iptables.NFTPorts: typeInetService, iptables.NFTIPv4: typeIPv4Addr, iptables.NFTIPv6: typeIPv6Addr}[s.Type]
 	keyLen := s.Type.KeyLen()
@@ -165,24 +164,13 @@ func (b *batch) addSet(tbl []byte, s iptables.NFTSet, id uint32) {
 		b.fail(fmt.Errorf("set %s: unknown type %q", s.Name, s.Type))
 		return
 	}
-	type elem struct {
-		key []byte
-		end bool
-	}
-	var elems []elem
 	for i, iv := range s.Elements {
 		if len(iv.First) != keyLen || len(iv.Last) != keyLen {
 			b.fail(fmt.Errorf("set %s: element %d has the wrong key length", s.Name, i))
 			return
 		}
-		if i == 0 && !isZero(iv.First) {
-			elems = append(elems, elem{key: make([]byte, keyLen), end: true})
-		}
-		elems = append(elems, elem{key: iv.First})
-		if next, overflow := iptables.Increment(iv.Last); !overflow {
-			elems = append(elems, elem{key: next, end: true})
-		}
 	}
+	elems := intervalElements(s.Elements, keyLen)
 	desc, err := nested(unix.NFTA_SET_DESC, []netlink.Attribute{{Type: unix.NFTA_SET_DESC_SIZE, Data: u32(uint32(len(elems)))}})
 	b.fail(err)
 	b.add(unix.NFT_MSG_NEWSET, netlink.Create, inet, []netlink.Attribute{
@@ -203,10 +191,10 @@ func (b *batch) addSet(tbl []byte, s iptables.NFTSet, id uint32) {
 		for len(elems) > 0 && size < maxElemBytes {
 			e := elems[0]
 			elems = elems[1:]
-			key, err := nested(unix.NFTA_SET_ELEM_KEY, []netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: e.key}})
+			key, err := nested(unix.NFTA_SET_ELEM_KEY, []netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: e.Key}})
 			b.fail(err)
 			item := []netlink.Attribute{key}
-			if e.end {
+			if e.IntervalEnd {
 				item = append(item, netlink.Attribute{Type: unix.NFTA_SET_ELEM_FLAGS, Data: u32(unix.NFT_SET_ELEM_INTERVAL_END)})
 			}
 			a, err := nested(unix.NFTA_LIST_ELEM, item)
@@ -223,6 +211,24 @@ func (b *batch) addSet(tbl []byte, s iptables.NFTSet, id uint32) {
 			el,
 		}, "add elements to set "+s.Name)
 	}
+}
+
+// intervalElements lays intervals out as interval set elements, the way nft does: each
+// interval as its first key and, flagged as an interval end, the key after its last (none when
+// it runs to the top of the key space); plus a leading end marker at zero when the first
+// interval starts above zero.
+func intervalElements(ivs []iptables.NFTInterval, keyLen int) []nftables.SetElement {
+	var out []nftables.SetElement
+	for i, iv := range ivs {
+		if i == 0 && !isZero(iv.First) {
+			out = append(out, nftables.SetElement{Key: make([]byte, keyLen), IntervalEnd: true})
+		}
+		out = append(out, nftables.SetElement{Key: iv.First})
+		if next, overflow := iptables.Increment(iv.Last); !overflow {
+			out = append(out, nftables.SetElement{Key: next, IntervalEnd: true})
+		}
+	}
+	return out
 }
 
 func isZero(b []byte) bool {
