@@ -141,12 +141,22 @@ func (m NFTMatch) String() string {
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
 
-// NFTRule is one rule: every match must hold, then the verdict applies. RedirectPort zero means
-// "return"; otherwise the packet is redirected to that local port.
+// NFTVerdict is what a rule does with a packet that matches.
+type NFTVerdict int
+
+const (
+	// NFTReturn leaves the chain: the packet skips the proxy.
+	NFTReturn NFTVerdict = iota
+	// NFTRedirect redirects the packet to RedirectPort on the local host.
+	NFTRedirect
+)
+
+// NFTRule is one rule: every match must hold, then the verdict applies.
 type NFTRule struct {
 	Comment      string
 	Matches      []NFTMatch
-	RedirectPort uint16
+	Verdict      NFTVerdict
+	RedirectPort uint16 // NFTRedirect only
 }
 
 // String renders the rule in nft syntax, as `nft list` prints it.
@@ -155,10 +165,13 @@ func (r NFTRule) String() string {
 	for _, m := range r.Matches {
 		parts = append(parts, m.String())
 	}
-	if r.RedirectPort == 0 {
+	switch r.Verdict {
+	case NFTReturn:
 		parts = append(parts, "return")
-	} else {
+	case NFTRedirect:
 		parts = append(parts, "redirect to :"+strconv.Itoa(int(r.RedirectPort)))
+	default:
+		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
 	}
 	if r.Comment != "" {
 		parts = append(parts, "comment "+strconv.Quote(r.Comment))
@@ -270,6 +283,7 @@ func (r *Ruleset) NFT() NFTTable {
 		in.Rules = append(in.Rules, NFTRule{
 			Comment:      CommentPrefix + "redirect-all-incoming-to-proxy-port",
 			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
+			Verdict:      NFTRedirect,
 			RedirectPort: r.InboundProxyPort,
 		})
 	} else {
@@ -281,6 +295,7 @@ func (r *Ruleset) NFT() NFTTable {
 		in.Rules = append(in.Rules, NFTRule{
 			Comment:      listComment("redirect-port-", names, "-to-proxy-port"),
 			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchDPortSet, Set: set}),
+			Verdict:      NFTRedirect,
 			RedirectPort: r.InboundProxyPort,
 		})
 	}
@@ -307,6 +322,7 @@ func (r *Ruleset) NFT() NFTTable {
 	out.Rules = append(out.Rules, NFTRule{
 		Comment:      CommentPrefix + "redirect-all-outgoing-to-proxy-port",
 		Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
+		Verdict:      NFTRedirect,
 		RedirectPort: r.OutboundProxyPort,
 	})
 

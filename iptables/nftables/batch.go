@@ -289,12 +289,17 @@ func ruleExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error)
 			return nil, fmt.Errorf("match %s cannot be written", m)
 		}
 	}
-	if r.RedirectPort == 0 {
+	switch {
+	case r.Verdict == iptables.NFTReturn:
 		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
-	} else {
+	case r.Verdict == iptables.NFTRedirect && r.RedirectPort != 0:
 		port := make([]byte, 2)
 		binary.BigEndian.PutUint16(port, r.RedirectPort)
 		out = append(out, &expr.Immediate{Register: 1, Data: port}, &expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
+	case r.Verdict == iptables.NFTRedirect:
+		return nil, errors.New("redirect to port 0")
+	default:
+		return nil, fmt.Errorf("unknown verdict %d", r.Verdict)
 	}
 	return out, nil
 }

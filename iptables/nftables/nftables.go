@@ -322,7 +322,9 @@ func Probe(ctx context.Context, opts ...Option) error {
 		Comment: "proxy-init/probe",
 		Chains: []iptables.NFTChain{{
 			Name: iptables.OutputChain, Hook: "output", Priority: iptables.NFTPriority,
-			Rules: []iptables.NFTRule{{Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, RedirectPort: 1}},
+			Rules: []iptables.NFTRule{{
+				Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, Verdict: iptables.NFTRedirect, RedirectPort: 1,
+			}},
 		}},
 	}
 	// A table of its own name: the probe must not touch ours, even though it never commits.

@@ -502,10 +502,15 @@ func TestRefusedBatchWritesNothing(t *testing.T) {
 		t.Errorf("old rules damaged:\n%s", st.Families[0].Diff)
 	}
 
-	// Invalid config never reaches the kernel, and a nil ruleset is refused.
+	// A nil ruleset, or one that did not come from Build (a zero proxy port), is refused
+	// before anything is sent.
 	in(t, n, func() error {
 		if _, err := New().Apply(ctx(t), nil); err == nil {
 			return errors.New("apply of a nil ruleset succeeded")
+		}
+		_, err := New().Apply(ctx(t), &iptables.Ruleset{Families: []iptables.Family{iptables.IPv4}, ProxyUID: -1, ProxyGID: -1})
+		if err == nil || !strings.Contains(err.Error(), "redirect to port 0") {
+			return fmt.Errorf("apply of a zero-port ruleset: %v, want a refusal", err)
 		}
 		return nil
 	})

@@ -294,8 +294,8 @@ func decodeRule(r *nftables.Rule) iptables.NFTRule {
 		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+2 == len(ex) {
 			if rd, ok := ex[i+1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
 				(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
-				out.RedirectPort = binary.BigEndian.Uint16(im.Data)
-				verdict = out.RedirectPort != 0
+				out.Verdict, out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+				verdict = true
 				break
 			}
 		}
