@@ -409,22 +409,25 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 		return true, nil
 	}
 	in.waiting = false
-	present := map[string]bool{}
 	var errs []error
 	for _, e := range ents {
-		present[e.Name()] = true
 		if err := in.syncFile(e); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	// Forget files that are gone, including .confs we converted.
+	// Forget files that are gone, including .confs we converted. (Not from
+	// the listing above: a conversion just created a file.)
+	gone := func(name string) bool {
+		_, err := os.Lstat(filepath.Join(dir, name))
+		return errors.Is(err, fs.ErrNotExist)
+	}
 	for name := range in.files {
-		if !present[name] {
+		if gone(name) {
 			delete(in.files, name)
 		}
 	}
 	for name := range in.reported {
-		if !present[name] {
+		if gone(name) {
 			delete(in.reported, name)
 		}
 	}

@@ -14,12 +14,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // testCA is a syntactically valid PEM block; the installer only embeds it.
@@ -321,4 +319,6 @@ func dirNames(t *testing.T, dir string) []string {
 	return names
 }
 
-var _ atomic.Int64 // keep sync/atomic for hooks added later
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}

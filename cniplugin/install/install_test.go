@@ -1,0 +1,541 @@
+package install
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const kubeconfigName = "ZZZ-linkerd-cni-kubeconfig"
+
+func TestInstallAndUninstall(t *testing.T) {
+	tests := []struct {
+		name      string
+		files     map[string]string
+		patched   string // the list that must carry linkerd-cni
+		wantTypes []string
+		gone      string // a file the install removes (a converted .conf)
+	}{
+		{
+			name:      "calico conflist",
+			files:     map[string]string{"10-calico.conflist": calicoConflist},
+			patched:   "10-calico.conflist",
+			wantTypes: []string{"calico", "portmap", "bandwidth", "linkerd-cni"},
+		},
+		{
+			name:      "flannel conf becomes a conflist",
+			files:     map[string]string{"10-flannel.conf": flannelConf},
+			patched:   "10-flannel.conflist",
+			wantTypes: []string{"flannel", "linkerd-cni"},
+			gone:      "10-flannel.conf",
+		},
+		{
+			name: "every file is patched",
+			files: map[string]string{
+				"05-cilium.conflist": `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni","enable-debug":false}]}`,
+				"10-flannel.conf":    flannelConf,
+				"99-loopback.conf":   `{"cniVersion":"1.0.0","name":"lo","type":"loopback"}`,
+			},
+			patched:   "05-cilium.conflist",
+			wantTypes: []string{"cilium-cni", "linkerd-cni"},
+			gone:      "10-flannel.conf",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHost(t)
+			for name, content := range tt.files {
+				h.write(t, name, content)
+			}
+			netBefore := dirNames(t, h.netDir)
+			binBefore := dirNames(t, h.binDir)
+			r := h.start(t)
+			r.waitReady(t)
+
+			types, last := lastPlugin(t, h.read(t, tt.patched))
+			if !slices.Equal(types, tt.wantTypes) {
+				t.Errorf("%s plugin types = %v, want %v", tt.patched, types, tt.wantTypes)
+			}
+			if kc := last["kubernetes"].(map[string]any)["kubeconfig"]; kc != "/etc/cni/net.d/"+kubeconfigName {
+				t.Errorf("kubernetes.kubeconfig = %v, want the node's path /etc/cni/net.d/%s", kc, kubeconfigName)
+			}
+			if ex, _ := last["exclude-namespaces"].([]any); len(ex) != 1 || ex[0] != "linkerd-cni" {
+				t.Errorf("exclude-namespaces = %v, want [linkerd-cni]", last["exclude-namespaces"])
+			}
+			// Every config file carries exactly one entry, last.
+			for _, name := range dirNames(t, h.netDir) {
+				if isConfigName(name) && !hasLinkerdLast(h.read(t, name)) {
+					t.Errorf("%s does not end with one linkerd-cni entry:\n%s", name, h.read(t, name))
+				}
+			}
+			if tt.gone != "" {
+				if _, err := os.Stat(filepath.Join(h.netDir, tt.gone)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s still exists after conversion (err %v)", tt.gone, err)
+				}
+			}
+			// The binary: same bytes, mode kept.
+			bin := filepath.Join(h.binDir, "linkerd-cni")
+			got, err := os.ReadFile(bin)
+			if err != nil || !bytes.Equal(got, h.binary) {
+				t.Errorf("binary not copied intact (err %v)", err)
+			}
+			if fi, err := os.Stat(bin); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("binary mode = %v (err %v), want 0755", fi.Mode(), err)
+			}
+			// The kubeconfig: 0600.
+			if fi, err := os.Stat(filepath.Join(h.netDir, kubeconfigName)); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("kubeconfig mode = %v (err %v), want 0600", fi.Mode(), err)
+			}
+
+			if err := r.stop(t); err != nil {
+				t.Fatalf("Run returned %v on cancel", err)
+			}
+			// Every byte as before; the kubeconfig, binary and temp files gone.
+			if got := dirNames(t, h.netDir); !slices.Equal(got, netBefore) {
+				t.Errorf("net dir after uninstall = %v, want %v", got, netBefore)
+			}
+			for name, content := range tt.files {
+				if got := h.read(t, name); got != content {
+					t.Errorf("%s not restored byte for byte:\n got %q\nwant %q", name, got, content)
+				}
+			}
+			if got := dirNames(t, h.binDir); !slices.Equal(got, binBefore) {
+				t.Errorf("bin dir after uninstall = %v, want %v", got, binBefore)
+			}
+		})
+	}
+}
+
+func TestWaitsForPrimaryConfig(t *testing.T) {
+	h := newHost(t)
+	r := h.start(t)
+	waitFor(t, 5*time.Second, "the kubeconfig", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(h.netDir, kubeconfigName))
+		return err == nil, "no kubeconfig"
+	})
+	code, body := r.ready(t)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the primary CNI") {
+		t.Errorf("/ready before any CNI config = %d %q, want 503 waiting", code, body)
+	}
+	if names := dirNames(t, h.netDir); !slices.Equal(names, []string{kubeconfigName}) {
+		t.Errorf("net dir holds %v; the installer must not create a config of its own", names)
+	}
+	h.replace(t, "10-calico.conflist", calicoConflist)
+	took := waitFor(t, time.Second, "linkerd-cni in the new config", func() (bool, string) {
+		d := h.read(t, "10-calico.conflist")
+		return hasLinkerdLast(d), d
+	})
+	t.Logf("added %v after the primary's config appeared", took)
+	r.waitReady(t)
+}
+
+// TestReapplyAfterPrimaryRewrites rewrites the primary's file in the ways
+// CNI daemons do, and checks that linkerd-cni is back within a second, that
+// the primary's new bytes are kept, and that each rewrite costs exactly one
+// write of ours.
+func TestReapplyAfterPrimaryRewrites(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	r := h.start(t)
+	r.waitReady(t)
+	const name = "10-calico.conflist"
+	if n := h.writeCount(name); n != 1 {
+		t.Fatalf("%d writes of %s to install, want 1", n, name)
+	}
+	rewrites := []struct {
+		how string
+		do  func(content string)
+	}{
+		{"rename over (Calico, Cilium)", func(c string) { h.replace(t, name, c) }},
+		{"truncate and write in place", func(c string) { h.write(t, name, c) }},
+		{"delete then create", func(c string) {
+			if err := os.Remove(filepath.Join(h.netDir, name)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			h.write(t, name, c)
+		}},
+	}
+	for i, rw := range rewrites {
+		t.Run(rw.how, func(t *testing.T) {
+			before := h.writeCount(name)
+			content := strings.Replace(calicoConflist, `"mtu": 1440`, `"mtu": `+string(rune('1'+i))+`400`, 1)
+			rw.do(content)
+			took := waitFor(t, time.Second, "linkerd-cni re-added", func() (bool, string) {
+				d, err := os.ReadFile(filepath.Join(h.netDir, name))
+				return err == nil && hasLinkerdLast(string(d)), string(d)
+			})
+			t.Logf("re-added in %v", took)
+			got := h.read(t, name)
+			back, _, err := removeEntries([]byte(got), "linkerd-cni")
+			if err != nil || string(back) != content {
+				t.Errorf("the primary's new bytes were not kept:\n%s", got)
+			}
+			// Let the echo of our own write arrive, then count.
+			time.Sleep(300 * time.Millisecond)
+			if n := h.writeCount(name) - before; n != 1 {
+				t.Errorf("%d writes for one rewrite, want 1", n)
+			}
+			r.waitReady(t)
+		})
+	}
+}
+
+// TestNoRewriteLoop checks that the installer's own writes do not make it
+// write again: nothing is written while nothing changes, and the file keeps
+// its inode.
+func TestNoRewriteLoop(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	h.write(t, "10-flannel.conf", flannelConf)
+	r := h.start(t)
+	r.waitReady(t)
+	ids := map[string]fileID{}
+	for _, n := range []string{"10-calico.conflist", "10-flannel.conflist", kubeconfigName} {
+		id, err := statID(filepath.Join(h.netDir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[n] = id
+	}
+	counts := map[string]int{}
+	for n := range ids {
+		counts[n] = h.writeCount(n)
+	}
+	// Other activity in the directory must not cause writes either.
+	h.write(t, "unrelated.txt", "x")
+	if err := os.Chmod(filepath.Join(h.netDir, "10-calico.conflist"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	for n, id := range ids {
+		now, err := statID(filepath.Join(h.netDir, n))
+		if err != nil || now != id {
+			t.Errorf("%s was rewritten while nothing changed (%+v -> %+v, err %v)", n, id, now, err)
+		}
+		if c := h.writeCount(n); c != counts[n] {
+			t.Errorf("%s: %d writes while idle, want 0", n, c-counts[n])
+		}
+	}
+	for n, c := range counts {
+		if c != 1 {
+			t.Errorf("%s was written %d times to install, want 1", n, c)
+		}
+	}
+}
+
+func TestTokenRotation(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	r := h.start(t)
+	r.waitReady(t)
+	kcPath := filepath.Join(h.netDir, kubeconfigName)
+	checkToken := func(want string) {
+		t.Helper()
+		cfg, err := clientcmd.LoadFromFile(kcPath)
+		if err != nil {
+			t.Fatalf("load kubeconfig: %v", err)
+		}
+		if got := cfg.AuthInfos["linkerd-cni"].Token; got != want {
+			t.Errorf("token = %q, want %q", got, want)
+		}
+		if fi, err := os.Stat(kcPath); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("kubeconfig mode = %v (err %v), want 0600", fi.Mode(), err)
+		}
+	}
+	checkToken("token-1")
+	conflist := h.read(t, "10-calico.conflist")
+	for _, tok := range []string{"token-2", "token-3"} {
+		h.projectSA(t, map[string]string{"token": tok, "ca.crt": testCA, "namespace": "linkerd-cni"})
+		took := waitFor(t, time.Second, "the kubeconfig to carry "+tok, func() (bool, string) {
+			b, _ := os.ReadFile(kcPath)
+			return bytes.Contains(b, []byte(`"`+tok+`"`)), string(b)
+		})
+		t.Logf("kubeconfig rewritten %v after the ..data swap", took)
+		checkToken(tok)
+	}
+	// The token never reaches the conflist, which does not change.
+	if got := h.read(t, "10-calico.conflist"); got != conflist || strings.Contains(got, "token-") {
+		t.Errorf("conflist changed on token rotation:\n%s", got)
+	}
+	r.waitReady(t)
+}
+
+func TestKubeconfig(t *testing.T) {
+	tests := []struct {
+		host, wantServer string
+		skipTLS          bool
+	}{
+		{host: "10.96.0.1", wantServer: "https://10.96.0.1:443"},
+		{host: "2001:db8::1", wantServer: "https://[2001:db8::1]:443"},
+		{host: "[2001:db8::1]", wantServer: "https://[2001:db8::1]:443"},
+		{host: "kubernetes.default.svc", wantServer: "https://kubernetes.default.svc:443", skipTLS: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host, func(t *testing.T) {
+			h := newHost(t)
+			h.cfg.ServiceHost = tt.host
+			h.cfg.SkipTLSVerify = tt.skipTLS
+			r := h.start(t)
+			path := filepath.Join(h.netDir, kubeconfigName)
+			waitFor(t, 5*time.Second, "the kubeconfig", func() (bool, string) {
+				_, err := os.Stat(path)
+				return err == nil, "missing"
+			})
+			fi, err := os.Stat(path)
+			if err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("mode = %v (err %v), want 0600", fi.Mode(), err)
+			}
+			cfg, err := clientcmd.LoadFromFile(path)
+			if err != nil {
+				t.Fatalf("clientcmd cannot load it: %v", err)
+			}
+			if cfg.CurrentContext != "linkerd-cni-context" {
+				t.Errorf("current-context = %q", cfg.CurrentContext)
+			}
+			ctx := cfg.Contexts["linkerd-cni-context"]
+			if ctx == nil || ctx.Cluster != "local" || ctx.AuthInfo != "linkerd-cni" {
+				t.Fatalf("context = %+v, want cluster local, user linkerd-cni", ctx)
+			}
+			cl := cfg.Clusters["local"]
+			if cl.Server != tt.wantServer {
+				t.Errorf("server = %q, want %q", cl.Server, tt.wantServer)
+			}
+			if tt.skipTLS {
+				if !cl.InsecureSkipTLSVerify || len(cl.CertificateAuthorityData) != 0 {
+					t.Errorf("skip-tls: %+v", cl)
+				}
+			} else if string(cl.CertificateAuthorityData) != testCA {
+				t.Errorf("CA data = %q, want the service account's ca.crt", cl.CertificateAuthorityData)
+			}
+			if cfg.AuthInfos["linkerd-cni"].Token != "token-1" {
+				t.Errorf("token = %q", cfg.AuthInfos["linkerd-cni"].Token)
+			}
+			// Built the way clients build it: the IPv6 host must parse.
+			rc, err := clientcmd.NewDefaultClientConfig(*cfg, nil).ClientConfig()
+			if err != nil || rc.Host != tt.wantServer {
+				t.Errorf("rest config host = %v (err %v)", rc, err)
+			}
+			_ = r
+		})
+	}
+}
+
+// TestUninstallRestoresBytes covers removal when the file is unchanged
+// since our write, when the primary rewrote it after our write, and when
+// it carried a stale entry from an earlier install (Linkerd's upgrade bug
+// left revoked tokens behind that way).
+func TestUninstallRestoresBytes(t *testing.T) {
+	const stale = `{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico","mtu":1440},` +
+		`{"type":"linkerd-cni","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},"token":"revoked"},{"type":"portmap"}]}`
+	const staleWithout = `{"cniVersion":"0.3.1","name":"k8s-pod-network","plugins":[{"type":"calico","mtu":1440},{"type":"portmap"}]}`
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	h.write(t, "20-stale.conflist", stale)
+	oddBytes := "{ \"plugins\" : [\t{\"type\":\"bridge\" , \"n\":1E+2}\n ] , \"name\":\"odd\" ,\"cniVersion\":\"0.4.0\"}\n\n"
+	h.write(t, "30-odd.conflist", oddBytes)
+	r := h.start(t)
+	r.waitReady(t)
+	if strings.Contains(h.read(t, "20-stale.conflist"), "revoked") {
+		t.Errorf("the stale entry survived the install:\n%s", h.read(t, "20-stale.conflist"))
+	}
+	// The primary rewrites one file after our write; removal must keep its
+	// new bytes.
+	rewritten := strings.Replace(calicoConflist, `"mtu": 1440`, `"mtu": 8950`, 1)
+	h.replace(t, "10-calico.conflist", rewritten)
+	waitFor(t, time.Second, "re-add", func() (bool, string) {
+		d := h.read(t, "10-calico.conflist")
+		return hasLinkerdLast(d) && strings.Contains(d, "8950"), d
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatalf("uninstall: %v", err)
+	}
+	for name, want := range map[string]string{
+		"10-calico.conflist": rewritten,
+		"20-stale.conflist":  staleWithout,
+		"30-odd.conflist":    oddBytes,
+	} {
+		if got := h.read(t, name); got != want {
+			t.Errorf("%s after uninstall:\n got %q\nwant %q", name, got, want)
+		}
+	}
+}
+
+func TestMalformedConflistLeftUntouched(t *testing.T) {
+	h := newHost(t)
+	const bad = `{"cniVersion":"0.3.1","name":"broken","plugins":[{"type":"calico"},]}`
+	h.write(t, "05-broken.conflist", bad)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	badPath := filepath.Join(h.netDir, "05-broken.conflist")
+	before, _ := statID(badPath)
+	r := h.start(t)
+	waitFor(t, 5*time.Second, "the good file to be patched", func() (bool, string) {
+		d := h.read(t, "10-calico.conflist")
+		return hasLinkerdLast(d), d
+	})
+	time.Sleep(200 * time.Millisecond)
+	code, body := r.ready(t)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, badPath) || !strings.Contains(body, "invalid JSON") {
+		t.Errorf("/ready = %d %q; want 503 naming %s and the problem", code, body, badPath)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, badPath) || strings.Count(logs, "05-broken.conflist: invalid JSON") != 1 {
+		t.Errorf("the problem should be logged once, naming the file; logs:\n%s", logs)
+	}
+	if got := h.read(t, "05-broken.conflist"); got != bad {
+		t.Errorf("malformed file changed: %q", got)
+	}
+	if now, _ := statID(badPath); now != before {
+		t.Errorf("malformed file was rewritten (%+v -> %+v)", before, now)
+	}
+	// Fixing it makes the installer patch it and become ready.
+	fixed := strings.Replace(bad, "},]", "}]", 1)
+	h.replace(t, "05-broken.conflist", fixed)
+	r.waitReady(t)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.read(t, "05-broken.conflist"); got != fixed {
+		t.Errorf("fixed file not restored: %q", got)
+	}
+}
+
+func TestMissingCredentials(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"no token", map[string]string{"ca.crt": testCA}, "token"},
+		{"empty token", map[string]string{"token": "\n", "ca.crt": testCA}, "is empty"},
+		{"no CA", map[string]string{"token": "t"}, "ca.crt does not exist"},
+		{"CA not PEM", map[string]string{"token": "t", "ca.crt": "hello"}, "holds no PEM certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHost(t)
+			h.write(t, "10-calico.conflist", calicoConflist)
+			if err := os.RemoveAll(h.saDir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(h.saDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			h.projectSA(t, tt.files)
+			h.cfg.AdminAddr = "-"
+			ctx, cancel := contextWithTimeout(5 * time.Second)
+			defer cancel()
+			err := Run(ctx, h.cfg, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), h.saDir) {
+				t.Fatalf("Run error = %v, want one naming %s and %q", err, h.saDir, tt.want)
+			}
+			if ctx.Err() != nil {
+				t.Fatal("Run waited instead of failing at once")
+			}
+			if got := h.read(t, "10-calico.conflist"); got != calicoConflist {
+				t.Errorf("config changed although the installer failed")
+			}
+			if _, err := os.Stat(filepath.Join(h.netDir, kubeconfigName)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a kubeconfig was written without credentials")
+			}
+		})
+	}
+}
+
+// TestWatchLossIsFatal removes the watched net dir: the installer must
+// exit with an error rather than keep running blind.
+func TestWatchLossIsFatal(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	r := h.start(t)
+	r.waitReady(t)
+	if err := os.RemoveAll(h.netDir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.done:
+		r.done <- err
+		if err == nil || !strings.Contains(err.Error(), h.netDir) {
+			t.Fatalf("Run = %v, want an error naming %s", err, h.netDir)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the installer kept running after its watched directory vanished")
+	}
+}
+
+func TestBinaryRestoredWhenRemoved(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	r := h.start(t)
+	r.waitReady(t)
+	bin := filepath.Join(h.binDir, "linkerd-cni")
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "the binary to be copied again", func() (bool, string) {
+		b, err := os.ReadFile(bin)
+		return err == nil && bytes.Equal(b, h.binary), "missing"
+	})
+	// Kubeconfig too.
+	if err := os.Remove(filepath.Join(h.netDir, kubeconfigName)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "the kubeconfig to be written again", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(h.netDir, kubeconfigName))
+		return err == nil, "missing"
+	})
+}
+
+func TestPluginLogStreaming(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	logDir := filepath.Join(h.root, "host/var/log/linkerd-cni")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(logDir, "plugin.log")
+	if err := os.WriteFile(logPath, []byte("old line from before the installer started\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"log_level":"info",`,
+		`"log_level":"info","log_file":"/var/log/linkerd-cni/plugin.log",`, 1)
+	var out syncBuffer
+	h.cfg.PluginLogOutput = &out
+	r := h.start(t)
+	r.waitReady(t)
+	appendLog := func(s string) {
+		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(s)
+		f.Close()
+	}
+	time.Sleep(2 * logPollInterval)
+	appendLog("ADD pod default/a\npartial")
+	waitFor(t, 2*time.Second, "the plugin's line on stdout", func() (bool, string) {
+		return strings.Contains(out.String(), "ADD pod default/a\n"), out.String()
+	})
+	appendLog(" line completed\n")
+	waitFor(t, 2*time.Second, "the completed line", func() (bool, string) {
+		return strings.Contains(out.String(), "partial line completed\n"), out.String()
+	})
+	// Rotated: a new file.
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	appendLog("after rotation\n")
+	waitFor(t, 2*time.Second, "a line of the new file", func() (bool, string) {
+		return strings.Contains(out.String(), "after rotation\n"), out.String()
+	})
+	if strings.Contains(out.String(), "old line") {
+		t.Errorf("lines from before the start were replayed:\n%s", out.String())
+	}
+}
