@@ -10,12 +10,16 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/install"
 )
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
 		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
 		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "install" {
+		os.Exit(install.Main(os.Args[2:]))
 	}
 	os.Exit(cniplugin.Main(os.Args[1:], os.Stdout, os.Stderr))
 }
