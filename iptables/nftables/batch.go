@@ -186,31 +186,55 @@ func (b *batch) addSet(tbl []byte, s iptables.NFTSet, id uint32) {
 	}, "add set "+s.Name)
 
 	for len(elems) > 0 {
-		var list []netlink.Attribute
-		size := 0
-		for len(elems) > 0 && size < maxElemBytes {
-			e := elems[0]
+		// Elements are the bulk of a big table: they are laid out by hand into one buffer per
+		// message instead of one allocation per attribute.
+		list := make([]byte, 0, min(len(elems)*elemSize(keyLen), maxElemBytes+64))
+		for len(elems) > 0 && len(list) < maxElemBytes {
+			list = appendElem(list, elems[0])
 			elems = elems[1:]
-			key, err := nested(unix.NFTA_SET_ELEM_KEY, []netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: e.Key}})
-			b.fail(err)
-			item := []netlink.Attribute{key}
-			if e.IntervalEnd {
-				item = append(item, netlink.Attribute{Type: unix.NFTA_SET_ELEM_FLAGS, Data: u32(unix.NFT_SET_ELEM_INTERVAL_END)})
-			}
-			a, err := nested(unix.NFTA_LIST_ELEM, item)
-			b.fail(err)
-			list = append(list, a)
-			size += len(a.Data) + 4
 		}
-		el, err := nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, list)
-		b.fail(err)
 		b.add(unix.NFT_MSG_NEWSETELEM, netlink.Create, inet, []netlink.Attribute{
 			{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: tbl},
 			{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: cstr(s.Name)},
 			{Type: unix.NFTA_SET_ELEM_LIST_SET_ID, Data: u32(id)},
-			el,
+			{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: list},
 		}, "add elements to set "+s.Name)
 	}
+}
+
+// align4 rounds n up to the netlink attribute alignment.
+func align4(n int) int { return (n + 3) &^ 3 }
+
+// elemSize is the encoded size of one set element with its interval-end flag.
+func elemSize(keyLen int) int { return 4 + 4 + 4 + align4(keyLen) + 8 }
+
+// appendAttrHeader appends a netlink attribute header (native byte order) for a payload of n
+// bytes.
+func appendAttrHeader(b []byte, typ uint16, n int) []byte {
+	b = binary.NativeEndian.AppendUint16(b, uint16(4+n))
+	return binary.NativeEndian.AppendUint16(b, typ)
+}
+
+// appendElem appends one NFTA_LIST_ELEM: the key, nested twice, and the interval-end flag.
+func appendElem(b []byte, e nftables.SetElement) []byte {
+	value := 4 + align4(len(e.Key)) // NFTA_DATA_VALUE
+	key := 4 + value                // NFTA_SET_ELEM_KEY
+	size := key
+	if e.IntervalEnd {
+		size += 8 // NFTA_SET_ELEM_FLAGS
+	}
+	b = appendAttrHeader(b, unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, size)
+	b = appendAttrHeader(b, unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_KEY, value)
+	b = appendAttrHeader(b, unix.NFTA_DATA_VALUE, len(e.Key))
+	b = append(b, e.Key...)
+	for range align4(len(e.Key)) - len(e.Key) {
+		b = append(b, 0)
+	}
+	if e.IntervalEnd {
+		b = appendAttrHeader(b, unix.NFTA_SET_ELEM_FLAGS, 4)
+		b = binary.BigEndian.AppendUint32(b, unix.NFT_SET_ELEM_INTERVAL_END)
+	}
+	return b
 }
 
 // intervalElements lays intervals out as interval set elements, the way nft does: each

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -105,6 +108,30 @@ func TestLargeSetIsSplit(t *testing.T) {
 	for i, m := range b.msgs {
 		if len(m.Data) > 0xffff {
 			t.Errorf("message %d (%s) is %d bytes, over a netlink attribute's limit", i, b.desc[i], len(m.Data))
+		}
+	}
+}
+
+// The hand-laid element encoding is byte for byte what the generic attribute marshaller makes.
+func TestAppendElemMatchesMarshal(t *testing.T) {
+	for _, e := range []nftables.SetElement{
+		{Key: []byte{0x10, 0x5e}},
+		{Key: []byte{0x10, 0x60}, IntervalEnd: true},
+		{Key: []byte{192, 0, 2, 0}, IntervalEnd: true},
+		{Key: make([]byte, 16)},
+	} {
+		key, _ := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_DATA_VALUE, Data: e.Key}})
+		item := []netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_KEY, Data: key}}
+		if e.IntervalEnd {
+			item = append(item, netlink.Attribute{Type: unix.NFTA_SET_ELEM_FLAGS, Data: u32(unix.NFT_SET_ELEM_INTERVAL_END)})
+		}
+		inner, _ := netlink.MarshalAttributes(item)
+		want, _ := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: inner}})
+		if got := appendElem(nil, e); !bytes.Equal(got, want) {
+			t.Errorf("element %x end=%v:\n got %x\nwant %x", e.Key, e.IntervalEnd, got, want)
+		}
+		if got := len(appendElem(nil, e)); e.IntervalEnd && got != elemSize(len(e.Key)) {
+			t.Errorf("elemSize(%d) = %d, encoded %d", len(e.Key), elemSize(len(e.Key)), got)
 		}
 	}
 }
