@@ -21,6 +21,8 @@
 // Limits: the applier decides nothing about which rules exist (that is iptables.Ruleset.NFT);
 // it cannot see iptables-legacy rules, which live outside nftables; it needs CAP_NET_ADMIN in
 // the namespace and a kernel with nf_tables, nat chains and the redir expression (Probe checks).
+// Table comments need Linux 5.13 or later; an older kernel drops the plan comment, so every
+// Apply there rewrites the table (still in one transaction) instead of skipping the write.
 package nftables
 
 import (
