@@ -1,0 +1,533 @@
+package install
+
+// Tests of deploy/ against a real kube-apiserver and etcd (internal/kubetest): every object
+// passes server-side dry-run apply, the workloads pass Pod Security admission at the level their
+// namespace declares (and are refused where they should be), and the linkerd-cni ServiceAccount
+// can do exactly what the ClusterRole says.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kubemesh/proxy-init/internal/kubetest"
+)
+
+const fieldManager = "kubemesh-manifest-test"
+
+// deployDir is the repository's deploy/ directory.
+func deployDir(t testing.TB) string {
+	t.Helper()
+	d, err := filepath.Abs("../../deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// manifest is one object of one file.
+type manifest struct {
+	file string
+	obj  *unstructured.Unstructured
+}
+
+func (m manifest) String() string {
+	return filepath.Base(m.file) + ": " + m.obj.GetKind() + " " + m.obj.GetNamespace() + "/" + m.obj.GetName()
+}
+
+// loadManifests reads every YAML document of every *.yaml file under dirs.
+func loadManifests(t testing.TB, dirs ...string) []manifest {
+	t.Helper()
+	var out []manifest
+	for _, dir := range dirs {
+		files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(files)
+		if len(files) == 0 {
+			t.Fatalf("no manifests in %s", dir)
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+			for {
+				doc, err := r.Read()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				js, err := yaml.YAMLToJSON(doc)
+				if err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
+					continue // an empty document
+				}
+				// UnmarshalJSON keeps integers as int64, as the API machinery expects.
+				obj := &unstructured.Unstructured{}
+				if err := obj.UnmarshalJSON(js); err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				out = append(out, manifest{file: f, obj: obj})
+			}
+		}
+	}
+	return out
+}
+
+// apiClient bundles what the tests use to talk to the API server.
+type apiClient struct {
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+	cs     kubernetes.Interface
+
+	mu       sync.Mutex
+	warnings []string
+}
+
+func (c *apiClient) HandleWarningHeader(_ int, _ string, text string) {
+	c.mu.Lock()
+	c.warnings = append(c.warnings, text)
+	c.mu.Unlock()
+}
+
+func (c *apiClient) takeWarnings() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.warnings
+	c.warnings = nil
+	return w
+}
+
+func newAPIClient(t testing.TB, cfg *rest.Config) *apiClient {
+	t.Helper()
+	c := &apiClient{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WarningHandler = c
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// apply server-side applies obj, as `kubectl apply --server-side` does; dryRun adds
+// ?dryRun=All, so the server runs defaulting, validation and admission but stores nothing.
+func (c *apiClient) apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool) (*unstructured.Unstructured, error) {
+	gvk := obj.GroupVersionKind()
+	m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, err
+	}
+	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	var ri dynamic.ResourceInterface = c.dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ri = c.dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+	}
+	return ri.Apply(ctx, obj.GetName(), obj, opts)
+}
+
+// podFrom turns a workload's pod template into a Pod in namespace, so that Pod Security
+// admission, which only enforces on pods, judges it.
+func podFrom(t testing.TB, m manifest, namespace string) *corev1.Pod {
+	t.Helper()
+	tmpl, found, err := unstructured.NestedMap(m.obj.Object, "spec", "template")
+	if err != nil || !found {
+		t.Fatalf("%s has no pod template", m)
+	}
+	var pt corev1.PodTemplateSpec
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
+		t.Fatalf("%s: %v", m, err)
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: strings.ToLower(m.obj.GetName()) + "-pod", Namespace: namespace, Labels: pt.Labels, Annotations: pt.Annotations},
+		Spec:       pt.Spec,
+	}
+}
+
+func dryRunPod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) error {
+	_, err := cs.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	return err
+}
+
+// TestManifestContract checks, without a cluster, the names `linkerd check` looks for, the
+// ConfigMap against DESIGN.md's JSON, and that the DaemonSet uses only installer variables.
+func TestManifestContract(t *testing.T) {
+	ms := loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni"))
+	find := func(kind, name string) *unstructured.Unstructured {
+		t.Helper()
+		for _, m := range ms {
+			if m.obj.GetKind() == kind && m.obj.GetName() == name {
+				return m.obj
+			}
+		}
+		t.Fatalf("deploy/linkerd-cni has no %s %q", kind, name)
+		return nil
+	}
+	ns := find("Namespace", "linkerd-cni")
+	for k, v := range map[string]string{"linkerd.io/cni-resource": "true", "pod-security.kubernetes.io/enforce": "privileged"} {
+		if ns.GetLabels()[k] != v {
+			t.Errorf("Namespace label %s = %q, want %q", k, ns.GetLabels()[k], v)
+		}
+	}
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
+		find(kind, "linkerd-cni")
+	}
+	cm := find("ConfigMap", "linkerd-cni-config")
+	got, _, _ := unstructured.NestedString(cm.Object, "data", "cni_network_config")
+	var a, b any
+	if err := json.Unmarshal([]byte(got), &a); err != nil {
+		t.Fatalf("cni_network_config is not JSON: %v", err)
+	}
+	_ = json.Unmarshal([]byte(DefaultNetworkConfig), &b)
+	if ja, jb := mustJSON(a), mustJSON(b); ja != jb {
+		t.Errorf("cni_network_config differs from DESIGN.md's JSON:\n got %s\nwant %s", ja, jb)
+	}
+
+	ds := find("DaemonSet", "linkerd-cni")
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	var install map[string]any
+	for _, c := range containers {
+		if c.(map[string]any)["name"] == "install-cni" {
+			install = c.(map[string]any)
+		}
+	}
+	if install == nil {
+		t.Fatal("DaemonSet has no install-cni container")
+	}
+	known := map[string]bool{}
+	for _, k := range []string{"DEST_CNI_NET_DIR", "DEST_CNI_BIN_DIR", "CNI_NETWORK_CONFIG", "CNI_NETWORK_CONFIG_FILE",
+		"CONTAINER_MOUNT_PREFIX", "CONTAINER_CNI_BIN_DIR", "KUBECONFIG_FILE_NAME", "KUBE_CA_FILE", "POD_NAMESPACE",
+		"KUBERNETES_NODE_NAME", "SERVICE_ACCOUNT_PATH", "SKIP_TLS_VERIFY", "CNI_MTU"} {
+		known[k] = true
+	}
+	env, _, _ := unstructured.NestedSlice(install, "env")
+	for _, e := range env {
+		if n := e.(map[string]any)["name"].(string); !known[n] {
+			t.Errorf("install-cni sets %s, which the installer does not read", n)
+		}
+	}
+	cmd, _, _ := unstructured.NestedStringSlice(install, "command")
+	args, _, _ := unstructured.NestedStringSlice(install, "args")
+	if !slices.Equal(cmd, []string{"/opt/cni/bin/linkerd-cni", "install"}) {
+		t.Errorf("install-cni command = %q", cmd)
+	}
+	// The flags must parse, and the probes must hit the admin address they set.
+	if code := mainWith(append(slices.Clone(args), "--help"), func(string) string { return "" }, io.Discard); code != 0 {
+		t.Errorf("install-cni args %q do not parse (exit %d)", args, code)
+	}
+	for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+		port, _, _ := unstructured.NestedInt64(install, probe, "httpGet", "port")
+		host, _, _ := unstructured.NestedString(install, probe, "httpGet", "host")
+		if !slices.Contains(args, "--admin-addr="+host+":"+itoa(port)) {
+			t.Errorf("%s hits %s:%d, which --admin-addr in %q does not serve", probe, host, port, args)
+		}
+	}
+	pre, _, _ := unstructured.NestedStringSlice(install, "lifecycle", "preStop", "exec", "command")
+	if !slices.Equal(pre, []string{"/opt/cni/bin/linkerd-cni", "install", "--pre-stop"}) {
+		t.Errorf("preStop = %q", pre)
+	}
+}
+
+func itoa(i int64) string { b, _ := json.Marshal(i); return string(b) }
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// TestManifestsAgainstAPIServer runs deploy/ through a real kube-apiserver.
+func TestManifestsAgainstAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping: starts kube-apiserver and etcd")
+	}
+	cluster := kubetest.Start(t, kubetest.Options{})
+	c := newAPIClient(t, cluster.AdminConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := deployDir(t)
+	all := loadManifests(t, filepath.Join(dir, "linkerd-cni"), filepath.Join(dir, "examples"))
+
+	// Namespaces first: dry-run, then for real, since namespaced objects (and Pod Security
+	// admission) need them to exist.
+	var rest []manifest
+	for _, m := range all {
+		if m.obj.GetKind() != "Namespace" {
+			rest = append(rest, m)
+			continue
+		}
+		if _, err := c.apply(ctx, m.obj, true); err != nil {
+			t.Fatalf("dry-run apply %s: %v", m, err)
+		}
+		if _, err := c.apply(ctx, m.obj, false); err != nil {
+			t.Fatalf("apply %s: %v", m, err)
+		}
+	}
+
+	t.Run("server-side dry-run apply of every object", func(t *testing.T) {
+		for _, m := range rest {
+			got, err := c.apply(ctx, m.obj, true)
+			if err != nil {
+				t.Errorf("dry-run apply %s: %v", m, err)
+				continue
+			}
+			if got.GetUID() == "" && got.GetKind() != m.obj.GetKind() {
+				t.Errorf("dry-run apply %s returned %v", m, got)
+			}
+			if w := c.takeWarnings(); len(w) > 0 {
+				t.Errorf("dry-run apply %s: server warnings %q", m, w)
+			}
+			// Dry-run must store nothing.
+			gvk := m.obj.GroupVersionKind()
+			mp, _ := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			_, err = c.dyn.Resource(mp.Resource).Namespace(m.obj.GetNamespace()).Get(ctx, m.obj.GetName(), metav1.GetOptions{})
+			if mp.Scope.Name() != meta.RESTScopeNameNamespace {
+				_, err = c.dyn.Resource(mp.Resource).Get(ctx, m.obj.GetName(), metav1.GetOptions{})
+			}
+			if !apierrors.IsNotFound(err) {
+				t.Errorf("dry-run apply of %s stored the object (get: %v)", m, err)
+			}
+		}
+	})
+
+	t.Run("pod security admission", func(t *testing.T) {
+		for _, lvl := range []string{"baseline", "restricted"} {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "psa-" + lvl,
+				Labels: map[string]string{"pod-security.kubernetes.io/enforce": lvl}}}
+			if _, err := c.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		type check struct {
+			workload string // file base name
+			ns       string // "" = the manifest's own namespace
+			admitted bool
+		}
+		checks := []check{
+			{"30-daemonset.yaml", "", true},
+			{"30-daemonset.yaml", "psa-baseline", false},
+			{"30-daemonset.yaml", "psa-restricted", false},
+			{"proxy-init-workload.yaml", "", true},
+			{"proxy-init-workload.yaml", "psa-baseline", false}, // NET_ADMIN is not baseline
+			{"proxy-init-workload.yaml", "psa-restricted", false},
+			{"cni-workload.yaml", "", true}, // its namespace enforces restricted
+			{"cni-workload.yaml", "psa-restricted", true},
+		}
+		for _, ck := range checks {
+			var m *manifest
+			for i := range rest {
+				if filepath.Base(rest[i].file) == ck.workload && rest[i].obj.GetKind() != "Namespace" {
+					if _, ok, _ := unstructured.NestedMap(rest[i].obj.Object, "spec", "template"); ok {
+						m = &rest[i]
+					}
+				}
+			}
+			if m == nil {
+				t.Fatalf("no workload in %s", ck.workload)
+			}
+			ns := ck.ns
+			if ns == "" {
+				ns = m.obj.GetNamespace()
+			}
+			nsObj, err := c.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			level := nsObj.Labels["pod-security.kubernetes.io/enforce"]
+			if level == "" {
+				t.Errorf("namespace %s declares no Pod Security level", ns)
+			}
+			err = dryRunPod(ctx, c.cs, podFrom(t, *m, ns))
+			switch {
+			case ck.admitted && err != nil:
+				t.Errorf("%s pod refused in %s (enforce=%s): %v", m, ns, level, err)
+			case !ck.admitted && err == nil:
+				t.Errorf("%s pod admitted in %s (enforce=%s); Pod Security should refuse it", m, ns, level)
+			case !ck.admitted && !(apierrors.IsForbidden(err) && strings.Contains(err.Error(), "violates PodSecurity")):
+				t.Errorf("%s pod in %s refused for the wrong reason: %v", m, ns, err)
+			default:
+				t.Logf("%s in %s (enforce=%s): admitted=%v %v", ck.workload, ns, level, err == nil, err)
+			}
+		}
+		// A DaemonSet object itself is not refused (Pod Security enforces on pods), but
+		// the server warns about its template where the level forbids it.
+		var ds manifest
+		for _, m := range rest {
+			if m.obj.GetKind() == "DaemonSet" {
+				ds = m
+			}
+		}
+		moved := ds.obj.DeepCopy()
+		moved.SetNamespace("psa-restricted")
+		c.takeWarnings()
+		if _, err := c.apply(ctx, moved, true); err != nil {
+			t.Fatalf("dry-run DaemonSet into psa-restricted: %v", err)
+		}
+		if w := strings.Join(c.takeWarnings(), "\n"); !strings.Contains(w, "would violate PodSecurity") || !strings.Contains(w, "hostNetwork") {
+			t.Errorf("no Pod Security warning for the DaemonSet in a restricted namespace; warnings: %q", w)
+		}
+	})
+
+	t.Run("linkerd-cni service account permissions", func(t *testing.T) {
+		// The RBAC objects for real, and a token from the TokenRequest API.
+		for _, m := range rest {
+			switch m.obj.GetKind() {
+			case "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+				if _, err := c.apply(ctx, m.obj, false); err != nil {
+					t.Fatalf("apply %s: %v", m, err)
+				}
+			}
+		}
+		token, err := cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sa, err := kubernetes.NewForConfig(cluster.ConfigForToken(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkServiceAccountAccess(ctx, t, c.cs, sa)
+	})
+}
+
+// checkServiceAccountAccess proves the ClusterRole with real requests where they are cheap and
+// SelfSubjectAccessReviews for the whole write matrix.
+func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface) {
+	t.Helper()
+	// Real reads that must work.
+	if _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list pods: %v", err)
+	}
+	if _, err := sa.CoreV1().Namespaces().Get(ctx, "linkerd-cni", metav1.GetOptions{}); err != nil {
+		t.Errorf("get namespace linkerd-cni: %v", err)
+	}
+	if _, err := sa.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("get service default/kubernetes: %v", err)
+	}
+	if _, err := sa.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list nodes: %v", err)
+	}
+	// A real pod to get and delete.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "default"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/c:1"}}}}
+	if _, err := admin.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sa.CoreV1().Pods("default").Get(ctx, "victim", metav1.GetOptions{}); err != nil {
+		t.Errorf("get pod: %v", err)
+	}
+	// Real requests that must be refused.
+	forbidden := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: got %v, want Forbidden", what, err)
+		}
+	}
+	_, err := sa.CoreV1().Secrets("linkerd-cni").List(ctx, metav1.ListOptions{})
+	forbidden("list secrets", err)
+	_, err = sa.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	forbidden("list secrets in all namespaces", err)
+	_, err = sa.CoreV1().ConfigMaps("linkerd-cni").Get(ctx, "linkerd-cni-config", metav1.GetOptions{})
+	forbidden("get configmap", err)
+	_, err = sa.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}, metav1.CreateOptions{})
+	forbidden("create pod", err)
+	_, err = sa.CoreV1().Pods("default").Patch(ctx, "victim", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+	forbidden("patch pod", err)
+	err = sa.CoreV1().Namespaces().Delete(ctx, "default", metav1.DeleteOptions{})
+	forbidden("delete namespace", err)
+	// The one write on pods it has: delete (the repair controller's).
+	if err := sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete pod: %v", err)
+	}
+	// Events: create only.
+	ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim.1", Namespace: "default"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"},
+		Reason:         "Test", Message: "m", Type: "Normal"}
+	if _, err := sa.CoreV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create event: %v", err)
+	}
+	_, err = sa.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+	forbidden("list events", err)
+
+	// The matrix: every write on these resources is denied except delete pods and create
+	// events; no read outside the four resources.
+	type res struct{ group, resource string }
+	resources := []res{{"", "pods"}, {"", "namespaces"}, {"", "services"}, {"", "nodes"}, {"", "secrets"},
+		{"", "configmaps"}, {"", "serviceaccounts"}, {"", "events"}, {"events.k8s.io", "events"},
+		{"", "pods/exec"}, {"", "pods/eviction"}, {"", "serviceaccounts/token"}, {"apps", "daemonsets"},
+		{"rbac.authorization.k8s.io", "clusterroles"}, {"rbac.authorization.k8s.io", "clusterrolebindings"}}
+	verbs := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection",
+		"escalate", "bind", "impersonate"}
+	for _, r := range resources {
+		for _, v := range verbs {
+			base, sub, _ := strings.Cut(r.resource, "/")
+			want := false
+			switch {
+			case sub != "":
+			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
+				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete")
+			case base == "events":
+				want = v == "create"
+			}
+			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "default", Verb: v,
+					Group: r.group, Resource: base, Subresource: sub}}}
+			got, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("access review: %v", err)
+			}
+			if got.Status.Allowed != want {
+				t.Errorf("%s %s/%s: allowed=%v, want %v", v, r.group, r.resource, got.Status.Allowed, want)
+			}
+		}
+	}
+}
