@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,15 +30,15 @@ type PodAPI interface {
 
 // coreCodecs decodes only core/v1 objects and metav1.Status. Registering this one group instead
 // of importing client-go's clientset scheme (every API group) saves tens of milliseconds on every
-// plugin start.
-var coreCodecs = func() serializer.CodecFactory {
+// plugin start; building it lazily keeps it off the path of VERSION, DEL and pass-through ADDs.
+var coreCodecs = sync.OnceValue(func() serializer.CodecFactory {
 	s := runtime.NewScheme()
 	if err := corev1.AddToScheme(s); err != nil {
 		panic(fmt.Sprintf("register core/v1: %v", err))
 	}
 	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
 	return serializer.NewCodecFactory(s)
-}()
+})
 
 // LoadKubeconfig reads the kubeconfig at path and returns the REST config of its
 // linkerd-cni-context. apiRoot, when set (kubernetes.k8s_api_root), replaces the server URL.
@@ -79,7 +80,7 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.APIPath = "/api"
 	cfg.GroupVersion = &corev1.SchemeGroupVersion
-	cfg.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	cfg.NegotiatedSerializer = coreCodecs().WithoutConversion()
 	cfg.UserAgent = "linkerd-cni/" + buildinfo.Version
 	cfg.Timeout = conf.APITimeout()
 	// Three requests at most: the client-side rate limiter would only add latency.
