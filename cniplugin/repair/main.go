@@ -1,0 +1,191 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// EnvNodeName names the node whose pods are repaired (Linkerd's variable, set from
+// spec.nodeName by the DaemonSet).
+const EnvNodeName = "LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME"
+
+// DefaultAdminAddr is where /live, /ready and /metrics are served, as in Linkerd.
+const DefaultAdminAddr = "0.0.0.0:9990"
+
+// Config is the command line of `linkerd-cni repair`.
+type Config struct {
+	// NodeName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME.
+	NodeName string
+	// AdminAddr serves the admin endpoints.
+	AdminAddr string
+	// Kubeconfig, when set, is used instead of $KUBECONFIG or the in-cluster config.
+	Kubeconfig          string
+	LogFormat, LogLevel string
+}
+
+// AddFlags registers the flags on fs, bound to c; c's values are the defaults shown.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "address serving /live, /ready and /metrics")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig to use outside a cluster (default $KUBECONFIG, else the in-cluster service account)")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node whose pods are repaired (default $"+EnvNodeName+")")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: plain or json")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+}
+
+// ParseArgs reads the arguments after "repair", with defaults from getenv.
+func ParseArgs(args []string, getenv func(string) string) (Config, error) {
+	c := Config{NodeName: getenv(EnvNodeName), AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
+	fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w (see linkerd-cni repair --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var probs []string
+	if c.NodeName == "" {
+		probs = append(probs, "no node name: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
+	}
+	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		probs = append(probs, fmt.Sprintf("--admin-addr %q: want host:port", c.AdminAddr))
+	}
+	if c.LogFormat != "plain" && c.LogFormat != "json" {
+		probs = append(probs, fmt.Sprintf("--log-format %q: want plain or json", c.LogFormat))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		probs = append(probs, fmt.Sprintf("--log-level %q: %v", c.LogLevel, err))
+	}
+	if len(probs) > 0 {
+		return c, errors.New("invalid input:\n  " + strings.Join(probs, "\n  "))
+	}
+	return c, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if strings.EqualFold(s, "trace") {
+		return slog.LevelDebug - 4, nil
+	}
+	if strings.EqualFold(s, "warning") {
+		s = "warn"
+	}
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+// RESTConfig returns the client configuration: --kubeconfig if set, else $KUBECONFIG (which may
+// list several files) if set, else the in-cluster service account.
+func RESTConfig(kubeconfig string, getenv func(string) string) (*rest.Config, error) {
+	if kubeconfig == "" && getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config (outside a cluster, pass --kubeconfig or set KUBECONFIG): %w", err)
+		}
+		return cfg, nil
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
+	if kubeconfig == "" {
+		rules.Precedence = strings.Split(getenv(clientcmd.RecommendedConfigPathEnvVar), string(os.PathListSeparator))
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+// Main runs `linkerd-cni repair` with args (after "repair") until ctx ends, and returns the exit
+// code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := ParseArgs(args, os.Getenv)
+	if errors.Is(err, pflag.ErrHelp) {
+		fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
+		c.AddFlags(fs)
+		fmt.Fprint(stdout, "linkerd-cni repair deletes the pods on this node whose linkerd-network-validator exited 95.\n\nFlags:\n"+fs.FlagUsages())
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "linkerd-cni repair: "+err.Error())
+		return 2
+	}
+	lvl, _ := parseLevel(c.LogLevel)
+	opts := &slog.HandlerOptions{Level: lvl}
+	var log *slog.Logger
+	if c.LogFormat == "json" {
+		log = slog.New(slog.NewJSONHandler(stderr, opts))
+	} else {
+		log = slog.New(slog.NewTextHandler(stderr, opts))
+	}
+	// client-go logs through klog; send it to the same place in the same format.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	if err := Run(ctx, c, log); err != nil {
+		log.Error("repair controller failed", "error", err.Error())
+		return 1
+	}
+	return 0
+}
+
+// Run builds the client, serves the admin endpoints and runs the controller until ctx ends.
+func Run(ctx context.Context, c Config, log *slog.Logger) error {
+	restCfg, err := RESTConfig(c.Kubeconfig, os.Getenv)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = "linkerd-cni-repair-controller"
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	ctrl, err := New(client, Options{NodeName: c.NodeName, Log: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	srv := &http.Server{Handler: ctrl.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("admin endpoints listening", "addr", ln.Addr().String())
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	runErr := make(chan error, 1)
+	go func() { runErr <- ctrl.Run(ctx) }()
+	select {
+	case err = <-serveErr:
+		cancel(err)
+		<-runErr
+		return fmt.Errorf("admin server: %w", err)
+	case err = <-runErr:
+	}
+	shutdownCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
+	defer stop()
+	_ = srv.Shutdown(shutdownCtx)
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.Info("repair controller stopped")
+	return nil
+}
