@@ -54,7 +54,7 @@ func TestDetectFailure(t *testing.T) {
 			statuses: []corev1.ContainerStatus{{Name: "linkerd-init", State: corev1.ContainerState{Terminated: terminated(95, "containerd://e")}}},
 		},
 		{
-			name: "an app container named like the validator is not the validator",
+			name:     "an app container named like the validator is not the validator",
 			statuses: []corev1.ContainerStatus{{Name: ValidatorContainer, State: corev1.ContainerState{Terminated: terminated(95, "containerd://f")}}},
 		},
 	}
