@@ -40,7 +40,9 @@ type Config struct {
 	// DEST_CNI_NET_DIR and DEST_CNI_BIN_DIR.
 	DestNetDir, DestBinDir string
 	// MountPrefix is where the node's root is mounted in this container
-	// (CONTAINER_MOUNT_PREFIX): the installer writes MountPrefix+DestNetDir.
+	// (CONTAINER_MOUNT_PREFIX, default /host): the installer writes
+	// MountPrefix+DestNetDir. In a Config, "" means no prefix: the paths
+	// are used as they are (running on the node itself, and in tests).
 	MountPrefix string
 	// ContainerBinDir holds the plugin binary inside the image
 	// (CONTAINER_CNI_BIN_DIR).

@@ -322,3 +322,8 @@ func dirNames(t *testing.T, dir string) []string {
 func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
+
+// slogFor logs into the test log.
+func slogFor(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
+}

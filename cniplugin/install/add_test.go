@@ -1,0 +1,325 @@
+package install
+
+// The end-to-end test: the deploy/ RBAC in a real kube-apiserver, a TokenRequest token for the
+// linkerd-cni ServiceAccount projected like the kubelet does, the installer writing the
+// kubeconfig and patching a real bridge conflist, and the real linkerd-cni binary (the one the
+// installer copied) performing an ADD through libcni, as containerd does, with that kubeconfig.
+// Everything network-related lives in namespaces the test creates.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+)
+
+// cniPluginsDir returns a directory with the real bridge, host-local and loopback plugins at the
+// version go.mod pins, built once into a cache outside the repository ($CNI_PLUGINS_CACHE or
+// /var/cache/proxy-init-cni, shared with the cniplugin tests).
+func cniPluginsDir(t *testing.T) string {
+	t.Helper()
+	const pkg = "github.com/containernetworking/plugins"
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", pkg).Output()
+	if err != nil {
+		t.Fatalf("find the pinned version of %s: %v", pkg, err)
+	}
+	cache := os.Getenv("CNI_PLUGINS_CACHE")
+	if cache == "" {
+		cache = "/var/cache/proxy-init-cni"
+	}
+	dir := filepath.Join(cache, "plugins-"+strings.TrimSpace(string(out)))
+	names := []string{"bridge", "host-local", "loopback"}
+	have := func() bool {
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if have() {
+		return dir
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := os.MkdirTemp(cache, ".build-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	goBuild(t, tmp, pkg+"/plugins/main/bridge", pkg+"/plugins/ipam/host-local", pkg+"/plugins/main/loopback")
+	// A whole-directory rename, so a concurrent reader never sees half of it; losing the race
+	// to another builder is fine.
+	if err := os.Rename(tmp, dir); err != nil && !have() {
+		t.Fatalf("install plugins into %s: %v", dir, err)
+	}
+	return dir
+}
+
+func goBuild(t *testing.T, dir string, pkgs ...string) {
+	t.Helper()
+	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func TestInstalledPluginPerformsADD(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping: builds the plugins and starts kube-apiserver")
+	}
+	netnstest.RequireRoot(t)
+	plugins := cniPluginsDir(t)
+	image := t.TempDir() // the image's /opt/cni/bin
+	goBuild(t, image, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+
+	node := netnstest.NewNS(t)
+	cluster := kubetest.Start(t, kubetest.Options{NetNSPath: node.Path()})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	api := newAPIClient(t, cluster.AdminConfig())
+	var cmData string
+	for _, m := range loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni")) {
+		switch m.obj.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+			if _, err := api.apply(ctx, m.obj, false); err != nil {
+				t.Fatalf("apply %s: %v", m, err)
+			}
+		case "ConfigMap":
+			cmData = m.obj.Object["data"].(map[string]any)["cni_network_config"].(string)
+		}
+	}
+	token, err := cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The node's file system, without a mount prefix: the plugin process reads the kubeconfig
+	// at the path the installer wrote into the conflist.
+	root := t.TempDir()
+	netDir := filepath.Join(root, "etc/cni/net.d")
+	binDir := filepath.Join(root, "opt/cni/bin")
+	if err := os.MkdirAll(netDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := &host{saDir: filepath.Join(root, "serviceaccount")}
+	if err := os.MkdirAll(h.saDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(cluster.CAData), "namespace": "linkerd-cni"})
+	u, err := url.Parse(cluster.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "k8s-pod-network",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isDefaultGateway": true,
+      "ipMasq": false,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "203.0.113.0/24"}]], "dataDir": %q}
+    }
+  ]
+}
+`, filepath.Join(root, "ipam"))
+	confPath := filepath.Join(netDir, "10-bridge.conflist")
+	if err := os.WriteFile(confPath, []byte(primary), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		DestNetDir: netDir, DestBinDir: binDir, ContainerBinDir: image,
+		NetworkConfig:     cmData,
+		ServiceAccountDir: h.saDir,
+		ServiceHost:       u.Hostname(), ServicePort: u.Port(),
+		Namespace: "linkerd-cni", AdminAddr: "-", Debounce: 20 * time.Millisecond,
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(runCtx, cfg, slogFor(t)) }()
+	stopped := false
+	stopInstaller := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		stop()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			return errors.New("installer did not stop")
+		}
+	}
+	t.Cleanup(func() { _ = stopInstaller() })
+	waitFor(t, 10*time.Second, "the installer to patch the conflist", func() (bool, string) {
+		b, _ := os.ReadFile(confPath)
+		return hasLinkerdLast(string(b)), string(b)
+	})
+
+	// The runtime's view: the list as containerd would load it from the net dir.
+	list, err := libcni.ConfListFromFile(confPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := api.cs
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "emojivoto"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	always := corev1.ContainerRestartPolicyAlways
+	meshed := func(ns, name string) {
+		t.Helper()
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: "linkerd-proxy", Image: "registry.invalid/proxy:1", RestartPolicy: &always}},
+			Containers:     []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}},
+		}}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshed("emojivoto", "web")
+	meshed("linkerd-cni", "excluded") // meshed-looking, but in the installer's own namespace
+
+	stderr, err := os.Create(filepath.Join(root, "plugins.stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cni := libcni.NewCNIConfigWithCacheDir([]string{binDir, plugins}, filepath.Join(root, "cache"),
+		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: stderr}})
+	lo, err := libcni.ConfFromBytes([]byte(`{"cniVersion":"1.0.0","name":"cni-loopback","type":"loopback"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandbox := func(ns, pod string) (*netnstest.NS, *libcni.RuntimeConf) {
+		t.Helper()
+		netns, err := testutils.NewNS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = netns.Close()
+			if err := testutils.UnmountNS(netns); err != nil {
+				t.Errorf("remove netns %s: %v", netns.Path(), err)
+			}
+		})
+		id := "sandbox-" + pod
+		return netnstest.Existing("pod "+ns+"/"+pod, netns.Path()), &libcni.RuntimeConf{
+			ContainerID: id, NetNS: netns.Path(), IfName: "eth0",
+			Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", pod}, {"K8S_POD_INFRA_CONTAINER_ID", id}},
+		}
+	}
+	// add runs ADD as containerd does, from the node's namespace: loopback, then the list.
+	add := func(rt *libcni.RuntimeConf) error {
+		return node.Do(func() error {
+			l := *rt
+			l.IfName = "lo"
+			if _, err := cni.AddNetwork(context.Background(), lo, &l); err != nil {
+				return fmt.Errorf("loopback ADD: %w", err)
+			}
+			_, err := cni.AddNetworkList(context.Background(), list, rt)
+			return err
+		})
+	}
+	del := func(rt *libcni.RuntimeConf) error {
+		return node.Do(func() error { return cni.DelNetworkList(context.Background(), list, rt) })
+	}
+
+	webNS, webRT := sandbox("emojivoto", "web")
+	if err := add(webRT); err != nil {
+		b, _ := os.ReadFile(stderr.Name())
+		t.Fatalf("ADD of a meshed pod with the installer's kubeconfig failed: %v\nplugin stderr:\n%s", err, b)
+	}
+	// The rules the ConfigMap's config describes are in the pod's namespace.
+	want := iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+		InboundPortsToIgnore: []string{"4191", "4190"}, IPv6: false, Mode: iptables.ModeNFT}
+	rs, err := iptables.Build(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st iptables.State
+	if err := webNS.Do(func() error {
+		a, _, err := backend.New(backend.Options{Mode: want.Mode})
+		if err != nil {
+			return err
+		}
+		st, err = a.Show(context.Background(), rs)
+		return err
+	}); err != nil {
+		t.Fatalf("read rules in the pod: %v", err)
+	}
+	if !st.Match() {
+		for _, f := range st.Families {
+			t.Errorf("rules in the pod differ (%s):\n%s", f.Family, f.Diff)
+		}
+	}
+	// It was the installer's token that looked the pod up.
+	user := kubetest.ServiceAccountUser("linkerd-cni", "linkerd-cni")
+	evs, err := cluster.WaitAuditEvents(ctx, user, func(evs []kubetest.AuditEvent) bool {
+		for _, e := range evs {
+			if e.ObjectRef != nil && e.ObjectRef.Namespace == "emojivoto" && e.ObjectRef.Name == "web" && e.Code() == 200 {
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		t.Fatalf("no successful lookup of emojivoto/web by %s: %v (events %+v)", user, err, evs)
+	}
+
+	// A pod in the installer's namespace is passed through untouched, without an API call.
+	exNS, exRT := sandbox("linkerd-cni", "excluded")
+	if err := add(exRT); err != nil {
+		t.Fatalf("ADD in the excluded namespace: %v", err)
+	}
+	if out, err := netnstest.RunIn(t, exNS, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("excluded pod got rules (err %v):\n%s", err, out)
+	}
+	time.Sleep(200 * time.Millisecond)
+	evs, _ = cluster.AuditEvents(user)
+	for _, e := range evs {
+		if e.ObjectRef != nil && e.ObjectRef.Name == "excluded" {
+			t.Errorf("the plugin looked up a pod of an excluded namespace: %s %s", e.Verb, e.RequestURI)
+		}
+	}
+
+	for _, rt := range []*libcni.RuntimeConf{webRT, exRT} {
+		if err := del(rt); err != nil {
+			t.Errorf("DEL %s: %v", rt.ContainerID, err)
+		}
+	}
+	// Uninstall: the conflist is the primary's again, byte for byte; kubeconfig and binary gone.
+	if err := stopInstaller(); err != nil {
+		t.Fatalf("uninstall: %v", err)
+	}
+	if b, _ := os.ReadFile(confPath); string(b) != primary {
+		t.Errorf("conflist after uninstall:\n%s", b)
+	}
+	for _, p := range []string{filepath.Join(netDir, "ZZZ-linkerd-cni-kubeconfig"), filepath.Join(binDir, "linkerd-cni")} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still exists after uninstall (err %v)", p, err)
+		}
+	}
+}
