@@ -249,13 +249,9 @@ func (r *Ruleset) NFT() NFTTable {
 			if f == IPv6 {
 				typ, suffix = NFTIPv6, "v6"
 			}
-			names := make([]string, len(ps))
-			for i, p := range ps {
-				names[i] = p.String()
-			}
 			set := addSet(setPrefix+suffix, typ, prefixIntervals(ps))
 			out = append(out, NFTRule{
-				Comment: listComment("ignore-subnet-", names, ""),
+				Comment: listComment("ignore-subnet-", len(ps), func(i int) string { return ps[i].String() }, ""),
 				Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
 			})
 		}
@@ -265,13 +261,9 @@ func (r *Ruleset) NFT() NFTTable {
 		if len(ports) == 0 {
 			return nil
 		}
-		names := make([]string, len(ports))
-		for i, p := range ports {
-			names[i] = xtPorts(p)
-		}
 		set := addSet(setName, NFTPorts, portIntervals(ports))
 		return []NFTRule{{
-			Comment: listComment("ignore-port-", names, ""),
+			Comment: listComment("ignore-port-", len(ports), func(i int) string { return xtPorts(ports[i]) }, ""),
 			Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}},
 		}}
 	}
@@ -287,13 +279,10 @@ func (r *Ruleset) NFT() NFTTable {
 			RedirectPort: r.InboundProxyPort,
 		})
 	} else {
-		names := make([]string, len(r.RedirectPorts))
-		for i, p := range r.RedirectPorts {
-			names[i] = p.String()
-		}
-		set := addSet(nftInRedirectPorts, NFTPorts, portIntervals(r.RedirectPorts))
+		ports := r.RedirectPorts
+		set := addSet(nftInRedirectPorts, NFTPorts, portIntervals(ports))
 		in.Rules = append(in.Rules, NFTRule{
-			Comment:      listComment("redirect-port-", names, "-to-proxy-port"),
+			Comment:      listComment("redirect-port-", len(ports), func(i int) string { return ports[i].String() }, "-to-proxy-port"),
 			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchDPortSet, Set: set}),
 			Verdict:      NFTRedirect,
 			RedirectPort: r.InboundProxyPort,
@@ -332,31 +321,40 @@ func (r *Ruleset) NFT() NFTTable {
 
 // listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
 // like the iptables comment of a rule covering the same list. Lists too long for a comment are
-// cut short with "...+N" (N items left out); the set holds every item regardless.
-func listComment(prefix string, items []string, suffix string) string {
-	full := CommentPrefix + prefix + strings.Join(items, ",") + suffix
-	if len(full) <= NFTCommentMax {
-		return full
-	}
-	// Keep as many leading items as fit together with the ",...+N" marker (N has at most as
-	// many digits as len(items)). Linear: lists may hold thousands of subnets.
-	base := len(CommentPrefix) + len(prefix) + len(suffix) + len(",...+") + len(strconv.Itoa(len(items)))
-	n, size := 0, 0
-	for n < len(items) {
-		add := len(items[n])
-		if n > 0 {
-			add++ // comma
+// cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
+// items that can appear are rendered: lists may hold thousands of subnets.
+func listComment(prefix string, n int, item func(int) string, suffix string) string {
+	head := CommentPrefix + prefix
+	var items []string
+	size := 0
+	for i := 0; i < n && len(head)+size+len(suffix) <= NFTCommentMax; i++ {
+		if i > 0 {
+			size++ // comma
 		}
-		if base+size+add > NFTCommentMax {
+		items = append(items, item(i))
+		size += len(items[i])
+	}
+	if len(items) == n && len(head)+size+len(suffix) <= NFTCommentMax {
+		return head + strings.Join(items, ",") + suffix
+	}
+	// Keep the leading items that fit together with the marker.
+	base := len(head) + len(suffix) + len(",...+") + len(strconv.Itoa(n))
+	k, used := 0, 0
+	for k < len(items) {
+		add := len(items[k])
+		if k > 0 {
+			add++
+		}
+		if base+used+add > NFTCommentMax {
 			break
 		}
-		size += add
-		n++
+		used += add
+		k++
 	}
-	if n == 0 {
-		return CommentPrefix + prefix + strconv.Itoa(len(items)) + "-items" + suffix
+	if k == 0 {
+		return head + strconv.Itoa(n) + "-items" + suffix
 	}
-	return CommentPrefix + prefix + strings.Join(items[:n], ",") + ",...+" + strconv.Itoa(len(items)-n) + suffix
+	return head + strings.Join(items[:k], ",") + ",...+" + strconv.Itoa(n-k) + suffix
 }
 
 func portIntervals(ports []PortRange) []NFTInterval {
@@ -364,7 +362,7 @@ func portIntervals(ports []PortRange) []NFTInterval {
 	for i, p := range ports {
 		out[i] = NFTInterval{First: []byte{byte(p.First >> 8), byte(p.First)}, Last: []byte{byte(p.Last >> 8), byte(p.Last)}}
 	}
-	return NormalizeIntervals(out)
+	return normalize(out)
 }
 
 func prefixIntervals(ps []netip.Prefix) []NFTInterval {
@@ -377,15 +375,24 @@ func prefixIntervals(ps []netip.Prefix) []NFTInterval {
 		}
 		out[i] = NFTInterval{First: first, Last: last}
 	}
-	return NormalizeIntervals(out)
+	return normalize(out)
 }
 
 // NormalizeIntervals sorts intervals and merges those that overlap or touch, which is the one
-// form an nftables interval set can hold them in (nft refuses overlapping elements).
+// form an nftables interval set can hold them in (nft refuses overlapping elements). The input
+// is left untouched.
 func NormalizeIntervals(in []NFTInterval) []NFTInterval {
-	s := slices.Clone(in)
+	s := make([]NFTInterval, len(in))
+	for i, iv := range in {
+		s[i] = NFTInterval{First: slices.Clone(iv.First), Last: slices.Clone(iv.Last)}
+	}
+	return normalize(s)
+}
+
+// normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place.
+func normalize(s []NFTInterval) []NFTInterval {
 	slices.SortFunc(s, func(a, b NFTInterval) int { return bytes.Compare(a.First, b.First) })
-	var out []NFTInterval
+	out := s[:0]
 	for _, iv := range s {
 		if n := len(out); n > 0 {
 			last := &out[n-1]
@@ -397,7 +404,7 @@ func NormalizeIntervals(in []NFTInterval) []NFTInterval {
 				continue
 			}
 		}
-		out = append(out, NFTInterval{First: slices.Clone(iv.First), Last: slices.Clone(iv.Last)})
+		out = append(out, iv)
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -266,7 +267,7 @@ func TestListCommentFitsNFT(t *testing.T) {
 			if tt.want == "" || strings.Contains(tt.want, "subnet") {
 				prefix = "ignore-subnet-"
 			}
-			got := listComment(prefix, tt.items, "")
+			got := listComment(prefix, len(tt.items), func(i int) string { return tt.items[i] }, "")
 			if len(got) > NFTCommentMax {
 				t.Errorf("len %d > %d: %s", len(got), NFTCommentMax, got)
 			}
@@ -277,6 +278,18 @@ func TestListCommentFitsNFT(t *testing.T) {
 				t.Errorf("got %q, want prefix %q and a ...+N marker", got, tt.prefix)
 			}
 		})
+	}
+}
+
+// Only the items that can appear in the comment are rendered, however long the list.
+func TestListCommentRendersFewItems(t *testing.T) {
+	calls := 0
+	c := listComment("ignore-subnet-", 10000, func(i int) string { calls++; return "10.0.0.0/24" }, "")
+	if calls > NFTCommentMax/2 {
+		t.Errorf("rendered %d items for a %d-byte comment", calls, NFTCommentMax)
+	}
+	if !strings.HasSuffix(c, ",...+"+strconv.Itoa(10000-strings.Count(c, "/24"))) {
+		t.Errorf("comment %q does not count the items left out", c)
 	}
 }
 

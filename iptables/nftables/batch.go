@@ -242,7 +242,7 @@ func appendElem(b []byte, e nftables.SetElement) []byte {
 // it runs to the top of the key space); plus a leading end marker at zero when the first
 // interval starts above zero.
 func intervalElements(ivs []iptables.NFTInterval, keyLen int) []nftables.SetElement {
-	var out []nftables.SetElement
+	out := make([]nftables.SetElement, 0, 2*len(ivs)+1)
 	for i, iv := range ivs {
 		if i == 0 && !isZero(iv.First) {
 			out = append(out, nftables.SetElement{Key: make([]byte, keyLen), IntervalEnd: true})
