@@ -453,7 +453,7 @@ func (t NFTSetType) ElementString(iv NFTInterval) string {
 	return first.String() + "-" + last.String()
 }
 
-// Elements renders the set's elements in nft syntax.
+// ElementStrings renders the set's elements in nft syntax.
 func (s NFTSet) ElementStrings() []string {
 	out := make([]string, len(s.Elements))
 	for i, iv := range s.Elements {
