@@ -17,7 +17,6 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/nftables"
 	"github.com/kubemesh/proxy-init/validator"
 )
 
@@ -145,8 +144,7 @@ func ruleConfig(mode iptables.Mode, ipv6 bool) iptables.Config {
 }
 
 // applyRules writes the rules into the pod through backend.New and backend.Apply, as proxy-init
-// does. The native nftables mode goes through its applier directly if backend.New does not offer
-// it yet.
+// does.
 func applyRules(t *testing.T, pod *nt.NS, c iptables.Config) {
 	t.Helper()
 	rs, err := iptables.Build(c)
@@ -155,11 +153,11 @@ func applyRules(t *testing.T, pod *nt.NS, c iptables.Config) {
 	}
 	if err := pod.Do(func() error {
 		a, _, err := backend.New(backend.Options{Mode: c.Mode, Wait: true})
-		if err != nil && c.Mode == iptables.ModeNFTables {
-			a, err = nftables.New(), nil
-		}
 		if err != nil {
 			return err
+		}
+		if c.Mode == iptables.ModeNFTables && a.Name() != "nftables" {
+			return fmt.Errorf("mode nftables gave backend %s", a.Name())
 		}
 		_, err = backend.Apply(context.Background(), a, rs)
 		return err
