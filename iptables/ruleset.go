@@ -163,13 +163,17 @@ func (r *Ruleset) Rules(f Family) []Rule {
 }
 
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
+// Every rule derives from the Ruleset's fields, so hashing them is enough, and much cheaper than
+// rendering a thousand rules in a process that lives for milliseconds.
 func (r *Ruleset) Hash() string {
 	h := sha256.New()
-	for _, f := range r.Families {
-		fmt.Fprintf(h, "%s\n", f)
-		for _, rl := range r.Rules(f) {
-			fmt.Fprintf(h, "%s\n", rl)
+	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
+		r.ProxyUID, r.ProxyGID, r.RedirectPorts, r.InboundIgnorePorts, r.OutboundIgnorePorts)
+	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
+		for _, p := range list {
+			h.Write([]byte(p.String() + ","))
 		}
+		h.Write([]byte("|"))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
