@@ -304,8 +304,8 @@ func TestValidatorWithoutRules(t *testing.T) {
 	nt.RequireRoot(t)
 	tests := []struct {
 		name string
-		// server, if set, is started on the peer at this address
-		server  string
+		// server, if set, is started on the peer at this address; podServer in the pod
+		server, podServer string
 		who     runAs
 		args    []string
 		want    outcome
@@ -346,10 +346,17 @@ func TestValidatorWithoutRules(t *testing.T) {
 			want: outcome{code: 95, want: []string{"ipv4 check failed (wrong-original-destination)", "it was not redirected"}},
 		},
 		{
-			name: "listen port taken is not a redirect failure",
-			// The peer is not the pod; this one is set up below by listening in the pod.
-			args: []string{"--connect-addr", connectV4, "--listen-addr", "0.0.0.0:4141"},
-			want: outcome{code: 1, want: []string{"validator could not run", "address already in use"}},
+			name:      "listen port taken is not a redirect failure",
+			podServer: ":4141",
+			args:      []string{"--connect-addr", connectV4, "--listen-addr", "0.0.0.0:4141"},
+			want:      outcome{code: 1, want: []string{"validator could not run", "address already in use"}},
+		},
+		{
+			name:      "a proven failure wins over a check that could not run",
+			podServer: ":4141",
+			args: []string{"--connect-addr", nt.HostPort(nt.PeerExtraIPv4B, 20001),
+				"--ipv6", "--ipv6-connect-addr", connectV6, "--ipv6-listen-addr", "[::]:4141"},
+			want: outcome{code: 95, want: []string{"ipv4 check failed (not-redirected)", "listen on [::]:4141", "address already in use"}},
 		},
 		{
 			name: "bad flags",
@@ -363,8 +370,8 @@ func TestValidatorWithoutRules(t *testing.T) {
 			if tc.server != "" {
 				nt.StartServer(t, p.Peer, tc.server)
 			}
-			if tc.want.code == 1 {
-				nt.StartServer(t, p.Pod, ":4141")
+			if tc.podServer != "" {
+				nt.StartServer(t, p.Pod, tc.podServer)
 			}
 			start := time.Now()
 			code, log := validate(t, p.Pod, tc.who, tc.args...)

@@ -132,27 +132,24 @@ func familyName(ap netip.AddrPort) string {
 }
 
 // Run performs every check c asks for and returns nil when the redirect works. When it does not,
-// the error contains one *Failure per failed check (ExitCode maps it to 95); any other error
-// (bad config, the listen port taken, ctx cancelled) says nothing about the redirect.
+// the error contains one *Failure per failed check (ExitCode maps it to 95); an error without a
+// Failure (bad config, the listen port taken, ctx cancelled) says nothing about the redirect.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	var failures []error
+	// Every check runs even after one failed, so the log names everything that is wrong. A
+	// proven failure decides the exit code (95) even if another check could not run.
+	var errs []error
 	for _, ck := range c.checks() {
-		err := runCheck(ctx, c, ck, log)
+		if err := runCheck(ctx, c, ck, log); err != nil {
+			errs = append(errs, err)
+		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return fmt.Errorf("validation interrupted: %w", ctxErr)
 		}
-		if IsFailure(err) {
-			failures = append(failures, err)
-			continue
-		}
-		if err != nil {
-			return err
-		}
 	}
-	return errors.Join(failures...)
+	return errors.Join(errs...)
 }
 
 // runCheck proves that a connection to ck.connect lands on a listener at ck.listen with
