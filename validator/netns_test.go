@@ -306,10 +306,10 @@ func TestValidatorWithoutRules(t *testing.T) {
 		name string
 		// server, if set, is started on the peer at this address; podServer in the pod
 		server, podServer string
-		who     runAs
-		args    []string
-		want    outcome
-		minTime time.Duration
+		who               runAs
+		args              []string
+		want              outcome
+		minTime           time.Duration
 	}{
 		{
 			name: "nothing answers: waits for the timeout",
