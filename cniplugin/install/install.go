@@ -185,6 +185,18 @@ func (in *installer) run(ctx context.Context) error {
 		}
 	}
 
+	// The binary and the kubeconfig come first, so no config file ever
+	// names a plugin that is not there yet. Failing here is fatal: the
+	// kubelet shows the error and retries.
+	if err := in.syncBinary(); err != nil {
+		return err
+	}
+	if err := in.syncKubeconfig(); err != nil {
+		return err
+	}
+	// Watches start after those checks (so a missing service account
+	// directory is reported as such) and before the first full sync below,
+	// so no change after that sync goes unseen.
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return watchError("start file watcher", err)
@@ -202,16 +214,6 @@ func (in *installer) run(ctx context.Context) error {
 		if err := w.Add(d); err != nil {
 			return watchError("watch "+d, err)
 		}
-	}
-
-	// The binary and the kubeconfig come first, so no config file ever
-	// names a plugin that is not there yet. Failing here is fatal: the
-	// kubelet shows the error and retries.
-	if err := in.syncBinary(); err != nil {
-		return err
-	}
-	if err := in.syncKubeconfig(); err != nil {
-		return err
 	}
 	if in.entry.logFile != "" {
 		go streamLog(ctx, cfg.hostPath(in.entry.logFile), in.pluginLogOutput(), in.log)

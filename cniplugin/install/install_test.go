@@ -3,6 +3,7 @@ package install
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -121,9 +122,13 @@ func TestWaitsForPrimaryConfig(t *testing.T) {
 		_, err := os.Stat(filepath.Join(h.netDir, kubeconfigName))
 		return err == nil, "no kubeconfig"
 	})
-	code, body := r.ready(t)
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the primary CNI") {
-		t.Errorf("/ready before any CNI config = %d %q, want 503 waiting", code, body)
+	waitFor(t, 5*time.Second, "/ready to say it waits", func() (bool, string) {
+		code, body := r.ready(t)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the primary CNI"), fmt.Sprintf("%d %q", code, body)
+	})
+	time.Sleep(200 * time.Millisecond)
+	if code, body := r.ready(t); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready before any CNI config = %d %q, want 503", code, body)
 	}
 	if names := dirNames(t, h.netDir); !slices.Equal(names, []string{kubeconfigName}) {
 		t.Errorf("net dir holds %v; the installer must not create a config of its own", names)
@@ -417,6 +422,7 @@ func TestMissingCredentials(t *testing.T) {
 		{"empty token", map[string]string{"token": "\n", "ca.crt": testCA}, "is empty"},
 		{"no CA", map[string]string{"token": "t"}, "ca.crt does not exist"},
 		{"CA not PEM", map[string]string{"token": "t", "ca.crt": "hello"}, "holds no PEM certificate"},
+		{"no service account volume", nil, "automountServiceAccountToken"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -428,7 +434,11 @@ func TestMissingCredentials(t *testing.T) {
 			if err := os.MkdirAll(h.saDir, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			h.projectSA(t, tt.files)
+			if tt.files != nil {
+				h.projectSA(t, tt.files)
+			} else if err := os.Remove(h.saDir); err != nil {
+				t.Fatal(err)
+			}
 			h.cfg.AdminAddr = "-"
 			ctx, cancel := contextWithTimeout(5 * time.Second)
 			defer cancel()

@@ -37,6 +37,7 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(stderr, "linkerd-cni install: %v\n", err)
 		return 2
 	}
 	if fs.NArg() > 0 {
