@@ -549,3 +549,63 @@ func TestPluginLogStreaming(t *testing.T) {
 		t.Errorf("lines from before the start were replayed:\n%s", out.String())
 	}
 }
+
+// TestConfRewrittenAfterConversion: flannel writes its .conf again on restart; the installer
+// converts it again over its own .conflist, also when a crashed installer left that .conflist
+// behind, but never over a .conflist that is not its conversion.
+func TestConfRewrittenAfterConversion(t *testing.T) {
+	t.Run("while running", func(t *testing.T) {
+		h := newHost(t)
+		h.write(t, "10-flannel.conf", flannelConf)
+		r := h.start(t)
+		r.waitReady(t)
+		rewritten := strings.Replace(flannelConf, `"hairpinMode": true`, `"hairpinMode": false`, 1)
+		h.write(t, "10-flannel.conf", rewritten)
+		waitFor(t, time.Second, "the new .conf converted again", func() (bool, string) {
+			_, err := os.Stat(filepath.Join(h.netDir, "10-flannel.conf"))
+			d, _ := os.ReadFile(filepath.Join(h.netDir, "10-flannel.conflist"))
+			return errors.Is(err, os.ErrNotExist) && hasLinkerdLast(string(d)) && strings.Contains(string(d), `"hairpinMode": false`), string(d)
+		})
+		r.waitReady(t)
+		if err := r.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		if got := dirNames(t, h.netDir); !slices.Equal(got, []string{"10-flannel.conf"}) || h.read(t, "10-flannel.conf") != rewritten {
+			t.Errorf("after uninstall: %v, .conf %q", got, h.read(t, "10-flannel.conf"))
+		}
+	})
+	t.Run("after a crash", func(t *testing.T) {
+		h := newHost(t)
+		left, err := convertConf([]byte(flannelConf), "linkerd-cni", []byte(`{"type":"linkerd-cni","old":true}`), "10-flannel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.write(t, "10-flannel.conflist", string(left))
+		h.write(t, "10-flannel.conf", flannelConf)
+		r := h.start(t)
+		r.waitReady(t)
+		if got := dirNames(t, h.netDir); !slices.Equal(got, []string{"10-flannel.conflist", kubeconfigName}) {
+			t.Errorf("net dir = %v", got)
+		}
+		if d := h.read(t, "10-flannel.conflist"); strings.Contains(d, `"old"`) || !hasLinkerdLast(d) {
+			t.Errorf("stale conversion not replaced:\n%s", d)
+		}
+	})
+	t.Run("a foreign list of the same name", func(t *testing.T) {
+		h := newHost(t)
+		const foreign = `{"cniVersion":"0.4.0","name":"other","plugins":[{"type":"ptp"},{"type":"portmap"}]}`
+		h.write(t, "10-flannel.conflist", foreign)
+		h.write(t, "10-flannel.conf", flannelConf)
+		r := h.start(t)
+		waitFor(t, 5*time.Second, "the clash to be reported", func() (bool, string) {
+			code, body := r.ready(t)
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "10-flannel.conflist: that file already exists"), body
+		})
+		if h.read(t, "10-flannel.conf") != flannelConf {
+			t.Error("the .conf was changed")
+		}
+		if d := h.read(t, "10-flannel.conflist"); !hasLinkerdLast(d) {
+			t.Errorf("the foreign list itself should still be patched:\n%s", d)
+		}
+	})
+}
