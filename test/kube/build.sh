@@ -74,12 +74,15 @@ fi
 
 cd "$here"
 kver="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
-# The same version variables the Kubernetes release build sets, so the
-# server reports its real version instead of v0.0.0-master.
-pkg=k8s.io/component-base/version
-ldflags="-s -w -X $pkg.gitVersion=$kver -X $pkg.gitTreeState=clean"
-ldflags+=" -X $pkg.gitMajor=$(echo "$kver" | sed -E 's/^v([0-9]+)\..*/\1/')"
-ldflags+=" -X $pkg.gitMinor=$(echo "$kver" | sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/')"
+# The version variables the Kubernetes release build sets (server and
+# client-go's user agent), so the server reports v1.x.y, not v0.0.0-master.
+major="$(echo "$kver" | sed -E 's/^v([0-9]+)\..*/\1/')"
+minor="$(echo "$kver" | sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/')"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $pkg.gitVersion=$kver -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+	ldflags+=" -X $pkg.gitCommit=unknown -X $pkg.gitTreeState=clean"
+done
 
 tmp="$(mktemp -d "$dir/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
