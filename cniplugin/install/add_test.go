@@ -270,7 +270,8 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("read rules in the pod: %v", err)
 	}
-	if !st.Match() {
+	if len(st.Families) != len(rs.Families) || !st.Match() {
+		t.Errorf("rules in the pod: %d families read, %d expected", len(st.Families), len(rs.Families))
 		for _, f := range st.Families {
 			t.Errorf("rules in the pod differ (%s):\n%s", f.Family, f.Diff)
 		}
