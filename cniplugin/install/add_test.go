@@ -270,10 +270,16 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("read rules in the pod: %v", err)
 	}
-	if len(st.Families) != len(rs.Families) || !st.Match() {
-		t.Errorf("rules in the pod: %d families read, %d expected", len(st.Families), len(rs.Families))
+	// Show reads both families; with "ipv6": false the IPv6 one must be empty.
+	v4 := 0
+	for _, f := range st.Families {
+		if f.Family == iptables.IPv4 {
+			v4 = len(f.Rules)
+		}
+	}
+	if v4 == 0 || !st.Match() {
 		for _, f := range st.Families {
-			t.Errorf("rules in the pod differ (%s):\n%s", f.Family, f.Diff)
+			t.Errorf("rules in the pod (%s):\n%s\n%s", f.Family, strings.Join(f.Rules, "\n"), f.Diff.String())
 		}
 	}
 	// It was the installer's token that looked the pod up.
