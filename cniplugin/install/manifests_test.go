@@ -23,6 +23,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -488,15 +489,19 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	if err := sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
 		t.Errorf("delete pod: %v", err)
 	}
-	// Events: create only.
-	ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim.1", Namespace: "default"},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"},
-		Reason:         "Test", Message: "m", Type: "Normal"}
-	if _, err := sa.CoreV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	// Events: create only, in events.k8s.io (the repair controller's recorder).
+	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim.1", Namespace: "default"},
+		EventTime: metav1.NowMicro(), ReportingController: "linkerd.io/cni-repair-controller",
+		ReportingInstance: "test", Action: "DeletePod", Reason: "NetworkValidatorFailed", Type: "Warning",
+		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}
+	if _, err := sa.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		t.Errorf("create event: %v", err)
 	}
-	_, err = sa.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+	_, err = sa.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
 	forbidden("list events", err)
+	_, err = sa.CoreV1().Events("default").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim.2"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}, metav1.CreateOptions{})
+	forbidden("create core/v1 event", err)
 
 	// The matrix: every write on these resources is denied except delete pods and create
 	// events; no read outside the four resources.
@@ -515,7 +520,7 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 			case sub != "":
 			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
 				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete")
-			case base == "events":
+			case r.group == "events.k8s.io":
 				want = v == "create"
 			}
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
