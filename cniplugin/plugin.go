@@ -142,12 +142,14 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return p.printPrev(c)
 	}
 
+	lookupStart := time.Now()
 	pl, err := p.plan(c)
+	lookupTook := time.Since(lookupStart)
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
 	if !pl.kind.NeedsRules() {
-		c.log.Info("no rules needed", "kind", pl.kind, "apiRequests", pl.requests, "elapsed", time.Since(began))
+		c.log.Info("no rules needed", "kind", pl.kind, "apiRequests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
 		return p.printPrev(c)
 	}
 	if conf.Linkerd.Simulate {
@@ -159,6 +161,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		name    string
 		changed bool
 	)
+	applyStart := time.Now()
 	err = netnsutil.Do(args.Netns, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 		defer cancel()
@@ -185,7 +188,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
 	}
 	c.log.Info("rules written", "kind", pl.kind, "backend", name, "changed", changed,
-		"apiRequests", pl.requests, "closeWait", pl.settings.CloseWait, "elapsed", time.Since(began))
+		"apiRequests", pl.requests, "closeWait", pl.settings.CloseWait,
+		"lookup", lookupTook, "apply", time.Since(applyStart), "elapsed", time.Since(began))
 	return p.printPrev(c)
 }
 
@@ -364,14 +368,18 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	if newAPI == nil {
 		newAPI = NewKubeClient
 	}
+	t0 := time.Now()
 	api, err := newAPI(c.conf)
+	clientTook := time.Since(t0)
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up: %w", c.podName(), err)}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.conf.APITimeout())
 	defer cancel()
 	pl := &plan{}
+	t1 := time.Now()
 	pod, err := api.Pod(ctx, c.pod.Namespace, c.pod.Name)
+	c.log.Debug("pod looked up", "client", clientTook, "podGET", time.Since(t1))
 	pl.requests++
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
