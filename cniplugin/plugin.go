@@ -161,6 +161,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		name    string
 		changed bool
 	)
+	if args.Netns == "" {
+		// netnsutil.Do("") would act on the current namespace: the node's. Never.
+		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("meshed pod %s: CNI_NETNS is empty; refusing to write rules outside the pod's namespace", c.podName()))
+	}
 	applyStart := time.Now()
 	err = netnsutil.Do(args.Netns, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
@@ -220,6 +224,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if pl.kind == KindLinkerdInit {
 		c.log.Debug("pod has linkerd-init, which owns its rules; not checked")
 		return nil
+	}
+	if args.Netns == "" {
+		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("pod %s: CNI_NETNS is empty; nothing to check", c.podName()))
 	}
 	err = netnsutil.Do(args.Netns, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)

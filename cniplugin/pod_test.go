@@ -434,3 +434,22 @@ func TestMain_Subcommands(t *testing.T) {
 		}
 	}
 }
+
+// TestAddRefusesEmptyNetns: a meshed pod without CNI_NETNS must fail, never fall back to the
+// current namespace (the node's).
+func TestAddRefusesEmptyNetns(t *testing.T) {
+	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{}}
+	var out, logs bytes.Buffer
+	p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
+	args := &skel.CmdArgs{ContainerID: "c", Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: withVersion(t, linkerdChartConfig, "1.0.0")}
+	for name, cmd := range map[string]func(*skel.CmdArgs) error{"ADD": p.Add, "CHECK": p.Check} {
+		err := cmd(args)
+		var ce *types.Error
+		if !errors.As(err, &ce) || ce.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(ce.Msg, "CNI_NETNS is empty") {
+			t.Errorf("%s without a netns: %v", name, err)
+		}
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout %q", out.String())
+	}
+}
