@@ -12,12 +12,13 @@ const usage = `usage: linkerd-cni <command>
 As a CNI plugin, linkerd-cni is run by the container runtime with CNI_COMMAND set.
 Commands:
   version   print the build information
-  install   run the DaemonSet installer (not implemented yet)
-  repair    run the repair controller (not implemented yet)
+  install   install the plugin on this node and keep it installed (the DaemonSet's install-cni)
+  repair    restart pods that started before the plugin was ready on their node
 `
 
-// Main runs a linkerd-cni subcommand (the binary without CNI_COMMAND) and returns the exit code:
-// 0 on success, 2 for a usage error or a command that does not exist yet.
+// Main runs the linkerd-cni subcommands of this package (the binary without CNI_COMMAND; main
+// routes install and repair to their packages) and returns the exit code: 0 on success, 2 for a
+// usage error.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -30,9 +31,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
-	case "install", "repair":
-		fmt.Fprintf(stderr, "linkerd-cni %s: not implemented yet\n", args[0])
-		return 2
 	}
 	fmt.Fprintf(stderr, "linkerd-cni: unknown command %q\n\n%s", args[0], usage)
 	return 2

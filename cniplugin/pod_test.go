@@ -421,8 +421,7 @@ func TestMain_Subcommands(t *testing.T) {
 		contains string
 	}{
 		{[]string{"version"}, 0, "linkerd-cni dev"},
-		{[]string{"install"}, 2, "not implemented yet"},
-		{[]string{"repair"}, 2, "not implemented yet"},
+		{[]string{"help"}, 0, "install   install the plugin on this node"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{nil, 2, "usage: linkerd-cni"},
 	}
