@@ -131,7 +131,9 @@ func BenchmarkADD(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	fmt.Printf("\nlinkerd-cni ADD through libcni, chain [bridge+host-local, plugin], local kube-apiserver, median of %d:\n", benchRuns)
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("\nlinkerd-cni ADD through libcni, chain [bridge+host-local, plugin], local kube-apiserver, median of %d (load average %s):\n",
+		benchRuns, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Printf("  %-48s %8s\n", "baseline: no-op chained plugin", msec(base))
 	for _, r := range rows {
 		verdict := "meets"
