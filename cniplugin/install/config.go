@@ -80,13 +80,20 @@ type Config struct {
 	// safety net (default 1m). It never replaces the watches: a dead watch
 	// is fatal.
 	Resync time.Duration
+	// NodeTaint, when set, is the key of a startup taint that the installer
+	// removes (whatever its effect) from the node NodeName once every config
+	// file carries the plugin: --node-taint, or LINKERD_CNI_NODE_TAINT.
+	// It needs get and patch on nodes (deploy/linkerd-cni/optional).
+	NodeTaint string
 	// PluginLogOutput receives the lines of the plugin's log_file (default:
 	// the process's stdout, so they show in kubectl logs).
 	PluginLogOutput io.Writer
 
 	// Test hooks.
-	onWrite       func(path string)
-	onAdminListen func(addr net.Addr)
+	onWrite         func(path string)
+	onAdminListen   func(addr net.Addr)
+	taintBackoff    time.Duration // first retry delay of the taint removal
+	taintBackoffMax time.Duration
 }
 
 // ConfigFromEnv reads the installer's environment variables (DESIGN.md,
@@ -116,6 +123,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		NodeName:           getenv("KUBERNETES_NODE_NAME"),
 		CNIMTU:             get("CNI_MTU", "1500"),
 		Namespace:          getenv("POD_NAMESPACE"),
+		NodeTaint:          getenv(EnvNodeTaint),
 	}
 	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -154,6 +162,9 @@ func (c *Config) validate() error {
 	}
 	if n := c.KubeconfigFileName; strings.HasSuffix(n, ".conf") || strings.HasSuffix(n, ".conflist") || strings.HasSuffix(n, ".json") {
 		errs = append(errs, fmt.Errorf("KUBECONFIG_FILE_NAME=%q: a CNI config extension would make the runtime load the kubeconfig as a network config", n))
+	}
+	if err := c.validateNodeTaint(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

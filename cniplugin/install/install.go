@@ -20,7 +20,14 @@
 // a crash (SIGKILL) the next installer can only remove its entry from the
 // .conflist, not turn it back into the .conf. A config file that is a
 // symbolic link, or is not valid JSON, is reported and left alone, and the
-// installer stays unready. The installer does not talk to the API server.
+// installer stays unready.
+//
+// The installer talks to the API server only with Config.NodeTaint
+// (--node-taint): it then removes that startup taint from its node, once,
+// after every config file carries the plugin, so that nodes can be born
+// tainted and receive no pod before linkerd-cni is in place. It never adds
+// the taint back, not even on uninstall: an upgrade would otherwise block
+// the node's scheduling.
 package install
 
 import (
@@ -66,7 +73,8 @@ type installer struct {
 	binID    fileID
 	binOK    bool
 	kubeOK   bool
-	waiting  bool // the "waiting for the primary CNI" line was logged
+	waiting  bool          // the "waiting for the primary CNI" line was logged
+	taint    *taintRemover // nil without --node-taint
 
 	mu     sync.Mutex
 	ready  bool
@@ -218,6 +226,17 @@ func (in *installer) run(ctx context.Context) error {
 	if in.entry.logFile != "" {
 		go streamLog(ctx, cfg.hostPath(in.entry.logFile), in.pluginLogOutput(), in.log)
 	}
+	if cfg.NodeTaint != "" {
+		tr, err := in.newTaintRemover()
+		if err != nil {
+			return err
+		}
+		tctx, stop := context.WithCancel(ctx)
+		go tr.run(tctx, in)
+		// Whatever ends Run, no API call outlives it.
+		defer func() { stop(); <-tr.done }()
+		in.taint = tr
+	}
 	in.syncAll()
 
 	debounce := time.NewTimer(time.Hour)
@@ -232,6 +251,11 @@ func (in *installer) run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			in.setReady(false, "uninstalling")
+			if in.taint != nil {
+				// Its context ended too: let it return before the
+				// entries go, so no removal is in flight meanwhile.
+				<-in.taint.done
+			}
 			return in.uninstall()
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -292,6 +316,9 @@ func (in *installer) syncAll() bool {
 		return true
 	default:
 		in.setReady(true, "")
+		if in.taint != nil {
+			in.taint.poke()
+		}
 	}
 	return len(problems) == 0
 }

@@ -12,11 +12,15 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 )
 
 // Main is `linkerd-cni install [flags]`: it reads the environment, runs the
 // installer until SIGTERM or SIGINT, and returns the exit code: 0 after a
 // clean removal, 1 on a runtime error, 2 on bad flags or environment.
+//
+// `--node-taint KEY` (or LINKERD_CNI_NODE_TAINT) removes that startup taint
+// from the node named by KUBERNETES_NODE_NAME once the plugin is in place.
 //
 // `--pre-stop` is for the DaemonSet's preStop hook: it sends SIGTERM to the
 // installer (PID 1 of the container, checked to be `linkerd-cni install`)
@@ -33,6 +37,8 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 	logFormat := fs.String("log-format", "plain", "log format: plain or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	preStop := fs.Bool("pre-stop", false, "signal the running installer (PID 1) to uninstall, then return")
+	nodeTaint := fs.String("node-taint", "", "remove this startup taint key (any effect) from the node once linkerd-cni "+
+		"is in every CNI config file; needs get and patch on nodes (default $"+EnvNodeTaint+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -73,6 +79,17 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.AdminAddr = *adminAddr
+	if fs.Changed("node-taint") {
+		cfg.NodeTaint = *nodeTaint
+		if err := cfg.validate(); err != nil {
+			fmt.Fprintf(stderr, "linkerd-cni install: %v\n", err)
+			return 2
+		}
+	}
+	if cfg.NodeTaint != "" {
+		// client-go logs through klog: same place, same format.
+		klog.SetSlogLogger(log.With("component", "client-go"))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := Run(ctx, cfg, log); err != nil {

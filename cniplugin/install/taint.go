@@ -1,0 +1,205 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubemesh/proxy-init/cniplugin/repair"
+)
+
+// EnvNodeTaint is the environment equivalent of --node-taint.
+const EnvNodeTaint = "LINKERD_CNI_NODE_TAINT"
+
+// nodeTaintRBACManifest is named in the log when the API server refuses the
+// patch, so the fix is one copy-paste away.
+const nodeTaintRBACManifest = "deploy/linkerd-cni/optional/node-taint-rbac.yaml"
+
+// Retry pacing of the taint removal: quick at first (the API server may
+// just be busy), then at most every 30s (RBAC may be applied later).
+const (
+	defaultTaintBackoff    = time.Second
+	defaultTaintBackoffMax = 30 * time.Second
+	taintAttemptTimeout    = 30 * time.Second
+)
+
+// validateNodeTaint checks the --node-taint options: the key must be a
+// valid taint key and the node must be named explicitly (the hostname the
+// plugin template falls back to is not always the Node object's name, and
+// patching the wrong node would untaint it before its CNI is ready).
+func (c *Config) validateNodeTaint() error {
+	if c.NodeTaint == "" {
+		return nil
+	}
+	var errs []error
+	if msgs := validation.IsQualifiedName(c.NodeTaint); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--node-taint %q: not a valid taint key: %s", c.NodeTaint, strings.Join(msgs, "; ")))
+	}
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("--node-taint needs the node's name: set KUBERNETES_NODE_NAME "+
+			"(the DaemonSet sets it from spec.nodeName)"))
+	}
+	return errors.Join(errs...)
+}
+
+// restConfig is the equivalent of rest.InClusterConfig built from the
+// installer's own settings (the same server, token and CA as the plugin's
+// kubeconfig). The token is given as a file, which client-go re-reads, so
+// the kubelet's token rotation is followed.
+func (c *Config) restConfig() *rest.Config {
+	rc := &rest.Config{
+		Host:            c.serverURL(),
+		BearerTokenFile: filepath.Join(c.ServiceAccountDir, "token"),
+		UserAgent:       "linkerd-cni-install",
+		Timeout:         taintAttemptTimeout,
+	}
+	if c.SkipTLSVerify {
+		rc.TLSClientConfig.Insecure = true
+	} else {
+		rc.TLSClientConfig.CAFile = c.KubeCAFile
+	}
+	return rc
+}
+
+// taintRemover removes the node's startup taint once, after the plugin is
+// in place. It runs in its own goroutine so that API latency and retries
+// never delay the file watch loop.
+type taintRemover struct {
+	client     kubernetes.Interface
+	node, key  string
+	backoff    time.Duration
+	backoffMax time.Duration
+	kick       chan struct{} // buffered 1: "readiness may have become true"
+	done       chan struct{} // closed when the goroutine returns
+	inPlace    func() (bool, string)
+}
+
+// newTaintRemover builds the API client; nothing is sent yet.
+func (in *installer) newTaintRemover() (*taintRemover, error) {
+	client, err := kubernetes.NewForConfig(in.cfg.restConfig())
+	if err != nil {
+		return nil, fmt.Errorf("--node-taint: kubernetes client: %w", err)
+	}
+	tr := &taintRemover{
+		client:     client,
+		node:       in.cfg.NodeName,
+		key:        in.cfg.NodeTaint,
+		backoff:    in.cfg.taintBackoff,
+		backoffMax: in.cfg.taintBackoffMax,
+		kick:       make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		inPlace:    in.pluginInPlace,
+	}
+	if tr.backoff <= 0 {
+		tr.backoff = defaultTaintBackoff
+	}
+	if tr.backoffMax < tr.backoff {
+		tr.backoffMax = max(defaultTaintBackoffMax, tr.backoff)
+	}
+	return tr, nil
+}
+
+// poke tells the remover that the plugin may now be in place. It never
+// blocks: one pending poke is as good as many.
+func (tr *taintRemover) poke() {
+	select {
+	case tr.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run waits for pokes and removes the taint, retrying with back-off, until
+// it is gone (or was never there) or ctx ends. Each attempt first checks
+// again, on disk, that every config file carries the plugin: a poke may be
+// stale by the time it is served.
+func (tr *taintRemover) run(ctx context.Context, in *installer) {
+	defer close(tr.done)
+	log := in.log.With("node", tr.node, "taint", tr.key)
+	log.Info("will remove the node's startup taint once linkerd-cni is in every CNI config file")
+	backoff := tr.backoff
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tr.kick:
+		}
+		for {
+			if ok, reason := tr.inPlace(); !ok {
+				log.Info("not removing the startup taint yet", "reason", reason)
+				break // wait for the next poke
+			}
+			actx, cancel := context.WithTimeout(ctx, taintAttemptTimeout)
+			removed, err := repair.RemoveNodeTaint(actx, tr.client, tr.node, tr.key)
+			cancel()
+			if err == nil {
+				if removed {
+					log.Info("removed the startup taint: linkerd-cni is in place, pods may now be scheduled on this node")
+				} else {
+					log.Info("the node carries no startup taint; nothing to remove")
+				}
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			args := []any{"error", err, "retry_in", backoff}
+			switch {
+			case apierrors.IsForbidden(err):
+				args = append(args, "hint", "the linkerd-cni ServiceAccount needs get and patch on nodes: apply "+nodeTaintRBACManifest)
+			case apierrors.IsNotFound(err):
+				args = append(args, "hint", "no Node named "+tr.node+": check KUBERNETES_NODE_NAME")
+			}
+			log.Error("cannot remove the startup taint; retrying", args...)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, tr.backoffMax)
+		}
+	}
+}
+
+// pluginInPlace reports whether the installer is ready (binary, kubeconfig
+// and every config file done at its last sync) and, read again from disk
+// now, every config file in the net dir is a list carrying our plugin. The
+// second check closes the window between a primary CNI rewriting its file
+// and the installer's next sync.
+func (in *installer) pluginInPlace() (bool, string) {
+	if ok, reason := in.readiness(); !ok {
+		return false, reason
+	}
+	dir := in.cfg.netDir()
+	ents, err := listConfigs(dir)
+	if err != nil {
+		return false, err.Error()
+	}
+	if len(ents) == 0 {
+		return false, "no CNI config file in " + dir
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return false, fmt.Sprintf("read %s: %v", p, err)
+		}
+		doc, err := parseList(data)
+		if err != nil {
+			return false, fmt.Sprintf("%s: %v", p, err)
+		}
+		n := len(doc.types)
+		if n == 0 || doc.types[n-1] != in.entry.typ {
+			return false, p + " does not end with the " + in.entry.typ + " plugin yet"
+		}
+	}
+	return true, ""
+}
