@@ -40,6 +40,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 )
 
@@ -273,6 +274,76 @@ func TestManifestContract(t *testing.T) {
 	if !slices.Equal(pre, []string{"/opt/cni/bin/linkerd-cni", "install", "--pre-stop"}) {
 		t.Errorf("preStop = %q", pre)
 	}
+
+	// The repair controller: its command, its node from the downward API, its flags, and
+	// probes on its own loopback admin port.
+	var rc map[string]any
+	for _, c := range containers {
+		if c.(map[string]any)["name"] == "repair-controller" {
+			rc = c.(map[string]any)
+		}
+	}
+	if rc == nil {
+		t.Fatal("DaemonSet has no repair-controller container")
+	}
+	if cmd, _, _ := unstructured.NestedStringSlice(rc, "command"); !slices.Equal(cmd, []string{"/opt/cni/bin/linkerd-cni", "repair"}) {
+		t.Errorf("repair-controller command = %q", cmd)
+	}
+	rcEnv, _, _ := unstructured.NestedSlice(rc, "env")
+	nodeFrom := ""
+	for _, e := range rcEnv {
+		e := e.(map[string]any)
+		if e["name"] == repair.EnvNodeName {
+			nodeFrom, _, _ = unstructured.NestedString(e, "valueFrom", "fieldRef", "fieldPath")
+		} else {
+			t.Errorf("repair-controller sets %s, which it does not read", e["name"])
+		}
+	}
+	if nodeFrom != "spec.nodeName" {
+		t.Errorf("repair-controller %s comes from %q, want spec.nodeName", repair.EnvNodeName, nodeFrom)
+	}
+	rcArgs, _, _ := unstructured.NestedStringSlice(rc, "args")
+	rcCfg, err := repair.ParseArgs(rcArgs, func(k string) string {
+		if k == repair.EnvNodeName {
+			return "node-1"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Errorf("repair-controller args %q: %v", rcArgs, err)
+	}
+	if !strings.HasPrefix(rcCfg.AdminAddr, "127.0.0.1:") {
+		t.Errorf("repair-controller --admin-addr %q is not on loopback (the pod uses the host network)", rcCfg.AdminAddr)
+	}
+	for _, a := range args {
+		if strings.TrimPrefix(a, "--admin-addr=") == rcCfg.AdminAddr {
+			t.Errorf("installer and repair controller share the admin address %s", rcCfg.AdminAddr)
+		}
+	}
+	for _, probe := range []struct{ name, path string }{{"readinessProbe", "/ready"}, {"livenessProbe", "/live"}} {
+		port, _, _ := unstructured.NestedInt64(rc, probe.name, "httpGet", "port")
+		host, _, _ := unstructured.NestedString(rc, probe.name, "httpGet", "host")
+		path, _, _ := unstructured.NestedString(rc, probe.name, "httpGet", "path")
+		if host+":"+itoa(port) != rcCfg.AdminAddr || path != probe.path {
+			t.Errorf("repair-controller %s hits %s:%d%s, want %s%s", probe.name, host, port, path, rcCfg.AdminAddr, probe.path)
+		}
+	}
+
+	// Both containers: no capability, no escalation, read-only root, RuntimeDefault seccomp.
+	for _, c := range containers {
+		c := c.(map[string]any)
+		sc, _, _ := unstructured.NestedMap(c, "securityContext")
+		drop, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "drop")
+		add, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "add")
+		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
+		if sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true || sc["privileged"] == true ||
+			!slices.Equal(drop, []string{"ALL"}) || len(add) > 0 || seccomp != "RuntimeDefault" {
+			t.Errorf("container %s: securityContext %v is not hardened", c["name"], sc)
+		}
+	}
+	if rcSC, _, _ := unstructured.NestedMap(rc, "securityContext"); rcSC["runAsNonRoot"] != true {
+		t.Errorf("repair-controller runs as root: %v", rcSC)
+	}
 }
 
 func itoa(i int64) string { b, _ := json.Marshal(i); return string(b) }
@@ -295,7 +366,8 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := deployDir(t)
-	all := loadManifests(t, filepath.Join(dir, "linkerd-cni"), filepath.Join(dir, "examples"))
+	all := loadManifests(t, filepath.Join(dir, "linkerd-cni"), filepath.Join(dir, "linkerd-cni", "optional"),
+		filepath.Join(dir, "examples"))
 
 	// Namespaces first: dry-run, then for real, since namespaced objects (and Pod Security
 	// admission) need them to exist.
@@ -418,15 +490,24 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	})
 
 	t.Run("linkerd-cni service account permissions", func(t *testing.T) {
-		// The RBAC objects for real, and a token from the TokenRequest API.
-		for _, m := range rest {
-			switch m.obj.GetKind() {
-			case "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
-				if _, err := c.apply(ctx, m.obj, false); err != nil {
-					t.Fatalf("apply %s: %v", m, err)
+		// The RBAC objects for real, and a token from the TokenRequest API; the optional
+		// node-taint RBAC only after the base set has been checked alone.
+		optional := func(m manifest) bool { return filepath.Base(filepath.Dir(m.file)) == "optional" }
+		applyRBAC := func(withOptional bool) {
+			t.Helper()
+			for _, m := range rest {
+				switch m.obj.GetKind() {
+				case "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+					if optional(m) != withOptional {
+						continue
+					}
+					if _, err := c.apply(ctx, m.obj, false); err != nil {
+						t.Fatalf("apply %s: %v", m, err)
+					}
 				}
 			}
 		}
+		applyRBAC(false)
 		token, err := cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni")
 		if err != nil {
 			t.Fatal(err)
@@ -435,13 +516,21 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkServiceAccountAccess(ctx, t, c.cs, sa)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node"}}
+		if _, err := c.cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Run("base RBAC", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, false) })
+		applyRBAC(true)
+		t.Run("with optional/node-taint-rbac.yaml", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, true) })
 	})
 }
 
 // checkServiceAccountAccess proves the ClusterRole with real requests where they are cheap and
-// SelfSubjectAccessReviews for the whole write matrix.
-func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface) {
+// SelfSubjectAccessReviews for the whole write matrix. nodeTaint says whether the optional
+// node-taint RBAC is applied: then, and only then, the ServiceAccount may patch nodes. The
+// node "rbac-node" must exist.
+func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface, nodeTaint bool) {
 	t.Helper()
 	// Real reads that must work.
 	if _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
@@ -485,12 +574,30 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	forbidden("patch pod", err)
 	err = sa.CoreV1().Namespaces().Delete(ctx, "default", metav1.DeleteOptions{})
 	forbidden("delete namespace", err)
+	// Nodes: a real patch (what --node-taint sends) only with the optional RBAC; never a
+	// delete, an update or a status write.
+	_, err = sa.CoreV1().Nodes().Patch(ctx, "rbac-node", types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
+	if nodeTaint {
+		if err != nil {
+			t.Errorf("patch node with the optional RBAC: %v", err)
+		}
+	} else {
+		forbidden("patch node", err)
+	}
+	_, err = sa.CoreV1().Nodes().PatchStatus(ctx, "rbac-node", []byte(`{"status":{"phase":"Running"}}`))
+	forbidden("patch node status", err)
+	err = sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{})
+	forbidden("delete node", err)
 	// The one write on pods it has: delete (the repair controller's).
 	if err := sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
 		t.Errorf("delete pod: %v", err)
 	}
 	// Events: create only, in events.k8s.io (the repair controller's recorder).
-	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim.1", Namespace: "default"},
+	evName := "victim.base" // one per call: an Event outlives the pod
+	if nodeTaint {
+		evName = "victim.node-taint"
+	}
+	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: evName, Namespace: "default"},
 		EventTime: metav1.NowMicro(), ReportingController: "linkerd.io/cni-repair-controller",
 		ReportingInstance: "test", Action: "DeletePod", Reason: "NetworkValidatorFailed", Type: "Warning",
 		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}
@@ -504,11 +611,12 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	forbidden("create core/v1 event", err)
 
 	// The matrix: every write on these resources is denied except delete pods and create
-	// events; no read outside the four resources.
+	// events (and patch nodes with the optional RBAC); no read outside the four resources.
 	type res struct{ group, resource string }
 	resources := []res{{"", "pods"}, {"", "namespaces"}, {"", "services"}, {"", "nodes"}, {"", "secrets"},
 		{"", "configmaps"}, {"", "serviceaccounts"}, {"", "events"}, {"events.k8s.io", "events"},
-		{"", "pods/exec"}, {"", "pods/eviction"}, {"", "serviceaccounts/token"}, {"apps", "daemonsets"},
+		{"", "pods/exec"}, {"", "pods/eviction"}, {"", "serviceaccounts/token"}, {"", "nodes/status"},
+		{"", "nodes/proxy"}, {"apps", "daemonsets"},
 		{"rbac.authorization.k8s.io", "clusterroles"}, {"rbac.authorization.k8s.io", "clusterrolebindings"}}
 	verbs := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection",
 		"escalate", "bind", "impersonate"}
@@ -519,7 +627,8 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 			switch {
 			case sub != "":
 			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
-				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete")
+				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete") ||
+					(base == "nodes" && v == "patch" && nodeTaint)
 			case r.group == "events.k8s.io":
 				want = v == "create"
 			}

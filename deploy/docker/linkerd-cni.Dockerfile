@@ -5,8 +5,9 @@
 #
 # One static binary on distroless/static: no shell, no package manager. The installer runs as
 # root because the node's CNI directories are root-owned, but holds no capability at all
-# (drop: ALL in the DaemonSet): ownership of the directories is all it needs. The plugin itself
-# runs on the node, started by the container runtime, not in this image.
+# (drop: ALL in the DaemonSet): ownership of the directories is all it needs. The same image runs
+# the repair controller (`linkerd-cni repair`), which the DaemonSet runs as user 65534. The plugin
+# itself runs on the node, started by the container runtime, not in this image.
 
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 WORKDIR /src
