@@ -190,9 +190,12 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	api := newAPIClient(t, cluster.AdminConfig())
 	dir := filepath.Join(deployDir(t), "linkerd-cni")
 	ms := loadManifests(t, dir, filepath.Join(dir, "optional"))
+	// The base objects the pod needs, and everything in optional/ (the node-taint RBAC and
+	// admission policy), as the README says to apply with --node-taint.
 	for _, m := range ms {
 		switch m.obj.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			if _, err := api.apply(ctx, m.obj, false); err != nil {
 				t.Fatalf("apply %s: %v", m, err)
 			}
@@ -217,12 +220,10 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Fatalf("node created without the startup taint: %v", n.Spec.Taints)
 	}
 
-	// The kubelet's part: the projected service account, the API server's address, and the
-	// node's directories under the container's mount prefix.
-	token, err := cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The kubelet's part: the projected service account (a token bound to the pod, hence to
+	// the node), the API server's address, and the node's directories under the container's
+	// mount prefix.
+	token := boundToken(t, ctx, api.cs, nodeName)
 	root := t.TempDir()
 	h := &host{saDir: filepath.Join(root, "serviceaccount")}
 	if err := os.MkdirAll(h.saDir, 0o755); err != nil {

@@ -20,9 +20,12 @@ import (
 // EnvNodeTaint is the environment equivalent of --node-taint.
 const EnvNodeTaint = "LINKERD_CNI_NODE_TAINT"
 
-// nodeTaintRBACManifest is named in the log when the API server refuses the
-// patch, so the fix is one copy-paste away.
-const nodeTaintRBACManifest = "deploy/linkerd-cni/optional/node-taint-rbac.yaml"
+// The optional manifests are named in the log when the API server refuses
+// the patch, so the fix is one copy-paste away.
+const (
+	nodeTaintRBACManifest   = "deploy/linkerd-cni/optional/node-taint-rbac.yaml"
+	nodeTaintPolicyManifest = "deploy/linkerd-cni/optional/node-taint-policy.yaml"
+)
 
 // Retry pacing of the taint removal: quick at first (the API server may
 // just be busy), then at most every 30s (RBAC may be applied later).
@@ -153,6 +156,9 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 			}
 			args := []any{"error", err, "retry_in", backoff}
 			switch {
+			case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
+				args = append(args, "hint", "an admission policy refused the patch: with "+nodeTaintPolicyManifest+
+					", the token must be bound to a pod on node "+tr.node+" (is KUBERNETES_NODE_NAME the pod's spec.nodeName?)")
 			case apierrors.IsForbidden(err):
 				args = append(args, "hint", "the linkerd-cni ServiceAccount needs get and patch on nodes: apply "+nodeTaintRBACManifest)
 			case apierrors.IsNotFound(err):

@@ -4,11 +4,14 @@ package install
 // (internal/kubetest) with the deploy/ RBAC, a TokenRequest token for the linkerd-cni
 // ServiceAccount and the in-process installer on temp dirs: the startup taint goes only once
 // every CNI config file carries the plugin, other taints stay, and without the option (or
-// without the optional RBAC) the node is never patched.
+// without the optional RBAC) the node is never patched. The optional admission policy lets a
+// token bound to a node's pod remove taints from that node and do nothing else.
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"reflect"
@@ -17,10 +20,15 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 )
 
@@ -112,12 +120,10 @@ const brokenConflist = `{"cniVersion":"0.3.1","name":"broken","plugins":[`
 // ciliumConflist is the fixed version of the broken file.
 const ciliumConflist = `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni","enable-debug":false}]}`
 
-// taintWorld is a kube-apiserver with the deploy/ RBAC and a token for the linkerd-cni
-// ServiceAccount.
+// taintWorld is a kube-apiserver with the deploy/ RBAC.
 type taintWorld struct {
 	cluster *kubetest.Cluster
 	api     *apiClient
-	token   string
 	saUser  string
 }
 
@@ -134,15 +140,36 @@ func newTaintWorld(t *testing.T, ctx context.Context) *taintWorld {
 			}
 		}
 	}
-	var err error
-	if w.token, err = cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni"); err != nil {
-		t.Fatal(err)
-	}
 	return w
 }
 
-// applyOptionalRBAC applies deploy/linkerd-cni/optional (idempotent).
-func (w *taintWorld) applyOptionalRBAC(t *testing.T, ctx context.Context) {
+// boundToken mints a token for the linkerd-cni ServiceAccount bound to a pod on node, like the
+// kubelet's projected token: the API server then names the node in the token's user extra
+// (authentication.kubernetes.io/node-name), which optional/node-taint-policy.yaml checks.
+func boundToken(t *testing.T, ctx context.Context, cs kubernetes.Interface, node string) string {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods("linkerd-cni").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "linkerd-cni-" + node, Namespace: "linkerd-cni"},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "linkerd-cni",
+			Containers: []corev1.Container{{Name: "install-cni", Image: "registry.invalid/linkerd-cni:1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := int64(3600)
+	tr, err := cs.CoreV1().ServiceAccounts("linkerd-cni").CreateToken(ctx, "linkerd-cni", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp, BoundObjectRef: &authenticationv1.BoundObjectReference{
+			Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
+	}
+	return tr.Status.Token
+}
+
+// applyOptional applies deploy/linkerd-cni/optional, the RBAC and the admission policy
+// (idempotent).
+func (w *taintWorld) applyOptional(t *testing.T, ctx context.Context) {
 	t.Helper()
 	for _, m := range loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni", "optional")) {
 		if _, err := w.api.apply(ctx, m.obj, false); err != nil {
@@ -252,10 +279,13 @@ type taintHost struct {
 	wrote map[string]time.Time
 }
 
-func (w *taintWorld) newHost(t *testing.T, node, taint string) *taintHost {
+// newHost lays out a node's directories and a service-account volume holding a token bound to
+// a pod on node.
+func (w *taintWorld) newHost(t *testing.T, ctx context.Context, node, taint string) *taintHost {
 	t.Helper()
 	h := &taintHost{host: newHost(t), wrote: map[string]time.Time{}}
-	h.projectSA(t, map[string]string{"token": w.token, "ca.crt": string(w.cluster.CAData), "namespace": "linkerd-cni"})
+	token := boundToken(t, ctx, w.cluster.Clientset, node)
+	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(w.cluster.CAData), "namespace": "linkerd-cni"})
 	u, err := url.Parse(w.cluster.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +323,7 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 	t.Run("refused without the optional RBAC, removed once it is applied", func(t *testing.T) {
 		const node = "node-no-rbac"
 		w.createNode(t, ctx, node)
-		h := w.newHost(t, node, startupTaint)
+		h := w.newHost(t, ctx, node, startupTaint)
 		h.write(t, "10-calico.conflist", calicoConflist)
 		r := h.start(t)
 		r.waitReady(t)
@@ -305,7 +335,7 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 		if !hasTaint(w.taints(t, ctx, node), startupTaint) {
 			t.Fatal("taint removed although the ServiceAccount may not patch nodes")
 		}
-		w.applyOptionalRBAC(t, ctx)
+		w.applyOptional(t, ctx)
 		waitFor(t, 10*time.Second, "the taint to be removed after the RBAC was applied", func() (bool, string) {
 			tn := w.taints(t, ctx, node)
 			return !hasTaint(tn, startupTaint), taintList(tn)
@@ -325,11 +355,141 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("the admission policy confines the token to removing taints from its own node", func(t *testing.T) {
+		w.applyOptional(t, ctx)
+		cs := w.cluster.Clientset
+		own, other := w.createNode(t, ctx, "node-policy-a"), w.createNode(t, ctx, "node-policy-b")
+		token := boundToken(t, ctx, cs, own.Name)
+		sa, err := kubernetes.NewForConfig(w.cluster.ConfigForToken(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The mechanism the policy relies on: the API server names the pod's node in the
+		// token's user extra.
+		review, err := sa.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := review.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != own.Name {
+			t.Fatalf("bound token's user extra node-name = %q, want [%s]", got, own.Name)
+		}
+		unbound, err := w.cluster.TokenFor(ctx, "linkerd-cni", "linkerd-cni")
+		if err != nil {
+			t.Fatal(err)
+		}
+		saUnbound, err := kubernetes.NewForConfig(w.cluster.ConfigForToken(unbound))
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		taintsPatch := func(ts []corev1.Taint) []byte {
+			b, err := json.Marshal(map[string]any{"spec": map[string]any{"taints": ts}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		without := func(n *corev1.Node) []corev1.Taint {
+			var keep []corev1.Taint
+			for _, tn := range n.Spec.Taints {
+				if tn.Key != startupTaint {
+					keep = append(keep, tn)
+				}
+			}
+			return keep
+		}
+		changedEffect := append([]corev1.Taint{}, own.Spec.Taints...)
+		for i := range changedEffect {
+			if changedEffect[i].Key == otherTaints[0].Key {
+				changedEffect[i].Effect = corev1.TaintEffectNoExecute
+			}
+		}
+		dryPatch := func(client kubernetes.Interface, node string, body []byte) error {
+			_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body,
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}
+		// Policies take effect when the API server has loaded them: wait for a denial.
+		labelPatch := []byte(`{"metadata":{"labels":{"example.com/x":"y"}}}`)
+		waitFor(t, 15*time.Second, "the admission policy to be in force", func() (bool, string) {
+			err := dryPatch(sa, own.Name, labelPatch)
+			return err != nil && strings.Contains(err.Error(), "labels"), fmt.Sprint(err)
+		})
+
+		tests := []struct {
+			name   string
+			client kubernetes.Interface
+			node   string
+			body   []byte
+			denied string // "" = allowed
+		}{
+			{"remove the startup taint from its own node", sa, own.Name, taintsPatch(without(own)), ""},
+			{"remove every taint from its own node", sa, own.Name, []byte(`{"spec":{"taints":null}}`), ""},
+			{"remove a taint from another node", sa, other.Name, taintsPatch(without(other)), `bound to node "node-policy-a", not "node-policy-b"`},
+			{"a token bound to no pod", saUnbound, own.Name, taintsPatch(without(own)), `bound to node "", not "node-policy-a"`},
+			{"add a taint", sa, own.Name, taintsPatch(append(append([]corev1.Taint{}, own.Spec.Taints...),
+				corev1.Taint{Key: "example.com/new", Effect: corev1.TaintEffectNoSchedule})), "never add or change"},
+			{"change a taint's effect", sa, own.Name, taintsPatch(changedEffect), "never add or change"},
+			{"add a label", sa, own.Name, labelPatch, "labels"},
+			{"add an annotation", sa, own.Name, []byte(`{"metadata":{"annotations":{"example.com/x":"y"}}}`), "annotations"},
+			{"cordon", sa, own.Name, []byte(`{"spec":{"unschedulable":true}}`), "nothing in a node's spec"},
+			{"set the provider ID", sa, own.Name, []byte(`{"spec":{"providerID":"fake://x"}}`), "nothing in a node's spec"},
+			{"an admin is not affected", cs, own.Name, labelPatch, ""},
+		}
+		for _, tt := range tests {
+			err := dryPatch(tt.client, tt.node, tt.body)
+			switch {
+			case tt.denied == "" && err != nil:
+				t.Errorf("%s: refused: %v", tt.name, err)
+			case tt.denied != "" && err == nil:
+				t.Errorf("%s: allowed, want refused (%q)", tt.name, tt.denied)
+			case tt.denied != "" && !(apierrors.IsForbidden(err) && strings.Contains(err.Error(), tt.denied)):
+				t.Errorf("%s: refused with %v, want Forbidden mentioning %q", tt.name, err, tt.denied)
+			}
+		}
+
+		// What the installer sends passes, for real, on its own node only.
+		if removed, err := repair.RemoveNodeTaint(ctx, sa, own.Name, startupTaint); err != nil || !removed {
+			t.Errorf("RemoveNodeTaint on its own node = %v, %v; want true, nil", removed, err)
+		}
+		if tn := w.taints(t, ctx, own.Name); hasTaint(tn, startupTaint) || !reflect.DeepEqual(tn, without(own)) {
+			t.Errorf("taints after RemoveNodeTaint = %v, want %v", taintList(tn), taintList(without(own)))
+		}
+		if _, err := repair.RemoveNodeTaint(ctx, sa, other.Name, startupTaint); !apierrors.IsForbidden(err) {
+			t.Errorf("RemoveNodeTaint on another node = %v, want Forbidden", err)
+		}
+		if !hasTaint(w.taints(t, ctx, other.Name), startupTaint) {
+			t.Error("the other node lost its taint")
+		}
+	})
+
+	t.Run("a node name that is not the token's node is refused, with a hint", func(t *testing.T) {
+		w.applyOptional(t, ctx)
+		w.createNode(t, ctx, "node-token")
+		w.createNode(t, ctx, "node-wrong")
+		h := w.newHost(t, ctx, "node-token", startupTaint) // the token is bound to node-token
+		h.cfg.NodeName = "node-wrong"
+		h.write(t, "10-calico.conflist", calicoConflist)
+		r := h.start(t)
+		r.waitReady(t)
+		waitFor(t, 10*time.Second, "the installer to report the policy's refusal", func() (bool, string) {
+			logs := r.logs.String()
+			return strings.Contains(logs, "cannot remove the startup taint; retrying") &&
+				strings.Contains(logs, "an admission policy refused the patch") &&
+				strings.Contains(logs, `bound to node \"node-token\", not \"node-wrong\"`), logs
+		})
+		for _, n := range []string{"node-token", "node-wrong"} {
+			if !hasTaint(w.taints(t, ctx, n), startupTaint) {
+				t.Errorf("%s lost its startup taint", n)
+			}
+		}
+	})
+
 	t.Run("removed only after every config file carries the plugin", func(t *testing.T) {
 		const node = "node-1"
-		w.applyOptionalRBAC(t, ctx)
+		w.applyOptional(t, ctx)
 		before := w.createNode(t, ctx, node).Spec.Taints
-		h := w.newHost(t, node, startupTaint)
+		h := w.newHost(t, ctx, node, startupTaint)
 		r := h.start(t)
 
 		// 1. No primary CNI config yet.
@@ -455,9 +615,9 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 
 	t.Run("without --node-taint the node is never touched", func(t *testing.T) {
 		const node = "node-no-flag"
-		w.applyOptionalRBAC(t, ctx)
+		w.applyOptional(t, ctx)
 		before := w.createNode(t, ctx, node).Spec.Taints
-		h := w.newHost(t, node, "")
+		h := w.newHost(t, ctx, node, "")
 		h.write(t, "10-calico.conflist", calicoConflist)
 		r := h.start(t)
 		r.waitReady(t)
