@@ -11,8 +11,11 @@ APT_PACKAGES := iptables nftables iproute2
 
 all: build
 
+# bin/linkerd-cni runs the DaemonSet (install, repair); bin/plugin/linkerd-cni is the lean
+# plugin-only build that the installer copies onto each node (see cmd/linkerd-cni).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/proxy-init ./cmd/linkerd-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/linkerd-cni ./cmd/linkerd-cni
 
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:

@@ -1,20 +1,20 @@
 // Command linkerd-cni is the Linkerd-compatible chained CNI plugin. With CNI_COMMAND set (the
 // container runtime calling it) it is the plugin; otherwise it runs a subcommand. All logic lives
-// in package cniplugin.
+// in package cniplugin and its sub-packages.
+//
+// Built with -tags pluginonly it is only the plugin (plus `version`): that is the binary the
+// installer copies onto the node. Go runs the package initialisers of everything linked in on
+// every start, and the installer's and repair controller's dependencies (client-go's full
+// clientset, informers, Prometheus) would add tens of milliseconds to every pod's sandbox set-up.
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
-	"github.com/kubemesh/proxy-init/cniplugin/install"
-	"github.com/kubemesh/proxy-init/cniplugin/repair"
 )
 
 func main() {
@@ -22,14 +22,10 @@ func main() {
 		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
 		return
 	}
-	if len(os.Args) > 1 && os.Args[1] == "install" {
-		os.Exit(install.Main(os.Args[2:]))
-	}
-	if len(os.Args) > 1 && os.Args[1] == "repair" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		code := repair.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
-		stop()
-		os.Exit(code)
+	if len(os.Args) > 1 {
+		if run, ok := subcommands[os.Args[1]]; ok {
+			os.Exit(run(os.Args[2:]))
+		}
 	}
 	os.Exit(cniplugin.Main(os.Args[1:], os.Stdout, os.Stderr))
 }

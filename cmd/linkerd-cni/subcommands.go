@@ -1,0 +1,23 @@
+//go:build !pluginonly
+
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kubemesh/proxy-init/cniplugin/install"
+	"github.com/kubemesh/proxy-init/cniplugin/repair"
+)
+
+// subcommands are the long-running DaemonSet processes, left out of the pluginonly build.
+var subcommands = map[string]func(args []string) int{
+	"install": install.Main,
+	"repair": func(args []string) int {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return repair.Main(ctx, args, os.Stdout, os.Stderr)
+	},
+}
