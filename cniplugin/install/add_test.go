@@ -90,8 +90,8 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	}
 	netnstest.RequireRoot(t)
 	plugins := cniPluginsDir(t)
-	image := t.TempDir() // the image's /opt/cni/bin
-	goBuild(t, image, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
+	goBuild(t, image, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 
 	node := netnstest.NewNS(t)
 	cluster := kubetest.Start(t, kubetest.Options{NetNSPath: node.Path()})

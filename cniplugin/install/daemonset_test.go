@@ -179,9 +179,11 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Skip("skipping: builds linkerd-cni and starts kube-apiserver")
 	}
 	netnstest.RequireRoot(t)
-	image := t.TempDir() // the image's /opt/cni/bin
-	goBuild(t, image, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
-	bin := filepath.Join(image, "linkerd-cni")
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
+	goBuild(t, image, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	full := t.TempDir() // the image's /usr/local/bin: install and repair
+	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	bin := filepath.Join(full, "linkerd-cni")
 
 	node := netnstest.NewNS(t)
 	cluster := kubetest.Start(t, kubetest.Options{NetNSPath: node.Path()})
@@ -240,7 +242,7 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Fatalf("containers = %v, want install-cni and repair-controller", containers)
 	}
 	for _, c := range containers {
-		if c.binaryInImg != "/opt/cni/bin/linkerd-cni" {
+		if c.binaryInImg != "/usr/local/bin/linkerd-cni" {
 			t.Fatalf("container %s runs %s, not the image's linkerd-cni", c.name, c.binaryInImg)
 		}
 		c.env["KUBERNETES_SERVICE_HOST"], c.env["KUBERNETES_SERVICE_PORT"] = u.Hostname(), u.Port()

@@ -256,7 +256,7 @@ func TestManifestContract(t *testing.T) {
 	}
 	cmd, _, _ := unstructured.NestedStringSlice(install, "command")
 	args, _, _ := unstructured.NestedStringSlice(install, "args")
-	if !slices.Equal(cmd, []string{"/opt/cni/bin/linkerd-cni", "install"}) {
+	if !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "install"}) {
 		t.Errorf("install-cni command = %q", cmd)
 	}
 	// The flags must parse, and the probes must hit the admin address they set.
@@ -271,7 +271,7 @@ func TestManifestContract(t *testing.T) {
 		}
 	}
 	pre, _, _ := unstructured.NestedStringSlice(install, "lifecycle", "preStop", "exec", "command")
-	if !slices.Equal(pre, []string{"/opt/cni/bin/linkerd-cni", "install", "--pre-stop"}) {
+	if !slices.Equal(pre, []string{"/usr/local/bin/linkerd-cni", "install", "--pre-stop"}) {
 		t.Errorf("preStop = %q", pre)
 	}
 
@@ -286,7 +286,7 @@ func TestManifestContract(t *testing.T) {
 	if rc == nil {
 		t.Fatal("DaemonSet has no repair-controller container")
 	}
-	if cmd, _, _ := unstructured.NestedStringSlice(rc, "command"); !slices.Equal(cmd, []string{"/opt/cni/bin/linkerd-cni", "repair"}) {
+	if cmd, _, _ := unstructured.NestedStringSlice(rc, "command"); !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "repair"}) {
 		t.Errorf("repair-controller command = %q", cmd)
 	}
 	rcEnv, _, _ := unstructured.NestedSlice(rc, "env")

@@ -23,13 +23,16 @@ func TestSIGTERMRemovesEverything(t *testing.T) {
 	if err := os.Remove(filepath.Join(h.imageBin, "linkerd-cni")); err != nil {
 		t.Fatal(err)
 	}
-	goBuild(t, h.imageBin, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	// As in the image: the node's plugin-only build in /opt/cni/bin, the full binary elsewhere.
+	goBuild(t, h.imageBin, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	full := t.TempDir()
+	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 	h.write(t, "10-calico.conflist", calicoConflist)
 	h.write(t, "20-flannel.conf", flannelConf)
 	netBefore := dirNames(t, h.netDir)
 	binBefore := dirNames(t, h.binDir)
 
-	cmd := exec.Command(filepath.Join(h.imageBin, "linkerd-cni"), "install", "--admin-addr=-", "--log-format=json")
+	cmd := exec.Command(filepath.Join(full, "linkerd-cni"), "install", "--admin-addr=-", "--log-format=json")
 	cmd.Env = []string{
 		"CONTAINER_MOUNT_PREFIX=" + filepath.Join(h.root, "host"),
 		"CONTAINER_CNI_BIN_DIR=" + h.imageBin,
