@@ -120,6 +120,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
 	if errors.Is(err, pflag.ErrHelp) {
 		fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
+		fs.SortFlags = false
 		c.AddFlags(fs)
 		fmt.Fprint(stdout, "linkerd-cni repair deletes the pods on this node whose linkerd-network-validator exited 95.\n\nFlags:\n"+fs.FlagUsages())
 		return 0
