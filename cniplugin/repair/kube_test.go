@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -54,36 +55,33 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// linkerdCNIRules is Linkerd's linkerd-cni ClusterRole with the repair controller enabled: what
-// the CNI plugin reads, plus pods delete and events.k8s.io events create for the repair
-// controller. It stands in for deploy/ until that directory holds the ClusterRole.
-var linkerdCNIRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods", "nodes", "namespaces", "services"}, Verbs: []string{"list", "get", "watch"}},
-	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"delete"}},
-	{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
-}
-
-// deployClusterRole returns the rules of the ClusterRole named linkerd-cni in deploy/, and where
-// they came from; without one it returns linkerdCNIRules.
+// deployClusterRole returns the rules of the ClusterRole named linkerd-cni in deploy/ (the one the
+// DaemonSet's ServiceAccount, shared by the repair controller, is bound to) and its file.
 func deployClusterRole(t *testing.T) ([]rbacv1.PolicyRule, string) {
 	t.Helper()
-	files, _ := filepath.Glob("../../deploy/**/*.yaml")
-	more, _ := filepath.Glob("../../deploy/*.yaml")
-	files = append(files, more...)
-	for _, f := range files {
-		b, err := os.ReadFile(f)
+	var rules []rbacv1.PolicyRule
+	var found string
+	err := filepath.WalkDir("../../deploy", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || found != "" {
+			return err
+		}
+		b, err := os.ReadFile(path)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
 			var cr rbacv1.ClusterRole
-			if yaml.Unmarshal([]byte(doc), &cr) != nil || cr.Kind != "ClusterRole" || cr.Name != "linkerd-cni" {
-				continue
+			if yaml.Unmarshal([]byte(doc), &cr) == nil && cr.Kind == "ClusterRole" && cr.Name == "linkerd-cni" {
+				rules, found = cr.Rules, path
+				return nil
 			}
-			return cr.Rules, f
 		}
+		return nil
+	})
+	if err != nil || found == "" {
+		t.Fatalf("no ClusterRole linkerd-cni under deploy/ (err %v)", err)
 	}
-	return linkerdCNIRules, "an equivalent of Linkerd's ClusterRole (deploy/ has no linkerd-cni ClusterRole yet)"
+	return rules, found
 }
 
 // serviceAccountClient creates a ServiceAccount bound to a ClusterRole with rules, and returns a
