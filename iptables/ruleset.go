@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Family is an address family the rules are written for.
@@ -49,6 +50,13 @@ type Ruleset struct {
 	OutboundIgnorePorts   []PortRange
 	InboundIgnoreSubnets  []netip.Prefix
 	OutboundIgnoreSubnets []netip.Prefix
+
+	// rendered caches Rules per family: apply, compare and payloads all need the same lines,
+	// and rendering a thousand rules more than once is a visible part of a one-shot run.
+	rendered [2]struct {
+		once  sync.Once
+		rules []Rule
+	}
 }
 
 // Build validates c and returns the rules it describes.
@@ -92,8 +100,10 @@ func (r Rule) String() string { return "-A " + r.Chain + " " + r.Spec }
 // Delete renders the rule as an iptables-restore delete command.
 func (r Rule) Delete() string { return "-D " + r.Chain + " " + r.Spec }
 
+// rule renders one rule. Names never hold quotes or backslashes, so plain quoting matches what
+// iptables-save prints.
 func rule(chain, matches, name, target string) Rule {
-	spec := fmt.Sprintf("-m comment --comment %q -j %s", CommentPrefix+name, target)
+	spec := "-m comment --comment \"" + CommentPrefix + name + "\" -j " + target
 	if matches != "" {
 		spec = matches + " " + spec
 	}
@@ -149,6 +159,15 @@ func (r *Ruleset) Jumps() []Rule {
 // Rules returns every rule for family f as iptables-save would list it: jumps first (built-in
 // chains are printed before ours), then our chains in name order.
 func (r *Ruleset) Rules(f Family) []Rule {
+	c := &r.rendered[0]
+	if f == IPv6 {
+		c = &r.rendered[1]
+	}
+	c.once.Do(func() { c.rules = r.render(f) })
+	return c.rules
+}
+
+func (r *Ruleset) render(f Family) []Rule {
 	out := r.Jumps()
 	chain := r.ChainRules(f)
 	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "validate" {
 		return validator.Main(ctx, args[1:], stdout, stderr)
 	}
+	// A one-shot run allocates a few megabytes at most; collecting garbage would only add to
+	// the pod's start-up. The limit keeps a pathological input from growing without bound.
+	debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(256 << 20)
 	o, err := Parse(args)
 	if errors.Is(err, ErrHelp) {
 		fmt.Fprint(stdout, Usage())

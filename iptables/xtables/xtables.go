@@ -167,7 +167,8 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		if rs.HasFamily(f) {
 			target = rs.Saved(f)
 		}
-		if rs.HasFamily(f) && rs.Compare(f, cur).Empty() || !rs.HasFamily(f) && cur.Empty() {
+		// Nothing of ours in place (a fresh pod) cannot match; skip comparing line by line.
+		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
 		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
