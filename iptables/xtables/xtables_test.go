@@ -153,11 +153,17 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
+		mode  iptables.Mode
 		prior bool
-	}{{"from empty", false}, {"from previous rules", true}} {
+	}{
+		{"legacy from empty", iptables.ModeLegacy, false}, {"legacy from previous rules", iptables.ModeLegacy, true},
+		// nft restores both families at once: IPv4 may finish first or last, and is undone either way.
+		{"nft from empty", iptables.ModeNFT, false}, {"nft from previous rules", iptables.ModeNFT, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
+			flavor := string(tc.mode)
 			n := newNS(t)
-			good, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
+			good, err := xtables.New(tc.mode, xtables.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -167,11 +173,11 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			before := save(t, n, "iptables-legacy-save")
+			before := save(t, n, "iptables-"+flavor+"-save")
 
-			// A PATH where ip6tables-legacy-restore always fails.
+			// A PATH where ip6tables-<flavor>-restore always fails.
 			dir := t.TempDir()
-			for _, b := range []string{"iptables-legacy-restore", "iptables-legacy-save", "ip6tables-legacy-save"} {
+			for _, b := range []string{"iptables-" + flavor + "-restore", "iptables-" + flavor + "-save", "ip6tables-" + flavor + "-save"} {
 				real, err := exec.LookPath(b)
 				if err != nil {
 					t.Fatal(err)
@@ -181,11 +187,11 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 				}
 			}
 			fail := "#!/bin/sh\necho 'ip6tables-restore: line 3 failed' >&2\nexit 1\n"
-			if err := os.WriteFile(filepath.Join(dir, "ip6tables-legacy-restore"), []byte(fail), 0o755); err != nil {
+			if err := os.WriteFile(filepath.Join(dir, "ip6tables-"+flavor+"-restore"), []byte(fail), 0o755); err != nil {
 				t.Fatal(err)
 			}
 			t.Setenv("PATH", dir)
-			bad, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
+			bad, err := xtables.New(tc.mode, xtables.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +200,7 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 			rs, _ := iptables.Build(c)
 			err = do(t, n, func() (err error) { _, err = bad.Apply(ctx, rs); return })
 			if err == nil {
-				t.Fatal("apply succeeded with a failing ip6tables-legacy-restore")
+				t.Fatalf("apply succeeded with a failing ip6tables-%s-restore", flavor)
 			}
 			if !strings.Contains(err.Error(), "ipv6") || !strings.Contains(err.Error(), "payload line 3: :PROXY_INIT_OUTPUT - [0:0]") {
 				t.Errorf("error does not name the family and quote the payload line: %v", err)
@@ -202,7 +208,7 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 			if !strings.Contains(err.Error(), "rolled back") {
 				t.Errorf("error does not say IPv4 was rolled back: %v", err)
 			}
-			if after := save(t, n, "iptables-legacy-save"); after != before {
+			if after := save(t, n, "iptables-"+flavor+"-save"); after != before {
 				t.Errorf("ipv4 not restored:\n%s\nwant\n%s", after, before)
 			}
 		})
