@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/origdst"
 )
 
 // Exit codes.
@@ -385,7 +387,7 @@ func (s *server) handle(conn *net.TCPConn) {
 	line, _ := bufio.NewReader(io.LimitReader(conn, 256)).ReadString('\n')
 	token := strings.TrimSpace(line)
 	a := arrival{token: token, local: unmap(conn.LocalAddr().(*net.TCPAddr).AddrPort())}
-	a.origDst, a.origErr = originalDst(conn, a.local.Addr().Is4())
+	a.origDst, a.origErr = origdst.Lookup(conn)
 	select {
 	case s.arrivals <- a:
 	default: // a flood of stray connections; ours will still be looked for among the rest

@@ -1,11 +1,9 @@
 package validator
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -175,43 +173,6 @@ func TestExitCode(t *testing.T) {
 	}
 	if got := f.Error(); got != "ipv4 check failed (not-redirected): no connection arrived" {
 		t.Errorf("Failure.Error() = %q", got)
-	}
-}
-
-func TestParseSockaddr(t *testing.T) {
-	v4 := make([]byte, unix.SizeofSockaddrInet4)
-	binary.NativeEndian.PutUint16(v4[0:], unix.AF_INET)
-	binary.BigEndian.PutUint16(v4[2:], 20001)
-	copy(v4[4:], []byte{203, 0, 113, 99})
-	v6 := make([]byte, unix.SizeofSockaddrInet6)
-	binary.NativeEndian.PutUint16(v6[0:], unix.AF_INET6)
-	binary.BigEndian.PutUint16(v6[2:], 20001)
-	a := netip.MustParseAddr("2001:db8:2::99").As16()
-	copy(v6[8:], a[:])
-	bad := append([]byte(nil), v4...)
-	binary.NativeEndian.PutUint16(bad[0:], unix.AF_UNIX)
-	tests := []struct {
-		name    string
-		in      []byte
-		want    string
-		wantErr bool
-	}{
-		{name: "ipv4", in: v4, want: "203.0.113.99:20001"},
-		{name: "ipv6", in: v6, want: "[2001:db8:2::99]:20001"},
-		{name: "short", in: v4[:2], wantErr: true},
-		{name: "truncated ipv6", in: v6[:unix.SizeofSockaddrInet4], wantErr: true},
-		{name: "wrong family", in: bad, wantErr: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseSockaddr(tc.in)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
-			}
-			if !tc.wantErr && got.String() != tc.want {
-				t.Fatalf("got %s, want %s", got, tc.want)
-			}
-		})
 	}
 }
 

@@ -13,13 +13,11 @@
 package main
 
 import (
-	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -27,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/kubemesh/proxy-init/internal/origdst"
 )
 
 func main() {
@@ -80,7 +78,7 @@ func proxy(args []string) error {
 			if c.LocalAddr().(*net.TCPAddr).Port == 4143 {
 				role = "inbound"
 			}
-			dst, err := originalDst(c)
+			dst, err := origdst.Lookup(c)
 			if err != nil {
 				return fmt.Sprintf("fake proxy (%s port %d): connection from %s, original destination unknown (%v)",
 					role, c.LocalAddr().(*net.TCPAddr).Port, c.RemoteAddr(), err)
@@ -150,51 +148,6 @@ func waitReady(file string) error {
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
 	<-sig
 	return nil
-}
-
-// originalDst asks conntrack where the connection was headed before NAT. The kernel writes a
-// sockaddr_in (IPv4) or sockaddr_in6 (IPv6); the x/sys getsockopt helpers with a large enough
-// fixed-size struct receive it without unsafe code.
-func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	v6 := c.LocalAddr().(*net.TCPAddr).IP.To4() == nil
-	var dst netip.AddrPort
-	var sysErr error
-	err = raw.Control(func(fd uintptr) {
-		if v6 {
-			// IP6T_SO_ORIGINAL_DST is 80, the same number as SO_ORIGINAL_DST, at level SOL_IPV6.
-			info, err := unix.GetsockoptIPv6MTUInfo(int(fd), unix.SOL_IPV6, unix.SO_ORIGINAL_DST)
-			if err != nil {
-				sysErr = err
-				return
-			}
-			// The port's bytes are in network order; undo the native-order load.
-			var pb [2]byte
-			binary.NativeEndian.PutUint16(pb[:], info.Addr.Port)
-			port := binary.BigEndian.Uint16(pb[:])
-			dst = netip.AddrPortFrom(netip.AddrFrom16(info.Addr.Addr), port)
-			return
-		}
-		mreq, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
-		if err != nil {
-			sysErr = err
-			return
-		}
-		// sockaddr_in: family (2 bytes), port (2, network order), address (4).
-		b := mreq.Multiaddr
-		port := uint16(b[2])<<8 | uint16(b[3])
-		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port)
-	})
-	if err == nil {
-		err = sysErr
-	}
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("getsockopt SO_ORIGINAL_DST: %w", err)
-	}
-	return dst, nil
 }
 
 // dial connects, prints the reply and exits non-zero if nothing answered.

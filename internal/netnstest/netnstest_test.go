@@ -1,7 +1,6 @@
 package netnstest
 
 import (
-	"encoding/binary"
 	"errors"
 	"io/fs"
 	"net/netip"
@@ -11,52 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 const expectWait = 2 * time.Second
-
-func TestParseSockaddr(t *testing.T) {
-	v4 := make([]byte, unix.SizeofSockaddrInet4)
-	binary.NativeEndian.PutUint16(v4[0:], unix.AF_INET)
-	binary.BigEndian.PutUint16(v4[2:], 8080)
-	copy(v4[4:], []byte{192, 0, 2, 10})
-
-	v6 := make([]byte, unix.SizeofSockaddrInet6)
-	binary.NativeEndian.PutUint16(v6[0:], unix.AF_INET6)
-	binary.BigEndian.PutUint16(v6[2:], 443)
-	binary.BigEndian.PutUint32(v6[4:], 0xdeadbeef) // flow info, ignored
-	a16 := netip.MustParseAddr("2001:db8:1::20").As16()
-	copy(v6[8:], a16[:])
-
-	bad := append([]byte(nil), v4...)
-	binary.NativeEndian.PutUint16(bad[0:], unix.AF_UNIX)
-
-	tests := []struct {
-		name    string
-		in      []byte
-		want    netip.AddrPort
-		wantErr bool
-	}{
-		{name: "ipv4", in: v4, want: netip.MustParseAddrPort("192.0.2.10:8080")},
-		{name: "ipv6", in: v6, want: netip.MustParseAddrPort("[2001:db8:1::20]:443")},
-		{name: "short", in: v4[:3], wantErr: true},
-		{name: "truncated ipv6", in: v6[:unix.SizeofSockaddrInet4], wantErr: true},
-		{name: "wrong family", in: bad, wantErr: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseSockaddr(tc.in)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("parseSockaddr err = %v, wantErr %v", err, tc.wantErr)
-			}
-			if got != tc.want {
-				t.Fatalf("parseSockaddr = %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
 
 func TestNewNSIsFreshAndCleanedUp(t *testing.T) {
 	RequireRoot(t)

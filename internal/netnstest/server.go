@@ -1,8 +1,6 @@
 package netnstest
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,9 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/kubemesh/proxy-init/internal/origdst"
 )
 
 // Conn is one accepted connection as a server saw it.
@@ -173,7 +170,6 @@ func startListener(t testing.TB, n *NS, rec *Recorder, network, addr string, por
 	}); err != nil {
 		t.Fatalf("listen %s %s in %s: %v", network, addr, n, err)
 	}
-	v6 := network == "tcp6"
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -182,7 +178,7 @@ func startListener(t testing.TB, n *NS, rec *Recorder, network, addr string, por
 			if err != nil {
 				return // closed at cleanup
 			}
-			serve(c.(*net.TCPConn), rec, port, v6, reply)
+			serve(c.(*net.TCPConn), rec, port, reply)
 		}
 	}()
 	t.Cleanup(func() {
@@ -191,14 +187,14 @@ func startListener(t testing.TB, n *NS, rec *Recorder, network, addr string, por
 	})
 }
 
-func serve(c *net.TCPConn, rec *Recorder, port int, v6 bool, reply string) {
+func serve(c *net.TCPConn, rec *Recorder, port int, reply string) {
 	defer c.Close()
 	conn := Conn{
 		ListenPort: port,
 		Local:      unmap(c.LocalAddr().(*net.TCPAddr).AddrPort()),
 		Remote:     unmap(c.RemoteAddr().(*net.TCPAddr).AddrPort()),
 	}
-	if dst, err := originalDst(c, v6); err == nil {
+	if dst, err := origdst.Lookup(c); err == nil {
 		conn.OriginalDst = dst
 	}
 	rec.add(conn)
@@ -208,65 +204,6 @@ func serve(c *net.TCPConn, rec *Recorder, port int, v6 bool, reply string) {
 
 func unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-}
-
-// ip6tSoOriginalDst is IP6T_SO_ORIGINAL_DST from linux/netfilter_ipv6/ip6_tables.h
-// (same number as SO_ORIGINAL_DST, at level SOL_IPV6); x/sys/unix lacks it.
-const ip6tSoOriginalDst = 80
-
-// originalDst asks conntrack for the pre-NAT destination of c.
-func originalDst(c *net.TCPConn, v6 bool) (netip.AddrPort, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("raw conn: %w", err)
-	}
-	var (
-		buf    [unix.SizeofSockaddrInet6]byte
-		size   = uint32(unix.SizeofSockaddrInet4)
-		level  = unix.SOL_IP
-		option = unix.SO_ORIGINAL_DST
-		sysErr error
-	)
-	if v6 {
-		size = unix.SizeofSockaddrInet6
-		level = unix.SOL_IPV6
-		option = ip6tSoOriginalDst
-	}
-	if err := raw.Control(func(fd uintptr) {
-		// x/sys/unix has no getsockopt for a raw sockaddr, hence the
-		// syscall; the kernel writes a sockaddr_in or sockaddr_in6.
-		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(option),
-			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
-		if errno != 0 {
-			sysErr = errno
-		}
-	}); err != nil {
-		return netip.AddrPort{}, fmt.Errorf("control: %w", err)
-	}
-	if sysErr != nil {
-		return netip.AddrPort{}, fmt.Errorf("getsockopt original dst: %w", sysErr)
-	}
-	return parseSockaddr(buf[:size])
-}
-
-// parseSockaddr decodes a sockaddr_in or sockaddr_in6: family in host byte
-// order, then the port in network byte order, then the address.
-func parseSockaddr(b []byte) (netip.AddrPort, error) {
-	if len(b) < 4 {
-		return netip.AddrPort{}, errors.New("short sockaddr")
-	}
-	family := binary.NativeEndian.Uint16(b[0:2])
-	port := binary.BigEndian.Uint16(b[2:4])
-	switch {
-	case family == unix.AF_INET && len(b) >= unix.SizeofSockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port), nil
-	case family == unix.AF_INET6 && len(b) >= unix.SizeofSockaddrInet6:
-		// Bytes 4..8 are the flow info, 24..28 the scope id (unused here:
-		// redirect targets are never link-local).
-		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])), port), nil
-	default:
-		return netip.AddrPort{}, fmt.Errorf("unexpected sockaddr family %d, length %d", family, len(b))
-	}
 }
 
 // replyFrom trims a server reply for comparison.
