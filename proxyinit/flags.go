@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -241,10 +242,10 @@ func Parse(args []string) (*Options, error) {
 	probs = append(probs, modeProbs...)
 
 	o.LogFormat = v.logFormat
-	if v.logFormat != "plain" && v.logFormat != "json" {
-		bad(flagLogFormat, v.logFormat, "unknown log format; want plain or json")
+	if err := logging.CheckFormat(v.logFormat); err != nil {
+		bad(flagLogFormat, v.logFormat, err.Error())
 	}
-	lvl, err := parseLevel(v.logLevel)
+	lvl, err := logging.ParseLevel(v.logLevel)
 	if err != nil {
 		bad(flagLogLevel, v.logLevel, err.Error())
 	}
@@ -393,23 +394,6 @@ func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
 		return iptables.ModePlain, true
 	}
 	return "", false
-}
-
-// parseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic).
-func parseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "trace":
-		return slog.LevelDebug - 4, nil
-	case "debug":
-		return slog.LevelDebug, nil
-	case "info":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error", "fatal", "panic":
-		return slog.LevelError, nil
-	}
-	return slog.LevelInfo, errors.New("unknown log level; want trace, debug, info, warn or error")
 }
 
 // lenientInt is an int flag that keeps its text, so a bad number is reported with the others.

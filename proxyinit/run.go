@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
@@ -59,7 +60,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
 		return ExitFailure
 	}
-	log := NewLogger(stderr, o.LogFormat, o.LogLevel)
+	log := logging.New(stderr, o.LogFormat, o.LogLevel)
 	for _, w := range o.Warnings {
 		log.Warn(w)
 	}
@@ -70,16 +71,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitFailure
 	}
 	return ExitOK
-}
-
-// NewLogger returns the slog logger for --log-format ("plain" is slog's text handler) and
-// --log-level.
-func NewLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // Run executes a parsed command line.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
 // Defaults, as Linkerd's chart passes them for IPv4 (and for IPv6 in the --ipv6 check).
@@ -149,10 +151,10 @@ func (c Config) Validate() error {
 	if c.Timeout <= 0 {
 		bad(FlagTimeout, c.Timeout.String(), "must be positive")
 	}
-	if c.LogFormat != "plain" && c.LogFormat != "json" {
-		bad(FlagLogFormat, c.LogFormat, "unknown log format; want plain or json")
+	if err := logging.CheckFormat(c.LogFormat); err != nil {
+		bad(FlagLogFormat, c.LogFormat, err.Error())
 	}
-	if _, err := ParseLevel(c.LogLevel); err != nil {
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 		bad(FlagLogLevel, c.LogLevel, err.Error())
 	}
 	if c.IPv6 {
@@ -180,32 +182,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ParseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic).
-func ParseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "trace":
-		return slog.LevelDebug - 4, nil
-	case "debug":
-		return slog.LevelDebug, nil
-	case "info":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error", "fatal", "panic":
-		return slog.LevelError, nil
-	}
-	return slog.LevelInfo, errors.New("unknown log level; want trace, debug, info, warn or error")
-}
-
 // NewLogger returns the logger for c's --log-format and --log-level, writing to w. An unknown
 // level falls back to info (Validate reports it).
 func (c Config) NewLogger(w io.Writer) *slog.Logger {
-	lvl, _ := ParseLevel(c.LogLevel)
-	opts := &slog.HandlerOptions{Level: lvl}
-	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	lvl, _ := logging.ParseLevel(c.LogLevel)
+	return logging.New(w, c.LogFormat, lvl)
 }
 
 // listenCanReceive reports whether a listener on listen can accept a connection to connect once

@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
+
+	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
 // Main is `linkerd-cni install [flags]`: it reads the environment, runs the
@@ -55,17 +57,13 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "linkerd-cni install: --log-level %q: %v\n", *logLevel, err)
 		return 2
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	var log *slog.Logger
 	switch *logFormat {
-	case "plain", "text":
-		log = slog.New(slog.NewTextHandler(stderr, opts))
-	case "json":
-		log = slog.New(slog.NewJSONHandler(stderr, opts))
+	case "plain", "text", "json":
 	default:
 		fmt.Fprintf(stderr, "linkerd-cni install: --log-format %q: must be plain or json\n", *logFormat)
 		return 2
 	}
+	log := logging.New(stderr, *logFormat, level)
 	if *preStop {
 		if err := signalInstaller(1); err != nil {
 			log.Error("pre-stop", "error", err)

@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+
+	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
 // EnvNodeName names the node whose pods are repaired (Linkerd's variable, set from
@@ -130,13 +132,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	lvl, _ := parseLevel(c.LogLevel)
-	opts := &slog.HandlerOptions{Level: lvl}
-	var log *slog.Logger
-	if c.LogFormat == "json" {
-		log = slog.New(slog.NewJSONHandler(stderr, opts))
-	} else {
-		log = slog.New(slog.NewTextHandler(stderr, opts))
-	}
+	log := logging.New(stderr, c.LogFormat, lvl)
 	// client-go logs through klog; send it to the same place in the same format.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if err := Run(ctx, c, log); err != nil {
