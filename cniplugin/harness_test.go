@@ -9,11 +9,9 @@ package cniplugin_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,6 +29,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -44,9 +43,6 @@ const (
 
 	cniNamespace      = "linkerd-cni"
 	cniServiceAccount = "linkerd-cni"
-
-	// pluginsPkg is the module the real CNI plugins are built from, at the version go.mod pins.
-	pluginsPkg = "github.com/containernetworking/plugins"
 )
 
 // ---- binaries ----
@@ -79,61 +75,18 @@ func pluginBinaries(t testing.TB) []string {
 	return binDirs
 }
 
-// goBuild builds pkgs into dir as `make build` builds the node's plugin: static, stripped,
-// trimmed paths, and linkerd-cni without the DaemonSet subcommands (-tags pluginonly; the tag
-// means nothing to the other plugins).
-func goBuild(dir string, pkgs ...string) error {
-	args := append([]string{"build", "-trimpath", "-tags", "pluginonly", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)
-	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return nil
-}
-
 func buildBinaries() ([]string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", pluginsPkg).Output()
+	plugins, err := cnitest.PluginsDir()
 	if err != nil {
-		return nil, fmt.Errorf("find the pinned version of %s: %w", pluginsPkg, err)
-	}
-	ver := strings.TrimSpace(string(out))
-	cache := os.Getenv("CNI_PLUGINS_CACHE")
-	if cache == "" {
-		cache = "/var/cache/proxy-init-cni"
-	}
-	plugins := filepath.Join(cache, "plugins-"+ver)
-	names := []string{"bridge", "host-local", "loopback"}
-	missing := false
-	for _, n := range names {
-		if _, err := os.Stat(filepath.Join(plugins, n)); err != nil {
-			missing = true
-		}
-	}
-	if missing {
-		if err := os.MkdirAll(cache, 0o755); err != nil {
-			return nil, err
-		}
-		tmp, err := os.MkdirTemp(cache, ".build-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(tmp)
-		if err := goBuild(tmp, pluginsPkg+"/plugins/main/bridge", pluginsPkg+"/plugins/ipam/host-local", pluginsPkg+"/plugins/main/loopback"); err != nil {
-			return nil, err
-		}
-		// Rename the whole directory so a concurrent reader never sees half of it.
-		if err := os.Rename(tmp, plugins); err != nil && !errors.Is(err, os.ErrExist) {
-			if _, statErr := os.Stat(filepath.Join(plugins, "loopback")); statErr != nil {
-				return nil, fmt.Errorf("install plugins into %s: %w", plugins, err)
-			}
-		}
+		return nil, err
 	}
 	ownDir, err = os.MkdirTemp("", "linkerd-cni-test-bin-")
 	if err != nil {
 		return nil, err
 	}
-	if err := goBuild(ownDir, "github.com/kubemesh/proxy-init/cmd/linkerd-cni", "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni"); err != nil {
+	// linkerd-cni as the node runs it: without the DaemonSet subcommands (-tags pluginonly; the
+	// tag means nothing to noopcni).
+	if err := cnitest.GoBuild(ownDir, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni", "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni"); err != nil {
 		return nil, err
 	}
 	return []string{ownDir, plugins}, nil

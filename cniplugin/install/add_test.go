@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,63 +23,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
-// cniPluginsDir returns a directory with the real bridge, host-local and loopback plugins at the
-// version go.mod pins, built once into a cache outside the repository ($CNI_PLUGINS_CACHE or
-// /var/cache/proxy-init-cni, shared with the cniplugin tests).
-func cniPluginsDir(t *testing.T) string {
+// goBuild builds as `make build` does (cnitest.GoBuild); args are extra go build flags, then
+// packages.
+func goBuild(t *testing.T, dir string, args ...string) {
 	t.Helper()
-	const pkg = "github.com/containernetworking/plugins"
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", pkg).Output()
-	if err != nil {
-		t.Fatalf("find the pinned version of %s: %v", pkg, err)
-	}
-	cache := os.Getenv("CNI_PLUGINS_CACHE")
-	if cache == "" {
-		cache = "/var/cache/proxy-init-cni"
-	}
-	dir := filepath.Join(cache, "plugins-"+strings.TrimSpace(string(out)))
-	names := []string{"bridge", "host-local", "loopback"}
-	have := func() bool {
-		for _, n := range names {
-			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
-				return false
-			}
-		}
-		return true
-	}
-	if have() {
-		return dir
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
+	if err := cnitest.GoBuild(dir, args...); err != nil {
 		t.Fatal(err)
-	}
-	tmp, err := os.MkdirTemp(cache, ".build-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(tmp)
-	goBuild(t, tmp, pkg+"/plugins/main/bridge", pkg+"/plugins/ipam/host-local", pkg+"/plugins/main/loopback")
-	// A whole-directory rename, so a concurrent reader never sees half of it; losing the race
-	// to another builder is fine.
-	if err := os.Rename(tmp, dir); err != nil && !have() {
-		t.Fatalf("install plugins into %s: %v", dir, err)
-	}
-	return dir
-}
-
-func goBuild(t *testing.T, dir string, pkgs ...string) {
-	t.Helper()
-	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)
-	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
@@ -89,7 +44,10 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 		t.Skip("skipping: builds the plugins and starts kube-apiserver")
 	}
 	netnstest.RequireRoot(t)
-	plugins := cniPluginsDir(t)
+	plugins, err := cnitest.PluginsDir()
+	if err != nil {
+		t.Fatalf("build CNI plugins: %v", err)
+	}
 	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
 	goBuild(t, image, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 

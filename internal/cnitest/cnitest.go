@@ -1,0 +1,91 @@
+// Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni: the
+// real containernetworking bridge, host-local and loopback plugins at the version go.mod pins,
+// and this checkout's own commands.
+//
+// Limits: test support only (it runs `go build`, so it needs the Go toolchain and the module
+// cache, never the network once the cache holds the modules). The containernetworking plugins
+// are built once per version into a cache directory outside the repository, $CNI_PLUGINS_CACHE
+// or /var/cache/proxy-init-cni, shared by every test binary and kept between runs.
+package cnitest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// PluginsModule is the module the real CNI plugins are built from.
+const PluginsModule = "github.com/containernetworking/plugins"
+
+// DefaultCache is where the plugins are cached when $CNI_PLUGINS_CACHE is not set.
+const DefaultCache = "/var/cache/proxy-init-cni"
+
+// pluginPkgs are the plugins a bridge conflist needs, by binary name.
+var pluginPkgs = map[string]string{
+	"bridge":     PluginsModule + "/plugins/main/bridge",
+	"host-local": PluginsModule + "/plugins/ipam/host-local",
+	"loopback":   PluginsModule + "/plugins/main/loopback",
+}
+
+// GoBuild builds into dir as `make build` builds the node's plugin: static (CGO_ENABLED=0),
+// stripped and with trimmed paths. args are further go build flags (such as -tags=pluginonly,
+// which builds linkerd-cni without the DaemonSet subcommands), then the packages.
+func GoBuild(dir string, args ...string) error {
+	args = append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, args...)
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// PluginsDir returns a directory holding the bridge, host-local and loopback plugins at the
+// version go.mod pins, building them into the cache first if any is missing. Concurrent callers,
+// in this process or another, are safe: each builds into a temporary directory and renames it
+// into place whole, so nobody sees half of it, and losing that race is fine.
+func PluginsDir() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", PluginsModule).Output()
+	if err != nil {
+		return "", fmt.Errorf("find the pinned version of %s: %w", PluginsModule, err)
+	}
+	cache := os.Getenv("CNI_PLUGINS_CACHE")
+	if cache == "" {
+		cache = DefaultCache
+	}
+	dir := filepath.Join(cache, "plugins-"+strings.TrimSpace(string(out)))
+	have := func() bool {
+		for name := range pluginPkgs {
+			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if have() {
+		return dir, nil
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", fmt.Errorf("create plugin cache: %w", err)
+	}
+	tmp, err := os.MkdirTemp(cache, ".build-")
+	if err != nil {
+		return "", fmt.Errorf("create plugin build directory: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	pkgs := make([]string, 0, len(pluginPkgs))
+	for _, pkg := range pluginPkgs {
+		pkgs = append(pkgs, pkg)
+	}
+	slices.Sort(pkgs) // a stable command line in errors
+	if err := GoBuild(tmp, pkgs...); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dir); err != nil && !have() {
+		return "", fmt.Errorf("install plugins into %s: %w", dir, err)
+	}
+	return dir, nil
+}
