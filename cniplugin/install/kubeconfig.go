@@ -2,20 +2,20 @@ package install
 
 import (
 	"bytes"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
 
 // Names in the plugin's kubeconfig (DESIGN.md, "Installer environment").
 const (
-	KubeconfigCluster = "local"
-	KubeconfigUser    = "linkerd-cni"
-	KubeconfigContext = "linkerd-cni-context"
+	KubeconfigCluster = kubeconfig.Cluster
+	KubeconfigUser    = kubeconfig.User
+	KubeconfigContext = kubeconfig.Context
 )
 
 // kubeconfigMode keeps the token readable by root only; Linkerd writes
@@ -71,35 +71,12 @@ func readCredentials(c *Config) (credentials, error) {
 	return cr, nil
 }
 
-// renderKubeconfig returns the plugin's kubeconfig. Scalars are written as
-// JSON strings, which YAML reads as double-quoted strings, so no value can
-// break the document.
+// renderKubeconfig returns the plugin's kubeconfig.
 func renderKubeconfig(c *Config, cr credentials) []byte {
-	q := func(s string) string {
-		b, _ := json.Marshal(s)
-		return string(b)
-	}
-	tls := "    certificate-authority-data: " + q(base64.StdEncoding.EncodeToString(cr.ca))
-	if c.SkipTLSVerify {
-		tls = "    insecure-skip-tls-verify: true"
-	}
-	return fmt.Appendf(nil, `# Written by linkerd-cni install for the linkerd-cni CNI plugin; removed on uninstall.
-apiVersion: v1
-kind: Config
-clusters:
-- name: %[1]s
-  cluster:
-    server: %[4]s
-%[5]s
-users:
-- name: %[2]s
-  user:
-    token: %[6]s
-contexts:
-- name: %[3]s
-  context:
-    cluster: %[1]s
-    user: %[2]s
-current-context: %[3]s
-`, KubeconfigCluster, KubeconfigUser, KubeconfigContext, q(c.serverURL()), tls, q(string(cr.token)))
+	return kubeconfig.Render(kubeconfig.Params{
+		Server:                c.serverURL(),
+		Token:                 string(cr.token),
+		CA:                    cr.ca,
+		InsecureSkipTLSVerify: c.SkipTLSVerify,
+	})
 }
