@@ -16,20 +16,14 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and writes nftables rules in them (run as root; CI does)")
-	}
-}
 
 // newNS creates a throwaway network namespace, removed when the test ends.
 func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
-	requireRoot(t)
+	netnstest.RequireRoot(t)
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatalf("create netns: %v", err)
