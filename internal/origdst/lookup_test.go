@@ -1,7 +1,6 @@
 package origdst_test
 
 import (
-	"fmt"
 	"net"
 	"testing"
 
@@ -29,7 +28,7 @@ func TestLookup(t *testing.T) {
 	if _, err := nt.RunInWithInput(t, n, lookupNft, "nft", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	listen := func(network, addr string) {
+	listen := func(network, addr string) net.Listener {
 		var ln net.Listener
 		if err := n.Do(func() (err error) {
 			ln, err = net.Listen(network, addr)
@@ -37,56 +36,49 @@ func TestLookup(t *testing.T) {
 		}); err != nil {
 			t.Fatalf("listen %s %s: %v", network, addr, err)
 		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return // closed at cleanup
-				}
-				dst, err := origdst.Lookup(c.(*net.TCPConn))
-				if err != nil {
-					fmt.Fprintf(c, "error %v\n", err)
-				} else {
-					fmt.Fprintf(c, "%s\n", dst)
-				}
-				_ = c.Close()
-			}
-		}()
-		t.Cleanup(func() {
-			_ = ln.Close()
-			<-done
-		})
+		t.Cleanup(func() { _ = ln.Close() })
+		return ln
 	}
-	listen("tcp", "[::]:4140") // dual-stack
-	listen("tcp4", "0.0.0.0:4141")
-	listen("tcp4", "127.0.0.1:4142") // no rule sends anything here
+	dualStack := listen("tcp", "[::]:4140")
+	v4Only := listen("tcp4", "0.0.0.0:4141")
+	plain := listen("tcp4", "127.0.0.1:4142") // no rule sends anything here
 
 	tests := []struct {
-		network, addr, want string
+		name          string
+		ln            net.Listener
+		network, addr string
+		want          string
 	}{
-		{"tcp4", "127.0.0.2:80", "127.0.0.2:80"},
-		{"tcp6", "[::1]:80", "[::1]:80"},
-		{"tcp4", "127.0.0.3:81", "127.0.0.3:81"},
+		{"ipv4 client, dual-stack listener", dualStack, "tcp4", "127.0.0.2:80", "127.0.0.2:80"},
+		{"ipv6 client, dual-stack listener", dualStack, "tcp6", "[::1]:80", "[::1]:80"},
+		{"ipv4 client, ipv4 listener", v4Only, "tcp4", "127.0.0.3:81", "127.0.0.3:81"},
+		// conntrack saw the connection (a nat chain exists) but changed nothing.
+		{"not redirected", plain, "tcp4", "127.0.0.1:4142", "127.0.0.1:4142"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.network+" "+tc.addr, func(t *testing.T) {
-			got, err := nt.Dial(t, n, tc.network, tc.addr, nt.DialOpts{})
-			if err != nil || got != tc.want {
-				t.Fatalf("original destination = %q, %v; want %q", got, err, tc.want)
+		t.Run(tc.name, func(t *testing.T) {
+			// The kernel completes the handshake into the backlog, so the client can connect
+			// before the server accepts.
+			var client net.Conn
+			if err := n.Do(func() (err error) {
+				client, err = net.Dial(tc.network, tc.addr)
+				return err
+			}); err != nil {
+				t.Fatalf("dial %s %s: %v", tc.network, tc.addr, err)
+			}
+			defer client.Close()
+			c, err := tc.ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.RemoteAddr().(*net.TCPAddr).Port != client.LocalAddr().(*net.TCPAddr).Port {
+				t.Fatalf("accepted %s, want the connection from %s", c.RemoteAddr(), client.LocalAddr())
+			}
+			got, err := origdst.Lookup(c.(*net.TCPConn))
+			if err != nil || got.String() != tc.want {
+				t.Fatalf("Lookup = %v, %v; want %s", got, err, tc.want)
 			}
 		})
 	}
-	t.Run("not redirected", func(t *testing.T) {
-		got, err := nt.Dial(t, n, "tcp4", "127.0.0.1:4142", nt.DialOpts{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// conntrack saw the connection (a nat chain exists) but changed nothing, so the
-		// original destination is where it landed.
-		if got != "127.0.0.1:4142" {
-			t.Fatalf("original destination of an unredirected connection = %q, want 127.0.0.1:4142", got)
-		}
-	})
 }
