@@ -39,6 +39,19 @@ func goBuild(t *testing.T, dir string, args ...string) {
 	}
 }
 
+// projectClusterSA projects token and cluster's CA into h's service-account volume, as the
+// kubelet does for the DaemonSet's pods, and returns the API server's host and port as the
+// kubelet's KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT would give them.
+func (h *host) projectClusterSA(t *testing.T, cluster *kubetest.Cluster, token string) (host, port string) {
+	t.Helper()
+	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(cluster.CAData), "namespace": "linkerd-cni"})
+	u, err := url.Parse(cluster.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Hostname(), u.Port()
+}
+
 func TestInstalledPluginPerformsADD(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: builds the plugins and starts kube-apiserver")
@@ -84,11 +97,7 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	if err := os.MkdirAll(h.saDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(cluster.CAData), "namespace": "linkerd-cni"})
-	u, err := url.Parse(cluster.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	apiHost, apiPort := h.projectClusterSA(t, cluster, token)
 	primary := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "k8s-pod-network",
@@ -111,7 +120,7 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 		DestNetDir: netDir, DestBinDir: binDir, ContainerBinDir: image,
 		NetworkConfig:     cmData,
 		ServiceAccountDir: h.saDir,
-		ServiceHost:       u.Hostname(), ServicePort: u.Port(),
+		ServiceHost:       apiHost, ServicePort: apiPort,
 		Namespace: "linkerd-cni", AdminAddr: "-", Debounce: 20 * time.Millisecond,
 	}
 	runCtx, stop := context.WithCancel(context.Background())

@@ -13,7 +13,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,11 +230,7 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	if err := os.MkdirAll(h.saDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(cluster.CAData), "namespace": "linkerd-cni"})
-	u, err := url.Parse(cluster.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	apiHost, apiPort := h.projectClusterSA(t, cluster, token)
 	containers := daemonSetContainers(t, ms, nodeName)
 	install, repairC := containers["install-cni"], containers["repair-controller"]
 	if install == nil || repairC == nil {
@@ -245,7 +240,7 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		if c.binaryInImg != "/usr/local/bin/linkerd-cni" {
 			t.Fatalf("container %s runs %s, not the image's linkerd-cni", c.name, c.binaryInImg)
 		}
-		c.env["KUBERNETES_SERVICE_HOST"], c.env["KUBERNETES_SERVICE_PORT"] = u.Hostname(), u.Port()
+		c.env["KUBERNETES_SERVICE_HOST"], c.env["KUBERNETES_SERVICE_PORT"] = apiHost, apiPort
 	}
 	prefix := filepath.Join(root, "host")
 	netDir := filepath.Join(prefix, install.env["DEST_CNI_NET_DIR"])

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -285,12 +284,7 @@ func (w *taintWorld) newHost(t *testing.T, ctx context.Context, node, taint stri
 	t.Helper()
 	h := &taintHost{host: newHost(t), wrote: map[string]time.Time{}}
 	token := boundToken(t, ctx, w.cluster.Clientset, node)
-	h.projectSA(t, map[string]string{"token": token, "ca.crt": string(w.cluster.CAData), "namespace": "linkerd-cni"})
-	u, err := url.Parse(w.cluster.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.cfg.ServiceHost, h.cfg.ServicePort = u.Hostname(), u.Port()
+	h.cfg.ServiceHost, h.cfg.ServicePort = h.projectClusterSA(t, w.cluster, token)
 	h.cfg.NodeName = node
 	h.cfg.NodeTaint = taint
 	h.cfg.taintBackoff, h.cfg.taintBackoffMax = 50*time.Millisecond, 200*time.Millisecond
