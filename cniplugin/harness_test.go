@@ -454,6 +454,20 @@ func expectRules(t testing.TB, sb *sandbox, cfg iptables.Config) {
 	}
 }
 
+// expectPassThrough runs ADD, CHECK and DEL for sb, each of which must succeed, and expects the
+// plugin to have left sb's namespace untouched.
+func (n *node) expectPassThrough(t testing.TB, list *libcni.NetworkConfigList, sb *sandbox) {
+	t.Helper()
+	n.mustAdd(t, list, sb)
+	expectUntouched(t, sb)
+	if err := n.check(list, sb); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	if err := n.del(list, sb); err != nil {
+		t.Errorf("DEL: %v", err)
+	}
+}
+
 // expectUntouched asserts that the sandbox's netfilter state was never touched: no nftables table
 // at all (native or iptables-nft) and no legacy chain of ours.
 func expectUntouched(t testing.TB, sb *sandbox) {
