@@ -373,7 +373,7 @@ func TestTamperedTableIsRepaired(t *testing.T) {
 func TestApplyRemovesIptablesNFTRules(t *testing.T) {
 	for _, bin := range []string{"iptables-nft-restore", "ip6tables-nft-restore", "iptables-nft-save", "ip6tables-nft-save"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s not installed: %v", bin, err)
+			t.Fatalf("%s not installed (make deps installs it): %v", bin, err)
 		}
 	}
 	n := newNS(t)
