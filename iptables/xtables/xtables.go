@@ -153,19 +153,15 @@ func (a *Applier) Name() string { return a.name }
 // Flavor is the kernel side the binaries drive.
 func (a *Applier) Flavor() Flavor { return a.flavor }
 
-// Apply makes our rules exactly rs, one restore per family. If one family fails, every family
-// already written is rolled back to what it held before: never half a mesh.
-//
-// With iptables-nft the two families' restores run at the same time: they touch separate
-// tables and take no lock, so a fresh pod waits for one exec instead of two. Both children are
-// started from the calling thread, so they inherit its network namespace. iptables-legacy
-// serialises ip and ip6 on the xtables lock, so there they run one after the other.
+// Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
+// later one fails.
 func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
-	var todo []pendingRestore
+	var applied []appliedFamily
+	var res iptables.Result
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
 		if err != nil {
-			return iptables.Result{}, err
+			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
 		target := iptables.SavedState{}
 		if rs.HasFamily(f) {
@@ -175,43 +171,13 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
-		todo = append(todo, pendingRestore{appliedFamily{f, cur}, iptables.TransitionPayload(cur, target)})
-	}
-	if len(todo) == 0 {
-		return iptables.Result{}, nil
-	}
-	var applied []appliedFamily
-	var errs []error
-	if a.flavor == NFT {
-		running := make([]*restoreRun, len(todo))
-		for i, p := range todo {
-			running[i], errs = a.startRestore(ctx, p.f, p.payload), append(errs, nil)
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
+			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
-		for i, r := range running {
-			if errs[i] = r.wait(); errs[i] == nil {
-				applied = append(applied, todo[i].appliedFamily)
-			}
-		}
-	} else {
-		for _, p := range todo {
-			err := a.startRestore(ctx, p.f, p.payload).wait()
-			errs = append(errs, err)
-			if err != nil {
-				break
-			}
-			applied = append(applied, p.appliedFamily)
-		}
+		res.Changed = true
+		applied = append(applied, appliedFamily{f, cur})
 	}
-	if err := errors.Join(errs...); err != nil {
-		return iptables.Result{Changed: len(applied) > 0}, errors.Join(err, a.rollback(ctx, rs, applied))
-	}
-	return iptables.Result{Changed: true}, nil
-}
-
-// pendingRestore is one family's transaction, and what the family held before it.
-type pendingRestore struct {
-	appliedFamily
-	payload string
+	return res, nil
 }
 
 // appliedFamily remembers what a family held before Apply changed it.
@@ -353,40 +319,17 @@ var lineRE = regexp.MustCompile(`(?:line:? |line )(\d+)`)
 // restore runs one iptables-restore --noflush transaction. On failure the error quotes the
 // payload lines the tool complained about.
 func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string) error {
-	return a.startRestore(ctx, f, payload).wait()
-}
-
-// restoreRun is a started iptables-restore.
-type restoreRun struct {
-	cmd     *exec.Cmd
-	out     bytes.Buffer
-	f       iptables.Family
-	payload string
-	err     error // from starting it
-}
-
-// startRestore starts iptables-restore from the calling thread, which is what puts the child in
-// the caller's network namespace.
-func (a *Applier) startRestore(ctx context.Context, f iptables.Family, payload string) *restoreRun {
 	b := a.bins[f]
 	args := []string{"--noflush"}
 	if a.opts.Wait {
 		args = append(args, "-w", strconv.Itoa(int(a.opts.WaitTimeout.Seconds())))
 	}
-	r := &restoreRun{cmd: exec.CommandContext(ctx, b.restore, args...), f: f, payload: payload}
-	r.cmd.Stdin = strings.NewReader(payload)
-	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
-	r.err = r.cmd.Start()
-	return r
-}
-
-func (r *restoreRun) wait() error {
-	err := r.err
-	if err == nil {
-		err = r.cmd.Wait()
-	}
-	if err != nil {
-		return &RestoreError{Binary: r.cmd.Path, Family: r.f, Output: strings.TrimSpace(r.out.String()), Payload: r.payload, Err: err}
+	cmd := exec.CommandContext(ctx, b.restore, args...)
+	cmd.Stdin = strings.NewReader(payload)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return &RestoreError{Binary: b.restore, Family: f, Output: strings.TrimSpace(out.String()), Payload: payload, Err: err}
 	}
 	return nil
 }
