@@ -80,12 +80,14 @@ func Cleanup(ctx context.Context, a Applier) error {
 func removeOthers(ctx context.Context, keep Applier) error {
 	var errs []error
 	x, _ := keep.(*xtables.Applier)
-	if _, native := keep.(*nftables.Applier); !native {
+	_, native := keep.(*nftables.Applier)
+	if !native {
 		if err := nftables.New().Cleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove the nftables table left by an earlier run: %w", err))
 		}
 	}
-	if x == nil || x.Flavor() != xtables.NFT {
+	// The native applier removes iptables-nft's chains in its own batch; the others need it here.
+	if !native && (x == nil || x.Flavor() != xtables.NFT) {
 		// Over netlink, so it works on hosts without iptables-nft binaries.
 		if _, err := nftables.RemoveXtablesNFT(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove iptables-nft rules left by an earlier run: %w", err))
