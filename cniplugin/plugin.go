@@ -111,6 +111,22 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	return &call{args: args, conf: conf, pod: pod, log: log, done: done}, argErr
 }
 
+// begin starts an ADD or CHECK, which both need a valid config, valid CNI_ARGS and the primary
+// plugin's prevResult. The returned call is usable (and must be closed) even on error.
+func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
+	conf, confErr := ParseConfig(args.StdinData)
+	c, argErr := p.start(cmd, args, conf)
+	switch {
+	case confErr != nil:
+		return c, c.fail(types.ErrInvalidNetworkConfig, confErr)
+	case argErr != nil:
+		return c, c.fail(types.ErrInvalidEnvironmentVariables, argErr)
+	case conf.PrevResult == nil:
+		return c, c.fail(types.ErrInvalidNetworkConfig, fmt.Errorf("prevResult is required for %s: linkerd-cni is a chained plugin and must come after the primary CNI plugin in the conflist", cmd))
+	}
+	return c, nil
+}
+
 // fail logs err and returns it as the CNI error the runtime shows.
 func (c *call) fail(code uint, err error) error {
 	c.log.Error("failed", "error", err)
@@ -121,18 +137,12 @@ func (c *call) fail(code uint, err error) error {
 // package documentation and README.section.md for the decisions and the failure policy.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	began := time.Now()
-	conf, confErr := ParseConfig(args.StdinData)
-	c, argErr := p.start("ADD", args, conf)
+	c, err := p.begin("ADD", args)
 	defer c.done()
-	if confErr != nil {
-		return c.fail(types.ErrInvalidNetworkConfig, confErr)
+	if err != nil {
+		return err
 	}
-	if argErr != nil {
-		return c.fail(types.ErrInvalidEnvironmentVariables, argErr)
-	}
-	if conf.PrevResult == nil {
-		return c.fail(types.ErrInvalidNetworkConfig, errors.New("prevResult is required: linkerd-cni is a chained plugin and must come after the primary CNI plugin in the conflist"))
-	}
+	conf := c.conf
 	if c.pod.Namespace == "" || c.pod.Name == "" {
 		c.log.Info("no K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS; not a Kubernetes pod, passing through")
 		return p.printPrev(c)
@@ -166,14 +176,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("meshed pod %s: CNI_NETNS is empty; refusing to write rules outside the pod's namespace", c.podName()))
 	}
 	applyStart := time.Now()
-	err = netnsutil.Do(args.Netns, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
-		defer cancel()
-		a, reason, err := p.backend(conf)
-		if err != nil {
-			return err
-		}
-		c.log.Debug("backend chosen", "backend", a.Name(), "reason", reason)
+	err = c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
 		name = a.Name()
 		res, err := backend.Apply(ctx, a, pl.rules)
 		if err != nil {
@@ -201,18 +204,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // the current config and annotations for a meshed pod, none at all for an unmeshed one. A pod
 // with linkerd-init, an excluded namespace or a simulated config is not checked.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	conf, confErr := ParseConfig(args.StdinData)
-	c, argErr := p.start("CHECK", args, conf)
+	c, err := p.begin("CHECK", args)
 	defer c.done()
-	if confErr != nil {
-		return c.fail(types.ErrInvalidNetworkConfig, confErr)
+	if err != nil {
+		return err
 	}
-	if argErr != nil {
-		return c.fail(types.ErrInvalidEnvironmentVariables, argErr)
-	}
-	if conf.PrevResult == nil {
-		return c.fail(types.ErrInvalidNetworkConfig, errors.New("prevResult is required for CHECK"))
-	}
+	conf := c.conf
 	if c.pod.Namespace == "" || c.pod.Name == "" || conf.Excluded(c.pod.Namespace) || conf.Linkerd.Simulate {
 		c.log.Debug("nothing of ours to check")
 		return nil
@@ -228,13 +225,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("pod %s: CNI_NETNS is empty; nothing to check", c.podName()))
 	}
-	err = netnsutil.Do(args.Netns, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
-		defer cancel()
-		a, _, err := p.backend(conf)
-		if err != nil {
-			return err
-		}
+	err = c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
 		st, err := a.Show(ctx, pl.rules)
 		if err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
@@ -291,13 +282,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		c.log.Debug("netns is gone; nothing to remove", "netns", args.Netns, "error", err)
 		return nil
 	}
-	err := netnsutil.Do(args.Netns, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
-		defer cancel()
-		a, _, err := p.backend(conf)
-		if err != nil {
-			return err
-		}
+	err := c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
 		return backend.Cleanup(ctx, a)
 	})
 	if err != nil {
@@ -326,12 +311,19 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // GC has nothing to collect: all state lives in the pods' namespaces.
 func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 
-func (p *Plugin) backend(conf *NetConf) (backend.Applier, string, error) {
-	a, reason, err := backend.New(backend.Options{Mode: conf.Linkerd.IPTablesMode, Wait: conf.Linkerd.UseWaitFlag})
-	if err != nil {
-		return nil, "", fmt.Errorf("iptables-mode %q: %w", conf.Linkerd.IPTablesMode, err)
-	}
-	return a, reason, nil
+// inNetns runs fn inside the pod's namespace with the config's backend and a bounded context.
+func (c *call) inNetns(netns string, fn func(ctx context.Context, a iptables.Applier) error) error {
+	return netnsutil.Do(netns, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+		defer cancel()
+		l := c.conf.Linkerd
+		a, reason, err := backend.New(backend.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag})
+		if err != nil {
+			return fmt.Errorf("iptables-mode %q: %w", l.IPTablesMode, err)
+		}
+		c.log.Debug("backend chosen", "backend", a.Name(), "reason", reason)
+		return fn(ctx, a)
+	})
 }
 
 // printPrev writes prevResult, converted to the config's CNI version, as the result.

@@ -105,7 +105,7 @@ func version(stdout io.Writer, output string) error {
 	return err
 }
 
-func newBackend(o *Options, log *slog.Logger) (backend.Applier, error) {
+func newBackend(o *Options, log *slog.Logger) (iptables.Applier, error) {
 	a, reason, err := backend.New(backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag})
 	if err != nil {
 		return nil, fmt.Errorf("choose backend for --iptables-mode %s: %w", o.Config.Mode, err)
@@ -176,7 +176,7 @@ type FamilyReport struct {
 }
 
 // NewShowReport converts a backend's State into the report show prints.
-func NewShowReport(st backend.State, rs *iptables.Ruleset) ShowReport {
+func NewShowReport(st iptables.State, rs *iptables.Ruleset) ShowReport {
 	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{}}
 	for _, f := range st.Families {
 		// nftables reports one "inet" family for both; rules are always expected in it.
@@ -234,7 +234,7 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) e
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
-	var st backend.State
+	var st iptables.State
 	if err := netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
 		if err != nil {

@@ -1,3 +1,6 @@
+// Package backend chooses the applier for a mode, including "auto", and keeps one backend's rules
+// in a namespace at a time. It decides nothing about which rules exist; that is the builder's job.
+// The Applier interface itself is declared in package iptables.
 package backend
 
 import (
@@ -21,7 +24,7 @@ type Options struct {
 
 // New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
 // log: in auto mode it is the only record of why a node got the backend it got.
-func New(opts Options) (Applier, string, error) {
+func New(opts Options) (iptables.Applier, string, error) {
 	xo := xtables.Options{Wait: opts.Wait, WaitTimeout: opts.WaitTimeout}
 	switch opts.Mode {
 	case iptables.ModeLegacy, iptables.ModeNFT, iptables.ModePlain:
@@ -40,7 +43,7 @@ func New(opts Options) (Applier, string, error) {
 
 // auto prefers native nftables (no binaries, one batch for both families), then iptables-nft,
 // then iptables-legacy. The probes are netlink round trips, not execs.
-func auto(xo xtables.Options) (Applier, string, error) {
+func auto(xo xtables.Options) (iptables.Applier, string, error) {
 	probe := nftables.Probe(context.Background())
 	if probe == nil {
 		return nftables.New(), "auto: the kernel accepts nf_tables nat and redirect over netlink", nil
@@ -62,7 +65,7 @@ func auto(xo xtables.Options) (Applier, string, error) {
 // Apply writes rs with a, then removes our rules from every other backend, so only one backend's
 // rules redirect at a time. The old rules go only after the new ones are in place: there is never
 // a moment without redirection.
-func Apply(ctx context.Context, a Applier, rs *iptables.Ruleset) (Result, error) {
+func Apply(ctx context.Context, a iptables.Applier, rs *iptables.Ruleset) (iptables.Result, error) {
 	res, err := a.Apply(ctx, rs)
 	if err != nil {
 		return res, err
@@ -71,13 +74,13 @@ func Apply(ctx context.Context, a Applier, rs *iptables.Ruleset) (Result, error)
 }
 
 // Cleanup removes our rules from every backend that holds some, starting with a.
-func Cleanup(ctx context.Context, a Applier) error {
+func Cleanup(ctx context.Context, a iptables.Applier) error {
 	return errors.Join(a.Cleanup(ctx), removeOthers(ctx, a))
 }
 
 // removeOthers cleans up the backends other than keep. Each cleanup first checks, without exec,
 // whether there is anything to remove, so this costs no process spawns in the common case.
-func removeOthers(ctx context.Context, keep Applier) error {
+func removeOthers(ctx context.Context, keep iptables.Applier) error {
 	var errs []error
 	x, _ := keep.(*xtables.Applier)
 	_, native := keep.(*nftables.Applier)
