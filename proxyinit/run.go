@@ -8,9 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
@@ -40,6 +42,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
 	// dispatched before proxy-init's flags are parsed.
 	if len(args) > 0 && args[0] == "validate" {
+		// Only the validator runs long enough to need a context that signals cancel. Watching
+		// signals costs a goroutine and a thread, which the other commands do not pay.
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
 		return validator.Main(ctx, args[1:], stdout, stderr)
 	}
 	// A one-shot run allocates a few megabytes at most; collecting garbage would only add to
@@ -121,6 +127,7 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 		return fmt.Errorf("build rules: %w", err)
 	}
 	log.Info("configuration", configAttrs(o, rs)...)
+	defer holdSignals()()
 	return netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
 		if err != nil {
@@ -144,6 +151,7 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 
 func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 	start := time.Now()
+	defer holdSignals()()
 	return netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
 		if err != nil {
@@ -155,6 +163,15 @@ func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 		log.Info("rules removed", "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
 		return nil
 	})
+}
+
+// holdSignals ignores SIGINT and SIGTERM until the returned func runs. A write takes
+// milliseconds and proxy-init exits right after it; stopping between the IPv4 and IPv6
+// transactions, or before a rollback, would leave half a mesh. The restore binaries inherit the
+// disposition, so they finish too.
+func holdSignals() (release func()) {
+	signal.Ignore(os.Interrupt, syscall.SIGTERM)
+	return func() { signal.Reset(os.Interrupt, syscall.SIGTERM) }
 }
 
 // ShowReport is what `show --output json` prints.

@@ -5,15 +5,10 @@ package main
 import (
 	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/kubemesh/proxy-init/proxyinit"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := proxyinit.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	os.Exit(proxyinit.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
