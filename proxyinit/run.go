@@ -127,7 +127,7 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 		return fmt.Errorf("build rules: %w", err)
 	}
 	log.Info("configuration", configAttrs(o, rs)...)
-	defer holdSignals()()
+	ignoreSignals()
 	return netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
 		if err != nil {
@@ -151,7 +151,7 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 
 func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 	start := time.Now()
-	defer holdSignals()()
+	ignoreSignals()
 	return netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
 		if err != nil {
@@ -165,14 +165,12 @@ func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 	})
 }
 
-// holdSignals ignores SIGINT and SIGTERM until the returned func runs. A write takes
+// ignoreSignals makes SIGINT and SIGTERM harmless for the rest of the process. A write takes
 // milliseconds and proxy-init exits right after it; stopping between the IPv4 and IPv6
 // transactions, or before a rollback, would leave half a mesh. The restore binaries inherit the
-// disposition, so they finish too.
-func holdSignals() (release func()) {
-	signal.Ignore(os.Interrupt, syscall.SIGTERM)
-	return func() { signal.Reset(os.Interrupt, syscall.SIGTERM) }
-}
+// disposition, so they finish too. (There is no undoing it: os/signal cannot hand an ignored
+// SIGTERM back to the runtime's default.)
+func ignoreSignals() { signal.Ignore(os.Interrupt, syscall.SIGTERM) }
 
 // ShowReport is what `show --output json` prints.
 type ShowReport struct {

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -155,5 +159,27 @@ func TestShowReport(t *testing.T) {
 	var back ShowReport
 	if err := json.Unmarshal(js, &back); err != nil || back.Families[0].Missing[0] != missing || back.Families[1].Rules == nil {
 		t.Errorf("JSON round trip %s: %+v %v", js, back, err)
+	}
+}
+
+// TestIgnoreSignals shows that a SIGTERM arriving while rules are written does not stop
+// proxy-init. It runs in a child process: the disposition cannot be undone.
+func TestIgnoreSignals(t *testing.T) {
+	if os.Getenv("PROXY_INIT_TEST_SIGNALS") == "1" {
+		ignoreSignals()
+		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		return // reached only if the signal did not end the process
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestIgnoreSignals$")
+	cmd.Env = append(os.Environ(), "PROXY_INIT_TEST_SIGNALS=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the child died of the SIGTERM it should have ignored: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "PASS") {
+		t.Fatalf("the child did not report a pass:\n%s", out)
 	}
 }
