@@ -1,9 +1,8 @@
 package iptables
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -183,9 +182,11 @@ func (r *Ruleset) render(f Family) []Rule {
 
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
 // Every rule derives from the Ruleset's fields, so hashing them is enough, and much cheaper than
-// rendering a thousand rules in a process that lives for milliseconds.
+// rendering a thousand rules in a process that lives for milliseconds. It guards against
+// accidents, not adversaries (whoever can write the table can write its comment), so FNV serves;
+// a cryptographic hash would add its package initialisation to every run.
 func (r *Ruleset) Hash() string {
-	h := sha256.New()
+	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
 		r.ProxyUID, r.ProxyGID, r.RedirectPorts, r.InboundIgnorePorts, r.OutboundIgnorePorts)
 	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
@@ -194,7 +195,7 @@ func (r *Ruleset) Hash() string {
 		}
 		h.Write([]byte("|"))
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".

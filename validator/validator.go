@@ -3,12 +3,11 @@ package validator
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"runtime"
@@ -170,10 +169,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 		return &Failure{Check: ck.name, Reason: reason, ConnectAddr: ck.connect.String(), ListenAddr: ck.listen.String(),
 			Detail: fmt.Sprintf(format, args...), Err: err}
 	}
-	token, err := newToken()
-	if err != nil {
-		return err
-	}
+	token := newToken()
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	reply, connected, err := exchange(ctx, ck.connect, token)
@@ -220,10 +216,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 // checkUID connects to ck.connect as the proxy UID and expects that connection NOT to reach the
 // listener.
 func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Logger) error {
-	token, err := newToken()
-	if err != nil {
-		return err
-	}
+	token := newToken()
 	wait := min(c.Timeout, uidCheckWait)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -322,12 +315,11 @@ func hopLimitOne(network, _ string, rc syscall.RawConn) error {
 	return nil
 }
 
-func newToken() (string, error) {
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("random token: %w", err)
-	}
-	return hex.EncodeToString(b), nil
+// newToken returns a value a stray server cannot guess by accident. math/rand/v2 is seeded from
+// the kernel's random source at start; crypto/rand would add its initialisation to every run of
+// proxy-init, which shares this binary.
+func newToken() string {
+	return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 }
 
 // arrival is one connection the listener accepted.
