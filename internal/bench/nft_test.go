@@ -17,7 +17,14 @@ func nftablesRows(b *testing.B, bin string) []row {
 	if err != nil {
 		b.Fatal(err)
 	}
-	nftFile := []step{{name: "nft", args: []string{"-f", "-"}, stdin: rs.NFTScript(), in: true}}
+	// --simulate's script replaces the table, so it works on a namespace that has one. A fresh
+	// namespace has none, and nft spends about 2 ms more on the replacing form (measured), so the
+	// baseline is the bare table: the cheapest script that builds the same table.
+	script, ok := strings.CutPrefix(rs.NFTScript(), "table inet proxy_init\ndelete table inet proxy_init\n")
+	if !ok {
+		b.Fatalf("the nft script no longer starts with the table replacement the benchmark strips:\n%s", rs.NFTScript())
+	}
+	nftFile := []step{{name: "nft", args: []string{"-f", "-"}, stdin: script}}
 	var rows []row
 	got, base := compare(b, proxyInit(bin, "nftables"), nftFile)
 	rows = append(rows, row{"proxy-init --iptables-mode nftables, chart defaults, v4+v6", got, base,
