@@ -96,9 +96,11 @@ func removeOthers(ctx context.Context, keep iptables.Applier) error {
 			errs = append(errs, fmt.Errorf("remove iptables-nft rules left by an earlier run: %w", err))
 		}
 	}
-	if x == nil || x.Flavor() != xtables.Legacy {
-		// Legacy rules are invisible to netlink; without the binaries no earlier run could have
-		// written them from this image, so there is nothing to do.
+	// Legacy rules are invisible to netlink, but /proc tells whether a legacy nat table exists;
+	// in a fresh namespace it does not, and the binaries are not even looked up. Without the
+	// binaries no earlier run could have written legacy rules from this image.
+	if (x == nil || x.Flavor() != xtables.Legacy) &&
+		(xtables.LegacyNATExists(iptables.IPv4) || xtables.LegacyNATExists(iptables.IPv6)) {
 		if legacy, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
 			if err := legacy.Cleanup(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("remove iptables-legacy rules left by an earlier run: %w", err))

@@ -15,10 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -267,28 +265,32 @@ func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedSt
 // mayHaveRules answers from the kernel, without exec, whether our chains can exist.
 func (a *Applier) mayHaveRules(f iptables.Family) (bool, error) {
 	if a.flavor == Legacy {
-		// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
-		// locked thread that entered another one.
-		file := "/proc/thread-self/net/ip_tables_names"
-		if f == iptables.IPv6 {
-			file = "/proc/thread-self/net/ip6_tables_names"
-		}
-		data, err := os.ReadFile(file)
-		if err != nil {
-			// No legacy module loaded at all: nothing of ours can be there.
-			if errors.Is(err, os.ErrNotExist) {
-				return false, nil
-			}
-			return true, nil
-		}
-		for _, t := range strings.Fields(string(data)) {
-			if t == iptables.Table {
-				return true, nil
-			}
-		}
-		return false, nil
+		return LegacyNATExists(f), nil
 	}
 	return NFTChainsExist(f)
+}
+
+// LegacyNATExists reports, from /proc and without exec, whether the legacy nat table of family f
+// exists in the current thread's namespace. Without it no legacy rule of ours can exist.
+func LegacyNATExists(f iptables.Family) bool {
+	// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
+	// locked thread that entered another one.
+	file := "/proc/thread-self/net/ip_tables_names"
+	if f == iptables.IPv6 {
+		file = "/proc/thread-self/net/ip6_tables_names"
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		// No legacy module loaded at all: nothing of ours can be there. Any other error
+		// leaves the question open.
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	for _, t := range strings.Fields(string(data)) {
+		if t == iptables.Table {
+			return true
+		}
+	}
+	return false
 }
 
 // NFTChainsExist reports, over netlink, whether iptables-nft's nat table for f holds one of our
@@ -315,9 +317,27 @@ func NFTChainsExist(f iptables.Family) (bool, error) {
 	return false, nil
 }
 
-// lineRE is compiled on first use: only a failed restore needs it, and compiling it at start-up
-// cost every run half a millisecond.
-var lineRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?:line:? |line )(\d+)`) })
+// lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
+// (iptables-nft) or "line 5 failed" (iptables-legacy). Plain string scanning, because linking
+// package regexp alone cost every run of proxy-init a few tenths of a millisecond of start-up.
+func lineNumbers(out string) []int {
+	var ns []int
+	for {
+		i := strings.Index(out, "line")
+		if i < 0 {
+			return ns
+		}
+		out = out[i+len("line"):]
+		num := strings.TrimLeft(strings.TrimPrefix(out, ":"), " ")
+		end := strings.IndexFunc(num, func(r rune) bool { return r < '0' || r > '9' })
+		if end < 0 {
+			end = len(num)
+		}
+		if n, err := strconv.Atoi(num[:end]); err == nil {
+			ns = append(ns, n)
+		}
+	}
+}
 
 // restore runs one iptables-restore --noflush transaction. On failure the error quotes the
 // payload lines the tool complained about.
@@ -349,8 +369,7 @@ type RestoreError struct {
 func (e *RestoreError) Error() string {
 	msg := fmt.Sprintf("%s (%s) failed: %v: %s", e.Binary, e.Family, e.Err, e.Output)
 	lines := strings.Split(e.Payload, "\n")
-	for _, m := range lineRE().FindAllStringSubmatch(e.Output, -1) {
-		n, _ := strconv.Atoi(m[1])
+	for _, n := range lineNumbers(e.Output) {
 		if n >= 1 && n <= len(lines) {
 			msg += fmt.Sprintf("\n  payload line %d: %s", n, lines[n-1])
 		}

@@ -216,12 +216,22 @@ func TestIPv6FailureRollsBackIPv4(t *testing.T) {
 }
 
 func TestRestoreErrorQuotesPayload(t *testing.T) {
-	e := &xtables.RestoreError{Binary: "iptables-nft-restore", Family: iptables.IPv4,
-		Output:  "iptables-nft-restore v1.8.9 (nf_tables): Chain 'BOGUS' does not exist\nError occurred at line: 2",
-		Payload: "*nat\n-A X -j BOGUS\nCOMMIT\n", Err: os.ErrInvalid}
-	want := "payload line 2: -A X -j BOGUS"
-	if !strings.Contains(e.Error(), want) {
-		t.Errorf("error %q lacks %q", e.Error(), want)
+	payload := "*nat\n-A X -j BOGUS\n-A Y -j RETURN\nCOMMIT\n"
+	for _, tt := range []struct{ output, want string }{
+		{"iptables-nft-restore v1.8.9 (nf_tables): Chain 'BOGUS' does not exist\nError occurred at line: 2", "payload line 2: -A X -j BOGUS"},
+		{"iptables-restore: line 3 failed", "payload line 3: -A Y -j RETURN"},
+	} {
+		e := &xtables.RestoreError{Binary: "iptables-restore", Family: iptables.IPv4, Output: tt.output, Payload: payload, Err: os.ErrInvalid}
+		if !strings.Contains(e.Error(), tt.want) {
+			t.Errorf("error %q lacks %q", e.Error(), tt.want)
+		}
+	}
+	// A number outside the payload, or none at all, quotes nothing.
+	for _, out := range []string{"Error occurred at line: 99", "offline", "line: x"} {
+		e := &xtables.RestoreError{Binary: "iptables-restore", Family: iptables.IPv4, Output: out, Payload: payload, Err: os.ErrInvalid}
+		if strings.Contains(e.Error(), "payload line") {
+			t.Errorf("output %q: error quotes a line: %q", out, e.Error())
+		}
 	}
 }
 
