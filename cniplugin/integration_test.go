@@ -41,6 +41,7 @@ func TestCNI(t *testing.T) {
 	t.Run("annotations", func(t *testing.T) { testAnnotations(t, n) })
 	t.Run("control plane", func(t *testing.T) { testControlPlane(t, n) })
 	t.Run("exclude-namespaces", func(t *testing.T) { testExcludeNamespaces(t, n) })
+	t.Run("pod not in the API", func(t *testing.T) { testMissingPod(t, n) })
 	t.Run("credentials", func(t *testing.T) { testCredentials(t, n) })
 	t.Run("hung API", func(t *testing.T) { testHungAPI(t, n) })
 	t.Run("STATUS", func(t *testing.T) { testStatus(t, n) })
@@ -102,6 +103,12 @@ func testMeshedLifecycle(t *testing.T, n *node, srv *netnstest.Server, mode ipta
 
 	if evs := n.waitAPIEvents(t, ns, 2); len(evs) != 2 {
 		t.Errorf("a meshed pod cost %d API requests, want 2 (pod, namespace): %v", len(evs), eventURIs(evs))
+	} else {
+		for _, uri := range eventURIs(evs) {
+			if !strings.Contains(uri, "resourceVersion=0") {
+				t.Errorf("%s: not served from the watch cache (resourceVersion=0)", uri)
+			}
+		}
 	}
 
 	if err := n.check(list, sb); err != nil {
@@ -344,6 +351,24 @@ func testExcludeNamespaces(t *testing.T, n *node) {
 	if log := n.logTail(sb.rt.ContainerID); !strings.Contains(log, "exclude-namespaces") {
 		t.Errorf("no log line says the pod was excluded:\n%s", log)
 	}
+}
+
+// testMissingPod: a pod the watch cache does not know is read again from etcd before ADD fails,
+// and the failure says the pod was not found.
+func testMissingPod(t *testing.T, n *node) {
+	ns := "missing"
+	n.createNamespace(t, ns, nil)
+	sb := n.newSandbox(t, ns, "ghost")
+	_, err := n.add(t, n.conflist(t, netOpts{mode: iptables.ModeNFTables}), sb)
+	if err == nil || !strings.Contains(err.Error(), "get pod missing/ghost: not found") {
+		t.Fatalf("ADD of a pod the API does not have: %v; want a not-found failure", err)
+	}
+	evs := n.waitAPIEvents(t, ns, 2)
+	uris := eventURIs(evs)
+	if len(uris) != 2 || !strings.Contains(uris[0], "resourceVersion=0") || strings.Contains(uris[1], "resourceVersion") {
+		t.Errorf("requests %v, want a cached GET then one from etcd", uris)
+	}
+	expectUntouched(t, sb)
 }
 
 // testCredentials: an invalid token and a revoked one (its service account deleted) fail ADD
