@@ -124,8 +124,9 @@ func diffLines(want, have []string) Diff {
 // Saved returns the state that Apply leaves in place for family f: what a matching SavedState
 // read back from the kernel looks like.
 func (r *Ruleset) Saved(f Family) SavedState {
-	s := SavedState{Chains: []string{OutputChain, RedirectChain}}
-	for _, rl := range r.Rules(f) {
+	rules := r.Rules(f)
+	s := SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: make([]string, 0, len(rules))}
+	for _, rl := range rules {
 		s.Rules = append(s.Rules, rl.String())
 	}
 	return s
@@ -141,6 +142,11 @@ func (r *Ruleset) Saved(f Family) SavedState {
 // and duplicates left by older tools are removed.
 func TransitionPayload(current, target SavedState) string {
 	var b strings.Builder
+	size := 256
+	for _, l := range target.Rules {
+		size += len(l) + 1
+	}
+	b.Grow(size)
 	b.WriteString("*nat\n")
 	b.WriteString(":" + RedirectChain + " - [0:0]\n")
 	b.WriteString(":" + OutputChain + " - [0:0]\n")
@@ -164,7 +170,8 @@ func TransitionPayload(current, target SavedState) string {
 	for _, l := range target.Rules {
 		chain, _, _ := strings.Cut(strings.TrimPrefix(l, "-A "), " ")
 		if isOurChain(chain) {
-			b.WriteString(l + "\n")
+			b.WriteString(l)
+			b.WriteByte('\n')
 		}
 	}
 	for _, j := range target.Jumps() {

@@ -266,8 +266,12 @@ func (c Config) plan() (*Ruleset, error) {
 		return out
 	}
 	subnets := func(field string, values []string) []netip.Prefix {
-		var out []netip.Prefix
-		seen := map[netip.Prefix]bool{}
+		n := 0
+		for _, v := range values {
+			n += strings.Count(v, ",") + 1
+		}
+		out := make([]netip.Prefix, 0, n)
+		seen := make(map[netip.Prefix]bool, n)
 		for _, v := range values {
 			for _, part := range strings.Split(v, ",") {
 				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {

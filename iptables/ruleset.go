@@ -102,23 +102,27 @@ func (r Rule) Delete() string { return "-D " + r.Chain + " " + r.Spec }
 // rule renders one rule. Names never hold quotes or backslashes, so plain quoting matches what
 // iptables-save prints.
 func rule(chain, matches, name, target string) Rule {
-	spec := "-m comment --comment \"" + CommentPrefix + name + "\" -j " + target
 	if matches != "" {
-		spec = matches + " " + spec
+		matches += " "
 	}
-	return Rule{Chain: chain, Spec: spec}
+	return Rule{Chain: chain, Spec: matches + "-m comment --comment \"" + CommentPrefix + name + "\" -j " + target}
 }
 
 // ChainRules returns the rules inside our two chains for family f, in order: first
 // PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT.
 func (r *Ruleset) ChainRules(f Family) []Rule {
-	var out []Rule
+	// Sized up front: with a thousand subnets, a cold process pays for every page it touches.
+	out := make([]Rule, 0, len(r.InboundIgnoreSubnets)+len(r.OutboundIgnoreSubnets)+len(r.RedirectPorts)+16)
 	in := RedirectChain
 	for _, g := range multiportGroups(r.InboundIgnorePorts) {
 		out = append(out, rule(in, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
 	}
-	for _, p := range Subnets(f, r.InboundIgnoreSubnets) {
-		out = append(out, rule(in, "-s "+p.String(), "ignore-subnet-"+p.String(), "RETURN"))
+	for _, p := range r.InboundIgnoreSubnets {
+		if !f.Contains(p) {
+			continue
+		}
+		s := p.String()
+		out = append(out, rule(in, "-s "+s, "ignore-subnet-"+s, "RETURN"))
 	}
 	toIn := "REDIRECT --to-ports " + strconv.Itoa(int(r.InboundProxyPort))
 	if len(r.RedirectPorts) == 0 {
@@ -139,8 +143,12 @@ func (r *Ruleset) ChainRules(f Family) []Rule {
 	for _, g := range multiportGroups(r.OutboundIgnorePorts) {
 		out = append(out, rule(o, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
 	}
-	for _, p := range Subnets(f, r.OutboundIgnoreSubnets) {
-		out = append(out, rule(o, "-d "+p.String(), "ignore-subnet-"+p.String(), "RETURN"))
+	for _, p := range r.OutboundIgnoreSubnets {
+		if !f.Contains(p) {
+			continue
+		}
+		s := p.String()
+		out = append(out, rule(o, "-d "+s, "ignore-subnet-"+s, "RETURN"))
 	}
 	out = append(out, rule(o, "-p tcp", "redirect-all-outgoing-to-proxy-port", "REDIRECT --to-ports "+strconv.Itoa(int(r.OutboundProxyPort))))
 	return out
@@ -167,8 +175,8 @@ func (r *Ruleset) Rules(f Family) []Rule {
 }
 
 func (r *Ruleset) render(f Family) []Rule {
-	out := r.Jumps()
 	chain := r.ChainRules(f)
+	out := append(make([]Rule, 0, len(chain)+2), r.Jumps()...)
 	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
 	for _, c := range []string{OutputChain, RedirectChain} {
 		for _, rl := range chain {

@@ -126,7 +126,9 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
-	log.Info("configuration", configAttrs(o, rs)...)
+	if log.Enabled(ctx, slog.LevelInfo) { // with a thousand subnets the attributes are not free
+		log.Info("configuration", configAttrs(o, rs)...)
+	}
 	ignoreSignals()
 	return netnsutil.Do(o.NetNS, func() error {
 		a, err := newBackend(o, log)
