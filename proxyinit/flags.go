@@ -73,6 +73,9 @@ type Options struct {
 	Output               string // "text" or "json": how show and version print
 	// Warnings are accepted but ignored inputs, logged once the logger exists.
 	Warnings []string
+	// rules is Config built while it was validated (nil if it was not valid), so that a thousand
+	// subnets are parsed once per run, not twice.
+	rules *iptables.Ruleset
 }
 
 // UsageError is bad usage or bad input: proxy-init exits 2 and writes nothing.
@@ -262,7 +265,9 @@ func Parse(args []string) (*Options, error) {
 				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+statReason(err))
 			}
 		}
-		probs = append(probs, configProblems(o.Command, c, badFields, fs)...)
+		var cp []iptables.Problem
+		cp, o.rules = configProblems(o.Command, c, badFields, fs)
+		probs = append(probs, cp...)
 	}
 	if len(probs) > 0 {
 		sortByFlagOrder(fs, probs)
@@ -280,14 +285,14 @@ func sortByFlagOrder(fs *pflag.FlagSet, probs []iptables.Problem) {
 	slices.SortStableFunc(probs, func(a, b iptables.Problem) int { return order[a.Field] - order[b.Field] })
 }
 
-// configProblems validates the rule configuration. Cleanup needs no ports, so it accepts them
-// unset (but still refuses bad values). Problems about the inbound subnets name the alias when
-// that is the flag the user typed.
-func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) []iptables.Problem {
-	err := c.Validate()
+// configProblems validates the rule configuration, and returns the rules when it is valid.
+// Cleanup needs no ports, so it accepts them unset (but still refuses bad values). Problems about
+// the inbound subnets name the alias when that is the flag the user typed.
+func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]iptables.Problem, *iptables.Ruleset) {
+	rs, err := iptables.Build(c)
 	var verr *iptables.ValidationError
 	if !errors.As(err, &verr) {
-		return nil
+		return nil, rs
 	}
 	var out []iptables.Problem
 	for _, p := range verr.Problems {
@@ -303,7 +308,7 @@ func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pf
 		}
 		out = append(out, p)
 	}
-	return out
+	return out, nil
 }
 
 func statReason(err error) string {
@@ -455,3 +460,11 @@ func (l *rawList) Set(s string) error {
 }
 
 func (l *rawList) Type() string { return l.typ }
+
+// ruleset returns the rules Config asks for.
+func (o *Options) ruleset() (*iptables.Ruleset, error) {
+	if o.rules != nil {
+		return o.rules, nil
+	}
+	return iptables.Build(o.Config)
+}

@@ -122,7 +122,7 @@ func newBackend(o *Options, log *slog.Logger) (iptables.Applier, error) {
 
 func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 	start := time.Now()
-	rs, err := iptables.Build(o.Config)
+	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
@@ -247,7 +247,7 @@ func (r ShowReport) WriteText(w io.Writer) error {
 }
 
 func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
-	rs, err := iptables.Build(o.Config)
+	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
@@ -292,7 +292,7 @@ type nftScripter interface{ NFTScript() string }
 // script. Auto decides at run time, from the kernel, so it prints both, nftables first because
 // auto prefers it.
 func Simulate(w io.Writer, o *Options) error {
-	rs, err := iptables.Build(o.Config)
+	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
