@@ -88,6 +88,9 @@ type Config struct {
 	// PluginLogOutput receives the lines of the plugin's log_file (default:
 	// the process's stdout, so they show in kubectl logs).
 	PluginLogOutput io.Writer
+	// PluginLogMaxSize is the size past which log_file is rotated to
+	// log_file.1 (default DefaultPluginLogMaxSize).
+	PluginLogMaxSize int64
 
 	// Test hooks.
 	onWrite         func(path string)
@@ -194,6 +197,9 @@ func (c Config) withDefaults() Config {
 	if c.Resync <= 0 {
 		c.Resync = time.Minute
 	}
+	if c.PluginLogMaxSize <= 0 {
+		c.PluginLogMaxSize = DefaultPluginLogMaxSize
+	}
 	return c
 }
 
@@ -216,3 +222,7 @@ func (c *Config) serverURL() string {
 	host := strings.TrimSuffix(strings.TrimPrefix(c.ServiceHost, "["), "]")
 	return c.ServiceProtocol + "://" + net.JoinHostPort(host, c.ServicePort)
 }
+
+// DefaultPluginLogMaxSize bounds the plugin's log_file on the node: with the
+// one rotated generation beside it, at most about twice this.
+const DefaultPluginLogMaxSize = 10 << 20

@@ -224,7 +224,7 @@ func (in *installer) run(ctx context.Context) error {
 		}
 	}
 	if in.entry.logFile != "" {
-		go streamLog(ctx, cfg.hostPath(in.entry.logFile), in.pluginLogOutput(), in.log)
+		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, in.pluginLogOutput(), in.log)
 	}
 	if cfg.NodeTaint != "" {
 		tr, err := in.newTaintRemover()

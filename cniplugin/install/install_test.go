@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -547,6 +548,60 @@ func TestPluginLogStreaming(t *testing.T) {
 	})
 	if strings.Contains(out.String(), "old line") {
 		t.Errorf("lines from before the start were replayed:\n%s", out.String())
+	}
+}
+
+// TestPluginLogRotation: once log_file has reached its size limit and been streamed, the
+// installer renames it to log_file.1, and the next plugin call's lines, in a new file, are
+// streamed too. The node keeps at most one old generation.
+func TestPluginLogRotation(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	logDir := filepath.Join(h.root, "host/var/log/linkerd-cni")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(logDir, "plugin.log")
+	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"log_level":"info",`,
+		`"log_level":"info","log_file":"/var/log/linkerd-cni/plugin.log",`, 1)
+	h.cfg.PluginLogMaxSize = 100
+	var out syncBuffer
+	h.cfg.PluginLogOutput = &out
+	r := h.start(t)
+	r.waitReady(t)
+	appendLog := func(s string) {
+		// As the plugin does: a fresh open per call, O_APPEND, one write per line.
+		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o640)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(s)
+		f.Close()
+	}
+	// One write, so the file cannot be rotated half-way through these lines.
+	var first strings.Builder
+	for i := range 5 {
+		fmt.Fprintf(&first, "ADD pod default/p%d: rules written\n", i)
+	}
+	appendLog(first.String())
+	waitFor(t, 3*time.Second, "the full file streamed and rotated to plugin.log.1", func() (bool, string) {
+		old, _ := os.ReadFile(logPath + ".1")
+		_, err := os.Stat(logPath)
+		return strings.Contains(out.String(), first.String()) && string(old) == first.String() && errors.Is(err, fs.ErrNotExist),
+			fmt.Sprintf("streamed:\n%s\nplugin.log.1:\n%s\nplugin.log: %v", out.String(), old, err)
+	})
+	appendLog("ADD pod default/next: after rotation\n")
+	waitFor(t, 3*time.Second, "a line of the new file", func() (bool, string) {
+		return strings.HasSuffix(out.String(), first.String()+"ADD pod default/next: after rotation\n"), out.String()
+	})
+	// A second rotation replaces plugin.log.1 rather than piling up generations.
+	appendLog(strings.Repeat("ADD pod default/more: filling the second generation\n", 4))
+	waitFor(t, 3*time.Second, "plugin.log.1 replaced by the second file", func() (bool, string) {
+		old, _ := os.ReadFile(logPath + ".1")
+		return strings.HasPrefix(string(old), "ADD pod default/next"), string(old)
+	})
+	if matches, _ := filepath.Glob(logPath + "*"); len(matches) > 2 {
+		t.Errorf("more than one old generation kept: %v", matches)
 	}
 }
 

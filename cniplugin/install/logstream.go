@@ -19,15 +19,18 @@ const logPollInterval = 200 * time.Millisecond
 // streamLog copies complete lines appended to path to out until ctx ends,
 // like `tail -F -n0`: lines already in the file at start are skipped (they
 // were streamed by an earlier installer), a file created later is read
-// from its start, and a replaced or truncated file is followed.
-func streamLog(ctx context.Context, path string, out io.Writer, log *slog.Logger) {
+// from its start, and a replaced or truncated file is followed. Once the file
+// has reached maxSize and is streamed to its end, it is renamed to path.1
+// (replacing the previous one), so it cannot fill the node's disk.
+func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
 	var (
-		f       *os.File
-		ino     fileID
-		off     int64
-		partial []byte
-		first   = true
-		buf     = make([]byte, 32*1024)
+		rotateFailed bool
+		f            *os.File
+		ino          fileID
+		off          int64
+		partial      []byte
+		first        = true
+		buf          = make([]byte, 32*1024)
 	)
 	defer func() {
 		if f != nil {
@@ -88,6 +91,17 @@ func streamLog(ctx context.Context, path string, out io.Writer, log *slog.Logger
 				// Truncated: start over from the beginning.
 				if _, err := f.Seek(0, io.SeekStart); err == nil {
 					off, partial = 0, partial[:0]
+				}
+				continue
+			case cur.size >= maxSize && off >= cur.size && !rotateFailed:
+				// All streamed, and big: keep the node's disk bounded, with one old generation
+				// beside it. Plugin processes open the file anew on every call, so the next one
+				// creates a fresh file; the next pass finishes the old one and follows.
+				if err := os.Rename(path, path+".1"); err != nil {
+					rotateFailed = true
+					log.Warn("cannot rotate the plugin's log file; it will keep growing", "path", path, "error", err)
+				} else {
+					log.Info("rotated the plugin's log file", "path", path, "to", path+".1", "bytes", cur.size)
 				}
 				continue
 			}
