@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -220,7 +221,7 @@ func (c *NetConf) validate() []iptables.Problem {
 		probs = append(probs, iptables.Problem{Field: field, Value: value, Reason: reason})
 	}
 	if _, ok := parseLevel(c.LogLevel); !ok {
-		bad("log_level", c.LogLevel, "want debug, info, warn or error")
+		bad("log_level", c.LogLevel, "want trace, debug, info, warn or error")
 	}
 	for _, ns := range c.ExcludeNamespaces {
 		if strings.TrimSpace(ns) == "" {
@@ -243,19 +244,13 @@ func (c *NetConf) validate() []iptables.Problem {
 	return probs
 }
 
-// parseLevel maps log_level to slog. Linkerd's logrus names are accepted too.
+// parseLevel maps log_level to slog, with the names proxy-init accepts; an absent key is info.
 func parseLevel(s string) (slog.Level, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "trace", "debug":
-		return slog.LevelDebug, true
-	case "", "info":
+	if strings.TrimSpace(s) == "" {
 		return slog.LevelInfo, true
-	case "warn", "warning":
-		return slog.LevelWarn, true
-	case "error", "fatal", "panic":
-		return slog.LevelError, true
 	}
-	return slog.LevelInfo, false
+	l, err := logging.ParseLevel(s)
+	return l, err == nil
 }
 
 // decoder decodes one key at a time so that a type error names the key and shows the value.

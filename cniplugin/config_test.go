@@ -206,7 +206,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"linkerd not an object", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k"},"linkerd":[1]}`,
 			`invalid linkerd-cni network config: linkerd "[1]": want an object; linkerd.incoming-proxy-port "-1": must be set; linkerd.outgoing-proxy-port "-1": must be set`},
 		{"bad log level and timeout, no kubeconfig", `{"cniVersion":"1.0.0","log_level":"loud","kubernetes":{"timeout":"soon"},"linkerd":{` + ports + `}}`,
-			`invalid linkerd-cni network config: kubernetes.timeout "soon": want a duration such as "5s"; log_level "loud": want debug, info, warn or error; kubernetes.kubeconfig "": must be set: the plugin reads the pod from the Kubernetes API with it`},
+			`invalid linkerd-cni network config: kubernetes.timeout "soon": want a duration such as "5s"; log_level "loud": want trace, debug, info, warn or error; kubernetes.kubeconfig "": must be set: the plugin reads the pod from the Kubernetes API with it`},
 		{"exclude-namespaces not a list", `{"cniVersion":"1.0.0","exclude-namespaces":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: exclude-namespaces "linkerd-cni": want a list of namespace names`},
 		{"bad prevResult", `{"cniVersion":"1.0.0","prevResult":{"ips":[{"address":"nope"}]},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,

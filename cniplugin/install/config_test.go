@@ -121,6 +121,10 @@ func TestMainExitCodes(t *testing.T) {
 		{"unknown flag", []string{"--bogus"}, env, 2, "unknown flag: --bogus"},
 		{"stray argument", []string{"now"}, env, 2, `unexpected arguments ["now"]`},
 		{"bad log format", []string{"--log-format=xml"}, env, 2, `--log-format "xml"`},
+		{"bad log level", []string{"--log-level=loud"}, env, 2, `--log-level "loud": unknown log level; want trace, debug, info, warn or error`},
+		// Linkerd's names, as proxy-init and the repair controller take them: past the flags,
+		// only the environment is missing.
+		{"Linkerd's trace level", []string{"--log-level=trace"}, env, 2, "KUBERNETES_SERVICE_HOST is not set"},
 		{"bad environment", nil, env, 2, "KUBERNETES_SERVICE_HOST is not set"},
 		// PID 1 of the test machine is not `linkerd-cni install`: it must not be signalled.
 		{"pre-stop refuses a foreign PID 1", []string{"--pre-stop"}, env, 1, "not `linkerd-cni install`: not signalling it"},

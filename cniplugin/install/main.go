@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -37,7 +36,7 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	adminAddr := fs.String("admin-addr", DefaultAdminAddr, `address serving /ready and /live ("-" disables them)`)
 	logFormat := fs.String("log-format", "plain", "log format: plain or json")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	logLevel := fs.String("log-level", "info", "log level: trace, debug, info, warn or error")
 	preStop := fs.Bool("pre-stop", false, "signal the running installer (PID 1) to uninstall, then return")
 	nodeTaint := fs.String("node-taint", "", "remove this startup taint key (any effect) from the node once linkerd-cni "+
 		"is in every CNI config file; needs get and patch on nodes (default $"+EnvNodeTaint+")")
@@ -52,8 +51,8 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "linkerd-cni install: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	level, err := logging.ParseLevel(*logLevel)
+	if err != nil {
 		fmt.Fprintf(stderr, "linkerd-cni install: --log-level %q: %v\n", *logLevel, err)
 		return 2
 	}

@@ -45,7 +45,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig to use outside a cluster (default $KUBECONFIG, else the in-cluster service account)")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node whose pods are repaired (default $"+EnvNodeName+")")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: plain or json")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn or error")
 }
 
 // ParseArgs reads the arguments after "repair", with defaults from getenv.
@@ -74,25 +74,13 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if c.LogFormat != "plain" && c.LogFormat != "json" {
 		probs = append(probs, fmt.Sprintf("--log-format %q: want plain or json", c.LogFormat))
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 		probs = append(probs, fmt.Sprintf("--log-level %q: %v", c.LogLevel, err))
 	}
 	if len(probs) > 0 {
 		return c, errors.New("invalid input:\n  " + strings.Join(probs, "\n  "))
 	}
 	return c, nil
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if strings.EqualFold(s, "trace") {
-		return slog.LevelDebug - 4, nil
-	}
-	if strings.EqualFold(s, "warning") {
-		s = "warn"
-	}
-	err := l.UnmarshalText([]byte(s))
-	return l, err
 }
 
 // RESTConfig returns the client configuration: --kubeconfig if set, else $KUBECONFIG (which may
@@ -131,7 +119,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "linkerd-cni repair: "+err.Error())
 		return 2
 	}
-	lvl, _ := parseLevel(c.LogLevel)
+	lvl, _ := logging.ParseLevel(c.LogLevel)
 	log := logging.New(stderr, c.LogFormat, lvl)
 	// client-go logs through klog; send it to the same place in the same format.
 	klog.SetSlogLogger(log.With("component", "client-go"))
