@@ -89,7 +89,10 @@ func open(ctx context.Context, o options) (*session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: o.netns})
+	// One fixed receive buffer instead of peeking at each answer's size first: a batch is
+	// answered with an ack per message, and the peek doubled their system calls. The kernel
+	// never sends a datagram larger than 32 KiB on this socket (dump pages are capped there).
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: o.netns, MessageBufferSize: 32 << 10})
 	if err != nil {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
