@@ -504,31 +504,41 @@ func TestBinaryRestoredWhenRemoved(t *testing.T) {
 	})
 }
 
-func TestPluginLogStreaming(t *testing.T) {
+// withPluginLog starts an installer whose network config sets log_file, on a host where that file
+// holds existing (content unless empty) and the streamed lines go to out; maxSize is the rotation
+// size (0: the default). appendLog writes as the plugin does: a fresh O_APPEND open per call.
+func withPluginLog(t *testing.T, existing string, maxSize int64) (logPath string, out *syncBuffer, appendLog func(string)) {
 	h := newHost(t)
 	h.write(t, "10-calico.conflist", calicoConflist)
 	logDir := filepath.Join(h.root, "host/var/log/linkerd-cni")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(logDir, "plugin.log")
-	if err := os.WriteFile(logPath, []byte("old line from before the installer started\n"), 0o644); err != nil {
-		t.Fatal(err)
+	logPath = filepath.Join(logDir, "plugin.log")
+	if existing != "" {
+		if err := os.WriteFile(logPath, []byte(existing), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"log_level":"info",`,
 		`"log_level":"info","log_file":"/var/log/linkerd-cni/plugin.log",`, 1)
-	var out syncBuffer
-	h.cfg.PluginLogOutput = &out
-	r := h.start(t)
-	r.waitReady(t)
-	appendLog := func(s string) {
-		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	h.cfg.PluginLogMaxSize = maxSize
+	out = &syncBuffer{}
+	h.cfg.PluginLogOutput = out
+	h.start(t).waitReady(t)
+	appendLog = func(s string) {
+		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o640)
 		if err != nil {
 			t.Fatal(err)
 		}
 		f.WriteString(s)
 		f.Close()
 	}
+	return logPath, out, appendLog
+}
+
+func TestPluginLogStreaming(t *testing.T) {
+	logPath, out, appendLog := withPluginLog(t, "old line from before the installer started\n", 0)
 	time.Sleep(2 * logPollInterval)
 	appendLog("ADD pod default/a\npartial")
 	waitFor(t, 2*time.Second, "the plugin's line on stdout", func() (bool, string) {
@@ -555,29 +565,7 @@ func TestPluginLogStreaming(t *testing.T) {
 // installer renames it to log_file.1, and the next plugin call's lines, in a new file, are
 // streamed too. The node keeps at most one old generation.
 func TestPluginLogRotation(t *testing.T) {
-	h := newHost(t)
-	h.write(t, "10-calico.conflist", calicoConflist)
-	logDir := filepath.Join(h.root, "host/var/log/linkerd-cni")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(logDir, "plugin.log")
-	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"log_level":"info",`,
-		`"log_level":"info","log_file":"/var/log/linkerd-cni/plugin.log",`, 1)
-	h.cfg.PluginLogMaxSize = 100
-	var out syncBuffer
-	h.cfg.PluginLogOutput = &out
-	r := h.start(t)
-	r.waitReady(t)
-	appendLog := func(s string) {
-		// As the plugin does: a fresh open per call, O_APPEND, one write per line.
-		f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o640)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.WriteString(s)
-		f.Close()
-	}
+	logPath, out, appendLog := withPluginLog(t, "", 100)
 	// One write, so the file cannot be rotated half-way through these lines.
 	var first strings.Builder
 	for i := range 5 {
