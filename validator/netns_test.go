@@ -23,27 +23,11 @@ import (
 // The validator is run as a child process (this test binary, re-executed) started from inside
 // the pod namespace, exactly as the init container runs: every socket it opens, on whatever
 // thread, is then in the pod namespace, and its exit code is the real one.
-const (
-	childEnv      = "VALIDATOR_TEST_CHILD"
-	childNetNSEnv = "VALIDATOR_TEST_NETNS_INODE"
-)
-
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(childMain())
-	}
+	nt.ChildMain(func() int {
+		return validator.Main(context.Background(), os.Args[1:], io.Discard, os.Stderr)
+	})
 	os.Exit(m.Run())
-}
-
-// childMain refuses to run anywhere but the namespace the parent meant, so a harness bug can
-// never make the validator listen or connect in the machine's root namespace.
-func childMain() int {
-	var st syscall.Stat_t
-	if err := syscall.Stat("/proc/self/ns/net", &st); err != nil || strconv.FormatUint(st.Ino, 10) != os.Getenv(childNetNSEnv) {
-		fmt.Fprintf(os.Stderr, "validator test child: not in the expected network namespace (inode %d, want %s, err %v)\n", st.Ino, os.Getenv(childNetNSEnv), err)
-		return 3
-	}
-	return validator.Main(context.Background(), os.Args[1:], io.Discard, os.Stderr)
 }
 
 // Documentation addresses nothing answers: routed from the pod via the peer, which does not own
@@ -68,17 +52,14 @@ var (
 func validate(t *testing.T, n *nt.NS, who runAs, args ...string) (int, string) {
 	t.Helper()
 	bin := selfBinary(t, who)
-	var st syscall.Stat_t
-	if err := syscall.Stat(n.Path(), &st); err != nil {
-		t.Fatal(err)
-	}
+	env := append(os.Environ(), nt.ChildEnv(t, n.Path()))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out []byte
 	var runErr error
 	if err := n.Do(func() error {
 		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), childEnv+"=1", childNetNSEnv+"="+strconv.FormatUint(st.Ino, 10))
+		cmd.Env = env
 		if who.uid != 0 {
 			// Changing from root to another UID at exec clears every capability.
 			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(who.uid), Gid: uint32(who.uid)}}
@@ -93,7 +74,7 @@ func validate(t *testing.T, n *nt.NS, who runAs, args ...string) (int, string) {
 	case runErr == nil:
 		return 0, string(out)
 	case errors.As(runErr, &ee):
-		if ee.ExitCode() == 3 {
+		if ee.ExitCode() == nt.ChildRefused {
 			t.Fatalf("validator child refused to run: %s", out)
 		}
 		return ee.ExitCode(), string(out)

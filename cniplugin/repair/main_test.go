@@ -2,7 +2,6 @@ package repair_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,34 +21,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 // `linkerd-cni repair` is run as a child process (this test binary, re-executed) inside the
 // cluster's network namespace, where the API server listens.
-const (
-	childEnv      = "REPAIR_TEST_CHILD"
-	childNetNSEnv = "REPAIR_TEST_NETNS_INODE"
-)
-
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(childMain())
-	}
+	nt.ChildMain(func() int {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		defer stop()
+		return repair.Main(ctx, os.Args[1:], io.Discard, os.Stderr)
+	})
 	os.Exit(m.Run())
-}
-
-// childMain refuses to run outside the namespace the parent meant, so the admin port is never
-// opened in the machine's root namespace.
-func childMain() int {
-	var st syscall.Stat_t
-	if err := syscall.Stat("/proc/self/ns/net", &st); err != nil || strconv.FormatUint(st.Ino, 10) != os.Getenv(childNetNSEnv) {
-		fmt.Fprintf(os.Stderr, "repair test child: not in the expected network namespace (err %v)\n", err)
-		return 3
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	return repair.Main(ctx, os.Args[1:], io.Discard, os.Stderr)
 }
 
 // lockedBuffer collects the child's stderr.
@@ -93,14 +76,9 @@ func TestMainEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(c.NetNSPath, &st); err != nil {
-		t.Fatal(err)
-	}
 	const adminAddr = "127.0.0.1:9990"
 	cmd := exec.Command(self, "--admin-addr", adminAddr, "--log-format", "json")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childNetNSEnv+"="+strconv.FormatUint(st.Ino, 10),
-		"KUBECONFIG="+kubeconfig, repair.EnvNodeName+"="+nodeA)
+	cmd.Env = append(os.Environ(), nt.ChildEnv(t, c.NetNSPath), "KUBECONFIG="+kubeconfig, repair.EnvNodeName+"="+nodeA)
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	if err := netnsutil.Do(c.NetNSPath, cmd.Start); err != nil {
