@@ -15,7 +15,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -267,14 +266,14 @@ func TestParseCNIArgs(t *testing.T) {
 
 // fakeAPI serves fixed objects and counts requests; a nil object answers with err.
 type fakeAPI struct {
-	pod      *corev1.Pod
-	ns       *corev1.Namespace
-	svc      *corev1.Service
+	pod      *Pod
+	ns       *Namespace
+	svc      *Service
 	err      error
 	requests []string
 }
 
-func (f *fakeAPI) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+func (f *fakeAPI) Pod(_ context.Context, ns, name string) (*Pod, error) {
 	f.requests = append(f.requests, "pod "+ns+"/"+name)
 	if f.pod == nil {
 		return nil, f.err
@@ -282,7 +281,7 @@ func (f *fakeAPI) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
 	return f.pod, nil
 }
 
-func (f *fakeAPI) Namespace(_ context.Context, name string) (*corev1.Namespace, error) {
+func (f *fakeAPI) Namespace(_ context.Context, name string) (*Namespace, error) {
 	f.requests = append(f.requests, "namespace "+name)
 	if f.ns == nil {
 		return nil, f.err
@@ -290,7 +289,7 @@ func (f *fakeAPI) Namespace(_ context.Context, name string) (*corev1.Namespace, 
 	return f.ns, nil
 }
 
-func (f *fakeAPI) Service(_ context.Context, ns, name string) (*corev1.Service, error) {
+func (f *fakeAPI) Service(_ context.Context, ns, name string) (*Service, error) {
 	f.requests = append(f.requests, "service "+ns+"/"+name)
 	if f.svc == nil {
 		return nil, fmt.Errorf("service: %w", errors.New("boom"))

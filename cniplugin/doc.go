@@ -6,9 +6,10 @@
 //
 // What it decides, and where:
 //   - config.go: the network config JSON, validated as a whole before anything happens;
-//   - pod.go: which pods are meshed, and how annotations override the config (pure, no I/O);
-//   - kube.go: the pod lookup, with a lean client-go REST client (no clientset scheme, so the
-//     plugin starts in milliseconds) and at most three GETs per pod;
+//   - pod.go: the few fields of pods, namespaces and services the plugin reads; which pods are
+//     meshed, and how annotations override the config (pure, no I/O);
+//   - kube.go: the pod lookup, with a lean client-go REST client (neither the clientset nor
+//     k8s.io/api is linked, so the plugin starts faster) and at most three GETs per pod;
 //   - plugin.go: the CNI commands, the failure policy and the logging.
 //
 // Limits: the plugin only ever writes its CNI result to stdout; logs go to stderr and optionally

@@ -2,16 +2,17 @@ package cniplugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -23,20 +24,21 @@ import (
 // PodAPI is what the plugin reads from Kubernetes. The production implementation is a REST
 // client over the kubeconfig; tests may substitute their own.
 type PodAPI interface {
-	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
-	Namespace(ctx context.Context, name string) (*corev1.Namespace, error)
-	Service(ctx context.Context, namespace, name string) (*corev1.Service, error)
+	Pod(ctx context.Context, namespace, name string) (*Pod, error)
+	Namespace(ctx context.Context, name string) (*Namespace, error)
+	Service(ctx context.Context, namespace, name string) (*Service, error)
 }
 
-// coreCodecs decodes only core/v1 objects and metav1.Status. Registering this one group instead
-// of importing client-go's clientset scheme (every API group) saves tens of milliseconds on every
-// plugin start; building it lazily keeps it off the path of VERSION, DEL and pass-through ADDs.
-var coreCodecs = sync.OnceValue(func() serializer.CodecFactory {
+// coreV1 is the API group and version of pods, namespaces and services.
+var coreV1 = schema.GroupVersion{Version: "v1"}
+
+// statusCodecs decodes only metav1.Status, the body of an API error, so that client-go can turn a
+// failed request into a typed error (unauthorized, not found...). The objects themselves are
+// decoded with encoding/json into the plugin's own small types (pod.go). Building it lazily keeps
+// it off the path of VERSION, DEL and pass-through ADDs.
+var statusCodecs = sync.OnceValue(func() serializer.CodecFactory {
 	s := runtime.NewScheme()
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(fmt.Sprintf("register core/v1: %v", err))
-	}
-	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
+	metav1.AddToGroupVersion(s, coreV1)
 	return serializer.NewCodecFactory(s)
 })
 
@@ -79,12 +81,12 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.APIPath = "/api"
-	cfg.GroupVersion = &corev1.SchemeGroupVersion
-	cfg.NegotiatedSerializer = coreCodecs().WithoutConversion()
-	// Protobuf, as the kubelet asks for it: decoding a Pod from JSON is reflection over hundreds
-	// of fields and cost a fresh process 5-10 ms here; from protobuf, under 1 ms.
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	cfg.GroupVersion = &coreV1
+	cfg.NegotiatedSerializer = statusCodecs().WithoutConversion()
+	// JSON into the few fields the plugin reads costs microseconds. Decoding into core/v1's
+	// types would need their scheme, whose size slows every plugin start (see pod.go).
+	cfg.ContentType = runtime.ContentTypeJSON
+	cfg.AcceptContentTypes = runtime.ContentTypeJSON
 	cfg.UserAgent = "linkerd-cni/" + buildinfo.Version
 	cfg.Timeout = conf.APITimeout()
 	// Three requests at most: the client-side rate limiter would only add latency.
@@ -96,18 +98,18 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	return &kubeClient{rc: rc, kubeconfig: conf.Kubernetes.Kubeconfig, host: cfg.Host}, nil
 }
 
-func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-	var pod corev1.Pod
+func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
+	var pod Pod
 	return &pod, k.get(ctx, "get pod "+namespace+"/"+name, &pod, namespace, "pods", name)
 }
 
-func (k *kubeClient) Namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
-	var ns corev1.Namespace
+func (k *kubeClient) Namespace(ctx context.Context, name string) (*Namespace, error) {
+	var ns Namespace
 	return &ns, k.get(ctx, "get namespace "+name, &ns, "", "namespaces", name)
 }
 
-func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*corev1.Service, error) {
-	var svc corev1.Service
+func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*Service, error) {
+	var svc Service
 	return &svc, k.get(ctx, "get service "+namespace+"/"+name, &svc, namespace, "services", name)
 }
 
@@ -115,16 +117,19 @@ func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*core
 // cache instead of a quorum read from etcd (about 1.5 ms less per pod here): the cache trails etcd
 // by milliseconds, and a pod, its namespace and the kubernetes service all exist well before the
 // pod's sandbox does. An object the cache has not seen yet is read again from etcd.
-func (k *kubeClient) get(ctx context.Context, what string, into runtime.Object, namespace, resource, name string) error {
+func (k *kubeClient) get(ctx context.Context, what string, into any, namespace, resource, name string) error {
 	req := func() *rest.Request {
 		return k.rc.Get().NamespaceIfScoped(namespace, namespace != "").Resource(resource).Name(name)
 	}
-	err := req().Param("resourceVersion", "0").Do(ctx).Into(into)
+	body, err := req().Param("resourceVersion", "0").Do(ctx).Raw()
 	if apierrors.IsNotFound(err) {
-		err = req().Do(ctx).Into(into)
+		body, err = req().Do(ctx).Raw()
 	}
 	if err != nil {
 		return k.explain(ctx, what, err)
+	}
+	if err := json.Unmarshal(body, into); err != nil {
+		return fmt.Errorf("%s: decode the answer of %s: %w", what, k.host, err)
 	}
 	return nil
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -27,7 +25,7 @@ func TestCommandsInNetns(t *testing.T) {
 			conf = strings.Replace(conf, `"ipv6":false`, `"ipv6":true`, 1)
 			api := &fakeAPI{
 				pod: meshedPod(nil, map[string]string{AnnotationCloseWaitTimeout: "42s"}),
-				ns:  &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{AnnotationSkipOutboundPorts: "3306"}}},
+				ns:  &Namespace{ObjectMeta: ObjectMeta{Name: "web", Annotations: map[string]string{AnnotationSkipOutboundPorts: "3306"}}},
 			}
 			var out, logs bytes.Buffer
 			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
@@ -108,7 +106,7 @@ func TestCommandsInNetns(t *testing.T) {
 			}
 			// An unmeshed pod passes CHECK without rules of ours, and fails with them.
 			meshed := api.pod
-			api.pod = &corev1.Pod{Spec: corev1.PodSpec{Containers: containers("app")}}
+			api.pod = &Pod{Spec: PodSpec{Containers: containers("app")}}
 			if err := p.Check(args); err != nil {
 				t.Errorf("CHECK of an unmeshed pod without rules: %v", err)
 			}
@@ -116,7 +114,7 @@ func TestCommandsInNetns(t *testing.T) {
 			if err := p.Add(args); err != nil {
 				t.Fatal(err)
 			}
-			api.pod = &corev1.Pod{Spec: corev1.PodSpec{Containers: containers("app")}}
+			api.pod = &Pod{Spec: PodSpec{Containers: containers("app")}}
 			if err := p.Check(args); err == nil || !strings.Contains(err.Error(), "unmeshed pod has rules") {
 				t.Errorf("CHECK of an unmeshed pod with rules: %v", err)
 			}

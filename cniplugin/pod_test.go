@@ -2,6 +2,7 @@ package cniplugin
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -17,36 +18,31 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-func containers(names ...string) []corev1.Container {
-	var out []corev1.Container
+func containers(names ...string) []Container {
+	var out []Container
 	for _, n := range names {
-		out = append(out, corev1.Container{Name: n})
+		out = append(out, Container{Name: n})
 	}
 	return out
 }
 
-func always() *corev1.ContainerRestartPolicy {
-	p := corev1.ContainerRestartPolicyAlways
-	return &p
-}
-
 func TestClassify(t *testing.T) {
-	nativeProxy := corev1.Container{Name: ProxyContainerName, RestartPolicy: always()}
+	nativeProxy := Container{Name: ProxyContainerName, RestartPolicy: RestartPolicyAlways}
 	tests := []struct {
 		name string
-		spec corev1.PodSpec
+		spec PodSpec
 		want Kind
 	}{
-		{"no containers", corev1.PodSpec{}, KindUnmeshed},
-		{"app only", corev1.PodSpec{Containers: containers("app")}, KindUnmeshed},
-		{"proxy-like name", corev1.PodSpec{Containers: containers("app", "linkerd-proxy-x")}, KindUnmeshed},
-		{"classic sidecar", corev1.PodSpec{Containers: containers("app", "linkerd-proxy")}, KindMeshed},
-		{"native sidecar", corev1.PodSpec{InitContainers: []corev1.Container{nativeProxy}, Containers: containers("app")}, KindNativeSidecar},
-		{"proxy init container without restartPolicy", corev1.PodSpec{InitContainers: containers("linkerd-proxy"), Containers: containers("app")}, KindMeshed},
-		{"linkerd-init with classic proxy", corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app", "linkerd-proxy")}, KindLinkerdInit},
-		{"linkerd-init after native proxy", corev1.PodSpec{InitContainers: []corev1.Container{nativeProxy, {Name: "linkerd-init"}}}, KindLinkerdInit},
-		{"linkerd-init only", corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app")}, KindLinkerdInit},
-		{"validator is not a proxy", corev1.PodSpec{InitContainers: containers("linkerd-network-validator"), Containers: containers("app")}, KindUnmeshed},
+		{"no containers", PodSpec{}, KindUnmeshed},
+		{"app only", PodSpec{Containers: containers("app")}, KindUnmeshed},
+		{"proxy-like name", PodSpec{Containers: containers("app", "linkerd-proxy-x")}, KindUnmeshed},
+		{"classic sidecar", PodSpec{Containers: containers("app", "linkerd-proxy")}, KindMeshed},
+		{"native sidecar", PodSpec{InitContainers: []Container{nativeProxy}, Containers: containers("app")}, KindNativeSidecar},
+		{"proxy init container without restartPolicy", PodSpec{InitContainers: containers("linkerd-proxy"), Containers: containers("app")}, KindMeshed},
+		{"linkerd-init with classic proxy", PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app", "linkerd-proxy")}, KindLinkerdInit},
+		{"linkerd-init after native proxy", PodSpec{InitContainers: []Container{nativeProxy, {Name: "linkerd-init"}}}, KindLinkerdInit},
+		{"linkerd-init only", PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("app")}, KindLinkerdInit},
+		{"validator is not a proxy", PodSpec{InitContainers: containers("linkerd-network-validator"), Containers: containers("app")}, KindUnmeshed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,23 +215,23 @@ func TestMergeMalformed(t *testing.T) {
 }
 
 func TestAPIServerPorts(t *testing.T) {
-	svc := &corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
-		{Name: "https", Port: 443, TargetPort: intstr.FromInt32(6443)},
-		{Name: "alt", Port: 8443, TargetPort: intstr.FromString("https")},
-		{Name: "dup", Port: 6443, TargetPort: intstr.FromInt32(443)},
+	svc := &Service{Spec: ServiceSpec{Ports: []ServicePort{
+		{Port: 443, TargetPort: intstr.FromInt32(6443)},
+		{Port: 8443, TargetPort: intstr.FromString("https")},
+		{Port: 6443, TargetPort: intstr.FromInt32(443)},
 	}}}
 	if got, want := APIServerPorts(svc), []string{"443", "6443", "8443"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("APIServerPorts = %v, want %v", got, want)
 	}
-	if got := APIServerPorts(&corev1.Service{}); got != nil {
+	if got := APIServerPorts(&Service{}); got != nil {
 		t.Errorf("no ports: %v", got)
 	}
 }
 
-func meshedPod(labels, annotations map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "api-0", Namespace: "web", Labels: labels, Annotations: annotations},
-		Spec:       corev1.PodSpec{Containers: containers("app", "linkerd-proxy")},
+func meshedPod(labels, annotations map[string]string) *Pod {
+	return &Pod{
+		ObjectMeta: ObjectMeta{Name: "api-0", Namespace: "web", Labels: labels, Annotations: annotations},
+		Spec:       PodSpec{Containers: containers("app", "linkerd-proxy")},
 	}
 }
 
@@ -247,7 +243,7 @@ func TestPlanAPIRequests(t *testing.T) {
 	}
 	every[AnnotationSkipOutboundPorts] = "3306"
 	every[AnnotationSkipSubnets] = "192.0.2.0/24"
-	kubeSvc := &corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443, TargetPort: intstr.FromInt32(16443)}}}}
+	kubeSvc := &Service{Spec: ServiceSpec{Ports: []ServicePort{{Port: 443, TargetPort: intstr.FromInt32(16443)}}}}
 	tests := []struct {
 		name         string
 		api          *fakeAPI
@@ -255,13 +251,13 @@ func TestPlanAPIRequests(t *testing.T) {
 		wantRequests []string
 		wantOutbound []string
 	}{
-		{"unmeshed: pod only", &fakeAPI{pod: &corev1.Pod{Spec: corev1.PodSpec{Containers: containers("app")}}},
+		{"unmeshed: pod only", &fakeAPI{pod: &Pod{Spec: PodSpec{Containers: containers("app")}}},
 			KindUnmeshed, []string{"pod web/api-0"}, nil},
-		{"linkerd-init: pod only", &fakeAPI{pod: &corev1.Pod{Spec: corev1.PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("linkerd-proxy")}}},
+		{"linkerd-init: pod only", &fakeAPI{pod: &Pod{Spec: PodSpec{InitContainers: containers("linkerd-init"), Containers: containers("linkerd-proxy")}}},
 			KindLinkerdInit, []string{"pod web/api-0"}, nil},
 		{"meshed, every annotation on the pod: pod only", &fakeAPI{pod: meshedPod(nil, every)},
 			KindMeshed, []string{"pod web/api-0"}, []string{"3306"}},
-		{"meshed: pod and namespace", &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web",
+		{"meshed: pod and namespace", &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{ObjectMeta: ObjectMeta{Name: "web",
 			Annotations: map[string]string{AnnotationSkipOutboundPorts: "5432"}}}},
 			KindMeshed, []string{"pod web/api-0", "namespace web"}, []string{"5432"}},
 		{"control plane: plus default/kubernetes", &fakeAPI{pod: meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, every)},
@@ -302,7 +298,7 @@ func TestAddFailures(t *testing.T) {
 		wantCode uint
 		wantMsg  string
 	}{
-		{"malformed pod annotation", &fakeAPI{pod: meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "80,http"}), ns: &corev1.Namespace{}},
+		{"malformed pod annotation", &fakeAPI{pod: meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "80,http"}), ns: &Namespace{}},
 			types.ErrInvalidNetworkConfig,
 			`invalid annotation: annotation config.linkerd.io/skip-outbound-ports="80,http" on pod web/api-0: "http" is not a port number`},
 		{"namespace unreadable", &fakeAPI{pod: meshedPod(nil, nil), err: errors.New("forbidden")},
@@ -329,7 +325,7 @@ func TestAddFailures(t *testing.T) {
 // TestAddSimulate runs a meshed pod with simulate on: the rules are logged, nothing is written
 // (the netns does not even exist) and prevResult passes through.
 func TestAddSimulate(t *testing.T) {
-	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{}}
+	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{}}
 	var out, logs bytes.Buffer
 	p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
 	conf := strings.Replace(linkerdChartConfig, `"simulate":false`, `"simulate":true`, 1)
@@ -437,7 +433,7 @@ func TestMain_Subcommands(t *testing.T) {
 // TestAddRefusesEmptyNetns: a meshed pod without CNI_NETNS must fail, never fall back to the
 // current namespace (the node's).
 func TestAddRefusesEmptyNetns(t *testing.T) {
-	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &corev1.Namespace{}}
+	api := &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{}}
 	var out, logs bytes.Buffer
 	p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
 	args := &skel.CmdArgs{ContainerID: "c", Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: withVersion(t, linkerdChartConfig, "1.0.0")}
@@ -450,5 +446,60 @@ func TestAddRefusesEmptyNetns(t *testing.T) {
 	}
 	if out.Len() != 0 {
 		t.Errorf("stdout %q", out.String())
+	}
+}
+
+// TestObjectsDecodeCoreV1JSON shows that the plugin's small types read the same fields out of
+// the API's JSON as k8s.io/api/core/v1 would, for every field the plugin uses.
+func TestObjectsDecodeCoreV1JSON(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	labels := map[string]string{LabelControlPlaneComponent: "destination"}
+	annotations := map[string]string{AnnotationSkipOutboundPorts: "3306"}
+	roundTrip := func(from, into any) {
+		t.Helper()
+		raw, err := json.Marshal(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, into); err != nil {
+			t.Fatalf("decode %s: %v", raw, err)
+		}
+	}
+
+	var pod Pod
+	roundTrip(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "shop", Labels: labels, Annotations: annotations},
+		Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: ProxyContainerName, Image: "proxy", RestartPolicy: &always}},
+			Containers:     []corev1.Container{{Name: "app", Image: "app", Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}},
+		},
+	}, &pod)
+	want := Pod{
+		ObjectMeta: ObjectMeta{Name: "web-0", Namespace: "shop", Labels: labels, Annotations: annotations},
+		Spec: PodSpec{
+			InitContainers: []Container{{Name: ProxyContainerName, RestartPolicy: RestartPolicyAlways}},
+			Containers:     []Container{{Name: "app"}},
+		},
+	}
+	if !reflect.DeepEqual(pod, want) {
+		t.Errorf("pod decoded as %+v, want %+v", pod, want)
+	}
+	if got := Classify(&pod.Spec); got != KindNativeSidecar {
+		t.Errorf("decoded pod classified %s, want %s", got, KindNativeSidecar)
+	}
+
+	var ns Namespace
+	roundTrip(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Annotations: annotations}}, &ns)
+	if ns.Name != "shop" || !reflect.DeepEqual(ns.Annotations, annotations) {
+		t.Errorf("namespace decoded as %+v", ns)
+	}
+
+	var svc Service
+	roundTrip(&corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+		{Name: "https", Port: 443, TargetPort: intstr.FromInt32(6443)},
+		{Name: "alt", Port: 8443, TargetPort: intstr.FromString("https")},
+	}}}, &svc)
+	if got, want := APIServerPorts(&svc), []string{"443", "6443", "8443"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("decoded service gives ports %v, want %v", got, want)
 	}
 }
