@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -271,7 +272,6 @@ func (c Config) plan() (*Ruleset, error) {
 			n += strings.Count(v, ",") + 1
 		}
 		out := make([]netip.Prefix, 0, n)
-		seen := make(map[netip.Prefix]bool, n)
 		for _, v := range values {
 			for _, part := range strings.Split(v, ",") {
 				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
@@ -282,13 +282,10 @@ func (c Config) plan() (*Ruleset, error) {
 					bad(field, strings.TrimSpace(part), err.Error())
 					continue
 				}
-				if !seen[p] {
-					seen[p] = true
-					out = append(out, p)
-				}
+				out = append(out, p)
 			}
 		}
-		return out
+		return dedupePrefixes(out)
 	}
 
 	rs := &Ruleset{
@@ -317,4 +314,32 @@ func (c Config) plan() (*Ruleset, error) {
 		return nil, &ValidationError{Problems: probs}
 	}
 	return rs, nil
+}
+
+// dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts
+// indexes rather than filling a set: with a thousand subnets, a map of prefixes touched 100 KB,
+// and a fresh process pays for every page it touches.
+func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
+	if len(ps) < 2 {
+		return ps
+	}
+	idx := make([]int32, len(ps))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	// Stable: among equal prefixes the first stays first, and is the one kept.
+	slices.SortStableFunc(idx, func(a, b int32) int { return ps[a].Compare(ps[b]) })
+	dup := make([]bool, len(ps))
+	for k := 1; k < len(idx); k++ {
+		if ps[idx[k]] == ps[idx[k-1]] {
+			dup[idx[k]] = true
+		}
+	}
+	out := ps[:0]
+	for i, p := range ps {
+		if !dup[i] {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -66,6 +67,15 @@ func TestBuildNormalizes(t *testing.T) {
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::1/128")}
 	if got := rs.InboundIgnoreSubnets; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("subnets not masked and deduplicated: %v", got)
+	}
+	// Duplicates anywhere in the list, after masking, go; the first of each keeps its place.
+	c.OutboundSubnetsToIgnore = []string{"203.0.113.0/24,2001:db8::/32", "198.51.100.7/32,203.0.113.9/24", "2001:db8::/32,198.51.100.7"}
+	if rs, err = Build(c); err != nil {
+		t.Fatal(err)
+	}
+	wantOut := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("198.51.100.7/32")}
+	if got := rs.OutboundIgnoreSubnets; !slices.Equal(got, wantOut) {
+		t.Errorf("outbound subnets = %v, want %v", got, wantOut)
 	}
 	if got := Subnets(IPv6, rs.InboundIgnoreSubnets); len(got) != 1 || got[0] != want[1] {
 		t.Errorf("IPv6 filter: %v", got)
@@ -133,6 +143,9 @@ func TestCompareAndTransition(t *testing.T) {
 	}
 
 	p := TransitionPayload(got, want)
+	if direct := rs.Payload(IPv4, got); direct != p {
+		t.Errorf("Payload from the same state differs from TransitionPayload:\n%s\nwant:\n%s", direct, p)
+	}
 	if strings.Count(p, "-D PREROUTING") != 1 || strings.Contains(p, "-A PREROUTING") || strings.Contains(p, "-A OUTPUT") {
 		t.Errorf("transition should delete the duplicate jump only and keep the others in place:\n%s", p)
 	}
@@ -142,5 +155,12 @@ func TestCompareAndTransition(t *testing.T) {
 	clean := TransitionPayload(got, SavedState{})
 	if strings.Count(clean, "-D ") != 3 || !strings.Contains(clean, "-X PROXY_INIT_REDIRECT\n") {
 		t.Errorf("cleanup payload:\n%s", clean)
+	}
+
+	// A rule with neither matches nor target, which iptables-save prints as "-A <chain>", is
+	// restored exactly as it was saved (a rollback must not alter it).
+	bare := SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: []string{"-A " + OutputChain}}
+	if p := TransitionPayload(SavedState{}, bare); !strings.Contains(p, "\n-A "+OutputChain+"\n") {
+		t.Errorf("a bare rule is not restored as saved:\n%s", p)
 	}
 }

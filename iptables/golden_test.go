@@ -86,7 +86,10 @@ func TestGoldenRestorePayloads(t *testing.T) {
 			for _, f := range []Family{IPv4, IPv6} {
 				got := "# " + string(f) + ": not written\n"
 				if rs.HasFamily(f) {
-					got = TransitionPayload(SavedState{}, rs.Saved(f))
+					got = rs.Payload(f, SavedState{})
+					if viaSaved := TransitionPayload(SavedState{}, rs.Saved(f)); got != viaSaved {
+						t.Errorf("%s: Payload differs from TransitionPayload of Saved:\n%s\nwant:\n%s", f, got, viaSaved)
+					}
 				}
 				checkGolden(t, filepath.Join("iptables", name+"."+string(f)+".rules"), got)
 			}

@@ -94,10 +94,30 @@ type Rule struct {
 }
 
 // String renders the rule as an iptables-save line.
-func (r Rule) String() string { return "-A " + r.Chain + " " + r.Spec }
+func (r Rule) String() string { return r.line("-A ") }
 
 // Delete renders the rule as an iptables-restore delete command.
-func (r Rule) Delete() string { return "-D " + r.Chain + " " + r.Spec }
+func (r Rule) Delete() string { return r.line("-D ") }
+
+// line renders the rule after verb; a rule without matches or target (iptables-save prints
+// "-A <chain>" for one) gets no trailing space.
+func (r Rule) line(verb string) string {
+	if r.Spec == "" {
+		return verb + r.Chain
+	}
+	return verb + r.Chain + " " + r.Spec
+}
+
+// writeTo writes the rule's line after verb, and a newline, without building it as a string.
+func (r Rule) writeTo(b *strings.Builder, verb string) {
+	b.WriteString(verb)
+	b.WriteString(r.Chain)
+	if r.Spec != "" {
+		b.WriteByte(' ')
+		b.WriteString(r.Spec)
+	}
+	b.WriteByte('\n')
+}
 
 // rule renders one rule. Names never hold quotes or backslashes, so plain quoting matches what
 // iptables-save prints.

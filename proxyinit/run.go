@@ -323,7 +323,7 @@ func Simulate(w io.Writer, o *Options) error {
 				bin = "ip6tables-restore"
 			}
 			fmt.Fprintf(&b, "# %s: %s --noflush\n", f, bin)
-			b.WriteString(iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f)))
+			b.WriteString(rs.Payload(f, iptables.SavedState{}))
 		}
 	}
 	if o.TimeoutCloseWaitSecs > 0 {

@@ -164,15 +164,11 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		if err != nil {
 			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
-		target := iptables.SavedState{}
-		if rs.HasFamily(f) {
-			target = rs.Saved(f)
-		}
 		// Nothing of ours in place (a fresh pod) cannot match; skip comparing line by line.
 		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
-		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
+		if err := a.restore(ctx, f, rs.Payload(f, cur)); err != nil {
 			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
 		res.Changed = true
