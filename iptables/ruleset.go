@@ -93,22 +93,17 @@ type Rule struct {
 	Spec string
 }
 
-// String renders the rule as an iptables-save line.
-func (r Rule) String() string { return r.line("-A ") }
-
-// Delete renders the rule as an iptables-restore delete command.
-func (r Rule) Delete() string { return r.line("-D ") }
-
-// line renders the rule after verb; a rule without matches or target (iptables-save prints
-// "-A <chain>" for one) gets no trailing space.
-func (r Rule) line(verb string) string {
+// String renders the rule as an iptables-save line; a rule without matches or target is
+// "-A <chain>", with no trailing space, as iptables-save prints it.
+func (r Rule) String() string {
 	if r.Spec == "" {
-		return verb + r.Chain
+		return "-A " + r.Chain
 	}
-	return verb + r.Chain + " " + r.Spec
+	return "-A " + r.Chain + " " + r.Spec
 }
 
-// writeTo writes the rule's line after verb, and a newline, without building it as a string.
+// writeTo writes the rule as a restore command (verb "-A " or "-D ") and a newline, without
+// building the line as a string first.
 func (r Rule) writeTo(b *strings.Builder, verb string) {
 	b.WriteString(verb)
 	b.WriteString(r.Chain)
