@@ -4,7 +4,12 @@ package iptables
 // declared here, with the types it returns, so the backends and the selector in iptables/backend
 // can all use it without import cycles. Declaring it keeps this package pure: nothing here runs.
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Applier writes, reads back and removes one backend's rules in the current network namespace.
 // Callers enter the namespace first (internal/netnsutil).
@@ -51,4 +56,39 @@ func (s State) Match() bool {
 		}
 	}
 	return true
+}
+
+// CapabilityError is a backend refused by the kernel for want of a capability in the network
+// namespace. Backends return it instead of their own permission errors, so callers can say what
+// to grant, and the selector never takes it for a kernel without the backend's features.
+type CapabilityError struct {
+	// Caps are the capabilities the backend needs, e.g. "CAP_NET_ADMIN".
+	Caps []string
+	// NetNS names the network namespace, e.g. "net:[4026532281]".
+	NetNS string
+	// Op is what was refused, e.g. "read the nf_tables ruleset".
+	Op  string
+	Err error
+}
+
+func (e *CapabilityError) Error() string {
+	return fmt.Sprintf("%s: permission denied: this needs %s in network namespace %s (grant the container %s): %v",
+		e.Op, strings.Join(e.Caps, " and "), e.NetNS, capNames(e.Caps), e.Err)
+}
+
+func (e *CapabilityError) Unwrap() error { return e.Err }
+
+// capNames spells capabilities the way a pod's securityContext lists them: NET_ADMIN.
+func capNames(caps []string) string {
+	out := make([]string, len(caps))
+	for i, c := range caps {
+		out[i] = strings.TrimPrefix(c, "CAP_")
+	}
+	return strings.Join(out, " and ")
+}
+
+// IsCapabilityError reports whether err is, or wraps, a *CapabilityError.
+func IsCapabilityError(err error) bool {
+	var c *CapabilityError
+	return errors.As(err, &c)
 }

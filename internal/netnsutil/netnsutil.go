@@ -18,6 +18,7 @@ package netnsutil
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 )
@@ -49,4 +50,15 @@ func Do(nsPath string, fn func() error) error {
 		return fmt.Errorf("enter netns %s: %w", nsPath, err)
 	}
 	return nil
+}
+
+// Current names the calling thread's network namespace as the kernel does ("net:[4026532281]",
+// what `ls -l /proc/PID/ns/net` shows), for messages. Call it from inside Do to name the
+// namespace entered.
+func Current() string {
+	name, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	return name
 }
