@@ -276,6 +276,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 		}
 		// Our chains: created if missing, refilled if their rules differ in any way.
 		want := map[string][]encoded{}
+		rules := map[string][]iptables.XTRule{}
 		var order []string
 		for _, r := range rs.XTChainRules(f) {
 			e, err := encode(f, r)
@@ -286,6 +287,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 				order = append(order, r.Chain)
 			}
 			want[r.Chain] = append(want[r.Chain], e)
+			rules[r.Chain] = append(rules[r.Chain], r)
 		}
 		for _, name := range order {
 			have := t.rules[name]
@@ -300,8 +302,8 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 			case len(have) > 0:
 				flush(m, fam, name)
 			}
-			for _, e := range want[name] {
-				if err := addRule(m, fam, name, e); err != nil {
+			for i, e := range want[name] {
+				if err := addRule(m, fam, rules[name][i], e); err != nil {
 					return err
 				}
 			}
@@ -332,7 +334,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 			if err != nil {
 				return fmt.Errorf("%s rule %q: %w", f, j.Rule().String(), err)
 			}
-			if err := addRule(m, fam, j.Chain, e); err != nil {
+			if err := addRule(m, fam, j, e); err != nil {
 				return err
 			}
 		}
@@ -394,7 +396,9 @@ func (s *state) addBaseChain(m *msgs, fam byte, name string, hook uint32) {
 	m.end(fmt.Sprintf("create built-in chain %s %s %s", famName(fam), iptables.Table, name))
 }
 
-func addRule(m *msgs, fam byte, chain string, e encoded) error {
+// addRule appends a rule to its chain; r names it in errors as iptables-save would print it.
+func addRule(m *msgs, fam byte, r iptables.XTRule, e encoded) error {
+	chain := r.Chain
 	m.beginNFT(unix.NFT_MSG_NEWRULE, unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, fam)
 	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
 	m.str(unix.NFTA_RULE_CHAIN, chain)
@@ -405,7 +409,7 @@ func addRule(m *msgs, fam byte, chain string, e encoded) error {
 	m.u32(unix.NFTA_RULE_COMPAT_PROTO, e.proto)
 	m.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
 	m.unnest(compat)
-	m.end(fmt.Sprintf("add a rule to %s %s %s", famName(fam), iptables.Table, chain))
+	m.end(fmt.Sprintf("add %q to %s %s", r.Rule().String(), famName(fam), iptables.Table))
 	return nil
 }
 

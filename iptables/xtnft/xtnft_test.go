@@ -162,3 +162,151 @@ func TestSaveEquality(t *testing.T) {
 		})
 	}
 }
+
+func cleanup(t *testing.T, n *nt.NS) {
+	t.Helper()
+	if err := n.Do(func() error { return xtnft.New().Cleanup(context.Background()) }); err != nil {
+		t.Fatalf("cleanup in %s: %v", n, err)
+	}
+}
+
+// savedState is what iptables-nft-save shows of ours in n, per family.
+func savedState(t *testing.T, n *nt.NS) map[iptables.Family]iptables.SavedState {
+	t.Helper()
+	out := map[iptables.Family]iptables.SavedState{}
+	for _, f := range bothFamilies {
+		out[f] = iptables.ParseSave(save(t, n, f))
+	}
+	return out
+}
+
+// TestRestoreOverOurs: iptables-nft-restore can take our rules to another config, find our jumps
+// to delete them, and our apply takes its rules back.
+func TestRestoreOverOurs(t *testing.T) {
+	nt.RequireRoot(t)
+	from := build(t, iptables.GoldenConfigs()["chart-defaults"])
+	for _, name := range sortedCases() {
+		t.Run(name, func(t *testing.T) {
+			to := build(t, iptables.GoldenConfigs()[name])
+			n, fresh := nt.NewNS(t), nt.NewNS(t)
+			apply(t, n, from)
+			restore(t, n, to, savedState(t, n))
+			restore(t, fresh, to, nil)
+			for _, f := range bothFamilies {
+				if got, want := save(t, n, f), save(t, fresh, f); got != want {
+					t.Errorf("%s after iptables-nft-restore over our rules:\n%s\nwant:\n%s", tool(f, "-save"), got, want)
+				}
+			}
+			// Back to the first config with our apply, then away entirely with iptables-nft-restore,
+			// which must find our jump rules by their content to delete them.
+			apply(t, n, from)
+			if st := show(t, n, from); !st.Match() {
+				t.Errorf("show after our apply over iptables-nft-restore's rules: %+v", st)
+			}
+			for f, cur := range savedState(t, n) {
+				_, stderr := run(t, n, iptables.TransitionPayload(cur, iptables.SavedState{}), tool(f, "-restore"), "--noflush")
+				if stderr != "" {
+					t.Errorf("%s of the cleanup payload warned: %s", tool(f, "-restore"), stderr)
+				}
+			}
+			for f, s := range savedState(t, n) {
+				if !s.Empty() {
+					t.Errorf("%s: iptables-nft-restore could not remove our rules: %+v", f, s)
+				}
+			}
+		})
+	}
+}
+
+// foreign is what another tool keeps in the nat table of a pod: rules before and after ours in
+// the built-in chains, its own chain, and a stale jump into our chain without our comment, as an
+// older tool would leave it.
+func foreign(f iptables.Family) string {
+	addr := "203.0.113.9/32"
+	if f == iptables.IPv6 {
+		addr = "2001:db8::9/128"
+	}
+	return `*nat
+:FOREIGN - [0:0]
+-A PREROUTING -p udp -m udp --dport 53 -j RETURN
+-A OUTPUT -d ` + addr + ` -j RETURN
+-A OUTPUT -j FOREIGN
+-A FOREIGN -p tcp -m tcp --dport 9999 -j RETURN
+COMMIT
+`
+}
+
+const staleJump = `*nat
+:PROXY_INIT_OUTPUT - [0:0]
+-A OUTPUT -j PROXY_INIT_OUTPUT
+-A PREROUTING -p udp -m udp --dport 5353 -j RETURN
+COMMIT
+`
+
+// TestOthersRulesUntouched: apply, a config change and cleanup change only our chains and jumps:
+// every other rule stays, in its place, and the built-in chains and tables stay.
+func TestOthersRulesUntouched(t *testing.T) {
+	nt.RequireRoot(t)
+	n, want := nt.NewNS(t), nt.NewNS(t)
+	for _, ns := range []*nt.NS{n, want} {
+		for _, f := range bothFamilies {
+			run(t, ns, foreign(f), tool(f, "-restore"), "--noflush")
+		}
+	}
+	for _, f := range bothFamilies {
+		run(t, n, staleJump, tool(f, "-restore"), "--noflush")
+		run(t, want, "*nat\n-A PREROUTING -p udp -m udp --dport 5353 -j RETURN\nCOMMIT\n", tool(f, "-restore"), "--noflush")
+	}
+	rs := build(t, iptables.GoldenConfigs()["mixed-subnets"])
+	if res := apply(t, n, rs); !res.Changed {
+		t.Error("apply over the stale jump reported no change")
+	}
+	restore(t, want, rs, savedState(t, want))
+	for _, f := range bothFamilies {
+		if got, w := save(t, n, f), save(t, want, f); got != w {
+			t.Errorf("%s after our apply over other rules and a stale jump:\n%s\nwant (iptables-nft-restore of our payload):\n%s", tool(f, "-save"), got, w)
+		}
+	}
+	// A config change, then cleanup: the others' rules are still exactly where they were.
+	apply(t, n, build(t, iptables.GoldenConfigs()["ipv6-off"]))
+	cleanup(t, n)
+	restore(t, want, rs, nil)
+	for f, cur := range savedState(t, want) {
+		run(t, want, iptables.TransitionPayload(cur, iptables.SavedState{}), tool(f, "-restore"), "--noflush")
+	}
+	for _, f := range bothFamilies {
+		got, w := save(t, n, f), save(t, want, f)
+		if got != w {
+			t.Errorf("%s after cleanup:\n%s\nwant the other rules alone:\n%s", tool(f, "-save"), got, w)
+		}
+		if !strings.Contains(got, ":PREROUTING ACCEPT") || !strings.Contains(got, "-A FOREIGN -p tcp -m tcp --dport 9999 -j RETURN") {
+			t.Errorf("%s after cleanup lost a built-in chain or another tool's chain:\n%s", tool(f, "-save"), got)
+		}
+	}
+	cleanup(t, n) // nothing left to remove is fine
+}
+
+// TestAllOrNothing: when the kernel refuses one message, nothing of the transaction is written,
+// in either family, and the error names what was refused.
+func TestAllOrNothing(t *testing.T) {
+	nt.RequireRoot(t)
+	n := nt.NewNS(t)
+	// A filter chain under our chain's name: the kernel refuses REDIRECT there.
+	if out, err := nt.RunIn(t, n, "nft", "add table ip6 nat; add chain ip6 nat PROXY_INIT_OUTPUT { type filter hook output priority 0; }"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	rs := build(t, iptables.GoldenConfigs()["chart-defaults"])
+	err := n.Do(func() error {
+		_, err := xtnft.New().Apply(context.Background(), rs)
+		return err
+	})
+	// The kernel refuses the jump into a base chain.
+	want := `write the iptables-nft nat rules: the kernel does not support iptables-nft's nat rules: nf_tables refused to add ` +
+		`"-A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT" to ip6 nat; nothing was written: operation not supported`
+	if err == nil || err.Error() != want {
+		t.Fatalf("apply: %v\nwant: %s", err, want)
+	}
+	if out, _ := nt.RunIn(t, n, "nft", "list tables"); strings.Contains(out, "table ip nat") {
+		t.Errorf("the refused transaction left the ip nat table behind:\n%s", out)
+	}
+}
