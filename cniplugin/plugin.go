@@ -177,12 +177,14 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	applyStart := time.Now()
 	err = c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
-		name = a.Name()
 		res, err := backend.Apply(ctx, a, pl.rules)
 		if err != nil {
 			return fmt.Errorf("write rules with %s: %w", a.Name(), err)
 		}
-		changed = res.Changed
+		name, changed = a.Name(), res.Changed
+		if res.Note != "" {
+			c.log.Warn("backend fallback", "backend", name, "why", res.Note)
+		}
 		if pl.settings.CloseWait > 0 {
 			secs := strconv.Itoa(int(pl.settings.CloseWait / time.Second))
 			if err := os.WriteFile(closeWaitSysctl, []byte(secs), 0o644); err != nil {

@@ -32,6 +32,9 @@ type Applier interface {
 type Result struct {
 	// Changed is false when the rules already matched and nothing was written.
 	Changed bool
+	// Note explains a choice the applier made while writing, for the log: which backend wrote
+	// when the preferred one could not, and why. Empty when there was nothing to choose.
+	Note string
 }
 
 // State is the rules of ours in place, per family, and how they differ from the expected ones.
@@ -57,6 +60,11 @@ func (s State) Match() bool {
 	}
 	return true
 }
+
+// ErrUnsupported marks a backend's error as the kernel lacking what the backend needs (nf_tables,
+// an expression, an xtables extension), as opposed to a refused permission or a transient
+// failure: the one case where another backend may work where this one cannot.
+var ErrUnsupported = errors.New("the kernel does not support this backend")
 
 // CapabilityError is a backend refused by the kernel for want of a capability in the network
 // namespace. Backends return it instead of their own permission errors, so callers can say what

@@ -139,6 +139,9 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
 		}
+		if res.Note != "" {
+			log.Warn("backend fallback", "backend", a.Name(), "why", res.Note)
+		}
 		if o.TimeoutCloseWaitSecs > 0 {
 			// After the rules: the nat rules load conntrack, which is what creates this sysctl.
 			if err := os.WriteFile(CloseWaitSysctl, []byte(strconv.Itoa(o.TimeoutCloseWaitSecs)), 0o644); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nftables"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
+	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // Options choose and configure a backend.
@@ -23,43 +24,42 @@ type Options struct {
 }
 
 // New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
-// log: in auto mode it is the only record of why a node got the backend it got.
+// log: in auto mode it is the only record of why a node got the backend it got. The modes nft
+// and auto decide by writing (see Fallback); their Result.Note says which backend wrote when the
+// first could not.
 func New(opts Options) (iptables.Applier, string, error) {
 	xo := xtables.Options{Wait: opts.Wait, WaitTimeout: opts.WaitTimeout}
+	binaries := func(m iptables.Mode) func() (iptables.Applier, error) {
+		return func() (iptables.Applier, error) {
+			a, err := xtables.New(m, xo)
+			if err != nil {
+				return nil, err
+			}
+			return a, nil
+		}
+	}
+	netlink := try{"iptables-nft over netlink", func() (iptables.Applier, error) { return xtnft.New(), nil }}
 	switch opts.Mode {
-	case iptables.ModeLegacy, iptables.ModeNFT, iptables.ModePlain:
+	case iptables.ModeLegacy, iptables.ModePlain:
 		a, err := xtables.New(opts.Mode, xo)
 		if err != nil {
 			return nil, "", err
 		}
 		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+	case iptables.ModeNFT:
+		return &Fallback{tries: []try{netlink, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
+			"--iptables-mode=nft asks for iptables-nft's rules: written over netlink, or by the iptables-nft binaries where the kernel refuses that", nil
 	case iptables.ModeNFTables:
 		return nftables.New(), "--iptables-mode=nftables asks for it", nil
 	case iptables.ModeAuto, "":
-		return auto(xo)
+		return &Fallback{tries: []try{
+				netlink,
+				{"native nftables", func() (iptables.Applier, error) { return nftables.New(), nil }},
+				{"iptables-legacy", binaries(iptables.ModeLegacy)},
+			}},
+			"auto: the first the kernel accepts of iptables-nft's rules over netlink (what `iptables -t nat -S` shows), the native nftables table, iptables-legacy", nil
 	}
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
-}
-
-// auto prefers native nftables (no binaries, one batch for both families), then iptables-nft,
-// then iptables-legacy. The probes are netlink round trips, not execs.
-func auto(xo xtables.Options) (iptables.Applier, string, error) {
-	probe := nftables.Probe(context.Background())
-	if probe == nil {
-		return nftables.New(), "auto: the kernel accepts nf_tables nat and redirect over netlink", nil
-	}
-	if err := xtables.ProbeNFTables(); err == nil {
-		a, err := xtables.New(iptables.ModeNFT, xo)
-		if err == nil {
-			return a, fmt.Sprintf("auto: iptables-nft, because native nftables failed its probe: %v", probe), nil
-		}
-		probe = fmt.Errorf("%v; iptables-nft: %w", probe, err)
-	}
-	a, err := xtables.New(iptables.ModeLegacy, xo)
-	if err != nil {
-		return nil, "", fmt.Errorf("auto: no usable backend: nf_tables: %v; legacy: %w", probe, err)
-	}
-	return a, fmt.Sprintf("auto: falling back to iptables-legacy because %v", probe), nil
 }
 
 // Apply writes rs with a, then removes our rules from every other backend, so only one backend's
@@ -82,15 +82,20 @@ func Cleanup(ctx context.Context, a iptables.Applier) error {
 // whether there is anything to remove, so this costs no process spawns in the common case.
 func removeOthers(ctx context.Context, keep iptables.Applier) error {
 	var errs []error
+	if f, ok := keep.(*Fallback); ok {
+		keep = f.Chosen()
+	}
 	x, _ := keep.(*xtables.Applier)
 	_, native := keep.(*nftables.Applier)
-	if !native {
+	_, xtNetlink := keep.(*xtnft.Applier)
+	// The netlink writer removes the native table in its own transaction.
+	if !native && !xtNetlink {
 		if err := nftables.New().Cleanup(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove the nftables table left by an earlier run: %w", err))
 		}
 	}
 	// The native applier removes iptables-nft's chains in its own batch; the others need it here.
-	if !native && (x == nil || x.Flavor() != xtables.NFT) {
+	if !native && !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) {
 		// Over netlink, so it works on hosts without iptables-nft binaries.
 		if _, err := nftables.RemoveXtablesNFT(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove iptables-nft rules left by an earlier run: %w", err))

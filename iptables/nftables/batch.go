@@ -353,24 +353,21 @@ func (b *batch) send(c *netlink.Conn) error {
 	if len(b.msgs) == 0 {
 		return nil
 	}
-	return sendBatch(c, b.msgs, b.desc, true)
+	return sendBatch(c, b.msgs, b.desc)
 }
 
-// sendBatch sends msgs between batch markers. Without the end marker (commit false) the kernel
-// checks every message and then aborts: nothing is written, which is how nft -c works.
-func sendBatch(c *netlink.Conn, msgs []netlink.Message, desc []string, commit bool) error {
+// sendBatch sends msgs between batch markers, as one transaction.
+func sendBatch(c *netlink.Conn, msgs []netlink.Message, desc []string) error {
 	all := make([]netlink.Message, 0, len(msgs)+2)
 	all = append(all, netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
 		Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
 	})
 	all = append(all, msgs...)
-	if commit {
-		all = append(all, netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
-			Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
-		})
-	}
+	all = append(all, netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
+		Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
+	})
 	size := 0
 	for _, m := range all {
 		size += 16 + len(m.Data)

@@ -36,8 +36,8 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 )
 
 // Name is what logs and show call this backend: the rules are iptables-nft's.
@@ -105,7 +105,7 @@ func transact(ctx context.Context, op string, plan func(*state, *msgs) error) (i
 		if i < attempts && errors.As(err, &be) && (be.err == unix.ERESTART || be.err == unix.ENOENT || be.err == unix.EBUSY) {
 			continue
 		}
-		return res, classify(op, err)
+		return res, errclass.Netlink(op, err)
 	}
 }
 
@@ -132,24 +132,6 @@ func transactOnce(plan func(*state, *msgs) error) (iptables.Result, error) {
 	return iptables.Result{Changed: true}, nil
 }
 
-// ErrUnsupported marks an error as the kernel lacking what this backend needs (nf_tables,
-// nft_compat or an xtables extension), as opposed to a refused permission or a bad ruleset: the
-// case where another backend may work.
-var ErrUnsupported = errors.New("the kernel does not support iptables-nft's nat rules")
-
-// classify turns a permission error into a *iptables.CapabilityError and marks a missing kernel
-// feature with ErrUnsupported.
-func classify(op string, err error) error {
-	switch {
-	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
-		return &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: netnsutil.Current(), Op: op, Err: err}
-	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EAFNOSUPPORT) ||
-		errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EINVAL):
-		return fmt.Errorf("%s: %w: %w", op, ErrUnsupported, err)
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
-
 // Show reads our rules back as iptables-nft-save lines, per family, and compares them with rs's.
 // A family rs does not cover is expected to hold none of our rules.
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
@@ -162,12 +144,12 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	const op = "read the iptables-nft nat rules"
 	c, err := dial()
 	if err != nil {
-		return iptables.State{}, classify(op, err)
+		return iptables.State{}, errclass.Netlink(op, err)
 	}
 	defer c.close()
 	s, err := read(c)
 	if err != nil {
-		return iptables.State{}, classify(op, err)
+		return iptables.State{}, errclass.Netlink(op, err)
 	}
 	st := iptables.State{Backend: Name}
 	for _, f := range families {

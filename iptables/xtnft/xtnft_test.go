@@ -301,7 +301,7 @@ func TestAllOrNothing(t *testing.T) {
 		return err
 	})
 	// The kernel refuses the jump into a base chain.
-	want := `write the iptables-nft nat rules: the kernel does not support iptables-nft's nat rules: nf_tables refused to add ` +
+	want := `write the iptables-nft nat rules: the kernel does not support this backend: nf_tables refused to add ` +
 		`"-A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT" to ip6 nat; nothing was written: operation not supported`
 	if err == nil || err.Error() != want {
 		t.Fatalf("apply: %v\nwant: %s", err, want)
