@@ -292,8 +292,7 @@ type nftScripter interface{ NFTScript() string }
 // Simulate prints what apply would write, changing nothing and entering no namespace. For the
 // iptables modes it prints the iptables-restore --noflush payload per family, as applied to a
 // namespace holding none of our rules (an init container's first run); for nftables, the nft
-// script. Auto decides at run time, from the kernel, so it prints both, nftables first because
-// auto prefers it.
+// script. Auto decides at run time, by writing, so it prints both.
 func Simulate(w io.Writer, o *Options) error {
 	rs, err := o.ruleset()
 	if err != nil {
@@ -303,8 +302,9 @@ func Simulate(w io.Writer, o *Options) error {
 	fmt.Fprintf(&b, "# proxy-init --simulate: nothing was written (mode %s, from %s)\n", o.Config.Mode, o.ModeSource)
 	mode := o.Config.Mode
 	if mode == iptables.ModeAuto {
-		b.WriteString("# auto chooses at run time: native nftables when the kernel accepts it, else iptables-nft, else\n")
-		b.WriteString("# iptables-legacy (both given the same iptables-restore payloads)\n")
+		b.WriteString("# auto chooses at run time, by writing: iptables-nft's rules over netlink (the rules of the\n")
+		b.WriteString("# iptables-restore payloads below), else the native nftables table (the nft script), else\n")
+		b.WriteString("# iptables-legacy (the same payloads)\n")
 	}
 	if mode == iptables.ModeNFTables || mode == iptables.ModeAuto {
 		s, ok := any(rs).(nftScripter)

@@ -75,7 +75,11 @@ func Apply(ctx context.Context, a iptables.Applier, rs *iptables.Ruleset) (iptab
 
 // Cleanup removes our rules from every backend that holds some, starting with a.
 func Cleanup(ctx context.Context, a iptables.Applier) error {
-	return errors.Join(a.Cleanup(ctx), removeOthers(ctx, a))
+	err := a.Cleanup(ctx)
+	if iptables.IsCapabilityError(err) {
+		return err // every other backend would be refused the same way
+	}
+	return errors.Join(err, removeOthers(ctx, a))
 }
 
 // removeOthers cleans up the backends other than keep. Each cleanup first checks, without exec,
