@@ -188,7 +188,13 @@ func (s *session) apply(want iptables.NFTTable) (iptables.Result, error) {
 			return iptables.Result{Changed: false}, nil
 		}
 	}
-	b.replaceTable(want)
+	if findTable(tables, inet, iptables.NFTTableName) == nil {
+		// A fresh namespace: a batch that only adds. The ensure-then-delete of replaceTable
+		// would make the kernel create and tear down a table in the same transaction.
+		b.addTable(iptables.NFTTableName, want)
+	} else {
+		b.replaceTable(want)
+	}
 	if err := b.send(s.nl); err != nil {
 		return iptables.Result{}, err
 	}
