@@ -70,23 +70,50 @@ type encoded struct {
 	proto uint32
 }
 
+// sink receives the expressions of a rule, in order: encode writes each rule once, and the
+// sink decides whether it becomes google/nftables expressions (to compare with what is read
+// back) or bytes in a batch (to write, without building the expressions first).
+type sink interface {
+	// meta loads a packet property into register 1.
+	meta(key expr.MetaKey)
+	// cmp compares register 1 with data. data is only valid during the call.
+	cmp(data []byte)
+	// payload loads n bytes at offset off of a packet header into register 1.
+	payload(base expr.PayloadBase, off, n uint32)
+	// mask ands register 1 with mask.
+	mask(mask []byte)
+	// between checks that register 1 lies between from and to.
+	between(from, to []byte)
+	// xt runs an xtables match (or target) with its revision and info struct.
+	xt(target bool, name string, rev uint32, info []byte)
+	// comment is the comment match: xt_comment_info, the text padded to its fixed size.
+	comment(text string)
+	counter()
+	verdict(kind expr.VerdictKind, chain string)
+}
+
 // encode returns the expressions of r for family f.
 func encode(f iptables.Family, r iptables.XTRule) (encoded, error) {
-	var out []expr.Any
-	cmp := func(data []byte) {
-		out = append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data})
-	}
+	s := &exprSink{out: make([]expr.Any, 0, 8)}
+	proto, err := encodeTo(f, r, s)
+	return encoded{exprs: s.out, proto: proto}, err
+}
+
+// encodeTo hands the expressions of r for family f to s, and returns the layer-4 protocol
+// the rule's xtables extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule
+// that does not say tcp).
+func encodeTo(f iptables.Family, r iptables.XTRule, s sink) (uint32, error) {
 	if r.OutInterface != "" {
-		out = append(out, &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1})
-		cmp(ifname(r.OutInterface))
+		s.meta(expr.MetaKeyOIFNAME)
+		s.cmp(ifname(r.OutInterface))
 	}
 	var proto uint32
 	if r.TCP {
 		proto = unix.IPPROTO_TCP
-		out = append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1})
-		cmp([]byte{unix.IPPROTO_TCP})
+		s.meta(expr.MetaKeyL4PROTO)
+		s.cmp([]byte{unix.IPPROTO_TCP})
 	}
-	for _, a := range []struct {
+	for _, a := range [2]struct {
 		p   netip.Prefix
 		src bool
 	}{{r.Source, true}, {r.Destination, false}} {
@@ -94,61 +121,103 @@ func encode(f iptables.Family, r iptables.XTRule) (encoded, error) {
 			continue // what iptables does with 0.0.0.0/0: no match at all
 		}
 		if a.p.Addr().Is4() != (f == iptables.IPv4) {
-			return encoded{}, fmt.Errorf("address %s in an %s rule", a.p, f)
+			return 0, fmt.Errorf("address %s in an %s rule", a.p, f)
 		}
-		out = append(out, addrMatch(f, a.p, a.src)...)
+		addrMatch(s, f, a.p, a.src)
 	}
 	if r.UIDOwner != nil {
-		out = append(out, &expr.Match{Name: "owner", Rev: ownerRev, Info: ptr(xt.Unknown(ownerInfo(xtOwnerUID, *r.UIDOwner)))})
+		s.xt(false, "owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner))
 	}
 	if r.GIDOwner != nil {
-		out = append(out, &expr.Match{Name: "owner", Rev: ownerRev, Info: ptr(xt.Unknown(ownerInfo(xtOwnerGID, *r.GIDOwner)))})
+		s.xt(false, "owner", ownerRev, ownerInfo(xtOwnerGID, *r.GIDOwner))
 	}
 	if len(r.MultiportDPorts) > 0 {
 		info, err := multiportInfo(r.MultiportDPorts)
 		if err != nil {
-			return encoded{}, err
+			return 0, err
 		}
-		out = append(out, &expr.Match{Name: "multiport", Rev: multiportRev, Info: ptr(xt.Unknown(info))})
+		s.xt(false, "multiport", multiportRev, info)
 	}
 	if r.DPort.First != 0 {
 		if !r.TCP {
-			return encoded{}, errors.New("a destination port without -p tcp")
+			return 0, errors.New("a destination port without -p tcp")
 		}
 		// tcp dport: the transport header's bytes 2 and 3.
-		out = append(out, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-		first, last := be16(r.DPort.First), be16(r.DPort.Last)
+		s.payload(expr.PayloadBaseTransportHeader, 2, 2)
+		var first, last [2]byte
+		binary.BigEndian.PutUint16(first[:], r.DPort.First)
+		binary.BigEndian.PutUint16(last[:], r.DPort.Last)
 		if r.DPort.First == r.DPort.Last {
-			cmp(first)
+			s.cmp(first[:])
 		} else {
-			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
+			s.between(first[:], last[:])
 		}
 	}
 	if len(r.Comment) >= commentLen {
-		return encoded{}, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, commentLen-1)
+		return 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, commentLen-1)
 	}
-	comment := make([]byte, commentLen)
-	copy(comment, r.Comment)
-	out = append(out, &expr.Match{Name: "comment", Rev: commentRev, Info: ptr(xt.Unknown(comment))}, &expr.Counter{})
+	s.comment(r.Comment)
+	s.counter()
 	switch r.Target {
 	case iptables.TargetReturn:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
+		s.verdict(expr.VerdictReturn, "")
 	case iptables.TargetRedirect:
 		if r.ToPort == 0 {
-			return encoded{}, errors.New("redirect to port 0")
+			return 0, errors.New("redirect to port 0")
 		}
-		out = append(out, &expr.Target{Name: "REDIRECT", Rev: redirectRev, Info: ptr(xt.Unknown(redirectInfo(f, r.ToPort)))})
+		s.xt(true, "REDIRECT", redirectRev, redirectInfo(f, r.ToPort))
 	case iptables.RedirectChain, iptables.OutputChain:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+		s.verdict(expr.VerdictJump, r.Target)
 	default:
-		return encoded{}, fmt.Errorf("target %q is not one of ours", r.Target)
+		return 0, fmt.Errorf("target %q is not one of ours", r.Target)
 	}
-	return encoded{exprs: out, proto: proto}, nil
+	return proto, nil
 }
 
-func ptr[T any](v T) *T { return &v }
+// exprSink collects google/nftables expressions.
+type exprSink struct{ out []expr.Any }
 
-func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+func (s *exprSink) meta(key expr.MetaKey) {
+	s.out = append(s.out, &expr.Meta{Key: key, Register: reg1})
+}
+
+func (s *exprSink) cmp(data []byte) {
+	s.out = append(s.out, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: bytes.Clone(data)})
+}
+
+func (s *exprSink) payload(base expr.PayloadBase, off, n uint32) {
+	s.out = append(s.out, &expr.Payload{DestRegister: reg1, Base: base, Offset: off, Len: n})
+}
+
+func (s *exprSink) mask(mask []byte) {
+	s.out = append(s.out, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: uint32(len(mask)),
+		Mask: bytes.Clone(mask), Xor: make([]byte, len(mask))})
+}
+
+func (s *exprSink) between(from, to []byte) {
+	s.out = append(s.out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: bytes.Clone(from), ToData: bytes.Clone(to)})
+}
+
+func (s *exprSink) xt(target bool, name string, rev uint32, info []byte) {
+	i := xt.Unknown(info)
+	if target {
+		s.out = append(s.out, &expr.Target{Name: name, Rev: rev, Info: &i})
+		return
+	}
+	s.out = append(s.out, &expr.Match{Name: name, Rev: rev, Info: &i})
+}
+
+func (s *exprSink) comment(text string) {
+	info := make([]byte, commentLen)
+	copy(info, text)
+	s.xt(false, "comment", commentRev, info)
+}
+
+func (s *exprSink) counter() { s.out = append(s.out, &expr.Counter{}) }
+
+func (s *exprSink) verdict(kind expr.VerdictKind, chain string) {
+	s.out = append(s.out, &expr.Verdict{Kind: kind, Chain: chain})
+}
 
 // ifname is what iptables-nft compares an interface name with: the name and its terminating NUL,
 // or, for a "name+" wildcard, the name alone (a prefix match).
@@ -161,25 +230,26 @@ func ifname(name string) []byte {
 
 // addrMatch loads the source or destination address and compares it with p. Like iptables-nft,
 // it loads only the whole bytes of a byte-aligned prefix, and otherwise the whole address masked.
-func addrMatch(f iptables.Family, p netip.Prefix, src bool) []expr.Any {
+func addrMatch(s sink, f iptables.Family, p netip.Prefix, src bool) {
 	off, n := addrOffset(f, src)
-	addr := p.Masked().Addr().AsSlice()
+	a16 := p.Masked().Addr().As16()
+	addr := a16[:]
+	if f == iptables.IPv4 {
+		addr = addr[12:]
+	}
 	if p.Bits()%8 == 0 {
 		n = uint32(p.Bits() / 8)
-		return []expr.Any{
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]},
-		}
+		s.payload(expr.PayloadBaseNetworkHeader, off, n)
+		s.cmp(addr[:n])
+		return
 	}
-	mask := make([]byte, n)
+	var m [16]byte
 	for i := range p.Bits() {
-		mask[i/8] |= 0x80 >> (i % 8)
+		m[i/8] |= 0x80 >> (i % 8)
 	}
-	return []expr.Any{
-		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr},
-	}
+	s.payload(expr.PayloadBaseNetworkHeader, off, n)
+	s.mask(m[:n])
+	s.cmp(addr)
 }
 
 // addrOffset is where the source or destination address sits in the network header, and its

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -124,7 +126,9 @@ func TestAddressMatch(t *testing.T) {
 			f = iptables.IPv6
 		}
 		var parts []string
-		for _, e := range addrMatch(f, p, true) {
+		s := &exprSink{}
+		addrMatch(s, f, p, true)
+		for _, e := range s.out {
 			switch e := e.(type) {
 			case *expr.Payload:
 				parts = append(parts, "payload "+itoa(e.Offset)+"+"+itoa(e.Len))
@@ -181,5 +185,60 @@ func TestEncodeRefuses(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one containing %q", c.what, err, c.want)
 		}
+	}
+}
+
+// The expressions the wire sink lays out are byte for byte what google/nftables marshals for
+// the expressions of the same rule, for every kind of expression encode writes.
+func TestWireMatchesMarshal(t *testing.T) {
+	extra := []iptables.XTRule{
+		{Chain: iptables.OutputChain, Destination: netip.MustParsePrefix("192.0.2.0/25"), Comment: "bitwise", Target: iptables.TargetReturn},
+		{Chain: iptables.RedirectChain, TCP: true, DPort: iptables.PortRange{First: 10000, Last: 10010}, Comment: "range", Target: iptables.TargetRedirect, ToPort: 4143},
+		{Chain: "OUTPUT", OutInterface: "eth+", Comment: "jump", Target: iptables.OutputChain},
+	}
+	check := func(what string, f iptables.Family, r iptables.XTRule) {
+		e, err := encode(f, r)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var list []netlink.Attribute
+		for _, x := range e.exprs {
+			data, err := expr.Marshal(family(f), x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			list = append(list, netlink.Attribute{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: data})
+		}
+		inner, err := netlink.MarshalAttributes(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_RULE_EXPRESSIONS, Data: inner}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m msgs
+		open := m.nest(unix.NFTA_RULE_EXPRESSIONS)
+		if _, err := encodeTo(f, r, wire{&m}); err != nil {
+			t.Fatal(err)
+		}
+		m.unnest(open)
+		if hex.EncodeToString(m.b) != hex.EncodeToString(want) {
+			t.Errorf("%s:\n got %x\nwant %x", what, m.b, want)
+		}
+	}
+	for name, c := range iptables.GoldenConfigs() {
+		rs, err := iptables.Build(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range rs.Families {
+			for _, r := range rs.XTRules(f) {
+				check(name+" "+r.Rule().String(), f, r)
+			}
+		}
+	}
+	for _, r := range extra {
+		check(r.Comment, iptables.IPv4, r)
 	}
 }

@@ -14,9 +14,10 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // Message types and attributes that golang.org/x/sys/unix does not define.
@@ -110,8 +111,35 @@ type msgs struct {
 	b     []byte
 	start int
 	seq   uint32
-	// desc says what each message does, by sequence number minus one, for errors.
-	desc []string
+	// what says what each message does, by sequence number minus one, for errors.
+	what []what
+}
+
+// what is what a message does. A rule's is rendered only when the kernel refuses it: rendering
+// a thousand rules as text would cost more than laying them out.
+type what struct {
+	text string
+	rule *iptables.XTRule
+	fam  byte
+}
+
+func (w what) String() string {
+	if w.rule != nil {
+		return fmt.Sprintf("add %q to %s %s", w.rule.Rule().String(), famName(w.fam), iptables.Table)
+	}
+	return w.text
+}
+
+// ruleBytes is about what one of our rules takes in a batch (its comment alone is 300 bytes).
+const ruleBytes = 640
+
+// grow makes room for n more bytes.
+func (m *msgs) grow(n int) {
+	if cap(m.b)-len(m.b) < n {
+		b := make([]byte, len(m.b), len(m.b)+n)
+		copy(b, m.b)
+		m.b = b
+	}
 }
 
 // begin starts a message; attributes follow, and end closes it.
@@ -131,9 +159,11 @@ func (m *msgs) beginNFT(typ uint16, flags uint16, family byte) {
 	m.begin(unix.NFNL_SUBSYS_NFTABLES<<8|typ, flags, family)
 }
 
-func (m *msgs) end(desc string) {
-	binary.NativeEndian.PutUint32(m.b[m.start:], uint32(len(m.b)-m.start))
-	m.desc = append(m.desc, desc)
+func (m *msgs) end(text string) { m.endWhat(what{text: text}) }
+
+func (m *msgs) endWhat(w what) {
+	m.fix()
+	m.what = append(m.what, w)
 }
 
 // attr appends one attribute, padded to 4 bytes.
@@ -158,34 +188,31 @@ func (m *msgs) str(typ uint16, s string) {
 	m.pad()
 }
 
-func (m *msgs) u32(typ uint16, v uint32) { m.attr(typ, binary.BigEndian.AppendUint32(nil, v)) }
+func (m *msgs) u32(typ uint16, v uint32) {
+	m.b = binary.NativeEndian.AppendUint16(m.b, 8)
+	m.b = binary.NativeEndian.AppendUint16(m.b, typ)
+	m.b = binary.BigEndian.AppendUint32(m.b, v)
+}
 
-func (m *msgs) u64(typ uint16, v uint64) { m.attr(typ, binary.BigEndian.AppendUint64(nil, v)) }
+func (m *msgs) u64(typ uint16, v uint64) {
+	m.b = binary.NativeEndian.AppendUint16(m.b, 12)
+	m.b = binary.NativeEndian.AppendUint16(m.b, typ)
+	m.b = binary.BigEndian.AppendUint64(m.b, v)
+}
 
 // nest opens a nested attribute; close it with unnest(the returned offset).
-func (m *msgs) nest(typ uint16) int {
+func (m *msgs) nest(typ uint16) int { return m.open(unix.NLA_F_NESTED | typ) }
+
+// open starts an attribute whose content follows; close it with unnest(the returned offset).
+func (m *msgs) open(typ uint16) int {
 	off := len(m.b)
 	m.b = binary.NativeEndian.AppendUint32(m.b, 0)
-	binary.NativeEndian.PutUint16(m.b[off+2:], unix.NLA_F_NESTED|typ)
+	binary.NativeEndian.PutUint16(m.b[off+2:], typ)
 	return off
 }
 
 func (m *msgs) unnest(off int) {
 	binary.NativeEndian.PutUint16(m.b[off:], uint16(len(m.b)-off))
-}
-
-// exprs appends a rule's expression list.
-func (m *msgs) exprs(family byte, ex []expr.Any) error {
-	list := m.nest(unix.NFTA_RULE_EXPRESSIONS)
-	for _, e := range ex {
-		data, err := expr.Marshal(family, e)
-		if err != nil {
-			return fmt.Errorf("marshal %T: %w", e, err)
-		}
-		m.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
-	}
-	m.unnest(list)
-	return nil
 }
 
 // dump runs one dump request, already laid out in req with the dump's sequence number seq, and
@@ -241,28 +268,40 @@ func (e *batchError) Error() string {
 
 func (e *batchError) Unwrap() error { return e.err }
 
-// commit sends the messages in m as one transaction, with the ruleset generation genID (the
-// kernel refuses the batch with ERESTART if anything changed it since), and waits for the
-// verdict.
-func (c *conn) commit(m *msgs, genID uint32) error {
+// newBatch starts a transaction that the kernel refuses, with ERESTART, if the ruleset is no
+// longer at generation genID. The markers take sequence number 0: answers to them concern the
+// whole batch.
+func newBatch(genID uint32) *msgs {
+	m := &msgs{b: make([]byte, 0, 4096)}
+	m.marker(unix.NFNL_MSG_BATCH_BEGIN)
+	m.u32(nfnlBatchGenID, genID)
+	m.fix()
+	m.seq = 0
+	return m
+}
+
+// marker starts a batch marker message; the nfgenmsg resource id names the subsystem.
+func (m *msgs) marker(typ uint16) {
+	m.begin(typ, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(m.b[len(m.b)-2:], unix.NFNL_SUBSYS_NFTABLES)
+	binary.NativeEndian.PutUint32(m.b[m.start+8:], 0)
+}
+
+// fix sets the length of the message begun last.
+func (m *msgs) fix() { binary.NativeEndian.PutUint32(m.b[m.start:], uint32(len(m.b)-m.start)) }
+
+// commit sends the batch m (from newBatch) as one transaction and waits for the verdict. A
+// batch with no message sends nothing.
+func (c *conn) commit(m *msgs) error {
 	if m.seq == 0 {
 		return nil
 	}
 	// The acknowledgement of the last message is the sign that the kernel is done.
 	binary.NativeEndian.PutUint16(m.b[m.start+6:], binary.NativeEndian.Uint16(m.b[m.start+6:])|unix.NLM_F_ACK)
 	last := m.seq
-	var w msgs
-	w.b = make([]byte, 0, len(m.b)+2*(nlmsgHdrLen+nfgenLen)+8)
-	w.seq = last // the markers' sequence numbers are never answered
-	w.begin(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
-	binary.BigEndian.PutUint16(w.b[len(w.b)-2:], unix.NFNL_SUBSYS_NFTABLES) // res_id: the subsystem
-	w.u32(nfnlBatchGenID, genID)
-	w.end("")
-	w.b = append(w.b, m.b...)
-	w.begin(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
-	binary.BigEndian.PutUint16(w.b[len(w.b)-2:], unix.NFNL_SUBSYS_NFTABLES)
-	w.end("")
-	if err := c.send(w.b); err != nil {
+	m.marker(unix.NFNL_MSG_BATCH_END)
+	m.fix()
+	if err := c.send(m.b); err != nil {
 		return err
 	}
 	var first error
@@ -277,14 +316,14 @@ func (c *conn) commit(m *msgs, genID uint32) error {
 			}
 			if a.errno != 0 && first == nil {
 				what := "apply the batch"
-				if a.seq >= 1 && int(a.seq) <= len(m.desc) {
-					what = m.desc[a.seq-1]
+				if a.seq >= 1 && int(a.seq) <= len(m.what) {
+					what = m.what[a.seq-1].String()
 				}
 				first = &batchError{what: what, err: a.errno}
 			}
-			// A refused batch is answered by an error per refused message, an
-			// acknowledgement of the last, or an error on a marker (seq beyond the last).
-			if a.seq >= last {
+			// The answer to the last message ends it; so does one to a marker, which concerns
+			// the whole batch (a changed generation, a missing permission).
+			if a.seq == last || a.seq == 0 {
 				return first
 			}
 		}

@@ -119,14 +119,14 @@ func transactOnce(plan func(*state, *msgs) error) (iptables.Result, error) {
 	if err != nil {
 		return iptables.Result{}, err
 	}
-	var m msgs
-	if err := plan(s, &m); err != nil {
+	m := newBatch(s.genID)
+	if err := plan(s, m); err != nil {
 		return iptables.Result{}, err
 	}
 	if m.seq == 0 {
 		return iptables.Result{Changed: false}, nil
 	}
-	if err := c.commit(&m, s.genID); err != nil {
+	if err := c.commit(m); err != nil {
 		return iptables.Result{}, err
 	}
 	return iptables.Result{Changed: true}, nil
@@ -256,22 +256,17 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 				s.addBaseChain(m, fam, j.Chain, hooks[j.Chain])
 			}
 		}
-		// Our chains: created if missing, refilled if their rules differ in any way.
-		want := map[string][]encoded{}
-		rules := map[string][]iptables.XTRule{}
-		var order []string
-		for _, r := range rs.XTChainRules(f) {
-			e, err := encode(f, r)
-			if err != nil {
-				return fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err)
+		// Our chains, each a run of the plan's rules: created if missing, refilled if their
+		// rules differ in any way.
+		all := rs.XTChainRules(f)
+		m.grow(len(all) * ruleBytes)
+		for start := 0; start < len(all); {
+			name, end := all[start].Chain, start
+			for end < len(all) && all[end].Chain == name {
+				end++
 			}
-			if _, ok := want[r.Chain]; !ok {
-				order = append(order, r.Chain)
-			}
-			want[r.Chain] = append(want[r.Chain], e)
-			rules[r.Chain] = append(rules[r.Chain], r)
-		}
-		for _, name := range order {
+			rules := all[start:end]
+			start = end
 			have := t.rules[name]
 			switch {
 			case t.chain(name) == nil:
@@ -279,13 +274,13 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 				m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 				m.str(unix.NFTA_CHAIN_NAME, name)
 				m.end(fmt.Sprintf("create chain %s %s %s", famName(fam), iptables.Table, name))
-			case sameRules(f, want[name], have):
+			case sameRules(f, rules, have):
 				continue
 			case len(have) > 0:
 				flush(m, fam, name)
 			}
-			for i, e := range want[name] {
-				if err := addRule(m, fam, rules[name][i], e); err != nil {
+			for i := range rules {
+				if err := addRule(m, f, &rules[i]); err != nil {
 					return err
 				}
 			}
@@ -312,11 +307,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 			if kept[j.Chain] {
 				continue
 			}
-			e, err := encode(f, j)
-			if err != nil {
-				return fmt.Errorf("%s rule %q: %w", f, j.Rule().String(), err)
-			}
-			if err := addRule(m, fam, j, e); err != nil {
+			if err := addRule(m, f, &j); err != nil {
 				return err
 			}
 		}
@@ -378,20 +369,23 @@ func (s *state) addBaseChain(m *msgs, fam byte, name string, hook uint32) {
 	m.end(fmt.Sprintf("create built-in chain %s %s %s", famName(fam), iptables.Table, name))
 }
 
-// addRule appends a rule to its chain; r names it in errors as iptables-save would print it.
-func addRule(m *msgs, fam byte, r iptables.XTRule, e encoded) error {
-	chain := r.Chain
+// addRule appends r to its chain.
+func addRule(m *msgs, f iptables.Family, r *iptables.XTRule) error {
+	fam := family(f)
 	m.beginNFT(unix.NFT_MSG_NEWRULE, unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, fam)
 	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
-	m.str(unix.NFTA_RULE_CHAIN, chain)
-	if err := m.exprs(fam, e.exprs); err != nil {
-		return err
+	m.str(unix.NFTA_RULE_CHAIN, r.Chain)
+	list := m.nest(unix.NFTA_RULE_EXPRESSIONS)
+	proto, err := encodeTo(f, *r, wire{m})
+	if err != nil {
+		return fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err)
 	}
+	m.unnest(list)
 	compat := m.nest(unix.NFTA_RULE_COMPAT)
-	m.u32(unix.NFTA_RULE_COMPAT_PROTO, e.proto)
+	m.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
 	m.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
 	m.unnest(compat)
-	m.end(fmt.Sprintf("add %q to %s %s", r.Rule().String(), famName(fam), iptables.Table))
+	m.endWhat(what{rule: r, fam: fam})
 	return nil
 }
 
@@ -412,12 +406,13 @@ func flush(m *msgs, fam byte, chain string) {
 }
 
 // sameRules reports whether a chain holds exactly the wanted rules, in order.
-func sameRules(f iptables.Family, want []encoded, have []rule) bool {
+func sameRules(f iptables.Family, want []iptables.XTRule, have []rule) bool {
 	if len(want) != len(have) {
 		return false
 	}
 	for i := range want {
-		if have[i].foreign != "" || !sameExprs(f, want[i].exprs, have[i].exprs) {
+		e, err := encode(f, want[i])
+		if err != nil || have[i].foreign != "" || !sameExprs(f, e.exprs, have[i].exprs) {
 			return false
 		}
 	}
