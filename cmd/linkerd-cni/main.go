@@ -11,16 +11,12 @@ package main
 import (
 	"os"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/kubemesh/proxy-init/cniplugin"
 )
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
-		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
-		return
+		cniplugin.PluginMain()
 	}
 	if len(os.Args) > 1 {
 		if run, ok := subcommands[os.Args[1]]; ok {

@@ -202,13 +202,25 @@ func (s *state) saved(f iptables.Family) iptables.SavedState {
 			out.Chains = append(out.Chains, c.name)
 		}
 		for _, r := range t.rules[c.name] {
-			if ours(c.name) || r.jumpsToOurs() {
+			switch {
+			case ours(c.name):
 				out.Rules = append(out.Rules, r.line(f, c.name))
+			case r.jumpsToOurs():
+				if l := r.line(f, c.name); ourJump(l) {
+					out.Rules = append(out.Rules, l)
+				} else {
+					out.ForeignJumps = append(out.ForeignJumps, l)
+				}
 			}
 		}
 	}
 	return out
 }
+
+// ourJump reports whether a line that jumps into our chains is one of ours, by its comment, as
+// iptables.ParseSave tells them apart: another's jump stays on apply, and goes on cleanup only,
+// with the chain it enters.
+func ourJump(line string) bool { return strings.Contains(line, ` --comment "`+iptables.CommentPrefix) }
 
 // line renders a rule as iptables-nft-save prints it, or, for a rule we would not have written,
 // says so with what it holds.
@@ -233,10 +245,10 @@ func (r rule) line(f iptables.Family, chain string) string {
 func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 	// The hooks come from the plan, like the rules: each of our chains hangs from a built-in one.
 	hooks := map[string]uint32{}
-	for _, c := range rs.Plan() {
+	for _, c := range iptables.Chains() {
 		hooks[c.Hook.Builtin] = c.Hook.Number
 	}
-	jumps := rs.XTJumps()
+	jumps := iptables.XTJumps()
 	for _, f := range families {
 		if !rs.HasFamily(f) {
 			s.remove(m, f)
@@ -285,15 +297,16 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 				}
 			}
 		}
-		// Jumps: the first exact one in its built-in chain stays; every other rule that enters
-		// our chains goes, by handle; a missing one is appended, as iptables -A does.
+		// Jumps of ours: the first exact one in its built-in chain stays, any other goes, by
+		// handle, and a missing one is appended, as iptables -A does. Another's jump into our
+		// chains stays.
 		kept := map[string]bool{}
 		for _, c := range t.chains {
 			if ours(c.name) {
 				continue
 			}
 			for _, r := range t.rules[c.name] {
-				if !r.jumpsToOurs() {
+				if !r.jumpsToOurs() || !ourJump(r.line(f, c.name)) {
 					continue
 				}
 				if x, ok := r.decode(f, c.name); ok && !kept[c.name] && slices.ContainsFunc(jumps, func(j iptables.XTRule) bool { return j.Rule() == x.Rule() }) {

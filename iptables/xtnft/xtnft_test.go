@@ -236,41 +236,51 @@ COMMIT
 `
 }
 
-const staleJump = `*nat
+// leftovers are jumps into our chains: another tool's (no comment of ours), which an apply keeps
+// and a cleanup removes with our chains; and ours twice, as concurrent writers of old left them.
+const leftovers = `*nat
 :PROXY_INIT_OUTPUT - [0:0]
+:PROXY_INIT_REDIRECT - [0:0]
 -A OUTPUT -j PROXY_INIT_OUTPUT
 -A PREROUTING -p udp -m udp --dport 5353 -j RETURN
+-A PREROUTING -m comment --comment "proxy-init/install-proxy-init-prerouting" -j PROXY_INIT_REDIRECT
+-A PREROUTING -m comment --comment "proxy-init/install-proxy-init-prerouting" -j PROXY_INIT_REDIRECT
 COMMIT
 `
 
-// TestOthersRulesUntouched: apply, a config change and cleanup change only our chains and jumps:
-// every other rule stays, in its place, and the built-in chains and tables stay.
+// TestOthersRulesUntouched: apply, a config change and cleanup do to the nat table exactly what
+// iptables-nft-restore of the same transitions does: every other rule stays, in its place, a
+// duplicate jump of ours goes, and another's jump into our chains stays until cleanup removes
+// our chains. The built-in chains and the tables stay.
 func TestOthersRulesUntouched(t *testing.T) {
 	nt.RequireRoot(t)
 	n, want := nt.NewNS(t), nt.NewNS(t)
 	for _, ns := range []*nt.NS{n, want} {
 		for _, f := range bothFamilies {
 			run(t, ns, foreign(f), tool(f, "-restore"), "--noflush")
+			run(t, ns, leftovers, tool(f, "-restore"), "--noflush")
 		}
-	}
-	for _, f := range bothFamilies {
-		run(t, n, staleJump, tool(f, "-restore"), "--noflush")
-		run(t, want, "*nat\n-A PREROUTING -p udp -m udp --dport 5353 -j RETURN\nCOMMIT\n", tool(f, "-restore"), "--noflush")
 	}
 	rs := build(t, iptables.GoldenConfigs()["mixed-subnets"])
 	if res := apply(t, n, rs); !res.Changed {
-		t.Error("apply over the stale jump reported no change")
+		t.Error("apply over the leftovers reported no change")
 	}
 	restore(t, want, rs, savedState(t, want))
 	for _, f := range bothFamilies {
-		if got, w := save(t, n, f), save(t, want, f); got != w {
-			t.Errorf("%s after our apply over other rules and a stale jump:\n%s\nwant (iptables-nft-restore of our payload):\n%s", tool(f, "-save"), got, w)
+		got, w := save(t, n, f), save(t, want, f)
+		if got != w {
+			t.Errorf("%s after our apply over other rules and leftovers:\n%s\nwant (iptables-nft-restore of our payload):\n%s", tool(f, "-save"), got, w)
 		}
+		if !strings.Contains(got, "-A OUTPUT -j PROXY_INIT_OUTPUT") || strings.Count(got, "-j PROXY_INIT_REDIRECT") != 1 {
+			t.Errorf("%s: want another's jump kept and one jump of ours into PROXY_INIT_REDIRECT:\n%s", tool(f, "-save"), got)
+		}
+	}
+	if st := show(t, n, rs); !st.Match() {
+		t.Errorf("show with another's jump into our chain: %+v", st)
 	}
 	// A config change, then cleanup: the others' rules are still exactly where they were.
 	apply(t, n, build(t, iptables.GoldenConfigs()["ipv6-off"]))
 	cleanup(t, n)
-	restore(t, want, rs, nil)
 	for f, cur := range savedState(t, want) {
 		run(t, want, iptables.TransitionPayload(cur, iptables.SavedState{}), tool(f, "-restore"), "--noflush")
 	}
@@ -279,8 +289,9 @@ func TestOthersRulesUntouched(t *testing.T) {
 		if got != w {
 			t.Errorf("%s after cleanup:\n%s\nwant the other rules alone:\n%s", tool(f, "-save"), got, w)
 		}
-		if !strings.Contains(got, ":PREROUTING ACCEPT") || !strings.Contains(got, "-A FOREIGN -p tcp -m tcp --dport 9999 -j RETURN") {
-			t.Errorf("%s after cleanup lost a built-in chain or another tool's chain:\n%s", tool(f, "-save"), got)
+		if !strings.Contains(got, ":PREROUTING ACCEPT") || !strings.Contains(got, "-A FOREIGN -p tcp -m tcp --dport 9999 -j RETURN") ||
+			strings.Contains(got, "PROXY_INIT") {
+			t.Errorf("%s after cleanup lost a built-in chain or another tool's chain, or kept ours:\n%s", tool(f, "-save"), got)
 		}
 	}
 	cleanup(t, n) // nothing left to remove is fine
