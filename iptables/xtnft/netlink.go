@@ -20,14 +20,10 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Message types and attributes that golang.org/x/sys/unix does not define.
+// Sizes of the netlink and nfgenmsg headers.
 const (
-	nfnlBatchGenID = 1  // NFNL_BATCH_GENID: refuse the batch if the ruleset changed since
-	nftMsgGetGen   = 16 // NFT_MSG_GETGEN
-	nftMsgNewGen   = 17 // NFT_MSG_NEWGEN
-	nftaGenID      = 1  // NFTA_GEN_ID
-	nlmsgHdrLen    = 16
-	nfgenLen       = 4
+	nlmsgHdrLen = 16
+	nfgenLen    = 4
 )
 
 // conn is a raw netfilter netlink socket.
@@ -121,6 +117,8 @@ type what struct {
 	text string
 	rule *iptables.XTRule
 	fam  byte
+	// del is set on deletions, which fail when something else removed the object first.
+	del bool
 }
 
 func (w what) String() string {
@@ -259,6 +257,7 @@ func attrs(b []byte) (*netlink.AttributeDecoder, error) {
 // batchError is the kernel refusing a message of a batch. The kernel applied none of the batch.
 type batchError struct {
 	what string
+	del  bool // the refused message was a deletion
 	err  unix.Errno
 }
 
@@ -274,7 +273,7 @@ func (e *batchError) Unwrap() error { return e.err }
 func newBatch(genID uint32) *msgs {
 	m := &msgs{b: make([]byte, 0, 4096)}
 	m.marker(unix.NFNL_MSG_BATCH_BEGIN)
-	m.u32(nfnlBatchGenID, genID)
+	m.u32(unix.NFNL_BATCH_GENID, genID)
 	m.fix()
 	m.seq = 0
 	return m
@@ -315,11 +314,11 @@ func (c *conn) commit(m *msgs) error {
 				continue
 			}
 			if a.errno != 0 && first == nil {
-				what := "apply the batch"
+				be := &batchError{what: "apply the batch", err: a.errno}
 				if a.seq >= 1 && int(a.seq) <= len(m.what) {
-					what = m.what[a.seq-1].String()
+					be.what, be.del = m.what[a.seq-1].String(), m.what[a.seq-1].del
 				}
-				first = &batchError{what: what, err: a.errno}
+				first = be
 			}
 			// The answer to the last message ends it; so does one to a marker, which concerns
 			// the whole batch (a changed generation, a missing permission).

@@ -54,7 +54,7 @@ type rule struct {
 func read(c *conn) (*state, error) {
 	s := &state{nat: map[byte]*natTable{}}
 	var m msgs
-	m.beginNFT(nftMsgGetGen, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	m.beginNFT(unix.NFT_MSG_GETGEN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	m.end("")
 	m.beginNFT(unix.NFT_MSG_GETTABLE, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, unix.AF_UNSPEC)
 	m.end("")
@@ -62,13 +62,13 @@ func read(c *conn) (*state, error) {
 		switch {
 		case a.typ == unix.NLMSG_ERROR && a.errno != 0:
 			return a.errno
-		case a.typ == unix.NFNL_SUBSYS_NFTABLES<<8|nftMsgNewGen:
+		case a.typ == unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWGEN:
 			ad, err := attrs(a.data)
 			if err != nil {
 				return err
 			}
 			for ad.Next() {
-				if ad.Type() == nftaGenID {
+				if ad.Type() == unix.NFTA_GEN_ID {
 					s.genID = ad.Uint32()
 				}
 			}

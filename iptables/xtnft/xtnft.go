@@ -100,9 +100,10 @@ func transact(ctx context.Context, op string, plan func(*state, *msgs) error) (i
 			return res, nil
 		}
 		var be *batchError
-		// ERESTART: the generation moved. ENOENT or EBUSY: a rule or chain read a moment ago
-		// vanished or gained a user, on a kernel without generation checks.
-		if i < attempts && errors.As(err, &be) && (be.err == unix.ERESTART || be.err == unix.ENOENT || be.err == unix.EBUSY) {
+		// ERESTART: the generation moved. ENOENT or EBUSY on a deletion: a rule or chain read a
+		// moment ago vanished or gained a user, on a kernel without generation checks. (ENOENT
+		// on an addition is a kernel without the extension: trying again cannot help.)
+		if i < attempts && errors.As(err, &be) && (be.err == unix.ERESTART || be.del && (be.err == unix.ENOENT || be.err == unix.EBUSY)) {
 			continue
 		}
 		return res, errclass.Netlink(op, err)
@@ -328,7 +329,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 	if s.native {
 		m.beginNFT(unix.NFT_MSG_DELTABLE, unix.NLM_F_REQUEST, nativeFamily)
 		m.str(unix.NFTA_TABLE_NAME, nativeTable)
-		m.end("delete the nftables backend's table inet " + nativeTable)
+		m.endWhat(what{del: true, text: "delete the nftables backend's table inet " + nativeTable})
 	}
 	return nil
 }
@@ -361,7 +362,7 @@ func (s *state) remove(m *msgs, f iptables.Family) {
 			m.beginNFT(unix.NFT_MSG_DELCHAIN, unix.NLM_F_REQUEST, fam)
 			m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 			m.str(unix.NFTA_CHAIN_NAME, c.name)
-			m.end(fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name))
+			m.endWhat(what{del: true, text: fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name)})
 		}
 	}
 }
@@ -407,7 +408,7 @@ func deleteRule(m *msgs, fam byte, chain string, handle uint64) {
 	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
 	m.str(unix.NFTA_RULE_CHAIN, chain)
 	m.u64(unix.NFTA_RULE_HANDLE, handle)
-	m.end(fmt.Sprintf("delete rule handle %d from %s %s %s", handle, famName(fam), iptables.Table, chain))
+	m.endWhat(what{del: true, text: fmt.Sprintf("delete rule handle %d from %s %s %s", handle, famName(fam), iptables.Table, chain)})
 }
 
 // flush deletes every rule of a chain: a rule deletion that names no handle.
@@ -415,7 +416,7 @@ func flush(m *msgs, fam byte, chain string) {
 	m.beginNFT(unix.NFT_MSG_DELRULE, unix.NLM_F_REQUEST, fam)
 	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
 	m.str(unix.NFTA_RULE_CHAIN, chain)
-	m.end(fmt.Sprintf("flush chain %s %s %s", famName(fam), iptables.Table, chain))
+	m.endWhat(what{del: true, text: fmt.Sprintf("flush chain %s %s %s", famName(fam), iptables.Table, chain)})
 }
 
 // sameRules reports whether a chain holds exactly the wanted rules, in order.
