@@ -1,9 +1,6 @@
 package main_test
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,30 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
-
-// runWrapped runs proxy-init under a wrapper program (a tracer, a capability dropper) and
-// returns its exit code and output.
-func runWrapped(t *testing.T, wrapper []string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, wrapper[0], append(append(wrapper[1:], binary), args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exitErr *exec.ExitError
-	r := result{stdout: stdout.String(), stderr: stderr.String()}
-	switch {
-	case err == nil:
-	case errors.As(err, &exitErr):
-		r.code = exitErr.ExitCode()
-	default:
-		t.Fatalf("run %q proxy-init %q: %v", wrapper, args, err)
-	}
-	return r
-}
 
 // TestNFTModeExecsNothing traces every process proxy-init starts: in nft mode (named, or chosen
 // by the Linkerd chart's iptables-nft paths) and in auto mode, apply, show and cleanup execute no

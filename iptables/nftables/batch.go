@@ -287,7 +287,7 @@ func ruleExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error)
 			}
 		case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
 			cmp(expr.MetaKeyNFPROTO, []byte{nfproto(m.Family)})
-			off, ln := addrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
+			off, ln := iptables.AddrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
 			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: ln})
 			if err := lookup(m.Set); err != nil {
 				return nil, err
@@ -327,20 +327,6 @@ func nfproto(f iptables.Family) byte {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4
-}
-
-// addrOffset is where the source or destination address sits in the network header.
-func addrOffset(f iptables.Family, src bool) (offset, length uint32) {
-	switch {
-	case f == iptables.IPv6 && src:
-		return 8, 16
-	case f == iptables.IPv6:
-		return 24, 16
-	case src:
-		return 12, 4
-	default:
-		return 16, 4
-	}
 }
 
 // send runs the batch as one transaction and waits for the kernel's verdict on every message.

@@ -217,13 +217,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		if err != nil {
 			return st, err
 		}
-		fs := iptables.FamilyState{Family: f, Rules: cur.Rules}
-		if rs.HasFamily(f) {
-			fs.Diff = rs.Compare(f, cur)
-		} else {
-			fs.Diff = iptables.Diff{Extra: cur.Rules}
-		}
-		st.Families = append(st.Families, fs)
+		st.Families = append(st.Families, rs.FamilyState(f, cur))
 	}
 	return st, nil
 }

@@ -231,7 +231,7 @@ func ifname(name string) []byte {
 // addrMatch loads the source or destination address and compares it with p. Like iptables-nft,
 // it loads only the whole bytes of a byte-aligned prefix, and otherwise the whole address masked.
 func addrMatch(s sink, f iptables.Family, p netip.Prefix, src bool) {
-	off, n := addrOffset(f, src)
+	off, n := iptables.AddrOffset(f, src)
 	a16 := p.Masked().Addr().As16()
 	addr := a16[:]
 	if f == iptables.IPv4 {
@@ -250,21 +250,6 @@ func addrMatch(s sink, f iptables.Family, p netip.Prefix, src bool) {
 	s.payload(expr.PayloadBaseNetworkHeader, off, n)
 	s.mask(m[:n])
 	s.cmp(addr)
-}
-
-// addrOffset is where the source or destination address sits in the network header, and its
-// length.
-func addrOffset(f iptables.Family, src bool) (offset, length uint32) {
-	switch {
-	case f == iptables.IPv6 && src:
-		return 8, 16
-	case f == iptables.IPv6:
-		return 24, 16
-	case src:
-		return 12, 4
-	default:
-		return 16, 4
-	}
 }
 
 // ownerInfo is xt_owner_match_info matching one UID (what XT_OWNER_UID) or GID.
@@ -476,8 +461,8 @@ func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Pref
 	if p.Base != expr.PayloadBaseNetworkHeader {
 		return netip.Prefix{}, false, false
 	}
-	srcOff, full := addrOffset(f, true)
-	dstOff, _ := addrOffset(f, false)
+	srcOff, full := iptables.AddrOffset(f, true)
+	dstOff, _ := iptables.AddrOffset(f, false)
 	var src bool
 	switch p.Offset {
 	case srcOff:

@@ -64,9 +64,9 @@ func TestInfoBlobsAsIPTablesNFT(t *testing.T) {
 	}
 }
 
-// Every rule of every golden config decodes back to itself, and without any one of its
-// expressions it is no longer the same rule.
-func TestDecodeIsStrictInverse(t *testing.T) {
+// eachGoldenRule calls fn with every rule of every golden config, in every family it writes.
+func eachGoldenRule(t *testing.T, fn func(name string, f iptables.Family, r iptables.XTRule)) {
+	t.Helper()
 	for name, c := range iptables.GoldenConfigs() {
 		rs, err := iptables.Build(c)
 		if err != nil {
@@ -74,22 +74,30 @@ func TestDecodeIsStrictInverse(t *testing.T) {
 		}
 		for _, f := range rs.Families {
 			for _, r := range rs.XTRules(f) {
-				e, err := encode(f, r)
-				if err != nil {
-					t.Fatalf("%s %s %q: %v", name, f, r.Rule(), err)
-				}
-				back, ok := decode(f, r.Chain, e.exprs)
-				if !ok || back.Rule() != r.Rule() {
-					t.Errorf("%s %s: %q decodes to %q (ok %v)", name, f, r.Rule(), back.Rule(), ok)
-				}
-				for i := range e.exprs {
-					if back, ok := decode(f, r.Chain, append(e.exprs[:i:i], e.exprs[i+1:]...)); ok && back.Rule() == r.Rule() {
-						t.Errorf("%s %s %q: still the same rule without expression %d (%T)", name, f, r.Rule(), i, e.exprs[i])
-					}
-				}
+				fn(name, f, r)
 			}
 		}
 	}
+}
+
+// Every rule of every golden config decodes back to itself, and without any one of its
+// expressions it is no longer the same rule.
+func TestDecodeIsStrictInverse(t *testing.T) {
+	eachGoldenRule(t, func(name string, f iptables.Family, r iptables.XTRule) {
+		e, err := encode(f, r)
+		if err != nil {
+			t.Fatalf("%s %s %q: %v", name, f, r.Rule(), err)
+		}
+		back, ok := decode(f, r.Chain, e.exprs)
+		if !ok || back.Rule() != r.Rule() {
+			t.Errorf("%s %s: %q decodes to %q (ok %v)", name, f, r.Rule(), back.Rule(), ok)
+		}
+		for i := range e.exprs {
+			if back, ok := decode(f, r.Chain, append(e.exprs[:i:i], e.exprs[i+1:]...)); ok && back.Rule() == r.Rule() {
+				t.Errorf("%s %s %q: still the same rule without expression %d (%T)", name, f, r.Rule(), i, e.exprs[i])
+			}
+		}
+	})
 	// A counter that counted is still our rule; a verdict that differs is not.
 	r := iptables.XTRule{Chain: iptables.OutputChain, OutInterface: "lo", Comment: "proxy-init/ignore-loopback", Target: iptables.TargetReturn}
 	e, _ := encode(iptables.IPv4, r)
@@ -227,17 +235,7 @@ func TestWireMatchesMarshal(t *testing.T) {
 			t.Errorf("%s:\n got %x\nwant %x", what, m.b, want)
 		}
 	}
-	for name, c := range iptables.GoldenConfigs() {
-		rs, err := iptables.Build(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range rs.Families {
-			for _, r := range rs.XTRules(f) {
-				check(name+" "+r.Rule().String(), f, r)
-			}
-		}
-	}
+	eachGoldenRule(t, func(name string, f iptables.Family, r iptables.XTRule) { check(name+" "+r.Rule().String(), f, r) })
 	for _, r := range extra {
 		check(r.Comment, iptables.IPv4, r)
 	}

@@ -154,14 +154,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	}
 	st := iptables.State{Backend: Name}
 	for _, f := range families {
-		saved := s.saved(f)
-		fs := iptables.FamilyState{Family: f, Rules: saved.Rules}
-		if rs.HasFamily(f) {
-			fs.Diff = rs.Compare(f, saved)
-		} else {
-			fs.Diff = iptables.Diff{Extra: saved.Rules}
-		}
-		st.Families = append(st.Families, fs)
+		st.Families = append(st.Families, rs.FamilyState(f, s.saved(f)))
 	}
 	return st, nil
 }
