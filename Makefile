@@ -7,7 +7,7 @@ BIN := bin
 # Packages the tests and the demo need from Debian.
 APT_PACKAGES := iptables nftables iproute2
 
-.PHONY: all build deps kube-bins test unit vet fmt-check demo bench fuzz clean
+.PHONY: all build deps kube-bins test unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
@@ -33,21 +33,38 @@ deps:
 kube-bins:
 	test/kube/build.sh
 
+# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy.
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
+
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# test runs every test, the root network-namespace ones included. -p 1 keeps the root
-# integration suites (namespaces, a kube-apiserver) from starving each other on small machines.
+# test runs every test, the root network-namespace ones included, then the stress workloads
+# with small counts (they print their figures). -p 1 keeps the root integration suites
+# (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet
-	$(GO) test -count=1 -p 1 -timeout 40m ./...
+test: deps kube-bins fmt-check vet tidy-check
+	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
+	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
-# unit runs the tests that need neither root nor the kube binaries' build time.
+# unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
+# user.
 unit:
-	$(GO) test -count=1 -short ./iptables/ ./proxyinit/ ./cniplugin/
+	$(GO) test -count=1 -short ./...
+
+# stress runs the adversarial workloads (concurrent writers, applies racing cleanups, kill -9
+# during apply, installer churn) in throwaway namespaces and prints what they saw; any corrupt
+# end state fails it. STRESS_FLAGS sets the counts; make test runs it with the small defaults.
+STRESS_FLAGS ?= -stress.procs 30 -stress.kills 200 -stress.churn 40
+stress: export PATH := $(PATH):/usr/sbin:/sbin
+stress: deps
+	@set -o pipefail; $(GO) test -count=1 -v -timeout 60m -run Stress ./internal/stress/ $(STRESS_FLAGS) \
+		| grep -E --line-buffered '^(stress:|--- FAIL|FAIL|ok|panic|\s+\S+_test\.go:)'
 
 demo: export PATH := $(PATH):/usr/sbin:/sbin
 demo: deps
@@ -60,6 +77,8 @@ bench: deps kube-bins
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParsePorts -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
+	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
 
 clean:
 	rm -rf $(BIN)
