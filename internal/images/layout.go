@@ -57,7 +57,7 @@ type Image struct {
 	Files []File
 	// Debian packages are extracted into the image (their dependencies must be listed too:
 	// nothing resolves them).
-	Debian []string
+	Debian          []string
 	Entrypoint, Cmd []string
 	// User is "uid:gid".
 	User string
