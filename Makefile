@@ -7,7 +7,7 @@ BIN := bin
 # Packages the tests and the demo need from Debian.
 APT_PACKAGES := iptables nftables iproute2 libcap2-bin
 
-.PHONY: all build images dockerfiles deps kube-bins test unit vet fmt-check demo bench fuzz clean
+.PHONY: all build images dockerfiles manifests deps kube-bins test unit vet fmt-check demo bench fuzz clean
 
 all: build
 
@@ -34,6 +34,11 @@ images: build
 # they are stale).
 dockerfiles:
 	$(GO) run ./hack/images dockerfiles --out deploy/docker
+
+# manifests regenerates deploy/linkerd-cni from the linkerd2-cni chart's default rendering
+# (deploy/charts/linkerd2-cni; a test fails when they are stale).
+manifests:
+	$(GO) run ./hack/manifests
 
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:

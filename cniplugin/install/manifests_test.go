@@ -84,32 +84,39 @@ func loadManifests(t testing.TB, dirs ...string) []manifest {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-			for {
-				doc, err := r.Read()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				js, err := yaml.YAMLToJSON(doc)
-				if err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
-					continue // an empty document
-				}
-				// UnmarshalJSON keeps integers as int64, as the API machinery expects.
-				obj := &unstructured.Unstructured{}
-				if err := obj.UnmarshalJSON(js); err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				out = append(out, manifest{file: f, obj: obj})
-			}
+			out = append(out, parseManifests(t, f, data)...)
 		}
 	}
 	return out
+}
+
+// parseManifests reads every YAML document of data, the content of file.
+func parseManifests(t testing.TB, file string, data []byte) []manifest {
+	t.Helper()
+	var out []manifest
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
+			continue // an empty document
+		}
+		// UnmarshalJSON keeps integers as int64, as the API machinery expects.
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(js); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		out = append(out, manifest{file: file, obj: obj})
+	}
 }
 
 // apiClient bundles what the tests use to talk to the API server.
