@@ -1,9 +1,9 @@
 package install
 
 // The DaemonSet's pod as a whole, for every rendering of the chart (deploy/linkerd-cni among
-// them): its containers run as real processes, with the command, arguments and environment the manifest gives them (downward
-// API and ConfigMap references resolved as the kubelet would), in a fresh network namespace
-// standing in for the node's (the pod uses the host network), against a real kube-apiserver
+// them): its containers run as real processes, with the command, arguments and environment the
+// manifest gives them (downward API and ConfigMap references resolved as the kubelet would), in a
+// fresh network namespace standing in for the node's (the pod uses the host network), against a real kube-apiserver
 // holding the rendering's RBAC. The probes are sent exactly where the manifest points them.
 
 import (
