@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -93,24 +92,6 @@ func TestLinkerdNames(t *testing.T) {
 	}
 }
 
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLinkerdRepairControllerCommandLine runs Linkerd's linkerd2-cni chart's repair-controller
 // container as the chart writes it (command, args and environment) against a real kube-apiserver,
 // in the cluster's own network namespace: it serves /live and /ready on the chart's probe port
@@ -161,8 +142,13 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	cmd := exec.Command(bin, "--admin-addr", "0.0.0.0:9990", "--log-format", "plain", "--log-level", "linkerd_cni_repair_controller=info,warn")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig,
 		repair.EnvNodeName+"=node-a", repair.EnvPodName+"=linkerd-cni-x7k2p")
-	var log syncBuffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	readLog := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := netnsutil.Do(c.NetNSPath, cmd.Start); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +157,7 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		if t.Failed() {
-			t.Logf("repair controller log:\n%s", log.String())
+			t.Logf("repair controller log:\n%s", readLog())
 		}
 	})
 
@@ -219,7 +205,7 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no exit after SIGTERM")
 	}
-	if want := "logging at info, the most verbose of them"; !strings.Contains(log.String(), want) {
-		t.Errorf("log lacks %q:\n%s", want, log.String())
+	if want := "logging at info, the most verbose of them"; !strings.Contains(readLog(), want) {
+		t.Errorf("log lacks %q:\n%s", want, readLog())
 	}
 }
