@@ -23,6 +23,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated Dockerfiles in deploy/docker")
@@ -73,9 +75,7 @@ func TestDockerfilesUpToDate(t *testing.T) {
 func TestCapXattr(t *testing.T) {
 	for _, caps := range []string{NetCaps, "cap_net_admin,cap_net_raw+ep", "cap_net_bind_service+p"} {
 		t.Run(caps, func(t *testing.T) {
-			if os.Geteuid() != 0 {
-				t.Skip("needs root: setcap writes security.capability")
-			}
+			nt.RequireRoot(t) // setcap writes security.capability
 			f := filepath.Join(t.TempDir(), "bin")
 			if err := os.WriteFile(f, []byte("x"), 0o755); err != nil {
 				t.Fatal(err)
