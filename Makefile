@@ -6,9 +6,9 @@ LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(
 BIN := bin
 # Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
 # that the nft mode executes no program).
-APT_PACKAGES := iptables nftables iproute2 strace
+APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
 
-.PHONY: all build deps kube-bins test unit vet fmt-check demo bench fuzz clean
+.PHONY: all build images dockerfiles manifests deps kube-bins test unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
@@ -18,10 +18,33 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/proxy-init ./cmd/linkerd-cni
 	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/linkerd-cni ./cmd/linkerd-cni
 
+# images writes the images as OCI image archives, without a container daemon, one per image:
+#   bin/images/linkerd-cni.tar          ghcr.io/kubemesh/linkerd-cni:$(IMAGE_TAG)
+#   bin/images/proxy-init.tar           ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)
+#   bin/images/proxy-init-nftables.tar  ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)-nftables
+# Load one with `ctr -n k8s.io images import bin/images/proxy-init.tar` (the name comes from the
+# archive) or `docker load -i`. The layouts live in internal/images/layout.go; the Debian packages
+# of the proxy-init image are fetched with apt-get download. Files are stamped with the last
+# commit's time, so the same commit gives the same images.
+IMAGE_TAG ?= $(VERSION)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+images: build
+	$(GO) run ./hack/images build --bin $(BIN) --out $(BIN)/images --tag $(IMAGE_TAG) --epoch $(SOURCE_DATE_EPOCH)
+
+# dockerfiles regenerates deploy/docker/*.Dockerfile from the same layouts (a test fails when
+# they are stale).
+dockerfiles:
+	$(GO) run ./hack/images dockerfiles --out deploy/docker
+
+# manifests regenerates deploy/linkerd-cni from the linkerd2-cni chart's default rendering
+# (deploy/charts/linkerd2-cni; a test fails when they are stale).
+manifests:
+	$(GO) run ./hack/manifests
+
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:
 	@missing=""; \
-	for c in iptables-legacy-restore iptables-nft-restore nft ip strace; do \
+	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap strace; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$c >/dev/null || missing=1; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -34,21 +57,38 @@ deps:
 kube-bins:
 	test/kube/build.sh
 
+# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy.
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
+
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# test runs every test, the root network-namespace ones included. -p 1 keeps the root
-# integration suites (namespaces, a kube-apiserver) from starving each other on small machines.
+# test runs every test, the root network-namespace ones included, then the stress workloads
+# with small counts (they print their figures). -p 1 keeps the root integration suites
+# (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet
-	$(GO) test -count=1 -p 1 -timeout 40m ./...
+test: deps kube-bins fmt-check vet tidy-check
+	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
+	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
-# unit runs the tests that need neither root nor the kube binaries' build time.
+# unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
+# user.
 unit:
-	$(GO) test -count=1 -short ./iptables/ ./proxyinit/ ./cniplugin/
+	$(GO) test -count=1 -short ./...
+
+# stress runs the adversarial workloads (concurrent writers, applies racing cleanups, kill -9
+# during apply, installer churn) in throwaway namespaces and prints what they saw; any corrupt
+# end state fails it. STRESS_FLAGS sets the counts; make test runs it with the small defaults.
+STRESS_FLAGS ?= -stress.procs 30 -stress.kills 200 -stress.churn 40
+stress: export PATH := $(PATH):/usr/sbin:/sbin
+stress: deps
+	@set -o pipefail; $(GO) test -count=1 -v -timeout 60m -run Stress ./internal/stress/ $(STRESS_FLAGS) \
+		| grep -E --line-buffered '^(stress:|--- FAIL|FAIL|ok|panic|\s+\S+_test\.go:)'
 
 demo: export PATH := $(PATH):/usr/sbin:/sbin
 demo: deps
@@ -61,6 +101,8 @@ bench: deps kube-bins
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParsePorts -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
+	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
 
 clean:
 	rm -rf $(BIN)

@@ -23,11 +23,14 @@ const PluginsModule = "github.com/containernetworking/plugins"
 // DefaultCache is where the plugins are cached when $CNI_PLUGINS_CACHE is not set.
 const DefaultCache = "/var/cache/proxy-init-cni"
 
-// pluginPkgs are the plugins a bridge conflist needs, by binary name.
+// pluginPkgs are the plugins a bridge conflist needs (and portmap, which kubelet-style
+// conflists chain), by binary name. go.mod lists them as tools, so `go mod tidy` keeps the sums
+// their build needs.
 var pluginPkgs = map[string]string{
 	"bridge":     PluginsModule + "/plugins/main/bridge",
 	"host-local": PluginsModule + "/plugins/ipam/host-local",
 	"loopback":   PluginsModule + "/plugins/main/loopback",
+	"portmap":    PluginsModule + "/plugins/meta/portmap",
 }
 
 // GoBuild builds into dir as `make build` builds the node's plugin: static (CGO_ENABLED=0),
