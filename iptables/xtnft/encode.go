@@ -33,33 +33,29 @@ const natPriority = -100
 // extension's C struct, padded to 8 bytes (XT_ALIGN), in host byte order except where the struct
 // itself says network order.
 const (
-	ownerRev       = 1   // xt_owner_match_info
-	ownerInfoLen   = 24  // 4 u32 + 2 u8, padded
-	multiportRev   = 1   // xt_multiport_v1
-	multiportLen   = 48  // flags, count, ports[15], pflags[15], invert
-	redirectRev    = 0   // nf_nat_ipv4_multi_range_compat (ip), nf_nat_range (ip6)
-	redirectLen4   = 24  // rangesize, then one range: flags, min_ip, max_ip, min and max port
-	redirectLen6   = 40  // flags, min_addr, max_addr, min and max port
-	commentRev     = 0   // xt_comment_info
-	xtOwnerUID     = 1   // XT_OWNER_UID
-	xtOwnerGID     = 2   // XT_OWNER_GID
-	xtMultiportDst = 1   // XT_MULTIPORT_DESTINATION
-	natProtoSpec   = 2   // NF_NAT_RANGE_PROTO_SPECIFIED
-	maxMultiport   = 15  // XT_MULTI_PORTS
-	nfprotoIPv4    = 2   // NFPROTO_IPV4: table family "ip"
-	nfprotoIPv6    = 10  // NFPROTO_IPV6: table family "ip6"
-	regVerdict     = 0   // NFT_REG_VERDICT
-	nfAccept       = 1   // NF_ACCEPT, the built-in chains' policy
-	reg1           = 1   // NFT_REG_1, the only data register iptables-nft uses
-	commentLen     = 256 // XT_MAX_COMMENT_LEN
+	ownerRev       = 1              // xt_owner_match_info
+	ownerInfoLen   = 24             // 4 u32 + 2 u8, padded
+	multiportRev   = 1              // xt_multiport_v1
+	multiportLen   = 48             // flags, count, ports[15], pflags[15], invert
+	redirectRev    = 0              // nf_nat_ipv4_multi_range_compat (ip), nf_nat_range (ip6)
+	redirectLen4   = 24             // rangesize, then one range: flags, min_ip, max_ip, min and max port
+	redirectLen6   = 40             // flags, min_addr, max_addr, min and max port
+	commentRev     = 0              // xt_comment_info
+	xtOwnerUID     = 1              // XT_OWNER_UID
+	xtOwnerGID     = 2              // XT_OWNER_GID
+	xtMultiportDst = 1              // XT_MULTIPORT_DESTINATION
+	maxMultiport   = 15             // XT_MULTI_PORTS
+	nfAccept       = 1              // NF_ACCEPT, the built-in chains' policy
+	reg1           = unix.NFT_REG_1 // the only data register iptables-nft uses
+	commentLen     = 256            // XT_MAX_COMMENT_LEN
 )
 
 // family is the nf_tables family of an iptables family: iptables-nft's "ip" and "ip6".
 func family(f iptables.Family) byte {
 	if f == iptables.IPv6 {
-		return nfprotoIPv6
+		return unix.NFPROTO_IPV6
 	}
-	return nfprotoIPv4
+	return unix.NFPROTO_IPV4
 }
 
 // encoded is one rule ready for a NEWRULE message.
@@ -298,14 +294,14 @@ func multiportInfo(ports []iptables.PortRange) ([]byte, error) {
 func redirectInfo(f iptables.Family, port uint16) []byte {
 	if f == iptables.IPv6 {
 		b := make([]byte, redirectLen6)
-		binary.NativeEndian.PutUint32(b, natProtoSpec)
+		binary.NativeEndian.PutUint32(b, unix.NF_NAT_RANGE_PROTO_SPECIFIED)
 		binary.BigEndian.PutUint16(b[36:], port)
 		binary.BigEndian.PutUint16(b[38:], port)
 		return b
 	}
 	b := make([]byte, redirectLen4)
 	binary.NativeEndian.PutUint32(b, 1) // rangesize
-	binary.NativeEndian.PutUint32(b[4:], natProtoSpec)
+	binary.NativeEndian.PutUint32(b[4:], unix.NF_NAT_RANGE_PROTO_SPECIFIED)
 	binary.BigEndian.PutUint16(b[16:], port)
 	binary.BigEndian.PutUint16(b[18:], port)
 	return b

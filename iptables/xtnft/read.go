@@ -85,7 +85,7 @@ func read(c *conn) (*state, error) {
 			return nil, fmt.Errorf("decode table: %w", err)
 		}
 		switch {
-		case name == iptables.Table && (t.family == nfprotoIPv4 || t.family == nfprotoIPv6):
+		case name == iptables.Table && (t.family == unix.NFPROTO_IPV4 || t.family == unix.NFPROTO_IPV6):
 			s.nat[t.family] = &natTable{rules: map[string][]rule{}}
 		case name == nativeTable && t.family == nativeFamily:
 			s.native = true
@@ -262,7 +262,7 @@ func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
 		if err := expr.Unmarshal(fam, data, im); err != nil {
 			return nil, fmt.Errorf("expression immediate: %w", err)
 		}
-		if im.Register != regVerdict {
+		if im.Register != unix.NFT_REG_VERDICT {
 			return im, nil
 		}
 		e = &expr.Verdict{}

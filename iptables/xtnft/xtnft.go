@@ -11,8 +11,9 @@
 // Apply reads the nat tables (one round trip in a fresh namespace, four otherwise), then sends
 // one nf_tables transaction for both families: it creates what is missing (the tables and base
 // chains as iptables-nft creates them, our chains), refills our chains that differ, deletes
-// stray jumps to them by handle and adds missing ones. Rules of others in PREROUTING and OUTPUT
-// are never touched and built-in chains are never flushed. The same transaction deletes the
+// stray or duplicate jumps of ours by handle and adds missing ones. Rules of others in PREROUTING
+// and OUTPUT are never touched (another's own jump into our chains included: cleanup removes it
+// with the chain it enters), and built-in chains are never flushed. The same transaction deletes the
 // native nftables backend's table, if any, so one backend's rules redirect at a time. When
 // everything already matches, nothing is sent. The transaction carries the ruleset generation
 // it was planned from: if anything changed the ruleset in between, the kernel refuses it whole
@@ -237,7 +238,8 @@ func (r rule) line(f iptables.Family, chain string) string {
 
 // apply adds to m what makes family by family the rules exactly rs's.
 func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
-	// The hooks come from the plan, like the rules: each of our chains hangs from a built-in one.
+	// The hooks come from the builder's chains, like the rules: each of ours hangs from a
+	// built-in one.
 	hooks := map[string]uint32{}
 	for _, c := range iptables.Chains() {
 		hooks[c.Hook.Builtin] = c.Hook.Number
@@ -259,7 +261,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 		// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
 		for _, j := range jumps {
 			if t.chain(j.Chain) == nil {
-				s.addBaseChain(m, fam, j.Chain, hooks[j.Chain])
+				addBaseChain(m, fam, j.Chain, hooks[j.Chain])
 			}
 		}
 		// Our chains, each a run of the plan's rules: created if missing, refilled if their
@@ -362,7 +364,7 @@ func (s *state) remove(m *msgs, f iptables.Family) {
 
 // addBaseChain creates a built-in chain of iptables-nft's nat table: type nat, the hook, the nat
 // priority, policy accept, and no counters, exactly as iptables-nft creates it.
-func (s *state) addBaseChain(m *msgs, fam byte, name string, hook uint32) {
+func addBaseChain(m *msgs, fam byte, name string, hook uint32) {
 	m.beginNFT(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_REQUEST|unix.NLM_F_CREATE, fam)
 	m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 	m.str(unix.NFTA_CHAIN_NAME, name)
@@ -434,7 +436,7 @@ func (r rule) decode(f iptables.Family, chain string) (iptables.XTRule, bool) {
 }
 
 func famName(fam byte) string {
-	if fam == nfprotoIPv6 {
+	if fam == unix.NFPROTO_IPV6 {
 		return "ip6"
 	}
 	return "ip"
