@@ -10,6 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// zeros pads an xtables info struct: the longest, the comment's, is commentLen.
+var zeros [commentLen]byte
+
 // wire appends a rule's expressions to a batch message whose expression list is open.
 type wire struct{ m *msgs }
 
@@ -105,8 +108,8 @@ func (w wire) xtOpen(target bool, name string, rev uint32) (el, d, info int) {
 }
 
 func (w wire) xtClose(el, d, info, size int) {
-	for len(w.m.b)-info-4 < size {
-		w.m.b = append(w.m.b, 0)
+	if n := size - (len(w.m.b) - info - 4); n > 0 {
+		w.m.b = append(w.m.b, zeros[:n]...)
 	}
 	w.m.unnest(info)
 	w.m.pad()
