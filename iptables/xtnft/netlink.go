@@ -1,12 +1,11 @@
 package xtnft
 
 // The wire: one raw NETLINK_NETFILTER socket per call, opened in the calling thread's network
-// namespace. Requests and batches are laid out by hand into one buffer each, so a thousand rules
-// cost one allocation per message rather than one per attribute; google/nftables marshals the
-// expressions inside them. A batch asks for an acknowledgement of its last message only: the
-// kernel processes a batch inside sendmsg and queues an error for every message it refuses, in
-// order, before that one answer, so one read tells success from failure, where an answer per
-// message would cost a read per rule.
+// namespace. Requests and batches are laid out by hand into one buffer each (the expressions
+// too, see wire.go), so a thousand rules cost no allocation per attribute. A batch asks for an
+// acknowledgement of its last message only: the kernel processes a batch inside sendmsg and
+// queues an error for every message it refuses, in order, before that one answer, so one read
+// tells success from failure, where an answer per message would cost a read per rule.
 
 import (
 	"encoding/binary"
@@ -66,7 +65,6 @@ func (c *conn) send(b []byte) error {
 // nfgenmsg header.
 type message struct {
 	typ    uint16
-	flags  uint16
 	seq    uint32
 	family byte
 	data   []byte
@@ -87,7 +85,7 @@ func (c *conn) recv() ([]message, error) {
 		if l < nlmsgHdrLen || l > len(b) {
 			return nil, fmt.Errorf("malformed netlink message of %d bytes", l)
 		}
-		m := message{typ: binary.NativeEndian.Uint16(b[4:]), flags: binary.NativeEndian.Uint16(b[6:]), seq: binary.NativeEndian.Uint32(b[8:])}
+		m := message{typ: binary.NativeEndian.Uint16(b[4:]), seq: binary.NativeEndian.Uint32(b[8:])}
 		body := b[nlmsgHdrLen:l]
 		switch {
 		case m.typ == unix.NLMSG_ERROR && len(body) >= 4:
