@@ -5,8 +5,8 @@
 // cmd/proxy-init is a one-line main around Main; every decision lives here so it can be unit
 // tested without building a binary.
 //
-// Contract: the flag names, shorthands and defaults are Linkerd's (see DESIGN.md), so the Linkerd
-// chart's command line parses unchanged; the one deliberate difference is --iptables-mode, which
+// Contract: the flag names, shorthands and defaults are Linkerd's (docs/linkerd-compatibility.md),
+// so the Linkerd chart's command line parses unchanged; the one deliberate difference is --iptables-mode, which
 // defaults to auto instead of legacy. Exit codes: 0 success, 1 failure, 2 bad usage or input.
 // Bad input is reported all at once, each problem naming the flag and the value, and nothing is
 // written: validation runs before a namespace is entered or a backend chosen.
