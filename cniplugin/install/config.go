@@ -100,8 +100,8 @@ type Config struct {
 }
 
 // ConfigFromEnv reads the installer's environment variables
-// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's defaults. It reports every bad
-// value at once.
+// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's
+// defaults. It reports every bad value at once.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	get := func(k, def string) string {
 		if v := getenv(k); v != "" {
