@@ -285,6 +285,14 @@ func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err e
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
 	}
+	// Not close-on-exec: an iptables-restore started under the lock inherits the descriptor, and
+	// with it the lock, so a writer killed while its restore runs keeps the namespace locked
+	// until that restore finishes, instead of letting the next writer read a state it is about
+	// to change.
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the network namespace: %w", err)
+	}
 	how := unix.LOCK_SH
 	if exclusive {
 		how = unix.LOCK_EX
