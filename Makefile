@@ -1,4 +1,4 @@
-# proxy-init and linkerd-cni. Run as root on Debian: `make demo`, `make test`, `make bench`.
+# proxy-init and linkerd-cni. Run as root on Debian: `make demo`, `make test`, `make bench`, `make e2e`.
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -6,8 +6,10 @@ LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(
 BIN := bin
 # Packages the tests and the demo need from Debian.
 APT_PACKAGES := iptables nftables iproute2
+# Packages the end-to-end node needs besides those.
+E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build deps kube-bins test unit vet fmt-check demo bench fuzz clean
+.PHONY: all build deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
 
 all: build
 
@@ -33,8 +35,21 @@ deps:
 kube-bins:
 	test/kube/build.sh
 
+# kube-node builds kube-controller-manager, kube-scheduler and kubelet as one binary for the
+# end-to-end node, cached like kube-bins (see test/e2e/kube/build.sh).
+kube-node:
+	test/e2e/kube/build.sh
+
+# e2e-deps installs containerd and runc for the end-to-end node, only when one is missing.
+e2e-deps: deps
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null; then \
+		echo "installing $(E2E_APT_PACKAGES) with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(E2E_APT_PACKAGES); \
+	fi
+
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/e2e/
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -44,6 +59,13 @@ fmt-check:
 test: export PATH := $(PATH):/usr/sbin:/sbin
 test: deps kube-bins fmt-check vet
 	$(GO) test -count=1 -p 1 -timeout 40m ./...
+
+# e2e runs the end-to-end suite on a single-node cluster (containerd, runc, kubelet) in namespaces
+# of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
+E2E_RUN ?= .
+e2e: export PATH := $(PATH):/usr/sbin:/sbin
+e2e: e2e-deps kube-bins kube-node
+	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
 
 # unit runs the tests that need neither root nor the kube binaries' build time.
 unit:

@@ -1,0 +1,408 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/internal/kubetest"
+)
+
+// NodeName is the name the kubelet registers.
+const NodeName = "e2e-node"
+
+// PauseImage is the sandbox image containerd runs for every pod.
+const PauseImage = "e2e.test/pause:1"
+
+// Options configures StartNode.
+type Options struct {
+	// KubeNode is the kube-node binary (test/e2e/kube): kube-controller-manager, kube-scheduler
+	// and kubelet.
+	KubeNode string
+	// Images are OCI tarballs imported into containerd's k8s.io namespace before the kubelet
+	// starts; the pause image among them.
+	Images []string
+	// ReadyTimeout bounds the wait for the Node to be Ready. Default 3 minutes.
+	ReadyTimeout time.Duration
+}
+
+// Node is a running single-node cluster.
+type Node struct {
+	// Dir holds the configurations and logs, on the machine's filesystem.
+	Dir string
+	// Cluster is the API server and etcd; Client is its admin client.
+	Cluster *kubetest.Cluster
+	Client  kubernetes.Interface
+	// CgroupRoot is the kubelet's cgroup root, the same path in every hierarchy.
+	CgroupRoot string
+	// NetNS and MntNS are the inodes of the node's namespaces.
+	NetNS, MntNS uint64
+
+	holder   *exec.Cmd
+	holderIn io.Closer
+	procs    []*proc // in start order
+	stopped  bool
+}
+
+// proc is a process started in the node's namespaces.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+	waitErr error
+}
+
+// StartNode builds the node, starts every component and waits until the Node is Ready. t.Cleanup
+// stops it, if Stop has not already.
+func StartNode(t testing.TB, opts Options) *Node {
+	t.Helper()
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 3 * time.Minute
+	}
+	n := &Node{Dir: t.TempDir(), CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", os.Getpid())}
+	t.Cleanup(func() {
+		if t.Failed() {
+			n.logTails(t)
+		}
+		if err := n.Stop(); err != nil {
+			t.Errorf("stop node: %v", err)
+		}
+	})
+	if err := n.start(t, opts); err != nil {
+		t.Fatalf("start node: %v", err)
+	}
+	return n
+}
+
+func (n *Node) start(t testing.TB, opts Options) error {
+	began := time.Now()
+	for _, d := range []string{"logs", "etc"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	plugins, err := cnitest.PluginsDir()
+	if err != nil {
+		return err
+	}
+	hostNet, err := nsInode("/proc/self/ns/net")
+	if err != nil {
+		return err
+	}
+	hostMnt, err := nsInode("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	n.holder, n.holderIn, err = startHolder(holderSpec{
+		HostNetNS: hostNet, HostMntNS: hostMnt, PluginsDir: plugins, Conflist: bridgeConflist,
+	}, filepath.Join(n.Dir, "logs", "holder.log"))
+	if err != nil {
+		return err
+	}
+	if n.NetNS, err = nsInode(n.nsPath("net")); err != nil {
+		return err
+	}
+	if n.MntNS, err = nsInode(n.nsPath("mnt")); err != nil {
+		return err
+	}
+	if err := n.makeCgroups(); err != nil {
+		return err
+	}
+
+	n.Cluster = kubetest.Start(t, kubetest.Options{
+		NetNSPath:               n.nsPath("net"),
+		BindAddress:             "0.0.0.0",
+		SecurePort:              443,
+		ServingIPs:              []net.IP{net.ParseIP(nodeIP), net.ParseIP(serviceIP)},
+		ServiceAccountAdmission: true,
+		ExtraAPIServerArgs: []string{
+			"--service-cluster-ip-range=" + serviceNet,
+			"--advertise-address=" + nodeIP,
+		},
+	})
+	n.Client = n.Cluster.Clientset
+	kubeconfig := filepath.Join(n.Dir, "etc", "admin.kubeconfig")
+	if err := n.Cluster.WriteAdminKubeconfig(kubeconfig); err != nil {
+		return err
+	}
+
+	if err := n.startContainerd(); err != nil {
+		return err
+	}
+	for _, img := range append([]string{}, opts.Images...) {
+		if _, err := n.Run(context.Background(), "ctr", "-n", "k8s.io", "images", "import", img); err != nil {
+			return fmt.Errorf("import image %s: %w", img, err)
+		}
+	}
+
+	if _, err := n.startProc("kube-controller-manager", opts.KubeNode, "kube-controller-manager",
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--root-ca-file="+n.Cluster.CAFile,
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		"--use-service-account-credentials=false",
+	); err != nil {
+		return err
+	}
+	if _, err := n.startProc("kube-scheduler", opts.KubeNode, "kube-scheduler",
+		"--kubeconfig="+kubeconfig,
+		"--authentication-kubeconfig="+kubeconfig,
+		"--authorization-kubeconfig="+kubeconfig,
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+	); err != nil {
+		return err
+	}
+	kubeletConfig := filepath.Join(n.Dir, "etc", "kubelet.yaml")
+	if err := os.WriteFile(kubeletConfig, []byte(fmt.Sprintf(kubeletConfigTmpl, n.CgroupRoot)), 0o644); err != nil {
+		return err
+	}
+	kubelet, err := n.startProc("kubelet", opts.KubeNode, "kubelet",
+		"--config="+kubeletConfig,
+		"--kubeconfig="+kubeconfig,
+		"--root-dir=/var/lib/kubelet",
+		"--hostname-override="+NodeName,
+		"--node-ip="+nodeIP,
+		"--v=2",
+	)
+	if err != nil {
+		return err
+	}
+	if err := n.waitReady(kubelet, opts.ReadyTimeout); err != nil {
+		return err
+	}
+	t.Logf("e2e: node %s Ready in %v (dir %s, holder pid %d, cgroup root %s)",
+		NodeName, time.Since(began).Round(time.Millisecond), n.Dir, n.holder.Process.Pid, n.CgroupRoot)
+	return nil
+}
+
+// nsPath is the path of one of the node's namespaces, through the holder.
+func (n *Node) nsPath(kind string) string {
+	return fmt.Sprintf("/proc/%d/ns/%s", n.holder.Process.Pid, kind)
+}
+
+// Path is where a path of the node's mount namespace can be read from the machine.
+func (n *Node) Path(p string) string {
+	return fmt.Sprintf("/proc/%d/root%s", n.holder.Process.Pid, p)
+}
+
+// Command returns a command that runs inside the node's network and mount namespaces.
+func (n *Node) Command(ctx context.Context, args ...string) *exec.Cmd {
+	ns := []string{"--target", strconv.Itoa(n.holder.Process.Pid), "--mount", "--net", "--"}
+	return exec.CommandContext(ctx, "nsenter", append(ns, args...)...)
+}
+
+// Run runs a command inside the node and returns its standard output; an error carries its
+// standard error.
+func (n *Node) Run(ctx context.Context, args ...string) (string, error) {
+	cmd := n.Command(ctx, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
+	logPath := filepath.Join(n.Dir, "logs", name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := n.Command(context.Background(), append([]string{bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// nsenter execs the component in place, so the component itself dies with the test binary.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	n.procs = append(n.procs, p)
+	return p, nil
+}
+
+func (n *Node) startContainerd() error {
+	config := filepath.Join(n.Dir, "etc", "containerd.toml")
+	if err := os.WriteFile(config, []byte(containerdConfig), 0o644); err != nil {
+		return err
+	}
+	p, err := n.startProc("containerd", "containerd", "--config", config)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := n.Run(context.Background(), "ctr", "version")
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("containerd exited: %v", p.waitErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("containerd not serving after 30s: %w", err)
+		}
+	}
+}
+
+// waitReady waits for the Node object to report Ready.
+func (n *Node) waitReady(kubelet *proc, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last string
+	for {
+		node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err == nil {
+			last = "no Ready condition"
+			for _, c := range node.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					if c.Status == corev1.ConditionTrue {
+						return nil
+					}
+					last = fmt.Sprintf("Ready=%s: %s", c.Status, c.Message)
+				}
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-kubelet.exited:
+			return fmt.Errorf("kubelet exited: %v", kubelet.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("node %s not Ready after %v: %s", NodeName, timeout, last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Stop deletes every pod, stops the components, kills whatever the node still runs, releases its
+// namespaces and removes its cgroups. It is idempotent.
+func (n *Node) Stop() error {
+	if n.stopped {
+		return nil
+	}
+	n.stopped = true
+	var errs []error
+	for i := len(n.procs) - 1; i >= 0; i-- {
+		p := n.procs[i]
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+	if n.holder != nil {
+		// Shims, pause and container processes outlive containerd: every process in the node's
+		// namespaces or under its cgroup root was started for the node, and goes.
+		if err := n.killRemaining(); err != nil {
+			errs = append(errs, err)
+		}
+		if n.Cluster != nil {
+			n.Cluster.Stop() // releases its thread in the node's network namespace
+		}
+		n.holderIn.Close()
+		if err := n.holder.Wait(); err != nil {
+			errs = append(errs, fmt.Errorf("node holder: %w", err))
+		}
+	}
+	if err := n.removeCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// killRemaining SIGKILLs, by PID, every process other than the holder that is in the node's
+// namespaces or cgroups, until none is left.
+func (n *Node) killRemaining() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pids, err := n.processes()
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes of the node still running after SIGKILL: %v", pids)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// processes lists the node's processes, the holder excepted.
+func (n *Node) processes() ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || (n.holder != nil && pid == n.holder.Process.Pid) || pid == os.Getpid() {
+			continue
+		}
+		if n.owns(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// owns tells whether a process belongs to the node: in one of its namespaces, or in a cgroup
+// under its cgroup root.
+func (n *Node) owns(pid int) bool {
+	for kind, ino := range map[string]uint64{"net": n.NetNS, "mnt": n.MntNS} {
+		if got, err := nsInode(fmt.Sprintf("/proc/%d/ns/%s", pid, kind)); err == nil && got == ino {
+			return true
+		}
+	}
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	return err == nil && strings.Contains(string(cg), ":"+n.CgroupRoot+"/")
+}
+
+// logTails prints the end of every component's log.
+func (n *Node) logTails(t testing.TB) {
+	logs, _ := filepath.Glob(filepath.Join(n.Dir, "logs", "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		t.Logf("--- %s (last %d lines) ---\n%s", filepath.Base(l), len(lines), strings.Join(lines, "\n"))
+	}
+}
