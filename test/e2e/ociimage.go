@@ -52,7 +52,7 @@ func writeOCITarball(file string, img testImage) error {
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
 		"manifests": []any{descriptor("application/vnd.oci.image.manifest.v1+json", manifest, map[string]string{
-			"io.containerd.image.name":        img.Ref,
+			"io.containerd.image.name":          img.Ref,
 			"org.opencontainers.image.ref.name": tag,
 		})},
 	})
