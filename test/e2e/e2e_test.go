@@ -47,6 +47,10 @@ func kubeNodeBinary(t testing.TB) string {
 func TestE2E(t *testing.T) {
 	netnstest.RequireRoot(t)
 	root := repoRoot(t)
+	before, err := ReadHostState()
+	if err != nil {
+		t.Fatal(err)
+	}
 	images, err := BuildTestImages(root, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +65,31 @@ func TestE2E(t *testing.T) {
 		run  func(*testing.T, *Node)
 	}{
 		{"DaemonSet", testDaemonSet},
+		{"MeshedPod", testMeshedPod},
+		{"InitContainerPod", testInitContainerPod},
+		{"UnmeshedPods", testUnmeshedPods},
+		{"Repair", testRepair},
+		{"Teardown", testTeardown},
+		{"Load", testLoad},
+		{"APIUnreachable", testAPIUnreachable},
 	} {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, n) })
 	}
+
+	if err := n.Stop(); err != nil {
+		t.Errorf("stop the node: %v", err)
+	}
+	t.Run("NothingLeftOnHost", func(t *testing.T) {
+		left, err := n.Leftovers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := ReadHostState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range append(left, before.Diff(after)...) {
+			t.Error(l)
+		}
+	})
 }

@@ -10,18 +10,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 // NodeName is the name the kubelet registers.
@@ -56,7 +59,8 @@ type Node struct {
 
 	holder   *exec.Cmd
 	holderIn io.Closer
-	procs    []*proc // in start order
+	procs    []*proc  // in start order
+	podNetNS []uint64 // pods' network namespaces seen at Stop, for Leftovers
 	stopped  bool
 }
 
@@ -311,6 +315,9 @@ func (n *Node) Stop() error {
 	}
 	n.stopped = true
 	var errs []error
+	if n.holder != nil {
+		n.podNetNS = n.podNamespaces()
+	}
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		p := n.procs[i]
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -382,6 +389,18 @@ func (n *Node) processes() ([]int, error) {
 	return pids, nil
 }
 
+// podNamespaces returns the network namespaces of the node's processes other than the node's.
+func (n *Node) podNamespaces() []uint64 {
+	pids, _ := n.processes()
+	var nss []uint64
+	for _, pid := range pids {
+		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ino != n.NetNS && !slices.Contains(nss, ino) {
+			nss = append(nss, ino)
+		}
+	}
+	return nss
+}
+
 // owns tells whether a process belongs to the node: in one of its namespaces, or in a cgroup
 // under its cgroup root.
 func (n *Node) owns(pid int) bool {
@@ -392,6 +411,41 @@ func (n *Node) owns(pid int) bool {
 	}
 	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	return err == nil && strings.Contains(string(cg), ":"+n.CgroupRoot+"/")
+}
+
+// SetServiceIP adds or removes the "kubernetes" Service's IP on the node's lo: without it, pods
+// and the CNI plugin cannot reach the API server, while the kubelet and the control plane, which
+// use 127.0.0.1, still can.
+func (n *Node) SetServiceIP(present bool) error {
+	return netnsutil.Do(n.nsPath("net"), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		addr, err := netlink.ParseAddr(serviceIP + "/32")
+		if err != nil {
+			return err
+		}
+		if present {
+			err = netlink.AddrReplace(lo, addr)
+		} else {
+			err = netlink.AddrDel(lo, addr)
+		}
+		if err != nil {
+			return fmt.Errorf("set %s on the node's lo to present=%v: %w", serviceIP, present, err)
+		}
+		return nil
+	})
+}
+
+// ContainerdLog returns containerd's log so far; the CNI plugins' standard error is in it.
+func (n *Node) ContainerdLog(t testing.TB) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(n.Dir, "logs", "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }
 
 // logTails prints the end of every component's log.
