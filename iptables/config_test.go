@@ -98,7 +98,10 @@ func TestMultiportGroups(t *testing.T) {
 		{singles(1, 16), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "16"}},
 	}
 	for _, tc := range tests {
-		got := multiportGroups(tc.ports)
+		var got []string
+		for _, g := range multiportGroups(tc.ports) {
+			got = append(got, joinXTPorts(g))
+		}
 		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
 			t.Errorf("multiportGroups(%v) = %v, want %v", tc.ports, got, tc.want)
 		}

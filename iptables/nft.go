@@ -3,9 +3,10 @@ package iptables
 // The nftables rendering of a Ruleset: one "inet" table holding the logic of both families, with
 // port and subnet lists in interval sets so that a rule's cost does not grow with its list.
 //
-// NFT returns an abstract model that the netlink applier (iptables/nftables) translates
-// mechanically into expressions; NFTScript renders the same model as an `nft -f` script. Both
-// derive from ChainRules' semantics and order, so the two backends cannot drift apart.
+// NFT renders the plan (Plan) as an abstract model that the netlink applier (iptables/nftables)
+// translates mechanically into expressions; NFTScript renders the same model as an `nft -f`
+// script. The iptables rendering (XTRules) spells the same plan, so the backends cannot drift
+// apart; TestRenderingsAgree holds them equal.
 
 import (
 	"bytes"
@@ -181,9 +182,8 @@ func (r NFTRule) String() string {
 
 // NFTChain is a nat base chain.
 type NFTChain struct {
-	Name string
-	// Hook is "prerouting" or "output".
-	Hook     string
+	Name     string
+	Hook     Hook
 	Priority int
 	// Type and Policy are empty for what NFT always writes ("nat", "accept"); a chain read back
 	// with others reports them here, so the difference shows.
@@ -200,7 +200,7 @@ func (c NFTChain) Header() string {
 	if policy == "" {
 		policy = "accept"
 	}
-	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook, c.Priority, policy)
+	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook.NFT, c.Priority, policy)
 }
 
 // NFTTable is the whole table: what the applier writes in one batch.
@@ -211,23 +211,15 @@ type NFTTable struct {
 	Chains  []NFTChain
 }
 
-// Set names. One per list and, for subnets, per family, created only when non-empty.
-const (
-	nftInIgnorePorts    = "inbound_ignore_ports"
-	nftInRedirectPorts  = "inbound_redirect_ports"
-	nftOutIgnorePorts   = "outbound_ignore_ports"
-	nftInIgnoreSubnets  = "inbound_ignore_subnets_"
-	nftOutIgnoreSubnets = "outbound_ignore_subnets_"
-)
-
 // NFTComment is the table comment that records the plan: its hash and the table layout version.
 func (r *Ruleset) NFTComment() string {
 	return fmt.Sprintf("proxy-init/plan %s format %d", r.Hash(), nftFormat)
 }
 
-// NFT returns the nftables table for r, with the semantics and order of ChainRules. When IPv6 is
-// off, the redirect rules match "meta nfproto ipv4", so IPv6 traffic passes untouched, as it does
-// when iptables writes no IPv6 rules.
+// NFT renders the plan as one nftables table. Each step is one rule; lists live in sets, one
+// per list and, for subnets, per family (created only when non-empty), named after the chain's
+// direction. When IPv6 is off, the redirect rules match "meta nfproto ipv4", so IPv6 traffic
+// passes untouched, as it does when iptables writes no IPv6 rules.
 func (r *Ruleset) NFT() NFTTable {
 	t := NFTTable{Comment: r.NFTComment()}
 	addSet := func(name string, typ NFTSetType, elems []NFTInterval) string {
@@ -238,84 +230,58 @@ func (r *Ruleset) NFT() NFTTable {
 	if !r.HasFamily(IPv6) {
 		redirectOnly = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
-	subnetRules := func(setPrefix string, kind NFTMatchKind, list []netip.Prefix) []NFTRule {
-		var out []NFTRule
-		for _, f := range r.Families {
-			ps := Subnets(f, list)
-			if len(ps) == 0 {
+	portsComment := func(s Step) string {
+		return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
+	}
+	for _, c := range r.Plan() {
+		ch := NFTChain{Name: c.Name, Hook: c.Hook, Priority: NFTPriority}
+		for _, s := range c.Steps {
+			rl := NFTRule{Comment: s.Comment("")}
+			switch s.Kind {
+			case StepIgnorePorts:
+				set := addSet(c.Direction+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
+				rl.Comment = portsComment(s)
+				rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}
+			case StepIgnoreSubnets:
+				kind := NFTMatchDAddrSet
+				if s.Source {
+					kind = NFTMatchSAddrSet
+				}
+				for _, f := range r.Families {
+					ps := Subnets(f, s.Subnets)
+					if len(ps) == 0 {
+						continue
+					}
+					typ, suffix := NFTIPv4, "v4"
+					if f == IPv6 {
+						typ, suffix = NFTIPv6, "v6"
+					}
+					set := addSet(c.Direction+"_ignore_subnets_"+suffix, typ, prefixIntervals(ps))
+					ch.Rules = append(ch.Rules, NFTRule{
+						Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
+						Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
+					})
+				}
 				continue
+			case StepIgnoreUID:
+				rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
+			case StepIgnoreGID:
+				rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
+			case StepIgnoreInterface:
+				rl.Matches = []NFTMatch{{Kind: NFTMatchOIFName, Name: s.Interface}}
+			case StepRedirect:
+				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+				rl.Matches = append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP})
+				if len(s.Ports) > 0 {
+					set := addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
+					rl.Comment = portsComment(s)
+					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
+				}
 			}
-			typ, suffix := NFTIPv4, "v4"
-			if f == IPv6 {
-				typ, suffix = NFTIPv6, "v6"
-			}
-			set := addSet(setPrefix+suffix, typ, prefixIntervals(ps))
-			out = append(out, NFTRule{
-				Comment: listComment("ignore-subnet-", len(ps), func(i int) string { return ps[i].String() }, ""),
-				Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
-			})
+			ch.Rules = append(ch.Rules, rl)
 		}
-		return out
+		t.Chains = append(t.Chains, ch)
 	}
-	ignorePorts := func(setName string, ports []PortRange) []NFTRule {
-		if len(ports) == 0 {
-			return nil
-		}
-		set := addSet(setName, NFTPorts, portIntervals(ports))
-		return []NFTRule{{
-			Comment: listComment("ignore-port-", len(ports), func(i int) string { return xtPorts(ports[i]) }, ""),
-			Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}},
-		}}
-	}
-
-	in := NFTChain{Name: RedirectChain, Hook: "prerouting", Priority: NFTPriority}
-	in.Rules = append(in.Rules, ignorePorts(nftInIgnorePorts, r.InboundIgnorePorts)...)
-	in.Rules = append(in.Rules, subnetRules(nftInIgnoreSubnets, NFTMatchSAddrSet, r.InboundIgnoreSubnets)...)
-	if len(r.RedirectPorts) == 0 {
-		in.Rules = append(in.Rules, NFTRule{
-			Comment:      CommentPrefix + "redirect-all-incoming-to-proxy-port",
-			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
-			Verdict:      NFTRedirect,
-			RedirectPort: r.InboundProxyPort,
-		})
-	} else {
-		ports := r.RedirectPorts
-		set := addSet(nftInRedirectPorts, NFTPorts, portIntervals(ports))
-		in.Rules = append(in.Rules, NFTRule{
-			Comment:      listComment("redirect-port-", len(ports), func(i int) string { return ports[i].String() }, "-to-proxy-port"),
-			Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchDPortSet, Set: set}),
-			Verdict:      NFTRedirect,
-			RedirectPort: r.InboundProxyPort,
-		})
-	}
-
-	out := NFTChain{Name: OutputChain, Hook: "output", Priority: NFTPriority}
-	if r.ProxyUID >= 0 {
-		out.Rules = append(out.Rules, NFTRule{
-			Comment: CommentPrefix + "ignore-proxy-user-id",
-			Matches: []NFTMatch{{Kind: NFTMatchSkUID, ID: uint32(r.ProxyUID)}},
-		})
-	}
-	if r.ProxyGID >= 0 {
-		out.Rules = append(out.Rules, NFTRule{
-			Comment: CommentPrefix + "ignore-proxy-group-id",
-			Matches: []NFTMatch{{Kind: NFTMatchSkGID, ID: uint32(r.ProxyGID)}},
-		})
-	}
-	out.Rules = append(out.Rules, NFTRule{
-		Comment: CommentPrefix + "ignore-loopback",
-		Matches: []NFTMatch{{Kind: NFTMatchOIFName, Name: "lo"}},
-	})
-	out.Rules = append(out.Rules, ignorePorts(nftOutIgnorePorts, r.OutboundIgnorePorts)...)
-	out.Rules = append(out.Rules, subnetRules(nftOutIgnoreSubnets, NFTMatchDAddrSet, r.OutboundIgnoreSubnets)...)
-	out.Rules = append(out.Rules, NFTRule{
-		Comment:      CommentPrefix + "redirect-all-outgoing-to-proxy-port",
-		Matches:      append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP}),
-		Verdict:      NFTRedirect,
-		RedirectPort: r.OutboundProxyPort,
-	})
-
-	t.Chains = []NFTChain{in, out}
 	return t
 }
 
@@ -323,7 +289,8 @@ func (r *Ruleset) NFT() NFTTable {
 // like the iptables comment of a rule covering the same list. Lists too long for a comment are
 // cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
 // items that can appear are rendered: lists may hold thousands of subnets.
-func listComment(prefix string, n int, item func(int) string, suffix string) string {
+func listComment(s Step, n int, item func(int) string) string {
+	prefix, suffix := s.Name, s.NameTail
 	head := CommentPrefix + prefix
 	var items []string
 	size := 0

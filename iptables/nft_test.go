@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,48 +39,168 @@ func chartConfig() Config {
 	return c
 }
 
-// The nft rules carry the iptables rule names, in the iptables order, for every config case.
-func TestNFTRulesFollowIptablesOrder(t *testing.T) {
+// The two renderings of the plan say the same thing, in both directions: for every config case
+// and family, the iptables rules and the nftables rules reduce to the same list of decisions
+// (chain, rule kind, verdict, matches, and the full port and address lists, merged across the
+// rules iptables splits a list into), in the same order. A rule one rendering has and the
+// other lacks, a list item missing from a set or a multiport group, or a different order fails.
+func TestRenderingsAgree(t *testing.T) {
 	for name, c := range goldenConfigs() {
 		t.Run(name, func(t *testing.T) {
 			rs := mustBuild(t, c)
-			tbl := rs.NFT()
-			for _, ch := range tbl.Chains {
-				// Walk the iptables rules of the chain (both families): each nft rule must
-				// name the kind of the next iptables rules, in the same order.
-				var xt []string
-				for _, f := range rs.Families {
-					for _, r := range rs.ChainRules(f) {
-						if r.Chain == ch.Name {
-							xt = append(xt, ruleKind(r.Spec))
-						}
-					}
+			for _, f := range rs.Families {
+				xt, nft := xtDecisions(rs, f), nftDecisions(rs.NFT(), f)
+				if strings.Join(xt, "\n") != strings.Join(nft, "\n") {
+					t.Errorf("%s: iptables and nftables renderings differ:\niptables:\n%s\nnftables:\n%s",
+						f, strings.Join(xt, "\n"), strings.Join(nft, "\n"))
 				}
-				for _, r := range ch.Rules {
-					if len(r.Comment) > NFTCommentMax {
-						t.Errorf("comment %q longer than %d", r.Comment, NFTCommentMax)
-					}
-					kind := commentKind(r.Comment)
-					found := false
-					for len(xt) > 0 && !found {
-						found = xt[0] == kind
-						xt = xt[1:]
-					}
-					if !found {
-						t.Errorf("%s: rule %q has no iptables counterpart in order", ch.Name, r)
-					}
+				if len(xt) == 0 {
+					t.Errorf("%s: no decisions rendered", f)
 				}
 			}
 		})
 	}
 }
 
-// ruleKind returns the comment of an iptables rule without its list part: "ignore-port",
-// "ignore-subnet", "redirect-port" or the full name.
-func ruleKind(spec string) string {
-	_, after, _ := strings.Cut(spec, `--comment "`)
-	name, _, _ := strings.Cut(after, `"`)
-	return commentKind(name)
+// decision is one rule's meaning, with list rules merged: what TestRenderingsAgree compares.
+type decision struct {
+	chain, kind, verdict, match string
+	ports                       []NFTInterval
+	addrs                       []NFTInterval
+	addrType                    NFTSetType
+}
+
+func (d decision) String() string {
+	var ps, as []string
+	for _, iv := range NormalizeIntervals(d.ports) {
+		ps = append(ps, NFTPorts.ElementString(iv))
+	}
+	for _, iv := range NormalizeIntervals(d.addrs) {
+		as = append(as, d.addrType.ElementString(iv))
+	}
+	return fmt.Sprintf("%s %s %s [%s] ports=%v addrs=%v", d.chain, d.kind, d.verdict, d.match, ps, as)
+}
+
+// merge appends d to out, folding it into the previous decision when both are parts of one
+// list (same chain, kind, verdict and other matches).
+func merge(out []decision, d decision) []decision {
+	if n := len(out); n > 0 {
+		p := &out[n-1]
+		if p.chain == d.chain && p.kind == d.kind && p.verdict == d.verdict && p.match == d.match && p.addrType == d.addrType {
+			p.ports = append(p.ports, d.ports...)
+			p.addrs = append(p.addrs, d.addrs...)
+			return out
+		}
+	}
+	return append(out, d)
+}
+
+func strs(ds []decision) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.String()
+	}
+	return out
+}
+
+func xtDecisions(rs *Ruleset, f Family) []string {
+	typ := NFTIPv4
+	if f == IPv6 {
+		typ = NFTIPv6
+	}
+	var out []decision
+	for _, r := range rs.XTChainRules(f) {
+		d := decision{chain: r.Chain, kind: commentKind(r.Comment), verdict: r.Target}
+		if r.Target == TargetRedirect {
+			d.verdict += fmt.Sprintf(" %d", r.ToPort)
+		}
+		var m []string
+		if r.TCP && len(r.MultiportDPorts) == 0 && r.DPort.First == 0 {
+			m = append(m, "tcp")
+		}
+		if r.UIDOwner != nil {
+			m = append(m, fmt.Sprintf("uid %d", *r.UIDOwner))
+		}
+		if r.GIDOwner != nil {
+			m = append(m, fmt.Sprintf("gid %d", *r.GIDOwner))
+		}
+		if r.OutInterface != "" {
+			m = append(m, "oif "+r.OutInterface)
+		}
+		d.match = strings.Join(m, " ")
+		d.ports = portIntervals(append(slices.Clone(r.MultiportDPorts), nonZero(r.DPort)...))
+		for _, p := range []netip.Prefix{r.Source, r.Destination} {
+			if p.IsValid() {
+				d.addrs, d.addrType = prefixIntervals([]netip.Prefix{p}), typ
+				if p == r.Source {
+					d.match += "saddr"
+				} else {
+					d.match += "daddr"
+				}
+			}
+		}
+		out = merge(out, d)
+	}
+	return strs(out)
+}
+
+func nonZero(p PortRange) []PortRange {
+	if p.First == 0 {
+		return nil
+	}
+	return []PortRange{p}
+}
+
+func nftDecisions(t NFTTable, f Family) []string {
+	sets := map[string]NFTSet{}
+	for _, s := range t.Sets {
+		sets[s.Name] = s
+	}
+	var out []decision
+	for _, c := range t.Chains {
+	rules:
+		for _, r := range c.Rules {
+			d := decision{chain: c.Name, kind: commentKind(strings.SplitN(r.Comment, ",...+", 2)[0])}
+			d.verdict = "RETURN"
+			if r.Verdict == NFTRedirect {
+				d.verdict = fmt.Sprintf("REDIRECT %d", r.RedirectPort)
+			}
+			var m []string
+			for _, x := range r.Matches {
+				switch x.Kind {
+				case NFTMatchNFProto:
+					if x.Family != f {
+						continue rules
+					}
+				case NFTMatchTCP:
+					m = append(m, "tcp")
+				case NFTMatchSkUID:
+					m = append(m, fmt.Sprintf("uid %d", x.ID))
+				case NFTMatchSkGID:
+					m = append(m, fmt.Sprintf("gid %d", x.ID))
+				case NFTMatchOIFName:
+					m = append(m, "oif "+x.Name)
+				case NFTMatchDPortSet:
+					d.ports = sets[x.Set].Elements
+				case NFTMatchSAddrSet, NFTMatchDAddrSet:
+					if x.Family != f {
+						continue rules
+					}
+					d.addrs, d.addrType = sets[x.Set].Elements, sets[x.Set].Type
+				}
+			}
+			d.match = strings.Join(m, " ")
+			for _, x := range r.Matches {
+				if x.Kind == NFTMatchSAddrSet {
+					d.match += "saddr"
+				} else if x.Kind == NFTMatchDAddrSet {
+					d.match += "daddr"
+				}
+			}
+			out = merge(out, d)
+		}
+	}
+	return strs(out)
 }
 
 func commentKind(c string) string {
@@ -267,7 +388,7 @@ func TestListCommentFitsNFT(t *testing.T) {
 			if tt.want == "" || strings.Contains(tt.want, "subnet") {
 				prefix = "ignore-subnet-"
 			}
-			got := listComment(prefix, len(tt.items), func(i int) string { return tt.items[i] }, "")
+			got := listComment(Step{Kind: StepIgnorePorts, Name: prefix}, len(tt.items), func(i int) string { return tt.items[i] })
 			if len(got) > NFTCommentMax {
 				t.Errorf("len %d > %d: %s", len(got), NFTCommentMax, got)
 			}
@@ -284,7 +405,7 @@ func TestListCommentFitsNFT(t *testing.T) {
 // Only the items that can appear in the comment are rendered, however long the list.
 func TestListCommentRendersFewItems(t *testing.T) {
 	calls := 0
-	c := listComment("ignore-subnet-", 10000, func(i int) string { calls++; return "10.0.0.0/24" }, "")
+	c := listComment(Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-"}, 10000, func(i int) string { calls++; return "10.0.0.0/24" })
 	if calls > NFTCommentMax/2 {
 		t.Errorf("rendered %d items for a %d-byte comment", calls, NFTCommentMax)
 	}

@@ -24,12 +24,10 @@ func (f Family) Contains(p netip.Prefix) bool {
 
 // Chain and table names shared with Linkerd's proxy-init: tools and runbooks look for them.
 const (
-	Table          = "nat"
-	RedirectChain  = "PROXY_INIT_REDIRECT"
-	OutputChain    = "PROXY_INIT_OUTPUT"
-	PreroutingHook = "PREROUTING"
-	OutputHook     = "OUTPUT"
-	CommentPrefix  = "proxy-init/"
+	Table         = "nat"
+	RedirectChain = "PROXY_INIT_REDIRECT"
+	OutputChain   = "PROXY_INIT_OUTPUT"
+	CommentPrefix = "proxy-init/"
 )
 
 // maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
@@ -114,84 +112,151 @@ func (r Rule) writeTo(b *strings.Builder, verb string) {
 	b.WriteByte('\n')
 }
 
-// rule renders one rule. Names never hold quotes or backslashes, so plain quoting matches what
-// iptables-save prints.
-func rule(chain, matches, name, target string) Rule {
-	if matches != "" {
-		matches += " "
-	}
-	return Rule{Chain: chain, Spec: matches + "-m comment --comment \"" + CommentPrefix + name + "\" -j " + target}
+// XTRule is one iptables rule of ours in structured form. Its Rule is the line iptables-save
+// prints for it; a writer that speaks iptables-nft's netlink representation encodes the same
+// fields. Only the fields a rule uses are set.
+type XTRule struct {
+	Chain string
+	// Source and Destination are -s and -d; the zero Prefix matches any address.
+	Source, Destination netip.Prefix
+	// OutInterface is -o.
+	OutInterface string
+	// TCP is -p tcp.
+	TCP bool
+	// UIDOwner and GIDOwner are -m owner --uid-owner / --gid-owner; nil matches any socket.
+	UIDOwner, GIDOwner *uint32
+	// MultiportDPorts is -m multiport --dports (at most 15 ports, a range counting two).
+	MultiportDPorts []PortRange
+	// DPort is -m tcp --dport, when First is non-zero.
+	DPort PortRange
+	// Comment is -m comment --comment, prefix included.
+	Comment string
+	// Target is RETURN, REDIRECT (to ToPort) or the chain to jump to.
+	Target string
+	ToPort uint16
 }
 
-// ChainRules returns the rules inside our two chains for family f, in order: first
-// PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT.
-func (r *Ruleset) ChainRules(f Family) []Rule {
-	// Sized up front: with a thousand subnets, a cold process pays for every page it touches.
-	out := make([]Rule, 0, len(r.InboundIgnoreSubnets)+len(r.OutboundIgnoreSubnets)+len(r.RedirectPorts)+16)
-	in := RedirectChain
-	for _, g := range multiportGroups(r.InboundIgnorePorts) {
-		out = append(out, rule(in, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
-	}
-	for _, p := range r.InboundIgnoreSubnets {
-		if !f.Contains(p) {
-			continue
+// Rule renders r the way iptables-save prints it: the options in iptables' canonical order, and
+// no -s or -d for a /0 prefix, which matches every address and which iptables-save leaves out.
+func (r XTRule) Rule() Rule {
+	var b strings.Builder
+	opt := func(parts ...string) {
+		for _, p := range parts {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(p)
 		}
-		s := p.String()
-		out = append(out, rule(in, "-s "+s, "ignore-subnet-"+s, "RETURN"))
 	}
-	toIn := "REDIRECT --to-ports " + strconv.Itoa(int(r.InboundProxyPort))
-	if len(r.RedirectPorts) == 0 {
-		out = append(out, rule(in, "-p tcp", "redirect-all-incoming-to-proxy-port", toIn))
+	if r.Source.IsValid() && r.Source.Bits() > 0 {
+		opt("-s", r.Source.String())
 	}
-	for _, p := range r.RedirectPorts {
-		out = append(out, rule(in, "-p tcp -m tcp --dport "+xtPorts(p), "redirect-port-"+p.String()+"-to-proxy-port", toIn))
+	if r.Destination.IsValid() && r.Destination.Bits() > 0 {
+		opt("-d", r.Destination.String())
 	}
+	if r.OutInterface != "" {
+		opt("-o", r.OutInterface)
+	}
+	if r.TCP {
+		opt("-p", "tcp")
+	}
+	if r.UIDOwner != nil {
+		opt("-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
+	}
+	if r.GIDOwner != nil {
+		opt("-m", "owner", "--gid-owner", strconv.FormatUint(uint64(*r.GIDOwner), 10))
+	}
+	if len(r.MultiportDPorts) > 0 {
+		opt("-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
+	}
+	if r.DPort.First != 0 {
+		opt("-m", "tcp", "--dport", xtPorts(r.DPort))
+	}
+	// Names never hold quotes or backslashes, so plain quoting matches what iptables-save prints.
+	opt("-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
+	if r.Target == TargetRedirect {
+		opt("--to-ports", strconv.Itoa(int(r.ToPort)))
+	}
+	return Rule{Chain: r.Chain, Spec: b.String()}
+}
 
-	o := OutputChain
-	if r.ProxyUID >= 0 {
-		out = append(out, rule(o, "-m owner --uid-owner "+strconv.Itoa(r.ProxyUID), "ignore-proxy-user-id", "RETURN"))
-	}
-	if r.ProxyGID >= 0 {
-		out = append(out, rule(o, "-m owner --gid-owner "+strconv.Itoa(r.ProxyGID), "ignore-proxy-group-id", "RETURN"))
-	}
-	out = append(out, rule(o, "-o lo", "ignore-loopback", "RETURN"))
-	for _, g := range multiportGroups(r.OutboundIgnorePorts) {
-		out = append(out, rule(o, "-p tcp -m multiport --dports "+g, "ignore-port-"+g, "RETURN"))
-	}
-	for _, p := range r.OutboundIgnoreSubnets {
-		if !f.Contains(p) {
-			continue
+// Targets of our rules other than jumps to our chains.
+const (
+	TargetReturn   = "RETURN"
+	TargetRedirect = "REDIRECT"
+)
+
+// XTChainRules returns the iptables rules inside our two chains for family f, in plan order:
+// first PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT. Each step becomes one rule, except that an
+// ignored port list is split into multiport groups of at most 15 ports, and a subnet list or a
+// redirected port list becomes one rule per item.
+func (r *Ruleset) XTChainRules(f Family) []XTRule {
+	// Sized up front: with a thousand subnets, a cold process pays for every page it touches.
+	out := make([]XTRule, 0, len(r.InboundIgnoreSubnets)+len(r.OutboundIgnoreSubnets)+len(r.RedirectPorts)+16)
+	for _, c := range r.Plan() {
+		for _, s := range c.Steps {
+			x := XTRule{Chain: c.Name, Target: TargetReturn}
+			switch s.Kind {
+			case StepIgnorePorts:
+				for _, g := range multiportGroups(s.Ports) {
+					x.TCP, x.MultiportDPorts, x.Comment = true, g, s.Comment(joinXTPorts(g))
+					out = append(out, x)
+				}
+			case StepIgnoreSubnets:
+				for _, p := range s.Subnets {
+					if !f.Contains(p) {
+						continue
+					}
+					y := x
+					if s.Source {
+						y.Source = p
+					} else {
+						y.Destination = p
+					}
+					y.Comment = s.Comment(p.String())
+					out = append(out, y)
+				}
+			case StepIgnoreUID:
+				x.UIDOwner, x.Comment = &s.ID, s.Comment("")
+				out = append(out, x)
+			case StepIgnoreGID:
+				x.GIDOwner, x.Comment = &s.ID, s.Comment("")
+				out = append(out, x)
+			case StepIgnoreInterface:
+				x.OutInterface, x.Comment = s.Interface, s.Comment("")
+				out = append(out, x)
+			case StepRedirect:
+				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+				if len(s.Ports) == 0 {
+					x.Comment = s.Comment("")
+					out = append(out, x)
+				}
+				for _, p := range s.Ports {
+					y := x
+					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
+					out = append(out, y)
+				}
+			}
 		}
-		s := p.String()
-		out = append(out, rule(o, "-d "+s, "ignore-subnet-"+s, "RETURN"))
 	}
-	out = append(out, rule(o, "-p tcp", "redirect-all-outgoing-to-proxy-port", "REDIRECT --to-ports "+strconv.Itoa(int(r.OutboundProxyPort))))
 	return out
 }
 
-// Jumps returns the rules that hook our chains into the built-in nat chains. They are the same for
-// both families.
-func (r *Ruleset) Jumps() []Rule {
-	return []Rule{
-		rule(PreroutingHook, "", "install-proxy-init-prerouting", RedirectChain),
-		rule(OutputHook, "", "install-proxy-init-output", OutputChain),
+// XTJumps returns the rules that hook our chains into the built-in nat chains. They are the
+// same for both families.
+func (r *Ruleset) XTJumps() []XTRule {
+	var out []XTRule
+	for _, c := range r.Plan() {
+		out = append(out, XTRule{Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
 	}
+	return out
 }
 
-// Rules returns every rule for family f as iptables-save would list it: jumps first (built-in
-// chains are printed before ours), then our chains in name order.
-func (r *Ruleset) Rules(f Family) []Rule {
-	c := &r.rendered[0]
-	if f == IPv6 {
-		c = &r.rendered[1]
-	}
-	c.once.Do(func() { c.rules = r.render(f) })
-	return c.rules
-}
-
-func (r *Ruleset) render(f Family) []Rule {
-	chain := r.ChainRules(f)
-	out := append(make([]Rule, 0, len(chain)+2), r.Jumps()...)
+// XTRules returns every rule for family f in the order iptables-save lists them: the jumps
+// first (built-in chains are printed before ours), then our chains in name order.
+func (r *Ruleset) XTRules(f Family) []XTRule {
+	chain := r.XTChainRules(f)
+	out := append(make([]XTRule, 0, len(chain)+2), r.XTJumps()...)
 	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
 	for _, c := range []string{OutputChain, RedirectChain} {
 		for _, rl := range chain {
@@ -201,6 +266,22 @@ func (r *Ruleset) render(f Family) []Rule {
 		}
 	}
 	return out
+}
+
+// Rules returns every rule for family f as iptables-save would list it (XTRules, rendered).
+func (r *Ruleset) Rules(f Family) []Rule {
+	c := &r.rendered[0]
+	if f == IPv6 {
+		c = &r.rendered[1]
+	}
+	c.once.Do(func() {
+		xt := r.XTRules(f)
+		c.rules = make([]Rule, len(xt))
+		for i, x := range xt {
+			c.rules[i] = x.Rule()
+		}
+	})
+	return c.rules
 }
 
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
@@ -221,34 +302,33 @@ func (r *Ruleset) Hash() string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".
-func xtPorts(p PortRange) string {
-	if p.First == p.Last {
-		return strconv.Itoa(int(p.First))
+// joinXTPorts renders a multiport argument list: "4190,4191,6000:7000".
+func joinXTPorts(ports []PortRange) string {
+	parts := make([]string, len(ports))
+	for i, p := range ports {
+		parts[i] = xtPorts(p)
 	}
-	return fmt.Sprintf("%d:%d", p.First, p.Last)
+	return strings.Join(parts, ",")
 }
 
-// multiportGroups splits ports into multiport argument lists of at most 15 ports, a range counting
-// as two.
-func multiportGroups(ports []PortRange) []string {
-	var groups []string
-	var cur []string
-	n := 0
-	for _, p := range ports {
+// multiportGroups splits ports into multiport argument lists of at most 15 ports, a range
+// counting as two.
+func multiportGroups(ports []PortRange) [][]PortRange {
+	var groups [][]PortRange
+	start, n := 0, 0
+	for i, p := range ports {
 		cost := 1
 		if p.First != p.Last {
 			cost = 2
 		}
 		if n+cost > maxMultiportPorts {
-			groups = append(groups, strings.Join(cur, ","))
-			cur, n = nil, 0
+			groups = append(groups, ports[start:i])
+			start, n = i, 0
 		}
-		cur = append(cur, xtPorts(p))
 		n += cost
 	}
-	if len(cur) > 0 {
-		groups = append(groups, strings.Join(cur, ","))
+	if start < len(ports) {
+		groups = append(groups, ports[start:])
 	}
 	return groups
 }

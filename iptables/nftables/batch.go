@@ -105,14 +105,8 @@ func (b *batch) addTable(name string, t iptables.NFTTable) {
 		b.addSet(tbl, s, b.setID)
 	}
 	for _, c := range t.Chains {
-		hooknum := map[string]uint32{"prerouting": unix.NF_INET_PRE_ROUTING, "output": unix.NF_INET_LOCAL_OUT}
-		hn, ok := hooknum[c.Hook]
-		if !ok {
-			b.fail(fmt.Errorf("chain %s: unknown hook %q", c.Name, c.Hook))
-			return
-		}
 		hook, err := nested(unix.NFTA_CHAIN_HOOK, []netlink.Attribute{
-			{Type: unix.NFTA_HOOK_HOOKNUM, Data: u32(hn)},
+			{Type: unix.NFTA_HOOK_HOOKNUM, Data: u32(c.Hook.Number)},
 			{Type: unix.NFTA_HOOK_PRIORITY, Data: u32(uint32(int32(c.Priority)))},
 		})
 		b.fail(err)

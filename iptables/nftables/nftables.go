@@ -326,7 +326,7 @@ func Probe(ctx context.Context, opts ...Option) error {
 	probe := iptables.NFTTable{
 		Comment: "proxy-init/probe",
 		Chains: []iptables.NFTChain{{
-			Name: iptables.OutputChain, Hook: "output", Priority: iptables.NFTPriority,
+			Name: iptables.OutputChain, Hook: iptables.HookOutput, Priority: iptables.NFTPriority,
 			Rules: []iptables.NFTRule{{
 				Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, Verdict: iptables.NFTRedirect, RedirectPort: 1,
 			}},

@@ -112,7 +112,7 @@ func readTable(gc *nftables.Conn, comment string) (*iptables.NFTTable, error) {
 		}
 		ch := iptables.NFTChain{Name: c.Name}
 		if c.Hooknum != nil {
-			ch.Hook = hookName(*c.Hooknum)
+			ch.Hook = iptables.HookByNumber(uint32(*c.Hooknum))
 		}
 		if c.Priority != nil {
 			ch.Priority = int(*c.Priority)
@@ -136,16 +136,6 @@ func readTable(gc *nftables.Conn, comment string) (*iptables.NFTTable, error) {
 		out.Chains = append(out.Chains, ch)
 	}
 	return out, nil
-}
-
-func hookName(h nftables.ChainHook) string {
-	switch h {
-	case unix.NF_INET_PRE_ROUTING:
-		return "prerouting"
-	case unix.NF_INET_LOCAL_OUT:
-		return "output"
-	}
-	return fmt.Sprintf("hook-%d", h)
 }
 
 // decodeSet turns interval set elements back into inclusive intervals.
