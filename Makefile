@@ -5,11 +5,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(VERSION)
 BIN := bin
 # Packages the tests and the demo need from Debian.
-APT_PACKAGES := iptables nftables iproute2
+APT_PACKAGES := iptables nftables iproute2 libcap2-bin
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
+.PHONY: all build images dockerfiles deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
 
 all: build
 
@@ -19,10 +19,28 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/proxy-init ./cmd/linkerd-cni
 	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/linkerd-cni ./cmd/linkerd-cni
 
+# images writes the images as OCI image archives, without a container daemon, one per image:
+#   bin/images/linkerd-cni.tar          ghcr.io/kubemesh/linkerd-cni:$(IMAGE_TAG)
+#   bin/images/proxy-init.tar           ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)
+#   bin/images/proxy-init-nftables.tar  ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)-nftables
+# Load one with `ctr -n k8s.io images import bin/images/proxy-init.tar` (the name comes from the
+# archive) or `docker load -i`. The layouts live in internal/images/layout.go; the Debian packages
+# of the proxy-init image are fetched with apt-get download. Files are stamped with the last
+# commit's time, so the same commit gives the same images.
+IMAGE_TAG ?= $(VERSION)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+images: build
+	$(GO) run ./hack/images build --bin $(BIN) --out $(BIN)/images --tag $(IMAGE_TAG) --epoch $(SOURCE_DATE_EPOCH)
+
+# dockerfiles regenerates deploy/docker/*.Dockerfile from the same layouts (a test fails when
+# they are stale).
+dockerfiles:
+	$(GO) run ./hack/images dockerfiles --out deploy/docker
+
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:
 	@missing=""; \
-	for c in iptables-legacy-restore iptables-nft-restore nft ip; do \
+	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$c >/dev/null || missing=1; \
 	done; \
 	if [ -n "$$missing" ]; then \

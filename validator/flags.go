@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -33,6 +34,16 @@ const (
 	FlagIPv6ConnectAddr = "ipv6-connect-addr"
 	FlagIPv6ListenAddr  = "ipv6-listen-addr"
 	FlagProxyUID        = "proxy-uid"
+)
+
+// Target is the validator's tracing target in Linkerd (its crate name): a --log-level filter's
+// directives for it apply to us.
+const Target = "linkerd_network_validator"
+
+// Linkerd's validator also takes its log flags from these variables; a flag wins.
+const (
+	EnvLogLevel  = "LINKERD_NETWORK_VALIDATOR_LOG_LEVEL"
+	EnvLogFormat = "LINKERD_NETWORK_VALIDATOR_LOG_FORMAT"
 )
 
 // Config is what the validator checks. The zero value is not useful; start from DefaultConfig.
@@ -75,7 +86,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ListenAddr, FlagListenAddr, c.ListenAddr, "address to listen on: the proxy's outbound port")
 	fs.DurationVar(&c.Timeout, FlagTimeout, c.Timeout, "how long to wait for the redirected connection")
 	fs.StringVar(&c.LogFormat, FlagLogFormat, c.LogFormat, "log format: plain or json (logs go to stderr)")
-	fs.StringVar(&c.LogLevel, FlagLogLevel, c.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.StringVar(&c.LogLevel, FlagLogLevel, c.LogLevel, "log level: trace, debug, info, warn, error, or a filter such as "+Target+"=debug,warn")
 	fs.BoolVar(&c.IPv6, FlagIPv6, c.IPv6, "also check IPv6, connecting to --ipv6-connect-addr")
 	fs.StringVar(&c.IPv6ConnectAddr, FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "IPv6 address to connect to when --ipv6 is set")
 	fs.StringVar(&c.IPv6ListenAddr, FlagIPv6ListenAddr, c.IPv6ListenAddr, "IPv6 address to listen on when --ipv6 is set (default [::] on --listen-addr's port)")
@@ -90,9 +101,19 @@ func (e *UsageError) Error() string { return e.Msg }
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
 
-// Parse turns the arguments after "validate" into a validated Config.
-func Parse(args []string) (Config, error) {
+// Parse turns the arguments after "validate" into a validated Config, with the log defaults
+// from $LINKERD_NETWORK_VALIDATOR_LOG_LEVEL and $LINKERD_NETWORK_VALIDATOR_LOG_FORMAT.
+func Parse(args []string) (Config, error) { return ParseEnv(args, os.Getenv) }
+
+// ParseEnv is Parse with the environment read through getenv.
+func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 	c := DefaultConfig()
+	if v := getenv(EnvLogLevel); v != "" {
+		c.LogLevel = v
+	}
+	if v := getenv(EnvLogFormat); v != "" {
+		c.LogFormat = v
+	}
 	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.SortFlags = false
@@ -154,7 +175,7 @@ func (c Config) Validate() error {
 	if err := logging.CheckFormat(c.LogFormat); err != nil {
 		bad(FlagLogFormat, c.LogFormat, err.Error())
 	}
-	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
 		bad(FlagLogLevel, c.LogLevel, err.Error())
 	}
 	if c.IPv6 {
@@ -182,11 +203,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// NewLogger returns the logger for c's --log-format and --log-level, writing to w. An unknown
-// level falls back to info (Validate reports it).
+// NewLogger returns the logger for c's --log-format and --log-level, writing to w, and logs how
+// a filter was read. An unknown level falls back to info (Validate reports it).
 func (c Config) NewLogger(w io.Writer) *slog.Logger {
-	lvl, _ := logging.ParseLevel(c.LogLevel)
-	return logging.New(w, c.LogFormat, lvl)
+	f, _ := logging.ParseFilter(c.LogLevel, Target)
+	log := logging.New(w, c.LogFormat, f.Level)
+	f.Log(log)
+	return log
 }
 
 // listenCanReceive reports whether a listener on listen can accept a connection to connect once

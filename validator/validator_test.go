@@ -16,6 +16,7 @@ func TestParse(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
+		env     map[string]string
 		want    func(c *Config)
 		wantErr []string // substrings of the usage error, all reported at once
 	}{
@@ -61,13 +62,25 @@ func TestParse(t *testing.T) {
 			args:    []string{"--ipv6", "--ipv6-connect-addr", "192.0.2.1:20001", "--ipv6-listen-addr", "[::ffff:192.0.2.1]:4140"},
 			wantErr: []string{`--ipv6-connect-addr "192.0.2.1:20001": not an IPv6 address`, `--ipv6-listen-addr "[::ffff:192.0.2.1]:4140": not an IPv6 address`},
 		},
+		{
+			name: "a filter, from Linkerd's variables",
+			env:  map[string]string{EnvLogLevel: "linkerd_network_validator=debug,warn", EnvLogFormat: "json"},
+			want: func(c *Config) { c.LogLevel, c.LogFormat = "linkerd_network_validator=debug,warn", "json" },
+		},
+		{
+			name: "flags win over the variables",
+			args: []string{"--log-level", "warn"},
+			env:  map[string]string{EnvLogLevel: "debug"},
+			want: func(c *Config) { c.LogLevel = "warn" },
+		},
+		{name: "bad filter", args: []string{"--log-level", "x{y}=info"}, wantErr: []string{`--log-level "x{y}=info": span and field filters are not supported`}},
 		{name: "negative uid", args: []string{"--proxy-uid", "-2"}, wantErr: []string{`--proxy-uid "-2": want -1`}},
 		{name: "unknown flag", args: []string{"--incoming-proxy-port", "4143"}, wantErr: []string{"unknown flag: --incoming-proxy-port"}},
 		{name: "stray argument", args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Parse(tc.args)
+			got, err := ParseEnv(tc.args, func(k string) string { return tc.env[k] })
 			if tc.wantErr != nil {
 				var u *UsageError
 				if !errors.As(err, &u) {

@@ -1,6 +1,8 @@
 // Command linkerd-cni is the Linkerd-compatible chained CNI plugin. With CNI_COMMAND set (the
 // container runtime calling it) it is the plugin; otherwise it runs a subcommand. All logic lives
-// in package cniplugin and its sub-packages.
+// in package cniplugin and its sub-packages. Under one of Linkerd's names
+// (linkerd-cni-repair-controller, linkerd2-cni-install; see package multicall) it runs that
+// subcommand.
 //
 // Built with -tags pluginonly it is only the plugin (plus `version`): that is the binary the
 // installer copies onto the node. Go runs the package initialisers of everything linked in on
@@ -9,12 +11,14 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/internal/multicall"
 )
 
 func main() {
@@ -22,10 +26,15 @@ func main() {
 		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
 		return
 	}
-	if len(os.Args) > 1 {
-		if run, ok := subcommands[os.Args[1]]; ok {
-			os.Exit(run(os.Args[2:]))
+	args, err := multicall.Args(multicall.LinkerdCNI, os.Args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "linkerd-cni: "+err.Error())
+		os.Exit(2)
+	}
+	if len(args) > 0 {
+		if run, ok := subcommands[args[0]]; ok {
+			os.Exit(run(args[1:]))
 		}
 	}
-	os.Exit(cniplugin.Main(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(cniplugin.Main(args, os.Stdout, os.Stderr))
 }

@@ -1,6 +1,7 @@
 package repair
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,9 @@ const (
 type Options struct {
 	// NodeName is the node whose pods are watched (required).
 	NodeName string
+	// PodName, when set, is the Events' reporting instance (as in Linkerd); else the controller
+	// name and the node's.
+	PodName string
 	// Log receives the controller's logs; nil discards them.
 	Log *slog.Logger
 	// ResyncPeriod re-examines every watched pod periodically; 0 disables resync (the watch
@@ -52,6 +56,7 @@ func (k podKey) String() string { return k.namespace + "/" + k.name }
 type Controller struct {
 	client   kubernetes.Interface
 	node     string
+	instance string // the Events' reporting instance
 	log      *slog.Logger
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
@@ -78,10 +83,11 @@ func New(client kubernetes.Interface, opts Options) (*Controller, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{
-		client:  client,
-		node:    opts.NodeName,
-		log:     log.With("node", opts.NodeName),
-		deleted: map[types.UID]string{},
+		client:   client,
+		node:     opts.NodeName,
+		instance: cmp.Or(opts.PodName, EventReportingController+"-"+opts.NodeName),
+		log:      log.With("node", opts.NodeName),
+		deleted:  map[types.UID]string{},
 	}
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
 		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-repair"})
@@ -236,7 +242,7 @@ func (c *Controller) recordEvent(ctx context.Context, pod *corev1.Pod, f Failure
 		},
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: EventReportingController,
-		ReportingInstance:   EventReportingController + "-" + c.node,
+		ReportingInstance:   c.instance,
 		Action:              EventAction,
 		Reason:              EventReason,
 		Type:                corev1.EventTypeWarning,

@@ -108,6 +108,24 @@ func TestParseArgs(t *testing.T) {
 			args:    []string{"--admin-addr", "9990", "--log-format", "xml", "--log-level", "loud"},
 			wantErr: []string{"no node name: set $" + EnvNodeName, `--admin-addr "9990"`, `--log-format "xml"`, `--log-level "loud"`},
 		},
+		{
+			name: "Linkerd's chart: exact command line and environment",
+			args: []string{"--admin-addr", "0.0.0.0:9990", "--log-format", "plain", "--log-level", "linkerd_cni_repair_controller=info,warn"},
+			env:  map[string]string{EnvNodeName: "node-a", EnvPodName: "linkerd-cni-x7k2p"},
+			want: Config{NodeName: "node-a", PodName: "linkerd-cni-x7k2p", AdminAddr: "0.0.0.0:9990", LogFormat: "plain", LogLevel: "linkerd_cni_repair_controller=info,warn"},
+		},
+		{
+			name: "Linkerd's other variables and flags",
+			args: []string{"--controller-pod-name", "p2"},
+			env:  map[string]string{EnvNodeName: "node-a", EnvPodName: "p1", EnvLogLevel: "debug", EnvLogFormat: "json"},
+			want: Config{NodeName: "node-a", PodName: "p2", AdminAddr: DefaultAdminAddr, LogFormat: "json", LogLevel: "debug"},
+		},
+		{
+			name:    "a span filter is refused, naming the value",
+			env:     map[string]string{EnvNodeName: "n"},
+			args:    []string{"--log-level", "linkerd_cni_repair_controller[pods]=debug"},
+			wantErr: []string{`--log-level "linkerd_cni_repair_controller[pods]=debug": span and field filters are not supported`},
+		},
 		{name: "stray argument", env: map[string]string{EnvNodeName: "n"}, args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},
 	}
 	for _, tc := range tests {

@@ -1,6 +1,7 @@
 package repair
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,18 @@ import (
 // spec.nodeName by the DaemonSet).
 const EnvNodeName = "LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME"
 
+// Linkerd's repair controller also reads these: the pod's own name (the DaemonSet sets it from
+// metadata.name; it names the Events' reporting instance) and defaults for the log flags.
+const (
+	EnvPodName   = "LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME"
+	EnvLogLevel  = "LINKERD_CNI_REPAIR_CONTROLLER_LOG_LEVEL"
+	EnvLogFormat = "LINKERD_CNI_REPAIR_CONTROLLER_LOG_FORMAT"
+)
+
+// Target is the repair controller's tracing target in Linkerd (its crate name): a --log-level
+// filter's directives for it apply to us.
+const Target = "linkerd_cni_repair_controller"
+
 // DefaultAdminAddr is where /live, /ready and /metrics are served, as in Linkerd.
 const DefaultAdminAddr = "0.0.0.0:9990"
 
@@ -32,6 +45,8 @@ const DefaultAdminAddr = "0.0.0.0:9990"
 type Config struct {
 	// NodeName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME.
 	NodeName string
+	// PodName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME; it may be empty.
+	PodName string
 	// AdminAddr serves the admin endpoints.
 	AdminAddr string
 	// Kubeconfig, when set, is used instead of $KUBECONFIG or the in-cluster config.
@@ -44,13 +59,15 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "address serving /live, /ready and /metrics")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig to use outside a cluster (default $KUBECONFIG, else the in-cluster service account)")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node whose pods are repaired (default $"+EnvNodeName+")")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: plain or json")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: plain or json (default $"+EnvLogFormat+", else plain)")
+	fs.StringVar(&c.PodName, "controller-pod-name", c.PodName, "this pod's name, the reporting instance of the Events (default $"+EnvPodName+")")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn, error, or a filter such as "+Target+"=info,warn (default $"+EnvLogLevel+", else info)")
 }
 
 // ParseArgs reads the arguments after "repair", with defaults from getenv.
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
-	c := Config{NodeName: getenv(EnvNodeName), AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
+	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), AdminAddr: DefaultAdminAddr,
+		LogFormat: cmp.Or(getenv(EnvLogFormat), "plain"), LogLevel: cmp.Or(getenv(EnvLogLevel), "info")}
 	fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.SortFlags = false
@@ -74,7 +91,7 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if c.LogFormat != "plain" && c.LogFormat != "json" {
 		probs = append(probs, fmt.Sprintf("--log-format %q: want plain or json", c.LogFormat))
 	}
-	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
 		probs = append(probs, fmt.Sprintf("--log-level %q: %v", c.LogLevel, err))
 	}
 	if len(probs) > 0 {
@@ -119,8 +136,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "linkerd-cni repair: "+err.Error())
 		return 2
 	}
-	lvl, _ := logging.ParseLevel(c.LogLevel)
-	log := logging.New(stderr, c.LogFormat, lvl)
+	filter, _ := logging.ParseFilter(c.LogLevel, Target)
+	log := logging.New(stderr, c.LogFormat, filter.Level)
+	filter.Log(log)
 	// client-go logs through klog; send it to the same place in the same format.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if err := Run(ctx, c, log); err != nil {
@@ -141,7 +159,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	ctrl, err := New(client, Options{NodeName: c.NodeName, Log: log})
+	ctrl, err := New(client, Options{NodeName: c.NodeName, PodName: c.PodName, Log: log})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,160 @@
+package images
+
+import (
+	"archive/tar"
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Annotations of the index entry. containerd names an imported image after the first
+// (`ctr images import` needs no --base-name); the second is the OCI layout's tag.
+const (
+	AnnotationImageName = "io.containerd.image.name"
+	AnnotationRefName   = "org.opencontainers.image.ref.name"
+)
+
+// LabelDebian lists the Debian packages in an image, as package=version.
+const LabelDebian = "io.kubemesh.debian-packages"
+
+// Ref is the image's full name for tag.
+func (img Image) Ref(tag string) string { return img.Repository + ":" + tag + img.TagSuffix }
+
+// GoArch returns the architecture of the ELF binary at path, as Go names it.
+func GoArch(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("read the architecture of %s: %w", path, err)
+	}
+	defer f.Close()
+	switch f.Machine {
+	case elf.EM_X86_64:
+		return "amd64", nil
+	case elf.EM_AARCH64:
+		return "arm64", nil
+	case elf.EM_ARM:
+		return "arm", nil
+	case elf.EM_386:
+		return "386", nil
+	case elf.EM_PPC64:
+		return "ppc64le", nil
+	case elf.EM_S390:
+		return "s390x", nil
+	case elf.EM_RISCV:
+		return "riscv64", nil
+	}
+	return "", fmt.Errorf("%s: unsupported machine %v", path, f.Machine)
+}
+
+// OCIImage assembles img from its layer for goarch: a single gzip layer, and a configuration
+// that carries the OS and architecture (containerd will not unpack an image without them), the
+// entrypoint, command and user, created at in.Epoch.
+func OCIImage(img Image, layerTar []byte, goarch string, labels map[string]string, in Inputs) (v1.Image, error) {
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
+	out, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
+		Created: v1.Time{Time: in.Epoch}, CreatedBy: "internal/images: " + img.Name,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	cf, err := out.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", goarch
+	cf.Created = v1.Time{Time: in.Epoch}
+	cf.Config = v1.Config{
+		Entrypoint: img.Entrypoint,
+		Cmd:        img.Cmd,
+		User:       img.User,
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Labels:     labels,
+	}
+	return mutate.ConfigFile(out, cf)
+}
+
+// WriteOCIArchive writes im as an OCI image layout in a tar archive at dst, its index entry
+// annotated with ref (and ref's tag), the files sorted and stamped with in.Epoch.
+func WriteOCIArchive(dst string, im v1.Image, ref string, in Inputs) error {
+	dir, err := tempDir("oci-layout-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("write OCI layout: %w", err)
+	}
+	tag := ref[strings.LastIndex(ref, ":")+1:]
+	if err := p.AppendImage(im, layout.WithAnnotations(map[string]string{AnnotationImageName: ref, AnnotationRefName: tag})); err != nil {
+		return fmt.Errorf("write OCI layout: %w", err)
+	}
+	var files []string
+	if err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && path != dir {
+			files = append(files, path)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	sort.Strings(files)
+	tmp := dst + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	tw := tar.NewWriter(f)
+	for _, path := range files {
+		st, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, ModTime: in.Epoch, Typeflag: tar.TypeReg, Size: st.Size()}
+		if st.IsDir() {
+			h.Name, h.Mode, h.Typeflag, h.Size = h.Name+"/", 0o755, tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !st.IsDir() {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if _, err := tw.Write(data); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}

@@ -1,0 +1,63 @@
+// Package multicall maps the names Linkerd gives its binaries to our programs, so that a copy or
+// link of proxy-init or linkerd-cni under one of those names runs Linkerd's command line as it is
+// (Linkerd's charts name the binary and pass its flags directly, with no subcommand).
+//
+// Limits: only the base name of argv[0] is looked at; a name not in Names runs the program as
+// usual. The package uses only the standard library: the CNI plugin's lean build links it.
+package multicall
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// Programs, as their binaries are called in our images.
+const (
+	ProxyInit  = "proxy-init"
+	LinkerdCNI = "linkerd-cni"
+)
+
+// Name is one name a binary answers to.
+type Name struct {
+	// Name is the base name of argv[0].
+	Name string
+	// Program is the binary that serves it.
+	Program string
+	// Subcommand is put before the arguments ("" for none).
+	Subcommand string
+}
+
+// Names are every name of Linkerd's that our binaries answer to, with where Linkerd puts them
+// (its images hold them in /usr/lib/linkerd, and the CNI installer in /usr/bin).
+var Names = []Name{
+	{"linkerd2-proxy-init", ProxyInit, ""},                  // proxy-init, from the proxy image
+	{"linkerd2-network-validator", ProxyInit, "validate"},   // the validator, from the proxy image
+	{"linkerd-network-validator", ProxyInit, "validate"},    // the validator's release name
+	{"linkerd-cni-repair-controller", LinkerdCNI, "repair"}, // from the cni-plugin image
+	{"linkerd2-cni-install", LinkerdCNI, "install"},         // the cni-plugin image's CMD
+}
+
+// Args returns the arguments program runs with when started as argv: argv[1:], preceded by the
+// subcommand argv[0]'s name stands for. An argument list that already starts with that
+// subcommand is left alone, so `linkerd-network-validator validate ...` keeps working. A name
+// that belongs to the other program is an error naming both.
+func Args(program string, argv []string) ([]string, error) {
+	if len(argv) == 0 {
+		return nil, nil
+	}
+	args := argv[1:]
+	base := filepath.Base(argv[0])
+	for _, n := range Names {
+		if n.Name != base {
+			continue
+		}
+		if n.Program != program {
+			return nil, fmt.Errorf("%s is a name of the %s binary, not of %s: install %s under it", base, n.Program, program, n.Program)
+		}
+		if n.Subcommand == "" || (len(args) > 0 && args[0] == n.Subcommand) {
+			return args, nil
+		}
+		return append([]string{n.Subcommand}, args...), nil
+	}
+	return args, nil
+}
