@@ -82,7 +82,7 @@ test: deps kube-bins fmt-check vet
 # of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
 E2E_RUN ?= .
 e2e: export PATH := $(PATH):/usr/sbin:/sbin
-e2e: e2e-deps kube-bins kube-node
+e2e: e2e-deps kube-bins kube-node images
 	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
 
 # unit runs the tests that need neither root nor the kube binaries' build time.

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,15 @@ func installDaemonSet(ctx context.Context, t testing.TB, n *Node) *corev1.Pod {
 	for i, f := range files {
 		files[i], _ = filepath.Rel(repoRoot(t), f)
 	}
-	create(ctx, t, n.Client, loadObjects(t, files...)...)
+	objs := loadObjects(t, files...)
+	for _, obj := range objs {
+		if ds, ok := obj.(*appsv1.DaemonSet); ok {
+			for i := range ds.Spec.Template.Spec.Containers {
+				useOurImages(&ds.Spec.Template.Spec.Containers[i])
+			}
+		}
+	}
+	create(ctx, t, n.Client, objs...)
 	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
 }
 
@@ -88,8 +97,8 @@ func testDaemonSet(t *testing.T, n *Node) {
 	pod := installDaemonSet(ctx, t, n)
 	t.Logf("installer pod %s Ready: %s", pod.Name, describePod(pod))
 	for _, c := range pod.Spec.Containers {
-		if c.Image != LinkerdCNIImage {
-			t.Errorf("container %s runs %s, want %s", c.Name, c.Image, LinkerdCNIImage)
+		if want := ourImages["ghcr.io/kubemesh/linkerd-cni"]; c.Image != want {
+			t.Errorf("container %s runs %s, want %s", c.Name, c.Image, want)
 		}
 	}
 
@@ -107,18 +116,14 @@ func testDaemonSet(t *testing.T, n *Node) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("kubeconfig %s: %v, want mode 0600", kubeconfigCNI, err)
 	}
-	if data, err := os.ReadFile(n.Path(kubeconfigCNI)); err != nil || !strings.Contains(string(data), "server: https://"+serviceIP+":443") {
+	if data, err := os.ReadFile(n.Path(kubeconfigCNI)); err != nil || !strings.Contains(string(data), "https://"+serviceIP+":443") {
 		t.Errorf("kubeconfig %s (%v) does not point at the kubernetes Service https://%s:443:\n%s", kubeconfigCNI, err, serviceIP, data)
 	}
-	ds, err := n.Client.AppsV1().DaemonSets(cniNamespace).Get(ctx, cniDaemonSet, metav1.GetOptions{})
-	if err != nil || ds.Status.NumberReady != 1 {
-		t.Errorf("DaemonSet status %+v, %v; want 1 ready", dsStatus(ds), err)
-	}
-}
-
-func dsStatus(ds *appsv1.DaemonSet) any {
-	if ds == nil {
-		return nil
-	}
-	return ds.Status
+	waitFor(ctx, t, time.Minute, "the DaemonSet to count its pod ready", func(ctx context.Context) (bool, error) {
+		ds, err := n.Client.AppsV1().DaemonSets(cniNamespace).Get(ctx, cniDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return ds.Status.NumberReady == 1, fmt.Errorf("status %+v", ds.Status)
+	})
 }

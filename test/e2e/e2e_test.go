@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
@@ -41,6 +43,17 @@ func kubeNodeBinary(t testing.TB) string {
 	return filepath.Join(strings.TrimSpace(string(dir)), "kube-node")
 }
 
+// ourImages maps the repositories of the project's images to the names `make images` gave them
+// (the build's tag), for the manifests in deploy/, which name a release.
+var ourImages = map[string]string{}
+
+// useOurImages points a container that runs one of our images at this build's.
+func useOurImages(c *corev1.Container) {
+	if i := strings.LastIndex(c.Image, ":"); i > 0 && ourImages[c.Image[:i]] != "" {
+		c.Image = ourImages[c.Image[:i]]
+	}
+}
+
 // TestE2E starts one node and runs every scenario on it as a subtest, then stops the node and
 // checks that nothing of it is left on the machine. Run one scenario alone with
 // -run 'TestE2E/<Name>$'.
@@ -55,11 +68,16 @@ func TestE2E(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	project, err := BuildProjectImages(root, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"linkerd-cni", "proxy-init"} {
+		archive := filepath.Join(root, "bin/images", name+".tar")
+		ref, err := ArchiveRef(archive)
+		if err != nil {
+			t.Fatalf("%v (run `make images`)", err)
+		}
+		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
+		images = append(images, archive)
 	}
-	n := StartNode(t, Options{KubeNode: kubeNodeBinary(t), Images: append(images, project...)})
+	n := StartNode(t, Options{KubeNode: kubeNodeBinary(t), Images: images})
 	for _, sc := range []struct {
 		name string
 		run  func(*testing.T, *Node)

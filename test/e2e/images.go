@@ -1,72 +1,96 @@
 package e2e
 
 import (
+	"archive/tar"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/internal/images"
 )
 
-// AgentImage holds the demo helper (internal/demo) as /agent: `/agent proxy` is a fake sidecar
-// proxy that answers every connection with its original destination (SO_ORIGINAL_DST), `/agent
-// serve` a plain server, `/agent dial HOST:PORT` a client that prints the reply.
-const AgentImage = "e2e.test/agent:1"
+// The harness's own images.
+const (
+	// PauseImage is the sandbox image containerd runs for every pod.
+	PauseImage = "e2e.test/pause:1"
+	// AgentImage holds the demo helper (internal/demo) as /agent: `/agent proxy` is a fake sidecar
+	// proxy that answers every connection with its original destination (SO_ORIGINAL_DST),
+	// `/agent serve` a plain server, `/agent dial HOST:PORT` a client that prints the reply.
+	AgentImage = "e2e.test/agent:1"
+)
 
-// BuildTestImages builds the pause and agent images as OCI tarballs in dir and returns their
-// paths. root is the repository's root.
+// BuildTestImages builds the pause and agent images as OCI archives in dir, laid out and written
+// like the project's own (internal/images), and returns their paths. root is the repository.
 func BuildTestImages(root, dir string) ([]string, error) {
-	bin := filepath.Join(dir, "bin")
-	if err := cnitest.GoBuild(bin, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "internal/demo")); err != nil {
+	in := images.Inputs{BinDir: filepath.Join(dir, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
+	if err := cnitest.GoBuild(in.BinDir, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "internal/demo")); err != nil {
 		return nil, err
 	}
-	images := []testImage{
-		{Ref: PauseImage, Files: []imageFile{{Path: "/pause", Src: filepath.Join(bin, "pause"), Mode: 0o755}}, Entrypoint: []string{"/pause"}},
-		{Ref: AgentImage, Files: []imageFile{{Path: "/agent", Src: filepath.Join(bin, "demo"), Mode: 0o755}}, Entrypoint: []string{"/agent"}},
-	}
-	var tars []string
-	for i, img := range images {
-		tar := filepath.Join(dir, fmt.Sprintf("test-image-%d.tar", i))
-		if err := writeOCITarball(tar, img); err != nil {
+	var archives []string
+	for _, t := range []struct {
+		ref string
+		img images.Image
+	}{
+		{PauseImage, images.Image{Name: "pause", Files: []images.File{{Path: "/pause", Bin: "pause"}}, Entrypoint: []string{"/pause"}}},
+		{AgentImage, images.Image{Name: "agent", Files: []images.File{{Path: "/agent", Bin: "demo"}}, Entrypoint: []string{"/agent"}}},
+	} {
+		layer, err := images.Layer(t.img, in)
+		if err != nil {
 			return nil, err
 		}
-		tars = append(tars, tar)
+		goarch, err := images.GoArch(filepath.Join(in.BinDir, t.img.Files[0].Bin))
+		if err != nil {
+			return nil, err
+		}
+		im, err := images.OCIImage(t.img, layer, goarch, nil, in)
+		if err != nil {
+			return nil, err
+		}
+		archive := filepath.Join(dir, t.img.Name+".tar")
+		if err := images.WriteOCIArchive(archive, im, t.ref, in); err != nil {
+			return nil, err
+		}
+		archives = append(archives, archive)
 	}
-	return tars, nil
+	return archives, nil
 }
 
-// Image names of the project's images, as the manifests in deploy/ name them.
-const (
-	LinkerdCNIImage = "ghcr.io/kubemesh/linkerd-cni:v0.1.0"
-	ProxyInitImage  = "ghcr.io/kubemesh/proxy-init:v0.1.0"
-)
-
-// BuildProjectImages builds scratch images of the project's static binaries with the paths the
-// Dockerfiles give them. Interim: `make images` replaces them.
-func BuildProjectImages(root, dir string) ([]string, error) {
-	bin := filepath.Join(dir, "bin")
-	if err := cnitest.GoBuild(bin, filepath.Join(root, "cmd/proxy-init"), filepath.Join(root, "cmd/linkerd-cni")); err != nil {
-		return nil, err
+// ArchiveRef returns the name containerd gives the image in an OCI archive (`make images`
+// writes the build's tag into it).
+func ArchiveRef(archive string) (string, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return "", err
 	}
-	if err := cnitest.GoBuild(filepath.Join(bin, "plugin"), "-tags=pluginonly", filepath.Join(root, "cmd/linkerd-cni")); err != nil {
-		return nil, err
-	}
-	images := []testImage{
-		{Ref: LinkerdCNIImage, Entrypoint: []string{"/usr/local/bin/linkerd-cni"}, Files: []imageFile{
-			{Path: "/usr/local/bin/linkerd-cni", Src: filepath.Join(bin, "linkerd-cni"), Mode: 0o755},
-			{Path: "/opt/cni/bin/linkerd-cni", Src: filepath.Join(bin, "plugin", "linkerd-cni"), Mode: 0o755},
-		}},
-		{Ref: ProxyInitImage, Entrypoint: []string{"/usr/local/bin/proxy-init"}, Files: []imageFile{
-			{Path: "/usr/local/bin/proxy-init", Src: filepath.Join(bin, "proxy-init"), Mode: 0o755},
-			{Path: "/usr/local/bin/linkerd-network-validator", Src: filepath.Join(bin, "proxy-init"), Mode: 0o755},
-		}},
-	}
-	var tars []string
-	for i, img := range images {
-		tar := filepath.Join(dir, fmt.Sprintf("project-image-%d.tar", i))
-		if err := writeOCITarball(tar, img); err != nil {
-			return nil, err
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("%s: no index.json", archive)
 		}
-		tars = append(tars, tar)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", archive, err)
+		}
+		if h.Name != "index.json" {
+			continue
+		}
+		var index struct {
+			Manifests []struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"manifests"`
+		}
+		if err := json.NewDecoder(tr).Decode(&index); err != nil {
+			return "", fmt.Errorf("%s: index.json: %w", archive, err)
+		}
+		if len(index.Manifests) != 1 || index.Manifests[0].Annotations[images.AnnotationImageName] == "" {
+			return "", fmt.Errorf("%s: want one image named by %s", archive, images.AnnotationImageName)
+		}
+		return index.Manifests[0].Annotations[images.AnnotationImageName], nil
 	}
-	return tars, nil
 }

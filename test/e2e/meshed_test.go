@@ -67,8 +67,8 @@ func testInitContainerPod(t *testing.T, n *Node) {
 		t.Errorf("linkerd-init exit code %d, want 0 (%s)", code, describePod(pod))
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if c.Name == "linkerd-init" && c.Image != ProxyInitImage {
-			t.Errorf("linkerd-init runs %s, want %s", c.Image, ProxyInitImage)
+		if want := ourImages["ghcr.io/kubemesh/proxy-init"]; c.Name == "linkerd-init" && c.Image != want {
+			t.Errorf("linkerd-init runs %s, want %s", c.Image, want)
 		}
 	}
 	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "web")); len(rules) == 0 {

@@ -30,9 +30,6 @@ import (
 // NodeName is the name the kubelet registers.
 const NodeName = "e2e-node"
 
-// PauseImage is the sandbox image containerd runs for every pod.
-const PauseImage = "e2e.test/pause:1"
-
 // Options configures StartNode.
 type Options struct {
 	// KubeNode is the kube-node binary (test/e2e/kube): kube-controller-manager, kube-scheduler

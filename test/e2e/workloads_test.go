@@ -54,6 +54,7 @@ func workload(t testing.TB, file, ns string, replicas int32) (*corev1.Namespace,
 	tmpl := &deploy.Spec.Template
 	tmpl.Labels["linkerd.io/control-plane-ns"] = "linkerd"
 	adapt := func(c *corev1.Container) {
+		useOurImages(c)
 		switch c.Name {
 		case "linkerd-proxy":
 			c.Image, c.Command, c.Args = AgentImage, []string{"/agent", "proxy", "-ports", outboundPort + "," + inboundPort}, nil
@@ -124,10 +125,12 @@ func checkMeshedTraffic(ctx context.Context, t testing.TB, n *Node, meshed, peer
 	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination 203.0.113.250:80") {
 		t.Errorf("outbound from the app of %s: %q, %v; want %q... original destination 203.0.113.250:80", meshed.Name, out, err, want)
 	}
+	t.Logf("outbound from the app of %s: %s", meshed.Name, strings.TrimSpace(out))
 	target := meshed.Status.PodIP + ":" + appPort
 	out, err = execIn(ctx, t, n, peer, "app", "/agent", "dial", target)
 	want = fmt.Sprintf("fake proxy (inbound port %s): connection from %s:", inboundPort, peer.Status.PodIP)
 	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination "+target) {
 		t.Errorf("inbound from %s to %s: %q, %v; want %q... original destination %s", peer.Name, meshed.Name, out, err, want, target)
 	}
+	t.Logf("inbound from %s to %s: %s", peer.Name, meshed.Name, strings.TrimSpace(out))
 }
