@@ -77,7 +77,14 @@ func TestE2E(t *testing.T) {
 		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
 		images = append(images, archive)
 	}
-	n := StartNode(t, Options{KubeNode: kubeNodeBinary(t), Images: images})
+	opts := Options{KubeNode: kubeNodeBinary(t), Images: images}
+	if dir := os.Getenv("E2E_LOGS"); dir != "" {
+		if opts.Dir, err = os.MkdirTemp(dir, "node-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("node configuration and logs kept in %s", opts.Dir)
+	}
+	n := StartNode(t, opts)
 	for _, sc := range []struct {
 		name string
 		run  func(*testing.T, *Node)
@@ -94,10 +101,24 @@ func TestE2E(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, n) })
 	}
 
+	// What the checks below see of the running node, to show they would see a leak.
+	running, runErr := n.Leftovers()
+	sysctls, sysErr := n.Sysctls()
 	if err := n.Stop(); err != nil {
 		t.Errorf("stop the node: %v", err)
 	}
 	t.Run("NothingLeftOnHost", func(t *testing.T) {
+		if runErr != nil || sysErr != nil {
+			t.Fatal(runErr, sysErr)
+		}
+		if len(running) == 0 {
+			t.Error("Leftovers found nothing of the running node: it would miss a leak")
+		}
+		for k, want := range KubeletSysctls {
+			if sysctls[k] != want {
+				t.Errorf("the node's %s is %q, want the kubelet's %q: the kubelet did not write into the node's cover", k, sysctls[k], want)
+			}
+		}
 		left, err := n.Leftovers()
 		if err != nil {
 			t.Fatal(err)

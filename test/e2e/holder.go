@@ -32,12 +32,12 @@ const (
 // stateDir is the node's own directory, on its tmpfs over /run.
 const stateDir = "/run/e2e-node"
 
-// hostSysctls are the machine-wide sysctls the kubelet sets at start (kubelet's
-// setupKernelTunables). Inside the node each is covered by a plain file holding the machine's
-// value, so the kubelet writes the file and the machine keeps its own.
-var hostSysctls = []string{
-	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+// KubeletSysctls are the machine-wide sysctls the kubelet sets at start (its
+// setupKernelTunables), with the values it sets. Inside the node each is covered by a plain file
+// holding the machine's value, so the kubelet writes the file and the machine keeps its own.
+var KubeletSysctls = map[string]string{
+	"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10", "kernel/panic_on_oops": "1",
+	"kernel/keys/root_maxkeys": "1000000", "kernel/keys/root_maxbytes": "25000000",
 }
 
 // holderSpec is what the holder needs to build the node.
@@ -163,7 +163,7 @@ func coverSysctls() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, k := range hostSysctls {
+	for k := range KubeletSysctls {
 		target := "/proc/sys/" + k
 		val, err := os.ReadFile(target)
 		if err != nil {
@@ -181,7 +181,7 @@ func coverSysctls() error {
 	if err != nil {
 		return err
 	}
-	for _, k := range hostSysctls {
+	for k := range KubeletSysctls {
 		if !strings.Contains(string(mounts), " /proc/sys/"+k+" ") {
 			return fmt.Errorf("sysctl %s is not covered after the bind mount", k)
 		}

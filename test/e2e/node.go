@@ -40,6 +40,9 @@ type Options struct {
 	Images []string
 	// ReadyTimeout bounds the wait for the Node to be Ready. Default 3 minutes.
 	ReadyTimeout time.Duration
+	// Dir, when set, receives the configurations and logs, and is kept; by default they go to
+	// a temporary directory that is removed with the test.
+	Dir string
 }
 
 // Node is a running single-node cluster.
@@ -77,7 +80,10 @@ func StartNode(t testing.TB, opts Options) *Node {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 3 * time.Minute
 	}
-	n := &Node{Dir: t.TempDir(), CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", os.Getpid())}
+	n := &Node{Dir: opts.Dir, CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", os.Getpid())}
+	if n.Dir == "" {
+		n.Dir = t.TempDir()
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			n.logTails(t)
@@ -433,6 +439,19 @@ func (n *Node) SetServiceIP(present bool) error {
 		}
 		return nil
 	})
+}
+
+// Sysctls reads the node's view of KubeletSysctls: the files that cover them.
+func (n *Node) Sysctls() (map[string]string, error) {
+	vals := map[string]string{}
+	for k := range KubeletSysctls {
+		v, err := os.ReadFile(n.Path("/proc/sys/" + k))
+		if err != nil {
+			return nil, err
+		}
+		vals[k] = strings.TrimSpace(string(v))
+	}
+	return vals, nil
 }
 
 // ContainerdLog returns containerd's log so far; the CNI plugins' standard error is in it.

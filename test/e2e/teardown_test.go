@@ -4,8 +4,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -46,7 +48,7 @@ func proxiedPod(ns, name string) *corev1.Pod {
 }
 
 // testTeardown is scenario 6: deleting meshed pods runs containerd's DELs (on stop with the
-// netns, on removal without) without an error and leaves nothing of theirs on the node; deleting
+// netns, on removal without) without an error and leaves nothing of them on the node; deleting
 // the DaemonSet makes the installer restore the conflist byte for byte and remove its files, and
 // the next pod is not meshed.
 func testTeardown(t *testing.T, n *Node) {
@@ -58,17 +60,44 @@ func testTeardown(t *testing.T, n *Node) {
 	create(ctx, t, n.Client, cniWorkload(t, ns, 2)...)
 	pods := waitPods(ctx, t, n.Client, ns, "app=web", 2, 3*time.Minute)
 	running := cniState(t, n)
-	logBefore := n.ContainerdLog(t)
+	// The plugin's standard error lands in containerd's log; its ADD names the sandbox.
+	var sandboxes []string
+	for _, p := range pods {
+		m := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(p.Name) + ` namespace=` + ns + ` containerID=([0-9a-f]+)`).
+			FindStringSubmatch(n.ContainerdLog(t))
+		if m == nil {
+			t.Fatalf("no ADD of the plugin for pod %s in containerd's log", p.Name)
+		}
+		sandboxes = append(sandboxes, m[1])
+	}
 
+	// The kubelet stops a deleted pod's sandbox at once (DEL with the netns and the cached
+	// result) and removes it at its next garbage collection, within a minute (DEL again).
 	deleteNamespace(ctx, t, n.Client, ns)
+	waitFor(ctx, t, 3*time.Minute, "the kubelet to remove the sandboxes", func(context.Context) (bool, error) {
+		log := n.ContainerdLog(t)
+		for _, id := range sandboxes {
+			if !strings.Contains(log, `RemovePodSandbox \"`+id+`\" returns successfully`) {
+				return false, fmt.Errorf("sandbox %s not removed", id)
+			}
+		}
+		return true, nil
+	})
+	log := n.ContainerdLog(t)
+	for _, id := range sandboxes {
+		if got := strings.Count(log, `TearDown network for sandbox \"`+id+`\" successfully`); got < 2 {
+			t.Errorf("sandbox %s: the CNI chain's DEL succeeded %d times, want at least 2 (stop and removal)", id, got)
+		}
+		for _, line := range strings.Split(log, "\n") {
+			if strings.Contains(line, id) && (strings.Contains(line, "failed to destroy network") ||
+				strings.Contains(line, "cmd=DEL") && !strings.Contains(line, "level=DEBUG")) {
+				t.Errorf("sandbox %s: teardown logged a problem: %s", id, line)
+			}
+		}
+	}
 	if after := cniState(t, n); !slices.Equal(after, before) {
 		t.Errorf("CNI state on the node after deleting the pods:\n%s\nwant as before them:\n%s\n(with them: %s)",
 			strings.Join(after, "\n"), strings.Join(before, "\n"), strings.Join(running, "\n"))
-	}
-	for _, line := range strings.Split(strings.TrimPrefix(n.ContainerdLog(t), logBefore), "\n") {
-		if strings.Contains(line, "failed to destroy network") || (strings.Contains(line, "cmd=DEL") && !strings.Contains(line, "level=DEBUG")) {
-			t.Errorf("teardown logged a problem: %s", line)
-		}
 	}
 	for _, p := range pods {
 		if _, err := os.Stat(n.Path("/var/lib/cni/networks/e2e-bridge/" + p.Status.PodIP)); !os.IsNotExist(err) {
