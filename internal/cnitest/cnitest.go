@@ -1,6 +1,9 @@
 // Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni and
 // the end-to-end node runs under containerd: the real containernetworking bridge, host-local,
 // loopback and portmap plugins at the version go.mod pins, and this checkout's own commands.
+// The plugins are built as that release builds them, with its own go.mod (go install
+// pkg@version): nothing in this module imports them, so its go.mod need not list their
+// dependencies.
 //
 // Limits: test support only (it runs `go build`, so it needs the Go toolchain and the module
 // cache, never the network once the cache holds the modules). The containernetworking plugins
@@ -54,11 +57,12 @@ func PluginsDir() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("find the pinned version of %s: %w", PluginsModule, err)
 	}
+	version := strings.TrimSpace(string(out))
 	cache := os.Getenv("CNI_PLUGINS_CACHE")
 	if cache == "" {
 		cache = DefaultCache
 	}
-	dir := filepath.Join(cache, "plugins-"+strings.TrimSpace(string(out)))
+	dir := filepath.Join(cache, "plugins-"+version)
 	have := func() bool {
 		for name := range pluginPkgs {
 			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
@@ -78,13 +82,15 @@ func PluginsDir() (string, error) {
 		return "", fmt.Errorf("create plugin build directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	pkgs := make([]string, 0, len(pluginPkgs))
+	args := []string{"install", "-trimpath", "-ldflags", "-s -w"}
 	for _, pkg := range pluginPkgs {
-		pkgs = append(pkgs, pkg)
+		args = append(args, pkg+"@"+version)
 	}
-	slices.Sort(pkgs) // a stable command line in errors
-	if err := GoBuild(tmp, pkgs...); err != nil {
-		return "", err
+	slices.Sort(args[4:]) // a stable command line in errors
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOBIN="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	// Binary by binary, so a cache from before a plugin was added gains it.
 	if err := os.MkdirAll(dir, 0o755); err != nil {
