@@ -9,7 +9,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build images dockerfiles deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
+.PHONY: all build images dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
 
 all: build
 
@@ -36,6 +36,11 @@ images: build
 # they are stale).
 dockerfiles:
 	$(GO) run ./hack/images dockerfiles --out deploy/docker
+
+# manifests regenerates deploy/linkerd-cni from the linkerd2-cni chart's default rendering
+# (deploy/charts/linkerd2-cni; a test fails when they are stale).
+manifests:
+	$(GO) run ./hack/manifests
 
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,8 +57,9 @@ func TestLinkerdNames(t *testing.T) {
 	bin := buildAs(t, "linkerd-cni")
 	for _, n := range multicall.Names {
 		t.Run(n.Name, func(t *testing.T) {
-			named := filepath.Join(t.TempDir(), n.Name)
-			if err := os.Symlink(bin, named); err != nil {
+			// A hard link: the same file as a copy would be, under its own name.
+			named := filepath.Join(filepath.Dir(bin), n.Name)
+			if err := os.Link(bin, named); err != nil {
 				t.Fatal(err)
 			}
 			var stdout, stderr bytes.Buffer
@@ -91,24 +91,6 @@ func TestLinkerdNames(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestLinkerdRepairControllerCommandLine runs Linkerd's linkerd2-cni chart's repair-controller
@@ -161,8 +143,13 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	cmd := exec.Command(bin, "--admin-addr", "0.0.0.0:9990", "--log-format", "plain", "--log-level", "linkerd_cni_repair_controller=info,warn")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig,
 		repair.EnvNodeName+"=node-a", repair.EnvPodName+"=linkerd-cni-x7k2p")
-	var log syncBuffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	readLog := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := netnsutil.Do(c.NetNSPath, cmd.Start); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +158,7 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		if t.Failed() {
-			t.Logf("repair controller log:\n%s", log.String())
+			t.Logf("repair controller log:\n%s", readLog())
 		}
 	})
 
@@ -219,7 +206,7 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no exit after SIGTERM")
 	}
-	if want := "logging at info, the most verbose of them"; !strings.Contains(log.String(), want) {
-		t.Errorf("log lacks %q:\n%s", want, log.String())
+	if want := "logging at info, the most verbose of them"; !strings.Contains(readLog(), want) {
+		t.Errorf("log lacks %q:\n%s", want, readLog())
 	}
 }

@@ -1,10 +1,10 @@
 package install
 
-// The DaemonSet's pod as a whole: both containers of deploy/linkerd-cni/30-daemonset.yaml run as
-// real processes, with the command, arguments and environment the manifest gives them (downward
-// API and ConfigMap references resolved as the kubelet would), in a fresh network namespace
-// standing in for the node's (the pod uses the host network), against a real kube-apiserver
-// holding deploy/'s RBAC. The probes are sent exactly where the manifest points them.
+// The DaemonSet's pod as a whole, for every rendering of the chart (deploy/linkerd-cni among
+// them): its containers run as real processes, with the command, arguments and environment the
+// manifest gives them (downward API and ConfigMap references resolved as the kubelet would), in a
+// fresh network namespace standing in for the node's (the pod uses the host network), against a real kube-apiserver
+// holding the rendering's RBAC. The probes are sent exactly where the manifest points them.
 
 import (
 	"bufio"
@@ -56,7 +56,7 @@ func daemonSetContainers(t *testing.T, ms []manifest, node string) map[string]*p
 	if ds == nil {
 		t.Fatal("no DaemonSet in deploy/linkerd-cni")
 	}
-	fields := map[string]string{"metadata.namespace": ds.GetNamespace(), "spec.nodeName": node}
+	fields := map[string]string{"metadata.namespace": ds.GetNamespace(), "metadata.name": "linkerd-cni-" + node, "spec.nodeName": node}
 	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 	out := map[string]*podContainer{}
 	for _, c := range containers {
@@ -173,6 +173,9 @@ func probe(node *netnstest.NS, target string) (int, error) {
 	return resp.StatusCode, nil
 }
 
+// TestDaemonSetPodAgainstAPIServer runs the pod of every rendering: deploy/linkerd-cni with
+// optional/ and the one documented extra argument, and the chart's other renderings with its
+// nodeTaint value (which adds the same argument and objects).
 func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: builds linkerd-cni and starts kube-apiserver")
@@ -183,16 +186,32 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	full := t.TempDir() // the image's /usr/local/bin: install and repair
 	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 	bin := filepath.Join(full, "linkerd-cni")
+	ch := loadChart(t)
+	for _, r := range renderings(t) {
+		t.Run(r.name, func(t *testing.T) {
+			var ms []manifest
+			var extraArgs []string
+			if r.values == nil {
+				dir := filepath.Join(deployDir(t), "linkerd-cni")
+				ms = loadManifests(t, dir, filepath.Join(dir, "optional"))
+				// The documented way to enable prevention: one more argument.
+				extraArgs = []string{"--node-taint=" + startupTaint}
+			} else {
+				ms = renderChart(t, ch, merge(r.values, map[string]any{"nodeTaint": startupTaint}))
+			}
+			runDaemonSetPod(t, r, ms, extraArgs, bin, image)
+		})
+	}
+}
 
+func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []string, bin, image string) {
 	node := netnstest.NewNS(t)
 	cluster := kubetest.Start(t, kubetest.Options{NetNSPath: node.Path()})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	api := newAPIClient(t, cluster.AdminConfig())
-	dir := filepath.Join(deployDir(t), "linkerd-cni")
-	ms := loadManifests(t, dir, filepath.Join(dir, "optional"))
-	// The base objects the pod needs, and everything in optional/ (the node-taint RBAC and
-	// admission policy), as the README says to apply with --node-taint.
+	// The base objects the pod needs, and the node-taint RBAC and admission policy, as the
+	// README says to apply with --node-taint.
 	for _, m := range ms {
 		switch m.obj.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
@@ -233,8 +252,8 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	apiHost, apiPort := h.projectClusterSA(t, cluster, token)
 	containers := daemonSetContainers(t, ms, nodeName)
 	install, repairC := containers["install-cni"], containers["repair-controller"]
-	if install == nil || repairC == nil {
-		t.Fatalf("containers = %v, want install-cni and repair-controller", containers)
+	if install == nil || (repairC != nil) != r.repair {
+		t.Fatalf("containers = %v, want install-cni and (%v) repair-controller", containers, r.repair)
 	}
 	for _, c := range containers {
 		if c.binaryInImg != "/usr/local/bin/linkerd-cni" {
@@ -248,12 +267,8 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	install.env["CONTAINER_CNI_BIN_DIR"] = image
 	install.env["SERVICE_ACCOUNT_PATH"] = h.saDir
 	kubeconfig := filepath.Join(netDir, install.env["KUBECONFIG_FILE_NAME"])
-	// rest.InClusterConfig reads fixed paths; the same token through the installer's kubeconfig
-	// gives the repair controller the same identity.
-	repairC.env["KUBECONFIG"] = kubeconfig
 
-	// The documented way to enable prevention: one more argument.
-	installer := startIn(t, node, bin, append(install.argv, "--node-taint="+startupTaint), install.env)
+	installer := startIn(t, node, bin, append(install.argv, extraArgs...), install.env)
 	waitFor(t, 20*time.Second, "install-cni to answer its liveness probe", func() (bool, string) {
 		code, err := probe(node, install.probes["livenessProbe"])
 		return code == 200, fmt.Sprint(code, err, installer.out.String())
@@ -266,17 +281,24 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Fatal("startup taint removed before any CNI config existed")
 	}
 
-	// The repair controller needs only the base RBAC and the token.
+	// The repair controller needs only the base RBAC and the token: rest.InClusterConfig reads
+	// fixed paths, and the same token through the installer's kubeconfig gives it the same
+	// identity.
 	waitFor(t, 10*time.Second, "the kubeconfig", func() (bool, string) {
 		_, err := os.Stat(kubeconfig)
 		return err == nil, fmt.Sprint(err)
 	})
-	repairP := startIn(t, node, bin, repairC.argv, repairC.env)
-	for _, p := range []string{"livenessProbe", "readinessProbe"} {
-		waitFor(t, 20*time.Second, "repair-controller "+p, func() (bool, string) {
-			code, err := probe(node, repairC.probes[p])
-			return code == 200, fmt.Sprint(code, err, repairP.out.String())
-		})
+	procs := []*nodeProcess{installer}
+	if repairC != nil {
+		repairC.env["KUBECONFIG"] = kubeconfig
+		repairP := startIn(t, node, bin, repairC.argv, repairC.env)
+		for _, p := range []string{"livenessProbe", "readinessProbe"} {
+			waitFor(t, 20*time.Second, "repair-controller "+p, func() (bool, string) {
+				code, err := probe(node, repairC.probes[p])
+				return code == 200, fmt.Sprint(code, err, repairP.out.String())
+			})
+		}
+		procs = append(procs, repairP)
 	}
 
 	// The primary CNI arrives: the plugin goes in, the pod turns ready, the taint goes.
@@ -296,7 +318,7 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 	}
 
 	// Pod deletion: SIGTERM to both; the installer restores the node's config.
-	for _, p := range []*nodeProcess{installer, repairP} {
+	for _, p := range procs {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.exited:

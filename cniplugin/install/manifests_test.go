@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -84,32 +85,39 @@ func loadManifests(t testing.TB, dirs ...string) []manifest {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-			for {
-				doc, err := r.Read()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				js, err := yaml.YAMLToJSON(doc)
-				if err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
-					continue // an empty document
-				}
-				// UnmarshalJSON keeps integers as int64, as the API machinery expects.
-				obj := &unstructured.Unstructured{}
-				if err := obj.UnmarshalJSON(js); err != nil {
-					t.Fatalf("%s: %v", f, err)
-				}
-				out = append(out, manifest{file: f, obj: obj})
-			}
+			out = append(out, parseManifests(t, f, data)...)
 		}
 	}
 	return out
+}
+
+// parseManifests reads every YAML document of data, the content of file.
+func parseManifests(t testing.TB, file string, data []byte) []manifest {
+	t.Helper()
+	var out []manifest
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if s := strings.TrimSpace(string(js)); s == "null" || s == "{}" {
+			continue // an empty document
+		}
+		// UnmarshalJSON keeps integers as int64, as the API machinery expects.
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(js); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		out = append(out, manifest{file: file, obj: obj})
+	}
 }
 
 // apiClient bundles what the tests use to talk to the API server.
@@ -197,10 +205,17 @@ func dryRunPod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) er
 	return err
 }
 
-// TestManifestContract checks, without a cluster, the names `linkerd check` looks for, the
-// ConfigMap against DESIGN.md's JSON, and that the DaemonSet uses only installer variables.
+// TestManifestContract checks every rendering without a cluster: the names `linkerd check` looks
+// for, the default ConfigMap against DESIGN.md's JSON, the node's directories, and that the
+// DaemonSet uses only installer variables, with hardened containers.
 func TestManifestContract(t *testing.T) {
-	ms := loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni"))
+	for _, r := range renderings(t) {
+		t.Run(r.name, func(t *testing.T) { checkContract(t, r) })
+	}
+}
+
+func checkContract(t *testing.T, r rendering) {
+	ms := r.ms
 	find := func(kind, name string) *unstructured.Unstructured {
 		t.Helper()
 		for _, m := range ms {
@@ -208,7 +223,7 @@ func TestManifestContract(t *testing.T) {
 				return m.obj
 			}
 		}
-		t.Fatalf("deploy/linkerd-cni has no %s %q", kind, name)
+		t.Fatalf("rendering %s has no %s %q", r.name, kind, name)
 		return nil
 	}
 	ns := find("Namespace", "linkerd-cni")
@@ -226,8 +241,9 @@ func TestManifestContract(t *testing.T) {
 	if err := json.Unmarshal([]byte(got), &a); err != nil {
 		t.Fatalf("cni_network_config is not JSON: %v", err)
 	}
+	// Other renderings are compared by meaning (TestChartConfigMeansWhatLinkerdsDoes).
 	_ = json.Unmarshal([]byte(DefaultNetworkConfig), &b)
-	if ja, jb := mustJSON(a), mustJSON(b); ja != jb {
+	if ja, jb := mustJSON(a), mustJSON(b); r.values == nil && ja != jb {
 		t.Errorf("cni_network_config differs from DESIGN.md's JSON:\n got %s\nwant %s", ja, jb)
 	}
 
@@ -250,8 +266,34 @@ func TestManifestContract(t *testing.T) {
 	}
 	env, _, _ := unstructured.NestedSlice(install, "env")
 	for _, e := range env {
-		if n := e.(map[string]any)["name"].(string); !known[n] {
+		e := e.(map[string]any)
+		n := e["name"].(string)
+		if !known[n] {
 			t.Errorf("install-cni sets %s, which the installer does not read", n)
+		}
+		if want := map[string]string{"DEST_CNI_NET_DIR": r.netDir, "DEST_CNI_BIN_DIR": r.binDir}[n]; want != "" && e["value"] != want {
+			t.Errorf("install-cni %s = %v, want %s", n, e["value"], want)
+		}
+	}
+	// The node's directories are mounted under the prefix, from hostPath volumes of the same
+	// paths.
+	mounts, _, _ := unstructured.NestedSlice(install, "volumeMounts")
+	volumes, _, _ := unstructured.NestedSlice(find("DaemonSet", "linkerd-cni").Object, "spec", "template", "spec", "volumes")
+	for _, dir := range []string{r.netDir, r.binDir} {
+		var vol string
+		for _, m := range mounts {
+			if m := m.(map[string]any); m["mountPath"] == "/host"+dir {
+				vol = m["name"].(string)
+			}
+		}
+		var hostPath string
+		for _, v := range volumes {
+			if v := v.(map[string]any); v["name"] == vol {
+				hostPath, _, _ = unstructured.NestedString(v, "hostPath", "path")
+			}
+		}
+		if vol == "" || hostPath != dir {
+			t.Errorf("node directory %s: mounted from volume %q at /host%s, hostPath %q", dir, vol, dir, hostPath)
 		}
 	}
 	cmd, _, _ := unstructured.NestedStringSlice(install, "command")
@@ -283,24 +325,24 @@ func TestManifestContract(t *testing.T) {
 			rc = c.(map[string]any)
 		}
 	}
+	if (rc != nil) != r.repair {
+		t.Fatalf("repair-controller container present: %v, want %v", rc != nil, r.repair)
+	}
 	if rc == nil {
-		t.Fatal("DaemonSet has no repair-controller container")
+		checkHardened(t, containers, r.privileged)
+		return
 	}
 	if cmd, _, _ := unstructured.NestedStringSlice(rc, "command"); !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "repair"}) {
 		t.Errorf("repair-controller command = %q", cmd)
 	}
 	rcEnv, _, _ := unstructured.NestedSlice(rc, "env")
-	nodeFrom := ""
+	from := map[string]string{}
 	for _, e := range rcEnv {
 		e := e.(map[string]any)
-		if e["name"] == repair.EnvNodeName {
-			nodeFrom, _, _ = unstructured.NestedString(e, "valueFrom", "fieldRef", "fieldPath")
-		} else {
-			t.Errorf("repair-controller sets %s, which it does not read", e["name"])
-		}
+		from[e["name"].(string)], _, _ = unstructured.NestedString(e, "valueFrom", "fieldRef", "fieldPath")
 	}
-	if nodeFrom != "spec.nodeName" {
-		t.Errorf("repair-controller %s comes from %q, want spec.nodeName", repair.EnvNodeName, nodeFrom)
+	if want := map[string]string{repair.EnvNodeName: "spec.nodeName", repair.EnvPodName: "metadata.name"}; !maps.Equal(from, want) {
+		t.Errorf("repair-controller environment from %v, want %v", from, want)
 	}
 	rcArgs, _, _ := unstructured.NestedStringSlice(rc, "args")
 	rcCfg, err := repair.ParseArgs(rcArgs, func(k string) string {
@@ -329,20 +371,28 @@ func TestManifestContract(t *testing.T) {
 		}
 	}
 
-	// Both containers: no capability, no escalation, read-only root, RuntimeDefault seccomp.
+	checkHardened(t, containers, r.privileged)
+	if rcSC, _, _ := unstructured.NestedMap(rc, "securityContext"); rcSC["runAsNonRoot"] != true {
+		t.Errorf("repair-controller runs as root: %v", rcSC)
+	}
+}
+
+// checkHardened: every container holds no capability, cannot escalate, has a read-only root and
+// RuntimeDefault seccomp; install-cni is privileged only where the rendering asks for it (and
+// then may not forbid escalation, which the API refuses with privileged).
+func checkHardened(t *testing.T, containers []any, privileged bool) {
+	t.Helper()
 	for _, c := range containers {
 		c := c.(map[string]any)
 		sc, _, _ := unstructured.NestedMap(c, "securityContext")
 		drop, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "drop")
 		add, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "add")
 		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
-		if sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true || sc["privileged"] == true ||
+		priv := privileged && c["name"] == "install-cni"
+		if sc["privileged"] != priv || (!priv && sc["allowPrivilegeEscalation"] != false) || sc["readOnlyRootFilesystem"] != true ||
 			!slices.Equal(drop, []string{"ALL"}) || len(add) > 0 || seccomp != "RuntimeDefault" {
-			t.Errorf("container %s: securityContext %v is not hardened", c["name"], sc)
+			t.Errorf("container %s: securityContext %v is not hardened (privileged %v)", c["name"], sc, priv)
 		}
-	}
-	if rcSC, _, _ := unstructured.NestedMap(rc, "securityContext"); rcSC["runAsNonRoot"] != true {
-		t.Errorf("repair-controller runs as root: %v", rcSC)
 	}
 }
 
@@ -356,19 +406,40 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// TestManifestsAgainstAPIServer runs deploy/ through a real kube-apiserver.
+// TestManifestsAgainstAPIServer runs every rendering (deploy/ with its optional objects and
+// examples, and the chart's other renderings) through one real kube-apiserver.
 func TestManifestsAgainstAPIServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: starts kube-apiserver and etcd")
 	}
 	cluster := kubetest.Start(t, kubetest.Options{})
 	c := newAPIClient(t, cluster.AdminConfig())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	for _, lvl := range []string{"baseline", "restricted"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "psa-" + lvl,
+			Labels: map[string]string{"pod-security.kubernetes.io/enforce": lvl}}}
+		if _, err := c.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node"}}
+	if _, err := c.cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	dir := deployDir(t)
-	all := loadManifests(t, filepath.Join(dir, "linkerd-cni"), filepath.Join(dir, "linkerd-cni", "optional"),
-		filepath.Join(dir, "examples"))
+	for _, r := range renderings(t) {
+		t.Run(r.name, func(t *testing.T) {
+			all := r.ms
+			if r.values == nil {
+				all = append(slices.Clone(all), loadManifests(t, filepath.Join(dir, "linkerd-cni", "optional"), filepath.Join(dir, "examples"))...)
+			}
+			checkAgainstAPIServer(ctx, t, cluster, c, r, all)
+		})
+	}
+}
 
+func checkAgainstAPIServer(ctx context.Context, t *testing.T, cluster *kubetest.Cluster, c *apiClient, r rendering, all []manifest) {
 	// Namespaces first: dry-run, then for real, since namespaced objects (and Pod Security
 	// admission) need them to exist.
 	var rest []manifest
@@ -412,39 +483,37 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	})
 
 	t.Run("pod security admission", func(t *testing.T) {
-		for _, lvl := range []string{"baseline", "restricted"} {
-			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "psa-" + lvl,
-				Labels: map[string]string{"pod-security.kubernetes.io/enforce": lvl}}}
-			if _, err := c.cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		type check struct {
-			workload string // file base name
-			ns       string // "" = the manifest's own namespace
-			admitted bool
-		}
-		checks := []check{
-			{"30-daemonset.yaml", "", true},
-			{"30-daemonset.yaml", "psa-baseline", false},
-			{"30-daemonset.yaml", "psa-restricted", false},
-			{"proxy-init-workload.yaml", "", true},
-			{"proxy-init-workload.yaml", "psa-baseline", false}, // NET_ADMIN is not baseline
-			{"proxy-init-workload.yaml", "psa-restricted", false},
-			{"cni-workload.yaml", "", true}, // its namespace enforces restricted
-			{"cni-workload.yaml", "psa-restricted", true},
-		}
-		for _, ck := range checks {
-			var m *manifest
+		workload := func(kind, file string) *manifest {
 			for i := range rest {
-				if filepath.Base(rest[i].file) == ck.workload && rest[i].obj.GetKind() != "Namespace" {
-					if _, ok, _ := unstructured.NestedMap(rest[i].obj.Object, "spec", "template"); ok {
-						m = &rest[i]
-					}
+				if _, ok, _ := unstructured.NestedMap(rest[i].obj.Object, "spec", "template"); ok &&
+					(rest[i].obj.GetKind() == kind || filepath.Base(rest[i].file) == file) {
+					return &rest[i]
 				}
 			}
+			return nil
+		}
+		type check struct {
+			kind, file string // the workload: a kind, or a file's base name
+			ns         string // "" = the manifest's own namespace
+			admitted   bool
+		}
+		checks := []check{
+			{kind: "DaemonSet", admitted: true},
+			{kind: "DaemonSet", ns: "psa-baseline"},
+			{kind: "DaemonSet", ns: "psa-restricted"},
+		}
+		if r.values == nil {
+			checks = append(checks,
+				check{file: "proxy-init-workload.yaml", admitted: true},
+				check{file: "proxy-init-workload.yaml", ns: "psa-baseline"}, // NET_ADMIN is not baseline
+				check{file: "proxy-init-workload.yaml", ns: "psa-restricted"},
+				check{file: "cni-workload.yaml", admitted: true}, // its namespace enforces restricted
+				check{file: "cni-workload.yaml", ns: "psa-restricted", admitted: true})
+		}
+		for _, ck := range checks {
+			m := workload(ck.kind, ck.file)
 			if m == nil {
-				t.Fatalf("no workload in %s", ck.workload)
+				t.Fatalf("no workload %s%s", ck.kind, ck.file)
 			}
 			ns := ck.ns
 			if ns == "" {
@@ -467,18 +536,12 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 			case !ck.admitted && !(apierrors.IsForbidden(err) && strings.Contains(err.Error(), "violates PodSecurity")):
 				t.Errorf("%s pod in %s refused for the wrong reason: %v", m, ns, err)
 			default:
-				t.Logf("%s in %s (enforce=%s): admitted=%v %v", ck.workload, ns, level, err == nil, err)
+				t.Logf("%s in %s (enforce=%s): admitted=%v %v", m, ns, level, err == nil, err)
 			}
 		}
 		// A DaemonSet object itself is not refused (Pod Security enforces on pods), but
 		// the server warns about its template where the level forbids it.
-		var ds manifest
-		for _, m := range rest {
-			if m.obj.GetKind() == "DaemonSet" {
-				ds = m
-			}
-		}
-		moved := ds.obj.DeepCopy()
+		moved := workload("DaemonSet", "").obj.DeepCopy()
 		moved.SetNamespace("psa-restricted")
 		c.takeWarnings()
 		if _, err := c.apply(ctx, moved, true); err != nil {
@@ -491,8 +554,23 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 
 	t.Run("linkerd-cni service account permissions", func(t *testing.T) {
 		// The RBAC objects for real, and a token from the TokenRequest API; the optional
-		// node-taint RBAC only after the base set has been checked alone.
+		// node-taint RBAC only after the base set has been checked alone. They are deleted
+		// again afterwards, so that the next rendering's dry-run finds nothing.
 		optional := func(m manifest) bool { return filepath.Base(filepath.Dir(m.file)) == "optional" }
+		var applied []manifest
+		t.Cleanup(func() {
+			for _, m := range applied {
+				gvk := m.obj.GroupVersionKind()
+				mp, _ := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+				var ri dynamic.ResourceInterface = c.dyn.Resource(mp.Resource)
+				if mp.Scope.Name() == meta.RESTScopeNameNamespace {
+					ri = c.dyn.Resource(mp.Resource).Namespace(m.obj.GetNamespace())
+				}
+				if err := ri.Delete(ctx, m.obj.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("delete %s: %v", m, err)
+				}
+			}
+		})
 		applyRBAC := func(withOptional bool) {
 			t.Helper()
 			for _, m := range rest {
@@ -504,6 +582,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 					if _, err := c.apply(ctx, m.obj, false); err != nil {
 						t.Fatalf("apply %s: %v", m, err)
 					}
+					applied = append(applied, m)
 				}
 			}
 		}
@@ -516,21 +595,22 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node"}}
-		if _, err := c.cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
+		t.Run("base RBAC", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, r.name, false, r.repair) })
+		if r.values == nil {
+			applyRBAC(true)
+			t.Run("with optional/node-taint-rbac.yaml", func(t *testing.T) {
+				checkServiceAccountAccess(ctx, t, c.cs, sa, r.name+".node-taint", true, r.repair)
+			})
 		}
-		t.Run("base RBAC", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, false) })
-		applyRBAC(true)
-		t.Run("with optional/node-taint-rbac.yaml", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, true) })
 	})
 }
 
 // checkServiceAccountAccess proves the ClusterRole with real requests where they are cheap and
 // SelfSubjectAccessReviews for the whole write matrix. nodeTaint says whether the optional
-// node-taint RBAC is applied: then, and only then, the ServiceAccount may patch nodes. The
-// node "rbac-node" must exist.
-func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface, nodeTaint bool) {
+// node-taint RBAC is applied: then, and only then, the ServiceAccount may patch nodes; repair
+// whether the repair controller's writes (delete pods, create events) are granted. The node
+// "rbac-node" must exist; run names the Event it creates.
+func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface, run string, nodeTaint, repair bool) {
 	t.Helper()
 	// Real reads that must work.
 	if _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
@@ -588,21 +668,28 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	forbidden("patch node status", err)
 	err = sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{})
 	forbidden("delete node", err)
-	// The one write on pods it has: delete (the repair controller's).
-	if err := sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
+	// The one write on pods it has, with the repair controller: delete.
+	err = sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{})
+	switch {
+	case repair && err != nil:
 		t.Errorf("delete pod: %v", err)
+	case !repair:
+		forbidden("delete pod without the repair controller", err)
+		if err := admin.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Events: create only, in events.k8s.io (the repair controller's recorder).
-	evName := "victim.base" // one per call: an Event outlives the pod
-	if nodeTaint {
-		evName = "victim.node-taint"
-	}
-	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: evName, Namespace: "default"},
+	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim." + run, Namespace: "default"}, // an Event outlives the pod
 		EventTime: metav1.NowMicro(), ReportingController: "linkerd.io/cni-repair-controller",
 		ReportingInstance: "test", Action: "DeletePod", Reason: "NetworkValidatorFailed", Type: "Warning",
 		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}
-	if _, err := sa.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	_, err = sa.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{})
+	switch {
+	case repair && err != nil:
 		t.Errorf("create event: %v", err)
+	case !repair:
+		forbidden("create event without the repair controller", err)
 	}
 	_, err = sa.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
 	forbidden("list events", err)
@@ -611,7 +698,8 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	forbidden("create core/v1 event", err)
 
 	// The matrix: every write on these resources is denied except delete pods and create
-	// events (and patch nodes with the optional RBAC); no read outside the four resources.
+	// events (with the repair controller) and patch nodes (with the optional RBAC); no read
+	// outside the four resources.
 	type res struct{ group, resource string }
 	resources := []res{{"", "pods"}, {"", "namespaces"}, {"", "services"}, {"", "nodes"}, {"", "secrets"},
 		{"", "configmaps"}, {"", "serviceaccounts"}, {"", "events"}, {"events.k8s.io", "events"},
@@ -627,10 +715,10 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 			switch {
 			case sub != "":
 			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
-				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete") ||
+				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete" && repair) ||
 					(base == "nodes" && v == "patch" && nodeTaint)
 			case r.group == "events.k8s.io":
-				want = v == "create"
+				want = v == "create" && repair
 			}
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "default", Verb: v,

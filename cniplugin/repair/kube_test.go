@@ -55,13 +55,14 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// deployClusterRole returns the rules of the ClusterRole named linkerd-cni in deploy/ (the one the
-// DaemonSet's ServiceAccount, shared by the repair controller, is bound to) and its file.
+// deployClusterRole returns the rules of the ClusterRole named linkerd-cni in deploy/linkerd-cni
+// (the one the DaemonSet's ServiceAccount, shared by the repair controller, is bound to) and its
+// file.
 func deployClusterRole(t *testing.T) ([]rbacv1.PolicyRule, string) {
 	t.Helper()
 	var rules []rbacv1.PolicyRule
 	var found string
-	err := filepath.WalkDir("../../deploy", func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir("../../deploy/linkerd-cni", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || found != "" {
 			return err
 		}

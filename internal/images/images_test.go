@@ -23,6 +23,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated Dockerfiles in deploy/docker")
@@ -73,9 +75,7 @@ func TestDockerfilesUpToDate(t *testing.T) {
 func TestCapXattr(t *testing.T) {
 	for _, caps := range []string{NetCaps, "cap_net_admin,cap_net_raw+ep", "cap_net_bind_service+p"} {
 		t.Run(caps, func(t *testing.T) {
-			if os.Geteuid() != 0 {
-				t.Skip("needs root: setcap writes security.capability")
-			}
+			nt.RequireRoot(t) // setcap writes security.capability
 			f := filepath.Join(t.TempDir(), "bin")
 			if err := os.WriteFile(f, []byte("x"), 0o755); err != nil {
 				t.Fatal(err)
@@ -307,6 +307,27 @@ func TestImages(t *testing.T) {
 	}
 }
 
+// TestOverlayLayer checks the layer the proxy-image overlay's Dockerfile copies over Linkerd's
+// image: the two binaries under Linkerd's paths, proxy-init with Linkerd's capabilities, and
+// nothing of a scratch image's base files (they would replace the proxy image's).
+func TestOverlayLayer(t *testing.T) {
+	binDir, _ := buildAll(t)
+	layer, err := Layer(Overlay, Inputs{BinDir: binDir, RepoDir: repoRoot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := readLayer(bytes.NewReader(layer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLayer(t, Overlay, entries, binDir)
+	for _, e := range entries {
+		if e.hdr.Typeflag != tar.TypeDir && !strings.HasPrefix(e.hdr.Name, "usr/lib/linkerd/") {
+			t.Errorf("the overlay holds %s", e.hdr.Name)
+		}
+	}
+}
+
 // checkLayer compares a layer's entries with the image's layout.
 func checkLayer(t *testing.T, img Image, layer []*entry, binDir string) {
 	t.Helper()
@@ -322,7 +343,11 @@ func checkLayer(t *testing.T, img Image, layer []*entry, binDir string) {
 		}
 		byName[e.hdr.Name] = e
 	}
-	for _, f := range append(append([]File{}, baseFiles...), img.Files...) {
+	files := img.Files
+	if !img.OverBase {
+		files = append(append([]File{}, baseFiles...), files...)
+	}
+	for _, f := range files {
 		name := strings.TrimPrefix(f.Path, "/")
 		e, ok := byName[name]
 		if !ok {

@@ -1,0 +1,329 @@
+package install
+
+// The linkerd2-cni chart (deploy/charts/linkerd2-cni), rendered with Helm's own library: the
+// renderings every manifest test runs on, the generated deploy/linkerd-cni held to the chart,
+// values refused at render time, and helm lint.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/internal/helmchart"
+)
+
+// rendering is one set of manifests the manifest tests check.
+type rendering struct {
+	name string
+	ms   []manifest
+	// values rendered the chart; nil for deploy/linkerd-cni as it is on disk.
+	values map[string]any
+	// repair: the DaemonSet runs the repair controller (and the ClusterRole grants its writes).
+	repair bool
+	// privileged: install-cni runs privileged (openshift).
+	privileged bool
+	// netDir and binDir are the node's CNI directories the rendering uses.
+	netDir, binDir string
+	// config is what its cni_network_config must mean (parsed by the plugin's own parser).
+	config string
+}
+
+// ourImage is the image override a Linkerd values file needs (Linkerd's own is refused).
+var ourImage = map[string]any{"image": map[string]any{"name": "ghcr.io/kubemesh/linkerd-cni", "version": "v0.1.0"}}
+
+// linkerdUserConfig is what Linkerd's chart renders for testdata/linkerd-2.20-user.yaml: the
+// admin and control ports, then the user's, inbound.
+const linkerdUserConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"debug",
+ "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
+ "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"proxy-gid":2103,
+   "ports-to-redirect":[8080,9090],"inbound-ports-to-ignore":["4191","4190","25","443","3306","5432-5433"],
+   "outbound-ports-to-ignore":["25","587","11211"],"simulate":false,"use-wait-flag":true,
+   "iptables-mode":"legacy","ipv6":true}}`
+
+// loadChart loads the chart from the repository.
+func loadChart(t testing.TB) *chart.Chart {
+	t.Helper()
+	ch, err := helmchart.Load(filepath.Dir(deployDir(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// valuesFile reads a values file of testdata.
+func valuesFile(t testing.TB, name string) map[string]any {
+	t.Helper()
+	v, err := chartutil.ReadValuesFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// merge returns base with over laid on it, maps merged key by key (as helm's --set over -f).
+func merge(base, over map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		if om, ok := v.(map[string]any); ok {
+			if bm, ok := out[k].(map[string]any); ok {
+				out[k] = merge(bm, om)
+				continue
+			}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// renderChart renders the chart with values into manifests.
+func renderChart(t testing.TB, ch *chart.Chart, values map[string]any) []manifest {
+	t.Helper()
+	files, err := helmchart.Render(ch, values)
+	if err != nil {
+		t.Fatalf("render the chart with %v: %v", values, err)
+	}
+	var out []manifest
+	for _, name := range helmchart.Names(files) {
+		out = append(out, parseManifests(t, "chart:"+name, []byte(files[name]))...)
+	}
+	return out
+}
+
+// renderings are deploy/linkerd-cni (the default rendering, on disk), the chart with Linkerd
+// 2.20's default values and with a Linkerd user's values file, and each distribution preset.
+func renderings(t testing.TB) []rendering {
+	t.Helper()
+	ch := loadChart(t)
+	dir := filepath.Join(deployDir(t), "linkerd-cni")
+	withNS := map[string]any{"createNamespace": true}
+	out := []rendering{
+		{name: "defaults", ms: loadManifests(t, dir), repair: true, netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "linkerd-2.20-defaults", values: merge(merge(valuesFile(t, "linkerd-2.20-defaults.yaml"), ourImage), withNS),
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), repair: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
+		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), repair: true,
+			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/current/bin", config: DefaultNetworkConfig},
+		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), repair: true,
+			netDir: "/etc/cni/net.d", binDir: "/home/kubernetes/bin", config: DefaultNetworkConfig},
+		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), repair: true, privileged: true,
+			netDir: "/var/run/multus/cni/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig},
+	}
+	for i := range out {
+		if out[i].values != nil {
+			out[i].ms = renderChart(t, ch, out[i].values)
+		}
+	}
+	return out
+}
+
+// TestManifestsUpToDate holds deploy/linkerd-cni to the chart: it must be exactly the chart's
+// default rendering (`make manifests`), with no other file.
+func TestManifestsUpToDate(t *testing.T) {
+	want, err := helmchart.Manifests(loadChart(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(deployDir(t), "linkerd-cni")
+	var have []string
+	for _, pattern := range []string{"*.yaml", "optional/*.yaml"} {
+		m, err := filepath.Glob(filepath.Join(dir, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		have = append(have, m...)
+	}
+	for _, p := range have {
+		rel, _ := filepath.Rel(dir, p)
+		got, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, ok := want[rel]
+		switch {
+		case !ok:
+			t.Errorf("deploy/linkerd-cni/%s is not rendered by the chart: run `make manifests`", rel)
+		case string(got) != text:
+			t.Errorf("deploy/linkerd-cni/%s is stale: run `make manifests`", rel)
+		}
+		delete(want, rel)
+	}
+	for rel := range want {
+		t.Errorf("deploy/linkerd-cni/%s is missing: run `make manifests`", rel)
+	}
+}
+
+// TestChartConfigMeansWhatLinkerdsDoes parses each rendering's cni_network_config with the
+// plugin's own parser and compares it with what Linkerd's chart renders for the same values.
+func TestChartConfigMeansWhatLinkerdsDoes(t *testing.T) {
+	for _, r := range renderings(t) {
+		t.Run(r.name, func(t *testing.T) {
+			got := configMapConfig(t, r.ms)
+			g, err := cniplugin.ParseConfig([]byte(got))
+			if err != nil {
+				t.Fatalf("the plugin refuses the rendered config: %v\n%s", err, got)
+			}
+			w, err := cniplugin.ParseConfig([]byte(r.config))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// An empty list and a missing key mean the same.
+			if d := cmp.Diff(w, g, cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("rendered config (-want +got):\n%s\n(rendered %s)", d, got)
+			}
+		})
+	}
+}
+
+// configMapConfig returns cni_network_config of the linkerd-cni-config ConfigMap.
+func configMapConfig(t testing.TB, ms []manifest) string {
+	t.Helper()
+	for _, m := range ms {
+		if m.obj.GetKind() == "ConfigMap" && m.obj.GetName() == "linkerd-cni-config" {
+			s, _, _ := unstructured.NestedString(m.obj.Object, "data", "cni_network_config")
+			return s
+		}
+	}
+	t.Fatal("no ConfigMap linkerd-cni-config")
+	return ""
+}
+
+// TestChartOurValues renders our own keys: the plugin's new config keys, and the node taint's
+// argument and objects.
+func TestChartOurValues(t *testing.T) {
+	ms := renderChart(t, loadChart(t), map[string]any{
+		"logFile": "/var/log/linkerd-cni.log", "excludeNamespaces": []any{"kube-system", "monitoring"},
+		"iptablesMode": "auto", "nodeTaint": "linkerd.io/cni-not-ready",
+		"installer": map[string]any{"adminAddr": "[::1]:9992"},
+	})
+	var conf map[string]any
+	if err := json.Unmarshal([]byte(configMapConfig(t, ms)), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf["log_file"] != "/var/log/linkerd-cni.log" || !reflect.DeepEqual(conf["exclude-namespaces"], []any{"kube-system", "monitoring"}) ||
+		conf["linkerd"].(map[string]any)["iptables-mode"] != "auto" {
+		t.Errorf("config %v lacks log_file, exclude-namespaces or iptables-mode auto", conf)
+	}
+	kinds := map[string]bool{}
+	for _, m := range ms {
+		kinds[m.obj.GetKind()+"/"+m.obj.GetName()] = true
+	}
+	for _, k := range []string{"ClusterRole/linkerd-cni-node-taint", "ClusterRoleBinding/linkerd-cni-node-taint",
+		"ValidatingAdmissionPolicy/linkerd-cni-node-taint", "ValidatingAdmissionPolicyBinding/linkerd-cni-node-taint"} {
+		if !kinds[k] {
+			t.Errorf("nodeTaint renders no %s", k)
+		}
+	}
+	install := container(t, ms, "install-cni")
+	args, _, _ := unstructured.NestedStringSlice(install, "args")
+	if !slices.Contains(args, "--node-taint=linkerd.io/cni-not-ready") || !slices.Contains(args, "--admin-addr=[::1]:9992") {
+		t.Errorf("install-cni args %q", args)
+	}
+	if host, _, _ := unstructured.NestedString(install, "readinessProbe", "httpGet", "host"); host != "::1" {
+		t.Errorf("readiness probe host %q, want ::1", host)
+	}
+}
+
+// container returns the DaemonSet's container named name.
+func container(t testing.TB, ms []manifest, name string) map[string]any {
+	t.Helper()
+	for _, m := range ms {
+		if m.obj.GetKind() != "DaemonSet" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(m.obj.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			if c.(map[string]any)["name"] == name {
+				return c.(map[string]any)
+			}
+		}
+	}
+	return nil
+}
+
+// TestChartRefusesBadValues: bad values fail at render time (values.schema.json, or the chart's
+// own checks) with a message naming the key and the value, and render nothing.
+func TestChartRefusesBadValues(t *testing.T) {
+	ch := loadChart(t)
+	tests := []struct {
+		name   string
+		values map[string]any
+		want   []string // substrings of the error
+	}{
+		{"port above 65535", map[string]any{"inboundProxyPort": 70000}, []string{"at '/inboundProxyPort': maximum: got 70,000, want 65,535"}},
+		{"port 0", map[string]any{"proxyAdminPort": 0}, []string{"proxyAdminPort", "0"}},
+		{"unknown iptablesMode", map[string]any{"iptablesMode": "fast"}, []string{"at '/iptablesMode': 'fast' does not match pattern '^(nft|legacy|plain|nftables|auto)$'"}},
+		{"port list with a bad port", map[string]any{"ignoreInboundPorts": "80,70000"}, []string{"ignoreInboundPorts", "80,70000"}},
+		{"unknown distribution", map[string]any{"distribution": "eks"}, []string{"distribution", "eks"}},
+		{"relative directory", map[string]any{"destCNINetDir": "etc/cni"}, []string{"destCNINetDir", "etc/cni"}},
+		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
+		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
+			[]string{`image.name "cr.l5d.io/linkerd/cni-plugin" is Linkerd's image, which does not hold this chart's programs`}},
+		{"PodSecurityPolicy", map[string]any{"enablePSP": true}, []string{"enablePSP true: PodSecurityPolicy was removed in Kubernetes 1.25"}},
+		{"shared admin address", map[string]any{"repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
+			[]string{`installer.adminAddr and repairController.adminAddr are both "127.0.0.1:9992"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := helmchart.Render(ch, tc.values)
+			if err == nil {
+				t.Fatalf("rendered %d files, want an error", len(files))
+			}
+			if files != nil {
+				t.Errorf("an error and %d files", len(files))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestHelmLint runs helm's linter (what `helm lint --strict` runs) on the chart, with its
+// defaults and with each rendering's values: no warning, no error.
+func TestHelmLint(t *testing.T) {
+	chartDir := filepath.Join(filepath.Dir(deployDir(t)), helmchart.ChartDir)
+	kv, err := chartutil.ParseKubeVersion(helmchart.KubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]map[string]any{"chart defaults": {}}
+	for _, r := range renderings(t) {
+		if r.values != nil {
+			cases[r.name] = r.values
+		}
+	}
+	for name, values := range cases {
+		t.Run(name, func(t *testing.T) {
+			res := lint.AllWithKubeVersion(chartDir, values, helmchart.Namespace, kv)
+			for _, m := range res.Messages {
+				if m.Severity > support.InfoSev {
+					t.Errorf("helm lint: %s", m)
+				}
+			}
+		})
+	}
+	// The linter does judge: a value the schema refuses is an error.
+	res := lint.AllWithKubeVersion(chartDir, map[string]any{"iptablesMode": "fast"}, helmchart.Namespace, kv)
+	if res.HighestSeverity != support.ErrorSev {
+		t.Errorf("helm lint with iptablesMode fast: highest severity %d, want an error; messages %v", res.HighestSeverity, res.Messages)
+	}
+}

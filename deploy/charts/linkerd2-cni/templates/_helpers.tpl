@@ -1,0 +1,82 @@
+{{/* Labels every object carries: the one `linkerd check` looks for, and the user's. */}}
+{{- define "linkerd-cni.labels" -}}
+linkerd.io/cni-resource: "true"
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The node's directories: the value, or the distribution preset's when left at the default. */}}
+{{- define "linkerd-cni.netDir" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "gke" "/etc/cni/net.d" "openshift" "/var/run/multus/cni/net.d" -}}
+{{- if and .Values.distribution (eq .Values.destCNINetDir "/etc/cni/net.d") -}}
+{{- get $presets .Values.distribution -}}
+{{- else -}}
+{{- .Values.destCNINetDir -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "linkerd-cni.binDir" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/data/current/bin" "gke" "/home/kubernetes/bin" "openshift" "/var/lib/cni/bin" -}}
+{{- if and .Values.distribution (eq .Values.destCNIBinDir "/opt/cni/bin") -}}
+{{- get $presets .Values.distribution -}}
+{{- else -}}
+{{- .Values.destCNIBinDir -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "linkerd-cni.privileged" -}}
+{{- or .Values.privileged (eq .Values.distribution "openshift") -}}
+{{- end -}}
+
+{{/* A comma-separated list (a string or a number) as JSON strings: "a","b". */}}
+{{- define "linkerd-cni.quotedList" -}}
+{{- $out := list -}}
+{{- range (toString . | splitList ",") -}}
+{{- if trim . -}}{{- $out = append $out (trim . | quote) -}}{{- end -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* Linkerd's resources form (cpu/memory/ephemeral-storage, each limit and request) as a
+container's resources. */}}
+{{- define "linkerd-cni.resources" -}}
+{{- $limits := dict -}}
+{{- $requests := dict -}}
+{{- range $name, $r := . -}}
+{{- with ($r).limit }}{{ $_ := set $limits $name (toString .) }}{{ end -}}
+{{- with ($r).request }}{{ $_ := set $requests $name (toString .) }}{{ end -}}
+{{- end -}}
+{{- if or $limits $requests -}}
+resources:
+  {{- with $limits }}
+  limits:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $requests }}
+  requests:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* host and port of a host:port admin address. */}}
+{{- define "linkerd-cni.host" -}}
+{{- regexReplaceAll ":[0-9]+$" . "" | trimPrefix "[" | trimSuffix "]" -}}
+{{- end -}}
+{{- define "linkerd-cni.port" -}}
+{{- regexFind "[0-9]+$" . -}}
+{{- end -}}
+
+{{/* Values the schema cannot judge. */}}
+{{- define "linkerd-cni.check" -}}
+{{- if .Values.enablePSP -}}
+{{- fail "enablePSP true: PodSecurityPolicy was removed in Kubernetes 1.25; set enablePSP: false (the namespace's pod-security.kubernetes.io/enforce label replaces it)" -}}
+{{- end -}}
+{{- if hasSuffix "linkerd/cni-plugin" .Values.image.name -}}
+{{- fail (printf "image.name %q is Linkerd's image, which does not hold this chart's programs: use ghcr.io/kubemesh/linkerd-cni (or your mirror of it), e.g. --set image.name=ghcr.io/kubemesh/linkerd-cni,image.version=%s" .Values.image.name .Chart.AppVersion) -}}
+{{- end -}}
+{{- if eq .Values.installer.adminAddr .Values.repairController.adminAddr -}}
+{{- fail (printf "installer.adminAddr and repairController.adminAddr are both %q: the two containers share the node's network namespace and need two ports" .Values.installer.adminAddr) -}}
+{{- end -}}
+{{- end -}}
