@@ -3,9 +3,33 @@ package cniplugin
 import (
 	"fmt"
 	"io"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 )
+
+// PluginMain is the plugin as the container runtime runs it (CNI_COMMAND set), and exits. It is
+// skel's main, except that DEL never fails: skel refuses a config it cannot read (empty, not
+// JSON, an unknown cniVersion) before our Del runs, and a failing DEL blocks the sandbox's
+// teardown forever, while our rules die with the pod's namespace anyway.
+func PluginMain() {
+	err := skel.PluginMainFuncsWithError(New().Funcs(), version.All, About)
+	if err == nil {
+		os.Exit(0)
+	}
+	if os.Getenv("CNI_COMMAND") == "DEL" {
+		fmt.Fprintf(os.Stderr, "linkerd-cni: DEL of container %q: %v; nothing removed (the rules go with the pod's network namespace)\n",
+			os.Getenv("CNI_CONTAINERID"), err)
+		os.Exit(0)
+	}
+	if perr := err.Print(); perr != nil {
+		fmt.Fprintf(os.Stderr, "linkerd-cni: write the error result: %v\n", perr)
+	}
+	os.Exit(1)
+}
 
 const usage = `usage: linkerd-cni <command>
 

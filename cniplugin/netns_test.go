@@ -62,7 +62,7 @@ func TestCommandsInNetns(t *testing.T) {
 			}
 			var cw string
 			if err := n.Do(func() error {
-				b, err := readFileString(closeWaitSysctl)
+				b, err := readFileString(iptables.CloseWaitSysctl)
 				cw = b
 				return err
 			}); err != nil || cw != "42" {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 )
@@ -26,9 +24,6 @@ var About = "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transpare
 // applyTimeout bounds writing, reading back or removing the rules in one namespace.
 const applyTimeout = 60 * time.Second
 
-// closeWaitSysctl is the conntrack CLOSE_WAIT timeout, per network namespace.
-const closeWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
-
 // Plugin runs the CNI commands. Use New; the fields are seams for tests.
 type Plugin struct {
 	// Stdout receives the CNI result and nothing else.
@@ -37,6 +32,9 @@ type Plugin struct {
 	Stderr io.Writer
 	// NewPodAPI builds the Kubernetes client for a config; NewKubeClient by default.
 	NewPodAPI func(*NetConf) (PodAPI, error)
+	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
+	// real one, the same path proxy-init takes.
+	Runner backend.Runner
 }
 
 // New returns the plugin wired to the process's stdout and stderr and the real Kubernetes API.
@@ -163,39 +161,22 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return p.printPrev(c)
 	}
 	if conf.Linkerd.Simulate {
-		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", renderRules(pl.rules))
+		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", pl.rules.Simulation(conf.Linkerd.IPTablesMode))
 		return p.printPrev(c)
 	}
-
-	var (
-		name    string
-		changed bool
-	)
 	if args.Netns == "" {
-		// netnsutil.Do("") would act on the current namespace: the node's. Never.
+		// An empty target would act on the current namespace: the node's. Never.
 		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("meshed pod %s: CNI_NETNS is empty; refusing to write rules outside the pod's namespace", c.podName()))
 	}
 	applyStart := time.Now()
-	err = c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
-		name = a.Name()
-		res, err := backend.Apply(ctx, a, pl.rules)
-		if err != nil {
-			return fmt.Errorf("write rules with %s: %w", a.Name(), err)
-		}
-		changed = res.Changed
-		if pl.settings.CloseWait > 0 {
-			secs := strconv.Itoa(int(pl.settings.CloseWait / time.Second))
-			if err := os.WriteFile(closeWaitSysctl, []byte(secs), 0o644); err != nil {
-				return fmt.Errorf("set %s to %s for %s: %w", closeWaitSysctl, secs, pl.settings.Sources["close-wait-timeout"], err)
-			}
-		}
-		return nil
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	out, err := p.Runner.Apply(ctx, c.target(args.Netns), pl.rules)
 	if err != nil {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
 	}
-	c.log.Info("rules written", "kind", pl.kind, "backend", name, "changed", changed,
-		"apiRequests", pl.requests, "closeWait", pl.settings.CloseWait,
+	c.log.Info("rules written", "kind", pl.kind, "backend", out.Backend, "changed", out.Changed,
+		"apiRequests", pl.requests, "closeWaitSecs", pl.rules.CloseWaitSecs,
 		"lookup", lookupTook, "apply", time.Since(applyStart), "elapsed", time.Since(began))
 	return p.printPrev(c)
 }
@@ -225,34 +206,12 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("pod %s: CNI_NETNS is empty; nothing to check", c.podName()))
 	}
-	err = c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
-		st, err := a.Show(ctx, pl.rules)
-		if err != nil {
-			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
-		}
-		var problems []string
-		for _, f := range st.Families {
-			switch {
-			case pl.kind.NeedsRules() && !f.Diff.Empty():
-				problems = append(problems, fmt.Sprintf("%s: %s", f.Family, f.Diff.String()))
-			case !pl.kind.NeedsRules() && len(f.Rules) > 0:
-				problems = append(problems, fmt.Sprintf("%s: unmeshed pod has rules: extra: %s", f.Family, strings.Join(f.Rules, "\nextra: ")))
-			}
-		}
-		if pl.kind.NeedsRules() && pl.settings.CloseWait > 0 {
-			want := strconv.Itoa(int(pl.settings.CloseWait / time.Second))
-			got, err := os.ReadFile(closeWaitSysctl)
-			if err != nil {
-				problems = append(problems, fmt.Sprintf("read %s: %v", closeWaitSysctl, err))
-			} else if strings.TrimSpace(string(got)) != want {
-				problems = append(problems, fmt.Sprintf("%s is %s, want %s", closeWaitSysctl, strings.TrimSpace(string(got)), want))
-			}
-		}
-		if len(problems) > 0 {
-			return fmt.Errorf("rules (%s) differ from the expected ones for a %s pod:\n%s", st.Backend, pl.kind, strings.Join(problems, "\n"))
-		}
-		return nil
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	st, err := p.Runner.Show(ctx, c.target(args.Netns), pl.rules)
+	if err == nil {
+		err = checkState(st, pl.kind)
+	}
 	if err != nil {
 		return c.fail(types.ErrInternal, fmt.Errorf("CHECK pod %s, netns %s: %w", c.podName(), args.Netns, err))
 	}
@@ -282,10 +241,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		c.log.Debug("netns is gone; nothing to remove", "netns", args.Netns, "error", err)
 		return nil
 	}
-	err := c.inNetns(args.Netns, func(ctx context.Context, a iptables.Applier) error {
-		return backend.Cleanup(ctx, a)
-	})
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	if _, err := p.Runner.Cleanup(ctx, c.target(args.Netns)); err != nil {
 		c.log.Warn("could not remove rules; they go with the netns", "netns", args.Netns, "error", err)
 		return nil
 	}
@@ -311,19 +269,45 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // GC has nothing to collect: all state lives in the pods' namespaces.
 func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 
-// inNetns runs fn inside the pod's namespace with the config's backend and a bounded context.
-func (c *call) inNetns(netns string, fn func(ctx context.Context, a iptables.Applier) error) error {
-	return netnsutil.Do(netns, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
-		defer cancel()
-		l := c.conf.Linkerd
-		a, reason, err := backend.New(backend.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag})
-		if err != nil {
-			return fmt.Errorf("iptables-mode %q: %w", l.IPTablesMode, err)
+// target is the pod's namespace, with the config's backend; the backend choice is logged at
+// debug, since every ADD logs the backend it wrote with.
+func (c *call) target(netns string) backend.Target {
+	l := c.conf.Linkerd
+	return backend.Target{
+		Options:     backend.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag},
+		NetNS:       netns,
+		Log:         c.log,
+		ChoiceLevel: slog.LevelDebug,
+	}
+}
+
+// checkState is CHECK's verdict on the rules read back: exactly the expected ones for a meshed
+// pod, and none of ours in any backend for an unmeshed one.
+func checkState(st iptables.State, kind Kind) error {
+	var problems []string
+	if h := st.HalfApplied(); h != "" && kind.NeedsRules() {
+		problems = append(problems, h)
+	}
+	for _, f := range st.Families {
+		switch {
+		case kind.NeedsRules() && !f.Diff.Empty():
+			problems = append(problems, fmt.Sprintf("%s: %s", f.Family, f.Diff.String()))
+		case !kind.NeedsRules() && len(f.Rules) > 0:
+			problems = append(problems, fmt.Sprintf("%s: unmeshed pod has rules: extra: %s", f.Family, strings.Join(f.Rules, "\nextra: ")))
 		}
-		c.log.Debug("backend chosen", "backend", a.Name(), "reason", reason)
-		return fn(ctx, a)
-	})
+	}
+	for _, e := range st.Elsewhere {
+		problems = append(problems, fmt.Sprintf("%s also holds rules of ours: extra: %s", e.Backend, strings.Join(e.Rules, "\nextra: ")))
+	}
+	for _, sc := range st.Sysctls {
+		if kind.NeedsRules() && !sc.Match() {
+			problems = append(problems, fmt.Sprintf("%s is %s, want %s", sc.File, sc.Have, sc.Want))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("rules (%s) differ from the expected ones for a %s pod:\n%s", st.Backend, kind, strings.Join(problems, "\n"))
+	}
+	return nil
 }
 
 // printPrev writes prevResult, converted to the config's CNI version, as the result.
@@ -439,14 +423,4 @@ func describeSources(src map[string]string) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
-}
-
-func renderRules(rs *iptables.Ruleset) string {
-	var lines []string
-	for _, f := range rs.Families {
-		for _, r := range rs.Rules(f) {
-			lines = append(lines, string(f)+": "+r.String())
-		}
-	}
-	return strings.Join(lines, "\n")
 }

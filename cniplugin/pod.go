@@ -1,7 +1,9 @@
 package cniplugin
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -188,14 +190,26 @@ func (e *AnnotationError) Error() string {
 	return "invalid annotation: " + strings.Join(parts, "; ")
 }
 
-// Settings is what a meshed pod gets: the rule builder's config after the annotations, and the
-// conntrack CLOSE_WAIT timeout to set (zero: leave the kernel's).
+// Settings is what a meshed pod gets: the rule builder's config after the annotations.
 type Settings struct {
-	Config    iptables.Config
-	CloseWait time.Duration
-	// Sources names where each overridden setting came from, e.g.
-	// "skip-outbound-ports": "annotation config.linkerd.io/skip-outbound-ports on namespace web".
+	Config iptables.Config
+	// Sources names where each overridden setting came from, by the rule builder's field name,
+	// e.g. "outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on
+	// namespace web".
 	Sources map[string]string
+}
+
+// annotationFields maps each annotation to the rule builder's field it sets, so that the
+// builder's own validation of that field is reported as a problem with the annotation.
+var annotationFields = map[string]string{
+	AnnotationSkipOutboundPorts: iptables.FieldOutboundPortsToIgnore,
+	AnnotationSkipInboundPorts:  iptables.FieldInboundPortsToIgnore,
+	AnnotationSkipSubnets:       iptables.FieldInboundSubnetsToIgnore,
+	AnnotationProxyUID:          iptables.FieldProxyUID,
+	AnnotationProxyGID:          iptables.FieldProxyGID,
+	AnnotationInboundPort:       iptables.FieldInboundProxyPort,
+	AnnotationOutboundPort:      iptables.FieldOutboundProxyPort,
+	AnnotationCloseWaitTimeout:  iptables.FieldCloseWait,
 }
 
 // Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
@@ -208,8 +222,9 @@ type Settings struct {
 //
 // Each annotation is taken from the pod when it has a non-empty value there, else from the
 // namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
-// ignore after the annotations. Every malformed value is reported at once in an *AnnotationError
-// naming the annotation, the object it is on and the value.
+// ignore after the annotations. The result is validated by the rule builder, like every other
+// input; every malformed value is reported at once in an *AnnotationError naming the annotation,
+// the object it is on and the value.
 func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
 	s := Settings{Config: base, Sources: map[string]string{}}
 	s.Config.PortsToRedirect = clone(base.PortsToRedirect)
@@ -219,97 +234,85 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
 
 	var probs []AnnotationProblem
-	lookup := func(key string) (string, Object, bool) {
-		if v := pod.Annotations[key]; v != "" {
-			return v, pod, true
+	found := map[string]AnnotationProblem{} // by field: the annotation that set it
+	// each takes one annotation when present; set converts its value into the config, and
+	// returns why it cannot when the value does not even have the right form.
+	each := func(key string, set func(v string) string) {
+		var v string
+		var from *Object
+		if v = pod.Annotations[key]; v != "" {
+			from = &pod
+		} else if ns != nil && ns.Annotations[key] != "" {
+			v, from = ns.Annotations[key], ns
 		}
-		if ns != nil {
-			if v := ns.Annotations[key]; v != "" {
-				return v, *ns, true
-			}
-		}
-		return "", Object{}, false
-	}
-	// each parses one annotation when present; apply returns the reason the value is bad, if any.
-	each := func(key, field string, apply func(v string) string) {
-		v, from, ok := lookup(key)
-		if !ok {
+		if from == nil {
 			return
 		}
-		if reason := apply(strings.TrimSpace(v)); reason != "" {
-			probs = append(probs, AnnotationProblem{Annotation: key, Value: v, On: from.String(), Reason: reason})
+		src := AnnotationProblem{Annotation: key, Value: v, On: from.String()}
+		if reason := set(strings.TrimSpace(v)); reason != "" {
+			src.Reason = reason
+			probs = append(probs, src)
 			return
 		}
-		if field != "" {
-			s.Sources[field] = "annotation " + key + " on " + from.String()
-		}
+		field := annotationFields[key]
+		found[field] = src
+		s.Sources[field] = "annotation " + key + " on " + from.String()
 	}
-	portList := func(v string) ([]string, string) {
-		if _, err := iptables.ParsePorts(v); err != nil {
-			return nil, err.Error()
-		}
-		return splitList(v), ""
-	}
-	port := func(dst *int) func(string) string {
+	integer := func(dst *int, what string) func(string) string {
 		return func(v string) string {
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				return "not a port number"
-			}
-			if n < 1 || n > 65535 {
-				return "port is outside 1-65535"
-			}
-			*dst = n
-			return ""
-		}
-	}
-	id := func(dst *int, what string) func(string) string {
-		return func(v string) string {
-			n, err := strconv.Atoi(v)
-			switch {
-			case err != nil:
 				return "not an integer " + what
-			case n == 0:
-				return "refusing to exempt " + what + " 0 (root): use -1 for no exemption"
-			case n < -1:
-				return "must be -1 (none) or a positive " + what
 			}
 			*dst = n
 			return ""
 		}
 	}
 
-	each(AnnotationSkipOutboundPorts, iptables.FieldOutboundPortsToIgnore, func(v string) string {
-		ports, reason := portList(v)
-		if reason == "" {
-			s.Config.OutboundPortsToIgnore = ports
-		}
-		return reason
+	each(AnnotationSkipOutboundPorts, func(v string) string {
+		s.Config.OutboundPortsToIgnore = splitList(v)
+		return ""
 	})
-	each(AnnotationSkipInboundPorts, iptables.FieldInboundPortsToIgnore, func(v string) string {
-		ports, reason := portList(v)
-		if reason == "" {
-			s.Config.InboundPortsToIgnore = append(s.Config.InboundPortsToIgnore, ports...)
-		}
-		return reason
+	each(AnnotationSkipInboundPorts, func(v string) string {
+		s.Config.InboundPortsToIgnore = append(s.Config.InboundPortsToIgnore, splitList(v)...)
+		return ""
 	})
-	each(AnnotationSkipSubnets, iptables.FieldInboundSubnetsToIgnore, func(v string) string {
-		if _, err := iptables.ParseCIDRs(v); err != nil {
-			return err.Error()
-		}
+	each(AnnotationSkipSubnets, func(v string) string {
 		s.Config.InboundSubnetsToIgnore = splitList(v)
 		return ""
 	})
-	each(AnnotationProxyUID, iptables.FieldProxyUID, id(&s.Config.ProxyUID, "UID"))
-	each(AnnotationProxyGID, iptables.FieldProxyGID, id(&s.Config.ProxyGID, "GID"))
-	each(AnnotationInboundPort, iptables.FieldInboundProxyPort, port(&s.Config.InboundProxyPort))
-	each(AnnotationOutboundPort, iptables.FieldOutboundProxyPort, port(&s.Config.OutboundProxyPort))
-	each(AnnotationCloseWaitTimeout, "close-wait-timeout", func(v string) string {
-		d, reason := parseCloseWait(v)
-		s.CloseWait = d
+	each(AnnotationProxyUID, integer(&s.Config.ProxyUID, "UID"))
+	each(AnnotationProxyGID, integer(&s.Config.ProxyGID, "GID"))
+	each(AnnotationInboundPort, integer(&s.Config.InboundProxyPort, "port"))
+	each(AnnotationOutboundPort, integer(&s.Config.OutboundProxyPort, "port"))
+	each(AnnotationCloseWaitTimeout, func(v string) string {
+		secs, reason := parseCloseWait(v)
+		s.Config.CloseWaitSecs = secs
 		return reason
 	})
+	// Values of the wrong form left their field as it was in base, which is valid, so every
+	// other problem is still found here, at once.
+	{
+		var verr *iptables.ValidationError
+		if err := s.Config.Validate(); errors.As(err, &verr) {
+			for _, p := range verr.Problems {
+				src, ok := found[p.Field]
+				if !ok {
+					// Not from an annotation: base itself was invalid (ParseConfig refuses that).
+					return Settings{}, err
+				}
+				src.Reason = p.Reason
+				if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
+					src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
+				}
+				probs = append(probs, src)
+			}
+		}
+	}
 	if len(probs) > 0 {
+		slices.SortStableFunc(probs, func(a, b AnnotationProblem) int {
+			return slices.Index(Annotations, a.Annotation) - slices.Index(Annotations, b.Annotation)
+		})
 		return Settings{}, &AnnotationError{Problems: probs}
 	}
 	if len(apiServerPorts) > 0 {
@@ -319,13 +322,14 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 }
 
 // parseCloseWait accepts what the proxy injector accepts (a Go duration such as "1h"), and whole
-// seconds for convenience. The kernel takes whole seconds, at least one.
-func parseCloseWait(v string) (time.Duration, string) {
-	if n, err := strconv.Atoi(v); err == nil {
+// seconds for convenience, and returns whole seconds. Whether the kernel takes that many is the
+// rule builder's check.
+func parseCloseWait(v string) (int64, string) {
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 		if n < 1 {
 			return 0, "must be at least 1s"
 		}
-		return time.Duration(n) * time.Second, ""
+		return n, ""
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
@@ -334,7 +338,7 @@ func parseCloseWait(v string) (time.Duration, string) {
 	if d < time.Second {
 		return 0, "must be at least 1s"
 	}
-	return d.Truncate(time.Second), ""
+	return int64(d / time.Second), ""
 }
 
 // splitList splits a comma-separated annotation value into trimmed, non-empty items.

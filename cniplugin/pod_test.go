@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -89,9 +88,8 @@ func TestMerge(t *testing.T) {
 		ns       *Object
 		apiPorts []string
 		// edit turns the base config into the expected one.
-		edit      func(c *iptables.Config)
-		closeWait time.Duration
-		sources   map[string]string
+		edit    func(c *iptables.Config)
+		sources map[string]string
 	}{
 		{name: "no annotations", pod: pod(nil), ns: ns(nil), edit: func(*iptables.Config) {}},
 		{name: "skip-outbound-ports replaces", pod: pod(map[string]string{AnnotationSkipOutboundPorts: "3306, 5432-5440"}),
@@ -112,11 +110,11 @@ func TestMerge(t *testing.T) {
 				"proxy-gid": "annotation config.linkerd.io/proxy-gid on pod web/api-0", "incoming-proxy-port": "annotation config.linkerd.io/inbound-port on pod web/api-0",
 				"outgoing-proxy-port": "annotation config.linkerd.io/outbound-port on pod web/api-0"}},
 		{name: "close-wait duration", pod: pod(map[string]string{AnnotationCloseWaitTimeout: "1m30.5s"}),
-			edit: func(*iptables.Config) {}, closeWait: 90 * time.Second,
-			sources: map[string]string{"close-wait-timeout": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
+			edit:    func(c *iptables.Config) { c.CloseWaitSecs = 90 },
+			sources: map[string]string{"timeout-close-wait-secs": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
 		{name: "close-wait seconds", pod: pod(map[string]string{AnnotationCloseWaitTimeout: "120"}),
-			edit: func(*iptables.Config) {}, closeWait: 120 * time.Second,
-			sources: map[string]string{"close-wait-timeout": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
+			edit:    func(c *iptables.Config) { c.CloseWaitSecs = 120 },
+			sources: map[string]string{"timeout-close-wait-secs": "annotation config.linkerd.io/close-wait-timeout on pod web/api-0"}},
 		{name: "inherited from the namespace", pod: pod(nil),
 			ns: ns(map[string]string{AnnotationSkipOutboundPorts: "3306", AnnotationSkipInboundPorts: "9090", AnnotationProxyUID: "3000"}),
 			edit: func(c *iptables.Config) {
@@ -157,9 +155,6 @@ func TestMerge(t *testing.T) {
 			if !reflect.DeepEqual(base, baseConfig()) {
 				t.Errorf("Merge modified its base config: %+v", base)
 			}
-			if got.CloseWait != tt.closeWait {
-				t.Errorf("close wait %s, want %s", got.CloseWait, tt.closeWait)
-			}
 			if tt.sources == nil {
 				tt.sources = map[string]string{}
 			}
@@ -170,6 +165,36 @@ func TestMerge(t *testing.T) {
 				t.Errorf("merged config does not build: %v", err)
 			}
 		})
+	}
+}
+
+// Numbers that once passed: a UID above 2^32-2 became root's exemption in the nftables rules,
+// and close-wait values overflowed (18446744074 s wrapped to 290 ms and wrote 0) or were dropped.
+func TestMergeNumericBounds(t *testing.T) {
+	tests := []struct{ annotation, value, want string }{
+		{AnnotationProxyUID, "4294967296", `annotation config.linkerd.io/proxy-uid="4294967296" on pod web/api-0: must be -1 (none) or a UID from 1 to 4294967294`},
+		{AnnotationProxyGID, "4294967295", `annotation config.linkerd.io/proxy-gid="4294967295" on pod web/api-0: must be -1 (none) or a GID from 1 to 4294967294`},
+		{AnnotationProxyUID, "99999999999999999999", `annotation config.linkerd.io/proxy-uid="99999999999999999999" on pod web/api-0: not an integer UID`},
+		{AnnotationCloseWaitTimeout, "18446744074", `annotation config.linkerd.io/close-wait-timeout="18446744074" on pod web/api-0: must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts`},
+		{AnnotationCloseWaitTimeout, "9999999999", `annotation config.linkerd.io/close-wait-timeout="9999999999" on pod web/api-0: must be 0 (leave the kernel's) or 1 to 2147483 seconds`},
+		{AnnotationCloseWaitTimeout, "600h", `annotation config.linkerd.io/close-wait-timeout="600h" on pod web/api-0: "2160000": must be 0 (leave the kernel's) or 1 to 2147483 seconds`},
+		{AnnotationCloseWaitTimeout, "999999999h", `annotation config.linkerd.io/close-wait-timeout="999999999h" on pod web/api-0: not a duration such as "1h" or "3600s"`},
+		{AnnotationCloseWaitTimeout, "0", `annotation config.linkerd.io/close-wait-timeout="0" on pod web/api-0: must be at least 1s`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.annotation+"="+tt.value, func(t *testing.T) {
+			pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{tt.annotation: tt.value}}
+			_, err := Merge(baseConfig(), pod, nil, nil)
+			var ae *AnnotationError
+			if !errors.As(err, &ae) || len(ae.Problems) != 1 || !strings.HasPrefix(ae.Problems[0].String(), tt.want) {
+				t.Fatalf("err = %v\nwant one problem starting %s", err, tt.want)
+			}
+		})
+	}
+	// The largest values the kernel and the ID space take are accepted.
+	ok := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{AnnotationProxyUID: "4294967294", AnnotationCloseWaitTimeout: "2147483"}}
+	if s, err := Merge(baseConfig(), ok, nil, nil); err != nil || s.Config.ProxyUID != 4294967294 || s.Config.CloseWaitSecs != 2147483 {
+		t.Errorf("Merge = %+v, %v", s.Config, err)
 	}
 }
 
@@ -196,9 +221,9 @@ func TestMergeMalformed(t *testing.T) {
 		`annotation config.linkerd.io/skip-inbound-ports="9000-8000" on pod web/api-0: range 9000-8000 is reversed`,
 		`annotation config.linkerd.io/skip-subnets="10.0.0.0/8,nope" on namespace web: "nope" is not a CIDR or an IP address`,
 		`annotation config.linkerd.io/proxy-uid="0" on pod web/api-0: refusing to exempt UID 0 (root): use -1 for no exemption`,
-		`annotation config.linkerd.io/proxy-gid="-5" on namespace web: must be -1 (none) or a positive GID`,
+		`annotation config.linkerd.io/proxy-gid="-5" on namespace web: must be -1 (none) or a GID from 1 to 4294967294`,
 		`annotation config.linkerd.io/inbound-port="70000" on pod web/api-0: port is outside 1-65535`,
-		`annotation config.linkerd.io/outbound-port="x" on namespace web: not a port number`,
+		`annotation config.linkerd.io/outbound-port="x" on namespace web: not an integer port`,
 		`annotation config.linkerd.io/close-wait-timeout="soon" on pod web/api-0: not a duration such as "1h" or "3600s"`,
 	}
 	if len(ae.Problems) != len(want) {

@@ -9,16 +9,21 @@ import (
 type SavedState struct {
 	// Chains are our chains that exist, whether or not they hold rules.
 	Chains []string
-	// Rules are the lines inside our chains, and the lines anywhere that jump to them, in
-	// iptables-save order.
+	// Rules are the lines inside our chains, and the lines anywhere that jump to them with one
+	// of our comments, in iptables-save order.
 	Rules []string
+	// ForeignJumps are other lines that jump to our chains: someone's own rules, which an apply
+	// keeps and only a cleanup (which removes the chains they point to) deletes.
+	ForeignJumps []string
 }
 
 // Empty reports whether nothing of ours is present.
-func (s SavedState) Empty() bool { return len(s.Chains) == 0 && len(s.Rules) == 0 }
+func (s SavedState) Empty() bool {
+	return len(s.Chains) == 0 && len(s.Rules) == 0 && len(s.ForeignJumps) == 0
+}
 
-// Jumps returns the saved rules that jump into our chains from other chains, parsed back into
-// Rules so they can be deleted exactly as they are.
+// Jumps returns the saved rules of ours that jump into our chains from other chains, parsed back
+// into Rules so they can be deleted exactly as they are.
 func (s SavedState) Jumps() []Rule {
 	var out []Rule
 	for _, l := range s.Rules {
@@ -54,8 +59,12 @@ func ParseSave(save string) SavedState {
 			}
 		case strings.HasPrefix(l, "-A "):
 			chain, _, _ := strings.Cut(l[3:], " ")
-			if isOurChain(chain) || strings.HasSuffix(l, " -j "+RedirectChain) || strings.HasSuffix(l, " -j "+OutputChain) {
+			jump := strings.HasSuffix(l, " -j "+RedirectChain) || strings.HasSuffix(l, " -j "+OutputChain)
+			switch {
+			case isOurChain(chain) || jump && strings.Contains(l, ` --comment "`+CommentPrefix):
 				s.Rules = append(s.Rules, l)
+			case jump:
+				s.ForeignJumps = append(s.ForeignJumps, l)
 			}
 		}
 	}
@@ -141,9 +150,10 @@ func (r *Ruleset) Saved(f Family) SavedState {
 // TransitionPayload(current, rs.Saved(f)), which rs.Payload renders more cheaply; rolling back is
 // the reverse; cleanup is a transition to the empty state.
 //
-// Our chains are declared, which flushes them, and refilled from target. Jumps into them are
-// deleted or added one by one, so a jump already in place is never removed and re-added (no gap)
-// and duplicates left by older tools are removed.
+// Our chains are declared, which flushes them, and refilled from target. Jumps of ours into them
+// are deleted or added one by one, so a jump already in place is never removed and re-added (no
+// gap) and duplicates left by older tools are removed. Someone else's jumps into our chains are
+// kept, unless the target has no chains: then they go too, or the chains could not be deleted.
 func TransitionPayload(current, target SavedState) string {
 	rules := make([]Rule, len(target.Rules))
 	for i, l := range target.Rules {
@@ -181,6 +191,11 @@ func transition(current SavedState, keepChains bool, target []Rule) string {
 			keep[j.String()]++
 		}
 	}
+	if !keepChains {
+		for _, l := range current.ForeignJumps {
+			savedRule(l).writeTo(&b, "-D ")
+		}
+	}
 	have := map[string]int{}
 	for _, j := range current.Jumps() {
 		if keep[j.String()] > have[j.String()] {
@@ -210,4 +225,15 @@ func transition(current SavedState, keepChains bool, target []Rule) string {
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
+}
+
+// CleanupPayload is the iptables-restore --noflush transaction that removes our chains and our
+// jumps to them, as they are after an apply: what `cleanup --simulate` shows. (Cleanup itself
+// transitions from the state it reads back, which may hold more.)
+func CleanupPayload() string {
+	applied := SavedState{Chains: []string{OutputChain, RedirectChain}}
+	for _, j := range XTJumps() {
+		applied.Rules = append(applied.Rules, j.Rule().String())
+	}
+	return TransitionPayload(applied, SavedState{})
 }

@@ -41,7 +41,16 @@ const (
 	FieldInboundSubnetsToIgnore  = "subnets-to-ignore"
 	FieldOutboundSubnetsToIgnore = "outbound-subnets-to-ignore"
 	FieldMode                    = "iptables-mode"
+	FieldCloseWait               = "timeout-close-wait-secs"
 )
+
+// MaxID is the largest user or group ID: 2^32-1 is (uid_t)-1, which no socket owner has.
+const MaxID = 1<<32 - 2
+
+// MaxCloseWaitSecs is the longest conntrack CLOSE_WAIT timeout every kernel accepts: the kernel
+// keeps it in jiffies in an int, so it refuses more than INT_MAX/HZ seconds, and HZ is at most
+// 1000. Checking it up front keeps a too-large value from failing after the rules are written.
+const MaxCloseWaitSecs = (1<<31 - 1) / 1000
 
 // Config is what the user asked for, in the user's own terms: port lists are the strings given on
 // the command line or in JSON ("4190,4191", "1000-2000"), so that Validate can name the exact
@@ -64,6 +73,9 @@ type Config struct {
 	IPv6 bool
 	// Mode is the backend; empty means ModeAuto.
 	Mode Mode
+	// CloseWaitSecs, when positive, is the conntrack CLOSE_WAIT timeout to set in the namespace
+	// (nf_conntrack_tcp_timeout_close_wait); 0 leaves the kernel's.
+	CloseWaitSecs int64
 }
 
 // NewConfig returns a Config with proxy-init's defaults: ports unset, no UID or GID exemption,
@@ -123,6 +135,10 @@ func ParsePort(s string) (PortRange, error) {
 		return PortRange{}, errors.New("empty port")
 	}
 	lo, hi, isRange := strings.Cut(s, "-")
+	if lo == "" {
+		// "-5": a negative number, or a range with no start; either way not a port.
+		return PortRange{}, fmt.Errorf("%q is not a port number or a range a-b", s)
+	}
 	first, err := parsePortNumber(lo)
 	if err != nil {
 		return PortRange{}, err
@@ -241,8 +257,9 @@ func (c Config) plan() (*Ruleset, error) {
 		switch {
 		case v == 0:
 			bad(field, "0", "refusing to exempt "+what+" 0 (root): use -1 for no exemption")
-		case v < -1:
-			bad(field, strconv.Itoa(v), "must be -1 (none) or a positive "+what)
+		case v < -1 || v > MaxID:
+			// Above MaxID a 32-bit ID wraps: 2^32 would exempt root.
+			bad(field, strconv.Itoa(v), fmt.Sprintf("must be -1 (none) or a %s from 1 to %d", what, MaxID))
 		}
 	}
 	ports := func(field string, values []string) []PortRange {
@@ -310,6 +327,11 @@ func (c Config) plan() (*Ruleset, error) {
 	default:
 		bad(FieldMode, string(c.Mode), "unknown mode; want one of auto, legacy, nft, plain, nftables")
 	}
+	if c.CloseWaitSecs < 0 || c.CloseWaitSecs > MaxCloseWaitSecs {
+		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),
+			fmt.Sprintf("must be 0 (leave the kernel's) or 1 to %d seconds, the most every kernel accepts", MaxCloseWaitSecs))
+	}
+	rs.CloseWaitSecs = c.CloseWaitSecs
 	if len(probs) > 0 {
 		return nil, &ValidationError{Problems: probs}
 	}

@@ -35,7 +35,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		`outbound-subnets-to-ignore "::ffff:10.0.0.0/104": "::ffff:10.0.0.0/104" is an IPv4-mapped IPv6 subnet; write the IPv4 subnet`,
 		`outbound-subnets-to-ignore "fe80::1%eth0": "fe80::1%eth0" has a zone, which a subnet cannot have`,
 		`proxy-uid "0": refusing to exempt UID 0 (root): use -1 for no exemption`,
-		`proxy-gid "-5": must be -1 (none) or a positive GID`,
+		`proxy-gid "-5": must be -1 (none) or a GID from 1 to 4294967294`,
 		`iptables-mode "iptables-magic": unknown mode; want one of auto, legacy, nft, plain, nftables`,
 	}
 	msg := err.Error()
@@ -49,6 +49,42 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 	if _, err := Build(c); err == nil {
 		t.Error("Build accepted what Validate refused")
+	}
+}
+
+// Every numeric bound, at and just past its edge. A UID or GID past 2^32-2 used to be accepted
+// and wrapped to 0 in the nftables rules, exempting root's traffic; a close-wait timeout past
+// what the kernel takes used to fail only after the rules were written.
+func TestNumericBounds(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		want string // "" means valid
+	}{
+		{"largest uid", func(c *Config) { c.ProxyUID = 4294967294 }, ""},
+		{"uid 2^32-1", func(c *Config) { c.ProxyUID = 4294967295 }, `proxy-uid "4294967295": must be -1 (none) or a UID from 1 to 4294967294`},
+		{"uid 2^32 would be root", func(c *Config) { c.ProxyUID = 4294967296 }, `proxy-uid "4294967296": must be -1 (none) or a UID from 1 to 4294967294`},
+		{"gid 2^32+2102", func(c *Config) { c.ProxyGID = 1<<32 + 2102 }, `proxy-gid "4294969398": must be -1 (none) or a GID from 1 to 4294967294`},
+		{"uid 0", func(c *Config) { c.ProxyUID = 0 }, `proxy-uid "0": refusing to exempt UID 0 (root): use -1 for no exemption`},
+		{"close-wait at the kernel's limit", func(c *Config) { c.CloseWaitSecs = 2147483 }, ""},
+		{"close-wait past it", func(c *Config) { c.CloseWaitSecs = 2147484 }, `timeout-close-wait-secs "2147484": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts`},
+		{"close-wait that once wrapped", func(c *Config) { c.CloseWaitSecs = 18446744074 }, `timeout-close-wait-secs "18446744074": must be 0`},
+		{"negative close-wait", func(c *Config) { c.CloseWaitSecs = -1 }, `timeout-close-wait-secs "-1": must be 0`},
+		{"negative port", func(c *Config) { c.OutboundPortsToIgnore = []string{"-5"} }, `outbound-ports-to-ignore "-5": "-5" is not a port number or a range a-b`},
+		{"range without start", func(c *Config) { c.InboundPortsToIgnore = []string{"-80"} }, `inbound-ports-to-ignore "-80": "-80" is not a port number or a range a-b`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := chartConfig()
+			tt.mod(&c)
+			err := c.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
 	}
 }
 
@@ -158,6 +194,23 @@ func TestCompareAndTransition(t *testing.T) {
 	clean := TransitionPayload(got, SavedState{})
 	if strings.Count(clean, "-D ") != 3 || !strings.Contains(clean, "-X PROXY_INIT_REDIRECT\n") {
 		t.Errorf("cleanup payload:\n%s", clean)
+	}
+
+	// Someone's own jump into our chain is theirs: not compared, kept by an apply, deleted only
+	// by a cleanup (the chain it points to goes).
+	user := "-A OUTPUT -d 198.51.100.0/24 -j PROXY_INIT_OUTPUT"
+	withUser := ParseSave("*nat\n:PROXY_INIT_OUTPUT - [0:0]\n:PROXY_INIT_REDIRECT - [0:0]\n" + strings.Join(want.Rules, "\n") + "\n" + user + "\nCOMMIT\n")
+	if !slices.Equal(withUser.ForeignJumps, []string{user}) {
+		t.Errorf("foreign jumps = %q, want %q", withUser.ForeignJumps, user)
+	}
+	if d := rs.Compare(IPv4, withUser); !d.Empty() {
+		t.Errorf("a user's own jump counts as a difference: %s", d)
+	}
+	if p := rs.Payload(IPv4, withUser); strings.Contains(p, "-D OUTPUT") {
+		t.Errorf("apply deletes the user's own jump:\n%s", p)
+	}
+	if p := TransitionPayload(withUser, SavedState{}); !strings.Contains(p, "-D OUTPUT -d 198.51.100.0/24 -j PROXY_INIT_OUTPUT\n") {
+		t.Errorf("cleanup keeps a jump into the chain it deletes:\n%s", p)
 	}
 
 	// A rule with neither matches nor target, which iptables-save prints as "-A <chain>", is

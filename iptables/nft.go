@@ -496,6 +496,12 @@ func (t NFTTable) Script() string {
 	return b.String()
 }
 
+// NFTCleanupScript is the `nft -f` script that removes our table: what `cleanup --simulate`
+// shows for the nftables backend.
+func NFTCleanupScript() string {
+	return "delete table " + NFTFamily + " " + NFTTableName + "\n"
+}
+
 // NFTScript renders the `nft -f` script that writes r's table: what --simulate prints for the
 // nftables backend.
 func (r *Ruleset) NFTScript() string { return r.NFT().Script() }

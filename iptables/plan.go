@@ -109,10 +109,20 @@ type PlanChain struct {
 	Steps     []Step
 }
 
-// Plan returns our two chains, PROXY_INIT_REDIRECT then PROXY_INIT_OUTPUT, with their steps in
-// the order the kernel evaluates them: the first RETURN or REDIRECT that matches wins.
+// Chains returns our two chains, PROXY_INIT_REDIRECT then PROXY_INIT_OUTPUT, without steps:
+// their names, hooks and jumps depend on no configuration, so cleanup needs none.
+func Chains() []PlanChain {
+	return []PlanChain{
+		{Name: RedirectChain, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
+		{Name: OutputChain, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
+	}
+}
+
+// Plan returns our two chains (Chains) with their steps in the order the kernel evaluates them:
+// the first RETURN or REDIRECT that matches wins.
 func (r *Ruleset) Plan() []PlanChain {
-	in := PlanChain{Name: RedirectChain, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"}
+	chains := Chains()
+	in, out := &chains[0], &chains[1]
 	if len(r.InboundIgnorePorts) > 0 {
 		in.Steps = append(in.Steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.InboundIgnorePorts})
 	}
@@ -125,7 +135,6 @@ func (r *Ruleset) Plan() []PlanChain {
 		in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-port-", NameTail: "-to-proxy-port", Ports: r.RedirectPorts, Port: r.InboundProxyPort})
 	}
 
-	out := PlanChain{Name: OutputChain, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"}
 	if r.ProxyUID >= 0 {
 		out.Steps = append(out.Steps, Step{Kind: StepIgnoreUID, Name: "ignore-proxy-user-id", ID: uint32(r.ProxyUID)})
 	}
@@ -140,7 +149,7 @@ func (r *Ruleset) Plan() []PlanChain {
 		out.Steps = append(out.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.OutboundIgnoreSubnets})
 	}
 	out.Steps = append(out.Steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
-	return []PlanChain{in, out}
+	return chains
 }
 
 // xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".

@@ -47,6 +47,9 @@ type Ruleset struct {
 	OutboundIgnorePorts   []PortRange
 	InboundIgnoreSubnets  []netip.Prefix
 	OutboundIgnoreSubnets []netip.Prefix
+	// CloseWaitSecs, when positive, is the conntrack CLOSE_WAIT timeout the namespace gets. It
+	// is no rule, and not part of Hash.
+	CloseWaitSecs int64
 
 	// rendered caches Rules per family: apply, compare and payloads all need the same lines,
 	// and rendering a thousand rules more than once is a visible part of a one-shot run.
@@ -243,10 +246,10 @@ func (r *Ruleset) XTChainRules(f Family) []XTRule {
 }
 
 // XTJumps returns the rules that hook our chains into the built-in nat chains. They are the
-// same for both families.
-func (r *Ruleset) XTJumps() []XTRule {
+// same for both families and every configuration.
+func XTJumps() []XTRule {
 	var out []XTRule
-	for _, c := range r.Plan() {
+	for _, c := range Chains() {
 		out = append(out, XTRule{Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
 	}
 	return out
@@ -256,7 +259,7 @@ func (r *Ruleset) XTJumps() []XTRule {
 // first (built-in chains are printed before ours), then our chains in name order.
 func (r *Ruleset) XTRules(f Family) []XTRule {
 	chain := r.XTChainRules(f)
-	out := append(make([]XTRule, 0, len(chain)+2), r.XTJumps()...)
+	out := append(make([]XTRule, 0, len(chain)+2), XTJumps()...)
 	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
 	for _, c := range []string{OutputChain, RedirectChain} {
 		for _, rl := range chain {

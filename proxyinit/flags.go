@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kubemesh/proxy-init/internal/logging"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -65,12 +65,9 @@ type Options struct {
 	// NetNS is the path of the network namespace to work in; empty means the current one.
 	NetNS       string
 	UseWaitFlag bool
-	// TimeoutCloseWaitSecs, when positive, is written to nf_conntrack_tcp_timeout_close_wait in
-	// the namespace.
-	TimeoutCloseWaitSecs int
-	LogFormat            string // "plain" or "json"
-	LogLevel             slog.Level
-	Output               string // "text" or "json": how show and version print
+	LogFormat   string // "plain" or "json"
+	LogLevel    slog.Level
+	Output      string // "text" or "json": how show and version print
 	// Warnings are accepted but ignored inputs, logged once the logger exists.
 	Warnings []string
 	// rules is Config built while it was validated (nil if it was not valid), so that a thousand
@@ -138,7 +135,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
 	fs.Var(v.inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
 	fs.Var(v.outSubnets, iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
-	fs.Var(v.simulate, flagSimulate, "print the iptables-restore payloads that would be written, and change nothing")
+	fs.Var(v.simulate, flagSimulate, "print what would be written (the iptables-restore payloads and, in nftables and auto modes, the nft script), and change nothing")
 	fs.StringVar(&v.netns, flagNetNS, "", "path of the network namespace to work in (e.g. /run/netns/pod), entered in-process")
 	fs.VarP(v.wait, flagUseWait, "w", "wait for the xtables lock (bounded) instead of failing when it is held")
 	fs.Var(v.closeWait, flagCloseWait, "set nf_conntrack_tcp_timeout_close_wait in the namespace to this many seconds (0: leave alone)")
@@ -234,10 +231,7 @@ func Parse(args []string) (*Options, error) {
 	c.IPv6 = boolOf(flagIPv6, v.ipv6)
 	o.Simulate = boolOf(flagSimulate, v.simulate)
 	o.UseWaitFlag = boolOf(flagUseWait, v.wait)
-	o.TimeoutCloseWaitSecs = intOf(flagCloseWait, v.closeWait)
-	if o.TimeoutCloseWaitSecs < 0 {
-		bad(flagCloseWait, v.closeWait.raw, "must be 0 (leave alone) or a positive number of seconds")
-	}
+	c.CloseWaitSecs = int64(intOf(flagCloseWait, v.closeWait))
 	o.NetNS = v.netns
 
 	mode, source, warnings, modeProbs := resolveMode(fs, v)
@@ -261,8 +255,8 @@ func Parse(args []string) (*Options, error) {
 
 	if o.Command != CommandVersion {
 		if o.NetNS != "" {
-			if _, err := os.Stat(o.NetNS); err != nil {
-				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+statReason(err))
+			if err := netnsutil.CheckNetNS(o.NetNS); err != nil {
+				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+err.Error())
 			}
 		}
 		var cp []iptables.Problem
@@ -309,14 +303,6 @@ func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pf
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-func statReason(err error) string {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err.Error()
-	}
-	return err.Error()
 }
 
 func lookupCommand(s string) (Command, bool) {

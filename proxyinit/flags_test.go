@@ -62,10 +62,11 @@ func TestParseLinkerdCommandLines(t *testing.T) {
 				c.InboundSubnetsToIgnore = []string{"10.0.0.0/8, 2001:db8::/32"}
 				c.IPv6 = false
 				c.Mode = iptables.ModeNFT
+				c.CloseWaitSecs = 3600
 			}),
 			check: func(t *testing.T, o *Options) {
-				if o.TimeoutCloseWaitSecs != 3600 || o.LogFormat != "json" || o.LogLevel != slog.LevelDebug {
-					t.Errorf("close-wait %d, log format %q, level %v; want 3600, json, debug", o.TimeoutCloseWaitSecs, o.LogFormat, o.LogLevel)
+				if o.Config.CloseWaitSecs != 3600 || o.LogFormat != "json" || o.LogLevel != slog.LevelDebug {
+					t.Errorf("close-wait %d, log format %q, level %v; want 3600, json, debug", o.Config.CloseWaitSecs, o.LogFormat, o.LogLevel)
 				}
 			},
 		},
@@ -224,12 +225,26 @@ func TestBadInput(t *testing.T) {
 				"  --firewall-save-bin-path \"/usr/sbin/ebtables-save\": cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)\n"},
 		{"bad log settings, bool and close-wait", chartArgs("--log-format", "xml", "--log-level", "loud", "--ipv6=maybe", "--timeout-close-wait-secs", "-5"),
 			"proxy-init: invalid input:\n" +
-				"  --timeout-close-wait-secs \"-5\": must be 0 (leave alone) or a positive number of seconds\n" +
+				"  --timeout-close-wait-secs \"-5\": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts\n" +
 				"  --log-format \"xml\": unknown log format; want plain or json\n" +
 				"  --log-level \"loud\": unknown log level; want trace, debug, info, warn or error\n" +
 				"  --ipv6 \"maybe\": not a boolean (want true or false)\n"},
 		{"missing netns", chartArgs("--netns", "/run/netns/does-not-exist-proxyinit-test"),
 			"proxy-init: invalid input:\n  --netns \"/run/netns/does-not-exist-proxyinit-test\": cannot use it as a network namespace: no such file or directory\n"},
+		{"netns at a file", chartArgs("--netns", "/etc/hostname"),
+			"proxy-init: invalid input:\n  --netns \"/etc/hostname\": cannot use it as a network namespace: a file, not a namespace (a namespace is /proc/PID/ns/net or a bind mount of it, e.g. under /run/netns)\n"},
+		{"netns at a directory", chartArgs("--netns", "/proc/self/ns"),
+			"proxy-init: invalid input:\n  --netns \"/proc/self/ns\": cannot use it as a network namespace: a directory, not a namespace (a namespace is /proc/PID/ns/net or a bind mount of it, e.g. under /run/netns)\n"},
+		{"netns at another namespace type", chartArgs("--netns", "/proc/self/ns/mnt"),
+			"proxy-init: invalid input:\n  --netns \"/proc/self/ns/mnt\": cannot use it as a network namespace: a mount namespace, not a network namespace\n"},
+		{"IDs past 2^32-2 (2^32 would exempt root) and a close-wait past the kernel's limit",
+			[]string{"-p", "4143", "-o", "4140", "-u", "4294967296", "-g", "4294967295", "--timeout-close-wait-secs", "18446744074"},
+			"proxy-init: invalid input:\n" +
+				"  --proxy-uid \"4294967296\": must be -1 (none) or a UID from 1 to 4294967294\n" +
+				"  --proxy-gid \"4294967295\": must be -1 (none) or a GID from 1 to 4294967294\n" +
+				"  --timeout-close-wait-secs \"18446744074\": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts\n"},
+		{"negative port", chartArgs("--outbound-ports-to-ignore", "-5"),
+			"proxy-init: invalid input:\n  --outbound-ports-to-ignore \"-5\": \"-5\" is not a port number or a range a-b\n"},
 		{"cleanup still refuses bad values", []string{"cleanup", "-p", "99999", "--iptables-mode", "x"},
 			"proxy-init: invalid input:\n  --incoming-proxy-port \"99999\": port is outside 1-65535\n  --iptables-mode \"x\": unknown mode; want one of auto, legacy, nft, plain, nftables\n"},
 		{"show output format", append([]string{"show"}, chartArgs("--output", "yaml")...),

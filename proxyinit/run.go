@@ -10,14 +10,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/logging"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 	"github.com/kubemesh/proxy-init/validator"
@@ -30,15 +28,17 @@ const (
 	ExitUsage   = 2
 )
 
-// CloseWaitSysctl is the file --timeout-close-wait-secs writes, inside the namespace.
-const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
-
 // ErrMismatch is returned by show when the rules in place differ from the flags; Main exits 1.
 var ErrMismatch = errors.New("the rules in place do not match the configuration")
 
 // Main runs proxy-init with args (without the program name), printing results to stdout and
 // logs and errors to stderr, and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdout, stderr, backend.Runner{})
+}
+
+// run is Main with the backend path as a seam: tests give it a fake applier.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend.Runner) int {
 	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
 	// dispatched before proxy-init's flags are parsed.
 	if len(args) > 0 && args[0] == "validate" {
@@ -70,7 +70,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, w := range o.Warnings {
 		log.Warn(w)
 	}
-	if err := Run(ctx, o, stdout, log); err != nil {
+	if err := execute(ctx, o, stdout, log, r); err != nil {
 		if !errors.Is(err, ErrMismatch) {
 			log.Error("proxy-init failed", "command", string(o.Command), "error", err.Error())
 		}
@@ -81,6 +81,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // Run executes a parsed command line.
 func Run(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
+	return execute(ctx, o, stdout, log, backend.Runner{})
+}
+
+func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
 	switch o.Command {
 	case CommandVersion:
 		return version(stdout, o.Output)
@@ -88,16 +92,14 @@ func Run(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) er
 		if o.Simulate {
 			return Simulate(stdout, o)
 		}
-		return apply(ctx, o, log)
+		return apply(ctx, o, log, r)
 	case CommandCleanup:
 		if o.Simulate {
-			fmt.Fprintf(stdout, "# --simulate: cleanup would remove the %s and %s chains and the jumps to them from every backend; nothing was changed\n",
-				iptables.RedirectChain, iptables.OutputChain)
-			return nil
+			return SimulateCleanup(stdout, o)
 		}
-		return cleanup(ctx, o, log)
+		return cleanup(ctx, o, log, r)
 	case CommandShow:
-		return show(ctx, o, stdout, log)
+		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
 }
@@ -111,16 +113,16 @@ func version(stdout io.Writer, output string) error {
 	return err
 }
 
-func newBackend(o *Options, log *slog.Logger) (iptables.Applier, error) {
-	a, reason, err := backend.New(backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag})
-	if err != nil {
-		return nil, fmt.Errorf("choose backend for --iptables-mode %s: %w", o.Config.Mode, err)
+// target is where and how the command line asks to work.
+func (o *Options) target(log *slog.Logger) backend.Target {
+	return backend.Target{
+		Options: backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
+		NetNS:   o.NetNS,
+		Log:     log.With("mode_from", o.ModeSource),
 	}
-	log.Info("backend chosen", "backend", a.Name(), "reason", reason, "mode", string(o.Config.Mode), "mode_from", o.ModeSource)
-	return a, nil
 }
 
-func apply(ctx context.Context, o *Options, log *slog.Logger) error {
+func apply(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
 	start := time.Now()
 	rs, err := o.ruleset()
 	if err != nil {
@@ -130,41 +132,23 @@ func apply(ctx context.Context, o *Options, log *slog.Logger) error {
 		log.Info("configuration", configAttrs(o, rs)...)
 	}
 	ignoreSignals()
-	return netnsutil.Do(o.NetNS, func() error {
-		a, err := newBackend(o, log)
-		if err != nil {
-			return err
-		}
-		res, err := backend.Apply(ctx, a, rs)
-		if err != nil {
-			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
-		}
-		if o.TimeoutCloseWaitSecs > 0 {
-			// After the rules: the nat rules load conntrack, which is what creates this sysctl.
-			if err := os.WriteFile(CloseWaitSysctl, []byte(strconv.Itoa(o.TimeoutCloseWaitSecs)), 0o644); err != nil {
-				return fmt.Errorf("set --%s: %w", flagCloseWait, err)
-			}
-			log.Info("conntrack close-wait timeout set", "file", CloseWaitSysctl, "seconds", o.TimeoutCloseWaitSecs)
-		}
-		log.Info("rules applied", "backend", a.Name(), "changed", res.Changed, "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
-		return nil
-	})
+	out, err := r.Apply(ctx, o.target(log), rs)
+	if err != nil {
+		return err
+	}
+	log.Info("rules applied", "backend", out.Backend, "changed", out.Changed, "close_wait_secs", rs.CloseWaitSecs,
+		"netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+	return nil
 }
 
-func cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
+func cleanup(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
 	start := time.Now()
 	ignoreSignals()
-	return netnsutil.Do(o.NetNS, func() error {
-		a, err := newBackend(o, log)
-		if err != nil {
-			return err
-		}
-		if err := backend.Cleanup(ctx, a); err != nil {
-			return fmt.Errorf("clean up: %w", err)
-		}
-		log.Info("rules removed", "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
-		return nil
-	})
+	if _, err := r.Cleanup(ctx, o.target(log)); err != nil {
+		return err
+	}
+	log.Info("rules removed from every backend", "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+	return nil
 }
 
 // ignoreSignals makes SIGINT and SIGTERM harmless for the rest of the process. A write takes
@@ -180,6 +164,12 @@ type ShowReport struct {
 	Match    bool            `json:"match"`
 	Families []FamilyReport  `json:"families"`
 	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
+	// HalfApplied explains a state with one family complete and the other empty.
+	HalfApplied string `json:"half_applied,omitempty"`
+	// Elsewhere holds rules of ours in backends other than Backend, which should hold none.
+	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
+	// Sysctls are settings the configuration asks for, read back.
+	Sysctls []iptables.SysctlState `json:"sysctls,omitempty"`
 }
 
 // FamilyReport is one family's rules in place and their difference from the expected ones.
@@ -194,7 +184,8 @@ type FamilyReport struct {
 
 // NewShowReport converts a backend's State into the report show prints.
 func NewShowReport(st iptables.State, rs *iptables.Ruleset) ShowReport {
-	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{}}
+	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{},
+		HalfApplied: st.HalfApplied(), Elsewhere: st.Elsewhere, Sysctls: st.Sysctls}
 	for _, f := range st.Families {
 		// nftables reports one "inet" family for both; rules are always expected in it.
 		r.Expected[string(f.Family)] = f.Family == iptables.FamilyInet || rs.HasFamily(f.Family)
@@ -237,6 +228,22 @@ func (r ShowReport) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  the rules are in the wrong order\n")
 		}
 	}
+	for _, e := range r.Elsewhere {
+		fmt.Fprintf(&b, "%s also holds rules of ours (left by a run in another mode; apply or cleanup removes them):\n", e.Backend)
+		for _, l := range e.Rules {
+			fmt.Fprintf(&b, "  unexpected: %s\n", l)
+		}
+	}
+	for _, c := range r.Sysctls {
+		verdict := "match"
+		if !c.Match() {
+			verdict = "DO NOT MATCH"
+		}
+		fmt.Fprintf(&b, "%s: %s, want %s: %s\n", c.File, c.Have, c.Want, verdict)
+	}
+	if r.HalfApplied != "" {
+		b.WriteString(r.HalfApplied + "\n")
+	}
 	if r.Match {
 		b.WriteString("rules match the configuration\n")
 	} else {
@@ -246,23 +253,13 @@ func (r ShowReport) WriteText(w io.Writer) error {
 	return err
 }
 
-func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
+func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
 	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
-	var st iptables.State
-	if err := netnsutil.Do(o.NetNS, func() error {
-		a, err := newBackend(o, log)
-		if err != nil {
-			return err
-		}
-		st, err = a.Show(ctx, rs)
-		if err != nil {
-			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
-		}
-		return nil
-	}); err != nil {
+	st, err := r.Show(ctx, o.target(log), rs)
+	if err != nil {
 		return err
 	}
 	rep := NewShowReport(st, rs)
@@ -275,62 +272,32 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) e
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Match {
-		log.Warn("rules do not match the configuration", "backend", rep.Backend, "netns", nsLabel(o.NetNS))
+		log.Warn("rules do not match the configuration", "backend", rep.Backend, "netns", nsLabel(o.NetNS), "half_applied", rep.HalfApplied)
 		return ErrMismatch
 	}
 	return nil
 }
 
-// nftScripter is implemented by *iptables.Ruleset: the one `nft -f` script the native nftables
-// backend writes. It is asserted rather than called directly so --simulate keeps building on a
-// builder without the nftables rendering.
-type nftScripter interface{ NFTScript() string }
-
-// Simulate prints what apply would write, changing nothing and entering no namespace. For the
-// iptables modes it prints the iptables-restore --noflush payload per family, as applied to a
-// namespace holding none of our rules (an init container's first run); for nftables, the nft
-// script. Auto decides at run time, from the kernel, so it prints both, nftables first because
-// auto prefers it.
+// Simulate prints what apply would write, changing nothing and entering no namespace
+// (iptables.Ruleset.Simulation).
 func Simulate(w io.Writer, o *Options) error {
 	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# proxy-init --simulate: nothing was written (mode %s, from %s)\n", o.Config.Mode, o.ModeSource)
-	mode := o.Config.Mode
-	if mode == iptables.ModeAuto {
-		b.WriteString("# auto chooses at run time: native nftables when the kernel accepts it, else iptables-nft, else\n")
-		b.WriteString("# iptables-legacy (both given the same iptables-restore payloads)\n")
-	}
-	if mode == iptables.ModeNFTables || mode == iptables.ModeAuto {
-		s, ok := any(rs).(nftScripter)
-		switch {
-		case ok:
-			b.WriteString("# nftables: nft -f - (one inet table for both families, one atomic batch)\n")
-			b.WriteString(s.NFTScript())
-			if !strings.HasSuffix(s.NFTScript(), "\n") {
-				b.WriteString("\n")
-			}
-		case mode == iptables.ModeNFTables:
-			return errors.New("--simulate with --iptables-mode nftables: the native nftables script is not yet available in this build")
-		}
-	}
-	if mode != iptables.ModeNFTables {
-		for _, f := range rs.Families {
-			bin := "iptables-restore"
-			if f == iptables.IPv6 {
-				bin = "ip6tables-restore"
-			}
-			fmt.Fprintf(&b, "# %s: %s --noflush\n", f, bin)
-			b.WriteString(rs.Payload(f, iptables.SavedState{}))
-		}
-	}
-	if o.TimeoutCloseWaitSecs > 0 {
-		fmt.Fprintf(&b, "# and write %d to %s\n", o.TimeoutCloseWaitSecs, CloseWaitSysctl)
-	}
-	_, err = io.WriteString(w, b.String())
+	_, err = io.WriteString(w, simulationHeader("apply", o)+rs.Simulation(o.Config.Mode))
 	return err
+}
+
+// SimulateCleanup prints what cleanup would remove where an apply left our rules
+// (iptables.CleanupSimulation).
+func SimulateCleanup(w io.Writer, o *Options) error {
+	_, err := io.WriteString(w, simulationHeader("cleanup", o)+iptables.CleanupSimulation(o.Config.Mode))
+	return err
+}
+
+func simulationHeader(what string, o *Options) string {
+	return fmt.Sprintf("# proxy-init %s --simulate: nothing was written (mode %s, from %s)\n", what, o.Config.Mode, o.ModeSource)
 }
 
 func configAttrs(o *Options, rs *iptables.Ruleset) []any {

@@ -73,19 +73,47 @@ func TestSimulateCloseWaitAndCleanup(t *testing.T) {
 	if code := Main(context.Background(), chartArgs("--simulate", "--timeout-close-wait-secs", "120"), &stdout, &stderr); code != ExitOK {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	if !strings.Contains(stdout.String(), "# and write 120 to "+CloseWaitSysctl) {
+	if !strings.Contains(stdout.String(), "# and write 120 to "+iptables.CloseWaitSysctl) {
 		t.Errorf("simulate does not mention the sysctl:\n%s", stdout.String())
-	}
-	stdout.Reset()
-	if code := Main(context.Background(), []string{"cleanup", "--simulate"}, &stdout, &stderr); code != ExitOK {
-		t.Fatalf("cleanup --simulate: exit %d: %s", code, stderr.String())
-	}
-	if !strings.Contains(stdout.String(), "nothing was changed") {
-		t.Errorf("cleanup --simulate output %q", stdout.String())
 	}
 }
 
-// The native nftables backend adds (*Ruleset).NFTScript; until then simulate says so and fails.
+// cleanup --simulate shows, per mode, what removes the rules an apply wrote, rendered from the
+// plan like everything else.
+func TestSimulateCleanup(t *testing.T) {
+	tests := []struct {
+		mode        string
+		want, avoid []string
+	}{
+		{"nftables", []string{"delete table inet proxy_init\n"}, []string{"-X PROXY_INIT"}},
+		{"nft", []string{
+			"# ipv4: iptables-restore --noflush\n*nat\n:PROXY_INIT_REDIRECT - [0:0]\n:PROXY_INIT_OUTPUT - [0:0]\n" +
+				"-D PREROUTING -m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT\n" +
+				"-D OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT\n" +
+				"-X PROXY_INIT_REDIRECT\n-X PROXY_INIT_OUTPUT\nCOMMIT\n",
+			"# ipv6: ip6tables-restore --noflush\n"}, []string{"delete table"}},
+		{"auto", []string{"delete table inet proxy_init\n", "-X PROXY_INIT_OUTPUT\n", "any other backend"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := Main(context.Background(), []string{"cleanup", "--simulate", "--iptables-mode", tt.mode}, &stdout, &stderr); code != ExitOK {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stdout.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, stdout.String())
+				}
+			}
+			for _, a := range tt.avoid {
+				if strings.Contains(stdout.String(), a) {
+					t.Errorf("output has %q:\n%s", a, stdout.String())
+				}
+			}
+		})
+	}
+}
+
 func TestSimulateNFTables(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := Main(context.Background(), chartArgs("--simulate", "--iptables-mode", "nftables"), &stdout, &stderr)
@@ -93,14 +121,8 @@ func TestSimulateNFTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, ok := any(rs).(nftScripter); ok {
-		if code != ExitOK || !strings.Contains(stdout.String(), s.NFTScript()) {
-			t.Errorf("exit %d, output lacks the nft script:\n%s%s", code, stdout.String(), stderr.String())
-		}
-		return
-	}
-	if code != ExitFailure || !strings.Contains(stderr.String(), "not yet available") {
-		t.Errorf("exit %d, stderr %q; want 1 and a not-yet-available message", code, stderr.String())
+	if code != ExitOK || !strings.Contains(stdout.String(), rs.NFTScript()) || strings.Contains(stdout.String(), "*nat") {
+		t.Errorf("exit %d, want the nft script and no restore payload:\n%s%s", code, stdout.String(), stderr.String())
 	}
 }
 

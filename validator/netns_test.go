@@ -3,7 +3,6 @@ package validator_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -124,26 +123,19 @@ func ruleConfig(mode iptables.Mode, ipv6 bool) iptables.Config {
 	return c
 }
 
-// applyRules writes the rules into the pod through backend.New and backend.Apply, as proxy-init
-// does.
+// applyRules writes the rules into the pod through the backend runner, as proxy-init does.
 func applyRules(t *testing.T, pod *nt.NS, c iptables.Config) {
 	t.Helper()
 	rs, err := iptables.Build(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pod.Do(func() error {
-		a, _, err := backend.New(backend.Options{Mode: c.Mode, Wait: true})
-		if err != nil {
-			return err
-		}
-		if c.Mode == iptables.ModeNFTables && a.Name() != "nftables" {
-			return fmt.Errorf("mode nftables gave backend %s", a.Name())
-		}
-		_, err = backend.Apply(context.Background(), a, rs)
-		return err
-	}); err != nil {
+	out, err := backend.Runner{}.Apply(context.Background(), backend.Target{NetNS: pod.Path(), Options: backend.Options{Mode: c.Mode, Wait: true}}, rs)
+	if err != nil {
 		t.Fatalf("apply %s rules: %v", c.Mode, err)
+	}
+	if c.Mode == iptables.ModeNFTables && out.Backend != "nftables" {
+		t.Fatalf("mode nftables gave backend %s", out.Backend)
 	}
 }
 

@@ -14,17 +14,13 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/multicall"
 )
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
-		skel.PluginMainFuncs(cniplugin.New().Funcs(), version.All, cniplugin.About)
-		return
+		cniplugin.PluginMain()
 	}
 	args, err := multicall.Args(multicall.LinkerdCNI, os.Args)
 	if err != nil {

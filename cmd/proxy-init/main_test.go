@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/proxyinit"
 )
 
@@ -379,14 +380,14 @@ func TestBadInputWritesNothing(t *testing.T) {
 
 func TestCloseWaitSysctl(t *testing.T) {
 	requireRoot(t)
-	root, rootErr := os.ReadFile(proxyinit.CloseWaitSysctl) // read only: the root namespace is never written
+	root, rootErr := os.ReadFile(iptables.CloseWaitSysctl) // read only: the root namespace is never written
 	ns := newNS(t)
 	mustRun(t, 0, args(chart, []string{"--netns", ns, "--timeout-close-wait-secs", "123"})...)
-	if got := strings.TrimSpace(inNS(t, ns, "cat", proxyinit.CloseWaitSysctl)); got != "123" {
+	if got := strings.TrimSpace(inNS(t, ns, "cat", iptables.CloseWaitSysctl)); got != "123" {
 		t.Errorf("close-wait timeout in the namespace is %q, want 123", got)
 	}
 	if rootErr == nil {
-		if now, err := os.ReadFile(proxyinit.CloseWaitSysctl); err != nil || !bytes.Equal(now, root) {
+		if now, err := os.ReadFile(iptables.CloseWaitSysctl); err != nil || !bytes.Equal(now, root) {
 			t.Errorf("the root namespace's close-wait timeout changed from %q to %q (%v)", root, now, err)
 		}
 	}

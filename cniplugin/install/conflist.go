@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -234,4 +235,10 @@ func soleOtherPlugin(data []byte, typ string) ([]byte, bool) {
 		found = data[doc.elems[i].start:doc.elems[i].end]
 	}
 	return found, found != nil
+}
+
+// hasEntry reports whether the list holds a plugin of type typ.
+func hasEntry(data []byte, typ string) bool {
+	doc, err := parseList(data)
+	return err == nil && slices.Contains(doc.types, typ)
 }

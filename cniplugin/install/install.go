@@ -46,6 +46,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
 )
 
 // fileState is what the installer knows about one config file it manages.
@@ -75,6 +77,11 @@ type installer struct {
 	kubeOK   bool
 	waiting  bool          // the "waiting for the primary CNI" line was logged
 	taint    *taintRemover // nil without --node-taint
+	// entryErr is set when the rendered entry is not a config the plugin accepts: it is then
+	// added nowhere, since every ADD on the node, unmeshed pods' included, would fail.
+	entryErr error
+	// lastProblems is what syncAll last logged, so a failure that persists is logged once.
+	lastProblems string
 
 	mu     sync.Mutex
 	ready  bool
@@ -138,14 +145,20 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 	for _, w := range warnings {
 		log.Warn(w)
 	}
-	return &installer{
+	in := &installer{
 		cfg:      cfg,
 		log:      log,
 		entry:    entry,
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
 		reason:   "starting",
-	}, nil
+	}
+	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
+	if _, err := cniplugin.ParseConfig(entry.raw); err != nil {
+		in.entryErr = fmt.Errorf("%s: %w; linkerd-cni is added to no CNI config until it is fixed", source, err)
+		log.Error("the plugin's network config is invalid", "error", in.entryErr)
+	}
+	return in, nil
 }
 
 func (in *installer) setReady(ok bool, reason string) {
@@ -304,9 +317,28 @@ func (in *installer) syncAll() bool {
 		in.log.Error("kubeconfig", "error", err)
 		problems = append(problems, err.Error())
 	}
-	waiting, err := in.syncConfigs()
-	if err != nil {
-		problems = append(problems, err.Error())
+	waiting := false
+	var unlogged []string
+	if in.entryErr != nil {
+		problems = append(problems, in.entryErr.Error()) // logged once, at start
+	} else {
+		var err error
+		if waiting, err = in.syncConfigs(); err != nil {
+			problems = append(problems, err.Error())
+			for _, e := range splitErrors(err) {
+				if _, ok := e.(loggedError); !ok {
+					unlogged = append(unlogged, e.Error())
+				}
+			}
+		}
+	}
+	// Every failure is logged once when it appears, write errors included (an EBUSY used to
+	// show only in /ready); problems with a file's content were logged by problem already.
+	if p := strings.Join(unlogged, "; "); p != in.lastProblems {
+		in.lastProblems = p
+		if p != "" {
+			in.log.Error("linkerd-cni is not in every CNI config", "problems", p)
+		}
 	}
 	switch {
 	case len(problems) > 0:
@@ -419,7 +451,20 @@ func (in *installer) problem(name string, content []byte, err error) error {
 		in.reported[name] = h
 		in.log.Error("cannot add linkerd-cni to a CNI config file; left untouched", "error", err)
 	}
-	return err
+	return loggedError{err}
+}
+
+// loggedError is a problem problem has logged already.
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
+
+// splitErrors returns the errors errors.Join put together, or err alone.
+func splitErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 // syncConfigs puts our entry into every config file. waiting is true when
@@ -483,6 +528,10 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if strings.HasSuffix(name, ".conf") && !isList(data) {
 		return in.convert(name, path, data)
 	}
+	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
+		// A chained plugin alone gets no prevResult: every ADD would fail.
+		return in.problem(name, data, fmt.Errorf("%s has no plugin for linkerd-cni to chain after: waiting for the primary CNI to fill it", path))
+	}
 	out, err := appendEntry(data, in.entry.typ, in.entry.raw)
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
@@ -525,10 +574,11 @@ func (in *installer) convert(name, path string, data []byte) error {
 		st := in.files[target]
 		ours := st != nil && st.origName == name && st.written == hashOf(have)
 		if !ours {
-			// After a restart: a list whose only other plugin is this
-			// .conf's plugin, up to whitespace, is a conversion of ours.
+			// After a restart: a list holding our entry and one other plugin of the
+			// .conf's type is a conversion of ours, of this .conf or of an older
+			// version of it (the primary rewrote it meanwhile): it is redone.
 			other, ok := soleOtherPlugin(have, in.entry.typ)
-			ours = ok && sameJSONText(other, data)
+			ours = ok && (sameJSONText(other, data) || hasEntry(have, in.entry.typ) && pluginType(other) == pluginType(data))
 		}
 		if !ours {
 			return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file already exists", path, tpath))

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -634,6 +635,31 @@ func TestConfRewrittenAfterConversion(t *testing.T) {
 			t.Errorf("stale conversion not replaced:\n%s", d)
 		}
 	})
+	t.Run("after a crash, with the .conf rewritten meanwhile", func(t *testing.T) {
+		// The installer converted the .conf, was killed (nothing restored), and the primary CNI
+		// then wrote its .conf anew with other content. That used to leave the installer unready
+		// beside a stale .conflist, which runtimes read after the .conf.
+		h := newHost(t)
+		left, err := convertConf([]byte(flannelConf), "linkerd-cni", []byte(`{"type":"linkerd-cni","old":true}`), "10-flannel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.write(t, "10-flannel.conflist", string(left))
+		rewritten := strings.Replace(flannelConf, `"hairpinMode": true`, `"hairpinMode": false`, 1)
+		h.write(t, "10-flannel.conf", rewritten)
+		r := h.start(t)
+		r.waitReady(t)
+		d := h.read(t, "10-flannel.conflist")
+		if strings.Contains(d, `"old"`) || !hasLinkerdLast(d) || !strings.Contains(d, `"hairpinMode": false`) {
+			t.Errorf("the .conflist is not a conversion of the rewritten .conf:\n%s", d)
+		}
+		if err := r.stop(t); err != nil {
+			t.Fatal(err)
+		}
+		if got := dirNames(t, h.netDir); !slices.Equal(got, []string{"10-flannel.conf"}) || h.read(t, "10-flannel.conf") != rewritten {
+			t.Errorf("after uninstall: %v, .conf %q", got, h.read(t, "10-flannel.conf"))
+		}
+	})
 	t.Run("a foreign list of the same name", func(t *testing.T) {
 		h := newHost(t)
 		const foreign = `{"cniVersion":"0.4.0","name":"other","plugins":[{"type":"ptp"},{"type":"portmap"}]}`
@@ -651,4 +677,74 @@ func TestConfRewrittenAfterConversion(t *testing.T) {
 			t.Errorf("the foreign list itself should still be patched:\n%s", d)
 		}
 	})
+}
+
+// A network config the plugin would refuse is installed nowhere: with it in the conflist every
+// ADD on the node fails, unmeshed pods' included. The installer stays up, unready, and says why,
+// naming the key and the value.
+func TestInvalidEntryIsNotInstalled(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"incoming-proxy-port":4143`, `"incoming-proxy-port":99999`, 1)
+	if h.cfg.NetworkConfig == DefaultNetworkConfig {
+		t.Fatal("the default config has no incoming-proxy-port to break")
+	}
+	r := h.start(t)
+	const why = `linkerd.incoming-proxy-port "99999": port is outside 1-65535`
+	waitFor(t, 5*time.Second, "/ready to refuse, naming the key and value", func() (bool, string) {
+		code, body := r.ready(t)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, why), fmt.Sprintf("%d %q", code, body)
+	})
+	time.Sleep(100 * time.Millisecond)
+	if d := h.read(t, "10-calico.conflist"); d != calicoConflist {
+		t.Errorf("the conflist was changed:\n%s", d)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, `linkerd.incoming-proxy-port \"99999\": port is outside 1-65535`) || !strings.Contains(logs, "level=ERROR") {
+		t.Errorf("no error log line naming the problem:\n%s", logs)
+	}
+}
+
+// A list with no plugin to chain after (the primary has not filled it yet) is left alone and
+// keeps the installer unready: linkerd-cni alone in a list fails every ADD.
+func TestEmptyPluginListIsNotReady(t *testing.T) {
+	h := newHost(t)
+	const empty = `{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[]}`
+	h.write(t, "10-calico.conflist", empty)
+	r := h.start(t)
+	waitFor(t, 5*time.Second, "/ready to say the list has no plugin", func() (bool, string) {
+		code, body := r.ready(t)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "has no plugin for linkerd-cni to chain after"), fmt.Sprintf("%d %q", code, body)
+	})
+	if d := h.read(t, "10-calico.conflist"); d != empty {
+		t.Errorf("the empty list was changed:\n%s", d)
+	}
+	h.replace(t, "10-calico.conflist", calicoConflist)
+	r.waitReady(t)
+}
+
+// A failed write is logged, not only reported by /ready: a conflist that is a mount point (some
+// distributions bind-mount it) cannot be replaced by rename, which fails with EBUSY.
+func TestWriteErrorIsLogged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: bind-mounts a file over the conflist")
+	}
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	conflist := filepath.Join(h.netDir, "10-calico.conflist")
+	if err := unix.Mount(conflist, conflist, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mount the conflist over itself: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(conflist, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", conflist, err)
+		}
+	})
+	r := h.start(t)
+	waitFor(t, 5*time.Second, "the write error in the log", func() (bool, string) {
+		logs := r.logs.String()
+		return strings.Contains(logs, "linkerd-cni is not in every CNI config") && strings.Contains(logs, "device or resource busy"), logs
+	})
+	if code, _ := r.ready(t); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready = %d with a failing write", code)
+	}
 }

@@ -57,15 +57,7 @@ func applyIn(b *testing.B, n *nt.NS, c iptables.Config) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	err = n.Do(func() error {
-		a, _, err := backend.New(backend.Options{Mode: c.Mode})
-		if err != nil {
-			return err
-		}
-		_, err = backend.Apply(context.Background(), a, rs)
-		return err
-	})
-	if err != nil {
+	if _, err := (backend.Runner{}).Apply(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: c.Mode}}, rs); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -17,9 +17,12 @@
 package netnsutil
 
 import (
+	"errors"
 	"fmt"
+	"os"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 )
 
 // Do runs fn inside the network namespace at nsPath (for example
@@ -49,4 +52,45 @@ func Do(nsPath string, fn func() error) error {
 		return fmt.Errorf("enter netns %s: %w", nsPath, err)
 	}
 	return nil
+}
+
+// CheckNetNS reports whether path names a network namespace (an nsfs file of type CLONE_NEWNET,
+// such as /proc/PID/ns/net or a bind mount of one under /run/netns), without entering it. The
+// error says what path is instead: missing, a plain file or directory, or another kind of
+// namespace.
+func CheckNetNS(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return pe.Err
+		}
+		return err
+	}
+	defer f.Close()
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("statfs: %w", err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		fi, _ := f.Stat()
+		what := "a file"
+		if fi != nil && fi.IsDir() {
+			what = "a directory"
+		}
+		return fmt.Errorf("%s, not a namespace (a namespace is /proc/PID/ns/net or a bind mount of it, e.g. under /run/netns)", what)
+	}
+	typ, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return fmt.Errorf("ask the namespace's type: %w", err)
+	}
+	if typ != unix.CLONE_NEWNET {
+		return fmt.Errorf("a %s namespace, not a network namespace", nsTypes[typ])
+	}
+	return nil
+}
+
+var nsTypes = map[int]string{
+	unix.CLONE_NEWNS: "mount", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc", unix.CLONE_NEWUSER: "user",
+	unix.CLONE_NEWPID: "pid", unix.CLONE_NEWCGROUP: "cgroup", unix.CLONE_NEWTIME: "time",
 }

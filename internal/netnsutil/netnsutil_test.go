@@ -150,3 +150,31 @@ func TestDo(t *testing.T) {
 		})
 	}
 }
+
+// CheckNetNS tells a network namespace from everything a --netns or CNI_NETNS path might be
+// by mistake, and says which it is. It needs no root: a process may inspect its own namespaces.
+func TestCheckNetNS(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path, want string // want "" means accepted
+	}{
+		{"/proc/self/ns/net", ""},
+		{file, "a file, not a namespace"},
+		{t.TempDir(), "a directory, not a namespace"},
+		{"/proc/self/ns/mnt", "a mount namespace, not a network namespace"},
+		{"/proc/self/ns/uts", "a uts namespace, not a network namespace"},
+		{filepath.Join(t.TempDir(), "missing"), "no such file or directory"},
+	}
+	for _, tt := range tests {
+		err := netnsutil.CheckNetNS(tt.path)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("CheckNetNS(%s) = %v, want nil", tt.path, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("CheckNetNS(%s) = %v, want an error containing %q", tt.path, err, tt.want)
+		}
+	}
+}

@@ -5,7 +5,6 @@ package backend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -60,52 +59,4 @@ func auto(xo xtables.Options) (iptables.Applier, string, error) {
 		return nil, "", fmt.Errorf("auto: no usable backend: nf_tables: %v; legacy: %w", probe, err)
 	}
 	return a, fmt.Sprintf("auto: falling back to iptables-legacy because %v", probe), nil
-}
-
-// Apply writes rs with a, then removes our rules from every other backend, so only one backend's
-// rules redirect at a time. The old rules go only after the new ones are in place: there is never
-// a moment without redirection.
-func Apply(ctx context.Context, a iptables.Applier, rs *iptables.Ruleset) (iptables.Result, error) {
-	res, err := a.Apply(ctx, rs)
-	if err != nil {
-		return res, err
-	}
-	return res, removeOthers(ctx, a)
-}
-
-// Cleanup removes our rules from every backend that holds some, starting with a.
-func Cleanup(ctx context.Context, a iptables.Applier) error {
-	return errors.Join(a.Cleanup(ctx), removeOthers(ctx, a))
-}
-
-// removeOthers cleans up the backends other than keep. Each cleanup first checks, without exec,
-// whether there is anything to remove, so this costs no process spawns in the common case.
-func removeOthers(ctx context.Context, keep iptables.Applier) error {
-	var errs []error
-	x, _ := keep.(*xtables.Applier)
-	_, native := keep.(*nftables.Applier)
-	if !native {
-		if err := nftables.New().Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("remove the nftables table left by an earlier run: %w", err))
-		}
-	}
-	// The native applier removes iptables-nft's chains in its own batch; the others need it here.
-	if !native && (x == nil || x.Flavor() != xtables.NFT) {
-		// Over netlink, so it works on hosts without iptables-nft binaries.
-		if _, err := nftables.RemoveXtablesNFT(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("remove iptables-nft rules left by an earlier run: %w", err))
-		}
-	}
-	// Legacy rules are invisible to netlink, but /proc tells whether a legacy nat table exists;
-	// in a fresh namespace it does not, and the binaries are not even looked up. Without the
-	// binaries no earlier run could have written legacy rules from this image.
-	if (x == nil || x.Flavor() != xtables.Legacy) &&
-		(xtables.LegacyNATExists(iptables.IPv4) || xtables.LegacyNATExists(iptables.IPv6)) {
-		if legacy, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
-			if err := legacy.Cleanup(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("remove iptables-legacy rules left by an earlier run: %w", err))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -105,27 +105,22 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-func apply(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) iptables.Result {
+func target(w *world, mode iptables.Mode) backend.Target {
+	return backend.Target{NetNS: w.Pod.Path(), Options: backend.Options{Mode: mode, Wait: true}}
+}
+
+func apply(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) backend.Outcome {
 	t.Helper()
 	c.Mode = mode
 	rs, err := iptables.Build(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res iptables.Result
-	err = w.Pod.Do(func() error {
-		a, reason, err := backend.New(backend.Options{Mode: mode, Wait: true})
-		if err != nil {
-			return err
-		}
-		t.Logf("backend %s: %s", a.Name(), reason)
-		res, err = backend.Apply(context.Background(), a, rs)
-		return err
-	})
+	out, err := backend.Runner{}.Apply(context.Background(), target(w, mode), rs)
 	if err != nil {
 		t.Fatalf("apply (%s): %v", mode, err)
 	}
-	return res
+	return out
 }
 
 func show(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) iptables.State {
@@ -134,19 +129,18 @@ func show(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) iptable
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st iptables.State
-	err = w.Pod.Do(func() error {
-		a, _, err := backend.New(backend.Options{Mode: mode})
-		if err != nil {
-			return err
-		}
-		st, err = a.Show(context.Background(), rs)
-		return err
-	})
+	st, err := backend.Runner{}.Show(context.Background(), target(w, mode), rs)
 	if err != nil {
 		t.Fatalf("show (%s): %v", mode, err)
 	}
 	return st
+}
+
+func cleanup(t *testing.T, w *world, mode iptables.Mode) {
+	t.Helper()
+	if _, err := (backend.Runner{}).Cleanup(context.Background(), target(w, mode)); err != nil {
+		t.Fatalf("cleanup (%s): %v", mode, err)
+	}
 }
 
 // TestRealTraffic drives real TCP through the rules of every backend, for IPv4 and IPv6.
@@ -211,16 +205,7 @@ func TestRealTraffic(t *testing.T) {
 			}
 
 			// Cleanup leaves nothing: show finds no rules, traffic flows directly.
-			err := w.Pod.Do(func() error {
-				a, _, err := backend.New(backend.Options{Mode: mode})
-				if err != nil {
-					return err
-				}
-				return backend.Cleanup(context.Background(), a)
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			cleanup(t, w, mode)
 			for _, fs := range show(t, w, mode, cfg).Families {
 				if len(fs.Rules) != 0 {
 					t.Errorf("after cleanup %s still has %q", fs.Family, fs.Rules)

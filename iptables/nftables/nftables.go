@@ -256,6 +256,32 @@ func (a *Applier) showOnce(ctx context.Context, rs *iptables.Ruleset) (iptables.
 	}, nil
 }
 
+// Present lists the statements of our table, or nothing when it does not exist.
+func (a *Applier) Present(ctx context.Context) ([]string, error) {
+	s, err := open(ctx, a.opts)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return nil, err
+	}
+	ours := findTable(tables, inet, iptables.NFTTableName)
+	if ours == nil {
+		return nil, nil
+	}
+	gc, err := s.google()
+	if err != nil {
+		return nil, err
+	}
+	have, err := readTable(gc, ours.Comment)
+	if err != nil {
+		return nil, err
+	}
+	return have.Statements(), nil
+}
+
 // Cleanup deletes our table. It succeeds when there is none.
 func (a *Applier) Cleanup(ctx context.Context) error {
 	s, err := open(ctx, a.opts)
@@ -307,6 +333,31 @@ func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
 		return 0, fmt.Errorf("remove iptables-nft rules: %w", err)
 	}
 	return n, nil
+}
+
+// XtablesNFTPresent lists, over netlink, the chains PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT
+// that iptables-nft wrote and the rules jumping to them: what RemoveXtablesNFT would delete.
+func XtablesNFTPresent(ctx context.Context) ([]string, error) {
+	s, err := open(ctx, options{})
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	tables, err := listTables(s.nl)
+	if err != nil {
+		return nil, err
+	}
+	var b batch
+	if _, err := xtRemoval(&b, s.google, tables); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, d := range b.desc {
+		if what, ok := strings.CutPrefix(d, "delete "); ok {
+			out = append(out, what)
+		}
+	}
+	return out, nil
 }
 
 // Probe reports whether this backend can work in the namespace: it sends, over netlink only, a

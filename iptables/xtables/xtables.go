@@ -221,6 +221,25 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	return st, nil
 }
 
+// Present lists our rules and chains in place, prefixed with their family, and someone else's
+// jumps into our chains: what Cleanup would remove.
+func (a *Applier) Present(ctx context.Context) ([]string, error) {
+	var out []string
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cur.Chains {
+			out = append(out, fmt.Sprintf("%s: chain %s", f, c))
+		}
+		for _, l := range append(cur.Rules, cur.ForeignJumps...) {
+			out = append(out, fmt.Sprintf("%s: %s", f, l))
+		}
+	}
+	return out, nil
+}
+
 // Cleanup removes our chains and the jumps to them, in both families.
 func (a *Applier) Cleanup(ctx context.Context) error {
 	var errs []error

@@ -1,0 +1,297 @@
+package backend
+
+// The one path from a ruleset to a namespace: enter it, take its lock, choose the backend and
+// log why, write or read or remove, keep the other backends free of our rules, and set or check
+// the conntrack close-wait timeout. proxy-init (apply, cleanup, show) and the CNI plugin (ADD,
+// CHECK, DEL) all go through Runner, so they cannot differ in any of these steps.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/nftables"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
+)
+
+// Target is one namespace to work in, and how.
+type Target struct {
+	Options
+	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); empty means the
+	// namespace the process is in.
+	NetNS string
+	// Log receives the backend choice and its reason, at ChoiceLevel (Info unless set); nil
+	// discards it.
+	Log         *slog.Logger
+	ChoiceLevel slog.Level
+}
+
+func (t Target) log() *slog.Logger {
+	if t.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return t.Log
+}
+
+// NetNSLabel names the target namespace in messages.
+func (t Target) NetNSLabel() string {
+	if t.NetNS == "" {
+		return "(current)"
+	}
+	return t.NetNS
+}
+
+// Outcome says what Apply did, for the caller's log line.
+type Outcome struct {
+	Backend string
+	// Changed is false when the rules were already exactly right and nothing was written.
+	Changed bool
+}
+
+// Runner runs the path. The zero Runner is the real one; tests replace its seams to run the same
+// path against a fake applier without root.
+type Runner struct {
+	// Choose picks the applier for the options and says why; nil means New.
+	Choose func(Options) (iptables.Applier, string, error)
+	// Others returns the backends, other than the chosen one, that may hold rules of ours; nil
+	// means every real one.
+	Others func(chosen iptables.Applier) []Other
+	// Enter runs fn inside the namespace at path (the current one for "") holding its lock,
+	// shared or exclusive; nil means the real one (netnsutil.Do and Lock).
+	Enter func(path string, exclusive bool, wait time.Duration, fn func() error) error
+	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
+	CloseWaitFile string
+}
+
+// Other is a backend that is not the chosen one: what of ours it holds, and how to remove it.
+type Other struct {
+	Name string
+	// Present lists the rules or objects of ours it holds; none means nothing to remove.
+	Present func(ctx context.Context) ([]string, error)
+	Remove  func(ctx context.Context) error
+}
+
+// Apply writes rs into the target namespace, removes our rules from every other backend (after
+// the new ones are in place, so redirection never stops), and sets the close-wait timeout when
+// rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
+func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
+	var out Outcome
+	err := r.in(t, true, func(a iptables.Applier) error {
+		out.Backend = a.Name()
+		res, err := a.Apply(ctx, rs)
+		if err != nil {
+			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
+		}
+		out.Changed = res.Changed
+		if err := r.removeOthers(ctx, a); err != nil {
+			return err
+		}
+		if rs.CloseWaitSecs > 0 {
+			v := strconv.FormatInt(rs.CloseWaitSecs, 10)
+			if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
+				return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
+			}
+			t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", rs.CloseWaitSecs)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
+// that other backends hold (which should be none), and the close-wait timeout when rs sets one.
+func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
+	var st iptables.State
+	err := r.in(t, false, func(a iptables.Applier) error {
+		var err error
+		if st, err = a.Show(ctx, rs); err != nil {
+			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
+		}
+		for _, o := range r.others(a) {
+			lines, err := o.Present(ctx)
+			if err != nil {
+				return fmt.Errorf("look for rules of ours in %s: %w", o.Name, err)
+			}
+			if len(lines) > 0 {
+				st.Elsewhere = append(st.Elsewhere, iptables.Elsewhere{Backend: o.Name, Rules: lines})
+			}
+		}
+		if rs.CloseWaitSecs > 0 {
+			s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(rs.CloseWaitSecs, 10)}
+			if have, err := os.ReadFile(s.File); err != nil {
+				s.Have = "unreadable: " + err.Error()
+			} else {
+				s.Have = strings.TrimSpace(string(have))
+			}
+			st.Sysctls = append(st.Sysctls, s)
+		}
+		return nil
+	})
+	return st, err
+}
+
+// Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
+// nothing else. It succeeds when there is nothing to remove.
+func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
+	var out Outcome
+	err := r.in(t, true, func(a iptables.Applier) error {
+		out.Backend = a.Name()
+		if err := a.Cleanup(ctx); err != nil {
+			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
+		}
+		return r.removeOthers(ctx, a)
+	})
+	return out, err
+}
+
+// in enters the target, takes its lock and chooses the backend, logging the choice.
+func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) error {
+	enter := r.Enter
+	if enter == nil {
+		enter = enterLocked
+	}
+	wait := t.WaitTimeout
+	if wait <= 0 {
+		wait = xtables.DefaultWaitTimeout
+	}
+	return enter(t.NetNS, exclusive, wait, func() error {
+		choose := r.Choose
+		if choose == nil {
+			choose = New
+		}
+		a, reason, err := choose(t.Options)
+		if err != nil {
+			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
+		}
+		t.log().Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
+		return fn(a)
+	})
+}
+
+func (r Runner) closeWaitFile() string {
+	if r.CloseWaitFile != "" {
+		return r.CloseWaitFile
+	}
+	return iptables.CloseWaitSysctl
+}
+
+func (r Runner) others(a iptables.Applier) []Other {
+	if r.Others != nil {
+		return r.Others(a)
+	}
+	return realOthers(a)
+}
+
+// removeOthers removes our rules from every backend but the chosen one. Each first checks,
+// without exec, whether there is anything to remove, so this costs no process in the common case.
+func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error {
+	var errs []error
+	for _, o := range r.others(chosen) {
+		if err := o.Remove(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// realOthers are the real backends other than the one chosen: the native nftables table,
+// iptables-nft's chains (found and removed over netlink, so no binary is needed) and
+// iptables-legacy's (which /proc shows without exec; in a fresh namespace the legacy binaries
+// are not even looked up, and without them no earlier run could have written legacy rules).
+func realOthers(chosen iptables.Applier) []Other {
+	x, _ := chosen.(*xtables.Applier)
+	_, native := chosen.(*nftables.Applier)
+	var out []Other
+	if !native {
+		n := nftables.New()
+		out = append(out, Other{Name: nftables.Name, Present: n.Present, Remove: n.Cleanup})
+	}
+	if x == nil || x.Flavor() != xtables.NFT {
+		out = append(out, Other{Name: "iptables-nft", Present: nftables.XtablesNFTPresent, Remove: func(ctx context.Context) error {
+			_, err := nftables.RemoveXtablesNFT(ctx)
+			return err
+		}})
+	}
+	if x == nil || x.Flavor() != xtables.Legacy {
+		legacy := func() (*xtables.Applier, bool) {
+			if !xtables.LegacyNATExists(iptables.IPv4) && !xtables.LegacyNATExists(iptables.IPv6) {
+				return nil, false
+			}
+			a, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
+			return a, err == nil
+		}
+		out = append(out, Other{
+			Name: "iptables-legacy",
+			Present: func(ctx context.Context) ([]string, error) {
+				if a, ok := legacy(); ok {
+					return a.Present(ctx)
+				}
+				return nil, nil
+			},
+			Remove: func(ctx context.Context) error {
+				if a, ok := legacy(); ok {
+					return a.Cleanup(ctx)
+				}
+				return nil
+			},
+		})
+	}
+	return out
+}
+
+// enterLocked runs fn inside the namespace at path holding the namespace's lock.
+func enterLocked(path string, exclusive bool, wait time.Duration, fn func() error) error {
+	return netnsutil.Do(path, func() error {
+		unlock, err := Lock(exclusive, wait)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		return fn()
+	})
+}
+
+// Lock takes the lock of the calling thread's network namespace (callers enter it first), shared
+// for reading or exclusive for writing, waiting at most wait, and returns its release.
+//
+// Writing is read, then restore (per family), then maybe roll back: two runs interleaving those
+// steps duplicate jumps, mix families from different configs, or roll back over each other's
+// work. The lock is flock(2) on the namespace's own nsfs file: every process that opens the
+// namespace, from any container or mount namespace, locks the same inode, with no lock file to
+// create or clean up, and a process that dies releases it with its descriptors.
+func Lock(exclusive bool, wait time.Duration) (unlock func(), err error) {
+	f, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
+	}
+	how := unix.LOCK_SH
+	if exclusive {
+		how = unix.LOCK_EX
+	}
+	deadline := time.Now().Add(wait)
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock the network namespace: %w", &fs.PathError{Op: "flock", Path: f.Name(), Err: err})
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting", wait)
+		}
+		time.Sleep(pause)
+	}
+}
