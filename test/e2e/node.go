@@ -57,6 +57,7 @@ type Node struct {
 	// NetNS and MntNS are the inodes of the node's namespaces.
 	NetNS, MntNS uint64
 
+	owner    int // the test process's PID
 	holder   *exec.Cmd
 	holderIn io.Closer
 	procs    []*proc  // in start order
@@ -80,7 +81,8 @@ func StartNode(t testing.TB, opts Options) *Node {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 3 * time.Minute
 	}
-	n := &Node{Dir: opts.Dir, CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", os.Getpid())}
+	n := newNode(os.Getpid())
+	n.Dir = opts.Dir
 	if n.Dir == "" {
 		n.Dir = t.TempDir()
 	}
@@ -240,6 +242,7 @@ func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
 	defer logf.Close()
 	cmd := n.Command(context.Background(), append([]string{bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), strings.TrimSuffix(n.ownerMark(), "\x00"))
 	// nsenter execs the component in place, so the component itself dies with the test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -404,8 +407,8 @@ func (n *Node) podNamespaces() []uint64 {
 	return nss
 }
 
-// owns tells whether a process belongs to the node: in one of its namespaces, or in a cgroup
-// under its cgroup root.
+// owns tells whether a process belongs to the node: in one of its namespaces, in a cgroup under
+// its cgroup root, or started with its owner's mark (containerd's shims inherit it).
 func (n *Node) owns(pid int) bool {
 	for kind, ino := range map[string]uint64{"net": n.NetNS, "mnt": n.MntNS} {
 		if got, err := nsInode(fmt.Sprintf("/proc/%d/ns/%s", pid, kind)); err == nil && got == ino {
@@ -413,7 +416,65 @@ func (n *Node) owns(pid int) bool {
 		}
 	}
 	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	return err == nil && strings.Contains(string(cg), ":"+n.CgroupRoot+"/")
+	if err == nil && (strings.Contains(string(cg), ":"+n.CgroupRoot+"/") || strings.Contains(string(cg), ":"+n.CgroupRoot+"\n")) {
+		return true
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	return err == nil && strings.Contains("\x00"+string(env), "\x00"+n.ownerMark())
+}
+
+// ownerEnv marks the processes a node starts with the PID of the test process that owns it.
+const ownerEnv = "E2E_NODE_OWNER"
+
+func (n *Node) ownerMark() string { return ownerEnv + "=" + strconv.Itoa(n.owner) + "\x00" }
+
+func newNode(owner int) *Node {
+	return &Node{owner: owner, CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", owner)}
+}
+
+// RemoveStaleNodes ends the processes and removes the cgroups of nodes whose test process was
+// killed before it could stop them (see staleNodes). Call it before reading the machine's state.
+func RemoveStaleNodes(t testing.TB) {
+	t.Helper()
+	for _, stale := range staleNodes() {
+		t.Logf("e2e: removing what the node of killed test process %d left behind", stale.owner)
+		if err := errors.Join(stale.killRemaining(), stale.removeCgroups()); err != nil {
+			t.Fatalf("remove a killed run's node: %v", err)
+		}
+	}
+}
+
+// staleNodes finds nodes whose test process was killed before it could stop them (a go test
+// timeout, a SIGKILL): shims and containers outlive it, and so do the cgroups. They are known by
+// the owner PID in their cgroup root's name and in their processes' environment; a node counts
+// as stale only when that PID no longer runs.
+func staleNodes() []*Node {
+	owners := map[int]bool{}
+	mps, _ := cgroupMounts()
+	for _, mp := range mps {
+		dirs, _ := filepath.Glob(filepath.Join(mp, "proxy-init-e2e-*"))
+		for _, d := range dirs {
+			if pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "proxy-init-e2e-")); err == nil {
+				owners[pid] = true
+			}
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, p := range procs {
+		env, _ := os.ReadFile(p)
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if pid, err := strconv.Atoi(strings.TrimPrefix(kv, ownerEnv+"=")); err == nil && strings.HasPrefix(kv, ownerEnv+"=") {
+				owners[pid] = true
+			}
+		}
+	}
+	var stale []*Node
+	for pid := range owners {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			stale = append(stale, newNode(pid))
+		}
+	}
+	return stale
 }
 
 // SetServiceIP adds or removes the "kubernetes" Service's IP on the node's lo: without it, pods
