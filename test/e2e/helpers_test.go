@@ -59,7 +59,7 @@ func loadObjects(t testing.TB, files ...string) []runtime.Object {
 	return objs
 }
 
-// create creates each object, replacing one that exists.
+// create creates each object; one that already exists is left as it is.
 func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...runtime.Object) {
 	t.Helper()
 	for _, obj := range objs {
@@ -93,8 +93,8 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 	}
 }
 
-// waitFor polls cond every 200 ms until it returns true or an error, or until timeout; desc
-// describes what is awaited, for the failure message, which also carries cond's last error.
+// waitFor polls cond every 200 ms until it returns true. After timeout it fails the test with
+// desc, what is awaited, and cond's last error.
 func waitFor(ctx context.Context, t testing.TB, timeout time.Duration, desc string, cond func(context.Context) (bool, error)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, timeout)

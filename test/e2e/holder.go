@@ -22,8 +22,7 @@ const holderEnv = "E2E_NODE_HOLDER"
 // Addresses of the node. All are documentation ranges, and none is routed anywhere: the node's
 // network namespace has no link to any other.
 const (
-	nodeIP     = "192.0.2.1"       // eth0, the node's InternalIP
-	nodeCIDR   = "192.0.2.1/24"    //
+	nodeIP     = "192.0.2.1"       // eth0, the node's InternalIP, in 192.0.2.0/24
 	serviceIP  = "198.51.100.1"    // the "kubernetes" Service, on lo
 	serviceNet = "198.51.100.0/24" // --service-cluster-ip-range
 	podNet     = "203.0.113.0/24"  // the bridge's host-local range
@@ -235,7 +234,7 @@ func nodeNetwork() error {
 	for _, a := range []struct {
 		link netlink.Link
 		cidr string
-	}{{lo, serviceIP + "/32"}, {eth0, nodeCIDR}} {
+	}{{lo, serviceIP + "/32"}, {eth0, nodeIP + "/24"}} {
 		addr, err := netlink.ParseAddr(a.cidr)
 		if err != nil {
 			return err

@@ -67,9 +67,7 @@ type Node struct {
 
 // proc is a process started in the node's namespaces.
 type proc struct {
-	name    string
 	cmd     *exec.Cmd
-	logPath string
 	exited  chan struct{}
 	waitErr error
 }
@@ -155,7 +153,7 @@ func (n *Node) start(t testing.TB, opts Options) error {
 	if err := n.startContainerd(); err != nil {
 		return err
 	}
-	for _, img := range append([]string{}, opts.Images...) {
+	for _, img := range opts.Images {
 		if _, err := n.Run(context.Background(), "ctr", "-n", "k8s.io", "images", "import", img); err != nil {
 			return fmt.Errorf("import image %s: %w", img, err)
 		}
@@ -234,8 +232,7 @@ func (n *Node) Run(ctx context.Context, args ...string) (string, error) {
 }
 
 func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
-	logPath := filepath.Join(n.Dir, "logs", name+".log")
-	logf, err := os.Create(logPath)
+	logf, err := os.Create(filepath.Join(n.Dir, "logs", name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +245,7 @@ func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	p := &proc{cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.exited)
@@ -313,7 +310,7 @@ func (n *Node) waitReady(kubelet *proc, timeout time.Duration) error {
 	}
 }
 
-// Stop deletes every pod, stops the components, kills whatever the node still runs, releases its
+// Stop stops the components, kills whatever the node still runs (pods included), releases its
 // namespaces and removes its cgroups. It is idempotent.
 func (n *Node) Stop() error {
 	if n.stopped {
@@ -334,14 +331,14 @@ func (n *Node) Stop() error {
 			<-p.exited
 		}
 	}
+	if n.Cluster != nil {
+		n.Cluster.Stop() // also releases its thread in the node's network namespace
+	}
 	if n.holder != nil {
 		// Shims, pause and container processes outlive containerd: every process in the node's
 		// namespaces or under its cgroup root was started for the node, and goes.
 		if err := n.killRemaining(); err != nil {
 			errs = append(errs, err)
-		}
-		if n.Cluster != nil {
-			n.Cluster.Stop() // releases its thread in the node's network namespace
 		}
 		n.holderIn.Close()
 		if err := n.holder.Wait(); err != nil {
@@ -395,12 +392,14 @@ func (n *Node) processes() ([]int, error) {
 	return pids, nil
 }
 
-// podNamespaces returns the network namespaces of the node's processes other than the node's.
+// podNamespaces returns the network namespaces of the node's processes other than the node's
+// (and the machine's, which none should be in).
 func (n *Node) podNamespaces() []uint64 {
 	pids, _ := n.processes()
+	host, _ := nsInode("/proc/self/ns/net")
 	var nss []uint64
 	for _, pid := range pids {
-		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ino != n.NetNS && !slices.Contains(nss, ino) {
+		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ino != n.NetNS && ino != host && !slices.Contains(nss, ino) {
 			nss = append(nss, ino)
 		}
 	}
