@@ -53,10 +53,11 @@ func testMeshedPod(t *testing.T, n *Node) {
 }
 
 // testInitContainerPod is scenario 3: deploy/examples' proxy-init workload, our image with the
-// chart's command line as an init container, writes its own rules (the plugin leaves such pods
-// alone) and the same traffic reaches the fake proxy.
+// chart's command line as an init container, writes its rules and the same traffic reaches the
+// fake proxy. The plugin is not in place, so the rules can only be proxy-init's.
 func testInitContainerPod(t *testing.T, n *Node) {
 	ctx := context.Background()
+	removeDaemonSet(ctx, t, n)
 	peer := peerPod(ctx, t, n)
 	const ns = "e2e-init"
 	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
