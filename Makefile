@@ -9,7 +9,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build images dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check demo bench fuzz clean
+.PHONY: all build images dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
@@ -70,18 +70,26 @@ e2e-deps: deps
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(E2E_APT_PACKAGES); \
 	fi
 
+# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy, and
+# the end-to-end tests (-tags e2e).
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
 	$(GO) vet -tags e2e ./test/e2e/
+
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# test runs every test, the root network-namespace ones included. -p 1 keeps the root
-# integration suites (namespaces, a kube-apiserver) from starving each other on small machines.
+# test runs every test, the root network-namespace ones included, then the stress workloads
+# with small counts (they print their figures). -p 1 keeps the root integration suites
+# (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet
-	$(GO) test -count=1 -p 1 -timeout 40m ./...
+test: deps kube-bins fmt-check vet tidy-check
+	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
+	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
 # e2e runs the end-to-end suite on a single-node cluster (containerd, runc, kubelet) in namespaces
 # of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
@@ -90,9 +98,19 @@ e2e: export PATH := $(PATH):/usr/sbin:/sbin
 e2e: e2e-deps kube-bins kube-node images
 	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
 
-# unit runs the tests that need neither root nor the kube binaries' build time.
+# unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
+# user.
 unit:
-	$(GO) test -count=1 -short ./iptables/ ./proxyinit/ ./cniplugin/
+	$(GO) test -count=1 -short ./...
+
+# stress runs the adversarial workloads (concurrent writers, applies racing cleanups, kill -9
+# during apply, installer churn) in throwaway namespaces and prints what they saw; any corrupt
+# end state fails it. STRESS_FLAGS sets the counts; make test runs it with the small defaults.
+STRESS_FLAGS ?= -stress.procs 30 -stress.kills 200 -stress.churn 40
+stress: export PATH := $(PATH):/usr/sbin:/sbin
+stress: deps
+	@set -o pipefail; $(GO) test -count=1 -v -timeout 60m -run Stress ./internal/stress/ $(STRESS_FLAGS) \
+		| grep -E --line-buffered '^(stress:|--- FAIL|FAIL|ok|panic|\s+\S+_test\.go:)'
 
 demo: export PATH := $(PATH):/usr/sbin:/sbin
 demo: deps
@@ -105,6 +123,8 @@ bench: deps kube-bins
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParsePorts -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
+	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
 
 clean:
 	rm -rf $(BIN)

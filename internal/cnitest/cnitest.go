@@ -1,9 +1,6 @@
 // Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni and
 // the end-to-end node runs under containerd: the real containernetworking bridge, host-local,
 // loopback and portmap plugins at the version go.mod pins, and this checkout's own commands.
-// The plugins are built as that release builds them, with its own go.mod (go install
-// pkg@version): nothing in this module imports them, so its go.mod need not list their
-// dependencies.
 //
 // Limits: test support only (it runs `go build`, so it needs the Go toolchain and the module
 // cache, never the network once the cache holds the modules). The containernetworking plugins
@@ -26,8 +23,9 @@ const PluginsModule = "github.com/containernetworking/plugins"
 // DefaultCache is where the plugins are cached when $CNI_PLUGINS_CACHE is not set.
 const DefaultCache = "/var/cache/proxy-init-cni"
 
-// pluginPkgs are the plugins a node's bridge conflist needs (containerd also runs loopback
-// itself), by binary name.
+// pluginPkgs are the plugins a bridge conflist needs (and portmap, which kubelet-style
+// conflists chain), by binary name. go.mod lists them as tools, so `go mod tidy` keeps the sums
+// their build needs.
 var pluginPkgs = map[string]string{
 	"bridge":     PluginsModule + "/plugins/main/bridge",
 	"host-local": PluginsModule + "/plugins/ipam/host-local",
@@ -48,21 +46,20 @@ func GoBuild(dir string, args ...string) error {
 	return nil
 }
 
-// PluginsDir returns a directory holding the pluginPkgs plugins at the version go.mod pins,
-// building them into the cache first if any is missing. Concurrent callers, in this process or
-// another, are safe: each builds into a temporary directory and renames every binary into place
-// whole, so nobody sees half of one, and losing that race is fine.
+// PluginsDir returns a directory holding the pluginPkgs plugins at the
+// version go.mod pins, building them into the cache first if any is missing. Concurrent callers,
+// in this process or another, are safe: each builds into a temporary directory and renames every
+// binary into place whole, so nobody sees half of one, and losing that race is fine.
 func PluginsDir() (string, error) {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", PluginsModule).Output()
 	if err != nil {
 		return "", fmt.Errorf("find the pinned version of %s: %w", PluginsModule, err)
 	}
-	version := strings.TrimSpace(string(out))
 	cache := os.Getenv("CNI_PLUGINS_CACHE")
 	if cache == "" {
 		cache = DefaultCache
 	}
-	dir := filepath.Join(cache, "plugins-"+version)
+	dir := filepath.Join(cache, "plugins-"+strings.TrimSpace(string(out)))
 	have := func() bool {
 		for name := range pluginPkgs {
 			if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
@@ -82,15 +79,13 @@ func PluginsDir() (string, error) {
 		return "", fmt.Errorf("create plugin build directory: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	args := []string{"install", "-trimpath", "-ldflags", "-s -w"}
+	pkgs := make([]string, 0, len(pluginPkgs))
 	for _, pkg := range pluginPkgs {
-		args = append(args, pkg+"@"+version)
+		pkgs = append(pkgs, pkg)
 	}
-	slices.Sort(args[4:]) // a stable command line in errors
-	cmd := exec.Command("go", args...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOBIN="+tmp)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+	slices.Sort(pkgs) // a stable command line in errors
+	if err := GoBuild(tmp, pkgs...); err != nil {
+		return "", err
 	}
 	// Binary by binary, so a cache from before a plugin was added gains it.
 	if err := os.MkdirAll(dir, 0o755); err != nil {
