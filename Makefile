@@ -125,6 +125,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
 	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzJSONSpans -fuzztime 30s ./cniplugin/install/
 
 clean:
 	rm -rf $(BIN)

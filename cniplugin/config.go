@@ -24,7 +24,7 @@ const KubeContext = "linkerd-cni-context"
 const DefaultAPITimeout = 10 * time.Second
 
 // NetConf is the parsed linkerd-cni network config: the keys of Linkerd's ConfigMap
-// linkerd-cni-config, plus the optional new ones documented in README.section.md.
+// linkerd-cni-config, plus the optional new ones documented in docs/cni-plugin.md.
 type NetConf struct {
 	types.PluginConf
 

@@ -45,7 +45,8 @@ var FallbackAPIServerPorts = []string{"443", "6443"}
 
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
 // core/v1, decoded from the API server's JSON. Importing k8s.io/api/core/v1 instead links its
-// scheme and protobuf code, a quarter of the binary, and cost every plugin start about 2 ms here.
+// scheme and protobuf code, which make the binary larger and every plugin start slower (the
+// figures are in docs/performance.md).
 
 // ObjectMeta is the part of an object's metadata the plugin reads.
 type ObjectMeta struct {

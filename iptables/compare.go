@@ -163,8 +163,8 @@ func TransitionPayload(current, target SavedState) string {
 }
 
 // Payload is TransitionPayload(current, r.Saved(f)) without first rendering every rule as a saved
-// line: with a thousand subnets that copy was 130 KB, and a fresh process pays for every page it
-// touches.
+// line: with a thousand subnets that copy is large, and a fresh process pays for every page it
+// touches (docs/performance.md).
 func (r *Ruleset) Payload(f Family, current SavedState) string {
 	if !r.HasFamily(f) {
 		return TransitionPayload(current, SavedState{})

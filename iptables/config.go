@@ -339,8 +339,8 @@ func (c Config) plan() (*Ruleset, error) {
 }
 
 // dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts
-// indexes rather than filling a set: with a thousand subnets, a map of prefixes touched 100 KB,
-// and a fresh process pays for every page it touches.
+// indexes rather than filling a set: with a thousand subnets a map of prefixes touches far more
+// memory, and a fresh process pays for every page it touches (docs/performance.md).
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
 	if len(ps) < 2 {
 		return ps

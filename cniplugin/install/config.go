@@ -14,7 +14,7 @@ import (
 
 // DefaultNetworkConfig is the CNI network configuration used when neither
 // CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set. It is Linkerd's
-// (DESIGN.md, "CNI network config").
+// (docs/linkerd-compatibility.md, "CNI network config").
 const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
  "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
  "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
@@ -99,9 +99,9 @@ type Config struct {
 	taintBackoffMax time.Duration
 }
 
-// ConfigFromEnv reads the installer's environment variables (DESIGN.md,
-// "Installer environment") with Linkerd's defaults. It reports every bad
-// value at once.
+// ConfigFromEnv reads the installer's environment variables
+// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's
+// defaults. It reports every bad value at once.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	get := func(k, def string) string {
 		if v := getenv(k); v != "" {
