@@ -1,4 +1,4 @@
-# proxy-init and linkerd-cni. Run as root on Debian: `make demo`, `make test`, `make bench`.
+# proxy-init and linkerd-cni. Run as root on Debian: `make demo`, `make test`, `make bench`, `make e2e`.
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -7,8 +7,10 @@ BIN := bin
 # Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
 # that the nft mode executes no program).
 APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
+# Packages the end-to-end node needs besides those.
+E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build images dockerfiles manifests deps kube-bins test unit vet fmt-check tidy-check demo bench stress fuzz clean
+.PHONY: all build images dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
@@ -57,10 +59,24 @@ deps:
 kube-bins:
 	test/kube/build.sh
 
-# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy.
+# kube-node builds kube-controller-manager, kube-scheduler and kubelet as one binary for the
+# end-to-end node, cached like kube-bins (see test/e2e/kube/build.sh).
+kube-node:
+	test/e2e/kube/build.sh
+
+# e2e-deps installs containerd and runc for the end-to-end node, only when one is missing.
+e2e-deps: deps
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null; then \
+		echo "installing $(E2E_APT_PACKAGES) with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(E2E_APT_PACKAGES); \
+	fi
+
+# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy, and
+# the end-to-end tests (-tags e2e).
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
+	$(GO) vet -tags e2e ./test/e2e/
 
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
@@ -75,6 +91,13 @@ test: export PATH := $(PATH):/usr/sbin:/sbin
 test: deps kube-bins fmt-check vet tidy-check
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
+
+# e2e runs the end-to-end suite on a single-node cluster (containerd, runc, kubelet) in namespaces
+# of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
+E2E_RUN ?= .
+e2e: export PATH := $(PATH):/usr/sbin:/sbin
+e2e: e2e-deps kube-bins kube-node images
+	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
 
 # unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
 # user.
@@ -103,6 +126,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
 	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzJSONSpans -fuzztime 30s ./cniplugin/install/
 
 clean:
 	rm -rf $(BIN)

@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -24,7 +25,7 @@ const KubeContext = "linkerd-cni-context"
 const DefaultAPITimeout = 10 * time.Second
 
 // NetConf is the parsed linkerd-cni network config: the keys of Linkerd's ConfigMap
-// linkerd-cni-config, plus the optional new ones documented in README.section.md.
+// linkerd-cni-config, plus the optional new ones documented in docs/cni-plugin.md.
 type NetConf struct {
 	types.PluginConf
 
@@ -113,22 +114,9 @@ func (c *NetConf) Excluded(ns string) bool {
 	return false
 }
 
-// ConfigError lists every problem found in a network config, each naming the JSON key (with its
-// block, e.g. "linkerd.proxy-uid") and the offending value.
-type ConfigError struct {
-	Problems []iptables.Problem
-}
-
-func (e *ConfigError) Error() string {
-	parts := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		parts[i] = p.String()
-	}
-	return "invalid linkerd-cni network config: " + strings.Join(parts, "; ")
-}
-
 // ParseConfig decodes a network config and its prevResult, which is converted to the config's CNI
-// version, and validates every key. All problems are reported at once as a *ConfigError; JSON that
+// version, and validates every key. All problems are reported at once as a *badinput.Error, each
+// naming the JSON key with its block (e.g. "linkerd.proxy-uid") and the value; JSON that
 // does not decode at all is a plain error. Values the config omits take Linkerd's meaning: an
 // absent proxy-uid or proxy-gid is -1 (no exemption), an absent or empty iptables-mode is legacy.
 func ParseConfig(data []byte) (*NetConf, error) {
@@ -138,7 +126,7 @@ func ParseConfig(data []byte) (*NetConf, error) {
 	}
 	probs = append(probs, conf.validate()...)
 	if len(probs) > 0 {
-		return nil, &ConfigError{Problems: probs}
+		return nil, &badinput.Error{What: "invalid linkerd-cni network config", Problems: probs}
 	}
 	return conf, nil
 }
@@ -151,7 +139,7 @@ func ParseConfigLenient(data []byte) (*NetConf, error) {
 	return conf, err
 }
 
-func decodeConfig(data []byte, strict bool) (*NetConf, []iptables.Problem, error) {
+func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error) {
 	conf := &NetConf{Linkerd: Linkerd{IncomingProxyPort: -1, OutgoingProxyPort: -1, ProxyUID: -1, ProxyGID: -1}}
 	if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
 		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
@@ -215,10 +203,10 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []iptables.Problem, error
 
 // validate checks the values that decoded: the rule builder's checks on the linkerd block
 // (renamed to their JSON keys), the log level and the namespace list.
-func (c *NetConf) validate() []iptables.Problem {
-	var probs []iptables.Problem
+func (c *NetConf) validate() []badinput.Problem {
+	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
-		probs = append(probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
 	if _, ok := parseLevel(c.LogLevel); !ok {
 		bad("log_level", c.LogLevel, "want trace, debug, info, warn or error")
@@ -232,13 +220,10 @@ func (c *NetConf) validate() []iptables.Problem {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
 	}
 	if err := c.Linkerd.Config().Validate(); err != nil {
-		if v, ok := err.(*iptables.ValidationError); ok {
-			for _, p := range v.Problems {
-				p.Field = "linkerd." + p.Field
-				probs = append(probs, p)
-			}
-		} else {
-			bad("linkerd", "", err.Error())
+		v, _ := badinput.As(err)
+		for _, p := range v.Problems {
+			p.Field = "linkerd." + p.Field
+			probs = append(probs, p)
 		}
 	}
 	return probs
@@ -255,11 +240,11 @@ func parseLevel(s string) (slog.Level, bool) {
 
 // decoder decodes one key at a time so that a type error names the key and shows the value.
 type decoder struct {
-	probs []iptables.Problem
+	probs []badinput.Problem
 }
 
 func (d *decoder) bad(field, value, reason string) {
-	d.probs = append(d.probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+	d.probs = append(d.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
 // get decodes obj[key] into dst and reports whether the key was present and decoded. A JSON null

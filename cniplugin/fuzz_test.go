@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -45,12 +46,13 @@ func FuzzMerge(f *testing.F) {
 		}
 		s, err := Merge(baseConfig(), Object{Kind: "pod", Name: "web/api-0", Annotations: ann}, nil, []string{"443"})
 		if err != nil {
-			var ae *AnnotationError
+			var ae *badinput.Error
 			if !errors.As(err, &ae) || len(ae.Problems) == 0 {
 				t.Fatalf("Merge failed without naming an annotation: %v", err)
 			}
 			for _, p := range ae.Problems {
-				if !strings.HasPrefix(p.Annotation, "config.linkerd.io/") || ann[p.Annotation] != p.Value {
+				key := strings.TrimPrefix(p.Field, "annotation ")
+				if !strings.HasPrefix(key, "config.linkerd.io/") || ann[key] != p.Value {
 					t.Fatalf("problem %s does not name an annotation and its value", p)
 				}
 			}

@@ -1,7 +1,6 @@
 package cniplugin
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -45,7 +45,8 @@ var FallbackAPIServerPorts = []string{"443", "6443"}
 
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
 // core/v1, decoded from the API server's JSON. Importing k8s.io/api/core/v1 instead links its
-// scheme and protobuf code, a quarter of the binary, and cost every plugin start about 2 ms here.
+// scheme and protobuf code, which make the binary larger and every plugin start slower (the
+// figures are in docs/performance.md).
 
 // ObjectMeta is the part of an object's metadata the plugin reads.
 type ObjectMeta struct {
@@ -165,31 +166,6 @@ type Object struct {
 
 func (o Object) String() string { return o.Kind + " " + o.Name }
 
-// AnnotationProblem is one malformed annotation value.
-type AnnotationProblem struct {
-	Annotation string
-	Value      string // the whole annotation value
-	On         string // "pod ns/name" or "namespace ns"
-	Reason     string
-}
-
-func (p AnnotationProblem) String() string {
-	return fmt.Sprintf("annotation %s=%q on %s: %s", p.Annotation, p.Value, p.On, p.Reason)
-}
-
-// AnnotationError lists every malformed annotation of a pod.
-type AnnotationError struct {
-	Problems []AnnotationProblem
-}
-
-func (e *AnnotationError) Error() string {
-	parts := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		parts[i] = p.String()
-	}
-	return "invalid annotation: " + strings.Join(parts, "; ")
-}
-
 // Settings is what a meshed pod gets: the rule builder's config after the annotations.
 type Settings struct {
 	Config iptables.Config
@@ -223,8 +199,8 @@ var annotationFields = map[string]string{
 // Each annotation is taken from the pod when it has a non-empty value there, else from the
 // namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
 // ignore after the annotations. The result is validated by the rule builder, like every other
-// input; every malformed value is reported at once in an *AnnotationError naming the annotation,
-// the object it is on and the value.
+// input; every malformed value is reported at once in a *badinput.Error whose problems name the
+// annotation, the object it is on and its whole value.
 func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
 	s := Settings{Config: base, Sources: map[string]string{}}
 	s.Config.PortsToRedirect = clone(base.PortsToRedirect)
@@ -233,8 +209,8 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	s.Config.InboundSubnetsToIgnore = clone(base.InboundSubnetsToIgnore)
 	s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
 
-	var probs []AnnotationProblem
-	found := map[string]AnnotationProblem{} // by field: the annotation that set it
+	var probs []badinput.Problem
+	found := map[string]badinput.Problem{} // by field: the annotation that set it
 	// each takes one annotation when present; set converts its value into the config, and
 	// returns why it cannot when the value does not even have the right form.
 	each := func(key string, set func(v string) string) {
@@ -248,7 +224,7 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 		if from == nil {
 			return
 		}
-		src := AnnotationProblem{Annotation: key, Value: v, On: from.String()}
+		src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
 		if reason := set(strings.TrimSpace(v)); reason != "" {
 			src.Reason = reason
 			probs = append(probs, src)
@@ -293,8 +269,8 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	// Values of the wrong form left their field as it was in base, which is valid, so every
 	// other problem is still found here, at once.
 	{
-		var verr *iptables.ValidationError
-		if err := s.Config.Validate(); errors.As(err, &verr) {
+		err := s.Config.Validate()
+		if verr, ok := badinput.As(err); ok {
 			for _, p := range verr.Problems {
 				src, ok := found[p.Field]
 				if !ok {
@@ -310,10 +286,11 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 		}
 	}
 	if len(probs) > 0 {
-		slices.SortStableFunc(probs, func(a, b AnnotationProblem) int {
-			return slices.Index(Annotations, a.Annotation) - slices.Index(Annotations, b.Annotation)
-		})
-		return Settings{}, &AnnotationError{Problems: probs}
+		order := func(p badinput.Problem) int {
+			return slices.Index(Annotations, strings.TrimPrefix(p.Field, "annotation "))
+		}
+		slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order(a) - order(b) })
+		return Settings{}, &badinput.Error{What: "invalid annotation", Problems: probs}
 	}
 	if len(apiServerPorts) > 0 {
 		s.Config.OutboundPortsToIgnore = append(s.Config.OutboundPortsToIgnore, apiServerPorts...)

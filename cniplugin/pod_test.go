@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -185,7 +186,7 @@ func TestMergeNumericBounds(t *testing.T) {
 		t.Run(tt.annotation+"="+tt.value, func(t *testing.T) {
 			pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{tt.annotation: tt.value}}
 			_, err := Merge(baseConfig(), pod, nil, nil)
-			var ae *AnnotationError
+			var ae *badinput.Error
 			if !errors.As(err, &ae) || len(ae.Problems) != 1 || !strings.HasPrefix(ae.Problems[0].String(), tt.want) {
 				t.Fatalf("err = %v\nwant one problem starting %s", err, tt.want)
 			}
@@ -212,9 +213,9 @@ func TestMergeMalformed(t *testing.T) {
 		AnnotationOutboundPort: "x",
 	}}
 	_, err := Merge(baseConfig(), pod, ns, nil)
-	var ae *AnnotationError
+	var ae *badinput.Error
 	if !errors.As(err, &ae) {
-		t.Fatalf("err = %v, want *AnnotationError", err)
+		t.Fatalf("err = %v, want *badinput.Error", err)
 	}
 	want := []string{
 		`annotation config.linkerd.io/skip-outbound-ports="80,abc" on pod web/api-0: "abc" is not a port number`,

@@ -27,7 +27,7 @@ func (s SavedState) Empty() bool {
 func (s SavedState) Jumps() []Rule {
 	var out []Rule
 	for _, l := range s.Rules {
-		if r := savedRule(l); !isOurChain(r.Chain) {
+		if r := savedRule(l); !IsOurChain(r.Chain) {
 			out = append(out, r)
 		}
 	}
@@ -40,7 +40,8 @@ func savedRule(line string) Rule {
 	return Rule{Chain: chain, Spec: spec}
 }
 
-func isOurChain(c string) bool { return c == RedirectChain || c == OutputChain }
+// IsOurChain reports whether a chain of that name is one of ours (in either rendering).
+func IsOurChain(c string) bool { return c == RedirectChain || c == OutputChain }
 
 // ParseSave extracts our chains and rules from iptables-save output (any tables; only nat is read).
 func ParseSave(save string) SavedState {
@@ -54,14 +55,14 @@ func ParseSave(save string) SavedState {
 		case !inNat:
 		case strings.HasPrefix(l, ":"):
 			name, _, _ := strings.Cut(l[1:], " ")
-			if isOurChain(name) {
+			if IsOurChain(name) {
 				s.Chains = append(s.Chains, name)
 			}
 		case strings.HasPrefix(l, "-A "):
 			chain, _, _ := strings.Cut(l[3:], " ")
 			jump := strings.HasSuffix(l, " -j "+RedirectChain) || strings.HasSuffix(l, " -j "+OutputChain)
 			switch {
-			case isOurChain(chain) || jump && strings.Contains(l, ` --comment "`+CommentPrefix):
+			case IsOurChain(chain) || jump && strings.Contains(l, ` --comment "`+CommentPrefix):
 				s.Rules = append(s.Rules, l)
 			case jump:
 				s.ForeignJumps = append(s.ForeignJumps, l)
@@ -175,8 +176,8 @@ func TransitionPayload(current, target SavedState) string {
 }
 
 // Payload is TransitionPayload(current, r.Saved(f)) without first rendering every rule as a saved
-// line: with a thousand subnets that copy was 130 KB, and a fresh process pays for every page it
-// touches.
+// line: with a thousand subnets that copy is large, and a fresh process pays for every page it
+// touches (docs/performance.md).
 func (r *Ruleset) Payload(f Family, current SavedState) string {
 	if !r.HasFamily(f) {
 		return TransitionPayload(current, SavedState{})
@@ -199,7 +200,7 @@ func transition(current SavedState, keepChains bool, target []Rule) string {
 
 	keep := map[string]int{}
 	for _, j := range target {
-		if !isOurChain(j.Chain) {
+		if !IsOurChain(j.Chain) {
 			keep[j.String()]++
 		}
 	}
@@ -221,12 +222,12 @@ func transition(current SavedState, keepChains bool, target []Rule) string {
 		b.WriteString("-X " + OutputChain + "\n")
 	}
 	for _, rl := range target {
-		if isOurChain(rl.Chain) {
+		if IsOurChain(rl.Chain) {
 			rl.writeTo(&b, "-A ")
 		}
 	}
 	for _, j := range target {
-		if isOurChain(j.Chain) {
+		if IsOurChain(j.Chain) {
 			continue
 		}
 		if have[j.String()] > 0 {

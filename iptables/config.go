@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
 // Mode selects how rules are written. The names are the values of --iptables-mode.
@@ -29,6 +31,15 @@ const (
 
 // Modes lists every valid mode, in the order they are documented.
 var Modes = []Mode{ModeAuto, ModeLegacy, ModeNFT, ModePlain, ModeNFTables}
+
+// ModeList is Modes as a comma-separated list, for messages and help.
+func ModeList() string {
+	names := make([]string, len(Modes))
+	for i, m := range Modes {
+		names[i] = string(m)
+	}
+	return strings.Join(names, ", ")
+}
 
 // Field names used in validation errors. They are the proxy-init flag names, which are also the
 // keys of the CNI network config's "linkerd" block, so one message serves both front ends.
@@ -86,35 +97,11 @@ func NewConfig() Config {
 	return Config{InboundProxyPort: -1, OutboundProxyPort: -1, ProxyUID: -1, ProxyGID: -1, IPv6: true, Mode: ModeAuto}
 }
 
-// Problem is one invalid value.
-type Problem struct {
-	Field  string // flag or config key, e.g. "inbound-ports-to-ignore"
-	Value  string // the offending value, as given
-	Reason string
-}
-
-func (p Problem) String() string {
-	return fmt.Sprintf("%s %q: %s", p.Field, p.Value, p.Reason)
-}
-
-// ValidationError lists every problem found in a Config.
-type ValidationError struct {
-	Problems []Problem
-}
-
-func (e *ValidationError) Error() string {
-	parts := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		parts[i] = p.String()
-	}
-	return "invalid configuration: " + strings.Join(parts, "; ")
-}
-
-// IsValidationError reports whether err is, or wraps, a *ValidationError: bad input rather than a
-// failure to apply.
+// IsValidationError reports whether err is, or wraps, bad input (a *badinput.Error) rather than
+// a failure to apply.
 func IsValidationError(err error) bool {
-	var v *ValidationError
-	return errors.As(err, &v)
+	_, ok := badinput.As(err)
+	return ok
 }
 
 // PortRange is an inclusive range of TCP ports; a single port has First == Last.
@@ -231,7 +218,8 @@ func ParseCIDRs(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// Validate reports every problem in c at once, as a *ValidationError, or nil.
+// Validate reports every problem in c at once, as a *badinput.Error whose fields are the Field*
+// names, or nil.
 func (c Config) Validate() error {
 	_, err := c.plan()
 	return err
@@ -240,9 +228,9 @@ func (c Config) Validate() error {
 // plan validates c and converts it into the normalized Ruleset. Doing both in one pass keeps
 // Validate and Build from ever disagreeing.
 func (c Config) plan() (*Ruleset, error) {
-	var probs []Problem
+	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
-		probs = append(probs, Problem{Field: field, Value: value, Reason: reason})
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
 	proxyPort := func(field string, v int) uint16 {
 		switch {
@@ -324,10 +312,8 @@ func (c Config) plan() (*Ruleset, error) {
 	if c.IPv6 {
 		rs.Families = append(rs.Families, IPv6)
 	}
-	switch c.Mode {
-	case "", ModeAuto, ModeLegacy, ModeNFT, ModePlain, ModeNFTables:
-	default:
-		bad(FieldMode, string(c.Mode), "unknown mode; want one of auto, legacy, nft, plain, nftables")
+	if c.Mode != "" && !slices.Contains(Modes, c.Mode) {
+		bad(FieldMode, string(c.Mode), "unknown mode; want one of "+ModeList())
 	}
 	if c.CloseWaitSecs < 0 || c.CloseWaitSecs > MaxCloseWaitSecs {
 		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),
@@ -335,14 +321,14 @@ func (c Config) plan() (*Ruleset, error) {
 	}
 	rs.CloseWaitSecs = c.CloseWaitSecs
 	if len(probs) > 0 {
-		return nil, &ValidationError{Problems: probs}
+		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}
 	}
 	return rs, nil
 }
 
 // dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts
-// indexes rather than filling a set: with a thousand subnets, a map of prefixes touched 100 KB,
-// and a fresh process pays for every page it touches.
+// indexes rather than filling a set: with a thousand subnets a map of prefixes touches far more
+// memory, and a fresh process pays for every page it touches (docs/performance.md).
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
 	if len(ps) < 2 {
 		return ps

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
 func TestValidateReportsEveryProblem(t *testing.T) {
@@ -21,7 +23,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 
 	err := c.Validate()
 	if !IsValidationError(err) {
-		t.Fatalf("want a *ValidationError, got %v", err)
+		t.Fatalf("want a *badinput.Error, got %v", err)
 	}
 	want := []string{
 		`incoming-proxy-port "70000": port is outside 1-65535`,
@@ -44,7 +46,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 			t.Errorf("error lacks %q\nfull error: %s", w, msg)
 		}
 	}
-	if n := len(err.(*ValidationError).Problems); n != len(want) {
+	if n := len(err.(*badinput.Error).Problems); n != len(want) {
 		t.Errorf("got %d problems, want %d: %s", n, len(want), msg)
 	}
 	if _, err := Build(c); err == nil {

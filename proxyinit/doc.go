@@ -5,11 +5,12 @@
 // cmd/proxy-init is a one-line main around Main; every decision lives here so it can be unit
 // tested without building a binary.
 //
-// Contract: the flag names, shorthands and defaults are Linkerd's (see DESIGN.md), so the Linkerd
-// chart's command line parses unchanged; the one deliberate difference is --iptables-mode, which
-// defaults to auto instead of legacy. Exit codes: 0 success, 1 failure, 2 bad usage or input.
-// Bad input is reported all at once, each problem naming the flag and the value, and nothing is
-// written: validation runs before a namespace is entered or a backend chosen.
+// Contract: the flag names, shorthands and defaults are Linkerd's (docs/linkerd-compatibility.md),
+// so the Linkerd chart's command line parses unchanged; the one deliberate difference is
+// --iptables-mode, which defaults to auto instead of legacy. Exit codes: 0 success, 1 failure,
+// 2 bad usage or input. Bad input is reported all at once, each problem naming the flag and the
+// value, and nothing is written: validation runs before a namespace is entered or a backend
+// chosen.
 //
 // Limits: --firewall-bin-path and --firewall-save-bin-path only select the mode from their base
 // names (iptables-legacy*, iptables-nft*, iptables); the binaries themselves are looked up in

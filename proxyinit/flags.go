@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -77,27 +78,24 @@ type Options struct {
 
 // UsageError is bad usage or bad input: proxy-init exits 2 and writes nothing.
 type UsageError struct {
-	// Problems name each offending flag and value; Message is set instead for errors of the
-	// command line's shape (unknown flag, missing value, unknown subcommand).
-	Problems []iptables.Problem
-	Message  string
+	// Input names each offending flag, as typed, and value; Message is set instead for errors of
+	// the command line's shape (unknown flag, missing value, unknown subcommand).
+	Input   *badinput.Error
+	Message string
 }
 
 func (e *UsageError) Error() string {
 	if e.Message != "" {
 		return e.Message
 	}
-	lines := make([]string, len(e.Problems))
-	for i, p := range e.Problems {
-		lines[i] = FormatProblem(p)
-	}
-	return "invalid input:\n  " + strings.Join(lines, "\n  ")
+	return strings.TrimSuffix(e.Input.Lines(), "\n")
 }
 
-// FormatProblem renders one problem the way proxy-init prints it, naming the flag as typed:
-// `--inbound-ports-to-ignore "70000": port 70000 is outside 1-65535`.
-func FormatProblem(p iptables.Problem) string {
-	return fmt.Sprintf("--%s %q: %s", p.Field, p.Value, p.Reason)
+func (e *UsageError) Unwrap() error {
+	if e.Input == nil {
+		return nil
+	}
+	return e.Input
 }
 
 // ErrHelp is returned by Parse for -h and --help; Main prints Usage and exits 0.
@@ -197,9 +195,9 @@ func Parse(args []string) (*Options, error) {
 		return nil, &UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
 	}
 
-	var probs []iptables.Problem
+	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
-		probs = append(probs, iptables.Problem{Field: field, Value: value, Reason: reason})
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
 	badFields := map[string]bool{} // fields already reported, so Validate does not repeat them
 	intOf := func(name string, f *lenientInt) int {
@@ -259,36 +257,39 @@ func Parse(args []string) (*Options, error) {
 				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+err.Error())
 			}
 		}
-		var cp []iptables.Problem
+		var cp []badinput.Problem
 		cp, o.rules = configProblems(o.Command, c, badFields, fs)
 		probs = append(probs, cp...)
 	}
 	if len(probs) > 0 {
 		sortByFlagOrder(fs, probs)
-		return nil, &UsageError{Problems: probs}
+		for i := range probs {
+			probs[i].Field = "--" + probs[i].Field
+		}
+		return nil, &UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
 	}
 	return o, nil
 }
 
 // sortByFlagOrder lists problems in the order the flags appear in --help, which is stable and
 // easy to scan, whatever order the checks ran in.
-func sortByFlagOrder(fs *pflag.FlagSet, probs []iptables.Problem) {
+func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	order := map[string]int{}
 	i := 0
 	fs.VisitAll(func(f *pflag.Flag) { order[f.Name] = i; i++ })
-	slices.SortStableFunc(probs, func(a, b iptables.Problem) int { return order[a.Field] - order[b.Field] })
+	slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order[a.Field] - order[b.Field] })
 }
 
 // configProblems validates the rule configuration, and returns the rules when it is valid.
 // Cleanup needs no ports, so it accepts them unset (but still refuses bad values). Problems about
 // the inbound subnets name the alias when that is the flag the user typed.
-func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]iptables.Problem, *iptables.Ruleset) {
+func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
 	rs, err := iptables.Build(c)
-	var verr *iptables.ValidationError
-	if !errors.As(err, &verr) {
+	verr, ok := badinput.As(err)
+	if !ok {
 		return nil, rs
 	}
-	var out []iptables.Problem
+	var out []badinput.Problem
 	for _, p := range verr.Problems {
 		if skip[p.Field] {
 			continue
@@ -325,7 +326,7 @@ func commandList() string {
 // resolveMode picks the backend mode. An explicit --iptables-mode wins, as in Linkerd, where it
 // overrides the firewall paths; otherwise the paths' base names select the mode, for charts that
 // still pass them; otherwise auto.
-func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []iptables.Problem) {
+func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []badinput.Problem) {
 	binSet := v.firewallBin != ""
 	saveSet := v.firewallSave != ""
 	if fs.Changed(iptables.FieldMode) && v.mode != "" {
@@ -339,19 +340,19 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	if !binSet && !saveSet {
 		return iptables.ModeAuto, "default", nil, nil
 	}
-	var probs []iptables.Problem
+	var probs []badinput.Problem
 	var binMode, saveMode iptables.Mode
 	if binSet {
 		var ok bool
 		if binMode, ok = modeFromBinary(v.firewallBin, false); !ok {
-			probs = append(probs, iptables.Problem{Field: flagFirewallBin, Value: v.firewallBin,
+			probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
 				Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
 		}
 	}
 	if saveSet {
 		var ok bool
 		if saveMode, ok = modeFromBinary(v.firewallSave, true); !ok {
-			probs = append(probs, iptables.Problem{Field: flagFirewallSave, Value: v.firewallSave,
+			probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
 				Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
 		}
 	}
@@ -360,7 +361,7 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	}
 	switch {
 	case binSet && saveSet && binMode != saveMode:
-		return iptables.ModeAuto, "", nil, []iptables.Problem{{Field: flagFirewallSave, Value: v.firewallSave,
+		return iptables.ModeAuto, "", nil, []badinput.Problem{{Field: flagFirewallSave, Value: v.firewallSave,
 			Reason: fmt.Sprintf("selects mode %s but --%s %q selects mode %s", saveMode, flagFirewallBin, v.firewallBin, binMode)}}
 	case binSet:
 		return binMode, "--" + flagFirewallBin, nil, nil

@@ -302,7 +302,7 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// TestDefaults pins the defaults of DESIGN.md's flag table.
+// TestDefaults pins the defaults of the flag table in docs/linkerd-compatibility.md.
 func TestDefaults(t *testing.T) {
 	fs, _ := newFlagSet()
 	want := map[string][2]string{ // name -> shorthand, default
@@ -326,6 +326,6 @@ func TestDefaults(t *testing.T) {
 	n := 0
 	fs.VisitAll(func(*pflag.Flag) { n++ })
 	if n != len(want) {
-		t.Errorf("%d flags defined, want %d: update this table and the README", n, len(want))
+		t.Errorf("%d flags defined, want %d: update this table, docs/proxy-init.md and docs/linkerd-compatibility.md", n, len(want))
 	}
 }

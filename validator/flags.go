@@ -12,7 +12,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // Defaults, as Linkerd's chart passes them for IPv4 (and for IPv6 in the --ipv6 check).
@@ -93,10 +95,19 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.ProxyUID, FlagProxyUID, c.ProxyUID, "also check that this UID's connections are NOT redirected (-1: skip; needs root or CAP_SETUID, else skipped with a log line)")
 }
 
-// UsageError is a bad command line or configuration; Main exits 2 (ExitUsage).
-type UsageError struct{ Msg string }
+// UsageError is a bad command line or configuration; Main exits 2 (ExitUsage). Input names each
+// refused flag and value; Msg is set instead for errors of the command line's shape.
+type UsageError struct {
+	Msg   string
+	Input *badinput.Error
+}
 
-func (e *UsageError) Error() string { return e.Msg }
+func (e *UsageError) Error() string {
+	if e.Input != nil {
+		return strings.TrimSuffix(e.Input.Lines(), "\n")
+	}
+	return e.Msg
+}
 
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
@@ -149,9 +160,9 @@ Exit codes: 0 the redirect works, 95 it does not (the message says what failed),
 
 // Validate reports every problem in c at once, naming the flag and value.
 func (c Config) Validate() error {
-	var probs []string
+	var probs []badinput.Problem
 	bad := func(flag, value, reason string) {
-		probs = append(probs, fmt.Sprintf("--%s %q: %s", flag, value, reason))
+		probs = append(probs, badinput.Problem{Field: "--" + flag, Value: value, Reason: reason})
 	}
 	addr := func(flag, value string, wantPort bool) {
 		ap, err := netip.ParseAddrPort(value)
@@ -194,11 +205,11 @@ func (c Config) Validate() error {
 	case c.ProxyUID == 0:
 		// Root is never exempt in proxy-init either (it refuses --proxy-uid 0).
 		bad(FlagProxyUID, "0", "root cannot be the proxy UID; want -1 (skip) or a positive UID")
-	case c.ProxyUID < -1:
-		bad(FlagProxyUID, fmt.Sprint(c.ProxyUID), "want -1 (skip) or a positive UID")
+	case c.ProxyUID < -1 || c.ProxyUID > iptables.MaxID:
+		bad(FlagProxyUID, fmt.Sprint(c.ProxyUID), fmt.Sprintf("want -1 (skip) or a UID from 1 to %d", iptables.MaxID))
 	}
 	if len(probs) > 0 {
-		return &UsageError{Msg: "invalid input:\n  " + strings.Join(probs, "\n  ")}
+		return &UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
 	}
 	return nil
 }

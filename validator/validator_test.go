@@ -75,6 +75,7 @@ func TestParse(t *testing.T) {
 		},
 		{name: "bad filter", args: []string{"--log-level", "x{y}=info"}, wantErr: []string{`--log-level "x{y}=info": span and field filters are not supported`}},
 		{name: "negative uid", args: []string{"--proxy-uid", "-2"}, wantErr: []string{`--proxy-uid "-2": want -1`}},
+		{name: "uid 2^32 would be root", args: []string{"--proxy-uid", "4294967296"}, wantErr: []string{`--proxy-uid "4294967296": want -1 (skip) or a UID from 1 to 4294967294`}},
 		{name: "unknown flag", args: []string{"--incoming-proxy-port", "4143"}, wantErr: []string{"unknown flag: --incoming-proxy-port"}},
 		{name: "stray argument", args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},
 	}

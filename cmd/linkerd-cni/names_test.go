@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/multicall"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
@@ -34,8 +35,8 @@ func buildAs(t *testing.T, name string) string {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "linkerd-cni")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := cnitest.GoBuild(dir, "."); err != nil {
+		t.Fatal(err)
 	}
 	if name == "linkerd-cni" {
 		return bin

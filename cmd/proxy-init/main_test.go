@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
-
+	"github.com/kubemesh/proxy-init/internal/cnitest"
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/proxyinit"
@@ -37,9 +37,8 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		binary = filepath.Join(dir, "proxy-init")
-		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		if err := cnitest.GoBuild(dir, "."); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return m.Run()
@@ -47,29 +46,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs proxy-init against throwaway network namespaces (run as root; CI does)")
-	}
-}
-
 // newNS returns the path of a fresh network namespace, removed at cleanup.
 func newNS(t *testing.T) string {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("close netns: %v", err)
-		}
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("unmount netns: %v", err)
-		}
-	})
-	return n.Path()
+	return nt.NewNS(t).Path()
 }
 
 type result struct {
@@ -195,7 +175,7 @@ var modes = []struct {
 }
 
 func TestApplyShowCleanup(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	for _, m := range modes {
 		t.Run(m.mode, func(t *testing.T) {
 			ns := newNS(t)
@@ -254,7 +234,7 @@ func TestApplyShowCleanup(t *testing.T) {
 // TestLinkerdChartDefault runs the Linkerd chart's default (legacy chart) command line unchanged:
 // no mode flags, so auto chooses, and logs why.
 func TestLinkerdChartDefault(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	ns := newNS(t)
 	r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--log-format", "json"})...)
 	var chosen struct{ Msg, Backend, Reason string }
@@ -278,7 +258,7 @@ func TestLinkerdChartDefault(t *testing.T) {
 
 // TestLinkerdChartNFT runs the Linkerd chart's nft command line unchanged.
 func TestLinkerdChartNFT(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	ns := newNS(t)
 	mustRun(t, 0, args([]string{"--firewall-bin-path", "iptables-nft", "--firewall-save-bin-path", "iptables-nft-save", "--netns", ns}, chart)...)
 	if out := saveNat(t, ns, "iptables-nft-save"); !strings.Contains(out, "proxy-init/redirect-all-incoming-to-proxy-port") {
@@ -294,7 +274,7 @@ func TestLinkerdChartNFT(t *testing.T) {
 }
 
 func TestSimulateWritesNothing(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	tests := []struct {
 		mode          string
 		restores, nft int // iptables-restore payloads and nft scripts expected
@@ -318,7 +298,7 @@ func TestSimulateWritesNothing(t *testing.T) {
 
 // TestNFTablesApplyShowCleanup drives the native nftables backend through the binary.
 func TestNFTablesApplyShowCleanup(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	ns := newNS(t)
 	flags := args(chart, []string{"--netns", ns, "--iptables-mode", "nftables"})
 	mustRun(t, 0, flags...)
@@ -360,7 +340,7 @@ func TestNFTablesApplyShowCleanup(t *testing.T) {
 }
 
 func TestBadInputWritesNothing(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	tests := []struct {
 		name string
 		args []string
@@ -388,7 +368,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 }
 
 func TestCloseWaitSysctl(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	root, rootErr := os.ReadFile(iptables.CloseWaitSysctl) // read only: the root namespace is never written
 	ns := newNS(t)
 	mustRun(t, 0, args(chart, []string{"--netns", ns, "--timeout-close-wait-secs", "123"})...)

@@ -107,7 +107,7 @@ const linkerdConnectAddr = "1.1.1.1"
 // Linkerd's proxy image, in the pod namespace: the validator fails with 95 before the rules are
 // written and passes after.
 func TestLinkerdCommandLines(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	p := nt.NewPair(t)
 	if err := p.Peer.Do(func() error {
 		return withLink(func(h *netlink.Handle, eth netlink.Link) error {

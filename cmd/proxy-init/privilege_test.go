@@ -8,13 +8,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
 // TestNFTModeExecsNothing traces every process proxy-init starts: in nft mode (named, or chosen
 // by the Linkerd chart's iptables-nft paths) and in auto mode, apply, show and cleanup execute no
 // program, although the iptables-nft binaries are on PATH.
 func TestNFTModeExecsNothing(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	strace, err := exec.LookPath("strace")
 	if err != nil {
 		t.Fatalf("strace is needed to trace proxy-init (make deps installs it): %v", err)
@@ -65,7 +67,7 @@ func TestNFTModeExecsNothing(t *testing.T) {
 // show and cleanup exit 1 with a message that names the capability and the namespace; show lists
 // nothing as missing; auto does not fall back to another backend; nothing is written.
 func TestMissingCapability(t *testing.T) {
-	requireRoot(t)
+	nt.RequireRoot(t)
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Fatalf("setpriv (util-linux) drops the capability: %v", err)

@@ -1,8 +1,6 @@
 package install
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"path"
@@ -10,11 +8,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
 // DefaultNetworkConfig is the CNI network configuration used when neither
 // CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set. It is Linkerd's
-// (DESIGN.md, "CNI network config").
+// (docs/linkerd-compatibility.md, "CNI network config").
 const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
  "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
  "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
@@ -99,9 +101,9 @@ type Config struct {
 	taintBackoffMax time.Duration
 }
 
-// ConfigFromEnv reads the installer's environment variables (DESIGN.md,
-// "Installer environment") with Linkerd's defaults. It reports every bad
-// value at once.
+// ConfigFromEnv reads the installer's environment variables
+// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's
+// defaults. It reports every bad value at once.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	get := func(k, def string) string {
 		if v := getenv(k); v != "" {
@@ -109,7 +111,6 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		return def
 	}
-	var errs []error
 	cfg := Config{
 		DestNetDir:         get("DEST_CNI_NET_DIR", "/etc/cni/net.d"),
 		DestBinDir:         get("DEST_CNI_BIN_DIR", "/opt/cni/bin"),
@@ -128,48 +129,67 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		Namespace:          getenv("POD_NAMESPACE"),
 		NodeTaint:          getenv(EnvNodeTaint),
 	}
+	var probs []badinput.Problem
 	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("SKIP_TLS_VERIFY=%q: not a boolean", v))
+			probs = append(probs, badinput.Problem{Field: "SKIP_TLS_VERIFY", Value: v, Reason: "not a boolean"})
 		}
 		cfg.SkipTLSVerify = b
 	}
 	if err := cfg.validate(); err != nil {
-		errs = append(errs, err)
+		e, _ := badinput.As(err)
+		probs = append(probs, e.Problems...)
 	}
-	return cfg, errors.Join(errs...)
+	if len(probs) > 0 {
+		return cfg, &badinput.Error{What: "invalid installer environment", Problems: probs}
+	}
+	return cfg, nil
 }
 
-// validate checks what can be checked without touching the file system.
+// validate checks what can be checked without touching the file system, and returns a
+// *badinput.Error naming each variable (or flag) and value it refuses.
 func (c *Config) validate() error {
-	var errs []error
+	var probs []badinput.Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
+	}
 	if c.ServiceHost == "" {
-		errs = append(errs, errors.New("KUBERNETES_SERVICE_HOST is not set: the plugin's kubeconfig needs the API server address"))
+		bad("KUBERNETES_SERVICE_HOST", "", "not set: the plugin's kubeconfig needs the API server address")
 	}
 	if c.ServicePort == "" {
-		errs = append(errs, errors.New("KUBERNETES_SERVICE_PORT is not set: the plugin's kubeconfig needs the API server port"))
+		bad("KUBERNETES_SERVICE_PORT", "", "not set: the plugin's kubeconfig needs the API server port")
 	} else if p, err := strconv.Atoi(c.ServicePort); err != nil || p < 1 || p > 65535 {
-		errs = append(errs, fmt.Errorf("KUBERNETES_SERVICE_PORT=%q: not a port number", c.ServicePort))
+		bad("KUBERNETES_SERVICE_PORT", c.ServicePort, "not a port number")
 	}
 	for _, d := range []struct{ name, v string }{
 		{"DEST_CNI_NET_DIR", c.DestNetDir}, {"DEST_CNI_BIN_DIR", c.DestBinDir},
 		{"CONTAINER_CNI_BIN_DIR", c.ContainerBinDir},
 	} {
 		if d.v != "" && !path.IsAbs(d.v) {
-			errs = append(errs, fmt.Errorf("%s=%q: not an absolute path", d.name, d.v))
+			bad(d.name, d.v, "not an absolute path")
 		}
 	}
 	if n := c.KubeconfigFileName; n != "" && (strings.ContainsRune(n, '/') || n == "." || n == "..") {
-		errs = append(errs, fmt.Errorf("KUBECONFIG_FILE_NAME=%q: must be a plain file name", n))
+		bad("KUBECONFIG_FILE_NAME", n, "must be a plain file name")
 	}
 	if n := c.KubeconfigFileName; strings.HasSuffix(n, ".conf") || strings.HasSuffix(n, ".conflist") || strings.HasSuffix(n, ".json") {
-		errs = append(errs, fmt.Errorf("KUBECONFIG_FILE_NAME=%q: a CNI config extension would make the runtime load the kubeconfig as a network config", n))
+		bad("KUBECONFIG_FILE_NAME", n, "a CNI config extension would make the runtime load the kubeconfig as a network config")
 	}
-	if err := c.validateNodeTaint(); err != nil {
-		errs = append(errs, err)
+	if c.NodeTaint != "" {
+		if msgs := validation.IsQualifiedName(c.NodeTaint); len(msgs) > 0 {
+			bad("--node-taint", c.NodeTaint, "not a valid taint key: "+strings.Join(msgs, "; "))
+		}
+		if c.NodeName == "" {
+			// The hostname the plugin template falls back to is not always the Node object's
+			// name, and patching the wrong node would untaint it before its CNI is ready.
+			bad("KUBERNETES_NODE_NAME", "", "not set, and --node-taint needs the node's name (the DaemonSet sets it from spec.nodeName)")
+		}
 	}
-	return errors.Join(errs...)
+	if len(probs) > 0 {
+		return &badinput.Error{What: "invalid installer environment", Problems: probs}
+	}
+	return nil
 }
 
 // withDefaults fills unset fields.

@@ -68,8 +68,8 @@ func TestConfigFromEnv(t *testing.T) {
 		if err == nil {
 			t.Fatal("no error")
 		}
-		for _, want := range []string{"KUBERNETES_SERVICE_HOST is not set", `KUBERNETES_SERVICE_PORT="http"`,
-			`SKIP_TLS_VERIFY="maybe"`, `DEST_CNI_NET_DIR="etc/cni": not an absolute path`, `KUBECONFIG_FILE_NAME="kube.conf"`} {
+		for _, want := range []string{`KUBERNETES_SERVICE_HOST "": not set`, `KUBERNETES_SERVICE_PORT "http": not a port number`,
+			`SKIP_TLS_VERIFY "maybe": not a boolean`, `DEST_CNI_NET_DIR "etc/cni": not an absolute path`, `KUBECONFIG_FILE_NAME "kube.conf"`} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error lacks %q:\n%v", want, err)
 			}
@@ -86,7 +86,7 @@ func TestRunRefusesBadConfig(t *testing.T) {
 		{"network config file missing", func(h *host) { h.cfg.NetworkConfigFile = h.root + "/nope.json" }, "CNI_NETWORK_CONFIG_FILE: open " + "%ROOT%/nope.json"},
 		{"network config invalid", func(h *host) { h.cfg.NetworkConfig = `{"type":` }, "CNI_NETWORK_CONFIG: invalid JSON"},
 		{"plugin binary missing from the image", func(h *host) { os.Remove(h.imageBin + "/linkerd-cni") }, "%ROOT%/image/opt/cni/bin/linkerd-cni"},
-		{"port not numeric", func(h *host) { h.cfg.ServicePort = "https" }, `KUBERNETES_SERVICE_PORT="https"`},
+		{"port not numeric", func(h *host) { h.cfg.ServicePort = "https" }, `KUBERNETES_SERVICE_PORT "https": not a port number`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,8 +124,8 @@ func TestMainExitCodes(t *testing.T) {
 		{"bad log level", []string{"--log-level=loud"}, env, 2, `--log-level "loud": unknown log level; want trace, debug, info, warn or error`},
 		// Linkerd's names, as proxy-init and the repair controller take them: past the flags,
 		// only the environment is missing.
-		{"Linkerd's trace level", []string{"--log-level=trace"}, env, 2, "KUBERNETES_SERVICE_HOST is not set"},
-		{"bad environment", nil, env, 2, "KUBERNETES_SERVICE_HOST is not set"},
+		{"Linkerd's trace level", []string{"--log-level=trace"}, env, 2, `KUBERNETES_SERVICE_HOST "": not set`},
+		{"bad environment", nil, env, 2, `KUBERNETES_SERVICE_HOST "": not set`},
 		// PID 1 of the test machine is not `linkerd-cni install`: it must not be signalled.
 		{"pre-stop refuses a foreign PID 1", []string{"--pre-stop"}, env, 1, "not `linkerd-cni install`: not signalling it"},
 	}

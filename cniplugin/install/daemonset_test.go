@@ -211,7 +211,7 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 	defer cancel()
 	api := newAPIClient(t, cluster.AdminConfig())
 	// The base objects the pod needs, and the node-taint RBAC and admission policy, as the
-	// README says to apply with --node-taint.
+	// docs/install.md says to apply with --node-taint.
 	for _, m := range ms {
 		switch m.obj.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",

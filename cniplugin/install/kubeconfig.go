@@ -11,7 +11,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
 
-// Names in the plugin's kubeconfig (DESIGN.md, "Installer environment").
+// Names in the plugin's kubeconfig (docs/linkerd-compatibility.md, "Installer environment").
 const (
 	KubeconfigCluster = kubeconfig.Cluster
 	KubeconfigUser    = kubeconfig.User

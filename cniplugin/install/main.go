@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
@@ -56,10 +57,8 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "linkerd-cni install: --log-level %q: %v\n", *logLevel, err)
 		return 2
 	}
-	switch *logFormat {
-	case "plain", "text", "json":
-	default:
-		fmt.Fprintf(stderr, "linkerd-cni install: --log-format %q: must be plain or json\n", *logFormat)
+	if err := logging.CheckFormat(*logFormat); err != nil {
+		fmt.Fprintf(stderr, "linkerd-cni install: --log-format %q: %v\n", *logFormat, err)
 		return 2
 	}
 	log := logging.New(stderr, *logFormat, level)
@@ -71,8 +70,8 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 0
 	}
 	cfg, err := ConfigFromEnv(getenv)
-	if err != nil {
-		fmt.Fprintf(stderr, "linkerd-cni install: %v\n", err)
+	if bad, ok := badinput.As(err); ok {
+		fmt.Fprint(stderr, "linkerd-cni install: "+bad.Lines())
 		return 2
 	}
 	cfg.AdminAddr = *adminAddr

@@ -206,7 +206,7 @@ func dryRunPod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) er
 }
 
 // TestManifestContract checks every rendering without a cluster: the names `linkerd check` looks
-// for, the default ConfigMap against DESIGN.md's JSON, the node's directories, and that the
+// for, the default ConfigMap against Linkerd's JSON, the node's directories, and that the
 // DaemonSet uses only installer variables, with hardened containers.
 func TestManifestContract(t *testing.T) {
 	for _, r := range renderings(t) {
@@ -244,7 +244,7 @@ func checkContract(t *testing.T, r rendering) {
 	// Other renderings are compared by meaning (TestChartConfigMeansWhatLinkerdsDoes).
 	_ = json.Unmarshal([]byte(DefaultNetworkConfig), &b)
 	if ja, jb := mustJSON(a), mustJSON(b); r.values == nil && ja != jb {
-		t.Errorf("cni_network_config differs from DESIGN.md's JSON:\n got %s\nwant %s", ja, jb)
+		t.Errorf("cni_network_config differs from Linkerd's default (DefaultNetworkConfig):\n got %s\nwant %s", ja, jb)
 	}
 
 	ds := find("DaemonSet", "linkerd-cni")

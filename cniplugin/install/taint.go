@@ -2,7 +2,6 @@ package install
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -34,25 +32,6 @@ const (
 	defaultTaintBackoffMax = 30 * time.Second
 	taintAttemptTimeout    = 30 * time.Second
 )
-
-// validateNodeTaint checks the --node-taint options: the key must be a
-// valid taint key and the node must be named explicitly (the hostname the
-// plugin template falls back to is not always the Node object's name, and
-// patching the wrong node would untaint it before its CNI is ready).
-func (c *Config) validateNodeTaint() error {
-	if c.NodeTaint == "" {
-		return nil
-	}
-	var errs []error
-	if msgs := validation.IsQualifiedName(c.NodeTaint); len(msgs) > 0 {
-		errs = append(errs, fmt.Errorf("--node-taint %q: not a valid taint key: %s", c.NodeTaint, strings.Join(msgs, "; ")))
-	}
-	if c.NodeName == "" {
-		errs = append(errs, errors.New("--node-taint needs the node's name: set KUBERNETES_NODE_NAME "+
-			"(the DaemonSet sets it from spec.nodeName)"))
-	}
-	return errors.Join(errs...)
-}
 
 // restConfig is the equivalent of rest.InClusterConfig built from the
 // installer's own settings (the same server, token and CA as the plugin's

@@ -60,7 +60,7 @@ func TestNodeTaintOptions(t *testing.T) {
 			{"key without prefix", with(EnvNodeTaint, "cni-not-ready"), "cni-not-ready", ""},
 			{"invalid key", with(EnvNodeTaint, "not a key!"), "", `--node-taint "not a key!": not a valid taint key`},
 			{"no node name", with(EnvNodeTaint, "linkerd.io/cni-not-ready", "KUBERNETES_NODE_NAME", ""), "",
-				"--node-taint needs the node's name: set KUBERNETES_NODE_NAME"},
+				`KUBERNETES_NODE_NAME "": not set, and --node-taint needs the node's name`},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {

@@ -106,7 +106,7 @@ func TestParseArgs(t *testing.T) {
 		{
 			name:    "every problem at once",
 			args:    []string{"--admin-addr", "9990", "--log-format", "xml", "--log-level", "loud"},
-			wantErr: []string{"no node name: set $" + EnvNodeName, `--admin-addr "9990"`, `--log-format "xml"`, `--log-level "loud"`},
+			wantErr: []string{`--node-name "": not set: set $` + EnvNodeName, `--admin-addr "9990"`, `--log-format "xml"`, `--log-level "loud"`},
 		},
 		{
 			name: "Linkerd's chart: exact command line and environment",

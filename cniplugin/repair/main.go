@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
@@ -81,21 +82,24 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	var probs []string
+	var probs []badinput.Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
+	}
 	if c.NodeName == "" {
-		probs = append(probs, "no node name: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
+		bad("--node-name", "", "not set: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
 	}
 	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
-		probs = append(probs, fmt.Sprintf("--admin-addr %q: want host:port", c.AdminAddr))
+		bad("--admin-addr", c.AdminAddr, "want host:port")
 	}
-	if c.LogFormat != "plain" && c.LogFormat != "json" {
-		probs = append(probs, fmt.Sprintf("--log-format %q: want plain or json", c.LogFormat))
+	if err := logging.CheckFormat(c.LogFormat); err != nil {
+		bad("--log-format", c.LogFormat, err.Error())
 	}
 	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
-		probs = append(probs, fmt.Sprintf("--log-level %q: %v", c.LogLevel, err))
+		bad("--log-level", c.LogLevel, err.Error())
 	}
 	if len(probs) > 0 {
-		return c, errors.New("invalid input:\n  " + strings.Join(probs, "\n  "))
+		return c, &badinput.Error{What: "invalid input", Problems: probs}
 	}
 	return c, nil
 }
@@ -131,6 +135,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		c.AddFlags(fs)
 		fmt.Fprint(stdout, "linkerd-cni repair deletes the pods on this node whose linkerd-network-validator exited 95.\n\nFlags:\n"+fs.FlagUsages())
 		return 0
+	}
+	if bad, ok := badinput.As(err); ok {
+		fmt.Fprint(stderr, "linkerd-cni repair: "+bad.Lines())
+		return 2
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "linkerd-cni repair: "+err.Error())

@@ -19,7 +19,7 @@ func nftablesRows(b *testing.B, bin string) []row {
 		b.Fatal(err)
 	}
 	// --simulate's script replaces the table, so it works on a namespace that has one. A fresh
-	// namespace has none, and nft spends about 2 ms more on the replacing form (measured), so the
+	// namespace has none, and nft spends longer on the replacing form (docs/performance.md), so the
 	// baseline is the bare table: the cheapest script that builds the same table.
 	script, ok := strings.CutPrefix(rs.NFTScript(), "table inet proxy_init\ndelete table inet proxy_init\n")
 	if !ok {

@@ -1,6 +1,6 @@
-// Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni: the
-// real containernetworking bridge, host-local and loopback plugins at the version go.mod pins,
-// and this checkout's own commands.
+// Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni and
+// the end-to-end node runs under containerd: the real containernetworking bridge, host-local,
+// loopback and portmap plugins at the version go.mod pins, and this checkout's own commands.
 //
 // Limits: test support only (it runs `go build`, so it needs the Go toolchain and the module
 // cache, never the network once the cache holds the modules). The containernetworking plugins
@@ -46,10 +46,10 @@ func GoBuild(dir string, args ...string) error {
 	return nil
 }
 
-// PluginsDir returns a directory holding the bridge, host-local and loopback plugins at the
+// PluginsDir returns a directory holding the pluginPkgs plugins at the
 // version go.mod pins, building them into the cache first if any is missing. Concurrent callers,
-// in this process or another, are safe: each builds into a temporary directory and renames it
-// into place whole, so nobody sees half of it, and losing that race is fine.
+// in this process or another, are safe: each builds into a temporary directory and renames every
+// binary into place whole, so nobody sees half of one, and losing that race is fine.
 func PluginsDir() (string, error) {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", PluginsModule).Output()
 	if err != nil {
@@ -87,8 +87,14 @@ func PluginsDir() (string, error) {
 	if err := GoBuild(tmp, pkgs...); err != nil {
 		return "", err
 	}
-	if err := os.Rename(tmp, dir); err != nil && !have() {
-		return "", fmt.Errorf("install plugins into %s: %w", dir, err)
+	// Binary by binary, so a cache from before a plugin was added gains it.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create plugin directory: %w", err)
+	}
+	for name := range pluginPkgs {
+		if err := os.Rename(filepath.Join(tmp, name), filepath.Join(dir, name)); err != nil {
+			return "", fmt.Errorf("install plugin %s into %s: %w", name, dir, err)
+		}
 	}
 	return dir, nil
 }

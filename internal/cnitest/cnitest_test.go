@@ -40,6 +40,16 @@ func TestPluginsDir(t *testing.T) {
 	if after, err := os.Stat(filepath.Join(dir, "bridge")); err != nil || !os.SameFile(before, after) {
 		t.Fatalf("second PluginsDir() replaced the cached bridge plugin (err %v)", err)
 	}
+	// A cache written before a plugin joined the list gains it.
+	if err := os.Remove(filepath.Join(dir, "portmap")); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := PluginsDir(); err != nil || again != dir {
+		t.Fatalf("PluginsDir() over a cache without portmap = %s, %v; want %s", again, err, dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "portmap")); err != nil {
+		t.Fatalf("portmap not added to an older cache: %v", err)
+	}
 }
 
 func TestGoBuildReportsFailure(t *testing.T) {

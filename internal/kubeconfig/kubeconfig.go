@@ -13,7 +13,7 @@ import (
 	"fmt"
 )
 
-// Names in the plugin's kubeconfig (DESIGN.md, "Installer environment").
+// Names in the plugin's kubeconfig (docs/linkerd-compatibility.md, "Installer environment").
 const (
 	Cluster = "local"
 	User    = "linkerd-cni"

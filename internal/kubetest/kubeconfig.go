@@ -23,3 +23,10 @@ func (c *Cluster) WriteKubeconfig(path, token string) error {
 	}
 	return nil
 }
+
+// WriteAdminKubeconfig writes a kubeconfig like WriteKubeconfig's for the
+// admin (system:masters) user, for components such as a kube-scheduler or a
+// kubelet started next to the cluster.
+func (c *Cluster) WriteAdminKubeconfig(path string) error {
+	return c.WriteKubeconfig(path, c.adminToken)
+}

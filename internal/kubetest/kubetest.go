@@ -11,9 +11,10 @@
 // creates "default" service accounts, schedules pods or runs them; pods stay
 // Pending unless a test writes their status. The ServiceAccount admission
 // plugin is disabled for that reason (it would reject every pod whose
-// namespace lacks a "default" service account). The API server listens on
-// 127.0.0.1 only, so it is reachable only from the namespace it runs in; the
-// clients this package hands out dial from that namespace.
+// namespace lacks a "default" service account), unless a harness that starts
+// those components itself (test/e2e) asks for it. The API server listens on
+// 127.0.0.1 unless told otherwise, so it is reachable only from the namespace
+// it runs in; the clients this package hands out dial from that namespace.
 package kubetest
 
 import (
@@ -23,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,6 +58,21 @@ type Options struct {
 	StartTimeout time.Duration
 	// ExtraAPIServerArgs are appended to the kube-apiserver command line.
 	ExtraAPIServerArgs []string
+	// BindAddress is where kube-apiserver listens; default 127.0.0.1. Clients
+	// this package hands out still dial 127.0.0.1.
+	BindAddress string
+	// SecurePort is kube-apiserver's port; 0 picks a free one. A cluster whose
+	// pods reach the API through the "kubernetes" Service's IP without a
+	// kube-proxy serves on that Service's port, 443.
+	SecurePort int
+	// ServingIPs are further addresses the serving certificate is valid for,
+	// such as a node's address or the "kubernetes" Service's IP.
+	ServingIPs []net.IP
+	// ServiceAccountAdmission keeps the ServiceAccount admission plugin on, so
+	// pods get their service account token mounted. Only for a cluster with a
+	// kube-controller-manager: the plugin rejects pods in a namespace that has
+	// no "default" service account yet.
+	ServiceAccountAdmission bool
 }
 
 // Cluster is a running etcd and kube-apiserver pair.
@@ -124,7 +141,7 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 	began := time.Now()
 
 	dir := t.TempDir()
-	p, err := writePKI(dir)
+	p, err := writePKI(dir, opts.ServingIPs)
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +194,13 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		return c, err
 	}
 	etcdPort, peerPort, apiPort := ports[0], ports[1], ports[2]
+	if opts.SecurePort != 0 {
+		apiPort = opts.SecurePort
+	}
+	bind := opts.BindAddress
+	if bind == "" {
+		bind = "127.0.0.1"
+	}
 	c.EtcdURL = "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	c.Host = "https://127.0.0.1:" + strconv.Itoa(apiPort)
 
@@ -197,7 +221,7 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 
 	args := []string{
 		"--etcd-servers", c.EtcdURL,
-		"--bind-address", "127.0.0.1",
+		"--bind-address", bind,
 		// Without it the server looks for a default route, which a test
 		// namespace lacks. Nothing is sent to it: no endpoints are reconciled.
 		"--advertise-address", "127.0.0.1",
@@ -212,7 +236,6 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		"--authorization-mode", "Node,RBAC",
 		"--endpoint-reconciler-type", "none",
 		"--enable-priority-and-fairness=false",
-		"--disable-admission-plugins", "ServiceAccount",
 		"--allow-privileged=true",
 		"--service-cluster-ip-range", "10.96.0.0/12",
 		"--audit-log-path", c.AuditLogPath,
@@ -220,6 +243,9 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		"--audit-log-format", "json",
 		"--audit-log-mode", "blocking",
 		"--profiling=false",
+	}
+	if !opts.ServiceAccountAdmission {
+		args = append(args, "--disable-admission-plugins", "ServiceAccount")
 	}
 	args = append(args, opts.ExtraAPIServerArgs...)
 	api, err := c.startProc("kube-apiserver", filepath.Join(binDir, "kube-apiserver"), c.APIServerLogPath, args...)

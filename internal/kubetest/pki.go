@@ -26,9 +26,9 @@ type pki struct {
 }
 
 // writePKI generates, in dir, a throwaway CA, a serving certificate for the
-// loopback addresses signed by it, and a service-account signing key pair.
+// loopback addresses and extraIPs signed by it, and a service-account signing key pair.
 // ECDSA P-256 keeps generation to a few milliseconds.
-func writePKI(dir string) (*pki, error) {
+func writePKI(dir string, extraIPs []net.IP) (*pki, error) {
 	p := &pki{
 		caPath:       filepath.Join(dir, "ca.crt"),
 		servingCert:  filepath.Join(dir, "apiserver.crt"),
@@ -75,7 +75,7 @@ func writePKI(dir string) (*pki, error) {
 		// The names a client in a pod or on the node might use.
 		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default",
 			"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses: append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, extraIPs...),
 	}
 	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
 	if err != nil {

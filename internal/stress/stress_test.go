@@ -178,6 +178,18 @@ func report(t *testing.T, workload, mode, fams string, c *tally) {
 	}
 }
 
+// tallyRuns counts the runs that did not exit 0, keeping their output as examples.
+func tallyRuns(ps []*proc) *tally {
+	c := &tally{runs: len(ps)}
+	for _, p := range ps {
+		if p.code != 0 {
+			c.failed++
+			c.examples = append(c.examples, p.out.String())
+		}
+	}
+	return c
+}
+
 // concurrently starts every args list at once and waits for all.
 func concurrently(t *testing.T, ns *nt.NS, argss [][]string) []*proc {
 	t.Helper()
@@ -203,13 +215,7 @@ func TestStressConcurrentWriters(t *testing.T) {
 				for range *procs {
 					same = append(same, args)
 				}
-				c := &tally{runs: *procs}
-				for _, p := range concurrently(t, ns, same) {
-					if p.code != 0 {
-						c.failed++
-						c.examples = append(c.examples, p.out.String())
-					}
-				}
+				c := tallyRuns(concurrently(t, ns, same))
 				c.add(classify(t, ns, args))
 				check(t, "identical applies", mode, fs.name, c, complete)
 
@@ -223,13 +229,7 @@ func TestStressConcurrentWriters(t *testing.T) {
 				for i := range *procs {
 					mixed = append(mixed, configs[i%3])
 				}
-				c = &tally{runs: *procs}
-				for _, p := range concurrently(t, ns, mixed) {
-					if p.code != 0 {
-						c.failed++
-						c.examples = append(c.examples, p.out.String())
-					}
-				}
+				c = tallyRuns(concurrently(t, ns, mixed))
 				matched := 0
 				for _, cfg := range configs {
 					if s, _ := classify(t, ns, cfg); s == complete {
@@ -253,13 +253,7 @@ func TestStressConcurrentWriters(t *testing.T) {
 						racing = append(racing, append([]string{"cleanup"}, args...))
 					}
 				}
-				c = &tally{runs: *procs}
-				for _, p := range concurrently(t, ns, racing) {
-					if p.code != 0 {
-						c.failed++
-						c.examples = append(c.examples, p.out.String())
-					}
-				}
+				c = tallyRuns(concurrently(t, ns, racing))
 				c.add(classify(t, ns, args))
 				check(t, "applies racing cleanups", mode, fs.name, c, complete, empty)
 			})

@@ -3,9 +3,11 @@ package backend_test
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -179,4 +181,33 @@ func TestHalfAppliedIsNamedAndCompleted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A program started under the lock inherits it: a writer killed while its iptables-restore runs
+// leaves the namespace locked until that restore exits, so the next writer never reads a state
+// the orphan is still changing.
+func TestLockIsInheritedByChildren(t *testing.T) {
+	nt.RequireRoot(t)
+	n := nt.NewNS(t)
+	unlock, err := backend.Lock(n.Path(), true, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "1")
+	if err := child.Start(); err != nil {
+		unlock()
+		t.Fatal(err)
+	}
+	unlock() // as if the writer were killed: only the child holds the lock now
+	if _, err := backend.Lock(n.Path(), true, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still writing rules") {
+		t.Errorf("took the lock while the child holds it: %v", err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := backend.Lock(n.Path(), true, time.Second)
+	if err != nil {
+		t.Fatalf("lock still held after the child exited: %v", err)
+	}
+	again()
 }

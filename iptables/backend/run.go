@@ -68,8 +68,9 @@ type Runner struct {
 	// means every real one.
 	Others func(chosen iptables.Applier) []Other
 	// Enter runs fn inside the namespace at path (the current one for "") holding its lock,
-	// shared or exclusive; nil means the real one (netnsutil.Do and Lock).
-	Enter func(path string, exclusive bool, wait time.Duration, fn func() error) error
+	// shared or exclusive, and logs to log what it must; nil means the real one (netnsutil.Do
+	// and Lock).
+	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
 	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
 	CloseWaitFile string
 }
@@ -168,7 +169,7 @@ func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) er
 	if wait <= 0 {
 		wait = xtables.DefaultWaitTimeout
 	}
-	return enter(t.NetNS, exclusive, wait, func() error {
+	return enter(t.NetNS, exclusive, wait, t.log(), func() error {
 		choose := r.Choose
 		if choose == nil {
 			choose = New
@@ -258,10 +259,16 @@ func realOthers(chosen iptables.Applier) []Other {
 	return out
 }
 
-// enterLocked runs fn inside the namespace at path holding the namespace's lock.
-func enterLocked(path string, exclusive bool, wait time.Duration, fn func() error) error {
+// enterLocked runs fn inside the namespace at path holding the namespace's lock. Without /proc
+// (a chroot, a container started without it) the current namespace cannot be named, so there is
+// nothing to lock: that is logged, and fn runs unlocked.
+func enterLocked(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error {
 	return netnsutil.Do(path, func() error {
-		unlock, err := Lock(exclusive, wait)
+		unlock, err := Lock(path, exclusive, wait)
+		if errors.Is(err, fs.ErrNotExist) && path == "" {
+			log.Warn("no /proc: writing without the namespace lock, so a concurrent writer in this namespace is not waited for", "error", err)
+			unlock, err = func() {}, nil
+		}
 		if err != nil {
 			return err
 		}
@@ -270,18 +277,30 @@ func enterLocked(path string, exclusive bool, wait time.Duration, fn func() erro
 	})
 }
 
-// Lock takes the lock of the calling thread's network namespace (callers enter it first), shared
-// for reading or exclusive for writing, waiting at most wait, and returns its release.
+// Lock takes the lock of the network namespace at path, or of the calling thread's when path is
+// empty (callers enter it first), shared for reading or exclusive for writing, waiting at most
+// wait, and returns its release.
 //
 // Writing is read, then restore (per family), then maybe roll back: two runs interleaving those
 // steps duplicate jumps, mix families from different configs, or roll back over each other's
 // work. The lock is flock(2) on the namespace's own nsfs file: every process that opens the
 // namespace, from any container or mount namespace, locks the same inode, with no lock file to
 // create or clean up, and a process that dies releases it with its descriptors.
-func Lock(exclusive bool, wait time.Duration) (unlock func(), err error) {
-	f, err := os.Open("/proc/thread-self/ns/net")
+func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
+	if path == "" {
+		path = "/proc/thread-self/ns/net"
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
+	}
+	// Not close-on-exec: an iptables-restore started under the lock inherits the descriptor, and
+	// with it the lock, so a writer killed while its restore runs keeps the namespace locked
+	// until that restore finishes, instead of letting the next writer read a state it is about
+	// to change.
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the network namespace: %w", err)
 	}
 	how := unix.LOCK_SH
 	if exclusive {
@@ -312,7 +331,7 @@ func Fake(a iptables.Applier, closeWaitFile string) Runner {
 	return Runner{
 		Choose:        func(Options) (iptables.Applier, string, error) { return a, "a test asks for it", nil },
 		Others:        func(iptables.Applier) []Other { return nil },
-		Enter:         func(_ string, _ bool, _ time.Duration, fn func() error) error { return fn() },
+		Enter:         func(_ string, _ bool, _ time.Duration, _ *slog.Logger, fn func() error) error { return fn() },
 		CloseWaitFile: closeWaitFile,
 	}
 }

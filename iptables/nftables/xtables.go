@@ -42,7 +42,7 @@ func xtRemoval(b *batch, gc func() (*nftables.Conn, error), tables []tableInfo) 
 			if ch.Table == nil || ch.Table.Name != iptables.Table {
 				continue
 			}
-			if ch.Name == iptables.RedirectChain || ch.Name == iptables.OutputChain {
+			if iptables.IsOurChain(ch.Name) {
 				ours = append(ours, ch)
 				continue
 			}
@@ -80,7 +80,7 @@ func xtRemoval(b *batch, gc func() (*nftables.Conn, error), tables []tableInfo) 
 func jumpsToOurs(r *nftables.Rule) bool {
 	for _, e := range r.Exprs {
 		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) &&
-			(v.Chain == iptables.RedirectChain || v.Chain == iptables.OutputChain) {
+			iptables.IsOurChain(v.Chain) {
 			return true
 		}
 	}

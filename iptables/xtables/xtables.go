@@ -400,7 +400,7 @@ func NFTChainsExist(f iptables.Family) (bool, error) {
 		return true, nil
 	}
 	for _, c := range chains {
-		if c.Table.Name == iptables.Table && (c.Name == iptables.RedirectChain || c.Name == iptables.OutputChain) {
+		if c.Table.Name == iptables.Table && iptables.IsOurChain(c.Name) {
 			return true, nil
 		}
 	}

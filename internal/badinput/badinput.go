@@ -1,0 +1,67 @@
+// Package badinput is the one error type for input refused before anything is written. Every
+// front end reports its problems the same way, each naming where the value came from (a flag, a
+// key of the CNI network config, a pod annotation, an environment variable), the value as given,
+// and why it is refused, all at once: proxy-init's and the validator's flags, the CNI network
+// config and annotations, the installer's environment and the repair controller's flags. The
+// rule builder's own checks (iptables.Config.Validate) produce it too, so a front end only
+// renames the fields to the names its user typed.
+package badinput
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Problem is one refused value.
+type Problem struct {
+	// Field is what the user set: "--proxy-uid", "linkerd.proxy-uid",
+	// "annotation config.linkerd.io/proxy-uid", "CNI_NETWORK_CONFIG"; the rule builder uses its
+	// field names ("proxy-uid"), which the front ends rename.
+	Field string
+	// Value is the refused value, as given.
+	Value  string
+	Reason string
+	// On names the object the value was found on, when it came from one ("pod web/api-0").
+	On string
+}
+
+func (p Problem) String() string {
+	if p.On != "" {
+		return fmt.Sprintf("%s=%q on %s: %s", p.Field, p.Value, p.On, p.Reason)
+	}
+	return fmt.Sprintf("%s %q: %s", p.Field, p.Value, p.Reason)
+}
+
+// Error is every problem found in one input.
+type Error struct {
+	// What names the input, e.g. "invalid configuration" or "invalid annotation".
+	What     string
+	Problems []Problem
+}
+
+// Error joins the problems on one line, for logs and CNI error messages.
+func (e *Error) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return e.What + ": " + strings.Join(parts, "; ")
+}
+
+// Lines renders the problems one per line under What, for a command line's standard error.
+func (e *Error) Lines() string {
+	var b strings.Builder
+	b.WriteString(e.What + ":\n")
+	for _, p := range e.Problems {
+		b.WriteString("  " + p.String() + "\n")
+	}
+	return b.String()
+}
+
+// As returns the *Error err is or wraps.
+func As(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
+}

@@ -1,0 +1,93 @@
+package e2e
+
+// bridgeConflist is the node's primary CNI network, as a network add-on would install it: a
+// bridge with host-local addresses and port mappings. The linkerd-cni installer appends itself.
+const bridgeConflist = `{
+  "cniVersion": "1.0.0",
+  "name": "e2e-bridge",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "` + podNet + `"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// containerdConfig runs containerd 1.6 inside the node: root and state on the node's tmpfs,
+// runc with cgroupfs (the kubelet's driver), the pause image the harness imports, and the CNI
+// directories the DaemonSet's hostPath volumes point at. netns_mounts_under_state_dir keeps pod
+// network namespaces in containerd's own state directory; apparmor is off because profiles are
+// loaded machine-wide; restrict_oom_score_adj keeps containers' OOM scores no lower than
+// containerd's own.
+const containerdConfig = `version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "` + PauseImage + `"
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+`
+
+// kubeletConfigTmpl is the kubelet's configuration; %s is the cgroup root.
+//   - failCgroupV1: false, because the machine runs cgroup v1 (hybrid), which kubelet 1.37
+//     refuses by default; cgroupfs, because containerd 1.6 lacks the RuntimeConfig call that
+//     would tell the kubelet the runtime's driver.
+//   - The API server reaches no kubelet port here, so the kubelet serves only loopback, allows
+//     every request on it, and nothing authenticates.
+//   - Eviction and image garbage collection are off: the node's disk is tmpfs, the machine's
+//     memory is shared, and the imported images can never be pulled again.
+const kubeletConfigTmpl = `apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+address: 127.0.0.1
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+podLogsDir: /var/lib/pod-logs
+failSwapOn: false
+evictionHard:
+  memory.available: "0%%"
+  nodefs.available: "0%%"
+  nodefs.inodesFree: "0%%"
+  imagefs.available: "0%%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 2s
+syncFrequency: 5s
+`

@@ -1,0 +1,136 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Ports of the fake proxy and the app, as in deploy/examples.
+const (
+	inboundPort  = "4143"
+	outboundPort = "4140"
+	appPort      = "8080"
+)
+
+// validatorTarget replaces the chart's --connect-addr (1.1.1.1:20001): the validator never
+// reaches it when the rules work, and without rules its SYN must not head for a public address
+// even inside the node.
+const validatorTarget = "192.0.2.2:20001"
+
+// workload turns one of deploy/examples' workloads into a test workload in namespace ns: our
+// agent image as the proxy (a fake one that reports original destinations) and as the app, the
+// label the Linkerd injector gives every meshed pod, and replicas.
+func workload(t testing.TB, file, ns string, replicas int32) (*corev1.Namespace, *appsv1.Deployment) {
+	t.Helper()
+	var (
+		nsObj  *corev1.Namespace
+		deploy *appsv1.Deployment
+	)
+	for _, obj := range loadObjects(t, file) {
+		switch o := obj.(type) {
+		case *corev1.Namespace:
+			nsObj = o
+		case *appsv1.Deployment:
+			deploy = o
+		}
+	}
+	if nsObj == nil || deploy == nil {
+		t.Fatalf("%s: want a Namespace and a Deployment", file)
+	}
+	nsObj.Name, deploy.Namespace = ns, ns
+	deploy.Spec.Replicas = &replicas
+	tmpl := &deploy.Spec.Template
+	tmpl.Labels["linkerd.io/control-plane-ns"] = "linkerd"
+	adapt := func(c *corev1.Container) {
+		useOurImages(c)
+		switch c.Name {
+		case "linkerd-proxy":
+			c.Image, c.Command, c.Args = AgentImage, []string{"/agent", "proxy", "-ports", outboundPort + "," + inboundPort}, nil
+		case "linkerd-network-validator":
+			for i := 1; i < len(c.Args); i++ {
+				if c.Args[i-1] == "--connect-addr" {
+					c.Args[i] = validatorTarget
+				}
+			}
+		case "web":
+			c.Image, c.Command, c.Args = AgentImage, []string{"/agent", "serve", "-port", appPort, "-name", "web"}, nil
+		}
+	}
+	for i := range tmpl.Spec.InitContainers {
+		adapt(&tmpl.Spec.InitContainers[i])
+	}
+	for i := range tmpl.Spec.Containers {
+		adapt(&tmpl.Spec.Containers[i])
+	}
+	return nsObj, deploy
+}
+
+// cniWorkload is deploy/examples/cni-workload.yaml: validator, native sidecar proxy, app.
+func cniWorkload(t testing.TB, ns string, replicas int32) []runtime.Object {
+	nsObj, d := workload(t, "deploy/examples/cni-workload.yaml", ns, replicas)
+	return []runtime.Object{nsObj, d}
+}
+
+// plainPod is an unmeshed pod: the agent serving on appPort, nothing else.
+func plainPod(ns, name string) *corev1.Pod {
+	no := false
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name: "app", Image: AgentImage, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:         []string{"/agent", "serve", "-port", appPort, "-name", name},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no},
+			}},
+		},
+	}
+}
+
+// deleteNamespace deletes a namespace and waits until it is gone, pods and all.
+func deleteNamespace(ctx context.Context, t testing.TB, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		t.Fatalf("delete namespace %s: %v", ns, err)
+	}
+	waitFor(ctx, t, 2*time.Minute, "namespace "+ns+" to be deleted", func(ctx context.Context) (bool, error) {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+}
+
+// checkMeshedTraffic proves the redirect with real TCP: the app's outbound connection lands on
+// the proxy's outbound port with its original destination, and a connection from another pod
+// lands on the inbound port with the meshed pod's address as its original destination.
+func checkMeshedTraffic(ctx context.Context, t testing.TB, n *Node, meshed, peer *corev1.Pod) {
+	t.Helper()
+	out, err := execIn(ctx, t, n, meshed, "web", "/agent", "dial", "203.0.113.250:80")
+	want := "fake proxy (outbound port " + outboundPort + "): connection from "
+	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination 203.0.113.250:80") {
+		t.Errorf("outbound from the app of %s: %q, %v; want %q... original destination 203.0.113.250:80", meshed.Name, out, err, want)
+	}
+	t.Logf("outbound from the app of %s: %s", meshed.Name, strings.TrimSpace(out))
+	target := meshed.Status.PodIP + ":" + appPort
+	out, err = execIn(ctx, t, n, peer, "app", "/agent", "dial", target)
+	want = fmt.Sprintf("fake proxy (inbound port %s): connection from %s:", inboundPort, peer.Status.PodIP)
+	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination "+target) {
+		t.Errorf("inbound from %s to %s: %q, %v; want %q... original destination %s", peer.Name, meshed.Name, out, err, want, target)
+	}
+	t.Logf("inbound from %s to %s: %s", peer.Name, meshed.Name, strings.TrimSpace(out))
+}
