@@ -4,8 +4,9 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(VERSION)
 BIN := bin
-# Packages the tests and the demo need from Debian.
-APT_PACKAGES := iptables nftables iproute2 libcap2-bin
+# Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
+# that the nft mode executes no program).
+APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
@@ -45,7 +46,7 @@ manifests:
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:
 	@missing=""; \
-	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap; do \
+	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap strace; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$c >/dev/null || missing=1; \
 	done; \
 	if [ -n "$$missing" ]; then \

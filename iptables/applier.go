@@ -6,6 +6,7 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -31,6 +32,9 @@ type Applier interface {
 type Result struct {
 	// Changed is false when the rules already matched and nothing was written.
 	Changed bool
+	// Note explains a choice the applier made while writing, for the log: which backend wrote
+	// when the preferred one could not, and why. Empty when there was nothing to choose.
+	Note string
 }
 
 // State is the rules of ours in place, per family, and how they differ from the expected ones.
@@ -101,4 +105,44 @@ func (s State) Match() bool {
 		}
 	}
 	return len(s.Elsewhere) == 0
+}
+
+// ErrUnsupported marks a backend's error as the kernel lacking what the backend needs (nf_tables,
+// an expression, an xtables extension), as opposed to a refused permission or a transient
+// failure: the one case where another backend may work where this one cannot.
+var ErrUnsupported = errors.New("the kernel does not support this backend")
+
+// CapabilityError is a backend refused by the kernel for want of a capability in the network
+// namespace. Backends return it instead of their own permission errors, so callers can say what
+// to grant, and the selector never takes it for a kernel without the backend's features.
+type CapabilityError struct {
+	// Caps are the capabilities the backend needs, e.g. "CAP_NET_ADMIN".
+	Caps []string
+	// NetNS names the network namespace, e.g. "net:[4026532281]".
+	NetNS string
+	// Op is what was refused, e.g. "read the nf_tables ruleset".
+	Op  string
+	Err error
+}
+
+func (e *CapabilityError) Error() string {
+	return fmt.Sprintf("%s: permission denied: this needs %s in network namespace %s (grant the container %s): %v",
+		e.Op, strings.Join(e.Caps, " and "), e.NetNS, capNames(e.Caps), e.Err)
+}
+
+func (e *CapabilityError) Unwrap() error { return e.Err }
+
+// capNames spells capabilities the way a pod's securityContext lists them: NET_ADMIN.
+func capNames(caps []string) string {
+	out := make([]string, len(caps))
+	for i, c := range caps {
+		out[i] = strings.TrimPrefix(c, "CAP_")
+	}
+	return strings.Join(out, " and ")
+}
+
+// IsCapabilityError reports whether err is, or wraps, a *CapabilityError.
+func IsCapabilityError(err error) bool {
+	var c *CapabilityError
+	return errors.As(err, &c)
 }

@@ -100,6 +100,18 @@ func (d Diff) String() string {
 	return strings.Join(parts, "\n")
 }
 
+// FamilyState is what show reports of family f given the rules of ours in place: those rules,
+// and their difference from r's (all of them extra when r writes nothing in f).
+func (r *Ruleset) FamilyState(f Family, in SavedState) FamilyState {
+	fs := FamilyState{Family: f, Rules: in.Rules}
+	if r.HasFamily(f) {
+		fs.Diff = r.Compare(f, in)
+	} else {
+		fs.Diff = Diff{Extra: in.Rules}
+	}
+	return fs
+}
+
 // Compare checks the rules in place for family f against the expected ones. Order matters within a
 // chain, because the first matching RETURN or REDIRECT wins.
 func (r *Ruleset) Compare(f Family, s SavedState) Diff {

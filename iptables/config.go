@@ -15,11 +15,13 @@ import (
 type Mode string
 
 const (
-	// ModeAuto prefers native nftables, then iptables-nft, then iptables-legacy.
+	// ModeAuto writes with the first backend the kernel accepts: iptables-nft's rules over
+	// netlink, then native nftables, then iptables-legacy.
 	ModeAuto Mode = "auto"
 	// ModeLegacy uses the iptables-legacy binaries.
 	ModeLegacy Mode = "legacy"
-	// ModeNFT uses the iptables-nft binaries (Linkerd's "nft").
+	// ModeNFT writes iptables-nft's rules (Linkerd's "nft"): over netlink, or with the
+	// iptables-nft binaries where the kernel refuses that.
 	ModeNFT Mode = "nft"
 	// ModePlain uses whatever the plain "iptables" binaries are.
 	ModePlain Mode = "plain"

@@ -505,3 +505,19 @@ func NFTCleanupScript() string {
 // NFTScript renders the `nft -f` script that writes r's table: what --simulate prints for the
 // nftables backend.
 func (r *Ruleset) NFTScript() string { return r.NFT().Script() }
+
+// AddrOffset is where the source (src) or destination address sits in family f's network
+// header, and its length: what a payload expression loads to match an address, in the native
+// table as in iptables-nft's.
+func AddrOffset(f Family, src bool) (offset, length uint32) {
+	switch {
+	case f == IPv6 && src:
+		return 8, 16
+	case f == IPv6:
+		return 24, 16
+	case src:
+		return 12, 4
+	default:
+		return 16, 4
+	}
+}

@@ -11,7 +11,7 @@ import (
 )
 
 func TestGoldenNFTScripts(t *testing.T) {
-	for name, c := range goldenConfigs() {
+	for name, c := range GoldenConfigs() {
 		t.Run(name, func(t *testing.T) {
 			rs, err := Build(c)
 			if err != nil {
@@ -45,7 +45,7 @@ func chartConfig() Config {
 // rules iptables splits a list into), in the same order. A rule one rendering has and the
 // other lacks, a list item missing from a set or a multiport group, or a different order fails.
 func TestRenderingsAgree(t *testing.T) {
-	for name, c := range goldenConfigs() {
+	for name, c := range GoldenConfigs() {
 		t.Run(name, func(t *testing.T) {
 			rs := mustBuild(t, c)
 			for _, f := range rs.Families {

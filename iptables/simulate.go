@@ -11,9 +11,9 @@ const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_
 
 // Simulation renders what an apply in mode writes into a namespace that holds none of our rules
 // (an init container's first run): for the iptables modes the iptables-restore --noflush payload
-// per family, for nftables the nft script. Auto decides at run time, from the kernel, so it shows
-// both, nftables first because auto prefers it. It is what proxy-init --simulate prints and what
-// the CNI plugin logs with "simulate": true.
+// per family, for nftables the nft script. Auto decides at run time, by writing, so it shows
+// both. It is what proxy-init --simulate prints and what the CNI plugin logs with
+// "simulate": true.
 func (r *Ruleset) Simulation(mode Mode) string {
 	nft := func(b *strings.Builder) {
 		b.WriteString("# nftables: nft -f - (one inet table for both families, one atomic batch)\n")
@@ -45,8 +45,9 @@ func CleanupSimulation(mode Mode) string {
 func simulation(mode Mode, fams []Family, nft func(*strings.Builder), xt func(*strings.Builder, Family), tail func(*strings.Builder)) string {
 	var b strings.Builder
 	if mode == ModeAuto || mode == "" {
-		b.WriteString("# auto chooses at run time: native nftables when the kernel accepts it, else iptables-nft, else\n")
-		b.WriteString("# iptables-legacy (both given the same iptables-restore payloads)\n")
+		b.WriteString("# auto chooses at run time, by writing: iptables-nft's rules over netlink (the rules of the\n")
+		b.WriteString("# iptables-restore payloads below), else the native nftables table (the nft script), else\n")
+		b.WriteString("# iptables-legacy (the same payloads)\n")
 	}
 	if mode == ModeNFTables || mode == ModeAuto || mode == "" {
 		nft(&b)

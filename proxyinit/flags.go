@@ -139,7 +139,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.closeWait, flagCloseWait, "set nf_conntrack_tcp_timeout_close_wait in the namespace to this many seconds (0: leave alone)")
 	fs.StringVar(&v.logFormat, flagLogFormat, "plain", "log format: plain or json (logs go to stderr)")
 	fs.StringVar(&v.logLevel, flagLogLevel, "info", "log level: trace, debug, info, warn, error")
-	fs.StringVar(&v.mode, iptables.FieldMode, string(iptables.ModeAuto), "backend: auto, legacy, nft, plain or nftables (auto prefers native nftables when the kernel accepts it, else iptables-nft, else legacy)")
+	fs.StringVar(&v.mode, iptables.FieldMode, string(iptables.ModeAuto), "backend: auto, legacy, nft, plain or nftables. auto writes iptables-nft's rules over netlink when the kernel accepts them (shown by iptables -t nat -S), else the native nftables table, else iptables-legacy; nft writes iptables-nft's rules over netlink, else with the iptables-nft binaries")
 	fs.Var(v.ipv6, flagIPv6, "also write IPv6 rules")
 	fs.StringVar(&v.firewallBin, flagFirewallBin, "", "back-compat: iptables, iptables-legacy or iptables-nft selects the mode plain, legacy or nft")
 	fs.StringVar(&v.firewallSave, flagFirewallSave, "", "back-compat: iptables-save, iptables-legacy-save or iptables-nft-save; must agree with --firewall-bin-path")

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,9 +60,17 @@ type result struct {
 // run runs the binary with args and returns its exit code and output.
 func run(t *testing.T, args ...string) result {
 	t.Helper()
+	return runWrapped(t, nil, args...)
+}
+
+// runWrapped runs the binary under a wrapper program (a tracer, a capability dropper; none when
+// nil) and returns its exit code and output.
+func runWrapped(t *testing.T, wrapper []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
+	argv := append(append(slices.Clone(wrapper), binary), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -72,7 +81,7 @@ func run(t *testing.T, args ...string) result {
 	case errors.As(err, &exitErr):
 		r.code = exitErr.ExitCode()
 	default:
-		t.Fatalf("run proxy-init %q: %v", args, err)
+		t.Fatalf("run %q: %v", argv, err)
 	}
 	return r
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // nftablesRows compares the native backend with `nft -f` of the same table, with the two
-// iptables-restore execs, and with itself on a large config.
+// iptables-restore execs, and with itself on a large config; and the netlink modes with each
+// other: auto with the mode it picks, nft with native nftables.
 func nftablesRows(b *testing.B, bin string) []row {
 	rs, err := iptables.Build(chartConfig())
 	if err != nil {
@@ -41,6 +42,15 @@ func nftablesRows(b *testing.B, bin string) []row {
 	got, base = compare(b, minimal, restores)
 	rows = append(rows, row{"  floor: minimal google/nftables program, same table", got, base,
 		"2x nft iptables-restore, same rules", "the least any Go tool can reach here", 0})
+
+	// auto decides by writing with the backend it prefers, here iptables-nft's rules over
+	// netlink: it should cost what naming that mode costs.
+	got, base = compare(b, proxyInit(bin, "auto"), proxyInit(bin, "nft"))
+	rows = append(rows, row{"proxy-init --iptables-mode auto (picks nft), chart defaults", got, base,
+		"proxy-init --iptables-mode nft", "<= 1.05x", 1.05})
+	got, base = compare(b, proxyInit(bin, "nft"), proxyInit(bin, "nftables"))
+	rows = append(rows, row{"proxy-init --iptables-mode nft, chart defaults, v4+v6", got, base,
+		"proxy-init --iptables-mode nftables", "<= 1.1x", 1.1})
 
 	big := proxyInit(bin, "nftables", "--outbound-subnets-to-ignore", strings.Join(manySubnets(1000), ","),
 		"--outbound-ports-to-ignore", strings.Join(portRanges(200), ","))

@@ -54,6 +54,17 @@ func Do(nsPath string, fn func() error) error {
 	return nil
 }
 
+// Current names the calling thread's network namespace as the kernel does ("net:[4026532281]",
+// what `ls -l /proc/PID/ns/net` shows), for messages. Call it from inside Do to name the
+// namespace entered.
+func Current() string {
+	name, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	return name
+}
+
 // CheckNetNS reports whether path names a network namespace (an nsfs file of type CLONE_NEWNET,
 // such as /proc/PID/ns/net or a bind mount of one under /run/netns), without entering it. The
 // error says what path is instead: missing, a plain file or directory, or another kind of

@@ -22,6 +22,7 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nftables"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
+	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // Target is one namespace to work in, and how.
@@ -88,12 +89,15 @@ type Other struct {
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
 	var out Outcome
 	err := r.in(t, true, func(a iptables.Applier) error {
-		out.Backend = a.Name()
 		res, err := a.Apply(ctx, rs)
 		if err != nil {
 			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
 		}
-		out.Changed = res.Changed
+		// After Apply: in the modes that decide by writing, it is the backend that wrote.
+		out.Backend, out.Changed = a.Name(), res.Changed
+		if res.Note != "" {
+			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
+		}
 		if err := r.removeOthers(ctx, a); err != nil {
 			return err
 		}
@@ -146,10 +150,10 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	var out Outcome
 	err := r.in(t, true, func(a iptables.Applier) error {
-		out.Backend = a.Name()
 		if err := a.Cleanup(ctx); err != nil {
 			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
 		}
+		out.Backend = a.Name()
 		return r.removeOthers(ctx, a)
 	})
 	return out, err
@@ -210,14 +214,19 @@ func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error
 // iptables-legacy's (which /proc shows without exec; in a fresh namespace the legacy binaries
 // are not even looked up, and without them no earlier run could have written legacy rules).
 func realOthers(chosen iptables.Applier) []Other {
+	if f, ok := chosen.(*Fallback); ok {
+		chosen = f.Chosen()
+	}
 	x, _ := chosen.(*xtables.Applier)
 	_, native := chosen.(*nftables.Applier)
+	// The netlink writer's rules are iptables-nft's: the same chains as the binaries write.
+	_, xtNetlink := chosen.(*xtnft.Applier)
 	var out []Other
 	if !native {
 		n := nftables.New()
 		out = append(out, Other{Name: nftables.Name, Present: n.Present, Remove: n.Cleanup})
 	}
-	if x == nil || x.Flavor() != xtables.NFT {
+	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) {
 		out = append(out, Other{Name: "iptables-nft", Present: nftables.XtablesNFTPresent, Remove: func(ctx context.Context) error {
 			_, err := nftables.RemoveXtablesNFT(ctx)
 			return err

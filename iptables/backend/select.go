@@ -4,13 +4,13 @@
 package backend
 
 import (
-	"context"
 	"fmt"
 	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nftables"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
+	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // Options choose and configure a backend.
@@ -22,41 +22,40 @@ type Options struct {
 }
 
 // New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
-// log: in auto mode it is the only record of why a node got the backend it got.
+// log: in auto mode it is the only record of why a node got the backend it got. The modes nft
+// and auto decide by writing (see Fallback); their Result.Note says which backend wrote when the
+// first could not.
 func New(opts Options) (iptables.Applier, string, error) {
 	xo := xtables.Options{Wait: opts.Wait, WaitTimeout: opts.WaitTimeout}
+	binaries := func(m iptables.Mode) func() (iptables.Applier, error) {
+		return func() (iptables.Applier, error) {
+			a, err := xtables.New(m, xo)
+			if err != nil {
+				return nil, err
+			}
+			return a, nil
+		}
+	}
+	netlink := try{"iptables-nft over netlink", func() (iptables.Applier, error) { return xtnft.New(), nil }}
 	switch opts.Mode {
-	case iptables.ModeLegacy, iptables.ModeNFT, iptables.ModePlain:
+	case iptables.ModeLegacy, iptables.ModePlain:
 		a, err := xtables.New(opts.Mode, xo)
 		if err != nil {
 			return nil, "", err
 		}
 		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+	case iptables.ModeNFT:
+		return &Fallback{tries: []try{netlink, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
+			"--iptables-mode=nft asks for iptables-nft's rules: written over netlink, or by the iptables-nft binaries where the kernel refuses that", nil
 	case iptables.ModeNFTables:
 		return nftables.New(), "--iptables-mode=nftables asks for it", nil
 	case iptables.ModeAuto, "":
-		return auto(xo)
+		return &Fallback{tries: []try{
+				netlink,
+				{"native nftables", func() (iptables.Applier, error) { return nftables.New(), nil }},
+				{"iptables-legacy", binaries(iptables.ModeLegacy)},
+			}},
+			"auto: the first the kernel accepts of iptables-nft's rules over netlink (what `iptables -t nat -S` shows), the native nftables table, iptables-legacy", nil
 	}
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
-}
-
-// auto prefers native nftables (no binaries, one batch for both families), then iptables-nft,
-// then iptables-legacy. The probes are netlink round trips, not execs.
-func auto(xo xtables.Options) (iptables.Applier, string, error) {
-	probe := nftables.Probe(context.Background())
-	if probe == nil {
-		return nftables.New(), "auto: the kernel accepts nf_tables nat and redirect over netlink", nil
-	}
-	if err := xtables.ProbeNFTables(); err == nil {
-		a, err := xtables.New(iptables.ModeNFT, xo)
-		if err == nil {
-			return a, fmt.Sprintf("auto: iptables-nft, because native nftables failed its probe: %v", probe), nil
-		}
-		probe = fmt.Errorf("%v; iptables-nft: %w", probe, err)
-	}
-	a, err := xtables.New(iptables.ModeLegacy, xo)
-	if err != nil {
-		return nil, "", fmt.Errorf("auto: no usable backend: nf_tables: %v; legacy: %w", probe, err)
-	}
-	return a, fmt.Sprintf("auto: falling back to iptables-legacy because %v", probe), nil
 }

@@ -14,7 +14,12 @@ import (
 )
 
 // trafficModes are the backends the real-traffic suite runs on.
-var trafficModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables}
+var trafficModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables, iptables.ModeAuto}
+
+// execsNothing are the modes that must work with no program to run: the nft mode writes
+// iptables-nft's rules over netlink, and so does auto here; the suite runs them with an empty
+// PATH, where falling back to the iptables-nft binaries would fail.
+var execsNothing = map[iptables.Mode]bool{iptables.ModeNFT: true, iptables.ModeNFTables: true, iptables.ModeAuto: true}
 
 const (
 	inboundProxy  = 4143
@@ -148,6 +153,9 @@ func TestRealTraffic(t *testing.T) {
 	for _, mode := range trafficModes {
 		t.Run(string(mode), func(t *testing.T) {
 			w := newWorld(t)
+			if execsNothing[mode] {
+				t.Setenv("PATH", "")
+			}
 			cfg := suiteConfig()
 			if res := apply(t, w, mode, cfg); !res.Changed {
 				t.Error("first apply reported no change")
@@ -190,6 +198,8 @@ func TestRealTraffic(t *testing.T) {
 			}
 			if st := show(t, w, mode, cfg); !st.Match() {
 				t.Errorf("show after apply: %+v", st)
+			} else if mode == iptables.ModeAuto && st.Backend != "iptables-nft" {
+				t.Errorf("auto wrote with %s on a kernel that accepts iptables-nft's rules over netlink", st.Backend)
 			}
 
 			// A config change: redirect-listed mode, only appPort.

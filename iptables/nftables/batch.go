@@ -287,7 +287,7 @@ func ruleExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error)
 			}
 		case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
 			cmp(expr.MetaKeyNFPROTO, []byte{nfproto(m.Family)})
-			off, ln := addrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
+			off, ln := iptables.AddrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
 			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: ln})
 			if err := lookup(m.Set); err != nil {
 				return nil, err
@@ -329,20 +329,6 @@ func nfproto(f iptables.Family) byte {
 	return unix.NFPROTO_IPV4
 }
 
-// addrOffset is where the source or destination address sits in the network header.
-func addrOffset(f iptables.Family, src bool) (offset, length uint32) {
-	switch {
-	case f == iptables.IPv6 && src:
-		return 8, 16
-	case f == iptables.IPv6:
-		return 24, 16
-	case src:
-		return 12, 4
-	default:
-		return 16, 4
-	}
-}
-
 // send runs the batch as one transaction and waits for the kernel's verdict on every message.
 // If any message is refused the kernel discards the whole batch; the error names the first
 // refused message.
@@ -353,24 +339,21 @@ func (b *batch) send(c *netlink.Conn) error {
 	if len(b.msgs) == 0 {
 		return nil
 	}
-	return sendBatch(c, b.msgs, b.desc, true)
+	return sendBatch(c, b.msgs, b.desc)
 }
 
-// sendBatch sends msgs between batch markers. Without the end marker (commit false) the kernel
-// checks every message and then aborts: nothing is written, which is how nft -c works.
-func sendBatch(c *netlink.Conn, msgs []netlink.Message, desc []string, commit bool) error {
+// sendBatch sends msgs between batch markers, as one transaction.
+func sendBatch(c *netlink.Conn, msgs []netlink.Message, desc []string) error {
 	all := make([]netlink.Message, 0, len(msgs)+2)
 	all = append(all, netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
 		Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
 	})
 	all = append(all, msgs...)
-	if commit {
-		all = append(all, netlink.Message{
-			Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
-			Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
-		})
-	}
+	all = append(all, netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
+		Data:   nfgen(unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES),
+	})
 	size := 0
 	for _, m := range all {
 		size += 16 + len(m.Data)

@@ -20,7 +20,8 @@
 //
 // Limits: the applier decides nothing about which rules exist (that is iptables.Ruleset.NFT);
 // it cannot see iptables-legacy rules, which live outside nftables; it needs CAP_NET_ADMIN in
-// the namespace and a kernel with nf_tables, nat chains and the redir expression (Probe checks).
+// the namespace (a *iptables.CapabilityError otherwise) and a kernel with nf_tables, nat chains
+// and the redir expression (an error wrapping iptables.ErrUnsupported otherwise).
 // Table comments need Linux 5.13 or later; an older kernel drops the plan comment, so every
 // Apply there rewrites the table (still in one transaction) instead of skipping the write.
 package nftables
@@ -36,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 )
 
 // Name is what logs and show call this backend.
@@ -149,7 +151,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	if errors.As(err, &be) && (errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY)) {
 		res, err = a.applyOnce(ctx, want)
 	}
-	return res, err
+	return res, errclass.Netlink("nftables apply", err)
 }
 
 func (a *Applier) applyOnce(ctx context.Context, want iptables.NFTTable) (iptables.Result, error) {
@@ -186,9 +188,15 @@ func (s *session) apply(want iptables.NFTTable) (iptables.Result, error) {
 			return iptables.Result{Changed: false}, nil
 		}
 	}
-	b.replaceTable(want)
+	if findTable(tables, inet, iptables.NFTTableName) == nil {
+		// A fresh namespace: a batch that only adds. The ensure-then-delete of replaceTable
+		// would make the kernel create and tear down a table in the same transaction.
+		b.addTable(iptables.NFTTableName, want)
+	} else {
+		b.replaceTable(want)
+	}
 	if err := b.send(s.nl); err != nil {
-		return iptables.Result{}, fmt.Errorf("nftables apply: %w", err)
+		return iptables.Result{}, err
 	}
 	return iptables.Result{Changed: true}, nil
 }
@@ -206,7 +214,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		// (google/nftables does not keep the errno to tell): read once more.
 		st, err = a.showOnce(ctx, rs)
 	}
-	return st, err
+	return st, errclass.Netlink("nftables show", err)
 }
 
 func (a *Applier) showOnce(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
@@ -284,6 +292,10 @@ func (a *Applier) Present(ctx context.Context) ([]string, error) {
 
 // Cleanup deletes our table. It succeeds when there is none.
 func (a *Applier) Cleanup(ctx context.Context) error {
+	return errclass.Netlink("nftables cleanup", a.cleanup(ctx))
+}
+
+func (a *Applier) cleanup(ctx context.Context) error {
 	s, err := open(ctx, a.opts)
 	if err != nil {
 		return err
@@ -300,7 +312,7 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 	b.add(unix.NFT_MSG_DELTABLE, 0, inet, []netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: cstr(iptables.NFTTableName)}},
 		"delete table "+iptables.NFTTableName)
 	if err := b.send(s.nl); err != nil && !errNotFound(err) {
-		return fmt.Errorf("nftables cleanup: %w", err)
+		return err
 	}
 	return nil
 }
@@ -311,6 +323,11 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 // Apply already does this in its own transaction; this is for switching away from iptables-nft
 // without applying nftables rules, e.g. from a backend selector.
 func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
+	n, err := removeXtablesNFT(ctx, opts...)
+	return n, errclass.Netlink("remove iptables-nft rules", err)
+}
+
+func removeXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
@@ -330,7 +347,7 @@ func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
 		return 0, err
 	}
 	if err := b.send(s.nl); err != nil {
-		return 0, fmt.Errorf("remove iptables-nft rules: %w", err)
+		return 0, err
 	}
 	return n, nil
 }
@@ -358,39 +375,4 @@ func XtablesNFTPresent(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// Probe reports whether this backend can work in the namespace: it sends, over netlink only, a
-// transaction creating a throwaway table with a nat output chain and a redirect rule, without
-// the commit marker. The kernel checks every message (loading nf_tables, nat chain and redir
-// support on demand, as for a real apply) and then discards the batch, so nothing is written.
-func Probe(ctx context.Context, opts ...Option) error {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	s, err := open(ctx, o)
-	if err != nil {
-		return fmt.Errorf("nftables probe: %w", err)
-	}
-	defer s.close()
-	probe := iptables.NFTTable{
-		Comment: "proxy-init/probe",
-		Chains: []iptables.NFTChain{{
-			Name: iptables.OutputChain, Hook: iptables.HookOutput, Priority: iptables.NFTPriority,
-			Rules: []iptables.NFTRule{{
-				Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, Verdict: iptables.NFTRedirect, RedirectPort: 1,
-			}},
-		}},
-	}
-	// A table of its own name: the probe must not touch ours, even though it never commits.
-	var b batch
-	b.addTable("proxy_init_probe", probe)
-	if b.err != nil {
-		return fmt.Errorf("nftables probe: %w", b.err)
-	}
-	if err := sendBatch(s.nl, b.msgs, b.desc, false); err != nil {
-		return fmt.Errorf("nftables probe: %w", err)
-	}
-	return nil
 }

@@ -438,9 +438,6 @@ func TestWorksWithEmptyPATH(t *testing.T) {
 	rs := build(t, nil)
 	in(t, n, func() error {
 		a := New()
-		if err := Probe(ctx(t)); err != nil {
-			return err
-		}
 		if _, err := a.Apply(ctx(t), rs); err != nil {
 			return err
 		}
@@ -510,19 +507,6 @@ func TestRefusedBatchWritesNothing(t *testing.T) {
 	})
 	if g := generation(t, n); g != gen {
 		t.Errorf("generation moved: %d -> %d", gen, g)
-	}
-}
-
-// Probe works over netlink and commits nothing.
-func TestProbe(t *testing.T) {
-	n := newNS(t)
-	gen := generation(t, n)
-	in(t, n, func() error { return Probe(ctx(t)) })
-	if g := generation(t, n); g != gen {
-		t.Errorf("probe committed: generation %d -> %d", gen, g)
-	}
-	if out := mustRun(t, n, "", "nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
-		t.Errorf("probe left:\n%s", out)
 	}
 }
 

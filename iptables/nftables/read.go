@@ -237,7 +237,7 @@ func decodeRule(r *nftables.Rule) iptables.NFTRule {
 						if l, ok := ex[i+2].(*expr.Lookup); ok && !l.Invert && l.SourceRegister == p.DestRegister {
 							kind := iptables.NFTMatchKind(0)
 							for _, src := range []bool{true, false} {
-								if off, ln := addrOffset(fam, src); p.Offset == off && p.Len == ln {
+								if off, ln := iptables.AddrOffset(fam, src); p.Offset == off && p.Len == ln {
 									kind = iptables.NFTMatchDAddrSet
 									if src {
 										kind = iptables.NFTMatchSAddrSet

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 )
 
 // Flavor is the kernel side the binaries drive.
@@ -157,6 +158,9 @@ func (a *Applier) Flavor() Flavor { return a.flavor }
 // Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
 // later one fails.
 func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
+	if err := a.capable("write the " + a.name + " nat rules"); err != nil {
+		return iptables.Result{}, err
+	}
 	var applied []appliedFamily
 	var res iptables.Result
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
@@ -204,19 +208,16 @@ func (a *Applier) rollback(ctx context.Context, rs *iptables.Ruleset, applied []
 // Show reads back our rules and compares them with rs. A family rs does not cover is expected
 // to hold none of our rules.
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
+	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
+		return iptables.State{}, err
+	}
 	st := iptables.State{Backend: a.name}
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
 		if err != nil {
 			return st, err
 		}
-		fs := iptables.FamilyState{Family: f, Rules: cur.Rules}
-		if rs.HasFamily(f) {
-			fs.Diff = rs.Compare(f, cur)
-		} else {
-			fs.Diff = iptables.Diff{Extra: cur.Rules}
-		}
-		st.Families = append(st.Families, fs)
+		st.Families = append(st.Families, rs.FamilyState(f, cur))
 	}
 	return st, nil
 }
@@ -242,6 +243,9 @@ func (a *Applier) Present(ctx context.Context) ([]string, error) {
 
 // Cleanup removes our chains and the jumps to them, in both families.
 func (a *Applier) Cleanup(ctx context.Context) error {
+	if err := a.capable("remove the " + a.name + " nat rules"); err != nil {
+		return err
+	}
 	var errs []error
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
@@ -257,6 +261,20 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// capable checks, before anything runs, that the process has the capabilities the binaries need:
+// without them they fail with messages that do not say why ("unable to initialize table
+// 'nat'"), and iptables-legacy-save even prints an empty table and succeeds.
+func (a *Applier) capable(op string) error {
+	need := []string{errclass.NetAdmin}
+	if a.flavor == Legacy {
+		need = append(need, errclass.NetRaw) // its raw socket
+	}
+	if missing := errclass.Missing(need...); len(missing) > 0 {
+		return errclass.Denied(op, fmt.Errorf("the process lacks %s", strings.Join(missing, " and ")), need...)
+	}
+	return nil
 }
 
 // read returns our rules in place for family f, running *-save only when they may exist.
@@ -447,17 +465,3 @@ func (e *RestoreError) Error() string {
 }
 
 func (e *RestoreError) Unwrap() error { return e.Err }
-
-// ProbeNFTables reports whether the kernel's nf_tables answers over netlink in the current
-// namespace, without running a binary.
-func ProbeNFTables() error {
-	conn, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nf_tables netlink socket: %w", err)
-	}
-	defer conn.CloseLasting()
-	if _, err := conn.ListTables(); err != nil {
-		return fmt.Errorf("nf_tables does not answer: %w", err)
-	}
-	return nil
-}

@@ -1,0 +1,73 @@
+// Package errclass sorts the kernel's answers to the backends into the errors the backends
+// promise their callers: a refused permission becomes a *iptables.CapabilityError that names
+// what to grant and the network namespace, and a kernel without the backend's features is marked
+// iptables.ErrUnsupported, the one case where the selector may try another backend. It reads the
+// calling thread's namespace and capabilities from /proc; it changes nothing.
+package errclass
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Capabilities, as the kernel and `capsh` name them.
+const (
+	NetAdmin = "CAP_NET_ADMIN"
+	NetRaw   = "CAP_NET_RAW"
+)
+
+var capBits = map[string]uint{NetAdmin: unix.CAP_NET_ADMIN, NetRaw: unix.CAP_NET_RAW}
+
+// Netlink classifies an error of a netlink backend, which needs CAP_NET_ADMIN: op says what was
+// being done ("write the iptables-nft nat rules").
+func Netlink(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+		return Denied(op, err, NetAdmin)
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EAFNOSUPPORT) ||
+		errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EINVAL):
+		// ENOENT: an expression, match or target the kernel cannot load; EOPNOTSUPP and EINVAL:
+		// one it has but refuses here; the other two: no nf_tables netlink at all.
+		return fmt.Errorf("%s: %w: %w", op, iptables.ErrUnsupported, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Denied returns the *iptables.CapabilityError for op in the calling thread's namespace.
+func Denied(op string, err error, caps ...string) error {
+	return &iptables.CapabilityError{Caps: caps, NetNS: netnsutil.Current(), Op: op, Err: err}
+}
+
+// Missing returns those of caps that the calling thread does not have in effect. A thread
+// whose capabilities cannot be read is taken to have them all: the kernel will say.
+func Missing(caps ...string) []string {
+	data, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return nil
+	}
+	var eff uint64
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			if eff, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+				return nil
+			}
+		}
+	}
+	var out []string
+	for _, c := range caps {
+		if eff&(1<<capBits[c]) == 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
