@@ -56,8 +56,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// modes are the backends that write rules differently.
-var modes = []string{"legacy", "nft", "nftables"}
+// modes are every mode; plain and auto resolve to one of the others, as the host decides.
+var modes = []string{"legacy", "nft", "nftables", "plain", "auto"}
 
 // familySets are IPv4 with IPv6, and IPv4 alone.
 var familySets = []struct {
@@ -285,8 +285,9 @@ func contains(ss []state, s state) bool {
 }
 
 // halfAllowed says where a kill may leave one family without rules: only where the iptables
-// binaries write the families in two transactions.
-var halfAllowed = map[string]bool{"legacy": true, "nft": true}
+// binaries write the families in two transactions, which is legacy alone (nft, plain on an
+// nf_tables host and auto write both families in one netlink batch).
+var halfAllowed = map[string]bool{"legacy": true}
 
 func TestStressKillDuringApply(t *testing.T) {
 	nt.RequireRoot(t)

@@ -38,7 +38,15 @@ func New(opts Options) (iptables.Applier, string, error) {
 	}
 	netlink := try{"iptables-nft over netlink", func() (iptables.Applier, error) { return xtnft.New(), nil }}
 	switch opts.Mode {
-	case iptables.ModeLegacy, iptables.ModePlain:
+	case iptables.ModePlain:
+		// Plain iptables that drives nf_tables writes iptables-nft's rules, which the netlink
+		// writer writes too, in one transaction for both families and without exec.
+		if f, err := xtables.DetectPlain(); err == nil && f == xtables.NFT {
+			return &Fallback{tries: []try{netlink, {"the iptables binaries", binaries(iptables.ModePlain)}}},
+				"--iptables-mode=plain, and the iptables binaries drive nf_tables: their rules written over netlink, or by the binaries where the kernel refuses that", nil
+		}
+		fallthrough
+	case iptables.ModeLegacy:
 		a, err := xtables.New(opts.Mode, xo)
 		if err != nil {
 			return nil, "", err

@@ -202,8 +202,8 @@ func (s *session) apply(want iptables.NFTTable) (iptables.Result, error) {
 }
 
 // Show reads our table back and compares it with rs's. The state has one entry, for family
-// iptables.FamilyInet, whose rules are the table's nft statements. iptables-nft chains or jumps
-// of ours, which Apply would remove, are reported as extra.
+// iptables.FamilyInet, whose rules are the table's nft statements. (Rules of ours in other
+// backends, iptables-nft's included, are the backend runner's to report, as State.Elsewhere.)
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	if rs == nil {
 		return iptables.State{}, errors.New("nftables show: no ruleset")
@@ -218,103 +218,87 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 }
 
 func (a *Applier) showOnce(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
-	s, err := open(ctx, a.opts)
+	var st iptables.State
+	err := withTables(ctx, a.opts, func(s *session, tables []tableInfo) error {
+		ours, have, err := s.readOurs(tables)
+		if err != nil {
+			return err
+		}
+		var lines []string
+		diff := iptables.CompareNFT(rs.NFT(), have)
+		if ours != nil {
+			lines = have.Statements()
+			// The model has chains and sets only; the kernel's count shows anything else.
+			if other := int(ours.Use) - len(have.Chains) - len(have.Sets); other > 0 {
+				diff.Extra = append(diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
+					other, iptables.NFTFamily, iptables.NFTTableName))
+			}
+		}
+		st = iptables.State{
+			Backend:  Name,
+			Families: []iptables.FamilyState{{Family: iptables.FamilyInet, Rules: lines, Diff: diff}},
+		}
+		return nil
+	})
+	return st, err
+}
+
+// withTables opens a session, lists the tables and calls fn with both; the session is closed
+// when fn returns.
+func withTables(ctx context.Context, o options, fn func(s *session, tables []tableInfo) error) error {
+	s, err := open(ctx, o)
 	if err != nil {
-		return iptables.State{}, err
+		return err
 	}
 	defer s.close()
 	tables, err := listTables(s.nl)
 	if err != nil {
-		return iptables.State{}, err
+		return err
 	}
-	var have *iptables.NFTTable
-	var lines []string
+	return fn(s, tables)
+}
+
+// readOurs reads our table back when tables lists it; both are nil when it does not exist.
+func (s *session) readOurs(tables []tableInfo) (*tableInfo, *iptables.NFTTable, error) {
 	ours := findTable(tables, inet, iptables.NFTTableName)
-	if ours != nil {
-		gc, err := s.google()
-		if err != nil {
-			return iptables.State{}, err
-		}
-		if have, err = readTable(gc, ours.Comment); err != nil {
-			return iptables.State{}, err
-		}
-		lines = have.Statements()
+	if ours == nil {
+		return nil, nil, nil
 	}
-	diff := iptables.CompareNFT(rs.NFT(), have)
-	if ours != nil {
-		// The model has chains and sets only; the kernel's count shows anything else.
-		if other := int(ours.Use) - len(have.Chains) - len(have.Sets); other > 0 {
-			diff.Extra = append(diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
-				other, iptables.NFTFamily, iptables.NFTTableName))
-		}
+	gc, err := s.google()
+	if err != nil {
+		return nil, nil, err
 	}
-	var b batch
-	if _, err := xtRemoval(&b, s.google, tables); err != nil {
-		return iptables.State{}, err
-	}
-	for _, d := range b.desc {
-		// "delete iptables-nft chain ip nat PROXY_INIT_OUTPUT" reports the chain itself.
-		if what, ok := strings.CutPrefix(d, "delete "); ok {
-			diff.Extra = append(diff.Extra, what)
-		}
-	}
-	return iptables.State{
-		Backend:  Name,
-		Families: []iptables.FamilyState{{Family: iptables.FamilyInet, Rules: lines, Diff: diff}},
-	}, nil
+	have, err := readTable(gc, ours.Comment)
+	return ours, have, err
 }
 
 // Present lists the statements of our table, or nothing when it does not exist.
 func (a *Applier) Present(ctx context.Context) ([]string, error) {
-	s, err := open(ctx, a.opts)
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	tables, err := listTables(s.nl)
-	if err != nil {
-		return nil, err
-	}
-	ours := findTable(tables, inet, iptables.NFTTableName)
-	if ours == nil {
-		return nil, nil
-	}
-	gc, err := s.google()
-	if err != nil {
-		return nil, err
-	}
-	have, err := readTable(gc, ours.Comment)
-	if err != nil {
-		return nil, err
-	}
-	return have.Statements(), nil
+	var out []string
+	err := withTables(ctx, a.opts, func(s *session, tables []tableInfo) error {
+		_, have, err := s.readOurs(tables)
+		if have != nil {
+			out = have.Statements()
+		}
+		return err
+	})
+	return out, err
 }
 
 // Cleanup deletes our table. It succeeds when there is none.
 func (a *Applier) Cleanup(ctx context.Context) error {
-	return errclass.Netlink("nftables cleanup", a.cleanup(ctx))
-}
-
-func (a *Applier) cleanup(ctx context.Context) error {
-	s, err := open(ctx, a.opts)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	tables, err := listTables(s.nl)
-	if err != nil {
-		return err
-	}
-	if findTable(tables, inet, iptables.NFTTableName) == nil {
+	return errclass.Netlink("nftables cleanup", withTables(ctx, a.opts, func(s *session, tables []tableInfo) error {
+		if findTable(tables, inet, iptables.NFTTableName) == nil {
+			return nil
+		}
+		var b batch
+		b.add(unix.NFT_MSG_DELTABLE, 0, inet, []netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: cstr(iptables.NFTTableName)}},
+			"delete table "+iptables.NFTTableName)
+		if err := b.send(s.nl); err != nil && !errNotFound(err) {
+			return err
+		}
 		return nil
-	}
-	var b batch
-	b.add(unix.NFT_MSG_DELTABLE, 0, inet, []netlink.Attribute{{Type: unix.NFTA_TABLE_NAME, Data: cstr(iptables.NFTTableName)}},
-		"delete table "+iptables.NFTTableName)
-	if err := b.send(s.nl); err != nil && !errNotFound(err) {
-		return err
-	}
-	return nil
+	}))
 }
 
 // RemoveXtablesNFT deletes, in one transaction, the chains PROXY_INIT_REDIRECT and
@@ -323,31 +307,21 @@ func (a *Applier) cleanup(ctx context.Context) error {
 // Apply already does this in its own transaction; this is for switching away from iptables-nft
 // without applying nftables rules, e.g. from a backend selector.
 func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
-	n, err := removeXtablesNFT(ctx, opts...)
-	return n, errclass.Netlink("remove iptables-nft rules", err)
-}
-
-func removeXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
 	}
-	s, err := open(ctx, o)
+	var n int
+	err := withTables(ctx, o, func(s *session, tables []tableInfo) error {
+		var b batch
+		var err error
+		if n, err = xtRemoval(&b, s.google, tables); err != nil {
+			return err
+		}
+		return b.send(s.nl)
+	})
 	if err != nil {
-		return 0, err
-	}
-	defer s.close()
-	tables, err := listTables(s.nl)
-	if err != nil {
-		return 0, err
-	}
-	var b batch
-	n, err := xtRemoval(&b, s.google, tables)
-	if err != nil {
-		return 0, err
-	}
-	if err := b.send(s.nl); err != nil {
-		return 0, err
+		return 0, errclass.Netlink("remove iptables-nft rules", err)
 	}
 	return n, nil
 }
@@ -355,24 +329,18 @@ func removeXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
 // XtablesNFTPresent lists, over netlink, the chains PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT
 // that iptables-nft wrote and the rules jumping to them: what RemoveXtablesNFT would delete.
 func XtablesNFTPresent(ctx context.Context) ([]string, error) {
-	s, err := open(ctx, options{})
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	tables, err := listTables(s.nl)
-	if err != nil {
-		return nil, err
-	}
-	var b batch
-	if _, err := xtRemoval(&b, s.google, tables); err != nil {
-		return nil, err
-	}
 	var out []string
-	for _, d := range b.desc {
-		if what, ok := strings.CutPrefix(d, "delete "); ok {
-			out = append(out, what)
+	err := withTables(ctx, options{}, func(s *session, tables []tableInfo) error {
+		var b batch
+		if _, err := xtRemoval(&b, s.google, tables); err != nil {
+			return err
 		}
-	}
-	return out, nil
+		for _, d := range b.desc {
+			if what, ok := strings.CutPrefix(d, "delete "); ok {
+				out = append(out, what)
+			}
+		}
+		return nil
+	})
+	return out, err
 }
