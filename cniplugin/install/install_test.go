@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
 const kubeconfigName = "ZZZ-linkerd-cni-kubeconfig"
@@ -725,9 +727,7 @@ func TestEmptyPluginListIsNotReady(t *testing.T) {
 // A failed write is logged, not only reported by /ready: a conflist that is a mount point (some
 // distributions bind-mount it) cannot be replaced by rename, which fails with EBUSY.
 func TestWriteErrorIsLogged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: bind-mounts a file over the conflist")
-	}
+	netnstest.RequireRoot(t, "bind-mounts a file over the conflist")
 	h := newHost(t)
 	h.write(t, "10-calico.conflist", calicoConflist)
 	conflist := filepath.Join(h.netDir, "10-calico.conflist")

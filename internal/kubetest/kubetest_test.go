@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,20 +23,7 @@ import (
 // cleanup. It skips the test when not root, since only root can.
 func freshNetNS(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: creating a network namespace needs root (CI runs as root)")
-	}
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("remove netns %s: %v", n.Path(), err)
-		}
-	})
-	return n.Path()
+	return netnstest.NewNetNS(t).Path()
 }
 
 func TestCluster(t *testing.T) {

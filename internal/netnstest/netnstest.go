@@ -37,12 +37,17 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
-// RequireRoot skips the test (or benchmark) unless it runs as root. CI runs as
-// root, so there these tests always run.
-func RequireRoot(t testing.TB) {
+// RequireRoot skips the test (or benchmark) unless it runs as root, saying why it needs root:
+// why, when given, else that it creates network namespaces. CI runs as root, so there these tests
+// always run. It is the one root check of the tests.
+func RequireRoot(t testing.TB, why ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, veth pairs and netfilter rules (run as root; CI does)")
+		reason := "creates network namespaces, veth pairs and netfilter rules"
+		if len(why) > 0 {
+			reason = strings.Join(why, " ")
+		}
+		t.Skip("needs root: " + reason + " (run as root; CI does)")
 	}
 }
 
@@ -77,15 +82,23 @@ func NewNS(t testing.TB) *NS {
 	return newNS(t, "ns")
 }
 
-func newNS(t testing.TB, name string) *NS {
+// NewNetNS creates a fresh, empty network namespace (lo down, as the kernel makes it) and returns
+// the containernetworking handle, for tests that need its file descriptor; it is removed again by
+// t.Cleanup. It is the one place tests create namespaces.
+func NewNetNS(t testing.TB) ns.NetNS {
 	t.Helper()
 	RequireRoot(t)
 	netns, err := testutils.NewNS()
 	if err != nil {
-		t.Fatalf("create %s netns: %v", name, err)
+		t.Fatalf("create netns: %v", err)
 	}
-	n := &NS{name: name, path: netns.Path()}
 	t.Cleanup(func() { closeNS(t, netns) })
+	return netns
+}
+
+func newNS(t testing.TB, name string) *NS {
+	t.Helper()
+	n := &NS{name: name, path: NewNetNS(t).Path()}
 
 	if err := n.Do(func() error {
 		// DAD would keep new IPv6 addresses tentative for a second or more;

@@ -11,8 +11,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
-
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
@@ -54,17 +53,7 @@ func TestDoEmptyPathRunsInCurrentNamespace(t *testing.T) {
 }
 
 func TestDo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	target, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = target.Close()
-		_ = testutils.UnmountNS(target)
-	})
+	target := netnstest.NewNetNS(t)
 	want := inode(t, target.Path())
 
 	regular := filepath.Join(t.TempDir(), "not-a-netns")

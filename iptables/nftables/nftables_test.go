@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -21,19 +20,7 @@ import (
 )
 
 // newNS creates a throwaway network namespace, removed when the test ends.
-func newNS(t testing.TB) ns.NetNS {
-	t.Helper()
-	netnstest.RequireRoot(t)
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	return n
-}
+func newNS(t testing.TB) ns.NetNS { return netnstest.NewNetNS(t) }
 
 // in runs fn inside n on a locked thread.
 func in(t testing.TB, n ns.NetNS, fn func() error) {

@@ -296,8 +296,8 @@ func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedSt
 
 // run executes cmd with input on its standard input and returns what it wrote to standard output
 // and standard error (both in out when combined). The streams are memory files, not pipes: for
-// pipes os/exec starts copying goroutines, and the threads the runtime starts for them cost a
-// short-lived process about half a millisecond per exec (measured). Where memfd_create is refused
+// pipes os/exec starts copying goroutines, and the threads the runtime starts for them are a
+// visible cost to a short-lived process (docs/performance.md). Where memfd_create is refused
 // (a seccomp profile can forbid it), pipes it is.
 func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err error) {
 	files := make([]*os.File, 0, 3)
@@ -409,7 +409,7 @@ func NFTChainsExist(f iptables.Family) (bool, error) {
 
 // lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
 // (iptables-nft) or "line 5 failed" (iptables-legacy). Plain string scanning, because linking
-// package regexp alone cost every run of proxy-init a few tenths of a millisecond of start-up.
+// package regexp alone added to every run of proxy-init's start-up (docs/performance.md).
 func lineNumbers(out string) []int {
 	var ns []int
 	for {

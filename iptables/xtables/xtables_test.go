@@ -9,31 +9,15 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: writes iptables rules in throwaway network namespaces")
-	}
-}
+func requireRoot(t *testing.T) { netnstest.RequireRoot(t) }
 
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		testutils.UnmountNS(n)
-	})
-	return n
-}
+func newNS(t *testing.T) ns.NetNS { return netnstest.NewNetNS(t) }
 
 func chartConfig() iptables.Config {
 	c := iptables.NewConfig()

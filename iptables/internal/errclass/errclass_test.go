@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -46,9 +47,7 @@ func TestNetlink(t *testing.T) {
 // A process with every capability misses none; one without CAP_NET_RAW is told so (checked by
 // the root tests that drop it, cmd/proxy-init TestMissingCapability).
 func TestMissing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: reads the effective capabilities of a root process")
-	}
+	netnstest.RequireRoot(t, "reads the effective capabilities of a root process")
 	if m := Missing(NetAdmin, NetRaw); len(m) != 0 {
 		t.Errorf("root misses %v", m)
 	}
