@@ -98,7 +98,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		if res.Note != "" {
 			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
 		}
-		if err := r.removeOthers(ctx, a); err != nil {
+		if err := r.removeOthers(ctx, a, true); err != nil {
 			return err
 		}
 		if rs.CloseWaitSecs > 0 {
@@ -122,7 +122,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
-		for _, o := range r.others(a) {
+		for _, o := range r.others(a, false) {
 			lines, err := o.Present(ctx)
 			if err != nil {
 				return fmt.Errorf("look for rules of ours in %s: %w", o.Name, err)
@@ -154,7 +154,7 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
 		}
 		out.Backend = a.Name()
-		return r.removeOthers(ctx, a)
+		return r.removeOthers(ctx, a, false)
 	})
 	return out, err
 }
@@ -190,18 +190,20 @@ func (r Runner) closeWaitFile() string {
 	return iptables.CloseWaitSysctl
 }
 
-func (r Runner) others(a iptables.Applier) []Other {
+// others are the backends to look at besides a; afterApply leaves out those whose rules a's
+// Apply removes in its own transaction.
+func (r Runner) others(a iptables.Applier, afterApply bool) []Other {
 	if r.Others != nil {
 		return r.Others(a)
 	}
-	return realOthers(a)
+	return realOthers(a, afterApply)
 }
 
 // removeOthers removes our rules from every backend but the chosen one. Each first checks,
 // without exec, whether there is anything to remove, so this costs no process in the common case.
-func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error {
+func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier, afterApply bool) error {
 	var errs []error
-	for _, o := range r.others(chosen) {
+	for _, o := range r.others(chosen, afterApply) {
 		if err := o.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name, err))
 		}
@@ -213,7 +215,9 @@ func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error
 // iptables-nft's chains (found and removed over netlink, so no binary is needed) and
 // iptables-legacy's (which /proc shows without exec; in a fresh namespace the legacy binaries
 // are not even looked up, and without them no earlier run could have written legacy rules).
-func realOthers(chosen iptables.Applier) []Other {
+// After an apply, the native backend has removed iptables-nft's chains and the netlink writer
+// the native table, each in its own transaction, so those are not looked at again.
+func realOthers(chosen iptables.Applier, afterApply bool) []Other {
 	if f, ok := chosen.(*Fallback); ok {
 		chosen = f.Chosen()
 	}
@@ -222,11 +226,11 @@ func realOthers(chosen iptables.Applier) []Other {
 	// The netlink writer's rules are iptables-nft's: the same chains as the binaries write.
 	_, xtNetlink := chosen.(*xtnft.Applier)
 	var out []Other
-	if !native {
+	if !native && !(afterApply && xtNetlink) {
 		n := nftables.New()
 		out = append(out, Other{Name: nftables.Name, Present: n.Present, Remove: n.Cleanup})
 	}
-	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) {
+	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) && !(afterApply && native) {
 		out = append(out, Other{Name: "iptables-nft", Present: nftables.XtablesNFTPresent, Remove: func(ctx context.Context) error {
 			_, err := nftables.RemoveXtablesNFT(ctx)
 			return err
