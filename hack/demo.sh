@@ -130,9 +130,10 @@ ARGS=(--incoming-proxy-port 4143 --outgoing-proxy-port 4140 --proxy-uid "$PROXY_
 	--inbound-ports-to-ignore 4190,4191,4567,4568 --outbound-ports-to-ignore 4567,4568)
 run "proxy-init --netns /run/netns/$POD ${ARGS[*]}"
 "$PI" --netns "/run/netns/$POD" "${ARGS[@]}" 2>&1 | sed 's/^/    /'
-say "It entered the namespace in-process, picked a backend (logged with the reason: native"
-say "nftables when the kernel accepts it, else iptables-nft, else iptables-legacy) and wrote IPv4 and"
-say "IPv6 atomically. Running it again changes nothing; --simulate prints the rules without writing."
+say "It entered the namespace in-process, picked a backend (logged with the reason: iptables-nft's"
+say "rules over netlink where the kernel accepts them, else native nftables, else iptables-legacy) and"
+say "wrote IPv4 and IPv6 in one transaction, running no program. Running it again changes nothing;"
+say "--simulate prints the rules without writing."
 
 bold "5. Traffic now goes through the proxy"
 say "Outbound, IPv4 and IPv6: the app dials the peer; the proxy gets it on 4140 and knows the real target."
