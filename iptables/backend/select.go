@@ -1,6 +1,8 @@
-// Package backend chooses the applier for a mode, including "auto", and keeps one backend's rules
-// in a namespace at a time. It decides nothing about which rules exist; that is the builder's job.
-// The Applier interface itself is declared in package iptables.
+// Package backend chooses the applier for a mode, including "auto", and runs the one path from a
+// ruleset to a namespace (Runner: enter, lock, choose, write or read or remove, clear the other
+// backends, close-wait), so one backend's rules redirect at a time. It decides nothing about which
+// rules exist; that is the builder's job. The Applier interface itself is declared in package
+// iptables.
 package backend
 
 import (
