@@ -40,6 +40,10 @@ type NetConf struct {
 
 	Kubernetes Kubernetes
 	Linkerd    Linkerd
+
+	// baseRules are Linkerd's rules before any annotation, built while validating: what an
+	// unmeshed pod's CHECK reads back against.
+	baseRules *iptables.Ruleset
 }
 
 // Kubernetes is the "kubernetes" block.
@@ -219,13 +223,14 @@ func (c *NetConf) validate() []badinput.Problem {
 	if c.Kubernetes.Kubeconfig == "" {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
 	}
-	if err := c.Linkerd.Config().Validate(); err != nil {
-		v, _ := badinput.As(err)
+	rs, err := iptables.Build(c.Linkerd.Config())
+	if v, ok := badinput.As(err); ok {
 		for _, p := range v.Problems {
 			p.Field = "linkerd." + p.Field
 			probs = append(probs, p)
 		}
 	}
+	c.baseRules = rs
 	return probs
 }
 

@@ -153,7 +153,11 @@ func TestParseConfigKeys(t *testing.T) {
 			OutboundSubnetsToIgnore: []string{"192.0.2.0/24"}, Simulate: true, UseWaitFlag: true,
 			IPTablesMode: iptables.ModeNFTables, IPv6: true},
 	}
-	want.PluginConf = conf.PluginConf
+	// The rules built while validating are those of the linkerd block.
+	if rs, err := iptables.Build(want.Linkerd.Config()); err != nil || conf.baseRules == nil || conf.baseRules.Hash() != rs.Hash() {
+		t.Errorf("base rules %v are not the linkerd block's (%v)", conf.baseRules, err)
+	}
+	want.PluginConf, want.baseRules = conf.PluginConf, conf.baseRules
 	if !reflect.DeepEqual(conf, want) {
 		t.Errorf("\n got %+v\nwant %+v", conf, want)
 	}

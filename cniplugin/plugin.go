@@ -368,11 +368,10 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
 	}
 	pl.kind = Classify(&pod.Spec)
-	base := c.conf.Linkerd.Config()
 	if !pl.kind.NeedsRules() {
 		// Rules for CHECK to look for: none are expected, but reading them back needs a ruleset.
-		pl.rules, err = iptables.Build(base)
-		return pl, err
+		pl.rules = c.conf.baseRules
+		return pl, nil
 	}
 	podObj := Object{Kind: "pod", Name: c.podName(), Annotations: pod.Annotations}
 	var nsObj *Object
@@ -396,14 +395,11 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 			apiPorts = FallbackAPIServerPorts
 		}
 	}
-	pl.settings, err = Merge(base, podObj, nsObj, apiPorts)
+	pl.settings, err = Merge(c.conf.Linkerd.Config(), podObj, nsObj, apiPorts)
 	if err != nil {
 		return nil, err
 	}
-	pl.rules, err = iptables.Build(pl.settings.Config)
-	if err != nil {
-		return nil, fmt.Errorf("pod %s (overrides: %s): %w", c.podName(), describeSources(pl.settings.Sources), err)
-	}
+	pl.rules = pl.settings.Rules
 	if len(pl.settings.Sources) > 0 {
 		c.log.Debug("annotations applied", "overrides", describeSources(pl.settings.Sources))
 	}

@@ -169,6 +169,8 @@ func (o Object) String() string { return o.Kind + " " + o.Name }
 // Settings is what a meshed pod gets: the rule builder's config after the annotations.
 type Settings struct {
 	Config iptables.Config
+	// Rules are built from Config.
+	Rules *iptables.Ruleset
 	// Sources names where each overridden setting came from, by the rule builder's field name,
 	// e.g. "outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on
 	// namespace web".
@@ -266,23 +268,24 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 		s.Config.CloseWaitSecs = secs
 		return reason
 	})
+	if len(apiServerPorts) > 0 {
+		s.Config.OutboundPortsToIgnore = append(s.Config.OutboundPortsToIgnore, apiServerPorts...)
+	}
 	// Values of the wrong form left their field as it was in base, which is valid, so every
-	// other problem is still found here, at once.
-	{
-		err := s.Config.Validate()
-		if verr, ok := badinput.As(err); ok {
-			for _, p := range verr.Problems {
-				src, ok := found[p.Field]
-				if !ok {
-					// Not from an annotation: base itself was invalid (ParseConfig refuses that).
-					return Settings{}, err
-				}
-				src.Reason = p.Reason
-				if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
-					src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
-				}
-				probs = append(probs, src)
+	// other problem is still found here, at once. (The API server's ports are always valid.)
+	rs, err := iptables.Build(s.Config)
+	if verr, ok := badinput.As(err); ok {
+		for _, p := range verr.Problems {
+			src, ok := found[p.Field]
+			if !ok {
+				// Not from an annotation: base itself was invalid (ParseConfig refuses that).
+				return Settings{}, err
 			}
+			src.Reason = p.Reason
+			if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
+				src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
+			}
+			probs = append(probs, src)
 		}
 	}
 	if len(probs) > 0 {
@@ -292,9 +295,7 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 		slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order(a) - order(b) })
 		return Settings{}, &badinput.Error{What: "invalid annotation", Problems: probs}
 	}
-	if len(apiServerPorts) > 0 {
-		s.Config.OutboundPortsToIgnore = append(s.Config.OutboundPortsToIgnore, apiServerPorts...)
-	}
+	s.Rules = rs
 	return s, nil
 }
 

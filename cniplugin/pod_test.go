@@ -162,8 +162,10 @@ func TestMerge(t *testing.T) {
 			if !reflect.DeepEqual(got.Sources, tt.sources) {
 				t.Errorf("sources\n got %v\nwant %v", got.Sources, tt.sources)
 			}
-			if _, err := iptables.Build(got.Config); err != nil {
+			if rs, err := iptables.Build(got.Config); err != nil {
 				t.Errorf("merged config does not build: %v", err)
+			} else if got.Rules == nil || got.Rules.Hash() != rs.Hash() {
+				t.Errorf("Merge's rules are not those of its config")
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -15,6 +16,19 @@ type SavedState struct {
 	// ForeignJumps are other lines that jump to our chains: someone's own rules, which an apply
 	// keeps and only a cleanup (which removes the chains they point to) deletes.
 	ForeignJumps []string
+}
+
+// Present lists what of ours the state holds in family f, each prefixed with f: the chains, the
+// rules and someone else's jumps into our chains, i.e. what a cleanup removes.
+func (s SavedState) Present(f Family) []string {
+	var out []string
+	for _, c := range s.Chains {
+		out = append(out, fmt.Sprintf("%s: chain %s", f, c))
+	}
+	for _, l := range append(slices.Clone(s.Rules), s.ForeignJumps...) {
+		out = append(out, fmt.Sprintf("%s: %s", f, l))
+	}
+	return out
 }
 
 // Empty reports whether nothing of ours is present.

@@ -86,12 +86,7 @@ func (f *Fake) Show(_ context.Context, rs *Ruleset) (State, error) {
 	}
 	st := State{Backend: f.Name()}
 	for _, fam := range []Family{IPv4, IPv6} {
-		have := slices.Clone(f.rules[fam])
-		fs := FamilyState{Family: fam, Rules: have, Diff: Diff{Extra: have}}
-		if rs.HasFamily(fam) {
-			fs.Diff = rs.Compare(fam, SavedState{Rules: have})
-		}
-		st.Families = append(st.Families, fs)
+		st.Families = append(st.Families, rs.FamilyState(fam, SavedState{Rules: slices.Clone(f.rules[fam])}))
 	}
 	return st, nil
 }

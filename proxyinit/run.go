@@ -79,11 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend
 	return ExitOK
 }
 
-// Run executes a parsed command line.
-func Run(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger) error {
-	return execute(ctx, o, stdout, log, backend.Runner{})
-}
-
+// execute runs a parsed command line through r.
 func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
 	switch o.Command {
 	case CommandVersion:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -269,19 +270,10 @@ func check(t *testing.T, workload, mode, fams string, c *tally, allowed ...state
 		t.Errorf("%s %s %s: %d of %d runs failed, e.g.:\n%s", workload, mode, fams, c.failed, c.runs, strings.Join(c.examples, "\n"))
 	}
 	for s, n := range c.states {
-		if n > 0 && !contains(allowed, s) && s != corrupt {
+		if n > 0 && !slices.Contains(allowed, s) && s != corrupt {
 			t.Errorf("%s %s %s: %d end states %q, want only %v", workload, mode, fams, n, s, allowed)
 		}
 	}
-}
-
-func contains(ss []state, s state) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // halfAllowed says where a kill may leave one family without rules: only where the iptables

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,7 +123,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
-		for _, o := range r.others(a, false) {
+		for _, o := range r.others(a) {
 			lines, err := o.Present(ctx)
 			if err != nil {
 				return fmt.Errorf("look for rules of ours in %s: %w", o.Name, err)
@@ -190,20 +191,33 @@ func (r Runner) closeWaitFile() string {
 	return iptables.CloseWaitSysctl
 }
 
-// others are the backends to look at besides a; afterApply leaves out those whose rules a's
-// Apply removes in its own transaction.
-func (r Runner) others(a iptables.Applier, afterApply bool) []Other {
+// others are the backends to look at besides a.
+func (r Runner) others(a iptables.Applier) []Other {
 	if r.Others != nil {
 		return r.Others(a)
 	}
-	return realOthers(a, afterApply)
+	return realOthers(a)
 }
+
+// clearer is an applier whose Apply also removes, in its own transaction, the rules of ours that
+// the backends ClearsOnApply names hold: they need no second look after it.
+type clearer interface{ ClearsOnApply() []string }
 
 // removeOthers removes our rules from every backend but the chosen one. Each first checks,
 // without exec, whether there is anything to remove, so this costs no process in the common case.
 func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier, afterApply bool) error {
+	var cleared []string
+	if f, ok := chosen.(*Fallback); ok {
+		chosen = f.Chosen()
+	}
+	if c, ok := chosen.(clearer); ok && afterApply {
+		cleared = c.ClearsOnApply()
+	}
 	var errs []error
-	for _, o := range r.others(chosen, afterApply) {
+	for _, o := range r.others(chosen) {
+		if slices.Contains(cleared, o.Name) {
+			continue
+		}
 		if err := o.Remove(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name, err))
 		}
@@ -212,12 +226,10 @@ func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier, after
 }
 
 // realOthers are the real backends other than the one chosen: the native nftables table,
-// iptables-nft's chains (found and removed over netlink, so no binary is needed) and
+// iptables-nft's chains (found and removed by the netlink writer, so no binary is needed) and
 // iptables-legacy's (which /proc shows without exec; in a fresh namespace the legacy binaries
 // are not even looked up, and without them no earlier run could have written legacy rules).
-// After an apply, the native backend has removed iptables-nft's chains and the netlink writer
-// the native table, each in its own transaction, so those are not looked at again.
-func realOthers(chosen iptables.Applier, afterApply bool) []Other {
+func realOthers(chosen iptables.Applier) []Other {
 	if f, ok := chosen.(*Fallback); ok {
 		chosen = f.Chosen()
 	}
@@ -226,15 +238,13 @@ func realOthers(chosen iptables.Applier, afterApply bool) []Other {
 	// The netlink writer's rules are iptables-nft's: the same chains as the binaries write.
 	_, xtNetlink := chosen.(*xtnft.Applier)
 	var out []Other
-	if !native && !(afterApply && xtNetlink) {
+	if !native {
 		n := nftables.New()
 		out = append(out, Other{Name: nftables.Name, Present: n.Present, Remove: n.Cleanup})
 	}
-	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) && !(afterApply && native) {
-		out = append(out, Other{Name: "iptables-nft", Present: nftables.XtablesNFTPresent, Remove: func(ctx context.Context) error {
-			_, err := nftables.RemoveXtablesNFT(ctx)
-			return err
-		}})
+	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) {
+		x := xtnft.New()
+		out = append(out, Other{Name: xtnft.Name, Present: x.Present, Remove: x.Cleanup})
 	}
 	if x == nil || x.Flavor() != xtables.Legacy {
 		legacy := func() (*xtables.Applier, bool) {

@@ -30,7 +30,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -77,6 +76,10 @@ func New(opts ...Option) *Applier {
 
 // Name returns "nftables".
 func (a *Applier) Name() string { return Name }
+
+// ClearsOnApply names the backend whose rules of ours Apply removes in its own transaction:
+// iptables-nft's chains and jumps.
+func (a *Applier) ClearsOnApply() []string { return []string{"iptables-nft"} }
 
 // session is the sockets of one call: a raw netlink socket for the table list and the batch,
 // and, only when something must be read in detail, a google/nftables connection.
@@ -299,48 +302,4 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 		}
 		return nil
 	}))
-}
-
-// RemoveXtablesNFT deletes, in one transaction, the chains PROXY_INIT_REDIRECT and
-// PROXY_INIT_OUTPUT that iptables-nft wrote in the "ip nat" and "ip6 nat" tables, and every
-// rule jumping to them. It returns how many chains and jump rules it removed. It runs no binary.
-// Apply already does this in its own transaction; this is for switching away from iptables-nft
-// without applying nftables rules, e.g. from a backend selector.
-func RemoveXtablesNFT(ctx context.Context, opts ...Option) (int, error) {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	var n int
-	err := withTables(ctx, o, func(s *session, tables []tableInfo) error {
-		var b batch
-		var err error
-		if n, err = xtRemoval(&b, s.google, tables); err != nil {
-			return err
-		}
-		return b.send(s.nl)
-	})
-	if err != nil {
-		return 0, errclass.Netlink("remove iptables-nft rules", err)
-	}
-	return n, nil
-}
-
-// XtablesNFTPresent lists, over netlink, the chains PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT
-// that iptables-nft wrote and the rules jumping to them: what RemoveXtablesNFT would delete.
-func XtablesNFTPresent(ctx context.Context) ([]string, error) {
-	var out []string
-	err := withTables(ctx, options{}, func(s *session, tables []tableInfo) error {
-		var b batch
-		if _, err := xtRemoval(&b, s.google, tables); err != nil {
-			return err
-		}
-		for _, d := range b.desc {
-			if what, ok := strings.CutPrefix(d, "delete "); ok {
-				out = append(out, what)
-			}
-		}
-		return nil
-	})
-	return out, err
 }

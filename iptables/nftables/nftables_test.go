@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // newNS creates a throwaway network namespace, removed when the test ends.
@@ -391,27 +392,24 @@ func TestApplyRemovesIptablesNFTRules(t *testing.T) {
 		t.Errorf("show after switching:\n%s", st.Families[0].Diff)
 	}
 
-	// Standalone removal: put iptables-nft rules back; XtablesNFTPresent lists them;
-	// RemoveXtablesNFT removes them and leaves our table alone.
+	// Standalone removal, as the backend runner does it when switching away from iptables-nft
+	// without writing our table: put iptables-nft rules back; the netlink writer lists them and
+	// removes them (two chains, two jumps) and leaves our table alone.
 	mustRun(t, n, iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(iptables.IPv4)), "iptables-nft-restore", "--noflush")
+	x := xtnft.New()
 	var present []string
 	in(t, n, func() error {
 		var err error
-		present, err = XtablesNFTPresent(ctx(t))
+		present, err = x.Present(ctx(t))
 		return err
 	})
-	if !strings.Contains(strings.Join(present, "\n"), "iptables-nft chain ip nat PROXY_INIT_OUTPUT") {
-		t.Errorf("XtablesNFTPresent does not list the iptables-nft chains: %q", present)
+	got := strings.Join(present, "\n")
+	for _, w := range []string{"ipv4: chain PROXY_INIT_OUTPUT", "ipv4: chain PROXY_INIT_REDIRECT", "ipv4: -A PREROUTING -m comment", "ipv4: -A OUTPUT -m comment"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("the netlink writer does not list %q among the iptables-nft rules:\n%s", w, got)
+		}
 	}
-	var removed int
-	in(t, n, func() error {
-		var err error
-		removed, err = RemoveXtablesNFT(ctx(t))
-		return err
-	})
-	if removed != 4 { // two chains, two jumps
-		t.Errorf("removed %d chains and jumps, want 4", removed)
-	}
+	in(t, n, func() error { return x.Cleanup(ctx(t)) })
 	if out := mustRun(t, n, "", "iptables-nft-save", "-t", "nat"); strings.Contains(out, "PROXY_INIT") {
 		t.Errorf("iptables-nft rules left:\n%s", out)
 	}

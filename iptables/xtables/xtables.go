@@ -231,12 +231,7 @@ func (a *Applier) Present(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, c := range cur.Chains {
-			out = append(out, fmt.Sprintf("%s: chain %s", f, c))
-		}
-		for _, l := range append(cur.Rules, cur.ForeignJumps...) {
-			out = append(out, fmt.Sprintf("%s: %s", f, l))
-		}
+		out = append(out, cur.Present(f)...)
 	}
 	return out, nil
 }

@@ -62,6 +62,10 @@ func New() *Applier { return &Applier{} }
 // Name returns "iptables-nft".
 func (a *Applier) Name() string { return Name }
 
+// ClearsOnApply names the backend whose rules of ours Apply removes in its own transaction: the
+// native nftables table.
+func (a *Applier) ClearsOnApply() []string { return []string{"nftables"} }
+
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
 // Apply makes our rules in both families exactly rs's, in one transaction, and writes nothing
@@ -134,24 +138,47 @@ func transactOnce(plan func(*state, *msgs) error) (iptables.Result, error) {
 	return iptables.Result{Changed: true}, nil
 }
 
+// Present lists our chains and rules in place, prefixed with their family, and someone else's
+// jumps into our chains: what Cleanup would remove.
+func (a *Applier) Present(ctx context.Context) ([]string, error) {
+	s, err := readOnce(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, f := range families {
+		out = append(out, s.saved(f).Present(f)...)
+	}
+	return out, nil
+}
+
+// readOnce reads the ruleset on a connection of its own.
+func readOnce(ctx context.Context) (*state, error) {
+	const op = "read the iptables-nft nat rules"
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := dial()
+	if err != nil {
+		return nil, errclass.Netlink(op, err)
+	}
+	defer c.close()
+	s, err := read(c)
+	if err != nil {
+		return nil, errclass.Netlink(op, err)
+	}
+	return s, nil
+}
+
 // Show reads our rules back as iptables-nft-save lines, per family, and compares them with rs's.
 // A family rs does not cover is expected to hold none of our rules.
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	if rs == nil {
 		return iptables.State{}, errors.New("iptables-nft show: no ruleset")
 	}
-	if err := ctx.Err(); err != nil {
+	s, err := readOnce(ctx)
+	if err != nil {
 		return iptables.State{}, err
-	}
-	const op = "read the iptables-nft nat rules"
-	c, err := dial()
-	if err != nil {
-		return iptables.State{}, errclass.Netlink(op, err)
-	}
-	defer c.close()
-	s, err := read(c)
-	if err != nil {
-		return iptables.State{}, errclass.Netlink(op, err)
 	}
 	st := iptables.State{Backend: Name}
 	for _, f := range families {
@@ -160,13 +187,10 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	return st, nil
 }
 
-// ours reports whether chain is one of our chains.
-func ours(chain string) bool { return chain == iptables.RedirectChain || chain == iptables.OutputChain }
-
 // jumpsToOurs reports whether the rule's verdict enters one of our chains.
 func (r rule) jumpsToOurs() bool {
 	for _, e := range r.exprs {
-		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) && ours(v.Chain) {
+		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) && iptables.IsOurChain(v.Chain) {
 			return true
 		}
 	}
@@ -193,12 +217,12 @@ func (s *state) saved(f iptables.Family) iptables.SavedState {
 		return a.name < b.name
 	})
 	for _, c := range chains {
-		if ours(c.name) {
+		if iptables.IsOurChain(c.name) {
 			out.Chains = append(out.Chains, c.name)
 		}
 		for _, r := range t.rules[c.name] {
 			switch {
-			case ours(c.name):
+			case iptables.IsOurChain(c.name):
 				out.Rules = append(out.Rules, r.line(f, c.name))
 			case r.jumpsToOurs():
 				if l := r.line(f, c.name); ourJump(l) {
@@ -298,7 +322,7 @@ func (s *state) apply(m *msgs, rs *iptables.Ruleset) error {
 		// chains stays.
 		kept := map[string]bool{}
 		for _, c := range t.chains {
-			if ours(c.name) {
+			if iptables.IsOurChain(c.name) {
 				continue
 			}
 			for _, r := range t.rules[c.name] {
@@ -337,7 +361,7 @@ func (s *state) remove(m *msgs, f iptables.Family) {
 		return
 	}
 	for _, c := range t.chains {
-		if ours(c.name) {
+		if iptables.IsOurChain(c.name) {
 			continue
 		}
 		for _, r := range t.rules[c.name] {
@@ -348,12 +372,12 @@ func (s *state) remove(m *msgs, f iptables.Family) {
 	}
 	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
 	for _, c := range t.chains {
-		if ours(c.name) && len(t.rules[c.name]) > 0 {
+		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
 			flush(m, fam, c.name)
 		}
 	}
 	for _, c := range t.chains {
-		if ours(c.name) {
+		if iptables.IsOurChain(c.name) {
 			m.beginNFT(unix.NFT_MSG_DELCHAIN, unix.NLM_F_REQUEST, fam)
 			m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 			m.str(unix.NFTA_CHAIN_NAME, c.name)
