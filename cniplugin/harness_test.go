@@ -317,18 +317,31 @@ func (n *node) newSandbox(t testing.TB, namespace, pod string) *sandbox {
 	if err != nil {
 		t.Fatalf("create pod netns: %v", err)
 	}
+	sb := n.sandboxAt(namespace, pod, netns.Path())
+	sb.netns = netns
+	t.Cleanup(func() { sb.remove(t) })
+	return sb
+}
+
+// newUserNSSandbox is newSandbox for a pod with hostUsers: false: its network namespace belongs
+// to a user namespace of its own (netnstest.NewUserNS), removed at cleanup.
+func (n *node) newUserNSSandbox(t testing.TB, namespace, pod string) *sandbox {
+	t.Helper()
+	sb := n.sandboxAt(namespace, pod, netnstest.NewUserNS(t).Path())
+	sb.released = true // NewUserNS removes it
+	return sb
+}
+
+func (n *node) sandboxAt(namespace, pod, path string) *sandbox {
 	id := fmt.Sprintf("%s-%d", pod, n.ids.Add(1))
-	sb := &sandbox{
-		netns: netns,
-		ns:    netnstest.Existing("pod "+namespace+"/"+pod, netns.Path()),
+	return &sandbox{
+		ns: netnstest.Existing("pod "+namespace+"/"+pod, path),
 		rt: &libcni.RuntimeConf{
-			ContainerID: id, NetNS: netns.Path(), IfName: "eth0",
+			ContainerID: id, NetNS: path, IfName: "eth0",
 			Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", pod},
 				{"K8S_POD_INFRA_CONTAINER_ID", id}},
 		},
 	}
-	t.Cleanup(func() { sb.remove(t) })
-	return sb
 }
 
 // remove deletes the sandbox's network namespace (the runtime does so after DEL).

@@ -36,6 +36,15 @@ func TestCNI(t *testing.T) {
 			t.Run(name, func(t *testing.T) { testMeshedLifecycle(t, n, srv, mode) })
 		}
 	})
+	t.Run("user namespace pod", func(t *testing.T) {
+		for _, mode := range []iptables.Mode{iptables.ModeNFT, "", iptables.ModeAuto} {
+			name := string(mode)
+			if name == "" {
+				name = "default-legacy"
+			}
+			t.Run(name, func(t *testing.T) { testUserNamespacePod(t, n, srv, mode) })
+		}
+	})
 	t.Run("native sidecar", func(t *testing.T) { testNativeSidecar(t, n) })
 	t.Run("left alone", func(t *testing.T) { testLeftAlone(t, n) })
 	t.Run("annotations", func(t *testing.T) { testAnnotations(t, n) })
@@ -130,6 +139,51 @@ func testMeshedLifecycle(t *testing.T, n *node, srv *netnstest.Server, mode ipta
 	sb.remove(t)
 	if err := n.del(list, sb); err != nil {
 		t.Errorf("DEL with the netns gone: %v", err)
+	}
+}
+
+// testUserNamespacePod: a meshed pod with hostUsers: false, whose network namespace belongs to a
+// user namespace of its own (root there is host UID netnstest.UserNSHostRoot). In nft mode (Linkerd's
+// chart default) and legacy the plugin writes from a helper inside that user namespace, and auto
+// writes native nftables in place: ADD redirects, the proxy's UID inside the pod is exempt, CHECK
+// passes and DEL removes everything.
+func testUserNamespacePod(t *testing.T, n *node, srv *netnstest.Server, mode iptables.Mode) {
+	ns := "userns-" + string(mode)
+	if mode == "" {
+		ns = "userns-legacy"
+	}
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	list := n.conflist(t, netOpts{mode: mode})
+	sb := n.newUserNSSandbox(t, ns, "web")
+	n.mustAdd(t, list, sb)
+	want := baseConfig(mode)
+	if mode == iptables.ModeAuto {
+		want.Mode = iptables.ModeNFTables // the kernel refuses owner matches written from outside
+	}
+	expectRules(t, sb, want)
+
+	proxy := netnstest.StartProxy(t, sb.ns, 4140, 4143)
+	target := netnstest.HostPort(gatewayIP, 18080)
+	inPod := func(uid int) int { return netnstest.UserNSHostRoot + uid }
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: inPod(1000)}); err != nil || reply != "proxy 4140" {
+		t.Fatalf("app -> %s: reply %q, %v; want the proxy's outbound port", target, reply, err)
+	}
+	proxy.Expect(t, 2*time.Second)
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: inPod(2102)}); err != nil || !strings.HasPrefix(reply, "server") {
+		t.Fatalf("proxy (uid 2102 in the pod) -> %s: reply %q, %v; want the real server", target, reply, err)
+	}
+	srv.Expect(t, 2*time.Second)
+	if err := n.check(list, sb); err != nil {
+		t.Fatalf("CHECK: %v\n%s", err, n.logTail(sb.rt.ContainerID))
+	}
+	if err := n.del(list, sb); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	expectNoRules(t, sb)
+	log := n.logTail(sb.rt.ContainerID)
+	if helped := strings.Contains(log, "writing from a helper inside it"); helped == (mode == iptables.ModeAuto) {
+		t.Errorf("helper used: %v, want %v:\n%s", helped, mode != iptables.ModeAuto, log)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated Dockerfiles in deploy/docker")
@@ -156,7 +157,7 @@ func buildAll(t *testing.T) (binDir, outDir string) {
 			{BinLinkerdCNI, "./cmd/linkerd-cni", ""},
 			{BinPlugin, "./cmd/linkerd-cni", "pluginonly"},
 		} {
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w", "-o", filepath.Join(built.bin, b.out), b.pkg)
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w "+netnsutil.EntryHookFlag, "-o", filepath.Join(built.bin, b.out), b.pkg)
 			cmd.Dir, cmd.Env = repoRoot, append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				built.err = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
