@@ -245,6 +245,9 @@ type netOpts struct {
 	top        map[string]any // extra top-level keys of the linkerd-cni entry
 	kubernetes map[string]any // overrides in the kubernetes block
 	noop       bool           // chain noopcni instead of linkerd-cni (benchmark baseline)
+	alone      bool           // linkerd-cni alone, as a NetworkAttachmentDefinition holds it
+	bridgeOnly bool           // the bridge alone: the pod's default network, before a NAD
+	cniVersion string         // "" is 1.1.0
 }
 
 func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
@@ -269,16 +272,21 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 	if o.noop {
 		plugin = map[string]any{"type": "noopcni"}
 	}
-	list := map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "k8s-pod-network",
-		"plugins": []any{
-			map[string]any{"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": false,
-				"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": podSubnet}}},
-					"dataDir": filepath.Join(n.dir, "ipam")}},
-			plugin,
-		},
+	bridge := map[string]any{"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": false,
+		"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": podSubnet}}},
+			"dataDir": filepath.Join(n.dir, "ipam")}}
+	plugins := []any{bridge, plugin}
+	switch {
+	case o.alone:
+		plugins = []any{plugin}
+	case o.bridgeOnly:
+		plugins = []any{bridge}
 	}
+	ver := o.cniVersion
+	if ver == "" {
+		ver = "1.1.0"
+	}
+	list := map[string]any{"cniVersion": ver, "name": "k8s-pod-network", "plugins": plugins}
 	b, err := json.Marshal(list)
 	if err != nil {
 		t.Fatal(err)

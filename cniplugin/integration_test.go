@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
@@ -43,6 +45,11 @@ func TestCNI(t *testing.T) {
 				name = "default-legacy"
 			}
 			t.Run(name, func(t *testing.T) { testUserNamespacePod(t, n, srv, mode) })
+		}
+	})
+	t.Run("alone, as a NetworkAttachmentDefinition", func(t *testing.T) {
+		for _, ver := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+			t.Run(ver, func(t *testing.T) { testAlone(t, n, ver) })
 		}
 	})
 	t.Run("native sidecar", func(t *testing.T) { testNativeSidecar(t, n) })
@@ -139,6 +146,55 @@ func testMeshedLifecycle(t *testing.T, n *node, srv *netnstest.Server, mode ipta
 	sb.remove(t)
 	if err := n.del(list, sb); err != nil {
 		t.Errorf("DEL with the netns gone: %v", err)
+	}
+}
+
+// testAlone: linkerd-cni alone in a conflist, as Multus runs a NetworkAttachmentDefinition
+// holding only it (the pod's k8s.v1.cni.cncf.io/networks annotation names it), after the pod's
+// default network and on the interface name Multus gives it (net1). There is no prevResult: ADD
+// writes the same rules as in a chain and returns an empty result of the config's CNI version,
+// CHECK passes, DEL removes the rules and leaves the default network alone.
+func testAlone(t *testing.T, n *node, ver string) {
+	ns := "alone-" + strings.ReplaceAll(ver, ".", "-")
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	sb := n.newSandbox(t, ns, "web")
+	defaultNet := n.conflist(t, netOpts{bridgeOnly: true})
+	n.mustAdd(t, defaultNet, sb)
+	nad := n.conflist(t, netOpts{mode: iptables.ModeNFT, alone: true, cniVersion: ver})
+	rt := *sb.rt
+	rt.IfName = "net1"
+	var res types.Result
+	if err := n.inNode(func(ctx context.Context) (err error) {
+		res, err = n.cni.AddNetworkList(ctx, nad, &rt)
+		return err
+	}); err != nil {
+		t.Fatalf("ADD of linkerd-cni alone: %v\n%s", err, n.logTail(rt.ContainerID))
+	}
+	if res.Version() != ver {
+		t.Errorf("result version %s, want the config's %s", res.Version(), ver)
+	}
+	if r, err := current.NewResultFromResult(res); err != nil || len(r.IPs) != 0 || len(r.Interfaces) != 0 {
+		t.Errorf("result %+v (%v), want an empty one: the plugin created nothing", res, err)
+	}
+	expectRules(t, sb, baseConfig(iptables.ModeNFT))
+	proxy := netnstest.StartProxy(t, sb.ns, 4140, 4143)
+	target := netnstest.HostPort(gatewayIP, 18080)
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: 1000}); err != nil || reply != "proxy 4140" {
+		t.Fatalf("app -> %s: reply %q, %v; want the proxy's outbound port", target, reply, err)
+	}
+	proxy.Expect(t, 2*time.Second)
+	if ver != "0.3.1" { // CHECK came with 0.4.0
+		if err := n.inNode(func(ctx context.Context) error { return n.cni.CheckNetworkList(ctx, nad, &rt) }); err != nil {
+			t.Errorf("CHECK: %v", err)
+		}
+	}
+	if err := n.inNode(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, nad, &rt) }); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	expectNoRules(t, sb)
+	if err := n.del(defaultNet, sb); err != nil {
+		t.Errorf("DEL of the default network: %v", err)
 	}
 }
 
