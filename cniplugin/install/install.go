@@ -5,8 +5,9 @@
 // Run copies the plugin binary into the node's CNI bin dir, writes the
 // plugin's kubeconfig from the pod's service account (and rewrites it when
 // the kubelet rotates the token), waits for the primary CNI's
-// configuration, and appends the plugin to every *.conflist and *.conf in
-// the node's CNI net dir (a .conf becomes a .conflist). It watches the
+// configuration, and appends the plugin to every *.conflist, *.conf and
+// *.json in the node's CNI net dir (a .conf or .json becomes a .conflist: the
+// runtimes read all three, the first by name). It watches the
 // directories with inotify and re-adds the plugin within a second when the
 // primary CNI rewrites its file. When its context ends (SIGTERM on pod
 // deletion) it removes its entry from every file, leaving every other byte
@@ -20,7 +21,8 @@
 // a crash (SIGKILL) the next installer can only remove its entry from the
 // .conflist, not turn it back into the .conf. A config file that is a
 // symbolic link, or is not valid JSON, is reported and left alone, and the
-// installer stays unready.
+// installer stays unready; on removal, one that never named linkerd-cni is
+// only a warning, since it holds nothing of ours.
 //
 // The installer talks to the API server only with Config.NodeTaint
 // (--node-taint): it then removes that startup taint from its node, once,
@@ -40,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -422,13 +425,20 @@ func (in *installer) noteWrite(path string) {
 }
 
 // isConfigName reports whether a runtime would read name as a network
-// configuration we patch.
+// configuration we patch: containerd (go-cni), CRI-O (ocicni) and the CNI
+// library load *.conf, *.conflist and *.json, and use the first by name.
 func isConfigName(name string) bool {
 	return !strings.HasPrefix(name, ".") &&
-		(strings.HasSuffix(name, ".conflist") || strings.HasSuffix(name, ".conf"))
+		(strings.HasSuffix(name, ".conflist") || isSingleName(name))
 }
 
-// listConfigs returns the *.conf and *.conflist entries of dir, sorted.
+// isSingleName reports whether the runtimes read name as a single plugin
+// configuration (unless its content is a list): a .conf or a .json.
+func isSingleName(name string) bool {
+	return strings.HasSuffix(name, ".conf") || strings.HasSuffix(name, ".json")
+}
+
+// listConfigs returns the *.conf, *.conflist and *.json entries of dir, sorted.
 func listConfigs(dir string) ([]fs.DirEntry, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -525,7 +535,7 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if st := in.files[name]; st != nil && st.written == h {
 		return nil
 	}
-	if strings.HasSuffix(name, ".conf") && !isList(data) {
+	if isSingleName(name) && !isList(data) {
 		return in.convert(name, path, data)
 	}
 	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
@@ -558,12 +568,12 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	return nil
 }
 
-// convert turns a single-plugin .conf into a .conflist carrying our entry
-// and removes the .conf. The list is written first, so the node is never
-// without a network configuration.
+// convert turns a single-plugin .conf (or .json) into a .conflist carrying
+// our entry and removes the original. The list is written first, so the node
+// is never without a network configuration.
 func (in *installer) convert(name, path string, data []byte) error {
 	dir := in.cfg.netDir()
-	stem := strings.TrimSuffix(name, ".conf")
+	stem := strings.TrimSuffix(strings.TrimSuffix(name, ".conf"), ".json")
 	target := stem + ".conflist"
 	tpath := filepath.Join(dir, target)
 	out, err := convertConf(data, in.entry.typ, in.entry.raw, stem)
@@ -668,11 +678,17 @@ func (in *installer) uninstallFile(name string) error {
 		in.log.Info("restored CNI config", "path", opath, "removed", path)
 		return nil
 	}
-	if strings.HasSuffix(name, ".conf") && !isList(data) {
+	if isSingleName(name) && !isList(data) {
 		return nil // a single plugin: never ours to edit
 	}
 	out, n, err := removeEntries(data, in.entry.typ)
 	if err != nil {
+		if in.files[name] == nil && !bytes.Contains(data, []byte(strconv.Quote(in.entry.typ))) {
+			// A file we never edited, and that does not even name the plugin, holds nothing
+			// of ours: leaving it as it is removes everything we added.
+			in.log.Warn("a CNI config that could not be parsed was left untouched; it holds no linkerd-cni entry", "path", path, "error", err)
+			return nil
+		}
 		return fmt.Errorf("%s: %w; left untouched", path, err)
 	}
 	if n == 0 {
