@@ -494,8 +494,14 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 	}
 	in.waiting = false
 	var errs []error
+	multus, multusName := findMultus(dir, ents)
 	for _, e := range ents {
-		if err := in.syncFile(e); err != nil {
+		if err := in.syncFile(e, multus != nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if multus != nil && multus.kind == multusThick {
+		if err := in.checkMultusPrimary(multusName, multus); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -518,7 +524,48 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 	return false, errors.Join(errs...)
 }
 
-func (in *installer) syncFile(e fs.DirEntry) error {
+// findMultus returns the first of the configs that is Multus's (the one the runtime runs), and
+// its name, or nil.
+func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink != 0 {
+			continue
+		}
+		if data, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+			if m, ok := parseMultus(data); ok {
+				return m, e.Name()
+			}
+		}
+	}
+	return nil, ""
+}
+
+// checkMultusPrimary reports a thick Multus's default network that linkerd-cni cannot be chained
+// into here. A list in the net dir is chained by syncFile like any other.
+func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
+	file := m.clusterNetworkFile()
+	if file == "" {
+		return nil // a network name, which Multus resolves itself
+	}
+	path := filepath.Join(in.cfg.netDir(), file)
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return in.problem(name, nil, fmt.Errorf("Multus (%s) runs the pods' default network from %s, which is not in %s: linkerd-cni cannot be chained into it from here; "+
+			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
+	case err != nil:
+		return fmt.Errorf("read %s: %w", path, err)
+	case !isList(data):
+		return in.problem(file, data, fmt.Errorf("%s is the default network Multus runs (clusterNetwork in %s) and a single plugin: linkerd-cni could be chained into it only by renaming it to a .conflist, and Multus reads it by its name; "+
+			"run linkerd-cni as a NetworkAttachmentDefinition instead (docs/install.md, Multus and OpenShift)", path, name))
+	}
+	return nil
+}
+
+// syncFile chains our entry into one config file. With Multus on the node, a single-plugin file
+// is left as it is (Multus finds its files by name), and Multus's own config gets the entry in
+// its delegates only (multus.go).
+func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	name := e.Name()
 	path := filepath.Join(in.cfg.netDir(), name)
 	if e.Type()&fs.ModeSymlink != 0 {
@@ -535,7 +582,18 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if st := in.files[name]; st != nil && st.written == h {
 		return nil
 	}
+	if _, ok := parseMultus(data); ok {
+		out, err := chainMultus(data, in.entry.typ, in.entry.raw)
+		if err != nil {
+			return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
+		}
+		_, n, _ := unchainMultus(data, in.entry.typ)
+		return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to the default network Multus runs")
+	}
 	if isSingleName(name) && !isList(data) {
+		if withMultus {
+			return nil
+		}
 		return in.convert(name, path, data)
 	}
 	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
@@ -546,8 +604,15 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
+	_, n, _ := removeEntries(data, in.entry.typ)
+	return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to CNI config")
+}
+
+// writeEdited writes out over data, unless they are the same, and remembers it; pristine says
+// data held no entry of ours, so uninstall may put it back byte for byte.
+func (in *installer) writeEdited(name, path string, data, out []byte, pristine bool, msg string) error {
 	if bytes.Equal(out, data) {
-		in.files[name] = &fileState{written: h}
+		in.files[name] = &fileState{written: hashOf(data)}
 		return nil
 	}
 	mode := fs.FileMode(0o644)
@@ -559,12 +624,12 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	}
 	in.noteWrite(path)
 	st := &fileState{written: hashOf(out)}
-	if _, n, err := removeEntries(data, in.entry.typ); err == nil && n == 0 {
+	if pristine {
 		st.orig = data
 	}
 	in.files[name] = st
 	delete(in.reported, name)
-	in.log.Info("added linkerd-cni to CNI config", "path", path)
+	in.log.Info(msg, "path", path)
 	return nil
 }
 
@@ -678,10 +743,13 @@ func (in *installer) uninstallFile(name string) error {
 		in.log.Info("restored CNI config", "path", opath, "removed", path)
 		return nil
 	}
-	if isSingleName(name) && !isList(data) {
+	remove := removeEntries
+	if _, ok := parseMultus(data); ok {
+		remove = unchainMultus
+	} else if isSingleName(name) && !isList(data) {
 		return nil // a single plugin: never ours to edit
 	}
-	out, n, err := removeEntries(data, in.entry.typ)
+	out, n, err := remove(data, in.entry.typ)
 	if err != nil {
 		if in.files[name] == nil && !bytes.Contains(data, []byte(strconv.Quote(in.entry.typ))) {
 			// A file we never edited, and that does not even name the plugin, holds nothing

@@ -1,0 +1,203 @@
+package install
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// copyTestdata puts the files of testdata/multus/dir into the host's net dir, Multus's with the
+// mode Multus gives them (0600).
+func copyTestdata(t *testing.T, h *host, dir string) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join("testdata/multus", dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("testdata/multus", dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(e.Name(), "00-multus") {
+			mode = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(h.netDir, e.Name()), b, mode); err != nil {
+			t.Fatal(err)
+		}
+		files[e.Name()] = string(b)
+	}
+	return files
+}
+
+// runsPerPod counts how many times one pod's ADD runs linkerd-cni: in the chain of the config
+// the runtime uses (the first by name), and in the default network Multus runs from it (the thin
+// plugin's delegates, or the file the thick plugin's clusterNetwork names).
+func runsPerPod(t *testing.T, h *host) int {
+	t.Helper()
+	var first string
+	for _, name := range dirNames(t, h.netDir) {
+		if isConfigName(name) {
+			first = name
+			break
+		}
+	}
+	count := func(conf map[string]any) int {
+		n := 0
+		plugins, _ := conf["plugins"].([]any)
+		if plugins == nil {
+			plugins = []any{conf}
+		}
+		for _, p := range plugins {
+			if p.(map[string]any)["type"] == "linkerd-cni" {
+				n++
+			}
+		}
+		return n
+	}
+	var top map[string]any
+	if err := json.Unmarshal([]byte(h.read(t, first)), &top); err != nil {
+		t.Fatalf("%s: %v", first, err)
+	}
+	n := count(top)
+	plugins, _ := top["plugins"].([]any)
+	if plugins == nil {
+		plugins = []any{top}
+	}
+	for _, p := range plugins {
+		m := p.(map[string]any)
+		switch m["type"] {
+		case "multus":
+			for _, d := range m["delegates"].([]any) {
+				n += count(d.(map[string]any))
+			}
+		case "multus-shim":
+			var primary map[string]any
+			if err := json.Unmarshal([]byte(h.read(t, filepath.Base(m["clusterNetwork"].(string)))), &primary); err != nil {
+				t.Fatal(err)
+			}
+			n += count(primary)
+		}
+	}
+	return n
+}
+
+// TestMultus installs beside Multus's own configs, as Multus writes them (testdata/multus): the
+// plugin runs once per pod, in the default network Multus runs, not again after Multus; Multus's
+// files keep their names and modes; uninstall restores every byte.
+func TestMultus(t *testing.T) {
+	for _, c := range []struct {
+		dir     string
+		multus  string // Multus's file, kept under its name
+		primary string // the default network's file, chained
+		types   []string
+	}{
+		{"thin-0.3.1", "00-multus.conf", "10-flannel.conflist", []string{"flannel", "portmap", "linkerd-cni"}},
+		{"thin-1.0.0", "00-multus.conflist", "10-calico.conflist", []string{"calico", "bandwidth", "portmap", "linkerd-cni"}},
+		{"thick", "00-multus.conf", "10-flannel.conflist", []string{"flannel", "portmap", "linkerd-cni"}},
+	} {
+		t.Run(c.dir, func(t *testing.T) {
+			h := newHost(t)
+			files := copyTestdata(t, h, c.dir)
+			netBefore := dirNames(t, h.netDir)
+			r := h.start(t)
+			r.waitReady(t)
+			if got := dirNames(t, h.netDir); !slices.Equal(got, append(slices.Clone(netBefore), kubeconfigName)) {
+				t.Errorf("net dir %v: Multus's file must keep its name", got)
+			}
+			if types, _ := lastPlugin(t, h.read(t, c.primary)); !slices.Equal(types, c.types) {
+				t.Errorf("%s plugins %v, want %v", c.primary, types, c.types)
+			}
+			if n := runsPerPod(t, h); n != 1 {
+				t.Errorf("linkerd-cni runs %d times per pod, want once:\n%s", n, h.read(t, c.multus))
+			}
+			if fi, err := os.Stat(filepath.Join(h.netDir, c.multus)); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s mode %v (%v), want Multus's 0600", c.multus, fi.Mode(), err)
+			}
+			if err := r.stop(t); err != nil {
+				t.Fatal(err)
+			}
+			if got := dirNames(t, h.netDir); !slices.Equal(got, netBefore) {
+				t.Errorf("net dir after uninstall %v, want %v", got, netBefore)
+			}
+			for name, want := range files {
+				if got := h.read(t, name); got != want {
+					t.Errorf("%s not restored:\n got %q\nwant %q", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// Where an earlier install chained linkerd-cni after Multus (Linkerd's installer does), the entry
+// moves into the delegates: once per pod again. Uninstall removes it from both.
+func TestMultusEntryAfterMultusMoves(t *testing.T) {
+	h := newHost(t)
+	copyTestdata(t, h, "thin-1.0.0")
+	doubled := strings.Replace(h.read(t, "00-multus.conflist"), "\n    }]\n}", "\n    }, {\"type\": \"linkerd-cni\", \"old\": true}]\n}", 1)
+	if !strings.Contains(doubled, `"old": true`) {
+		t.Fatal("test setup: no old entry")
+	}
+	h.write(t, "00-multus.conflist", doubled)
+	r := h.start(t)
+	r.waitReady(t)
+	if n := runsPerPod(t, h); n != 1 || strings.Contains(h.read(t, "00-multus.conflist"), `"old"`) {
+		t.Errorf("linkerd-cni runs %d times per pod, want once:\n%s", n, h.read(t, "00-multus.conflist"))
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.read(t, "00-multus.conflist"); strings.Contains(got, "linkerd-cni") {
+		t.Errorf("an entry survived uninstall:\n%s", got)
+	}
+}
+
+// A thick Multus whose default network linkerd-cni cannot be chained into from here is left
+// alone, and the installer is not ready and says what to do instead: a single-plugin .conf
+// (OVN-Kubernetes writes 10-ovn-kubernetes.conf), which converting would rename under Multus, or
+// a file in another directory (OpenShift's Multus runs /run/multus/cni/net.d/10-ovn-kubernetes.conf).
+func TestMultusPrimaryOutOfReach(t *testing.T) {
+	const ovn = `{"cniVersion":"0.4.0","name":"ovn-kubernetes","type":"ovn-k8s-cni-overlay","ipam":{},"dns":{}}`
+	for _, c := range []struct {
+		name, clusterNetwork, want string
+	}{
+		{"single-plugin conf", "/host/etc/cni/net.d/10-ovn-kubernetes.conf", "/10-ovn-kubernetes.conf is the default network Multus runs"},
+		{"another directory", "/host/run/multus/cni/net.d/10-ovn-kubernetes.conf", "runs the pods' default network from /host/run/multus/cni/net.d/10-ovn-kubernetes.conf, which is not in /etc/cni/net.d"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			shim := strings.Replace(readTestdata(t, "thick/00-multus.conf"), "/host/etc/cni/net.d/10-flannel.conflist", c.clusterNetwork, 1)
+			h.write(t, "00-multus.conf", shim)
+			if strings.HasPrefix(c.clusterNetwork, "/host/etc/cni/net.d/") {
+				h.write(t, "10-ovn-kubernetes.conf", ovn)
+			}
+			r := h.start(t)
+			waitFor(t, 5*time.Second, "/ready to say why", func() (bool, string) {
+				code, body := r.ready(t)
+				return code == http.StatusServiceUnavailable && strings.Contains(body, c.want) && strings.Contains(body, "NetworkAttachmentDefinition"), body
+			})
+			if h.read(t, "00-multus.conf") != shim {
+				t.Error("the installer edited Multus's config")
+			}
+			if c.name == "single-plugin conf" && h.read(t, "10-ovn-kubernetes.conf") != ovn {
+				t.Error("the installer edited the default network's .conf")
+			}
+		})
+	}
+}
+
+func readTestdata(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata/multus", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
