@@ -168,9 +168,12 @@ func (in *installer) setReady(ok bool, reason string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if ok != in.ready {
-		if ok {
+		switch {
+		case ok && in.cfg.StandaloneConf != "":
+			in.log.Info("ready: linkerd-cni's config is in place for NetworkAttachmentDefinitions", "file", in.cfg.StandaloneConf)
+		case ok:
 			in.log.Info("ready: linkerd-cni is in every CNI config file")
-		} else {
+		default:
 			in.log.Info("not ready", "reason", reason)
 		}
 	}
@@ -480,6 +483,9 @@ func splitErrors(err error) []error {
 // syncConfigs puts our entry into every config file. waiting is true when
 // there is no config file yet.
 func (in *installer) syncConfigs() (waiting bool, _ error) {
+	if in.cfg.StandaloneConf != "" {
+		return false, in.syncStandalone()
+	}
 	dir := in.cfg.netDir()
 	ents, err := listConfigs(dir)
 	if err != nil {
@@ -633,6 +639,31 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 	return nil
 }
 
+// standalone is the plugin's config alone, as a single-plugin config file: the entry, with a
+// cniVersion when it has none.
+func (in *installer) standalone() []byte {
+	if pluginHasKey(in.entry.raw, "cniVersion") {
+		return append(slices.Clone(in.entry.raw), '\n')
+	}
+	out := splice(in.entry.raw, span{1, 1}, []byte(`"cniVersion":"`+standaloneCNIVersion+`",`))
+	return append(out, '\n')
+}
+
+// syncStandalone writes the standalone config file unless it is in place already.
+func (in *installer) syncStandalone() error {
+	path := filepath.Join(in.cfg.netDir(), in.cfg.StandaloneConf)
+	want := in.standalone()
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+		return nil
+	}
+	if err := writeAtomic(path, want, 0o644); err != nil {
+		return err
+	}
+	in.noteWrite(path)
+	in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
+	return nil
+}
+
 // convert turns a single-plugin .conf (or .json) into a .conflist carrying
 // our entry and removes the original. The list is written first, so the node
 // is never without a network configuration.
@@ -693,6 +724,11 @@ func (in *installer) uninstall() error {
 		}
 		if err := in.uninstallFile(e.Name()); err != nil {
 			in.log.Error("remove linkerd-cni from CNI config", "error", err)
+			errs = append(errs, err)
+		}
+	}
+	if in.cfg.StandaloneConf != "" {
+		if err := removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)); err != nil {
 			errs = append(errs, err)
 		}
 	}

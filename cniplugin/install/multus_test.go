@@ -2,6 +2,7 @@ package install
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -9,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
 )
 
 // copyTestdata puts the files of testdata/multus/dir into the host's net dir, Multus's with the
@@ -200,4 +205,43 @@ func readTestdata(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// With LINKERD_CNI_STANDALONE_CONF the installer writes the plugin's config alone, where Multus
+// finds it for a NetworkAttachmentDefinition of its name, and touches nothing else; uninstall
+// removes it.
+func TestStandaloneConf(t *testing.T) {
+	h := newHost(t)
+	h.cfg.StandaloneConf = "linkerd-cni.conf"
+	const ovn = `{"cniVersion":"0.4.0","name":"ovn-kubernetes","type":"ovn-k8s-cni-overlay","ipam":{},"dns":{}}`
+	h.write(t, "10-ovn-kubernetes.conf", ovn)
+	r := h.start(t)
+	r.waitReady(t)
+	conf, err := libcni.ConfFromBytes([]byte(h.read(t, "linkerd-cni.conf")))
+	if err != nil {
+		t.Fatalf("the standalone config does not load: %v", err)
+	}
+	if conf.Network.Name != "linkerd-cni" || conf.Network.Type != "linkerd-cni" || conf.Network.CNIVersion != "0.4.0" {
+		t.Errorf("standalone config %+v: want name and type linkerd-cni, cniVersion 0.4.0", conf.Network)
+	}
+	if _, err := cniplugin.ParseConfig(conf.Bytes); err != nil {
+		t.Errorf("the plugin refuses the standalone config: %v", err)
+	}
+	if h.read(t, "10-ovn-kubernetes.conf") != ovn {
+		t.Error("the installer chained into another config")
+	}
+	// Removed by someone: put back.
+	if err := os.Remove(filepath.Join(h.netDir, "linkerd-cni.conf")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the standalone config to be rewritten", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(h.netDir, "linkerd-cni.conf"))
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := dirNames(t, h.netDir); !slices.Equal(got, []string{"10-ovn-kubernetes.conf"}) {
+		t.Errorf("net dir after uninstall: %v", got)
+	}
 }
