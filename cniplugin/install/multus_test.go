@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 )
@@ -123,6 +124,17 @@ func TestMultus(t *testing.T) {
 			if n := runsPerPod(t, h); n != 1 {
 				t.Errorf("linkerd-cni runs %d times per pod, want once:\n%s", n, h.read(t, c.multus))
 			}
+			// --node-taint sees the plugin in place too (it reads the files again).
+			in, err := newInstaller(h.cfg.withDefaults(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !in.syncAll() {
+				t.Fatal("a second sync found work to do")
+			}
+			if ok, why := in.pluginInPlace(); !ok {
+				t.Errorf("the startup taint would stay: %s", why)
+			}
 			if fi, err := os.Stat(filepath.Join(h.netDir, c.multus)); err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("%s mode %v (%v), want Multus's 0600", c.multus, fi.Mode(), err)
 			}
@@ -217,6 +229,14 @@ func TestStandaloneConf(t *testing.T) {
 	h.write(t, "10-ovn-kubernetes.conf", ovn)
 	r := h.start(t)
 	r.waitReady(t)
+	in, err := newInstaller(h.cfg.withDefaults(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.syncAll()
+	if ok, why := in.pluginInPlace(); !ok {
+		t.Errorf("the startup taint would stay: %s", why)
+	}
 	conf, err := libcni.ConfFromBytes([]byte(h.read(t, "linkerd-cni.conf")))
 	if err != nil {
 		t.Fatalf("the standalone config does not load: %v", err)
@@ -243,5 +263,61 @@ func TestStandaloneConf(t *testing.T) {
 	}
 	if got := dirNames(t, h.netDir); !slices.Equal(got, []string{"10-ovn-kubernetes.conf"}) {
 		t.Errorf("net dir after uninstall: %v", got)
+	}
+}
+
+// deploy/examples/multus holds NetworkAttachmentDefinitions that Multus can run: an inline config
+// the plugin accepts, named like its NetworkAttachmentDefinition (Multus resolves a
+// NetworkAttachmentDefinition without spec.config to the config of that name in
+// /etc/cni/multus/net.d: the standalone config's name); and a workload naming one of them.
+func TestNetworkAttachmentExample(t *testing.T) {
+	ms := loadManifests(t, filepath.Join(deployDir(t), "examples", "multus"))
+	nads := map[string]bool{}
+	var standaloneName struct{ Name string }
+	if err := json.Unmarshal([]byte(DefaultNetworkConfig), &standaloneName); err != nil {
+		t.Fatal(err)
+	}
+	workloads := 0
+	for _, m := range ms {
+		switch m.obj.GetKind() {
+		case "NetworkAttachmentDefinition":
+			if m.obj.GetAPIVersion() != "k8s.cni.cncf.io/v1" {
+				t.Errorf("%s: apiVersion %s", m, m.obj.GetAPIVersion())
+			}
+			nads[m.obj.GetNamespace()+"/"+m.obj.GetName()] = true
+			config, _, _ := unstructured.NestedString(m.obj.Object, "spec", "config")
+			if config == "" {
+				if m.obj.GetName() != standaloneName.Name {
+					t.Errorf("%s has no spec.config, so Multus looks for a config named %q: the standalone config is named %q", m, m.obj.GetName(), standaloneName.Name)
+				}
+				continue
+			}
+			conf, err := libcni.ConfFromBytes([]byte(config))
+			if err != nil {
+				t.Errorf("%s: Multus cannot load spec.config: %v", m, err)
+				continue
+			}
+			if conf.Network.Name != m.obj.GetName() {
+				t.Errorf("%s: spec.config is named %q", m, conf.Network.Name)
+			}
+			if _, err := cniplugin.ParseConfig(conf.Bytes); err != nil {
+				t.Errorf("%s: the plugin refuses spec.config: %v", m, err)
+			}
+		case "Deployment":
+			workloads++
+			ann, _, _ := unstructured.NestedStringMap(m.obj.Object, "spec", "template", "metadata", "annotations")
+			for _, n := range strings.Split(ann["k8s.v1.cni.cncf.io/networks"], ",") {
+				n = strings.TrimSpace(n)
+				if !strings.Contains(n, "/") {
+					n = m.obj.GetNamespace() + "/" + n
+				}
+				if !nads[n] {
+					t.Errorf("%s names network %q, which the example does not define", m, n)
+				}
+			}
+		}
+	}
+	if len(nads) == 0 || workloads == 0 {
+		t.Errorf("the example has %d NetworkAttachmentDefinitions and %d workloads", len(nads), workloads)
 	}
 }

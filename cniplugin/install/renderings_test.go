@@ -35,6 +35,8 @@ type rendering struct {
 	repair bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
+	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
+	standalone string
 	// netDir and binDir are the node's CNI directories the rendering uses.
 	netDir, binDir string
 	// config is what its cni_network_config must mean (parsed by the plugin's own parser).
@@ -118,12 +120,21 @@ func renderings(t testing.TB) []rendering {
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), repair: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
+		// Where containerd looks with k3s's built-in flannel: the stable bin dir since the
+		// October 2024 releases (k3s-io/k3s#10868), not data/current/bin.
 		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), repair: true,
-			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/current/bin", config: DefaultNetworkConfig},
+			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/cni", config: DefaultNetworkConfig},
+		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), repair: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), repair: true,
 			netDir: "/etc/cni/net.d", binDir: "/home/kubernetes/bin", config: DefaultNetworkConfig},
+		{name: "microk8s", values: merge(withNS, map[string]any{"distribution": "microk8s"}), repair: true,
+			netDir: "/var/snap/microk8s/current/args/cni-network", binDir: "/var/snap/microk8s/current/opt/cni/bin", config: DefaultNetworkConfig},
+		// Multus's directory for NetworkAttachmentDefinitions, where the plugin's config is
+		// written alone: chaining into OVN-Kubernetes's 10-ovn-kubernetes.conf would rename the
+		// file Multus and ovnkube-node's readiness probe look for.
 		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), repair: true, privileged: true,
-			netDir: "/var/run/multus/cni/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig},
+			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
 	}
 	for i := range out {
 		if out[i].values != nil {
@@ -272,6 +283,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown iptablesMode", map[string]any{"iptablesMode": "fast"}, []string{"at '/iptablesMode': 'fast' does not match pattern '^(nft|legacy|plain|nftables|auto)$'"}},
 		{"port list with a bad port", map[string]any{"ignoreInboundPorts": "80,70000"}, []string{"ignoreInboundPorts", "80,70000"}},
 		{"unknown distribution", map[string]any{"distribution": "eks"}, []string{"distribution", "eks"}},
+		{"standaloneConf not a .conf", map[string]any{"standaloneConf": "multus/linkerd-cni.conflist"}, []string{"standaloneConf", "multus/linkerd-cni.conflist"}},
 		{"relative directory", map[string]any{"destCNINetDir": "etc/cni"}, []string{"destCNINetDir", "etc/cni"}},
 		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
