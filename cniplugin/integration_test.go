@@ -336,6 +336,10 @@ func testAnnotations(t *testing.T, n *node) {
 			func(c *iptables.Config) { c.InboundPortsToIgnore = append(c.InboundPortsToIgnore, "9090") }, ""},
 		{"skip-subnets", cniplugin.AnnotationSkipSubnets, "192.0.2.0/24,2001:db8:1::/48",
 			func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"192.0.2.0/24", "2001:db8:1::/48"} }, ""},
+		{"skip-inbound-subnets", cniplugin.AnnotationSkipInboundSubnets, "192.0.2.0/24,2001:db8:1::/48",
+			func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"192.0.2.0/24", "2001:db8:1::/48"} }, ""},
+		{"skip-outbound-subnets", cniplugin.AnnotationSkipOutboundSubnets, "198.51.100.0/24,2001:db8:2::/48",
+			func(c *iptables.Config) { c.OutboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:2::/48"} }, ""},
 		{"proxy-uid", cniplugin.AnnotationProxyUID, "3000", func(c *iptables.Config) { c.ProxyUID = 3000 }, ""},
 		{"proxy-gid", cniplugin.AnnotationProxyGID, "3001", func(c *iptables.Config) { c.ProxyGID = 3001 }, ""},
 		{"inbound-port", cniplugin.AnnotationInboundPort, "5143", func(c *iptables.Config) { c.InboundProxyPort = 5143 }, ""},
@@ -352,8 +356,9 @@ func testAnnotations(t *testing.T, n *node) {
 					podAnn = map[string]string{tt.annotation: tt.value}
 					// The namespace says otherwise: the pod wins.
 					nsAnn = map[string]string{tt.annotation: "1"}
-					if tt.annotation == cniplugin.AnnotationSkipSubnets {
-						nsAnn[tt.annotation] = "198.51.100.0/24"
+					switch tt.annotation {
+					case cniplugin.AnnotationSkipSubnets, cniplugin.AnnotationSkipInboundSubnets, cniplugin.AnnotationSkipOutboundSubnets:
+						nsAnn[tt.annotation] = "203.0.113.0/24"
 					}
 				} else {
 					nsAnn = map[string]string{tt.annotation: tt.value}
@@ -391,6 +396,17 @@ func testAnnotations(t *testing.T, n *node) {
 		// than answered by the proxy.
 		if reply, err := netnstest.Dial(t, sb.ns, "tcp4", netnstest.HostPort(gatewayIP, 3306), netnstest.DialOpts{UID: 1000}); err == nil {
 			t.Errorf("dial to skipped port 3306 answered %q; want it to bypass the proxy", reply)
+		}
+	})
+	t.Run("real skip of an annotated outbound subnet", func(t *testing.T) {
+		ns := "ann-subnet-traffic"
+		n.createNamespace(t, ns, map[string]string{cniplugin.AnnotationSkipOutboundSubnets: podSubnet})
+		n.createPod(t, ns, "web", shapeClassic, nil, nil)
+		sb := n.newSandbox(t, ns, "web")
+		n.mustAdd(t, list, sb)
+		netnstest.StartProxy(t, sb.ns, 4140)
+		if reply, err := netnstest.Dial(t, sb.ns, "tcp4", netnstest.HostPort(gatewayIP, 18080), netnstest.DialOpts{UID: 1000}); err != nil || !strings.HasPrefix(reply, "server") {
+			t.Fatalf("reply %q, %v; want the node's server directly: %s is skipped", reply, err, podSubnet)
 		}
 	})
 	t.Run("malformed annotation fails ADD", func(t *testing.T) {
