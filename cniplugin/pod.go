@@ -29,11 +29,11 @@ const (
 	// source subnets (what skip-subnets means) and outbound destination subnets.
 	AnnotationSkipInboundSubnets  = "config.linkerd.io/skip-inbound-subnets"
 	AnnotationSkipOutboundSubnets = "config.linkerd.io/skip-outbound-subnets"
-	AnnotationProxyUID          = "config.linkerd.io/proxy-uid"
-	AnnotationProxyGID          = "config.linkerd.io/proxy-gid"
-	AnnotationInboundPort       = "config.linkerd.io/inbound-port"
-	AnnotationOutboundPort      = "config.linkerd.io/outbound-port"
-	AnnotationCloseWaitTimeout  = "config.linkerd.io/close-wait-timeout"
+	AnnotationProxyUID            = "config.linkerd.io/proxy-uid"
+	AnnotationProxyGID            = "config.linkerd.io/proxy-gid"
+	AnnotationInboundPort         = "config.linkerd.io/inbound-port"
+	AnnotationOutboundPort        = "config.linkerd.io/outbound-port"
+	AnnotationCloseWaitTimeout    = "config.linkerd.io/close-wait-timeout"
 )
 
 // Annotations lists every annotation the plugin honours, in the order they are applied.
@@ -184,16 +184,16 @@ type Settings struct {
 // annotationFields maps each annotation to the rule builder's field it sets, so that the
 // builder's own validation of that field is reported as a problem with the annotation.
 var annotationFields = map[string]string{
-	AnnotationSkipOutboundPorts: iptables.FieldOutboundPortsToIgnore,
-	AnnotationSkipInboundPorts:  iptables.FieldInboundPortsToIgnore,
+	AnnotationSkipOutboundPorts:   iptables.FieldOutboundPortsToIgnore,
+	AnnotationSkipInboundPorts:    iptables.FieldInboundPortsToIgnore,
 	AnnotationSkipSubnets:         iptables.FieldInboundSubnetsToIgnore,
 	AnnotationSkipInboundSubnets:  iptables.FieldInboundSubnetsToIgnore,
 	AnnotationSkipOutboundSubnets: iptables.FieldOutboundSubnetsToIgnore,
-	AnnotationProxyUID:          iptables.FieldProxyUID,
-	AnnotationProxyGID:          iptables.FieldProxyGID,
-	AnnotationInboundPort:       iptables.FieldInboundProxyPort,
-	AnnotationOutboundPort:      iptables.FieldOutboundProxyPort,
-	AnnotationCloseWaitTimeout:  iptables.FieldCloseWait,
+	AnnotationProxyUID:            iptables.FieldProxyUID,
+	AnnotationProxyGID:            iptables.FieldProxyGID,
+	AnnotationInboundPort:         iptables.FieldInboundProxyPort,
+	AnnotationOutboundPort:        iptables.FieldOutboundProxyPort,
+	AnnotationCloseWaitTimeout:    iptables.FieldCloseWait,
 }
 
 // Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
