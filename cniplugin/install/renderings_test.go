@@ -23,6 +23,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/validator"
 )
 
 // rendering is one set of manifests the manifest tests check.
@@ -122,7 +123,8 @@ func renderings(t testing.TB) []rendering {
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
 		// Where containerd looks with k3s's built-in flannel: the stable bin dir since the
 		// October 2024 releases (k3s-io/k3s#10868), not data/current/bin.
-		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), repair: true,
+		// With the socket-LB check (k3s with Cilium is where socket-LB bites).
+		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s", "socketLBCheck": map[string]any{"enabled": true}}), repair: true,
 			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/cni", config: DefaultNetworkConfig},
 		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), repair: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
@@ -283,6 +285,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown iptablesMode", map[string]any{"iptablesMode": "fast"}, []string{"at '/iptablesMode': 'fast' does not match pattern '^(nft|legacy|plain|nftables|auto)$'"}},
 		{"port list with a bad port", map[string]any{"ignoreInboundPorts": "80,70000"}, []string{"ignoreInboundPorts", "80,70000"}},
 		{"unknown distribution", map[string]any{"distribution": "eks"}, []string{"distribution", "eks"}},
+		{"socket-LB check in a namespace the plugin leaves alone", map[string]any{"socketLBCheck": map[string]any{"enabled": true, "namespace": "linkerd-cni"}},
+			[]string{`socketLBCheck.namespace "linkerd-cni": the plugin leaves that namespace's pods alone`}},
 		{"standaloneConf not a .conf", map[string]any{"standaloneConf": "multus/linkerd-cni.conflist"}, []string{"standaloneConf", "multus/linkerd-cni.conflist"}},
 		{"relative directory", map[string]any{"destCNINetDir": "etc/cni"}, []string{"destCNINetDir", "etc/cni"}},
 		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
@@ -338,5 +342,45 @@ func TestHelmLint(t *testing.T) {
 	res := lint.AllWithKubeVersion(chartDir, map[string]any{"iptablesMode": "fast"}, helmchart.Namespace, kv)
 	if res.HighestSeverity != support.ErrorSev {
 		t.Errorf("helm lint with iptablesMode fast: highest severity %d, want an error; messages %v", res.HighestSeverity, res.Messages)
+	}
+}
+
+// The socket-LB check pod (socketLBCheck.enabled): a `helm test` hook, meshed in the plugin's
+// eyes, running the validator against the kubernetes Service as the pod sees it; the arguments,
+// once the kubelet has expanded them, are ones the validator accepts.
+func TestSocketLBCheckPod(t *testing.T) {
+	ms := renderChart(t, loadChart(t), map[string]any{"socketLBCheck": map[string]any{"enabled": true}})
+	var pod *unstructured.Unstructured
+	for _, m := range ms {
+		if m.obj.GetKind() == "Pod" {
+			pod = m.obj
+		}
+	}
+	if pod == nil {
+		t.Fatal("no Pod rendered")
+	}
+	if pod.GetAnnotations()["helm.sh/hook"] != "test" || pod.GetNamespace() != "default" {
+		t.Errorf("pod %s/%s annotations %v: want a helm test in default", pod.GetNamespace(), pod.GetName(), pod.GetAnnotations())
+	}
+	var spec cniplugin.PodSpec
+	raw, _ := json.Marshal(pod.Object["spec"])
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if k := cniplugin.Classify(&spec); !k.NeedsRules() {
+		t.Errorf("the plugin classifies the check pod %s: it would write no rules", k)
+	}
+	containers, _, _ := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	if !slices.Contains(args, "--connect-addr=$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)") {
+		t.Errorf("args %q do not dial the kubernetes Service", args)
+	}
+	expanded := strings.NewReplacer("$(KUBERNETES_SERVICE_HOST)", "10.96.0.1", "$(KUBERNETES_SERVICE_PORT)", "443")
+	for i := range args {
+		args[i] = expanded.Replace(args[i])
+	}
+	c, err := validator.Parse(args)
+	if err != nil || c.ConnectAddr != "10.96.0.1:443" || c.ListenAddr != "0.0.0.0:4140" {
+		t.Errorf("validator.Parse(%q) = %+v, %v", args, c, err)
 	}
 }

@@ -87,6 +87,9 @@ resources:
 {{- if hasSuffix "linkerd/cni-plugin" .Values.image.name -}}
 {{- fail (printf "image.name %q is Linkerd's image, which does not hold this chart's programs: use ghcr.io/kubemesh/linkerd-cni (or your mirror of it), e.g. --set image.name=ghcr.io/kubemesh/linkerd-cni,image.version=%s" .Values.image.name .Chart.AppVersion) -}}
 {{- end -}}
+{{- if and .Values.socketLBCheck.enabled (or (eq .Values.socketLBCheck.namespace .Release.Namespace) (has .Values.socketLBCheck.namespace .Values.excludeNamespaces)) -}}
+{{- fail (printf "socketLBCheck.namespace %q: the plugin leaves that namespace's pods alone (its own, or excludeNamespaces), so the check would prove nothing; pick another" .Values.socketLBCheck.namespace) -}}
+{{- end -}}
 {{- if eq .Values.installer.adminAddr .Values.repairController.adminAddr -}}
 {{- fail (printf "installer.adminAddr and repairController.adminAddr are both %q: the two containers share the node's network namespace and need two ports" .Values.installer.adminAddr) -}}
 {{- end -}}
