@@ -153,6 +153,45 @@ func TestMultus(t *testing.T) {
 	}
 }
 
+// Multus's thin plugin remakes its config from the default network's file (on a restart, or
+// with --cleanup-config-on-exit when the file changes), copying it into its delegates, linkerd-cni
+// included now: still once per pod, not once in the copy and once after Multus.
+func TestMultusRemakesItsConfig(t *testing.T) {
+	h := newHost(t)
+	copyTestdata(t, h, "thin-0.3.1")
+	r := h.start(t)
+	r.waitReady(t)
+	// What thin_entrypoint does: the master's JSON, re-encoded (encoding/json: keys sorted,
+	// compact), in place of the delegate.
+	var master any
+	if err := json.Unmarshal([]byte(h.read(t, "10-flannel.conflist")), &master); err != nil {
+		t.Fatal(err)
+	}
+	copied, _ := json.Marshal(master)
+	orig := readTestdata(t, "thin-0.3.1/00-multus.conf")
+	var first map[string]any
+	if err := json.Unmarshal([]byte(orig), &first); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := json.Marshal(first["delegates"].([]any)[0])
+	remade := strings.Replace(orig, string(old), string(copied), 1)
+	if remade == orig || !strings.Contains(remade, "linkerd-cni") {
+		t.Fatal("test setup: the delegate was not replaced")
+	}
+	tmp := filepath.Join(h.netDir, "00-multus.conf.new") // Multus writes a temporary file and renames it
+	if err := os.WriteFile(tmp, []byte(remade), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(h.netDir, "00-multus.conf")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the installer's debounce and sync
+	r.waitReady(t)
+	if n := runsPerPod(t, h); n != 1 {
+		t.Errorf("linkerd-cni runs %d times per pod after Multus remade its config, want once; net dir %v", n, dirNames(t, h.netDir))
+	}
+}
+
 // Where an earlier install chained linkerd-cni after Multus (Linkerd's installer does), the entry
 // moves into the delegates: once per pod again. Uninstall removes it from both.
 func TestMultusEntryAfterMultusMoves(t *testing.T) {
