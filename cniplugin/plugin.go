@@ -133,8 +133,8 @@ func (c *call) fail(code uint, err error) error {
 }
 
 // Add writes the rules into a meshed pod's namespace and passes prevResult through (or prints an
-// empty result when it runs alone). See the
-// package documentation and docs/cni-plugin.md for the decisions and the failure policy.
+// empty result when it runs alone). See the package documentation and docs/cni-plugin.md for the
+// decisions and the failure policy.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	began := time.Now()
 	c, err := p.begin("ADD", args)

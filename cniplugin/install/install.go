@@ -557,7 +557,7 @@ func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
 	data, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return in.problem(name, nil, fmt.Errorf("Multus (%s) runs the pods' default network from %s, which is not in %s: linkerd-cni cannot be chained into it from here; "+
+		return in.problem(name, nil, fmt.Errorf("the pods' default network that Multus (%s) runs, %s, is not in %s: linkerd-cni cannot be chained into it from here; "+
 			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
 	case err != nil:
 		return fmt.Errorf("read %s: %w", path, err)

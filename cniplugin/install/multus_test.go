@@ -225,7 +225,7 @@ func TestMultusPrimaryOutOfReach(t *testing.T) {
 		name, clusterNetwork, want string
 	}{
 		{"single-plugin conf", "/host/etc/cni/net.d/10-ovn-kubernetes.conf", "/10-ovn-kubernetes.conf is the default network Multus runs"},
-		{"another directory", "/host/run/multus/cni/net.d/10-ovn-kubernetes.conf", "runs the pods' default network from /host/run/multus/cni/net.d/10-ovn-kubernetes.conf, which is not in /etc/cni/net.d"},
+		{"another directory", "/host/run/multus/cni/net.d/10-ovn-kubernetes.conf", "default network that Multus (00-multus.conf) runs, /host/run/multus/cni/net.d/10-ovn-kubernetes.conf, is not in /etc/cni/net.d"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHost(t)

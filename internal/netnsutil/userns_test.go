@@ -206,3 +206,14 @@ func TestHelperReportsTheHooksFailure(t *testing.T) {
 		})
 	}
 }
+
+// What every write in the modes nft, legacy and plain pays to learn that a pod has no user
+// namespace of its own (docs/performance.md).
+func BenchmarkForeignUserNS(b *testing.B) {
+	n := netnstest.NewNS(b)
+	for b.Loop() {
+		if owner, err := netnsutil.ForeignUserNS(n.Path()); owner != nil || err != nil {
+			b.Fatal(owner, err)
+		}
+	}
+}
