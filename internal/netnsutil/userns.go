@@ -41,10 +41,9 @@ const (
 
 // Written by the entry hook before the runtime starts (so: no pointers, no initialisation code).
 var (
-	hookRan    uint64 // 1 on every start of a binary linked with the hook
-	hookHelper uint64 // 1 when argv[0] was HelperName
-	hookStep   uint64 // the step that failed: 1 joining the user namespace, 2 the network namespace
-	hookErrno  uint64 // its errno
+	hookRan   uint64 // 1 on every start of a binary linked with the hook
+	hookStep  uint64 // the step that failed: 1 joining the user namespace, 2 the network namespace
+	hookErrno uint64 // its errno
 )
 
 // helperArg0 is HelperName, NUL-terminated, for the hook to compare argv[0] with
