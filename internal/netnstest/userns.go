@@ -45,8 +45,8 @@ func NewUserNS(t testing.TB) *NS {
 	}()
 	name := make([]byte, 8)
 	rand.Read(name)
-	path := filepath.Join("/var/run/netns", fmt.Sprintf("userns-%x", name))
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	path := filepath.Join(runNetNS, fmt.Sprintf("userns-%x", name))
+	if err := sharedRunNetNS(); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, nil, 0o444); err != nil {
@@ -66,4 +66,27 @@ func NewUserNS(t testing.TB) *NS {
 		}
 	})
 	return setUp(t, &NS{name: "pod", path: path})
+}
+
+// runNetNS is where namespaces are bind-mounted, as containernetworking's testutils (NewNetNS)
+// mounts them.
+const runNetNS = "/var/run/netns"
+
+// sharedRunNetNS makes runNetNS a shared mount point of its own, as testutils does before its first
+// namespace, so that a bind mount made here before testutils' first one is not left covered (and
+// busy) by the mount point testutils makes of the directory later.
+func sharedRunNetNS() error {
+	if err := os.MkdirAll(runNetNS, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", runNetNS, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == unix.EINVAL { // not a mount point yet
+		if err = unix.Mount(runNetNS, runNetNS, "none", unix.MS_BIND|unix.MS_REC, ""); err == nil {
+			err = unix.Mount("", runNetNS, "none", unix.MS_SHARED|unix.MS_REC, "")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount point: %w", runNetNS, err)
+	}
+	return nil
 }
