@@ -1,7 +1,8 @@
 // Command images builds the images described in internal/images without a container daemon.
 //
-//	images build [--bin bin] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
-//	    OCI image archives, one per image: OUT/NAME.tar (all images when no NAME is given)
+//	images build [--bin bin] [--platforms 'linux/amd64 linux/arm64'] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
+//	    OCI image archives, one per image, each an index of every platform: OUT/NAME.tar (all
+//	    images when no NAME is given), from the binaries in BIN/OS-ARCH
 //	images rootfs --image NAME [--bin bin] --out DIR [--epoch SECONDS]
 //	    the image's file system in DIR (the Dockerfiles' build stage runs this)
 //	images dockerfiles [--out deploy/docker]
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -36,10 +38,13 @@ func run(args []string) error {
 	tag := fs.String("tag", "dev", "image tag")
 	image := fs.String("image", "", "image name (rootfs)")
 	epoch := fs.Int64("epoch", 0, "modification and creation time, in seconds since 1970 (SOURCE_DATE_EPOCH)")
+	platforms := fs.String("platforms", strings.Join(images.Platforms, " "), "platforms to build, separated by spaces or commas; the binaries of each are in BIN/OS-ARCH (make platform-bins)")
+	debCache := fs.String("deb-cache", images.DefaultDebCache, "where the Debian packages and the private apt state are kept")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	in := images.Inputs{BinDir: *bin, RepoDir: ".", Epoch: time.Unix(*epoch, 0).UTC()}
+	in := images.Inputs{BinDir: *bin, RepoDir: ".", DebCache: *debCache, Epoch: time.Unix(*epoch, 0).UTC()}
+	plats := strings.FieldsFunc(*platforms, func(r rune) bool { return r == ' ' || r == ',' })
 	switch args[0] {
 	case "build":
 		dir := *out
@@ -62,7 +67,7 @@ func run(args []string) error {
 		}
 		for _, img := range list {
 			dst := filepath.Join(dir, img.Name+".tar")
-			if err := images.BuildOCI(dst, img, *tag, in); err != nil {
+			if _, err := images.BuildOCI(dst, img, *tag, plats, in); err != nil {
 				return err
 			}
 			fmt.Printf("%s\t%s\n", dst, img.Ref(*tag))
