@@ -10,7 +10,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build platform-bins images overlay release dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
@@ -46,6 +46,36 @@ DEB_CACHE ?= /var/cache/proxy-init-images/debian
 IMAGE_FLAGS = --bin $(BIN) --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) --epoch $(SOURCE_DATE_EPOCH)
 images: platform-bins
 	$(GO) run ./hack/images build $(IMAGE_FLAGS) --out $(BIN)/images --tag $(IMAGE_TAG)
+
+# overlay puts our proxy-init and validator over Linkerd's proxy image, every platform of it,
+# without a container daemon, and pushes the result (docs/images.md#the-proxy-overlay):
+#   make overlay LINKERD_PROXY=cr.l5d.io/linkerd/proxy:edge-26.1.1 OVERLAY=registry.example/linkerd/proxy:edge-26.1.1
+# LINKERD_PROXY may also be an OCI layout directory or archive. SIGNING_KEY signs the result.
+LINKERD_PROXY ?=
+OVERLAY ?=
+SIGNING_KEY ?=
+overlay: platform-bins
+	$(GO) run ./hack/images overlay --bin $(BIN) --platforms '$(PLATFORMS)' --epoch $(SOURCE_DATE_EPOCH) \
+		--version '$(VERSION)' --base '$(LINKERD_PROXY)' --to '$(OVERLAY)' --key '$(SIGNING_KEY)'
+
+# chart packages the linkerd2-cni chart as version VERSION into bin/chart (and pushes it to
+# oci://REGISTRY given one).
+REGISTRY ?=
+chart:
+	$(GO) run ./hack/images chart --version '$(VERSION)' --out $(BIN)/chart --registry '$(REGISTRY)' --epoch $(SOURCE_DATE_EPOCH)
+
+# release builds everything a release ships into bin/release (docs/images.md#make-release):
+# the binaries of every platform (bin/release/bin), the images' archives and SBOMs
+# (bin/release/images), the chart package, images.txt (each image's digest) and SHA256SUMS.
+# REGISTRY=host[:port]/namespace pushes the images (with their SBOMs as referrers) and the chart
+# there; SIGNING_KEY (and COSIGN_PASSWORD) signs every image digest.
+#   make release VERSION=v0.2.0 REGISTRY=ghcr.io/kubemesh SIGNING_KEY=cosign.key
+RELEASE_DIR := $(BIN)/release
+release:
+	@case '$(VERSION)' in v[0-9]*) ;; *) echo "make release needs VERSION=vX.Y.Z (got $(VERSION))"; exit 1;; esac
+	$(MAKE) --no-print-directory platform-bins BIN=$(RELEASE_DIR)/bin VERSION='$(VERSION)'
+	$(GO) run ./hack/images release --bin $(RELEASE_DIR)/bin --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) \
+		--epoch $(SOURCE_DATE_EPOCH) --out $(RELEASE_DIR) --version '$(VERSION)' --registry '$(REGISTRY)' --key '$(SIGNING_KEY)'
 
 # dockerfiles regenerates deploy/docker/*.Dockerfile from the same layouts (a test fails when
 # they are stale).

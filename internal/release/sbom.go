@@ -37,8 +37,9 @@ type SBOMInput struct {
 	// Distro is the Debian release the packages come from, as in a purl ("debian-12").
 	Distro  string
 	Created time.Time
-	// Tool names the release (kubemesh-proxy-init-vX.Y.Z) as the document's creator.
-	Tool string
+	// Version is the release: our main module's version where the build info says "(devel)"
+	// (a build from a checkout), and the creator's (kubemesh-proxy-init-release-VERSION).
+	Version string
 }
 
 // SBOM returns the SPDX 2.3 document of one platform's image: the image, every Go module its
@@ -56,7 +57,7 @@ func SBOM(in SBOMInput) (*spdx.Document, error) {
 		DocumentName:      in.Ref + " " + plat,
 		DocumentNamespace: "https://github.com/kubemesh/proxy-init/spdx/" + repo + "/" + tag + "/" + in.Digest.String(),
 		CreationInfo: &spdx.CreationInfo{
-			Creators: []common.Creator{{CreatorType: "Tool", Creator: in.Tool}},
+			Creators: []common.Creator{{CreatorType: "Tool", Creator: "kubemesh-proxy-init-release-" + in.Version}},
 			Created:  in.Created.UTC().Format(time.RFC3339),
 		},
 		Relationships: []*spdx.Relationship{{
@@ -80,6 +81,9 @@ func SBOM(in SBOMInput) (*spdx.Document, error) {
 		purpose := "LIBRARY"
 		if m.main {
 			purpose = "APPLICATION"
+			if m.version == "(devel)" || m.version == "" {
+				m.version = in.Version
+			}
 		}
 		add("Go-"+spdxID(m.path+"-"+m.version), m.path, m.version, purpose, "pkg:golang/"+m.path+"@"+m.version)
 	}
@@ -151,7 +155,7 @@ func goModules(dir string, programs []string) ([]goModule, error) {
 // MarshalSBOM is the document as indented SPDX JSON.
 func MarshalSBOM(doc *spdx.Document) ([]byte, error) {
 	var b bytes.Buffer
-	if err := spdxjson.Write(doc, &b, spdxjson.Indent("  ")); err != nil {
+	if err := spdxjson.Write(doc, &b, spdxjson.Indent("  "), spdxjson.EscapeHTML(false)); err != nil {
 		return nil, fmt.Errorf("write SPDX JSON: %w", err)
 	}
 	return b.Bytes(), nil
