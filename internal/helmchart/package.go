@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/Masterminds/semver/v3"
+	"github.com/google/go-containerregistry/pkg/name"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/registry"
 )
@@ -101,15 +102,20 @@ func Package(root, dir, version, image string) (string, error) {
 
 // Push pushes the chart package at pkg to the OCI registry repo (host[:port]/namespace, as in
 // `helm push PKG oci://REPO`) with Helm's registry client, which takes Helm's registry
-// credentials and falls back to Docker's. plainHTTP is for a registry without TLS (loopback). It
-// returns the reference pushed, REPO/NAME:VERSION.
-func Push(pkg, repo string, plainHTTP bool, created time.Time) (string, error) {
+// credentials and falls back to Docker's. A registry on loopback is spoken to without TLS, as
+// go-containerregistry does. It returns the reference pushed, REPO/NAME:VERSION.
+func Push(pkg, repo string, created time.Time) (string, error) {
 	data, err := os.ReadFile(pkg)
 	if err != nil {
 		return "", err
 	}
+	repo = strings.TrimPrefix(repo, "oci://")
+	reg, err := name.NewRegistry(strings.SplitN(repo, "/", 2)[0])
+	if err != nil {
+		return "", fmt.Errorf("registry %q: %w", repo, err)
+	}
 	var opts []registry.ClientOption
-	if plainHTTP {
+	if reg.Scheme() == "http" {
 		opts = append(opts, registry.ClientOptPlainHTTP())
 	}
 	c, err := registry.NewClient(opts...)
@@ -120,7 +126,7 @@ func Push(pkg, repo string, plainHTTP bool, created time.Time) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read chart package %s: %w", pkg, err)
 	}
-	ref := strings.TrimPrefix(repo, "oci://") + "/" + ch.Name() + ":" + ch.Metadata.Version
+	ref := repo + "/" + ch.Name() + ":" + ch.Metadata.Version
 	if _, err := c.Push(data, ref, registry.PushOptCreationTime(created.UTC().Format(time.RFC3339))); err != nil {
 		return "", fmt.Errorf("push chart %s to oci://%s: %w", pkg, ref, err)
 	}

@@ -190,11 +190,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	plainHTTP := false
-	if reg, err := name.NewRegistry(strings.SplitN(o.Registry, "/", 2)[0]); err == nil && reg.Scheme() == "http" {
-		plainHTTP = true
-	}
-	ref, err := helmchart.Push(res.Chart, o.Registry, plainHTTP, o.Epoch)
+	ref, err := helmchart.Push(res.Chart, o.Registry, o.Epoch)
 	if err != nil {
 		return nil, err
 	}
