@@ -175,7 +175,7 @@ func run(args []string) error {
 		}
 		fmt.Println(pkg)
 		if *registry != "" {
-			ref, err := helmchart.Push(pkg, *registry, in.Epoch)
+			ref, _, err := helmchart.Push(pkg, *registry, in.Epoch)
 			if err != nil {
 				return err
 			}

@@ -103,16 +103,17 @@ func Package(root, dir, version, image string) (string, error) {
 // Push pushes the chart package at pkg to the OCI registry repo (host[:port]/namespace, as in
 // `helm push PKG oci://REPO`) with Helm's registry client, which takes Helm's registry
 // credentials and falls back to Docker's. A registry on loopback is spoken to without TLS, as
-// go-containerregistry does. It returns the reference pushed, REPO/NAME:VERSION.
-func Push(pkg, repo string, created time.Time) (string, error) {
+// go-containerregistry does. It returns the reference pushed, REPO/NAME:VERSION, and the
+// digest of its manifest.
+func Push(pkg, repo string, created time.Time) (ref, digest string, err error) {
 	data, err := os.ReadFile(pkg)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	repo = strings.TrimPrefix(repo, "oci://")
 	reg, err := name.NewRegistry(strings.SplitN(repo, "/", 2)[0])
 	if err != nil {
-		return "", fmt.Errorf("registry %q: %w", repo, err)
+		return "", "", fmt.Errorf("registry %q: %w", repo, err)
 	}
 	var opts []registry.ClientOption
 	if reg.Scheme() == "http" {
@@ -120,15 +121,16 @@ func Push(pkg, repo string, created time.Time) (string, error) {
 	}
 	c, err := registry.NewClient(opts...)
 	if err != nil {
-		return "", fmt.Errorf("helm registry client: %w", err)
+		return "", "", fmt.Errorf("helm registry client: %w", err)
 	}
 	ch, err := loader.LoadArchive(bytes.NewReader(data))
 	if err != nil {
-		return "", fmt.Errorf("read chart package %s: %w", pkg, err)
+		return "", "", fmt.Errorf("read chart package %s: %w", pkg, err)
 	}
-	ref := repo + "/" + ch.Name() + ":" + ch.Metadata.Version
-	if _, err := c.Push(data, ref, registry.PushOptCreationTime(created.UTC().Format(time.RFC3339))); err != nil {
-		return "", fmt.Errorf("push chart %s to oci://%s: %w", pkg, ref, err)
+	ref = repo + "/" + ch.Name() + ":" + ch.Metadata.Version
+	res, err := c.Push(data, ref, registry.PushOptCreationTime(created.UTC().Format(time.RFC3339)))
+	if err != nil {
+		return "", "", fmt.Errorf("push chart %s to oci://%s: %w", pkg, ref, err)
 	}
-	return ref, nil
+	return ref, res.Manifest.Digest, nil
 }

@@ -29,7 +29,7 @@ func TestChartInstallsFromOCI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := helmchart.Push(pkg, host+"/kubemesh", epoch)
+	ref, _, err := helmchart.Push(pkg, host+"/kubemesh", epoch)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,7 @@
 // archives, and pushed as indexes), one SPDX SBOM per platform image (written beside the
 // archives, and pushed as an OCI referrer of that image), cosign-compatible key-based
 // signatures of every image digest, the linkerd2-cni chart as a Helm package (and pushed as an
-// OCI artifact with Helm's library), and a SHA256SUMS of it all (`make release`). It also puts
+// OCI artifact with Helm's library, its manifest signed too), and a SHA256SUMS of it all (`make release`). It also puts
 // our binaries over Linkerd's proxy image without a container daemon (Overlay, `make overlay`).
 //
 // Limits: signatures are cosign's key-based format, not keyless, and are not recorded in a
@@ -59,8 +59,10 @@ type Options struct {
 // Result is what a release wrote and pushed.
 type Result struct {
 	Images []Released
-	// Chart is the package; ChartRef where it was pushed (oci://…), if it was.
+	// Chart is the package; ChartRef where it was pushed (oci://…), if it was, and ChartDigest
+	// its manifest's digest, when signed.
 	Chart, ChartRef string
+	ChartDigest     name.Digest
 	// PublicKey is the signing key's public half (cosign.pub), when signed.
 	PublicKey string
 	Sums      string
@@ -190,12 +192,22 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	ref, err := helmchart.Push(res.Chart, o.Registry, o.Epoch)
+	ref, digest, err := helmchart.Push(res.Chart, o.Registry, o.Epoch)
 	if err != nil {
 		return nil, err
 	}
 	res.ChartRef = "oci://" + ref
-	logf("pushed chart %s", res.ChartRef)
+	logf("pushed chart %s@%s", res.ChartRef, digest)
+	if signer != nil {
+		repo, _ := splitTag(ref)
+		if res.ChartDigest, err = name.NewDigest(repo + "@" + digest); err != nil {
+			return nil, err
+		}
+		if _, err := signer.Sign(ctx, res.ChartDigest, opts...); err != nil {
+			return nil, err
+		}
+		logf("signed the chart")
+	}
 	return res, nil
 }
 

@@ -98,6 +98,9 @@ func TestRelease(t *testing.T) {
 				checkPushedImage(t, img, r, verifier)
 			}
 			checkChart(t, res, host)
+			if err := Verify(context.Background(), res.ChartDigest, verifier, loopbackOnly...); err != nil {
+				t.Errorf("the chart: %v", err)
+			}
 		})
 	}
 }
