@@ -14,28 +14,72 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
 # Packages the end-to-end node needs besides those.
 E2E_APT_PACKAGES := containerd runc
 
-.PHONY: all build images dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check demo bench stress fuzz clean
 
 all: build
 
 # bin/linkerd-cni runs the DaemonSet (install, repair); bin/plugin/linkerd-cni is the lean
-# plugin-only build that the installer copies onto each node (see cmd/linkerd-cni).
+# plugin-only build that the installer copies onto each node (see cmd/linkerd-cni). These two
+# lines are the one place the binaries' build flags live: platform-bins, the images, the release
+# and the image tests all build through them (GOOS and GOARCH come from the environment).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/proxy-init ./cmd/linkerd-cni
 	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/linkerd-cni ./cmd/linkerd-cni
 
-# images writes the images as OCI image archives, without a container daemon, one per image:
+# platform-bins cross-compiles `build` for every platform of the images, into bin/linux-amd64/,
+# bin/linux-arm64/ (internal/images.PlatformBinDir). Go's build cache makes a second run cheap.
+PLATFORMS ?= linux/amd64 linux/arm64
+platform-bins:
+	@set -e; for p in $(PLATFORMS); do \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(MAKE) --no-print-directory build VERSION='$(VERSION)' BIN='$(BIN)/'$${p/\//-}; \
+	done
+
+# images writes the images as OCI image archives, without a container daemon, one per image,
+# each an index of every platform in PLATFORMS:
 #   bin/images/linkerd-cni.tar          ghcr.io/kubemesh/linkerd-cni:$(IMAGE_TAG)
 #   bin/images/proxy-init.tar           ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)
 #   bin/images/proxy-init-nftables.tar  ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)-nftables
 # Load one with `ctr -n k8s.io images import bin/images/proxy-init.tar` (the name comes from the
-# archive) or `docker load -i`. The layouts live in internal/images/layout.go; the Debian packages
-# of the proxy-init image are fetched with apt-get download. Files are stamped with the last
-# commit's time, so the same commit gives the same images.
+# archive; containerd unpacks its own platform) or `docker load -i`. The layouts live in
+# internal/images/layout.go; the Debian packages of the proxy-init image are fetched for each
+# architecture by a private apt directory under DEB_CACHE, which keeps them for the next build.
+# Files are stamped with the last commit's time, so the same commit gives the same images.
 IMAGE_TAG ?= $(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
-images: build
-	$(GO) run ./hack/images build --bin $(BIN) --out $(BIN)/images --tag $(IMAGE_TAG) --epoch $(SOURCE_DATE_EPOCH)
+DEB_CACHE ?= /var/cache/proxy-init-images/debian
+IMAGE_FLAGS = --bin $(BIN) --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) --epoch $(SOURCE_DATE_EPOCH)
+images: platform-bins
+	$(GO) run ./hack/images build $(IMAGE_FLAGS) --out $(BIN)/images --tag $(IMAGE_TAG)
+
+# overlay puts our proxy-init and validator over Linkerd's proxy image, every platform of it,
+# without a container daemon, and pushes the result (docs/images.md#the-proxy-overlay):
+#   make overlay LINKERD_PROXY=cr.l5d.io/linkerd/proxy:edge-26.1.1 OVERLAY=registry.example/linkerd/proxy:edge-26.1.1
+# LINKERD_PROXY may also be an OCI layout directory or archive. SIGNING_KEY signs the result.
+LINKERD_PROXY ?=
+OVERLAY ?=
+SIGNING_KEY ?=
+overlay: platform-bins
+	$(GO) run ./hack/images overlay --bin $(BIN) --platforms '$(PLATFORMS)' --epoch $(SOURCE_DATE_EPOCH) \
+		--version '$(VERSION)' --base '$(LINKERD_PROXY)' --to '$(OVERLAY)' --key '$(SIGNING_KEY)'
+
+# chart packages the linkerd2-cni chart as version VERSION into bin/chart (and pushes it to
+# oci://REGISTRY given one).
+REGISTRY ?=
+chart:
+	$(GO) run ./hack/images chart --version '$(VERSION)' --out $(BIN)/chart --registry '$(REGISTRY)' --epoch $(SOURCE_DATE_EPOCH)
+
+# release builds everything a release ships into bin/release (docs/images.md#make-release):
+# the binaries of every platform (bin/release/bin), the images' archives and SBOMs
+# (bin/release/images), the chart package, images.txt (each image's digest) and SHA256SUMS.
+# REGISTRY=host[:port]/namespace pushes the images (with their SBOMs as referrers) and the chart
+# there; SIGNING_KEY (and COSIGN_PASSWORD) signs every image digest.
+#   make release VERSION=v0.2.0 REGISTRY=ghcr.io/kubemesh SIGNING_KEY=cosign.key
+RELEASE_DIR := $(BIN)/release
+release:
+	@case '$(VERSION)' in v[0-9]*) ;; *) echo "make release needs VERSION=vX.Y.Z (got $(VERSION))"; exit 1;; esac
+	$(MAKE) --no-print-directory platform-bins BIN=$(RELEASE_DIR)/bin VERSION='$(VERSION)'
+	$(GO) run ./hack/images release --bin $(RELEASE_DIR)/bin --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) \
+		--epoch $(SOURCE_DATE_EPOCH) --out $(RELEASE_DIR) --version '$(VERSION)' --registry '$(REGISTRY)' --key '$(SIGNING_KEY)'
 
 # dockerfiles regenerates deploy/docker/*.Dockerfile from the same layouts (a test fails when
 # they are stale).

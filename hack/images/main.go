@@ -1,22 +1,44 @@
-// Command images builds the images described in internal/images without a container daemon.
+// Command images builds the images described in internal/images without a container daemon,
+// and publishes them (internal/release).
 //
-//	images build [--bin bin] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
-//	    OCI image archives, one per image: OUT/NAME.tar (all images when no NAME is given)
+//	images build [--bin bin] [--platforms 'linux/amd64 linux/arm64'] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
+//	    OCI image archives, one per image, each an index of every platform: OUT/NAME.tar (all
+//	    images when no NAME is given), from the binaries in BIN/OS-ARCH
+//	images overlay --base REF --to REF [--bin bin] [--platforms ...] [--key FILE]
+//	    Linkerd's proxy image (a registry reference, an OCI layout or archive) with our proxy-init
+//	    and validator, every platform, pushed to --to
+//	images release --version vX.Y.Z [--bin bin/release/bin] [--out bin/release] [--registry HOST/NS] [--key FILE]
+//	    the release: archives, SBOMs, the chart package, SHA256SUMS; pushed (and signed) given a
+//	    registry (and a key; COSIGN_PASSWORD decrypts a cosign key)
+//	images chart --version vX.Y.Z [--out bin/chart] [--registry HOST/NS]
+//	    the linkerd2-cni chart as a Helm package of that version (and pushed, given a registry)
 //	images rootfs --image NAME [--bin bin] --out DIR [--epoch SECONDS]
 //	    the image's file system in DIR (the Dockerfiles' build stage runs this)
 //	images dockerfiles [--out deploy/docker]
 //	    writes the Dockerfiles generated from the same description
+//
+// Registries are reached with the credentials of `docker login` (the docker config and its
+// credential helpers); the chart's push uses Helm's, which fall back to Docker's.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/helmchart"
 	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/internal/release"
 )
 
 func main() {
@@ -26,20 +48,33 @@ func main() {
 	}
 }
 
+const commands = "build, overlay, release, chart, rootfs or dockerfiles"
+
 func run(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("want a command: build, rootfs or dockerfiles")
+		return fmt.Errorf("want a command: %s", commands)
 	}
 	fs := pflag.NewFlagSet(args[0], pflag.ContinueOnError)
-	bin := fs.String("bin", "bin", "directory of the built binaries (make build)")
+	bin := fs.String("bin", "bin", "directory of the built binaries (make build; make platform-bins writes BIN/OS-ARCH)")
 	out := fs.String("out", "", "output directory")
 	tag := fs.String("tag", "dev", "image tag")
 	image := fs.String("image", "", "image name (rootfs)")
 	epoch := fs.Int64("epoch", 0, "modification and creation time, in seconds since 1970 (SOURCE_DATE_EPOCH)")
+	platforms := fs.String("platforms", strings.Join(images.Platforms, " "), "platforms, separated by spaces or commas")
+	debCache := fs.String("deb-cache", images.DefaultDebCache, "where the Debian packages and the private apt state are kept")
+	base := fs.String("base", "", "overlay: Linkerd's proxy image: a registry reference, or an OCI layout directory or archive")
+	to := fs.String("to", "", "overlay: the registry reference to push the result to")
+	version := fs.String("version", "", "release: vX.Y.Z; overlay: ours, for the layer's history")
+	registry := fs.String("registry", "", "release: host[:port]/namespace to push to (nothing is pushed without it)")
+	key := fs.String("key", "", "signing key (cosign's, or a PEM private key); COSIGN_PASSWORD decrypts a cosign key")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	in := images.Inputs{BinDir: *bin, RepoDir: ".", Epoch: time.Unix(*epoch, 0).UTC()}
+	in := images.Inputs{BinDir: *bin, RepoDir: ".", DebCache: *debCache, Epoch: time.Unix(*epoch, 0).UTC()}
+	plats := strings.FieldsFunc(*platforms, func(r rune) bool { return r == ' ' || r == ',' })
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	keychain := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}
 	switch args[0] {
 	case "build":
 		dir := *out
@@ -62,10 +97,89 @@ func run(args []string) error {
 		}
 		for _, img := range list {
 			dst := filepath.Join(dir, img.Name+".tar")
-			if err := images.BuildOCI(dst, img, *tag, in); err != nil {
+			if _, err := images.BuildOCI(dst, img, *tag, plats, in); err != nil {
 				return err
 			}
 			fmt.Printf("%s\t%s\n", dst, img.Ref(*tag))
+		}
+		return nil
+	case "overlay":
+		if *base == "" || *to == "" {
+			return fmt.Errorf("overlay: --base and --to are required")
+		}
+		var signer *release.Signer
+		if *key != "" {
+			var err error
+			if signer, err = release.LoadSigner(*key, []byte(os.Getenv("COSIGN_PASSWORD"))); err != nil {
+				return err
+			}
+		}
+		res, err := release.Overlay(ctx, release.OverlayOptions{
+			Base: *base, Target: *to, BinDir: *bin, Platforms: plats, Epoch: in.Epoch, Version: *version, Remote: keychain,
+		})
+		if err != nil {
+			return err
+		}
+		for _, p := range res.Platforms {
+			fmt.Printf("%s\t%s (base %s)\n", p.Platform.OS+"/"+p.Platform.Architecture, p.Digest, p.Base)
+		}
+		if len(res.Dropped) > 0 {
+			fmt.Printf("left out %d attestation manifests of the base (they attest Linkerd's images, not these)\n", len(res.Dropped))
+		}
+		if signer != nil {
+			for _, d := range append([]string{res.Ref.DigestStr()}, digests(res)...) {
+				if _, err := signer.Sign(ctx, res.Ref.Context().Digest(d), keychain...); err != nil {
+					return err
+				}
+			}
+			fmt.Println("signed")
+		}
+		fmt.Printf("pushed %s\n", res.Ref)
+		return nil
+	case "release":
+		dir := *out
+		if dir == "" {
+			dir = filepath.Join("bin", "release")
+		}
+		res, err := release.Run(ctx, release.Options{
+			Version: *version, BinDir: *bin, Platforms: plats, Out: dir, RepoDir: ".", DebCache: *debCache,
+			Epoch: in.Epoch, Registry: *registry, KeyFile: *key, Password: []byte(os.Getenv("COSIGN_PASSWORD")),
+			Remote: keychain, Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		})
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "IMAGE\tPLATFORM\tCOMPRESSED\tDIGEST")
+		for _, r := range res.Images {
+			fmt.Fprintf(tw, "%s\tindex\t\t%s\n", r.Ref, r.Digest)
+			for _, p := range r.Platforms {
+				fmt.Fprintf(tw, "\t%s\t%.1f MiB\t%s\n", p.Platform, float64(p.Size)/(1<<20), p.Digest)
+			}
+		}
+		tw.Flush()
+		fmt.Printf("chart %s\n", res.Chart)
+		if res.ChartRef != "" {
+			fmt.Printf("pushed chart %s\n", res.ChartRef)
+		}
+		fmt.Printf("checksums %s\n", res.Sums)
+		return nil
+	case "chart":
+		dir := *out
+		if dir == "" {
+			dir = filepath.Join("bin", "chart")
+		}
+		pkg, err := helmchart.Package(".", dir, *version, "")
+		if err != nil {
+			return err
+		}
+		fmt.Println(pkg)
+		if *registry != "" {
+			ref, _, err := helmchart.Push(pkg, *registry, in.Epoch)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("pushed oci://%s\n", ref)
 		}
 		return nil
 	case "rootfs":
@@ -89,5 +203,14 @@ func run(args []string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("unknown command %q; want build, rootfs or dockerfiles", args[0])
+	return fmt.Errorf("unknown command %q; want %s", args[0], commands)
+}
+
+// digests are the overlay's platform images.
+func digests(res *release.Overlaid) []string {
+	var out []string
+	for _, p := range res.Platforms {
+		out = append(out, p.Digest.String())
+	}
+	return out
 }

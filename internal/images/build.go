@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,49 +29,115 @@ func Find(name string) (Image, error) {
 	return Image{}, fmt.Errorf("unknown image %q; want one of %s", name, strings.Join(names, ", "))
 }
 
-// layerFor builds img's layer and labels, downloading its Debian packages when in.DebDir is not
-// set, for the architecture of in.BinDir's binaries.
-func layerFor(img Image, in Inputs) (layer []byte, labels map[string]string, goarch string, err error) {
-	goarch, err = GoArch(filepath.Join(in.BinDir, BinProxyInit))
-	if err != nil {
-		return nil, nil, "", err
-	}
-	if len(img.Debian) > 0 {
-		if in.DebDir == "" {
-			dir, err := tempDir("debs-")
-			if err != nil {
-				return nil, nil, "", err
-			}
-			defer os.RemoveAll(dir)
-			if err := FetchDebs(dir, goarch, img.Debian); err != nil {
-				return nil, nil, "", fmt.Errorf("image %s: %w", img.Name, err)
-			}
-			in.DebDir = dir
-		}
-		versions, err := DebVersions(in.DebDir, img.Debian)
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("image %s: %w", img.Name, err)
-		}
-		labels = map[string]string{LabelDebian: strings.Join(versions, " ")}
-	}
-	layer, err = Layer(img, in)
-	return layer, labels, goarch, err
+// Platforms are the platforms `make images` and `make release` build every image for, and the
+// overlay's (Linkerd ships its proxy image for these two).
+var Platforms = []string{"linux/amd64", "linux/arm64"}
+
+// PlatformBinDir is where the binaries for platform are under the build output directory bin
+// (`make platform-bins`): bin/linux-arm64 for linux/arm64.
+func PlatformBinDir(bin, platform string) string {
+	return filepath.Join(bin, strings.ReplaceAll(platform, "/", "-"))
 }
 
-// BuildOCI writes img, tagged tag, as an OCI image archive at dst.
-func BuildOCI(dst string, img Image, tag string, in Inputs) error {
-	layer, labels, goarch, err := layerFor(img, in)
+// PlatformImage is one platform's image of a build.
+type PlatformImage struct {
+	Platform v1.Platform
+	Image    v1.Image
+	// BinDir holds the binaries it was built from; Debian, its Debian packages.
+	BinDir string
+	Debian []DebPackage
+}
+
+// Built is one image for every platform: the index, and its images in the index's order.
+type Built struct {
+	Image     Image
+	Tag       string
+	Index     v1.ImageIndex
+	Platforms []PlatformImage
+}
+
+// layerFor builds img's layer for the architecture of in.BinDir's binaries, fetching its Debian
+// packages when in.Debs is not set.
+func layerFor(img Image, in Inputs) (layer []byte, goarch string, debs []DebPackage, err error) {
+	goarch, err = GoArch(filepath.Join(in.BinDir, BinProxyInit))
 	if err != nil {
-		return err
+		return nil, "", nil, err
+	}
+	if len(img.Debian) > 0 && in.Debs == nil {
+		if in.Debs, err = FetchDebs(in.DebCache, goarch, img.Debian); err != nil {
+			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+	}
+	for _, pkg := range img.Debian {
+		d, err := findDeb(in.Debs, pkg)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		debs = append(debs, d)
+	}
+	layer, err = Layer(img, in)
+	return layer, goarch, debs, err
+}
+
+// BuildPlatform builds img from the binaries in in.BinDir, for their architecture.
+func BuildPlatform(img Image, in Inputs) (PlatformImage, error) {
+	layer, goarch, debs, err := layerFor(img, in)
+	if err != nil {
+		return PlatformImage{}, err
+	}
+	var labels map[string]string
+	if len(debs) > 0 {
+		labels = map[string]string{LabelDebian: strings.Join(DebVersions(debs), " ")}
 	}
 	im, err := OCIImage(img, layer, goarch, labels, in)
 	if err != nil {
-		return fmt.Errorf("image %s: %w", img.Name, err)
+		return PlatformImage{}, fmt.Errorf("image %s: %w", img.Name, err)
 	}
-	if err := WriteOCIArchive(dst, im, img.Ref(tag), in); err != nil {
-		return fmt.Errorf("image %s: %w", img.Name, err)
+	return PlatformImage{Platform: v1.Platform{OS: "linux", Architecture: goarch}, Image: im, BinDir: in.BinDir, Debian: debs}, nil
+}
+
+// Build builds img, tagged tag, for every platform, each from its binaries in
+// PlatformBinDir(in.BinDir, platform), as one OCI image index.
+func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error) {
+	if len(platforms) == 0 {
+		return nil, fmt.Errorf("image %s: no platform to build", img.Name)
 	}
-	return nil
+	b := &Built{Image: img, Tag: tag}
+	var adds []mutate.IndexAddendum
+	for _, p := range platforms {
+		want, err := v1.ParsePlatform(p)
+		if err != nil || want.OS != "linux" || want.Variant != "" {
+			return nil, fmt.Errorf("platform %q: want linux/ARCH, such as linux/arm64", p)
+		}
+		pin := in
+		pin.BinDir, pin.Debs = PlatformBinDir(in.BinDir, p), nil
+		pi, err := BuildPlatform(img, pin)
+		if err != nil {
+			return nil, err
+		}
+		if pi.Platform.Architecture != want.Architecture {
+			return nil, fmt.Errorf("image %s: the binaries in %s are for %s, want %s (make platform-bins)", img.Name, pin.BinDir, pi.Platform.Architecture, want.Architecture)
+		}
+		b.Platforms = append(b.Platforms, pi)
+		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &pi.Platform}})
+	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	idx = mutate.AppendManifests(idx, adds...)
+	b.Index = mutate.Annotations(idx, map[string]string{AnnotationVersion: tag}).(v1.ImageIndex)
+	return b, nil
+}
+
+// BuildOCI builds img, tagged tag, for every platform and writes it as an OCI image archive at
+// dst.
+func BuildOCI(dst string, img Image, tag string, platforms []string, in Inputs) (*Built, error) {
+	b, err := Build(img, tag, platforms, in)
+	if err != nil {
+		return nil, err
+	}
+	if err := WriteOCIArchive(dst, b.Index, img.Ref(tag), in); err != nil {
+		return nil, fmt.Errorf("image %s: %w", img.Name, err)
+	}
+	return b, nil
 }
 
 // WriteRootFS unpacks img's layer into the directory dst (created, must not exist), file

@@ -2,13 +2,20 @@ package images
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Debian's names of Go's architectures.
@@ -20,68 +27,269 @@ var debianArch = map[string]string{
 // debSkipped are the parts of a package an image does not need.
 var debSkipped = []string{"usr/share/doc/", "usr/share/man/", "usr/share/info/", "usr/share/lintian/", "usr/share/locale/", "usr/share/bug/"}
 
-// FetchDebs downloads pkgs for goarch into dir with `apt-get download`, running `apt-get update`
-// first if a package is unknown (a fresh machine has no package lists). goarch must be dpkg's
-// native architecture or one added with `dpkg --add-architecture`.
-func FetchDebs(dir, goarch string, pkgs []string) error {
+// DefaultDebCache is where FetchDebs keeps its apt state and the packages it downloaded, one
+// directory per architecture, outside the checkout so that every build and test of the machine
+// shares it (DEB_CACHE overrides it in the Makefile; Inputs.DebCache in code).
+const DefaultDebCache = "/var/cache/proxy-init-images/debian"
+
+// DebPackage is one Debian package of an image.
+type DebPackage struct {
+	Name, Version, Arch string
+	// File is the .deb in the cache.
+	File string
+}
+
+// aptConf is the private apt configuration of one architecture: apt reads the machine's own
+// configuration and sources first, then this, which moves every list, cache and status file
+// under dir, sets the architecture, and turns off the machine's hooks (a packagekit or
+// docker-clean hook would act on the machine's state) and the index targets an image does not
+// need.
+const aptConf = `Dir::State "%[1]s/state";
+Dir::State::status "%[1]s/state/status";
+Dir::Cache "%[1]s/cache";
+APT::Architecture "%[2]s";
+#clear APT::Architectures;
+APT::Architectures { "%[2]s"; };
+APT::Sandbox::User "root";
+Acquire::Languages "none";
+#clear APT::Update::Pre-Invoke;
+#clear APT::Update::Post-Invoke;
+#clear APT::Update::Post-Invoke-Success;
+#clear DPkg::Pre-Invoke;
+#clear DPkg::Post-Invoke;
+#clear DPkg::Pre-Install-Pkgs;
+#clear Acquire::IndexTargets::deb::DEP-11;
+#clear Acquire::IndexTargets::deb::DEP-11-icons;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-small;
+#clear Acquire::IndexTargets::deb::DEP-11-icons-hidpi;
+`
+
+// FetchDebs returns pkgs for goarch, at the versions the machine's Debian sources offer,
+// downloading into cache only what it does not hold yet. It never changes the machine's apt or
+// dpkg state: a private apt directory per architecture (cache/<arch>) holds its own package
+// lists, cache and an empty dpkg status, and `apt-get update` runs there only when the lists
+// are missing or no longer name a package the mirror still has. A lock file serialises builds
+// sharing the cache.
+func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	arch, ok := debianArch[goarch]
 	if !ok {
-		return fmt.Errorf("architecture %q: no Debian name known", goarch)
+		return nil, fmt.Errorf("architecture %q: no Debian name known", goarch)
 	}
-	native, err := exec.Command("dpkg", "--print-architecture").Output()
-	if err != nil {
-		return fmt.Errorf("dpkg --print-architecture: %w", err)
+	if cache == "" {
+		cache = DefaultDebCache
 	}
-	args := []string{"download", "-q"}
-	for _, p := range pkgs {
-		if arch != strings.TrimSpace(string(native)) {
-			p += ":" + arch
+	dir := filepath.Join(cache, arch)
+	debs := filepath.Join(dir, "debs")
+	for _, d := range []string{"state/lists/partial", "cache/archives/partial", "debs"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("Debian package cache: %w", err)
 		}
-		args = append(args, p)
 	}
-	download := func() ([]byte, error) {
-		cmd := exec.Command("apt-get", args...)
-		cmd.Dir = dir
-		return cmd.CombinedOutput()
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("Debian package cache: %w", err)
 	}
-	if _, err := download(); err == nil {
-		return nil
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
 	}
-	if out, err := exec.Command("apt-get", "update", "-qq").CombinedOutput(); err != nil {
-		return fmt.Errorf("apt-get update: %w\n%s", err, out)
+	conf := filepath.Join(dir, "apt.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, aptConf, dir, arch), 0o644); err != nil {
+		return nil, err
 	}
-	if out, err := download(); err != nil {
-		return fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, out)
+	status := filepath.Join(dir, "state", "status")
+	if _, err := os.Stat(status); err != nil {
+		if err := os.WriteFile(status, nil, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	// apt-get download prints no URI of a file its directory already holds: it asks in an empty
+	// one, and downloads into debs.
+	empty := filepath.Join(dir, "empty")
+	if err := os.RemoveAll(empty); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		return nil, err
+	}
+	apt := func(cwd string, args ...string) ([]byte, error) {
+		cmd := exec.Command("apt-get", append([]string{"-c", conf, "-q"}, args...)...)
+		cmd.Dir = cwd
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return out, fmt.Errorf("apt-get %s (configuration %s): %w\n%s", strings.Join(args, " "), conf, err, stderr.Bytes())
+		}
+		return out, nil
+	}
+	update := func() error {
+		_, err := apt(empty, "update")
+		return err
+	}
+	fetch := func() ([]DebPackage, error) {
+		out, err := apt(empty, append([]string{"download", "--print-uris"}, pkgs...)...)
+		if err != nil {
+			return nil, err
+		}
+		want, err := parseURIs(out, pkgs, arch)
+		if err != nil {
+			return nil, err
+		}
+		var missing []string
+		for _, u := range want {
+			if checkSHA256(filepath.Join(debs, u.file), u.sha256) != nil {
+				missing = append(missing, u.pkg)
+			}
+		}
+		if len(missing) > 0 {
+			if _, err := apt(debs, append([]string{"download"}, missing...)...); err != nil {
+				return nil, err
+			}
+		}
+		var got []DebPackage
+		for _, u := range want {
+			file := filepath.Join(debs, u.file)
+			if err := checkSHA256(file, u.sha256); err != nil {
+				return nil, err
+			}
+			d, err := readDeb(file)
+			if err != nil {
+				return nil, err
+			}
+			got = append(got, d)
+		}
+		return got, nil
+	}
+	lists, _ := filepath.Glob(filepath.Join(dir, "state", "lists", "*_Packages*"))
+	if len(lists) == 0 {
+		if err := update(); err != nil {
+			return nil, err
+		}
+	}
+	got, err := fetch()
+	if err != nil && len(lists) > 0 {
+		// The lists may name versions the mirror has replaced since.
+		if uerr := update(); uerr != nil {
+			return nil, uerr
+		}
+		got, err = fetch()
+	}
+	if err != nil {
+		return nil, err
+	}
+	pruneDebs(debs, got)
+	return got, nil
+}
+
+// debURI is one line of `apt-get download --print-uris`: 'URI' FILE SIZE SHA256:HEX.
+type debURI struct{ pkg, file, sha256 string }
+
+// parseURIs reads `apt-get download --print-uris`, one line per name of pkgs.
+func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
+	byName := map[string]debURI{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 4 || !strings.HasPrefix(f[0], "'") {
+			continue
+		}
+		// FILE is NAME_VERSION_ARCH.deb.
+		parts := strings.Split(strings.TrimSuffix(f[1], ".deb"), "_")
+		sum, ok := strings.CutPrefix(f[3], "SHA256:")
+		if !ok || len(parts) != 3 || (parts[2] != arch && parts[2] != "all") || filepath.Base(f[1]) != f[1] {
+			return nil, fmt.Errorf("apt-get download --print-uris: unexpected line %q", sc.Text())
+		}
+		byName[parts[0]] = debURI{pkg: parts[0], file: f[1], sha256: sum}
+	}
+	var uris []debURI
+	for _, p := range pkgs {
+		u, ok := byName[p]
+		if !ok {
+			return nil, fmt.Errorf("apt-get download --print-uris named no file for Debian package %s (%s)", p, arch)
+		}
+		uris = append(uris, u)
+	}
+	return uris, nil
+}
+
+// readDeb reads the name, version and architecture of the package in file.
+func readDeb(file string) (DebPackage, error) {
+	out, err := exec.Command("dpkg-deb", "--field", file, "Package", "Version", "Architecture").Output()
+	if err != nil {
+		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: %w", file, err)
+	}
+	d := DebPackage{File: file}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		switch k {
+		case "Package":
+			d.Name = v
+		case "Version":
+			d.Version = v
+		case "Architecture":
+			d.Arch = v
+		}
+	}
+	if d.Name == "" || d.Version == "" || d.Arch == "" {
+		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: no package, version or architecture in %q", file, out)
+	}
+	return d, nil
+}
+
+// checkSHA256 reports whether the file at p has the SHA-256 sum want (hex).
+func checkSHA256(p, want string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return fmt.Errorf("%s: SHA-256 %s, want %s (from the package lists)", p, got, want)
 	}
 	return nil
 }
 
-// findDeb returns the one .deb of pkg in dir.
-func findDeb(dir, pkg string) (string, error) {
-	matches, err := filepath.Glob(filepath.Join(dir, pkg+"_*.deb"))
-	if err != nil {
-		return "", err
+// pruneDebs removes the other versions of the packages in keep from the cache directory, so
+// that it holds one version of each.
+func pruneDebs(dir string, keep []DebPackage) {
+	for _, p := range keep {
+		old, _ := filepath.Glob(filepath.Join(dir, p.Name+"_*_"+p.Arch+".deb"))
+		for _, f := range old {
+			if f != p.File {
+				os.Remove(f)
+			}
+		}
 	}
-	if len(matches) != 1 {
-		return "", fmt.Errorf("Debian package %s: want one %s_*.deb in %s, found %d", pkg, pkg, dir, len(matches))
+}
+
+// findDeb returns the package named pkg among debs.
+func findDeb(debs []DebPackage, pkg string) (DebPackage, error) {
+	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
+	if i < 0 {
+		return DebPackage{}, fmt.Errorf("Debian package %s: not fetched (see FetchDebs)", pkg)
 	}
-	return matches[0], nil
+	return debs[i], nil
 }
 
 // addDeb adds the files of Debian package pkg (its data archive, as dpkg would unpack it, less
 // documentation) to entries.
-func addDeb(entries map[string]*entry, dir, pkg string) error {
-	deb, err := findDeb(dir, pkg)
+func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
+	d, err := findDeb(debs, pkg)
 	if err != nil {
 		return err
 	}
-	out, err := exec.Command("dpkg-deb", "--fsys-tarfile", deb).Output()
+	out, err := exec.Command("dpkg-deb", "--fsys-tarfile", d.File).Output()
 	if err != nil {
-		return fmt.Errorf("dpkg-deb --fsys-tarfile %s: %w", deb, err)
+		return fmt.Errorf("dpkg-deb --fsys-tarfile %s: %w", d.File, err)
 	}
 	files, err := readLayer(bytes.NewReader(out))
 	if err != nil {
-		return fmt.Errorf("%s: %w", deb, err)
+		return fmt.Errorf("%s: %w", d.File, err)
 	}
 	for _, e := range files {
 		name := strings.TrimPrefix(path.Clean(e.hdr.Name), "./")
@@ -97,7 +305,7 @@ func addDeb(entries map[string]*entry, dir, pkg string) error {
 			e.hdr.Linkname = strings.TrimPrefix(path.Clean(e.hdr.Linkname), "./")
 		}
 		if old, ok := entries[name]; ok && old.hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("%s: %s is also in another package", deb, name)
+			return fmt.Errorf("%s: %s is also in another package", d.File, name)
 		}
 		e.hdr.PAXRecords = nil
 		entries[name] = e
@@ -114,22 +322,13 @@ func skippedDebPath(name string) bool {
 	return false
 }
 
-// DebVersions returns "package=version" of every package of img found in dir, for the image's
-// labels.
-func DebVersions(dir string, pkgs []string) ([]string, error) {
+// DebVersions returns "package=version" of every package of debs, for the image's label.
+func DebVersions(debs []DebPackage) []string {
 	var out []string
-	for _, pkg := range pkgs {
-		deb, err := findDeb(dir, pkg)
-		if err != nil {
-			return nil, err
-		}
-		v, err := exec.Command("dpkg-deb", "--field", deb, "Version").Output()
-		if err != nil {
-			return nil, fmt.Errorf("dpkg-deb --field %s Version: %w", deb, err)
-		}
-		out = append(out, pkg+"="+strings.TrimSpace(string(v)))
+	for _, d := range debs {
+		out = append(out, d.Name+"="+d.Version)
 	}
-	return out, nil
+	return out
 }
 
 // tempDir is os.MkdirTemp with the error named.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -25,7 +26,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated Dockerfiles in deploy/docker")
@@ -132,14 +132,15 @@ func TestLayerRefusesBadLayouts(t *testing.T) {
 // built holds the binaries and images TestImages and the root tests share.
 var built struct {
 	once sync.Once
-	bin  string // BinDir
+	bin  string // BinDir: PlatformBinDir of each platform below it
 	out  string // the OCI archives
 	err  error
 }
 
 const testTag = "test"
 
-// buildAll builds the binaries as `make build` does and every image as `make images` does, once.
+// buildAll cross-compiles the binaries with the Makefile's own build lines (make platform-bins)
+// and builds every image for every platform as `make images` does, once.
 func buildAll(t *testing.T) (binDir, outDir string) {
 	t.Helper()
 	if testing.Short() {
@@ -152,25 +153,19 @@ func buildAll(t *testing.T) (binDir, outDir string) {
 			return
 		}
 		built.bin, built.out = filepath.Join(dir, "bin"), filepath.Join(dir, "images")
-		for _, b := range []struct{ out, pkg, tags string }{
-			{BinProxyInit, "./cmd/proxy-init", ""},
-			{BinLinkerdCNI, "./cmd/linkerd-cni", ""},
-			{BinPlugin, "./cmd/linkerd-cni", "pluginonly"},
-		} {
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w "+netnsutil.EntryHookFlag, "-o", filepath.Join(built.bin, b.out), b.pkg)
-			cmd.Dir, cmd.Env = repoRoot, append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				built.err = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
-				return
-			}
+		cmd := exec.Command("make", "--no-print-directory", "platform-bins", "BIN="+built.bin, "VERSION=test", "PLATFORMS="+strings.Join(Platforms, " "))
+		cmd.Dir = repoRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("make platform-bins: %v\n%s", err, out)
+			return
 		}
 		if err := os.Mkdir(built.out, 0o755); err != nil {
 			built.err = err
 			return
 		}
-		in := Inputs{BinDir: built.bin, RepoDir: repoRoot, Epoch: time.Unix(1700000000, 0).UTC()}
+		in := Inputs{BinDir: built.bin, RepoDir: repoRoot, DebCache: os.Getenv("DEB_CACHE"), Epoch: time.Unix(1700000000, 0).UTC()}
 		for _, img := range Images {
-			if err := BuildOCI(filepath.Join(built.out, img.Name+".tar"), img, testTag, in); err != nil {
+			if _, err := BuildOCI(filepath.Join(built.out, img.Name+".tar"), img, testTag, Platforms, in); err != nil {
 				built.err = err
 				return
 			}
@@ -191,14 +186,33 @@ func TestMain(m *testing.M) {
 }
 
 // ociArchive is an image archive read back with nothing but archive/tar and encoding/json, as
-// an importer sees it.
+// an importer sees it: the layout's index.json names one image index, which holds one image per
+// platform.
 type ociArchive struct {
-	files    map[string][]byte
-	index    v1.IndexManifest
+	files     map[string][]byte
+	index     v1.IndexManifest // index.json
+	images    v1.IndexManifest // the image index it names
+	platforms []*ociImage      // in the order of images.Manifests
+}
+
+// ociImage is one platform's image of an archive.
+type ociImage struct {
 	manifest v1.Manifest
 	config   v1.ConfigFile
 	layer    []*entry
 	raw      []byte // the uncompressed layer
+}
+
+// platform returns the image of arch.
+func (a *ociArchive) platform(t *testing.T, arch string) *ociImage {
+	t.Helper()
+	for i, d := range a.images.Manifests {
+		if d.Platform != nil && d.Platform.OS == "linux" && d.Platform.Architecture == arch {
+			return a.platforms[i]
+		}
+	}
+	t.Fatalf("no linux/%s image in the index %+v", arch, a.images.Manifests)
+	return nil
 }
 
 func readArchive(t *testing.T, p string) *ociArchive {
@@ -246,28 +260,33 @@ func readArchive(t *testing.T, p string) *ociArchive {
 		return b
 	}
 	mustJSON(t, a.files["index.json"], &a.index)
-	if len(a.index.Manifests) != 1 {
-		t.Fatalf("%s: %d manifests in index.json, want 1", p, len(a.index.Manifests))
+	if len(a.index.Manifests) != 1 || a.index.Manifests[0].MediaType != "application/vnd.oci.image.index.v1+json" {
+		t.Fatalf("%s: index.json %+v, want one OCI image index", p, a.index.Manifests)
 	}
-	mustJSON(t, blob(a.index.Manifests[0].Digest), &a.manifest)
-	mustJSON(t, blob(a.manifest.Config.Digest), &a.config)
-	if len(a.manifest.Layers) != 1 || len(a.config.RootFS.DiffIDs) != 1 {
-		t.Fatalf("%s: %d layers, %d diff IDs; want 1", p, len(a.manifest.Layers), len(a.config.RootFS.DiffIDs))
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(blob(a.manifest.Layers[0].Digest)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum := sha256.Sum256(raw); hex.EncodeToString(sum[:]) != a.config.RootFS.DiffIDs[0].Hex {
-		t.Errorf("%s: the layer's diff ID is not its uncompressed digest", p)
-	}
-	a.raw = raw
-	if a.layer, err = readLayer(bytes.NewReader(raw)); err != nil {
-		t.Fatal(err)
+	mustJSON(t, blob(a.index.Manifests[0].Digest), &a.images)
+	for _, d := range a.images.Manifests {
+		im := &ociImage{}
+		mustJSON(t, blob(d.Digest), &im.manifest)
+		mustJSON(t, blob(im.manifest.Config.Digest), &im.config)
+		if len(im.manifest.Layers) != 1 || len(im.config.RootFS.DiffIDs) != 1 {
+			t.Fatalf("%s: %d layers, %d diff IDs; want 1", p, len(im.manifest.Layers), len(im.config.RootFS.DiffIDs))
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(blob(im.manifest.Layers[0].Digest)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(zr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := sha256.Sum256(raw); hex.EncodeToString(sum[:]) != im.config.RootFS.DiffIDs[0].Hex {
+			t.Errorf("%s: the layer's diff ID is not its uncompressed digest", p)
+		}
+		im.raw = raw
+		if im.layer, err = readLayer(bytes.NewReader(raw)); err != nil {
+			t.Fatal(err)
+		}
+		a.platforms = append(a.platforms, im)
 	}
 	return a
 }
@@ -280,8 +299,9 @@ func mustJSON(t *testing.T, b []byte, v any) {
 }
 
 // TestImages opens every archive `make images` writes and checks it against the layout: the
-// index names the image for ctr, the configuration carries OS, architecture, entrypoint, command
-// and user, and the layer holds every path with its content, mode, link and capabilities.
+// index names the image for ctr and holds one image per platform; each configuration carries
+// OS, architecture, entrypoint, command and user, and each layer holds every path with its
+// content, mode, link and capabilities, its ELF programs built for the platform (ours static).
 func TestImages(t *testing.T) {
 	binDir, outDir := buildAll(t)
 	for _, img := range Images {
@@ -291,20 +311,84 @@ func TestImages(t *testing.T) {
 			if d.Annotations[AnnotationImageName] != img.Ref(testTag) || d.Annotations[AnnotationRefName] != testTag+img.TagSuffix {
 				t.Errorf("index annotations %v, want %s", d.Annotations, img.Ref(testTag))
 			}
-			c := a.config
-			if c.OS != "linux" || c.Architecture != runtime.GOARCH {
-				t.Errorf("config platform %s/%s, want linux/%s", c.OS, c.Architecture, runtime.GOARCH)
+			if v := a.images.Annotations[AnnotationVersion]; v != testTag {
+				t.Errorf("image index annotation %s = %q, want %q", AnnotationVersion, v, testTag)
 			}
-			if !slices.Equal(c.Config.Entrypoint, img.Entrypoint) || !slices.Equal(c.Config.Cmd, img.Cmd) || c.Config.User != img.User {
-				t.Errorf("config entrypoint %q cmd %q user %q; want %q %q %q", c.Config.Entrypoint, c.Config.Cmd, c.Config.User, img.Entrypoint, img.Cmd, img.User)
+			if len(a.images.Manifests) != len(Platforms) {
+				t.Fatalf("%d images in the index, want one per platform of %v", len(a.images.Manifests), Platforms)
 			}
-			for _, pkg := range img.Debian {
-				if !strings.Contains(" "+c.Config.Labels[LabelDebian], " "+pkg+"=") {
-					t.Errorf("label %s = %q lacks %s", LabelDebian, c.Config.Labels[LabelDebian], pkg)
-				}
+			for i, p := range Platforms {
+				arch := p[strings.Index(p, "/")+1:]
+				t.Run(arch, func(t *testing.T) {
+					if got := a.images.Manifests[i].Platform; got == nil || got.OS != "linux" || got.Architecture != arch {
+						t.Errorf("index entry %d platform %+v, want linux/%s", i, got, arch)
+					}
+					im := a.platform(t, arch)
+					c := im.config
+					if c.OS != "linux" || c.Architecture != arch {
+						t.Errorf("config platform %s/%s, want linux/%s", c.OS, c.Architecture, arch)
+					}
+					if !slices.Equal(c.Config.Entrypoint, img.Entrypoint) || !slices.Equal(c.Config.Cmd, img.Cmd) || c.Config.User != img.User {
+						t.Errorf("config entrypoint %q cmd %q user %q; want %q %q %q", c.Config.Entrypoint, c.Config.Cmd, c.Config.User, img.Entrypoint, img.Cmd, img.User)
+					}
+					for _, pkg := range img.Debian {
+						if !strings.Contains(" "+c.Config.Labels[LabelDebian], " "+pkg+"=") {
+							t.Errorf("label %s = %q lacks %s", LabelDebian, c.Config.Labels[LabelDebian], pkg)
+						}
+					}
+					checkLayer(t, img, im.layer, PlatformBinDir(binDir, p))
+					checkELF(t, img, im.layer, arch)
+				})
 			}
-			checkLayer(t, img, a.layer, binDir)
 		})
+	}
+}
+
+// elfMachines are the ELF machines of the platforms' architectures.
+var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// checkELF reads the ELF header of every program in the layer: each is built for arch, and ours
+// (the layout's Bin files) are static: no interpreter, no shared library.
+func checkELF(t *testing.T, img Image, layer []*entry, arch string) {
+	t.Helper()
+	ours := map[string]bool{}
+	for _, f := range img.Files {
+		if f.Bin != "" {
+			ours[strings.TrimPrefix(f.Path, "/")] = true
+		}
+	}
+	programs := 0
+	for _, e := range layer {
+		if e.hdr.Typeflag != tar.TypeReg || !bytes.HasPrefix(e.data, []byte(elf.ELFMAG)) {
+			continue
+		}
+		f, err := elf.NewFile(bytes.NewReader(e.data))
+		if err != nil {
+			t.Errorf("%s: %v", e.hdr.Name, err)
+			continue
+		}
+		if f.Machine != elfMachines[arch] {
+			t.Errorf("%s: ELF machine %v, want %v (%s)", e.hdr.Name, f.Machine, elfMachines[arch], arch)
+		}
+		if !ours[e.hdr.Name] {
+			continue
+		}
+		programs++
+		libs, err := f.ImportedLibraries()
+		if err != nil {
+			t.Errorf("%s: %v", e.hdr.Name, err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+				t.Errorf("%s: has a %v program header, want a static binary", e.hdr.Name, p.Type)
+			}
+		}
+		if len(libs) > 0 {
+			t.Errorf("%s: links %v, want a static binary", e.hdr.Name, libs)
+		}
+	}
+	if programs != len(ours) {
+		t.Errorf("%d of our %d programs found in the layer", programs, len(ours))
 	}
 }
 
@@ -313,6 +397,7 @@ func TestImages(t *testing.T) {
 // nothing of a scratch image's base files (they would replace the proxy image's).
 func TestOverlayLayer(t *testing.T) {
 	binDir, _ := buildAll(t)
+	binDir = PlatformBinDir(binDir, "linux/"+runtime.GOARCH)
 	layer, err := Layer(Overlay, Inputs{BinDir: binDir, RepoDir: repoRoot})
 	if err != nil {
 		t.Fatal(err)
@@ -407,5 +492,97 @@ func checkLayer(t *testing.T, img Image, layer []*entry, binDir string) {
 		if _, has := e.hdr.PAXRecords[XattrCaps]; has && !slices.ContainsFunc(img.Files, func(f File) bool { return f.Caps != "" && f.Path == "/"+e.hdr.Name }) {
 			t.Errorf("%s: file capabilities the layout does not give", e.hdr.Name)
 		}
+	}
+}
+
+// TestBuildRefusesBadPlatforms: a platform we cannot build, or binaries of another
+// architecture, is an error naming it, and no archive is written.
+func TestBuildRefusesBadPlatforms(t *testing.T) {
+	binDir, _ := buildAll(t)
+	img, _ := Find("proxy-init-nftables")
+	in := Inputs{BinDir: binDir, RepoDir: repoRoot}
+	wrong := t.TempDir()
+	if err := os.Symlink(PlatformBinDir(binDir, "linux/amd64"), PlatformBinDir(wrong, "linux/arm64")); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		platforms []string
+		bin       string
+		want      string
+	}{
+		{[]string{"windows/amd64"}, binDir, `platform "windows/amd64": want linux/ARCH, such as linux/arm64`},
+		{[]string{"linux/arm/v7"}, binDir, `platform "linux/arm/v7": want linux/ARCH, such as linux/arm64`},
+		{[]string{"linux/s390x"}, binDir, "read the architecture of " + filepath.Join(binDir, "linux-s390x", BinProxyInit) + ": open " + filepath.Join(binDir, "linux-s390x", BinProxyInit) + ": no such file or directory"},
+		{[]string{"linux/arm64"}, wrong, "image proxy-init-nftables: the binaries in " + filepath.Join(wrong, "linux-arm64") + " are for amd64, want arm64 (make platform-bins)"},
+		{nil, binDir, "image proxy-init-nftables: no platform to build"},
+	}
+	for _, tc := range tests {
+		dst := filepath.Join(t.TempDir(), "out.tar")
+		in.BinDir = tc.bin
+		_, err := BuildOCI(dst, img, testTag, tc.platforms, in)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%v: error %v, want %q", tc.platforms, err, tc.want)
+		}
+		if _, err := os.Stat(dst); !os.IsNotExist(err) {
+			t.Errorf("%v: %s written", tc.platforms, dst)
+		}
+	}
+}
+
+// TestFetchDebsLeavesTheMachineAlone fetches the arm64 packages (a foreign architecture here)
+// through the private apt directory: the machine's apt lists, sources and dpkg status are
+// untouched, and a second fetch downloads nothing.
+func TestFetchDebsLeavesTheMachineAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping in -short mode: downloads Debian packages")
+	}
+	nt.RequireRoot(t) // the shared cache is root's
+	img, _ := Find("proxy-init")
+	machine := func() string {
+		var b strings.Builder
+		for _, root := range []string{"/etc/apt", "/var/lib/apt/lists", "/var/lib/dpkg/status", "/var/lib/dpkg/arch", "/var/cache/apt"} {
+			filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+				if err == nil {
+					fmt.Fprintf(&b, "%s %d %s\n", p, fi.Size(), fi.ModTime())
+				}
+				return nil
+			})
+		}
+		return b.String()
+	}
+	before := machine()
+	cache := os.Getenv("DEB_CACHE")
+	first, err := FetchDebs(cache, "arm64", img.Debian)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stamps := map[string]time.Time{}
+	for _, d := range first {
+		fi, err := os.Stat(d.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stamps[d.File] = fi.ModTime()
+		if d.Arch != "arm64" && d.Arch != "all" {
+			t.Errorf("%s: architecture %s, want arm64", d.File, d.Arch)
+		}
+	}
+	second, err := FetchDebs(cache, "arm64", img.Debian)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(first, second) {
+		t.Errorf("second fetch %v, first %v", second, first)
+	}
+	for _, d := range second {
+		if fi, err := os.Stat(d.File); err != nil || !fi.ModTime().Equal(stamps[d.File]) {
+			t.Errorf("%s downloaded again", d.File)
+		}
+	}
+	if after := machine(); after != before {
+		t.Errorf("the machine's apt or dpkg state changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if _, err := FetchDebs(cache, "mips", img.Debian); err == nil || err.Error() != `architecture "mips": no Debian name known` {
+		t.Errorf("FetchDebs(mips): %v", err)
 	}
 }

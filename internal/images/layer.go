@@ -25,8 +25,10 @@ type Inputs struct {
 	BinDir string
 	// RepoDir is the repository root, for Repo files.
 	RepoDir string
-	// DebDir holds the .deb files of the image's Debian packages (see FetchDebs).
-	DebDir string
+	// Debs are the image's Debian packages (FetchDebs); when nil, the builders fetch them into
+	// DebCache ("": DefaultDebCache).
+	Debs     []DebPackage
+	DebCache string
 	// Epoch is every file's modification time and the image's creation time, so that the same
 	// inputs give the same image.
 	Epoch time.Time
@@ -43,7 +45,7 @@ type entry struct {
 func Layer(img Image, in Inputs) ([]byte, error) {
 	entries := map[string]*entry{}
 	for _, pkg := range img.Debian {
-		if err := addDeb(entries, in.DebDir, pkg); err != nil {
+		if err := addDeb(entries, in.Debs, pkg); err != nil {
 			return nil, fmt.Errorf("image %s: %w", img.Name, err)
 		}
 	}

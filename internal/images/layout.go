@@ -4,11 +4,14 @@
 // (`make images`, BuildOCI), and as a root filesystem for the Dockerfiles in deploy/docker, which
 // are generated from the same description (Dockerfile) and run this package to assemble it.
 //
-// Limits: images are single-layer, single-platform (linux and the architecture of the binaries
-// given), FROM scratch. The iptables binaries of the proxy-init image come from Debian packages
-// of the building machine's release and architecture (apt-get download), so a cross-architecture
-// build needs that architecture added to dpkg. The proxy-image overlay is only a Dockerfile: its
-// base (Linkerd's proxy image) is pulled by the builder.
+// Every image is built for each of Platforms from that platform's cross-compiled binaries
+// (PlatformBinDir) and written as one OCI image index. The Debian packages of the proxy-init
+// image are fetched per architecture through a private apt directory (FetchDebs), which leaves
+// the machine's apt and dpkg state alone.
+//
+// Limits: images are single-layer, linux only, FROM scratch; the Debian packages come from the
+// building machine's sources (its release). The proxy-image overlay's layer is built here;
+// putting it over Linkerd's image is internal/release's (it needs a registry).
 package images
 
 import "io/fs"

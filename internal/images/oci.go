@@ -27,6 +27,9 @@ const (
 	AnnotationRefName   = "org.opencontainers.image.ref.name"
 )
 
+// AnnotationVersion is the release version, on each image index.
+const AnnotationVersion = "org.opencontainers.image.version"
+
 // LabelDebian lists the Debian packages in an image, as package=version.
 const LabelDebian = "io.kubemesh.debian-packages"
 
@@ -94,9 +97,10 @@ func OCIImage(img Image, layerTar []byte, goarch string, labels map[string]strin
 	return mutate.ConfigFile(out, cf)
 }
 
-// WriteOCIArchive writes im as an OCI image layout in a tar archive at dst, its index entry
-// annotated with ref (and ref's tag), the files sorted and stamped with in.Epoch.
-func WriteOCIArchive(dst string, im v1.Image, ref string, in Inputs) error {
+// WriteOCIArchive writes item (a v1.Image or a v1.ImageIndex) as an OCI image layout in a tar
+// archive at dst, its index entry annotated with ref (and ref's tag), the files sorted and
+// stamped with in.Epoch.
+func WriteOCIArchive(dst string, item any, ref string, in Inputs) error {
 	dir, err := tempDir("oci-layout-")
 	if err != nil {
 		return err
@@ -107,7 +111,16 @@ func WriteOCIArchive(dst string, im v1.Image, ref string, in Inputs) error {
 		return fmt.Errorf("write OCI layout: %w", err)
 	}
 	tag := ref[strings.LastIndex(ref, ":")+1:]
-	if err := p.AppendImage(im, layout.WithAnnotations(map[string]string{AnnotationImageName: ref, AnnotationRefName: tag})); err != nil {
+	ann := layout.WithAnnotations(map[string]string{AnnotationImageName: ref, AnnotationRefName: tag})
+	switch item := item.(type) {
+	case v1.Image:
+		err = p.AppendImage(item, ann)
+	case v1.ImageIndex:
+		err = p.AppendIndex(item, ann)
+	default:
+		err = fmt.Errorf("%T is neither an image nor an index", item)
+	}
+	if err != nil {
 		return fmt.Errorf("write OCI layout: %w", err)
 	}
 	var files []string

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,7 +25,7 @@ func unpackImage(t *testing.T, name string) string {
 	_, outDir := buildAll(t)
 	a := readArchive(t, filepath.Join(outDir, name+".tar"))
 	root := filepath.Join(t.TempDir(), "rootfs")
-	if err := Unpack(root, a.raw); err != nil {
+	if err := Unpack(root, a.platform(t, runtime.GOARCH).raw); err != nil {
 		t.Fatal(err)
 	}
 	return root

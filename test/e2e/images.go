@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
@@ -61,36 +63,64 @@ func BuildTestImages(root, dir string) ([]string, error) {
 }
 
 // ArchiveRef returns the name containerd gives the image in an OCI archive (`make images`
-// writes the build's tag into it).
+// writes the build's tag into it), after checking that the archive is the multi-arch build and
+// holds an image for this node's architecture, the one containerd unpacks.
 func ArchiveRef(archive string) (string, error) {
 	f, err := os.Open(archive)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
+	type descriptor struct {
+		MediaType   string            `json:"mediaType"`
+		Digest      string            `json:"digest"`
+		Annotations map[string]string `json:"annotations"`
+		Platform    *struct {
+			OS           string `json:"os"`
+			Architecture string `json:"architecture"`
+		} `json:"platform"`
+	}
+	var index struct {
+		Manifests []descriptor `json:"manifests"`
+	}
+	blobs := map[string][]byte{} // the small ones: manifests and indexes
 	tr := tar.NewReader(f)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return "", fmt.Errorf("%s: no index.json", archive)
+			break
 		}
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", archive, err)
 		}
-		if h.Name != "index.json" {
-			continue
+		if h.Name == "index.json" {
+			if err := json.NewDecoder(tr).Decode(&index); err != nil {
+				return "", fmt.Errorf("%s: index.json: %w", archive, err)
+			}
+		} else if d, ok := strings.CutPrefix(h.Name, "blobs/sha256/"); ok && h.Size < 1<<16 {
+			if blobs["sha256:"+d], err = io.ReadAll(tr); err != nil {
+				return "", fmt.Errorf("%s: %w", archive, err)
+			}
 		}
-		var index struct {
-			Manifests []struct {
-				Annotations map[string]string `json:"annotations"`
-			} `json:"manifests"`
-		}
-		if err := json.NewDecoder(tr).Decode(&index); err != nil {
-			return "", fmt.Errorf("%s: index.json: %w", archive, err)
-		}
-		if len(index.Manifests) != 1 || index.Manifests[0].Annotations[images.AnnotationImageName] == "" {
-			return "", fmt.Errorf("%s: want one image named by %s", archive, images.AnnotationImageName)
-		}
-		return index.Manifests[0].Annotations[images.AnnotationImageName], nil
 	}
+	if len(index.Manifests) != 1 || index.Manifests[0].Annotations[images.AnnotationImageName] == "" {
+		return "", fmt.Errorf("%s: want one image named by %s", archive, images.AnnotationImageName)
+	}
+	top := index.Manifests[0]
+	var platforms struct {
+		Manifests []descriptor `json:"manifests"`
+	}
+	if err := json.Unmarshal(blobs[top.Digest], &platforms); err != nil || top.MediaType != "application/vnd.oci.image.index.v1+json" {
+		return "", fmt.Errorf("%s: not the multi-arch build (an image index): %s %v", archive, top.MediaType, err)
+	}
+	var have []string
+	for _, m := range platforms.Manifests {
+		if m.Platform != nil {
+			if m.Platform.OS == "linux" && m.Platform.Architecture == runtime.GOARCH {
+				return top.Annotations[images.AnnotationImageName], nil
+			}
+			have = append(have, m.Platform.OS+"/"+m.Platform.Architecture)
+		}
+	}
+	return "", fmt.Errorf("%s: no image for this node's linux/%s (it has %v)", archive, runtime.GOARCH, have)
 }
