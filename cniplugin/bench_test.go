@@ -45,11 +45,15 @@ func BenchmarkADD(b *testing.B) {
 
 	// timeADD returns the median wall time of AddNetworkList for fresh sandboxes. Sandbox
 	// creation, loopback and the DEL afterwards are not timed.
-	timeADD := func(list *libcni.NetworkConfigList, pod string) (time.Duration, []string) {
+	timeADD := func(list *libcni.NetworkConfigList, pod string, userns bool) (time.Duration, []string) {
 		var d []time.Duration
 		var ids []string
 		for range benchRuns {
-			sb := n.newSandbox(b, "bench", pod)
+			newSandbox := n.newSandbox
+			if userns {
+				newSandbox = n.newUserNSSandbox
+			}
+			sb := newSandbox(b, "bench", pod)
 			var took time.Duration
 			err := n.inNode(func(ctx context.Context) error {
 				lo := *sb.rt
@@ -82,22 +86,25 @@ func BenchmarkADD(b *testing.B) {
 		inside string
 		limit  time.Duration // the target overhead over the no-op plugin
 	}
-	base, _ := timeADD(noop, "web")
+	base, _ := timeADD(noop, "web", false)
 	var rows []addRow
 	for _, c := range []struct {
-		what  string
-		mode  iptables.Mode
-		pod   string
-		limit time.Duration
+		what   string
+		mode   iptables.Mode
+		pod    string
+		userns bool // the pod has a user namespace of its own (hostUsers: false)
+		limit  time.Duration
 	}{
-		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", 40 * time.Millisecond},
-		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", 30 * time.Millisecond},
-		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", 30 * time.Millisecond},
-		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", 40 * time.Millisecond},
-		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", 40 * time.Millisecond},
+		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", false, 40 * time.Millisecond},
+		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", false, 30 * time.Millisecond},
+		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", false, 30 * time.Millisecond},
+		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", false, 40 * time.Millisecond},
+		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", false, 40 * time.Millisecond},
+		{"hostUsers: false, nft (through the helper)", iptables.ModeNFT, "web", true, 40 * time.Millisecond},
+		{"hostUsers: false, auto (native, in place)", iptables.ModeAuto, "web", true, 40 * time.Millisecond},
 	} {
 		list := n.conflist(b, netOpts{mode: c.mode, top: quiet})
-		got, ids := timeADD(list, c.pod)
+		got, ids := timeADD(list, c.pod, c.userns)
 		rows = append(rows, addRow{c.what, got, n.insideTimes(b, ids), c.limit})
 	}
 

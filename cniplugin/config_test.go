@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -332,16 +333,42 @@ func TestAddPassThroughWithoutAPI(t *testing.T) {
 	}
 }
 
-func TestAddRequiresPrevResult(t *testing.T) {
-	var out, logs bytes.Buffer
-	p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: noAPI(t)}
-	err := p.Add(&skel.CmdArgs{ContainerID: "c1", Args: "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b", StdinData: withVersion(t, linkerdChartConfig, "0.2.0")})
-	var ce *types.Error
-	if !errors.As(err, &ce) || ce.Code != types.ErrInvalidNetworkConfig || !strings.Contains(ce.Msg, "prevResult is required") {
-		t.Fatalf("err = %#v, want code %d saying prevResult is required", err, types.ErrInvalidNetworkConfig)
-	}
-	if out.Len() != 0 {
-		t.Errorf("stdout %q on failure; only skel writes the error", out.String())
+// Run alone (a NetworkAttachmentDefinition holding only linkerd-cni, as Multus and OpenShift run
+// it) there is no prevResult: ADD writes the rules as in a chain and prints an empty result in the
+// config's CNI version, which a runtime parses as a success; CHECK checks as in a chain.
+func TestAddAndCheckWithoutPrevResult(t *testing.T) {
+	for _, ver := range version.All.SupportedVersions() {
+		t.Run(ver, func(t *testing.T) {
+			var conf map[string]any
+			if err := json.Unmarshal(withVersion(t, linkerdChartConfig, ver), &conf); err != nil {
+				t.Fatal(err)
+			}
+			delete(conf, "prevResult")
+			stdin, _ := json.Marshal(conf)
+			r := newPolicyRig(t, meshedPod(nil, nil))
+			args := r.args(t)
+			args.StdinData = stdin
+			if err := r.plugin.Add(args); err != nil {
+				t.Fatalf("ADD without prevResult: %v\n%s", err, r.logs.String())
+			}
+			res, err := version.NewResult(ver, r.out.Bytes())
+			if err != nil {
+				t.Fatalf("the result %q is not a CNI %s result: %v", r.out.String(), ver, err)
+			}
+			if res.Version() != ver {
+				t.Errorf("result version %s, want %s", res.Version(), ver)
+			}
+			var got map[string]any
+			if err := json.Unmarshal(r.out.Bytes(), &got); err != nil || got["ips"] != nil || got["interfaces"] != nil || got["ip4"] != nil {
+				t.Errorf("the result %s is not empty (%v)", r.out.String(), err)
+			}
+			if !strings.Contains(r.fake.Dump(), "proxy-init/redirect-all-outgoing-to-proxy-port") {
+				t.Errorf("ADD without prevResult wrote:\n%s", r.fake.Dump())
+			}
+			if err := r.plugin.Check(args); err != nil {
+				t.Errorf("CHECK without prevResult: %v", err)
+			}
+		})
 	}
 }
 

@@ -35,11 +35,14 @@ func FuzzParseConfig(f *testing.F) {
 }
 
 func FuzzMerge(f *testing.F) {
-	f.Add("3306,5432-5440", "9090", "192.0.2.0/24", "3000", "-1", "5143", "5140", "1h")
-	f.Add("80,,x", "9000-8000", "nope", "0", "4294967296", "70000", "-5", "18446744074")
-	f.Add("", "", "", "", "", "", "", "")
-	f.Fuzz(func(t *testing.T, out, in, subnets, uid, gid, inPort, outPort, closeWait string) {
-		values := []string{out, in, subnets, uid, gid, inPort, outPort, closeWait}
+	f.Add("3306,5432-5440", "9090", "192.0.2.0/24", "203.0.113.0/24", "198.51.100.0/24,2001:db8::/32", "3000", "-1", "5143", "5140", "1h")
+	f.Add("80,,x", "9000-8000", "nope", "10.0.0.0/33", ",,", "0", "4294967296", "70000", "-5", "18446744074")
+	f.Add("", "", "", "", "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait string) {
+		values := []string{out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait}
+		if len(values) != len(Annotations) {
+			t.Fatalf("%d values for %d annotations", len(values), len(Annotations))
+		}
 		ann := map[string]string{}
 		for i, a := range Annotations {
 			ann[a] = values[i]

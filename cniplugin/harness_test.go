@@ -245,6 +245,9 @@ type netOpts struct {
 	top        map[string]any // extra top-level keys of the linkerd-cni entry
 	kubernetes map[string]any // overrides in the kubernetes block
 	noop       bool           // chain noopcni instead of linkerd-cni (benchmark baseline)
+	alone      bool           // linkerd-cni alone, as a NetworkAttachmentDefinition holds it
+	bridgeOnly bool           // the bridge alone: the pod's default network, before a NAD
+	cniVersion string         // "" is 1.1.0
 }
 
 func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
@@ -269,16 +272,21 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 	if o.noop {
 		plugin = map[string]any{"type": "noopcni"}
 	}
-	list := map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "k8s-pod-network",
-		"plugins": []any{
-			map[string]any{"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": false,
-				"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": podSubnet}}},
-					"dataDir": filepath.Join(n.dir, "ipam")}},
-			plugin,
-		},
+	bridge := map[string]any{"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": false,
+		"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": podSubnet}}},
+			"dataDir": filepath.Join(n.dir, "ipam")}}
+	plugins := []any{bridge, plugin}
+	switch {
+	case o.alone:
+		plugins = []any{plugin}
+	case o.bridgeOnly:
+		plugins = []any{bridge}
 	}
+	ver := o.cniVersion
+	if ver == "" {
+		ver = "1.1.0"
+	}
+	list := map[string]any{"cniVersion": ver, "name": "k8s-pod-network", "plugins": plugins}
 	b, err := json.Marshal(list)
 	if err != nil {
 		t.Fatal(err)
@@ -317,18 +325,31 @@ func (n *node) newSandbox(t testing.TB, namespace, pod string) *sandbox {
 	if err != nil {
 		t.Fatalf("create pod netns: %v", err)
 	}
+	sb := n.sandboxAt(namespace, pod, netns.Path())
+	sb.netns = netns
+	t.Cleanup(func() { sb.remove(t) })
+	return sb
+}
+
+// newUserNSSandbox is newSandbox for a pod with hostUsers: false: its network namespace belongs
+// to a user namespace of its own (netnstest.NewUserNS), removed at cleanup.
+func (n *node) newUserNSSandbox(t testing.TB, namespace, pod string) *sandbox {
+	t.Helper()
+	sb := n.sandboxAt(namespace, pod, netnstest.NewUserNS(t).Path())
+	sb.released = true // NewUserNS removes it
+	return sb
+}
+
+func (n *node) sandboxAt(namespace, pod, path string) *sandbox {
 	id := fmt.Sprintf("%s-%d", pod, n.ids.Add(1))
-	sb := &sandbox{
-		netns: netns,
-		ns:    netnstest.Existing("pod "+namespace+"/"+pod, netns.Path()),
+	return &sandbox{
+		ns: netnstest.Existing("pod "+namespace+"/"+pod, path),
 		rt: &libcni.RuntimeConf{
-			ContainerID: id, NetNS: netns.Path(), IfName: "eth0",
+			ContainerID: id, NetNS: path, IfName: "eth0",
 			Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", namespace}, {"K8S_POD_NAME", pod},
 				{"K8S_POD_INFRA_CONTAINER_ID", id}},
 		},
 	}
-	t.Cleanup(func() { sb.remove(t) })
-	return sb
 }
 
 // remove deletes the sandbox's network namespace (the runtime does so after DEL).

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
@@ -34,6 +36,20 @@ func TestCNI(t *testing.T) {
 				name = "default-legacy"
 			}
 			t.Run(name, func(t *testing.T) { testMeshedLifecycle(t, n, srv, mode) })
+		}
+	})
+	t.Run("user namespace pod", func(t *testing.T) {
+		for _, mode := range []iptables.Mode{iptables.ModeNFT, "", iptables.ModeAuto} {
+			name := string(mode)
+			if name == "" {
+				name = "default-legacy"
+			}
+			t.Run(name, func(t *testing.T) { testUserNamespacePod(t, n, srv, mode) })
+		}
+	})
+	t.Run("alone, as a NetworkAttachmentDefinition", func(t *testing.T) {
+		for _, ver := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+			t.Run(ver, func(t *testing.T) { testAlone(t, n, ver) })
 		}
 	})
 	t.Run("native sidecar", func(t *testing.T) { testNativeSidecar(t, n) })
@@ -133,6 +149,100 @@ func testMeshedLifecycle(t *testing.T, n *node, srv *netnstest.Server, mode ipta
 	}
 }
 
+// testAlone: linkerd-cni alone in a conflist, as Multus runs a NetworkAttachmentDefinition
+// holding only it (the pod's k8s.v1.cni.cncf.io/networks annotation names it), after the pod's
+// default network and on the interface name Multus gives it (net1). There is no prevResult: ADD
+// writes the same rules as in a chain and returns an empty result of the config's CNI version,
+// CHECK passes, DEL removes the rules and leaves the default network alone.
+func testAlone(t *testing.T, n *node, ver string) {
+	ns := "alone-" + strings.ReplaceAll(ver, ".", "-")
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	sb := n.newSandbox(t, ns, "web")
+	defaultNet := n.conflist(t, netOpts{bridgeOnly: true})
+	n.mustAdd(t, defaultNet, sb)
+	nad := n.conflist(t, netOpts{mode: iptables.ModeNFT, alone: true, cniVersion: ver})
+	rt := *sb.rt
+	rt.IfName = "net1"
+	var res types.Result
+	if err := n.inNode(func(ctx context.Context) (err error) {
+		res, err = n.cni.AddNetworkList(ctx, nad, &rt)
+		return err
+	}); err != nil {
+		t.Fatalf("ADD of linkerd-cni alone: %v\n%s", err, n.logTail(rt.ContainerID))
+	}
+	if res.Version() != ver {
+		t.Errorf("result version %s, want the config's %s", res.Version(), ver)
+	}
+	if r, err := current.NewResultFromResult(res); err != nil || len(r.IPs) != 0 || len(r.Interfaces) != 0 {
+		t.Errorf("result %+v (%v), want an empty one: the plugin created nothing", res, err)
+	}
+	expectRules(t, sb, baseConfig(iptables.ModeNFT))
+	proxy := netnstest.StartProxy(t, sb.ns, 4140, 4143)
+	target := netnstest.HostPort(gatewayIP, 18080)
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: 1000}); err != nil || reply != "proxy 4140" {
+		t.Fatalf("app -> %s: reply %q, %v; want the proxy's outbound port", target, reply, err)
+	}
+	proxy.Expect(t, 2*time.Second)
+	if ver != "0.3.1" { // CHECK came with 0.4.0
+		if err := n.inNode(func(ctx context.Context) error { return n.cni.CheckNetworkList(ctx, nad, &rt) }); err != nil {
+			t.Errorf("CHECK: %v", err)
+		}
+	}
+	if err := n.inNode(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, nad, &rt) }); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	expectNoRules(t, sb)
+	if err := n.del(defaultNet, sb); err != nil {
+		t.Errorf("DEL of the default network: %v", err)
+	}
+}
+
+// testUserNamespacePod: a meshed pod with hostUsers: false, whose network namespace belongs to a
+// user namespace of its own (root there is host UID netnstest.UserNSHostRoot). In nft mode (Linkerd's
+// chart default) and legacy the plugin writes from a helper inside that user namespace, and auto
+// writes native nftables in place: ADD redirects, the proxy's UID inside the pod is exempt, CHECK
+// passes and DEL removes everything.
+func testUserNamespacePod(t *testing.T, n *node, srv *netnstest.Server, mode iptables.Mode) {
+	ns := "userns-" + string(mode)
+	if mode == "" {
+		ns = "userns-legacy"
+	}
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	list := n.conflist(t, netOpts{mode: mode})
+	sb := n.newUserNSSandbox(t, ns, "web")
+	n.mustAdd(t, list, sb)
+	want := baseConfig(mode)
+	if mode == iptables.ModeAuto {
+		want.Mode = iptables.ModeNFTables // the kernel refuses owner matches written from outside
+	}
+	expectRules(t, sb, want)
+
+	proxy := netnstest.StartProxy(t, sb.ns, 4140, 4143)
+	target := netnstest.HostPort(gatewayIP, 18080)
+	inPod := func(uid int) int { return netnstest.UserNSHostRoot + uid }
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: inPod(1000)}); err != nil || reply != "proxy 4140" {
+		t.Fatalf("app -> %s: reply %q, %v; want the proxy's outbound port", target, reply, err)
+	}
+	proxy.Expect(t, 2*time.Second)
+	if reply, err := netnstest.Dial(t, sb.ns, "tcp4", target, netnstest.DialOpts{UID: inPod(2102)}); err != nil || !strings.HasPrefix(reply, "server") {
+		t.Fatalf("proxy (uid 2102 in the pod) -> %s: reply %q, %v; want the real server", target, reply, err)
+	}
+	srv.Expect(t, 2*time.Second)
+	if err := n.check(list, sb); err != nil {
+		t.Fatalf("CHECK: %v\n%s", err, n.logTail(sb.rt.ContainerID))
+	}
+	if err := n.del(list, sb); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	expectNoRules(t, sb)
+	log := n.logTail(sb.rt.ContainerID)
+	if helped := strings.Contains(log, "writing from a helper inside it"); helped == (mode == iptables.ModeAuto) {
+		t.Errorf("helper used: %v, want %v:\n%s", helped, mode != iptables.ModeAuto, log)
+	}
+}
+
 // deleteFirstOutputRule deletes the first rule of PROXY_INIT_OUTPUT (the proxy UID exemption) with
 // the tools an operator would use.
 func deleteFirstOutputRule(t *testing.T, sb *sandbox, mode iptables.Mode) {
@@ -226,6 +336,10 @@ func testAnnotations(t *testing.T, n *node) {
 			func(c *iptables.Config) { c.InboundPortsToIgnore = append(c.InboundPortsToIgnore, "9090") }, ""},
 		{"skip-subnets", cniplugin.AnnotationSkipSubnets, "192.0.2.0/24,2001:db8:1::/48",
 			func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"192.0.2.0/24", "2001:db8:1::/48"} }, ""},
+		{"skip-inbound-subnets", cniplugin.AnnotationSkipInboundSubnets, "192.0.2.0/24,2001:db8:1::/48",
+			func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"192.0.2.0/24", "2001:db8:1::/48"} }, ""},
+		{"skip-outbound-subnets", cniplugin.AnnotationSkipOutboundSubnets, "198.51.100.0/24,2001:db8:2::/48",
+			func(c *iptables.Config) { c.OutboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:2::/48"} }, ""},
 		{"proxy-uid", cniplugin.AnnotationProxyUID, "3000", func(c *iptables.Config) { c.ProxyUID = 3000 }, ""},
 		{"proxy-gid", cniplugin.AnnotationProxyGID, "3001", func(c *iptables.Config) { c.ProxyGID = 3001 }, ""},
 		{"inbound-port", cniplugin.AnnotationInboundPort, "5143", func(c *iptables.Config) { c.InboundProxyPort = 5143 }, ""},
@@ -242,8 +356,9 @@ func testAnnotations(t *testing.T, n *node) {
 					podAnn = map[string]string{tt.annotation: tt.value}
 					// The namespace says otherwise: the pod wins.
 					nsAnn = map[string]string{tt.annotation: "1"}
-					if tt.annotation == cniplugin.AnnotationSkipSubnets {
-						nsAnn[tt.annotation] = "198.51.100.0/24"
+					switch tt.annotation {
+					case cniplugin.AnnotationSkipSubnets, cniplugin.AnnotationSkipInboundSubnets, cniplugin.AnnotationSkipOutboundSubnets:
+						nsAnn[tt.annotation] = "203.0.113.0/24"
 					}
 				} else {
 					nsAnn = map[string]string{tt.annotation: tt.value}
@@ -281,6 +396,17 @@ func testAnnotations(t *testing.T, n *node) {
 		// than answered by the proxy.
 		if reply, err := netnstest.Dial(t, sb.ns, "tcp4", netnstest.HostPort(gatewayIP, 3306), netnstest.DialOpts{UID: 1000}); err == nil {
 			t.Errorf("dial to skipped port 3306 answered %q; want it to bypass the proxy", reply)
+		}
+	})
+	t.Run("real skip of an annotated outbound subnet", func(t *testing.T) {
+		ns := "ann-subnet-traffic"
+		n.createNamespace(t, ns, map[string]string{cniplugin.AnnotationSkipOutboundSubnets: podSubnet})
+		n.createPod(t, ns, "web", shapeClassic, nil, nil)
+		sb := n.newSandbox(t, ns, "web")
+		n.mustAdd(t, list, sb)
+		netnstest.StartProxy(t, sb.ns, 4140)
+		if reply, err := netnstest.Dial(t, sb.ns, "tcp4", netnstest.HostPort(gatewayIP, 18080), netnstest.DialOpts{UID: 1000}); err != nil || !strings.HasPrefix(reply, "server") {
+			t.Fatalf("reply %q, %v; want the node's server directly: %s is skipped", reply, err, podSubnet)
 		}
 	})
 	t.Run("malformed annotation fails ADD", func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -109,8 +110,10 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	return &call{args: args, conf: conf, pod: pod, log: log, done: done}, argErr
 }
 
-// begin starts an ADD or CHECK, which both need a valid config, valid CNI_ARGS and the primary
-// plugin's prevResult. The returned call is usable (and must be closed) even on error.
+// begin starts an ADD or CHECK, which both need a valid config and valid CNI_ARGS. A prevResult
+// is not needed: without one the plugin runs alone, as a NetworkAttachmentDefinition that Multus
+// (OpenShift, RKE2) calls after the pod's default network. The returned call is usable (and must
+// be closed) even on error.
 func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, argErr := p.start(cmd, args, conf)
@@ -119,8 +122,6 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
 		return c, c.fail(types.ErrInvalidNetworkConfig, confErr)
 	case argErr != nil:
 		return c, c.fail(types.ErrInvalidEnvironmentVariables, argErr)
-	case conf.PrevResult == nil:
-		return c, c.fail(types.ErrInvalidNetworkConfig, fmt.Errorf("prevResult is required for %s: linkerd-cni is a chained plugin and must come after the primary CNI plugin in the conflist", cmd))
 	}
 	return c, nil
 }
@@ -131,8 +132,9 @@ func (c *call) fail(code uint, err error) error {
 	return types.NewError(code, err.Error(), "")
 }
 
-// Add writes the rules into a meshed pod's namespace and passes prevResult through. See the
-// package documentation and docs/cni-plugin.md for the decisions and the failure policy.
+// Add writes the rules into a meshed pod's namespace and passes prevResult through (or prints an
+// empty result when it runs alone). See the package documentation and docs/cni-plugin.md for the
+// decisions and the failure policy.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	began := time.Now()
 	c, err := p.begin("ADD", args)
@@ -310,9 +312,19 @@ func checkState(st iptables.State, kind Kind) error {
 	return nil
 }
 
-// printPrev writes prevResult, converted to the config's CNI version, as the result.
+// printPrev writes prevResult, converted to the config's CNI version, as the result. Run alone,
+// with no prevResult, the plugin created no interface and no address: its result is an empty one
+// in the config's version (as Linkerd's plugin prints), which Multus needs to see a success.
 func (p *Plugin) printPrev(c *call) error {
-	res, err := c.conf.PrevResult.GetAsVersion(c.conf.CNIVersion)
+	var res types.Result
+	var err error
+	if c.conf.PrevResult == nil {
+		// Parsed rather than converted: before 0.3.0 a result without an address cannot be
+		// converted to, but it can be written.
+		res, err = version.NewResult(c.conf.CNIVersion, []byte(`{"cniVersion":"`+c.conf.CNIVersion+`"}`))
+	} else {
+		res, err = c.conf.PrevResult.GetAsVersion(c.conf.CNIVersion)
+	}
 	if err != nil {
 		return c.fail(types.ErrIncompatibleCNIVersion, fmt.Errorf("convert prevResult to CNI version %s: %w", c.conf.CNIVersion, err))
 	}

@@ -25,17 +25,21 @@ const (
 	AnnotationSkipOutboundPorts = "config.linkerd.io/skip-outbound-ports"
 	AnnotationSkipInboundPorts  = "config.linkerd.io/skip-inbound-ports"
 	AnnotationSkipSubnets       = "config.linkerd.io/skip-subnets"
-	AnnotationProxyUID          = "config.linkerd.io/proxy-uid"
-	AnnotationProxyGID          = "config.linkerd.io/proxy-gid"
-	AnnotationInboundPort       = "config.linkerd.io/inbound-port"
-	AnnotationOutboundPort      = "config.linkerd.io/outbound-port"
-	AnnotationCloseWaitTimeout  = "config.linkerd.io/close-wait-timeout"
+	// The directional subnet skips of linkerd2-proxy-init#792 and linkerd2#15496: inbound
+	// source subnets (what skip-subnets means) and outbound destination subnets.
+	AnnotationSkipInboundSubnets  = "config.linkerd.io/skip-inbound-subnets"
+	AnnotationSkipOutboundSubnets = "config.linkerd.io/skip-outbound-subnets"
+	AnnotationProxyUID            = "config.linkerd.io/proxy-uid"
+	AnnotationProxyGID            = "config.linkerd.io/proxy-gid"
+	AnnotationInboundPort         = "config.linkerd.io/inbound-port"
+	AnnotationOutboundPort        = "config.linkerd.io/outbound-port"
+	AnnotationCloseWaitTimeout    = "config.linkerd.io/close-wait-timeout"
 )
 
 // Annotations lists every annotation the plugin honours, in the order they are applied.
 var Annotations = []string{
 	AnnotationSkipOutboundPorts, AnnotationSkipInboundPorts, AnnotationSkipSubnets,
-	AnnotationProxyUID, AnnotationProxyGID, AnnotationInboundPort, AnnotationOutboundPort,
+	AnnotationSkipInboundSubnets, AnnotationSkipOutboundSubnets, AnnotationProxyUID, AnnotationProxyGID, AnnotationInboundPort, AnnotationOutboundPort,
 	AnnotationCloseWaitTimeout,
 }
 
@@ -180,14 +184,16 @@ type Settings struct {
 // annotationFields maps each annotation to the rule builder's field it sets, so that the
 // builder's own validation of that field is reported as a problem with the annotation.
 var annotationFields = map[string]string{
-	AnnotationSkipOutboundPorts: iptables.FieldOutboundPortsToIgnore,
-	AnnotationSkipInboundPorts:  iptables.FieldInboundPortsToIgnore,
-	AnnotationSkipSubnets:       iptables.FieldInboundSubnetsToIgnore,
-	AnnotationProxyUID:          iptables.FieldProxyUID,
-	AnnotationProxyGID:          iptables.FieldProxyGID,
-	AnnotationInboundPort:       iptables.FieldInboundProxyPort,
-	AnnotationOutboundPort:      iptables.FieldOutboundProxyPort,
-	AnnotationCloseWaitTimeout:  iptables.FieldCloseWait,
+	AnnotationSkipOutboundPorts:   iptables.FieldOutboundPortsToIgnore,
+	AnnotationSkipInboundPorts:    iptables.FieldInboundPortsToIgnore,
+	AnnotationSkipSubnets:         iptables.FieldInboundSubnetsToIgnore,
+	AnnotationSkipInboundSubnets:  iptables.FieldInboundSubnetsToIgnore,
+	AnnotationSkipOutboundSubnets: iptables.FieldOutboundSubnetsToIgnore,
+	AnnotationProxyUID:            iptables.FieldProxyUID,
+	AnnotationProxyGID:            iptables.FieldProxyGID,
+	AnnotationInboundPort:         iptables.FieldInboundProxyPort,
+	AnnotationOutboundPort:        iptables.FieldOutboundProxyPort,
+	AnnotationCloseWaitTimeout:    iptables.FieldCloseWait,
 }
 
 // Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
@@ -195,6 +201,10 @@ var annotationFields = map[string]string{
 //   - skip-outbound-ports replaces the configured outbound-ports-to-ignore;
 //   - skip-inbound-ports is appended to inbound-ports-to-ignore;
 //   - skip-subnets replaces subnets-to-ignore (inbound source subnets);
+//   - skip-inbound-subnets is appended to them, after skip-subnets, as skip-inbound-ports is to
+//     the inbound ports;
+//   - skip-outbound-subnets replaces outbound-subnets-to-ignore (destinations), as
+//     skip-outbound-ports replaces the outbound ports;
 //   - proxy-uid, proxy-gid, inbound-port and outbound-port override;
 //   - close-wait-timeout (a duration such as "1h", or whole seconds) sets the conntrack timeout.
 //
@@ -212,7 +222,7 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
 
 	var probs []badinput.Problem
-	found := map[string]badinput.Problem{} // by field: the annotation that set it
+	found := map[string][]badinput.Problem{} // by field: the annotations that set it
 	// each takes one annotation when present; set converts its value into the config, and
 	// returns why it cannot when the value does not even have the right form.
 	each := func(key string, set func(v string) string) {
@@ -233,8 +243,12 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 			return
 		}
 		field := annotationFields[key]
-		found[field] = src
-		s.Sources[field] = "annotation " + key + " on " + from.String()
+		found[field] = append(found[field], src)
+		from1 := "annotation " + key + " on " + from.String()
+		if prev := s.Sources[field]; prev != "" {
+			from1 = prev + ", " + from1
+		}
+		s.Sources[field] = from1
 	}
 	integer := func(dst *int, what string) func(string) string {
 		return func(v string) string {
@@ -259,6 +273,14 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 		s.Config.InboundSubnetsToIgnore = splitList(v)
 		return ""
 	})
+	each(AnnotationSkipInboundSubnets, func(v string) string {
+		s.Config.InboundSubnetsToIgnore = append(s.Config.InboundSubnetsToIgnore, splitList(v)...)
+		return ""
+	})
+	each(AnnotationSkipOutboundSubnets, func(v string) string {
+		s.Config.OutboundSubnetsToIgnore = splitList(v)
+		return ""
+	})
 	each(AnnotationProxyUID, integer(&s.Config.ProxyUID, "UID"))
 	each(AnnotationProxyGID, integer(&s.Config.ProxyGID, "GID"))
 	each(AnnotationInboundPort, integer(&s.Config.InboundProxyPort, "port"))
@@ -276,10 +298,18 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	rs, err := iptables.Build(s.Config)
 	if verr, ok := badinput.As(err); ok {
 		for _, p := range verr.Problems {
-			src, ok := found[p.Field]
+			srcs, ok := found[p.Field]
 			if !ok {
 				// Not from an annotation: base itself was invalid (ParseConfig refuses that).
 				return Settings{}, err
+			}
+			// Of the annotations that fed the field, the one holding the bad value.
+			src := srcs[len(srcs)-1]
+			for _, c := range srcs {
+				if slices.Contains(splitList(c.Value), p.Value) {
+					src = c
+					break
+				}
 			}
 			src.Reason = p.Reason
 			if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {

@@ -138,7 +138,22 @@ func TestMerge(t *testing.T) {
 			apiPorts: []string{"443", "6443"},
 			edit:     func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306", "443", "6443"} },
 			sources:  map[string]string{"outbound-ports-to-ignore": "annotation config.linkerd.io/skip-outbound-ports on pod web/api-0"}},
-		{name: "unrelated annotations ignored", pod: pod(map[string]string{"config.linkerd.io/skip-outbound-subnets": "junk", "linkerd.io/inject": "enabled"}),
+		{name: "skip-outbound-subnets replaces", pod: pod(map[string]string{AnnotationSkipOutboundSubnets: "198.51.100.0/24, 2001:db8:1::/48"}),
+			edit:    func(c *iptables.Config) { c.OutboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:1::/48"} },
+			sources: map[string]string{"outbound-subnets-to-ignore": "annotation config.linkerd.io/skip-outbound-subnets on pod web/api-0"}},
+		{name: "skip-inbound-subnets appends", pod: pod(map[string]string{AnnotationSkipInboundSubnets: "192.0.2.0/24"}),
+			edit:    func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"10.0.0.0/8", "192.0.2.0/24"} },
+			sources: map[string]string{"subnets-to-ignore": "annotation config.linkerd.io/skip-inbound-subnets on pod web/api-0"}},
+		{name: "skip-inbound-subnets appends to skip-subnets", pod: pod(map[string]string{AnnotationSkipSubnets: "203.0.113.0/24"}),
+			ns: ns(map[string]string{AnnotationSkipInboundSubnets: "192.0.2.0/24", AnnotationSkipOutboundSubnets: "198.51.100.0/24"}),
+			edit: func(c *iptables.Config) {
+				c.InboundSubnetsToIgnore = []string{"203.0.113.0/24", "192.0.2.0/24"}
+				c.OutboundSubnetsToIgnore = []string{"198.51.100.0/24"}
+			},
+			sources: map[string]string{
+				"subnets-to-ignore":          "annotation config.linkerd.io/skip-subnets on pod web/api-0, annotation config.linkerd.io/skip-inbound-subnets on namespace web",
+				"outbound-subnets-to-ignore": "annotation config.linkerd.io/skip-outbound-subnets on namespace web"}},
+		{name: "unrelated annotations ignored", pod: pod(map[string]string{"config.linkerd.io/skip-all-subnets": "junk", "linkerd.io/inject": "enabled"}),
 			edit: func(*iptables.Config) {}},
 	}
 	for _, tt := range tests {
@@ -242,6 +257,61 @@ func TestMergeMalformed(t *testing.T) {
 	}
 }
 
+// The subnet annotations are filtered by family like every CIDR: an IPv4 subnet reaches only the
+// IPv4 rules. A bad one is named with its annotation, even where two annotations feed the same
+// field.
+func TestMergeSubnetAnnotations(t *testing.T) {
+	base := baseConfig()
+	base.IPv6 = true
+	pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{
+		AnnotationSkipOutboundSubnets: "198.51.100.0/24,2001:db8:1::/48",
+		AnnotationSkipInboundSubnets:  "2001:db8:2::/48",
+	}}
+	s, err := Merge(base, pod, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		f           iptables.Family
+		want, never string
+	}{
+		{iptables.IPv4, "-d 198.51.100.0/24", "2001:db8"},
+		{iptables.IPv6, "-d 2001:db8:1::/48", "198.51.100.0"},
+		{iptables.IPv6, "-s 2001:db8:2::/48", "10.0.0.0"},
+	} {
+		var lines []string
+		for _, r := range s.Rules.Rules(c.f) {
+			lines = append(lines, r.String())
+		}
+		all := strings.Join(lines, "\n")
+		if !strings.Contains(all, c.want) || strings.Contains(all, c.never) {
+			t.Errorf("%s rules: want %q and no %q:\n%s", c.f, c.want, c.never, all)
+		}
+	}
+	bad := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{
+		AnnotationSkipSubnets:         "192.0.2.0/24",
+		AnnotationSkipInboundSubnets:  "203.0.113.0/24,nope",
+		AnnotationSkipOutboundSubnets: "198.51.100.0/33",
+	}}
+	_, err = Merge(base, bad, nil, nil)
+	var ae *badinput.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want *badinput.Error", err)
+	}
+	want := []string{
+		`annotation config.linkerd.io/skip-inbound-subnets="203.0.113.0/24,nope" on pod web/api-0: "nope" is not a CIDR or an IP address`,
+		`annotation config.linkerd.io/skip-outbound-subnets="198.51.100.0/33" on pod web/api-0: `,
+	}
+	if len(ae.Problems) != len(want) {
+		t.Fatalf("problems %v, want %d", ae.Problems, len(want))
+	}
+	for i, p := range ae.Problems {
+		if !strings.HasPrefix(p.String(), want[i]) {
+			t.Errorf("problem %d\n got %s\nwant %s...", i, p, want[i])
+		}
+	}
+}
+
 func TestAPIServerPorts(t *testing.T) {
 	svc := &Service{Spec: ServiceSpec{Ports: []ServicePort{
 		{Port: 443, TargetPort: intstr.FromInt32(6443)},
@@ -271,6 +341,8 @@ func TestPlanAPIRequests(t *testing.T) {
 	}
 	every[AnnotationSkipOutboundPorts] = "3306"
 	every[AnnotationSkipSubnets] = "192.0.2.0/24"
+	every[AnnotationSkipInboundSubnets] = "203.0.113.0/24"
+	every[AnnotationSkipOutboundSubnets] = "198.51.100.0/24"
 	kubeSvc := &Service{Spec: ServiceSpec{Ports: []ServicePort{{Port: 443, TargetPort: intstr.FromInt32(16443)}}}}
 	tests := []struct {
 		name         string

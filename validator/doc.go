@@ -3,8 +3,8 @@
 // linkerd-network-validator, command line and exit code included, run as `proxy-init validate`.
 //
 // How it works: it listens on the outbound proxy port (--listen-addr, default 0.0.0.0:4140),
-// connects to an address nothing answers (--connect-addr, default 1.1.1.1:20001) and expects
-// that connection to land on its own listener. The client sends a random token, the listener
+// connects to an address nothing answers (--connect-addr, default 192.0.2.2:1404 as in Linkerd,
+// whose chart passes 1.1.1.1:20001) and expects that connection to land on its own listener. The client sends a random token, the listener
 // echoes it, and the listener checks with SO_ORIGINAL_DST that the connection was NATed from the
 // connect address. Beyond Linkerd it can also check IPv6 (--ipv6) and that the proxy's own UID is
 // NOT redirected (--proxy-uid), which would make the proxy loop into itself.

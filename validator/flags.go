@@ -17,9 +17,10 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Defaults, as Linkerd's chart passes them for IPv4 (and for IPv6 in the --ipv6 check).
+// Defaults: Linkerd's validator's own for --connect-addr and --listen-addr (Linkerd's chart
+// passes --connect-addr 1.1.1.1:20001, or [fd00::1]:20001 on IPv6, the --ipv6 check's default).
 const (
-	DefaultConnectAddr     = "1.1.1.1:20001"
+	DefaultConnectAddr     = "192.0.2.2:1404"
 	DefaultListenAddr      = "0.0.0.0:4140"
 	DefaultIPv6ConnectAddr = "[fd00::1]:20001"
 	DefaultTimeout         = 10 * time.Second

@@ -3,6 +3,7 @@ package validator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -174,6 +175,30 @@ func removeOutbound(t *testing.T, pod *nt.NS, mode iptables.Mode, ipv6 bool) {
 	}
 }
 
+// A Service's ClusterIP and the backend a socket-level load balancer would pick for it.
+const (
+	clusterIP   = "203.0.113.77:443"
+	backendAddr = "198.51.100.20:6443"
+)
+
+// rewriteBeforeRules rewrites connections to clusterIP into connections to backendAddr before
+// conntrack (output priority -300, ahead of its -200), and the replies' source back after NAT has
+// put the backend there (input priority 200, after NAT's 100), so the redirected connection's
+// original destination is the backend while the socket sees the address it dialled.
+func rewriteBeforeRules(t *testing.T, pod *nt.NS) {
+	t.Helper()
+	ca, cp, _ := strings.Cut(clusterIP, ":")
+	ba, bp, _ := strings.Cut(backendAddr, ":")
+	script := fmt.Sprintf(`table ip socketlb {
+  chain out { type filter hook output priority -300; ip daddr %[1]s tcp dport %[2]s ip daddr set %[3]s tcp dport set %[4]s; }
+  chain in { type filter hook input priority 200; ip saddr %[3]s tcp sport %[4]s ip saddr set %[1]s tcp sport set %[2]s; }
+}
+`, ca, cp, ba, bp)
+	if out, err := nt.RunInWithInput(t, pod, script, "nft", "-f", "-"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+}
+
 // hasJump reports whether iptables-save output has a rule in chain jumping to target.
 func hasJump(saved, chain, target string) bool {
 	for _, l := range strings.Split(saved, "\n") {
@@ -247,6 +272,16 @@ func TestValidatorWithRules(t *testing.T) {
 			name: "a UID the rules do not exempt is reported",
 			ipv6: true, args: []string{"--connect-addr", connectV4, "--ipv6", "--ipv6-connect-addr", connectV6, "--proxy-uid", "2103"},
 			want: outcome{code: 95, want: []string{"proxy-uid ipv4 check failed (proxy-uid-redirected)", "proxy-uid ipv6 check failed (proxy-uid-redirected)", "made as the proxy UID 2103 was redirected"}},
+		},
+		{
+			// Cilium's socket-LB turns a ClusterIP into a backend inside connect(), before
+			// netfilter sees the packet; a stateless rewrite ahead of conntrack stands in for it
+			// (and puts the ClusterIP back on the replies, as the socket expects).
+			name: "a destination rewritten before the rules is named, with what to do",
+			ipv6: true, mutate: func(t *testing.T, pod *nt.NS, _ iptables.Mode) { rewriteBeforeRules(t, pod) },
+			args: []string{"--connect-addr", clusterIP},
+			want: outcome{code: 95, want: []string{"ipv4 check failed (destination-rewritten)", "original destination is " + backendAddr + ", not " + clusterIP,
+				"socketLB.hostNamespaceOnly=true"}},
 		},
 		{
 			name: "as nobody without capabilities: passes, UID check skipped",

@@ -45,7 +45,17 @@ const (
 	// ReasonProxyUIDRedirected: a connection made as the proxy UID was redirected too, so the
 	// proxy's own outbound traffic would loop back into it.
 	ReasonProxyUIDRedirected Reason = "proxy-uid-redirected"
+	// ReasonDestinationRewritten: the connection was redirected, but its original destination is
+	// not the address dialled: something rewrote it before the pod's netfilter rules, as Cilium's
+	// socket-level load balancing does to a Service's ClusterIP.
+	ReasonDestinationRewritten Reason = "destination-rewritten"
 )
+
+// SocketLBHint is what the validator says about a rewritten destination.
+const SocketLBHint = "something rewrote the destination before the pod's netfilter rules saw it. " +
+	"Cilium's socket-level load balancing does that to a Service's ClusterIP, and the proxy then " +
+	"sees a backend's address instead of the Service's, and loses its load balancing and policy: " +
+	"set socketLB.hostNamespaceOnly=true in Cilium's Helm values (docs/troubleshooting.md, Cilium)"
 
 // Failure is a check that proved the redirect does not work; it maps to ExitRedirectFailed.
 // Run may return several, joined with errors.Join; find them with errors.As.
@@ -201,8 +211,8 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 		return fail(ReasonWrongOriginalDst, nil,
 			"the connection reached %s directly (its original destination %s is the listener itself): it was not redirected", ck.listen, a.origDst)
 	case a.origDst != unmap(ck.connect):
-		return fail(ReasonWrongOriginalDst, nil,
-			"the redirected connection's original destination is %s, want %s", a.origDst, ck.connect)
+		return fail(ReasonDestinationRewritten, nil,
+			"the redirected connection's original destination is %s, not %s, the address dialled: %s", a.origDst, ck.connect, SocketLBHint)
 	}
 	log.Info("outbound redirect works", "original_dst", a.origDst.String(), "landed_on", a.local.String(),
 		"elapsed", time.Since(start).Round(time.Microsecond).String())

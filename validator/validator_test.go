@@ -24,7 +24,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "linkerd chart ipv4",
 			args: []string{"--log-format", "plain", "--log-level", "info", "--connect-addr", "1.1.1.1:20001", "--listen-addr", "0.0.0.0:4140", "--timeout", "10s"},
-			want: func(*Config) {},
+			want: func(c *Config) { c.ConnectAddr = "1.1.1.1:20001" },
 		},
 		{
 			name: "linkerd chart ipv6",
@@ -130,16 +130,16 @@ func TestChecks(t *testing.T) {
 		mod  func(c *Config)
 		want []string // "name connect listen"
 	}{
-		{name: "default", mod: func(*Config) {}, want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:4140"}},
+		{name: "default", mod: func(*Config) {}, want: []string{"ipv4 192.0.2.2:1404 0.0.0.0:4140"}},
 		{
 			name: "ipv6 derives its listener from the listen port",
 			mod:  func(c *Config) { c.IPv6, c.ListenAddr = true, "0.0.0.0:5140" },
-			want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:5140", "ipv6 [fd00::1]:20001 [::]:5140"},
+			want: []string{"ipv4 192.0.2.2:1404 0.0.0.0:5140", "ipv6 [fd00::1]:20001 [::]:5140"},
 		},
 		{
 			name: "explicit ipv6 listener",
 			mod:  func(c *Config) { c.IPv6, c.IPv6ListenAddr = true, "[::1]:4140" },
-			want: []string{"ipv4 1.1.1.1:20001 0.0.0.0:4140", "ipv6 [fd00::1]:20001 [::1]:4140"},
+			want: []string{"ipv4 192.0.2.2:1404 0.0.0.0:4140", "ipv6 [fd00::1]:20001 [::1]:4140"},
 		},
 		{
 			name: "ipv6 connect addr is not checked twice",

@@ -273,6 +273,34 @@ func TestLinkerdChartNFT(t *testing.T) {
 	}
 }
 
+// TestUserNamespacePod runs the Linkerd chart's command lines (nft, legacy, the default auto)
+// against a pod with hostUsers: false, from the host's user namespace: --netns names a network
+// namespace that a user namespace of its own owns. Apply, show and cleanup work in every mode.
+func TestUserNamespacePod(t *testing.T) {
+	for _, mode := range []string{"nft", "legacy", "auto"} {
+		t.Run(mode, func(t *testing.T) {
+			ns := nt.NewUserNS(t).Path()
+			flags := args(chart, []string{"--netns", ns, "--iptables-mode", mode})
+			r := mustRun(t, 0, flags...)
+			if !strings.Contains(r.stderr, "changed=true") {
+				t.Errorf("apply log lacks changed=true:\n%s", r.stderr)
+			}
+			if r := mustRun(t, 0, args([]string{"show"}, flags)...); !strings.Contains(r.stdout, "rules match the configuration") {
+				t.Errorf("show:\n%s", r.stdout)
+			}
+			mustRun(t, 0, "cleanup", "--netns", ns, "--iptables-mode", mode)
+			for _, bin := range []string{"iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save"} {
+				if out := saveNat(t, ns, bin); strings.Contains(out, "PROXY_INIT") {
+					t.Errorf("%s after cleanup still holds our rules:\n%s", bin, out)
+				}
+			}
+			if out := inNS(t, ns, "nft", "list", "ruleset"); strings.Contains(out, iptables.NFTTableName) {
+				t.Errorf("the native table survived cleanup:\n%s", out)
+			}
+		})
+	}
+}
+
 func TestSimulateWritesNothing(t *testing.T) {
 	nt.RequireRoot(t)
 	tests := []struct {

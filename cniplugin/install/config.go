@@ -24,6 +24,13 @@ const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_le
    "outbound-ports-to-ignore":[],"subnets-to-ignore":[],"simulate":false,
    "use-wait-flag":false,"iptables-mode":"nft","ipv6":false}}`
 
+// EnvStandaloneConf names the file the plugin's config is written into alone (Config.StandaloneConf).
+const EnvStandaloneConf = "LINKERD_CNI_STANDALONE_CONF"
+
+// standaloneCNIVersion is the standalone config's cniVersion when the template has none: the
+// first with CHECK, which Multus and every runtime of the last years speak.
+const standaloneCNIVersion = "0.4.0"
+
 // DefaultServiceAccountDir is where Kubernetes mounts a pod's service
 // account token, CA and namespace.
 const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -87,6 +94,12 @@ type Config struct {
 	// file carries the plugin: --node-taint, or LINKERD_CNI_NODE_TAINT.
 	// It needs get and patch on nodes (deploy/linkerd-cni/optional).
 	NodeTaint string
+	// StandaloneConf, when set, is a file name (LINKERD_CNI_STANDALONE_CONF, e.g.
+	// linkerd-cni.conf): the installer then writes the plugin's config alone into that file of
+	// the net dir and chains it into nothing. That is how Multus (OpenShift, RKE2) runs it as a
+	// NetworkAttachmentDefinition: a NAD without spec.config finds the file of its name in
+	// Multus's /etc/cni/multus/net.d.
+	StandaloneConf string
 	// PluginLogOutput receives the lines of the plugin's log_file (default:
 	// the process's stdout, so they show in kubectl logs).
 	PluginLogOutput io.Writer
@@ -128,6 +141,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		CNIMTU:             get("CNI_MTU", "1500"),
 		Namespace:          getenv("POD_NAMESPACE"),
 		NodeTaint:          getenv(EnvNodeTaint),
+		StandaloneConf:     getenv(EnvStandaloneConf),
 	}
 	var probs []badinput.Problem
 	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
@@ -175,6 +189,9 @@ func (c *Config) validate() error {
 	}
 	if n := c.KubeconfigFileName; strings.HasSuffix(n, ".conf") || strings.HasSuffix(n, ".conflist") || strings.HasSuffix(n, ".json") {
 		bad("KUBECONFIG_FILE_NAME", n, "a CNI config extension would make the runtime load the kubeconfig as a network config")
+	}
+	if n := c.StandaloneConf; n != "" && (strings.ContainsRune(n, '/') || !strings.HasSuffix(n, ".conf") || n == ".conf" || strings.HasPrefix(n, ".")) {
+		bad(EnvStandaloneConf, n, "must be a plain file name ending in .conf (the plugin's config alone)")
 	}
 	if c.NodeTaint != "" {
 		if msgs := validation.IsQualifiedName(c.NodeTaint); len(msgs) > 0 {

@@ -64,12 +64,14 @@ func TestConfigFromEnv(t *testing.T) {
 		_, err := ConfigFromEnv(envFrom(map[string]string{
 			"KUBERNETES_SERVICE_PORT": "http", "SKIP_TLS_VERIFY": "maybe",
 			"DEST_CNI_NET_DIR": "etc/cni", "KUBECONFIG_FILE_NAME": "kube.conf",
+			"LINKERD_CNI_STANDALONE_CONF": "multus/linkerd-cni.conflist",
 		}))
 		if err == nil {
 			t.Fatal("no error")
 		}
 		for _, want := range []string{`KUBERNETES_SERVICE_HOST "": not set`, `KUBERNETES_SERVICE_PORT "http": not a port number`,
-			`SKIP_TLS_VERIFY "maybe": not a boolean`, `DEST_CNI_NET_DIR "etc/cni": not an absolute path`, `KUBECONFIG_FILE_NAME "kube.conf"`} {
+			`SKIP_TLS_VERIFY "maybe": not a boolean`, `DEST_CNI_NET_DIR "etc/cni": not an absolute path`, `KUBECONFIG_FILE_NAME "kube.conf"`,
+			`LINKERD_CNI_STANDALONE_CONF "multus/linkerd-cni.conflist": must be a plain file name ending in .conf`} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error lacks %q:\n%v", want, err)
 			}

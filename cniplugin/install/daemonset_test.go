@@ -273,12 +273,14 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 		code, err := probe(node, install.probes["livenessProbe"])
 		return code == 200, fmt.Sprint(code, err, installer.out.String())
 	})
-	if code, _ := probe(node, install.probes["readinessProbe"]); code != 503 {
-		t.Errorf("install-cni readiness = %d before any CNI config, want 503", code)
-	}
-	time.Sleep(500 * time.Millisecond)
-	if !tainted() {
-		t.Fatal("startup taint removed before any CNI config existed")
+	if r.standalone == "" {
+		if code, _ := probe(node, install.probes["readinessProbe"]); code != 503 {
+			t.Errorf("install-cni readiness = %d before any CNI config, want 503", code)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if !tainted() {
+			t.Fatal("startup taint removed before any CNI config existed")
+		}
 	}
 
 	// The repair controller needs only the base RBAC and the token: rest.InClusterConfig reads
@@ -301,7 +303,9 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 		procs = append(procs, repairP)
 	}
 
-	// The primary CNI arrives: the plugin goes in, the pod turns ready, the taint goes.
+	// The primary CNI arrives: the plugin goes in, the pod turns ready, the taint goes. With a
+	// standalone config (for Multus NetworkAttachmentDefinitions) that file is the plugin's place,
+	// and other configs stay as they are.
 	conf := filepath.Join(netDir, "10-calico.conflist")
 	if err := os.WriteFile(conf, []byte(calicoConflist), 0o644); err != nil {
 		t.Fatal(err)
@@ -313,8 +317,17 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 	waitFor(t, 10*time.Second, "the startup taint to be removed", func() (bool, string) {
 		return !tainted(), installer.out.String()
 	})
-	if b, _ := os.ReadFile(conf); !hasLinkerdLast(string(b)) {
+	b, _ := os.ReadFile(conf)
+	switch {
+	case r.standalone == "" && !hasLinkerdLast(string(b)):
 		t.Errorf("taint removed, but the conflist does not carry the plugin:\n%s", b)
+	case r.standalone != "" && string(b) != calicoConflist:
+		t.Errorf("with a standalone config, the installer chained into %s:\n%s", conf, b)
+	}
+	if r.standalone != "" {
+		if b, err := os.ReadFile(filepath.Join(netDir, r.standalone)); err != nil || !strings.Contains(string(b), `"type":"linkerd-cni"`) {
+			t.Errorf("standalone config %s: %q, %v", r.standalone, b, err)
+		}
 	}
 
 	// Pod deletion: SIGTERM to both; the installer restores the node's config.

@@ -5,8 +5,9 @@
 // Run copies the plugin binary into the node's CNI bin dir, writes the
 // plugin's kubeconfig from the pod's service account (and rewrites it when
 // the kubelet rotates the token), waits for the primary CNI's
-// configuration, and appends the plugin to every *.conflist and *.conf in
-// the node's CNI net dir (a .conf becomes a .conflist). It watches the
+// configuration, and appends the plugin to every *.conflist, *.conf and
+// *.json in the node's CNI net dir (a .conf or .json becomes a .conflist: the
+// runtimes read all three, the first by name). It watches the
 // directories with inotify and re-adds the plugin within a second when the
 // primary CNI rewrites its file. When its context ends (SIGTERM on pod
 // deletion) it removes its entry from every file, leaving every other byte
@@ -20,7 +21,8 @@
 // a crash (SIGKILL) the next installer can only remove its entry from the
 // .conflist, not turn it back into the .conf. A config file that is a
 // symbolic link, or is not valid JSON, is reported and left alone, and the
-// installer stays unready.
+// installer stays unready; on removal, one that never named linkerd-cni is
+// only a warning, since it holds nothing of ours.
 //
 // The installer talks to the API server only with Config.NodeTaint
 // (--node-taint): it then removes that startup taint from its node, once,
@@ -40,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -165,9 +168,12 @@ func (in *installer) setReady(ok bool, reason string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if ok != in.ready {
-		if ok {
+		switch {
+		case ok && in.cfg.StandaloneConf != "":
+			in.log.Info("ready: linkerd-cni's config is in place for NetworkAttachmentDefinitions", "file", in.cfg.StandaloneConf)
+		case ok:
 			in.log.Info("ready: linkerd-cni is in every CNI config file")
-		} else {
+		default:
 			in.log.Info("not ready", "reason", reason)
 		}
 	}
@@ -422,13 +428,20 @@ func (in *installer) noteWrite(path string) {
 }
 
 // isConfigName reports whether a runtime would read name as a network
-// configuration we patch.
+// configuration we patch: containerd (go-cni), CRI-O (ocicni) and the CNI
+// library load *.conf, *.conflist and *.json, and use the first by name.
 func isConfigName(name string) bool {
 	return !strings.HasPrefix(name, ".") &&
-		(strings.HasSuffix(name, ".conflist") || strings.HasSuffix(name, ".conf"))
+		(strings.HasSuffix(name, ".conflist") || isSingleName(name))
 }
 
-// listConfigs returns the *.conf and *.conflist entries of dir, sorted.
+// isSingleName reports whether the runtimes read name as a single plugin
+// configuration (unless its content is a list): a .conf or a .json.
+func isSingleName(name string) bool {
+	return strings.HasSuffix(name, ".conf") || strings.HasSuffix(name, ".json")
+}
+
+// listConfigs returns the *.conf, *.conflist and *.json entries of dir, sorted.
 func listConfigs(dir string) ([]fs.DirEntry, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -470,6 +483,9 @@ func splitErrors(err error) []error {
 // syncConfigs puts our entry into every config file. waiting is true when
 // there is no config file yet.
 func (in *installer) syncConfigs() (waiting bool, _ error) {
+	if in.cfg.StandaloneConf != "" {
+		return false, in.syncStandalone()
+	}
 	dir := in.cfg.netDir()
 	ents, err := listConfigs(dir)
 	if err != nil {
@@ -484,8 +500,14 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 	}
 	in.waiting = false
 	var errs []error
+	multus, multusName := findMultus(dir, ents)
 	for _, e := range ents {
-		if err := in.syncFile(e); err != nil {
+		if err := in.syncFile(e, multus != nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if multus != nil && multus.kind == multusThick {
+		if err := in.checkMultusPrimary(multusName, multus); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -508,7 +530,48 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 	return false, errors.Join(errs...)
 }
 
-func (in *installer) syncFile(e fs.DirEntry) error {
+// findMultus returns the first of the configs that is Multus's (the one the runtime runs), and
+// its name, or nil.
+func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink != 0 {
+			continue
+		}
+		if data, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+			if m, ok := parseMultus(data); ok {
+				return m, e.Name()
+			}
+		}
+	}
+	return nil, ""
+}
+
+// checkMultusPrimary reports a thick Multus's default network that linkerd-cni cannot be chained
+// into here. A list in the net dir is chained by syncFile like any other.
+func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
+	file := m.clusterNetworkFile()
+	if file == "" {
+		return nil // a network name, which Multus resolves itself
+	}
+	path := filepath.Join(in.cfg.netDir(), file)
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return in.problem(name, nil, fmt.Errorf("the pods' default network that Multus (%s) runs, %s, is not in %s: linkerd-cni cannot be chained into it from here; "+
+			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
+	case err != nil:
+		return fmt.Errorf("read %s: %w", path, err)
+	case !isList(data):
+		return in.problem(file, data, fmt.Errorf("%s is the default network Multus runs (clusterNetwork in %s) and a single plugin: linkerd-cni could be chained into it only by renaming it to a .conflist, and Multus reads it by its name; "+
+			"run linkerd-cni as a NetworkAttachmentDefinition instead (docs/install.md, Multus and OpenShift)", path, name))
+	}
+	return nil
+}
+
+// syncFile chains our entry into one config file. With Multus on the node, a single-plugin file
+// is left as it is (Multus finds its files by name), and Multus's own config gets the entry in
+// its delegates only (multus.go).
+func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	name := e.Name()
 	path := filepath.Join(in.cfg.netDir(), name)
 	if e.Type()&fs.ModeSymlink != 0 {
@@ -525,7 +588,18 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if st := in.files[name]; st != nil && st.written == h {
 		return nil
 	}
-	if strings.HasSuffix(name, ".conf") && !isList(data) {
+	if _, ok := parseMultus(data); ok {
+		out, err := chainMultus(data, in.entry.typ, in.entry.raw)
+		if err != nil {
+			return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
+		}
+		_, n, _ := unchainMultus(data, in.entry.typ)
+		return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to the default network Multus runs")
+	}
+	if isSingleName(name) && !isList(data) {
+		if withMultus {
+			return nil
+		}
 		return in.convert(name, path, data)
 	}
 	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
@@ -536,8 +610,15 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
+	_, n, _ := removeEntries(data, in.entry.typ)
+	return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to CNI config")
+}
+
+// writeEdited writes out over data, unless they are the same, and remembers it; pristine says
+// data held no entry of ours, so uninstall may put it back byte for byte.
+func (in *installer) writeEdited(name, path string, data, out []byte, pristine bool, msg string) error {
 	if bytes.Equal(out, data) {
-		in.files[name] = &fileState{written: h}
+		in.files[name] = &fileState{written: hashOf(data)}
 		return nil
 	}
 	mode := fs.FileMode(0o644)
@@ -549,21 +630,46 @@ func (in *installer) syncFile(e fs.DirEntry) error {
 	}
 	in.noteWrite(path)
 	st := &fileState{written: hashOf(out)}
-	if _, n, err := removeEntries(data, in.entry.typ); err == nil && n == 0 {
+	if pristine {
 		st.orig = data
 	}
 	in.files[name] = st
 	delete(in.reported, name)
-	in.log.Info("added linkerd-cni to CNI config", "path", path)
+	in.log.Info(msg, "path", path)
 	return nil
 }
 
-// convert turns a single-plugin .conf into a .conflist carrying our entry
-// and removes the .conf. The list is written first, so the node is never
-// without a network configuration.
+// standalone is the plugin's config alone, as a single-plugin config file: the entry, with a
+// cniVersion when it has none.
+func (in *installer) standalone() []byte {
+	if pluginHasKey(in.entry.raw, "cniVersion") {
+		return append(slices.Clone(in.entry.raw), '\n')
+	}
+	out := splice(in.entry.raw, span{1, 1}, []byte(`"cniVersion":"`+standaloneCNIVersion+`",`))
+	return append(out, '\n')
+}
+
+// syncStandalone writes the standalone config file unless it is in place already.
+func (in *installer) syncStandalone() error {
+	path := filepath.Join(in.cfg.netDir(), in.cfg.StandaloneConf)
+	want := in.standalone()
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+		return nil
+	}
+	if err := writeAtomic(path, want, 0o644); err != nil {
+		return err
+	}
+	in.noteWrite(path)
+	in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
+	return nil
+}
+
+// convert turns a single-plugin .conf (or .json) into a .conflist carrying
+// our entry and removes the original. The list is written first, so the node
+// is never without a network configuration.
 func (in *installer) convert(name, path string, data []byte) error {
 	dir := in.cfg.netDir()
-	stem := strings.TrimSuffix(name, ".conf")
+	stem := strings.TrimSuffix(strings.TrimSuffix(name, ".conf"), ".json")
 	target := stem + ".conflist"
 	tpath := filepath.Join(dir, target)
 	out, err := convertConf(data, in.entry.typ, in.entry.raw, stem)
@@ -621,6 +727,11 @@ func (in *installer) uninstall() error {
 			errs = append(errs, err)
 		}
 	}
+	if in.cfg.StandaloneConf != "" {
+		if err := removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
 		errs = append(errs, err)
 	}
@@ -668,11 +779,20 @@ func (in *installer) uninstallFile(name string) error {
 		in.log.Info("restored CNI config", "path", opath, "removed", path)
 		return nil
 	}
-	if strings.HasSuffix(name, ".conf") && !isList(data) {
+	remove := removeEntries
+	if _, ok := parseMultus(data); ok {
+		remove = unchainMultus
+	} else if isSingleName(name) && !isList(data) {
 		return nil // a single plugin: never ours to edit
 	}
-	out, n, err := removeEntries(data, in.entry.typ)
+	out, n, err := remove(data, in.entry.typ)
 	if err != nil {
+		if in.files[name] == nil && !bytes.Contains(data, []byte(strconv.Quote(in.entry.typ))) {
+			// A file we never edited, and that does not even name the plugin, holds nothing
+			// of ours: leaving it as it is removes everything we added.
+			in.log.Warn("a CNI config that could not be parsed was left untouched; it holds no linkerd-cni entry", "path", path, "error", err)
+			return nil
+		}
 		return fmt.Errorf("%s: %w; left untouched", path, err)
 	}
 	if n == 0 {

@@ -43,6 +43,17 @@ func TestInstallAndUninstall(t *testing.T) {
 			gone:      "10-flannel.conf",
 		},
 		{
+			// The runtimes read a .json as a single plugin, like a .conf, and 05- comes first.
+			name: "a .json before the primary's list is converted too",
+			files: map[string]string{
+				"05-extra.json":      `{"cniVersion":"0.4.0","name":"extra","type":"bridge","bridge":"br-extra"}`,
+				"10-calico.conflist": calicoConflist,
+			},
+			patched:   "05-extra.conflist",
+			wantTypes: []string{"bridge", "linkerd-cni"},
+			gone:      "05-extra.json",
+		},
+		{
 			name: "every file is patched",
 			files: map[string]string{
 				"05-cilium.conflist": `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni","enable-debug":false}]}`,
@@ -413,6 +424,22 @@ func TestMalformedConflistLeftUntouched(t *testing.T) {
 	}
 	if got := h.read(t, "05-broken.conflist"); got != fixed {
 		t.Errorf("fixed file not restored: %q", got)
+	}
+}
+
+// A config left unparsable by someone after the installer added its entry still holds that
+// entry: uninstall says it could not remove it (a file that never named linkerd-cni is only a
+// warning: TestSIGTERMRemovesEverything).
+func TestUninstallReportsABrokenFileOfOurs(t *testing.T) {
+	h := newHost(t)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	r := h.start(t)
+	r.waitReady(t)
+	broken := strings.Replace(h.read(t, "10-calico.conflist"), `"plugins": [`, `"plugins": [,`, 1)
+	h.replace(t, "10-calico.conflist", broken)
+	err := r.stop(t)
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(h.netDir, "10-calico.conflist")) || !strings.Contains(err.Error(), "left untouched") {
+		t.Errorf("uninstall = %v, want an error naming the file it could not clean", err)
 	}
 }
 

@@ -261,10 +261,11 @@ func checkContract(t *testing.T, r rendering) {
 	known := map[string]bool{}
 	for _, k := range []string{"DEST_CNI_NET_DIR", "DEST_CNI_BIN_DIR", "CNI_NETWORK_CONFIG", "CNI_NETWORK_CONFIG_FILE",
 		"CONTAINER_MOUNT_PREFIX", "CONTAINER_CNI_BIN_DIR", "KUBECONFIG_FILE_NAME", "KUBE_CA_FILE", "POD_NAMESPACE",
-		"KUBERNETES_NODE_NAME", "SERVICE_ACCOUNT_PATH", "SKIP_TLS_VERIFY", "CNI_MTU"} {
+		"KUBERNETES_NODE_NAME", "SERVICE_ACCOUNT_PATH", "SKIP_TLS_VERIFY", "CNI_MTU", EnvStandaloneConf} {
 		known[k] = true
 	}
 	env, _, _ := unstructured.NestedSlice(install, "env")
+	standalone := ""
 	for _, e := range env {
 		e := e.(map[string]any)
 		n := e["name"].(string)
@@ -274,6 +275,12 @@ func checkContract(t *testing.T, r rendering) {
 		if want := map[string]string{"DEST_CNI_NET_DIR": r.netDir, "DEST_CNI_BIN_DIR": r.binDir}[n]; want != "" && e["value"] != want {
 			t.Errorf("install-cni %s = %v, want %s", n, e["value"], want)
 		}
+		if n == EnvStandaloneConf {
+			standalone, _ = e["value"].(string)
+		}
+	}
+	if standalone != r.standalone {
+		t.Errorf("install-cni %s = %q, want %q", EnvStandaloneConf, standalone, r.standalone)
 	}
 	// The node's directories are mounted under the prefix, from hostPath volumes of the same
 	// paths.

@@ -99,3 +99,13 @@ func addExcludedNamespace(data []byte, members []member, open, closeAt int, ns s
 	last := members[len(members)-1].val.end
 	return splice(data, span{last, last}, append([]byte{','}, ins...)), nil
 }
+
+// pluginHasKey reports whether the JSON object data has key at its top level.
+func pluginHasKey(data []byte, key string) bool {
+	members, _, _, err := scanObject(data, 0)
+	if err != nil {
+		return false
+	}
+	_, ok := lookup(members, key)
+	return ok
+}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/validator"
 )
 
 // rendering is one set of manifests the manifest tests check.
@@ -35,6 +36,8 @@ type rendering struct {
 	repair bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
+	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
+	standalone string
 	// netDir and binDir are the node's CNI directories the rendering uses.
 	netDir, binDir string
 	// config is what its cni_network_config must mean (parsed by the plugin's own parser).
@@ -118,12 +121,22 @@ func renderings(t testing.TB) []rendering {
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), repair: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
-		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), repair: true,
-			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/current/bin", config: DefaultNetworkConfig},
+		// Where containerd looks with k3s's built-in flannel: the stable bin dir since the
+		// October 2024 releases (k3s-io/k3s#10868), not data/current/bin.
+		// With the socket-LB check (k3s with Cilium is where socket-LB bites).
+		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s", "socketLBCheck": map[string]any{"enabled": true}}), repair: true,
+			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/cni", config: DefaultNetworkConfig},
+		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), repair: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), repair: true,
 			netDir: "/etc/cni/net.d", binDir: "/home/kubernetes/bin", config: DefaultNetworkConfig},
+		{name: "microk8s", values: merge(withNS, map[string]any{"distribution": "microk8s"}), repair: true,
+			netDir: "/var/snap/microk8s/current/args/cni-network", binDir: "/var/snap/microk8s/current/opt/cni/bin", config: DefaultNetworkConfig},
+		// Multus's directory for NetworkAttachmentDefinitions, where the plugin's config is
+		// written alone: chaining into OVN-Kubernetes's 10-ovn-kubernetes.conf would rename the
+		// file Multus and ovnkube-node's readiness probe look for.
 		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), repair: true, privileged: true,
-			netDir: "/var/run/multus/cni/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig},
+			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
 	}
 	for i := range out {
 		if out[i].values != nil {
@@ -272,6 +285,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown iptablesMode", map[string]any{"iptablesMode": "fast"}, []string{"at '/iptablesMode': 'fast' does not match pattern '^(nft|legacy|plain|nftables|auto)$'"}},
 		{"port list with a bad port", map[string]any{"ignoreInboundPorts": "80,70000"}, []string{"ignoreInboundPorts", "80,70000"}},
 		{"unknown distribution", map[string]any{"distribution": "eks"}, []string{"distribution", "eks"}},
+		{"socket-LB check in a namespace the plugin leaves alone", map[string]any{"socketLBCheck": map[string]any{"enabled": true, "namespace": "linkerd-cni"}},
+			[]string{`socketLBCheck.namespace "linkerd-cni": the plugin leaves that namespace's pods alone`}},
+		{"standaloneConf not a .conf", map[string]any{"standaloneConf": "multus/linkerd-cni.conflist"}, []string{"standaloneConf", "multus/linkerd-cni.conflist"}},
 		{"relative directory", map[string]any{"destCNINetDir": "etc/cni"}, []string{"destCNINetDir", "etc/cni"}},
 		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
@@ -326,5 +342,45 @@ func TestHelmLint(t *testing.T) {
 	res := lint.AllWithKubeVersion(chartDir, map[string]any{"iptablesMode": "fast"}, helmchart.Namespace, kv)
 	if res.HighestSeverity != support.ErrorSev {
 		t.Errorf("helm lint with iptablesMode fast: highest severity %d, want an error; messages %v", res.HighestSeverity, res.Messages)
+	}
+}
+
+// The socket-LB check pod (socketLBCheck.enabled): a `helm test` hook, meshed in the plugin's
+// eyes, running the validator against the kubernetes Service as the pod sees it; the arguments,
+// once the kubelet has expanded them, are ones the validator accepts.
+func TestSocketLBCheckPod(t *testing.T) {
+	ms := renderChart(t, loadChart(t), map[string]any{"socketLBCheck": map[string]any{"enabled": true}})
+	var pod *unstructured.Unstructured
+	for _, m := range ms {
+		if m.obj.GetKind() == "Pod" {
+			pod = m.obj
+		}
+	}
+	if pod == nil {
+		t.Fatal("no Pod rendered")
+	}
+	if pod.GetAnnotations()["helm.sh/hook"] != "test" || pod.GetNamespace() != "default" {
+		t.Errorf("pod %s/%s annotations %v: want a helm test in default", pod.GetNamespace(), pod.GetName(), pod.GetAnnotations())
+	}
+	var spec cniplugin.PodSpec
+	raw, _ := json.Marshal(pod.Object["spec"])
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if k := cniplugin.Classify(&spec); !k.NeedsRules() {
+		t.Errorf("the plugin classifies the check pod %s: it would write no rules", k)
+	}
+	containers, _, _ := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+	if !slices.Contains(args, "--connect-addr=$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)") {
+		t.Errorf("args %q do not dial the kubernetes Service", args)
+	}
+	expanded := strings.NewReplacer("$(KUBERNETES_SERVICE_HOST)", "10.96.0.1", "$(KUBERNETES_SERVICE_PORT)", "443")
+	for i := range args {
+		args[i] = expanded.Replace(args[i])
+	}
+	c, err := validator.Parse(args)
+	if err != nil || c.ConnectAddr != "10.96.0.1:443" || c.ListenAddr != "0.0.0.0:4140" {
+		t.Errorf("validator.Parse(%q) = %+v, %v", args, c, err)
 	}
 }

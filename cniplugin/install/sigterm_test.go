@@ -13,7 +13,7 @@ import (
 
 // TestSIGTERMRemovesEverything runs the real `linkerd-cni install` process, as the DaemonSet
 // does, and sends it SIGTERM: it must exit 0 having restored every config file byte for byte
-// and removed the kubeconfig and the binary.
+// and removed the kubeconfig and the binary, a config it could never parse included.
 func TestSIGTERMRemovesEverything(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipping: builds cmd/linkerd-cni")
@@ -29,6 +29,10 @@ func TestSIGTERMRemovesEverything(t *testing.T) {
 	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 	h.write(t, "10-calico.conflist", calicoConflist)
 	h.write(t, "20-flannel.conf", flannelConf)
+	// A config nobody can parse (a trailing comma) is reported and never edited: removal is
+	// clean all the same, and the exit code says so.
+	const broken = `{"cniVersion":"0.3.1","name":"broken","plugins":[{"type":"bridge"},]}`
+	h.write(t, "30-broken.conflist", broken)
 	netBefore := dirNames(t, h.netDir)
 	binBefore := dirNames(t, h.binDir)
 
@@ -76,8 +80,11 @@ func TestSIGTERMRemovesEverything(t *testing.T) {
 	if got := dirNames(t, h.binDir); !slices.Equal(got, binBefore) {
 		t.Errorf("bin dir after SIGTERM = %v, want %v", got, binBefore)
 	}
-	if h.read(t, "10-calico.conflist") != calicoConflist || h.read(t, "20-flannel.conf") != flannelConf {
+	if h.read(t, "10-calico.conflist") != calicoConflist || h.read(t, "20-flannel.conf") != flannelConf || h.read(t, "30-broken.conflist") != broken {
 		t.Error("config files not restored byte for byte")
+	}
+	if !strings.Contains(stderr.String(), "could not be parsed was left untouched") {
+		t.Errorf("no warning about the unparsable config:\n%s", stderr.String())
 	}
 	if !strings.Contains(stderr.String(), `"msg":"uninstalled`) {
 		t.Errorf("no uninstall log line:\n%s", stderr.String())

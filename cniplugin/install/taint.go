@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -156,7 +157,9 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 
 // pluginInPlace reports whether the installer is ready (binary, kubeconfig
 // and every config file done at its last sync) and, read again from disk
-// now, every config file in the net dir is a list carrying our plugin. The
+// now, the plugin is where the runtime will find it: the standalone config
+// in place, or every config list ending with our plugin (with Multus: every
+// delegate of its own config, and no single-plugin file required). The
 // second check closes the window between a primary CNI rewriting its file
 // and the installer's next sync.
 func (in *installer) pluginInPlace() (bool, string) {
@@ -164,6 +167,13 @@ func (in *installer) pluginInPlace() (bool, string) {
 		return false, reason
 	}
 	dir := in.cfg.netDir()
+	if in.cfg.StandaloneConf != "" {
+		p := filepath.Join(dir, in.cfg.StandaloneConf)
+		if data, err := os.ReadFile(p); err != nil || !bytes.Equal(data, in.standalone()) {
+			return false, p + " is not the plugin's config yet"
+		}
+		return true, ""
+	}
 	ents, err := listConfigs(dir)
 	if err != nil {
 		return false, err.Error()
@@ -171,11 +181,23 @@ func (in *installer) pluginInPlace() (bool, string) {
 	if len(ents) == 0 {
 		return false, "no CNI config file in " + dir
 	}
+	multus, _ := findMultus(dir, ents)
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return false, fmt.Sprintf("read %s: %v", p, err)
+		}
+		if m, ok := parseMultus(data); ok {
+			for _, d := range m.delegates {
+				if !hasEntry(data[d.start:d.end], in.entry.typ) {
+					return false, p + ": a delegate of Multus's does not run the " + in.entry.typ + " plugin yet"
+				}
+			}
+			continue
+		}
+		if multus != nil && !isList(data) {
+			continue // a single plugin, which syncFile leaves alone beside Multus
 		}
 		doc, err := parseList(data)
 		if err != nil {

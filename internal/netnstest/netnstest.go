@@ -98,7 +98,12 @@ func NewNetNS(t testing.TB) ns.NetNS {
 
 func newNS(t testing.TB, name string) *NS {
 	t.Helper()
-	n := &NS{name: name, path: NewNetNS(t).Path()}
+	return setUp(t, &NS{name: name, path: NewNetNS(t).Path()})
+}
+
+// setUp brings lo up and switches IPv6 DAD off in n.
+func setUp(t testing.TB, n *NS) *NS {
+	t.Helper()
 
 	if err := n.Do(func() error {
 		// DAD would keep new IPv6 addresses tentative for a second or more;
@@ -123,7 +128,7 @@ func newNS(t testing.TB, name string) *NS {
 		}
 		return nil
 	}); err != nil {
-		t.Fatalf("set up %s netns %s: %v", name, n.path, err)
+		t.Fatalf("set up %s netns %s: %v", n.name, n.path, err)
 	}
 	return n
 }

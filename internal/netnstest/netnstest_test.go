@@ -2,14 +2,18 @@ package netnstest
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const expectWait = 2 * time.Second
@@ -47,6 +51,54 @@ func TestNewNSIsFreshAndCleanedUp(t *testing.T) {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("namespace %s still exists after cleanup (stat err %v)", p, err)
 		}
+	}
+}
+
+// NewUserNS's namespace belongs to a user namespace of its own, which maps root to
+// UserNSHostRoot, and is gone after the test.
+func TestNewUserNSIsOwnedAndCleanedUp(t *testing.T) {
+	RequireRoot(t)
+	var path string
+	t.Run("inner", func(t *testing.T) {
+		n := NewUserNS(t)
+		path = n.Path()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fd, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_USERNS)
+		if err != nil {
+			t.Fatalf("NS_GET_USERNS: %v", err)
+		}
+		owner := os.NewFile(uintptr(fd), "owner")
+		defer owner.Close()
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Ino == inode(t, "/proc/self/ns/user") {
+			t.Fatalf("the namespace is owned by our own user namespace")
+		}
+		// A process that joins the owner finds root mapped to UserNSHostRoot.
+		if _, err := exec.LookPath("nsenter"); err == nil {
+			user := fmt.Sprintf("--user=/proc/%d/fd/%d", os.Getpid(), fd)
+			out, err := RunIn(t, n, "nsenter", user, "cat", "/proc/self/uid_map")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := strings.Fields(out); len(f) != 3 || f[0] != "0" || f[1] != fmt.Sprint(UserNSHostRoot) || f[2] != "65536" {
+				t.Fatalf("uid_map in the owner: %q", out)
+			}
+		}
+		// lo is up.
+		StartServer(t, n, ":80")
+		if reply, err := Dial(t, n, "tcp", "127.0.0.1:80", DialOpts{}); err != nil || reply != "server :80" {
+			t.Fatalf("Dial = %q, %v", reply, err)
+		}
+	})
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("namespace %s still exists after cleanup (stat err %v)", path, err)
 	}
 }
 

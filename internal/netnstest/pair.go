@@ -64,7 +64,19 @@ type Pair struct {
 // t.Cleanup: deleting the namespaces deletes the veth.
 func NewPair(t testing.TB) *Pair {
 	t.Helper()
-	p := &Pair{Pod: newNS(t, "pod"), Peer: newNS(t, "peer")}
+	return newPair(t, newNS(t, "pod"))
+}
+
+// NewUserNSPair is NewPair with the pod's network namespace owned by a user namespace of its own,
+// as the kubelet gives a pod with hostUsers: false (NewUserNS).
+func NewUserNSPair(t testing.TB) *Pair {
+	t.Helper()
+	return newPair(t, NewUserNS(t))
+}
+
+func newPair(t testing.TB, pod *NS) *Pair {
+	t.Helper()
+	p := &Pair{Pod: pod, Peer: newNS(t, "peer")}
 
 	// The veth is created from a netlink socket opened inside the pod
 	// namespace, and its peer end is born directly in the peer namespace: no

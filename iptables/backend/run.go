@@ -36,6 +36,8 @@ type Target struct {
 	// discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
+
+	label string // NetNSLabel, when NetNS is not how the caller named the namespace (the helper)
 }
 
 func (t Target) log() *slog.Logger {
@@ -47,6 +49,9 @@ func (t Target) log() *slog.Logger {
 
 // NetNSLabel names the target namespace in messages.
 func (t Target) NetNSLabel() string {
+	if t.label != "" {
+		return t.label
+	}
 	if t.NetNS == "" {
 		return "(current)"
 	}
@@ -74,6 +79,9 @@ type Runner struct {
 	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
 	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
 	CloseWaitFile string
+	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
+	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
+	Helper string
 }
 
 // Other is a backend that is not the chosen one: what of ours it holds, and how to remove it.
@@ -88,6 +96,9 @@ type Other struct {
 // the new ones are in place, so redirection never stops), and sets the close-wait timeout when
 // rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
+	if resp, ok, err := r.viaHelper(ctx, t, opApply, rs); ok {
+		return resp.Outcome, err
+	}
 	var out Outcome
 	err := r.in(t, true, func(a iptables.Applier) error {
 		res, err := a.Apply(ctx, rs)
@@ -117,6 +128,9 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 // Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
 // that other backends hold (which should be none), and the close-wait timeout when rs sets one.
 func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
+	if resp, ok, err := r.viaHelper(ctx, t, opShow, rs); ok {
+		return resp.State, err
+	}
 	var st iptables.State
 	err := r.in(t, false, func(a iptables.Applier) error {
 		var err error
@@ -149,6 +163,9 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 // Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
 // nothing else. It succeeds when there is nothing to remove.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
+	if resp, ok, err := r.viaHelper(ctx, t, opCleanup, nil); ok {
+		return resp.Outcome, err
+	}
 	var out Outcome
 	err := r.in(t, true, func(a iptables.Applier) error {
 		if err := a.Cleanup(ctx); err != nil {

@@ -6,9 +6,10 @@ linkerd.io/cni-resource: "true"
 {{- end }}
 {{- end -}}
 
-{{/* The node's directories: the value, or the distribution preset's when left at the default. */}}
+{{/* The node's directories: the value, or the distribution preset's when left at the default
+(docs/install.md, "Paths per distribution", says where each comes from). */}}
 {{- define "linkerd-cni.netDir" -}}
-{{- $presets := dict "k3s" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "gke" "/etc/cni/net.d" "openshift" "/var/run/multus/cni/net.d" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "rke2" "/etc/cni/net.d" "gke" "/etc/cni/net.d" "microk8s" "/var/snap/microk8s/current/args/cni-network" "openshift" "/etc/cni/multus/net.d" -}}
 {{- if and .Values.distribution (eq .Values.destCNINetDir "/etc/cni/net.d") -}}
 {{- get $presets .Values.distribution -}}
 {{- else -}}
@@ -17,11 +18,21 @@ linkerd.io/cni-resource: "true"
 {{- end -}}
 
 {{- define "linkerd-cni.binDir" -}}
-{{- $presets := dict "k3s" "/var/lib/rancher/k3s/data/current/bin" "gke" "/home/kubernetes/bin" "openshift" "/var/lib/cni/bin" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/data/cni" "rke2" "/opt/cni/bin" "gke" "/home/kubernetes/bin" "microk8s" "/var/snap/microk8s/current/opt/cni/bin" "openshift" "/var/lib/cni/bin" -}}
 {{- if and .Values.distribution (eq .Values.destCNIBinDir "/opt/cni/bin") -}}
 {{- get $presets .Values.distribution -}}
 {{- else -}}
 {{- .Values.destCNIBinDir -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The file the plugin's config is written into alone, for NetworkAttachmentDefinitions: the
+value, or linkerd-cni.conf with the openshift preset (Multus's /etc/cni/multus/net.d). */}}
+{{- define "linkerd-cni.standaloneConf" -}}
+{{- if .Values.standaloneConf -}}
+{{- .Values.standaloneConf -}}
+{{- else if eq .Values.distribution "openshift" -}}
+linkerd-cni.conf
 {{- end -}}
 {{- end -}}
 
@@ -75,6 +86,9 @@ resources:
 {{- end -}}
 {{- if hasSuffix "linkerd/cni-plugin" .Values.image.name -}}
 {{- fail (printf "image.name %q is Linkerd's image, which does not hold this chart's programs: use ghcr.io/kubemesh/linkerd-cni (or your mirror of it), e.g. --set image.name=ghcr.io/kubemesh/linkerd-cni,image.version=%s" .Values.image.name .Chart.AppVersion) -}}
+{{- end -}}
+{{- if and .Values.socketLBCheck.enabled (or (eq .Values.socketLBCheck.namespace .Release.Namespace) (has .Values.socketLBCheck.namespace .Values.excludeNamespaces)) -}}
+{{- fail (printf "socketLBCheck.namespace %q: the plugin leaves that namespace's pods alone (its own, or excludeNamespaces), so the check would prove nothing; pick another" .Values.socketLBCheck.namespace) -}}
 {{- end -}}
 {{- if eq .Values.installer.adminAddr .Values.repairController.adminAddr -}}
 {{- fail (printf "installer.adminAddr and repairController.adminAddr are both %q: the two containers share the node's network namespace and need two ports" .Values.installer.adminAddr) -}}

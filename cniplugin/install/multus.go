@@ -1,0 +1,156 @@
+package install
+
+// Multus (k8snetworkplumbingwg/multus-cni) writes its own config first in the net dir
+// (00-multus.conf, or 00-multus.conflist from CNI 1.0.0 on), so the runtime runs Multus, and
+// Multus runs the pod's default network itself:
+//   - the thin plugin (type "multus") from the copies of that network's config embedded in its
+//     "delegates", made when Multus starts (it remakes them only when it runs with
+//     --cleanup-config-on-exit and without --skip-config-watch);
+//   - the thick plugin (type "multus-shim") from the file its "clusterNetwork" names, read on
+//     every ADD.
+// Chaining linkerd-cni after Multus and into the default network would run it twice per pod. So
+// with Multus the installer chains it once, where the default network runs: into the thin
+// plugin's delegates (and into the files on disk, which Multus copies when it remakes them), or
+// into the file the thick plugin names. It never chains after Multus itself, and never turns a
+// .conf into a .conflist, since Multus finds its files by name.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+)
+
+// Multus's plugin types.
+const (
+	multusThin  = "multus"
+	multusThick = "multus-shim"
+)
+
+// multusConf is a config file of Multus's, located in its bytes.
+type multusConf struct {
+	kind string // multusThin or multusThick
+	// delegates are the thin plugin's embedded configs.
+	delegates []span
+	// clusterNetwork is the thick plugin's default network: a file path, as Multus's daemon
+	// sees it, or a network name.
+	clusterNetwork string
+}
+
+// parseMultus recognises a config of Multus's: a single plugin of its type, or a list holding one.
+func parseMultus(data []byte) (*multusConf, bool) {
+	if !json.Valid(data) {
+		return nil, false
+	}
+	obj := span{0, len(data)}
+	if isList(data) {
+		doc, err := parseList(data)
+		if err != nil {
+			return nil, false
+		}
+		found := false
+		for i, t := range doc.types {
+			if t == multusThin || t == multusThick {
+				obj, found = doc.elems[i], true
+				break
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	members, _, _, err := scanObject(data, obj.start)
+	if err != nil {
+		return nil, false
+	}
+	m := &multusConf{kind: pluginType(data[obj.start:obj.end])}
+	if m.kind != multusThin && m.kind != multusThick {
+		return nil, false
+	}
+	if s, ok := lookup(members, "delegates"); ok && m.kind == multusThin {
+		if m.delegates, _, _, err = scanArray(data, s.start); err != nil {
+			return nil, false
+		}
+	}
+	if s, ok := lookup(members, "clusterNetwork"); ok {
+		_ = json.Unmarshal(data[s.start:s.end], &m.clusterNetwork)
+	}
+	return m, true
+}
+
+// chainMultus returns a Multus config with entry chained into each of the thin plugin's
+// delegates, and no entry of type typ after Multus itself.
+func chainMultus(data []byte, typ string, entry []byte) ([]byte, error) {
+	data, _, err := removeAfterMultus(data, typ)
+	if err != nil {
+		return nil, err
+	}
+	return editDelegates(data, func(d []byte) ([]byte, error) {
+		if isList(d) {
+			return appendEntry(d, typ, entry)
+		}
+		out, err := convertConf(d, typ, entry, "")
+		if err != nil {
+			return nil, err
+		}
+		var compact bytes.Buffer
+		err = json.Compact(&compact, out) // as compact as Multus writes its delegates
+		return compact.Bytes(), err
+	})
+}
+
+// unchainMultus returns a Multus config without any entry of type typ, and how many it removed.
+func unchainMultus(data []byte, typ string) ([]byte, int, error) {
+	data, removed, err := removeAfterMultus(data, typ)
+	if err != nil {
+		return nil, 0, err
+	}
+	data, err = editDelegates(data, func(d []byte) ([]byte, error) {
+		if !isList(d) {
+			return d, nil
+		}
+		out, n, err := removeEntries(d, typ)
+		removed += n
+		return out, err
+	})
+	return data, removed, err
+}
+
+// removeAfterMultus removes the entries of type typ chained after Multus (an older install's).
+func removeAfterMultus(data []byte, typ string) ([]byte, int, error) {
+	if !isList(data) {
+		return data, 0, nil
+	}
+	return removeEntries(data, typ)
+}
+
+// editDelegates applies edit to each delegate of a thin Multus config, last first so the
+// earlier spans stay valid.
+func editDelegates(data []byte, edit func([]byte) ([]byte, error)) ([]byte, error) {
+	m, ok := parseMultus(data)
+	if !ok {
+		return nil, errors.New("not a Multus config")
+	}
+	for i := len(m.delegates) - 1; i >= 0; i-- {
+		d := m.delegates[i]
+		if data[d.start] != '{' {
+			return nil, fmt.Errorf("delegates[%d] is not an object", i)
+		}
+		out, err := edit(data[d.start:d.end])
+		if err != nil {
+			return nil, fmt.Errorf("delegates[%d]: %w", i, err)
+		}
+		data = splice(data, d, out)
+	}
+	return data, nil
+}
+
+// clusterNetworkFile is the name, in the net dir, of the file a thick Multus config runs as the
+// pod's default network ("" when it names a network, not a file).
+func (m *multusConf) clusterNetworkFile() string {
+	if !filepath.IsAbs(m.clusterNetwork) {
+		return ""
+	}
+	return filepath.Base(m.clusterNetwork)
+}
