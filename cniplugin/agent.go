@@ -167,7 +167,7 @@ func (p *Plugin) viaAgent(cmd string, local func(*Plugin, *skel.CmdArgs) error) 
 		report := AgentReport{V: AgentProtocol, Command: cmd, Lookup: "none"}
 		defer func() {
 			report.Seconds = time.Since(started).Seconds()
-			report.Log = truncateLog(own.String())
+			report.Log = TruncateAgentLog(own.String())
 			ex.send(report)
 		}()
 
@@ -244,6 +244,9 @@ func offer(socket string, timeout time.Duration, cmd string, args *skel.CmdArgs)
 	deadline := time.Now().Add(timeout)
 	req := AgentRequest{V: AgentProtocol, Command: cmd, ContainerID: args.ContainerID, Netns: args.Netns,
 		IfName: args.IfName, Args: args.Args, Path: args.Path, Config: args.StdinData}
+	if err := CheckAgentSocket(socket); err != nil {
+		return nil, err
+	}
 	var oob []byte
 	if args.Netns != "" {
 		f, err := os.Open(args.Netns)
@@ -264,9 +267,6 @@ func offer(socket string, timeout time.Duration, cmd string, args *skel.CmdArgs)
 	}
 	if len(body) > MaxAgentMessage {
 		return nil, fmt.Errorf("the request is %d bytes, more than the %d the socket carries", len(body), MaxAgentMessage)
-	}
-	if err := CheckAgentSocket(socket); err != nil {
-		return nil, err
 	}
 	d := net.Dialer{Deadline: deadline}
 	c, err := d.Dial("unixpacket", socket)
@@ -319,7 +319,7 @@ func CheckAgentSocket(path string) error {
 			return err
 		}
 		if fi.Mode().Type() != c.typ {
-			return fmt.Errorf("%s is not %s (%s)", c.path, c.what, fi.Mode().Type())
+			return fmt.Errorf("%s is not %s but %s", c.path, c.what, fileKind(fi.Mode()))
 		}
 		st, ok := fi.Sys().(*syscall.Stat_t)
 		if !ok || st.Uid != 0 {
@@ -330,6 +330,22 @@ func CheckAgentSocket(path string) error {
 		}
 	}
 	return nil
+}
+
+func fileKind(m fs.FileMode) string {
+	switch m.Type() {
+	case 0:
+		return "a regular file"
+	case fs.ModeDir:
+		return "a directory"
+	case fs.ModeSymlink:
+		return "a symbolic link"
+	case fs.ModeSocket:
+		return "a socket"
+	case fs.ModeNamedPipe:
+		return "a named pipe"
+	}
+	return "a special file"
 }
 
 // writeLog writes lines the agent logged for this call where the plugin's own lines go: stderr
@@ -350,8 +366,8 @@ func writeLog(stderr io.Writer, logFile, text string) {
 	_ = f.Close()
 }
 
-// truncateLog bounds log text to what a message carries, keeping whole lines from the start.
-func truncateLog(s string) string {
+// TruncateAgentLog bounds log text to what a message carries, keeping whole lines from the start.
+func TruncateAgentLog(s string) string {
 	if len(s) <= maxAgentLog {
 		return s
 	}
@@ -361,9 +377,6 @@ func truncateLog(s string) string {
 	}
 	return cut + "(log truncated)\n"
 }
-
-// TruncateAgentLog is truncateLog for the agent's replies.
-func TruncateAgentLog(s string) string { return truncateLog(s) }
 
 // agentLookup serves a call's lookups from the agent's answer, and whatever the answer lacks
 // from the API.
