@@ -31,8 +31,12 @@ type rendering struct {
 	ms   []manifest
 	// values rendered the chart; nil for deploy/linkerd-cni as it is on disk.
 	values map[string]any
-	// repair: the DaemonSet runs the repair controller (and the ClusterRole grants its writes).
-	repair bool
+	// second is the DaemonSet's second container: "agent" (linkerd-cni-agent), "repair"
+	// (repair-controller) or "" (none); with one, the ClusterRole grants "create events".
+	second string
+	// deletes: the ClusterRole grants "delete pods" (the repair controller, the agent's delete
+	// mode).
+	deletes bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
 	// netDir and binDir are the node's CNI directories the rendering uses.
@@ -113,17 +117,23 @@ func renderings(t testing.TB) []rendering {
 	dir := filepath.Join(deployDir(t), "linkerd-cni")
 	withNS := map[string]any{"createNamespace": true}
 	out := []rendering{
-		{name: "defaults", ms: loadManifests(t, dir), repair: true, netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "linkerd-2.20-defaults", values: merge(merge(valuesFile(t, "linkerd-2.20-defaults.yaml"), ourImage), withNS),
+		{name: "defaults", ms: loadManifests(t, dir), second: "agent", netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "linkerd-2.20-defaults", values: merge(merge(valuesFile(t, "linkerd-2.20-defaults.yaml"), ourImage), withNS), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), repair: true,
+		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
-		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), repair: true,
+		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s"}), second: "agent",
 			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/current/bin", config: DefaultNetworkConfig},
-		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), repair: true,
+		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/home/kubernetes/bin", config: DefaultNetworkConfig},
-		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), repair: true, privileged: true,
+		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), second: "agent", privileged: true,
 			netDir: "/var/run/multus/cni/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig},
+		{name: "agent-delete-mode", values: merge(withNS, map[string]any{"agent": map[string]any{"mode": "delete"}}), second: "agent", deletes: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "repair-controller-only", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}}), second: "repair", deletes: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "neither", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}}),
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 	}
 	for i := range out {
 		if out[i].values != nil {
@@ -277,8 +287,15 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
 			[]string{`image.name "cr.l5d.io/linkerd/cni-plugin" is Linkerd's image, which does not hold this chart's programs`}},
 		{"PodSecurityPolicy", map[string]any{"enablePSP": true}, []string{"enablePSP true: PodSecurityPolicy was removed in Kubernetes 1.25"}},
-		{"shared admin address", map[string]any{"repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
+		{"shared admin address", map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
 			[]string{`installer.adminAddr and repairController.adminAddr are both "127.0.0.1:9992"`}},
+		{"the agent on the installer's address", map[string]any{"agent": map[string]any{"adminAddr": "127.0.0.1:9992"}},
+			[]string{`installer.adminAddr and agent.adminAddr are both "127.0.0.1:9992"`}},
+		{"unknown agent mode", map[string]any{"agent": map[string]any{"mode": "heal"}}, []string{"at '/agent/mode': 'heal' does not match pattern '^(repair|delete|report)$'"}},
+		{"agent audit period not a duration", map[string]any{"agent": map[string]any{"auditPeriod": "often"}}, []string{"/agent/auditPeriod", "often"}},
+		{"agent CRI socket not absolute", map[string]any{"agent": map[string]any{"criSocket": "run/containerd.sock"}}, []string{"/agent/criSocket", "run/containerd.sock"}},
+		{"a PodMonitor for a loopback address", map[string]any{"agent": map[string]any{"podMonitor": map[string]any{"enabled": true}}},
+			[]string{`agent.podMonitor.enabled: Prometheus cannot scrape agent.adminAddr "127.0.0.1:9993", which is the node's loopback`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
