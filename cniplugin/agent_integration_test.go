@@ -29,43 +29,7 @@ func TestCNIWithAgent(t *testing.T) {
 	n.createPod(t, ns, "web", shapeClassic, nil, nil)
 	n.createPod(t, ns, "api", shapeClassic, nil, nil)
 
-	token, err := n.kube.TokenFor(context.Background(), cniNamespace, cniServiceAccount)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(n.kube.ConfigForToken(token))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "cni-agent-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	socket := filepath.Join(dir, "run", "agent.sock")
-	var pluginLog syncWriter
-	a, err := agent.New(client, agent.Options{NodeName: nodeName, Socket: socket, PluginLog: &pluginLog,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stop := func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !a.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent never synced")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-
+	socket, pluginLog, stop := n.startAgent(t)
 	list := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: map[string]any{"agent": map[string]any{"socket": socket}}})
 	sb := n.newSandbox(t, ns, "web")
 	n.mustAdd(t, list, sb)
@@ -95,6 +59,55 @@ func TestCNIWithAgent(t *testing.T) {
 	if evs := n.waitAPIEvents(t, ns, 2); len(evs) != 2 {
 		t.Errorf("without the agent, the meshed pod cost %d API requests, want 2: %v", len(evs), eventURIs(evs))
 	}
+}
+
+// startAgent runs the node agent in this process, with the plugin's ServiceAccount (whose
+// ClusterRole has the reads the agent watches with), serving a socket in a root-only directory of
+// its own, lookups only. It returns the socket, the agent's plugin log and a function that stops
+// it (also run at cleanup).
+func (n *node) startAgent(t testing.TB) (string, *syncWriter, func()) {
+	t.Helper()
+	token, err := n.kube.TokenFor(context.Background(), cniNamespace, cniServiceAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(n.kube.ConfigForToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "cni-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	socket := filepath.Join(dir, "run", "agent.sock")
+	pluginLog := &syncWriter{}
+	a, err := agent.New(client, agent.Options{NodeName: nodeName, Socket: socket, PluginLog: pluginLog,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(30 * time.Second)
+	for !a.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never synced")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return socket, pluginLog, stop
 }
 
 type syncWriter struct {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,31 +75,45 @@ func BenchmarkADD(b *testing.B) {
 		}
 		return median(d), ids
 	}
-	quiet := map[string]any{"log_level": "info"}
+	socket, _, _ := n.startAgent(b)
+	floorSocket := echoServer(b)
+	none := map[string]any{"log_level": "info", "agent": map[string]any{"socket": ""}}
+	withAgent := map[string]any{"log_level": "info", "agent": map[string]any{"socket": socket}}
 	noop := n.conflist(b, netOpts{noop: true})
 	type addRow struct {
 		what   string
 		got    time.Duration
 		inside string
 		limit  time.Duration // the target overhead over the no-op plugin
+		// requests is the API requests per ADD in the audit log (-1: not counted).
+		requests float64
 	}
 	base, _ := timeADD(noop, "web")
+	floor, _ := timeADD(n.conflist(b, netOpts{noop: true, top: map[string]any{"roundtrip": floorSocket}}), "web")
 	var rows []addRow
 	for _, c := range []struct {
 		what  string
 		mode  iptables.Mode
 		pod   string
+		top   map[string]any
 		limit time.Duration
 	}{
-		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", 40 * time.Millisecond},
-		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", 30 * time.Millisecond},
-		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", 30 * time.Millisecond},
-		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", 40 * time.Millisecond},
-		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", 40 * time.Millisecond},
+		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", none, 40 * time.Millisecond},
+		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", none, 30 * time.Millisecond},
+		{"meshed pod, nft, agent ready", iptables.ModeNFT, "web", withAgent, 4 * time.Millisecond},
+		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", none, 30 * time.Millisecond},
+		{"meshed pod, auto, agent ready", iptables.ModeAuto, "web", withAgent, 4 * time.Millisecond},
+		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", none, 40 * time.Millisecond},
+		{"meshed pod, legacy, agent looks up", iptables.ModeLegacy, "web", withAgent, 40 * time.Millisecond},
+		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", none, 40 * time.Millisecond},
+		{"unmeshed pod, agent ready", iptables.ModeNFTables, "plain", withAgent, 4 * time.Millisecond},
 	} {
-		list := n.conflist(b, netOpts{mode: c.mode, top: quiet})
+		list := n.conflist(b, netOpts{mode: c.mode, top: c.top})
+		before := len(n.apiEvents(b, "bench"))
 		got, ids := timeADD(list, c.pod)
-		rows = append(rows, addRow{c.what, got, n.insideTimes(b, ids), c.limit})
+		time.Sleep(time.Second) // the audit log is written asynchronously
+		requests := float64(len(n.apiEvents(b, "bench"))-before) / benchRuns
+		rows = append(rows, addRow{c.what, got, n.insideTimes(b, ids), c.limit, requests})
 	}
 
 	bin := filepath.Join(binDirs[0], "linkerd-cni")
@@ -109,7 +124,7 @@ func BenchmarkADD(b *testing.B) {
 	clientgoStartup := runPlugin(b, floorPlugin(b, "linkclientgo"), "VERSION", nil, nil)
 
 	// Peak memory of a real ADD: run the binary directly, as libcni would, on a wired sandbox.
-	list := n.conflist(b, netOpts{mode: iptables.ModeNFTables, top: quiet})
+	list := n.conflist(b, netOpts{mode: iptables.ModeNFTables, top: none})
 	sb := n.newSandbox(b, "bench", "web")
 	res := n.mustAdd(b, list, sb)
 	conf := map[string]any{}
@@ -142,12 +157,13 @@ func BenchmarkADD(b *testing.B) {
 	fmt.Printf("\nlinkerd-cni ADD through libcni, chain [bridge+host-local, plugin], local kube-apiserver, median of %d (load average %s):\n",
 		benchRuns, strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Printf("  %-48s %8s\n", "baseline: no-op chained plugin", msec(base))
+	fmt.Printf("  %-48s %8s  overhead %8s  (no-op plugin + one UNIX-socket round trip)\n", "floor: no-op + socket round trip", msec(floor), msec(floor-base))
 	for _, r := range rows {
 		verdict := "meets"
 		if r.got-base > r.limit {
 			verdict = "MISSES"
 		}
-		fmt.Printf("  %-48s %8s  overhead %8s  (target <= %s: %s)\n", r.what, msec(r.got), msec(r.got-base), r.limit, verdict)
+		fmt.Printf("  %-48s %8s  overhead %8s  (target <= %s: %s)  API requests per ADD %.1f\n", r.what, msec(r.got), msec(r.got-base), r.limit, verdict, r.requests)
 		fmt.Printf("  %-48s %s\n", "", r.inside)
 	}
 	verdict := "meets"
@@ -160,6 +176,39 @@ func BenchmarkADD(b *testing.B) {
 	fmt.Printf("    %-46s %8s  (the least a plugin using client-go can reach here)\n", "floor: no-op plugin + client-go rest, clientcmd", msec(clientgoStartup))
 	fmt.Printf("  %-48s %6.1fMB\n", "binary size (static, stripped)", float64(fi.Size())/(1<<20))
 	fmt.Printf("  %-48s %6.1fMB  (VERSION: %.1fMB)\n", "peak RSS of a meshed ADD", float64(addRSS)/1024, float64(versionRSS)/1024)
+}
+
+// echoServer answers every message on a SOCK_SEQPACKET socket with a short one: the other end of
+// the round-trip floor.
+func echoServer(b *testing.B) string {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "echo-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "echo.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				if _, err := c.Read(buf); err == nil {
+					_, _ = c.Write([]byte(`{"v":1,"handled":false}`))
+				}
+			}()
+		}
+	}()
+	return path
 }
 
 // floorPlugin builds the no-op plugin with one of its link tags (see cniplugin/internal/noopcni)

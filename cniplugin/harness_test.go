@@ -270,6 +270,9 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 	}
 	if o.noop {
 		plugin = map[string]any{"type": "noopcni"}
+		for k, v := range o.top {
+			plugin[k] = v
+		}
 	}
 	list := map[string]any{
 		"cniVersion": "1.1.0",

@@ -47,7 +47,7 @@ const (
 )
 
 // startCluster runs kube-apiserver and etcd inside a network namespace of the test's own.
-func startCluster(t *testing.T) *kubetest.Cluster {
+func startCluster(t testing.TB) *kubetest.Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("skipping in -short mode: starts etcd and kube-apiserver (run `make kube-bins` first)")
@@ -62,7 +62,7 @@ func startCluster(t *testing.T) *kubetest.Cluster {
 }
 
 // chartRules returns the rules of the chart's ClusterRole linkerd-cni rendered with values.
-func chartRules(t *testing.T, values map[string]any) []rbacv1.PolicyRule {
+func chartRules(t testing.TB, values map[string]any) []rbacv1.PolicyRule {
 	t.Helper()
 	ch, err := helmchart.Load("../..")
 	if err != nil {
@@ -84,7 +84,7 @@ func chartRules(t *testing.T, values map[string]any) []rbacv1.PolicyRule {
 
 // serviceAccount creates a ServiceAccount bound to a ClusterRole with rules and returns a client
 // authenticated as it, and its audit-log user name.
-func serviceAccount(t *testing.T, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
+func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
 	t.Helper()
 	ctx := context.Background()
 	admin := c.Clientset
@@ -162,7 +162,7 @@ type rigOpts struct {
 
 // rig is one agent on its own node of the shared cluster.
 type rig struct {
-	t         *testing.T
+	t         testing.TB
 	c         *kubetest.Cluster
 	admin     kubernetes.Interface
 	user      string // the agent's ServiceAccount in the audit log
@@ -181,7 +181,7 @@ var rigs atomic.Int64
 
 // newRig starts an agent for a fresh node name and pod namespace on c, with the chart's RBAC for
 // its mode. It is stopped at cleanup.
-func newRig(t *testing.T, c *kubetest.Cluster, o rigOpts) *rig {
+func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 	t.Helper()
 	n := rigs.Add(1)
 	mode := o.mode
@@ -211,7 +211,12 @@ func newRig(t *testing.T, c *kubetest.Cluster, o rigOpts) *rig {
 	r.conf = pluginConf(r.socket, o.iptablesMode, true)
 	r.writeConflist(o.iptablesMode)
 
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(r.log, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var out io.Writer = io.MultiWriter(r.log, testWriter{t})
+	level := slog.LevelDebug
+	if _, bench := t.(*testing.B); bench {
+		out, level = r.log, slog.LevelWarn // the figures, not a log of every audit
+	}
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 	period := o.audit
 	if period == 0 {
 		period = time.Hour // tests drive audits with AuditAll and pod events
@@ -240,14 +245,14 @@ func newRig(t *testing.T, c *kubetest.Cluster, o rigOpts) *rig {
 	return r
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitLong)
 	for !cond() {
@@ -307,7 +312,7 @@ type rules struct {
 }
 
 // expected is the node's config's rules, before annotations.
-func expected(t *testing.T, mode iptables.Mode, edit func(*iptables.Config)) rules {
+func expected(t testing.TB, mode iptables.Mode, edit func(*iptables.Config)) rules {
 	t.Helper()
 	cfg := iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
 		InboundPortsToIgnore: []string{"4191", "4190"}, IPv6: true, Mode: mode}
@@ -460,7 +465,7 @@ func recode(from, into any) error {
 }
 
 // show reads p's rules against w with w's backend.
-func show(t *testing.T, p *pod, w rules) iptables.State {
+func show(t testing.TB, p *pod, w rules) iptables.State {
 	t.Helper()
 	st, err := backend.Runner{}.Show(context.Background(), w.target(p), w.rs)
 	if err != nil {
@@ -469,14 +474,14 @@ func show(t *testing.T, p *pod, w rules) iptables.State {
 	return st
 }
 
-func apply(t *testing.T, p *pod, w rules) {
+func apply(t testing.TB, p *pod, w rules) {
 	t.Helper()
 	if _, err := (backend.Runner{}).Apply(context.Background(), w.target(p), w.rs); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func expectRules(t *testing.T, p *pod, w rules) {
+func expectRules(t testing.TB, p *pod, w rules) {
 	t.Helper()
 	if st := show(t, p, w); !st.Match() || len(st.Families) == 0 {
 		t.Errorf("rules of %s differ from the expected ones: %+v", p.obj.Name, st)
