@@ -133,6 +133,8 @@ type Agent struct {
 	deleted map[types.UID]string
 	// gone holds the sandboxes the plugin's DEL went through: their rules are not audited.
 	gone map[string]time.Time
+	// unauditable says once that the node's mode needs binaries this image lacks.
+	unauditable sync.Once
 }
 
 // New returns an agent for opts.NodeName using client. It starts nothing.

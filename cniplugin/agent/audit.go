@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // auditEvery queues every meshed pod of the node each period, until ctx ends.
@@ -66,6 +68,12 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 	a.metrics.chained.Set(boolGauge(err == nil))
 	if err != nil {
 		log.Debug("not audited: no linkerd-cni network config on the node", "error", err.Error())
+		return false
+	}
+	if mode := conf.Linkerd.IPTablesMode; needsBinaries(mode) && !a.haveBinaries(mode) {
+		a.unauditable.Do(func() {
+			log.Warn("not auditing: iptables-mode " + string(mode) + " is read with the iptables binaries, which this image does not hold; the plugin still writes the rules at ADD")
+		})
 		return false
 	}
 	sb, err := a.opts.Sandboxes.Find(ctx, string(pod.UID))
@@ -156,4 +164,14 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// haveBinaries tells whether the iptables binaries of mode are on this process's PATH.
+func (a *Agent) haveBinaries(mode iptables.Mode) bool {
+	name := "iptables-restore"
+	if mode == iptables.ModeLegacy {
+		name = "iptables-legacy-restore"
+	}
+	_, err := exec.LookPath(name)
+	return err == nil
 }
