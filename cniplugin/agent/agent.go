@@ -303,6 +303,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.queue.ShutDown()
 	}()
 	if a.audits() {
+		go a.auditWhenChained(ctx)
 		go a.auditEvery(ctx, a.opts.AuditPeriod)
 	}
 	// One worker: a node's worth of pods, and "never delete a pod twice" trivially true.

@@ -15,6 +15,28 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
+// auditWhenChained waits until the node's CNI config chains linkerd-cni (the installer, starting
+// beside the agent, has put it there), then queues every meshed pod once: the audits of the
+// initial list found no config to audit against.
+func (a *Agent) auditWhenChained(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if _, err := a.opts.NetConf.Load(); err == nil {
+			a.metrics.chained.Set(1)
+			for _, k := range a.meshedPods() {
+				a.queue.Add(k)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // auditEvery queues every meshed pod of the node each period, until ctx ends.
 func (a *Agent) auditEvery(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)

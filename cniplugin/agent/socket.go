@@ -100,7 +100,13 @@ func (s *server) serve(ctx context.Context) {
 		go func() {
 			defer s.wg.Done()
 			defer conn.Close()
-			s.slot <- struct{}{}
+			// On shutdown, stop waiting for a request or a report at once.
+			defer context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })()
+			select {
+			case s.slot <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
 			defer func() { <-s.slot }()
 			s.a.conn(ctx, conn)
 		}()
