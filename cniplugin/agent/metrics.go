@@ -96,14 +96,22 @@ func (m *metrics) plugin(r cniplugin.AgentReport) {
 // errNotRunning is reported by /live before Run starts and after it returns.
 var errNotRunning = errors.New("agent not running")
 
-// Handler serves the admin endpoints: /live (200 while Run runs), /ready (200 once the watches
-// have synced) and /metrics (Prometheus text format).
+// Handler serves the admin endpoints: /live (200 while Run runs, unless the runtime's CRI has
+// refused every call for two minutes), /ready (200 once the watches have synced) and /metrics
+// (Prometheus text format).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.running.Load() {
 			http.Error(w, errNotRunning.Error(), http.StatusServiceUnavailable)
 			return
+		}
+		if h, ok := a.opts.Sandboxes.(interface{ Healthy() error }); ok {
+			if err := h.Healthy(); err != nil {
+				a.log.Error("not live: restart me to reach the runtime again", "error", err.Error())
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		_, _ = w.Write([]byte("live\n"))
 	})

@@ -28,9 +28,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -62,6 +65,35 @@ type CRI struct {
 
 	mu   sync.Mutex
 	pids map[string]int // by sandbox ID: a sandbox's process does not change
+	// down is when the runtime began refusing every call (zero while it answers).
+	down time.Time
+}
+
+// criDownFor is how long the runtime may refuse every call before Healthy fails: the DaemonSet's
+// container sees the socket file as it was when it started, so after a runtime restart only a
+// new container reaches the runtime again.
+const criDownFor = 2 * time.Minute
+
+// Healthy fails when the runtime has refused every call for criDownFor.
+func (c *CRI) Healthy() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.down.IsZero() && time.Since(c.down) > criDownFor {
+		return fmt.Errorf("the CRI at %s has refused every call since %s", c.endpoint, c.down.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// note records whether a call reached the runtime.
+func (c *CRI) note(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case status.Code(err) != codes.Unavailable:
+		c.down = time.Time{}
+	case c.down.IsZero():
+		c.down = time.Now()
+	}
 }
 
 // NewCRI connects (lazily) to the runtime at endpoint (unix:///run/containerd/containerd.sock,
@@ -91,6 +123,7 @@ func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 		State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
 		LabelSelector: map[string]string{podUIDLabel: podUID},
 	}})
+	c.note(err)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("list the sandboxes of pod uid %s from the CRI at %s: %w", podUID, c.endpoint, err)
 	}

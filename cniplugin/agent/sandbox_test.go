@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -176,5 +177,32 @@ func TestSandboxNetNSRefusesTheNodes(t *testing.T) {
 func TestNewCRIRefusesOtherEndpoints(t *testing.T) {
 	if _, err := NewCRI("tcp://127.0.0.1:1234", "/proc"); err == nil || err.Error() != `CRI endpoint "tcp://127.0.0.1:1234": want unix:///path/to/socket` {
 		t.Errorf("NewCRI = %v", err)
+	}
+}
+
+// A runtime that refuses every call for two minutes fails Healthy (hence /live): after a runtime
+// restart only a new container sees the new socket. One answered call clears it.
+func TestCRIHealthy(t *testing.T) {
+	rt := &fakeRuntime{}
+	endpoint := serveCRI(t, rt)
+	cri, err := NewCRI(endpoint, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cri.Close()
+	if _, err := cri.Find(context.Background(), "x"); !errors.Is(err, ErrNoSandbox) || cri.Healthy() != nil {
+		t.Fatalf("Find = %v, Healthy = %v", err, cri.Healthy())
+	}
+	gone, err := NewCRI("unix://"+filepath.Join(t.TempDir(), "gone.sock"), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if _, err := gone.Find(context.Background(), "x"); err == nil || gone.Healthy() != nil {
+		t.Fatalf("Find on a missing socket = %v, Healthy = %v; want an error, then healthy for now", err, gone.Healthy())
+	}
+	gone.down = gone.down.Add(-criDownFor - time.Second)
+	if err := gone.Healthy(); err == nil || !strings.Contains(err.Error(), "has refused every call since") {
+		t.Errorf("Healthy after %s of refusals = %v", criDownFor, err)
 	}
 }

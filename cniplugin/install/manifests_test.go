@@ -390,8 +390,9 @@ func checkAdmin(t *testing.T, name string, c map[string]any, addr string, instal
 }
 
 // checkAgent: the agent's command and flags parse; its socket is the plugin's default path, in a
-// hostPath directory of the same path; what it audits through (the CRI socket, the node's /proc,
-// the CNI config directory, read-only but /proc) is mounted from the node where its flags say.
+// hostPath directory of the same path; what it audits through (the CRI socket itself, not the
+// runtime's state directory; the node's /proc; the CNI config directory; read-only but /proc) is
+// mounted from the node where its flags say.
 func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []string, volumes []any) {
 	t.Helper()
 	if cmd, _, _ := unstructured.NestedStringSlice(c, "command"); !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "agent"}) {
@@ -424,11 +425,11 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 		}
 		mounted[m["mountPath"].(string)] = [2]string{hostPaths[m["name"].(string)], ro}
 	}
-	criDir := filepath.Dir(strings.TrimPrefix(cfg.CRI, "unix:///host"))
+	cri := strings.TrimPrefix(cfg.CRI, "unix://")
 	want := map[string][2]string{
 		filepath.Dir(cfg.Socket): {filepath.Dir(cniplugin.DefaultAgentSocket), "rw"},
 		cfg.HostProc:             {"/proc", "rw"},
-		"/host" + criDir:         {criDir, "ro"},
+		cri:                      {strings.TrimPrefix(cri, "/host"), "ro"},
 		cfg.CNINetDir:            {r.netDir, "ro"},
 	}
 	if !maps.Equal(mounted, want) || "/host"+r.netDir != cfg.CNINetDir {
