@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
@@ -343,5 +344,58 @@ func TestHelmLint(t *testing.T) {
 	res := lint.AllWithKubeVersion(chartDir, map[string]any{"iptablesMode": "fast"}, helmchart.Namespace, kv)
 	if res.HighestSeverity != support.ErrorSev {
 		t.Errorf("helm lint with iptablesMode fast: highest severity %d, want an error; messages %v", res.HighestSeverity, res.Messages)
+	}
+}
+
+// TestChartPodMonitor: the agent's PodMonitor renders only when asked for and the cluster has the
+// Prometheus operator's CRD; it scrapes the port the agent container declares, on the address
+// the agent serves /metrics on.
+func TestChartPodMonitor(t *testing.T) {
+	ch := loadChart(t)
+	const crd = "monitoring.coreos.com/v1/PodMonitor"
+	on := map[string]any{"agent": map[string]any{"adminAddr": "0.0.0.0:9993", "podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prom"}}}}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		apis   []string
+		want   bool
+	}{
+		{"default, with the CRD", nil, []string{crd}, false},
+		{"enabled, without the CRD", on, nil, false},
+		{"enabled, with the CRD", on, []string{crd}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := helmchart.RenderWithAPIs(ch, tc.values, tc.apis...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm, ok := files["40-podmonitor.yaml"]
+			if ok != tc.want {
+				t.Fatalf("PodMonitor rendered: %v, want %v", ok, tc.want)
+			}
+			if !ok {
+				return
+			}
+			var obj struct {
+				Kind     string
+				Metadata struct{ Labels map[string]string }
+				Spec     struct {
+					Selector            struct{ MatchLabels map[string]string }
+					PodMetricsEndpoints []struct{ Port, Path, Interval string }
+				}
+			}
+			if err := sigsyaml.Unmarshal([]byte(pm), &obj); err != nil {
+				t.Fatal(err)
+			}
+			ep := obj.Spec.PodMetricsEndpoints
+			if obj.Kind != "PodMonitor" || obj.Metadata.Labels["release"] != "prom" || obj.Spec.Selector.MatchLabels["k8s-app"] != "linkerd-cni" ||
+				len(ep) != 1 || ep[0].Port != "agent-admin" || ep[0].Path != "/metrics" || ep[0].Interval != "30s" {
+				t.Errorf("PodMonitor:\n%s", pm)
+			}
+			ports, _, _ := unstructured.NestedSlice(container(t, parseManifests(t, "30-daemonset.yaml", []byte(files["30-daemonset.yaml"])), "linkerd-cni-agent"), "ports")
+			if len(ports) != 1 || ports[0].(map[string]any)["name"] != "agent-admin" || ports[0].(map[string]any)["containerPort"] != int64(9993) {
+				t.Errorf("the agent's ports %v, want agent-admin 9993", ports)
+			}
+		})
 	}
 }
