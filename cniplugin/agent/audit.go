@@ -79,9 +79,15 @@ func (a *Agent) AuditAll(ctx context.Context) int {
 	return n
 }
 
+// auditTimeout bounds one pod's audit: the runtime's answer, the namespace lock, the read and
+// the rewrite.
+const auditTimeout = 30 * time.Second
+
 // audit checks one pod with CHECK's logic and acts by mode. It reports whether the pod's rules
 // were looked at.
 func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
+	ctx, cancel := context.WithTimeout(ctx, auditTimeout)
+	defer cancel()
 	log := a.log.With("pod", pod.Namespace+"/"+pod.Name, "uid", string(pod.UID))
 	if !meshedSpec(pod) || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return false
