@@ -61,7 +61,7 @@ func (a *Agent) listen() (*server, error) {
 			return nil, fmt.Errorf("remove the stale socket %s: %w", path, err)
 		}
 	case err == nil:
-		return nil, fmt.Errorf("refusing to replace %s: it is not a socket (%s); remove it", path, fi.Mode().Type())
+		return nil, fmt.Errorf("refusing to replace %s: it is not a socket (mode %s); remove it", path, fi.Mode())
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
