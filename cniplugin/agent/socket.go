@@ -184,15 +184,18 @@ func (a *Agent) conn(ctx context.Context, conn *net.UnixConn) {
 	}
 }
 
+// reply sends r; one too large for a message goes without its log lines, and failing that as a
+// plain refusal, so that the plugin (re)does the call itself at once.
 func (a *Agent) reply(conn *net.UnixConn, r *cniplugin.AgentReply) {
 	r.V = cniplugin.AgentProtocol
 	b, err := json.Marshal(r)
-	if err == nil && len(b) > cniplugin.MaxAgentMessage {
-		err = fmt.Errorf("%d bytes", len(b))
+	if err == nil && len(b) > cniplugin.MaxAgentMessage && r.Log != "" {
+		r.Log = "(the agent's log lines for this call did not fit in its reply; they are in the agent's log)\n"
+		b, err = json.Marshal(r)
 	}
-	if err != nil {
-		a.log.Error("reply too large or unencodable; the plugin will do the call itself", "error", err)
-		return
+	if err != nil || len(b) > cniplugin.MaxAgentMessage {
+		a.log.Error("reply too large or unencodable; told the plugin to do the call itself", "bytes", len(b), "error", err)
+		b, _ = json.Marshal(&cniplugin.AgentReply{V: cniplugin.AgentProtocol, Reason: "the agent's reply was too large for the socket"})
 	}
 	if _, err := conn.Write(b); err != nil {
 		a.log.Warn("send a reply", "error", err)
