@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ type NetConf struct {
 
 	Kubernetes Kubernetes
 	Linkerd    Linkerd
+	Agent      Agent
 
 	// baseRules are Linkerd's rules before any annotation, built while validating: what an
 	// unmeshed pod's CHECK reads back against.
@@ -54,6 +56,16 @@ type Kubernetes struct {
 	APIRoot string
 	// Timeout is kubernetes.timeout (new key, a Go duration such as "5s"), the bound on all
 	// API requests of one ADD or CHECK. Zero means DefaultAPITimeout.
+	Timeout time.Duration
+}
+
+// Agent is the "agent" block (new): where the node agent answers (agent.go).
+type Agent struct {
+	// Socket is agent.socket: the agent's UNIX socket; absent means DefaultAgentSocket, "" never
+	// asks the agent.
+	Socket string
+	// Timeout is agent.timeout (a Go duration): how long one call waits for the agent's answer
+	// before doing the work itself; zero means DefaultAgentTimeout.
 	Timeout time.Duration
 }
 
@@ -168,18 +180,12 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	k8s := d.object(top, "", "kubernetes")
 	d.get(k8s, "kubernetes.", "kubeconfig", &conf.Kubernetes.Kubeconfig, "a string")
 	d.get(k8s, "kubernetes.", "k8s_api_root", &conf.Kubernetes.APIRoot, "a string")
-	var timeout string
-	if d.get(k8s, "kubernetes.", "timeout", &timeout, "a duration string such as \"5s\"") && timeout != "" {
-		t, err := time.ParseDuration(timeout)
-		switch {
-		case err != nil:
-			d.bad("kubernetes.timeout", timeout, "want a duration such as \"5s\"")
-		case t <= 0:
-			d.bad("kubernetes.timeout", timeout, "must be positive")
-		default:
-			conf.Kubernetes.Timeout = t
-		}
-	}
+	d.duration(k8s, "kubernetes.", "timeout", &conf.Kubernetes.Timeout, "5s")
+
+	conf.Agent.Socket = DefaultAgentSocket
+	ag := d.object(top, "", "agent")
+	d.get(ag, "agent.", "socket", &conf.Agent.Socket, "a string")
+	d.duration(ag, "agent.", "timeout", &conf.Agent.Timeout, "3s")
 
 	l := &conf.Linkerd
 	ld := d.object(top, "", "linkerd")
@@ -219,6 +225,9 @@ func (c *NetConf) validate() []badinput.Problem {
 		if strings.TrimSpace(ns) == "" {
 			bad("exclude-namespaces", ns, "empty namespace name")
 		}
+	}
+	if s := c.Agent.Socket; s != "" && !filepath.IsAbs(s) {
+		bad("agent.socket", s, "not an absolute path")
 	}
 	if c.Kubernetes.Kubeconfig == "" {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
@@ -264,6 +273,24 @@ func (d *decoder) get(obj map[string]json.RawMessage, prefix, key string, dst an
 		return false
 	}
 	return true
+}
+
+// duration decodes obj[key], a Go duration string such as example, into dst; it must be
+// positive.
+func (d *decoder) duration(obj map[string]json.RawMessage, prefix, key string, dst *time.Duration, example string) {
+	var v string
+	if !d.get(obj, prefix, key, &v, "a duration string such as \""+example+"\"") || v == "" {
+		return
+	}
+	t, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		d.bad(prefix+key, v, "want a duration such as \""+example+"\"")
+	case t <= 0:
+		d.bad(prefix+key, v, "must be positive")
+	default:
+		*dst = t
+	}
 }
 
 // object decodes obj[key] as a JSON object; absent or null is an empty object.

@@ -137,6 +137,7 @@ func TestParseConfigKeys(t *testing.T) {
 	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni",
 		"log_level":"debug","log_file":"/var/log/linkerd-cni.log","exclude-namespaces":["linkerd-cni","kube-system"],
 		"kubernetes":{"kubeconfig":"/k","k8s_api_root":"https://203.0.113.10:6443","timeout":"2500ms"},
+		"agent":{"socket":"/run/linkerd-cni/agent.sock","timeout":"1500ms"},
 		"policy":{"type":"k8s","k8s_api_root":"https://x","k8s_auth_token":"t"},
 		"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"proxy-gid":2103,
 		  "ports-to-redirect":[80,"8080"],"inbound-ports-to-ignore":"4190,4191","outbound-ports-to-ignore":[443],
@@ -148,6 +149,7 @@ func TestParseConfigKeys(t *testing.T) {
 	want := &NetConf{
 		LogLevel: "debug", LogFile: "/var/log/linkerd-cni.log", ExcludeNamespaces: []string{"linkerd-cni", "kube-system"},
 		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond},
+		Agent:      Agent{Socket: "/run/linkerd-cni/agent.sock", Timeout: 1500 * time.Millisecond},
 		Linkerd: Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
 			PortsToRedirect: []string{"80", "8080"}, InboundPortsToIgnore: []string{"4190,4191"},
 			OutboundPortsToIgnore: []string{"443"}, SubnetsToIgnore: []string{"10.0.0.0/8"},
@@ -179,6 +181,9 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 	if conf.PrevResult != nil {
 		t.Errorf("prevResult %v from a config without one", conf.PrevResult)
+	}
+	if conf.Agent != (Agent{Socket: DefaultAgentSocket}) {
+		t.Errorf("agent defaults %+v, want the socket %s and the default timeout", conf.Agent, DefaultAgentSocket)
 	}
 }
 
@@ -215,6 +220,8 @@ func TestParseConfigErrors(t *testing.T) {
 			`invalid linkerd-cni network config: linkerd "[1]": want an object; linkerd.incoming-proxy-port "-1": must be set; linkerd.outgoing-proxy-port "-1": must be set`},
 		{"bad log level and timeout, no kubeconfig", `{"cniVersion":"1.0.0","log_level":"loud","kubernetes":{"timeout":"soon"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: kubernetes.timeout "soon": want a duration such as "5s"; log_level "loud": want trace, debug, info, warn or error; kubernetes.kubeconfig "": must be set: the plugin reads the pod from the Kubernetes API with it`},
+		{"agent socket relative, timeout zero", `{"cniVersion":"1.0.0","agent":{"socket":"agent.sock","timeout":"0s"},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
+			`invalid linkerd-cni network config: agent.timeout "0s": must be positive; agent.socket "agent.sock": not an absolute path`},
 		{"exclude-namespaces not a list", `{"cniVersion":"1.0.0","exclude-namespaces":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: exclude-namespaces "linkerd-cni": want a list of namespace names`},
 		{"bad prevResult", `{"cniVersion":"1.0.0","prevResult":{"ips":[{"address":"nope"}]},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,

@@ -43,6 +43,8 @@ const (
 
 	cniNamespace      = "linkerd-cni"
 	cniServiceAccount = "linkerd-cni"
+	// nodeName is the node every test pod is bound to (the node agent watches its pods).
+	nodeName = "cni-node"
 )
 
 // ---- binaries ----
@@ -214,7 +216,7 @@ func (n *node) createPod(t testing.TB, namespace, name string, shape podShape, l
 	c := func(name string) corev1.Container {
 		return corev1.Container{Name: name, Image: "registry.invalid/" + name + ":1"}
 	}
-	spec := corev1.PodSpec{Containers: []corev1.Container{c("app")}}
+	spec := corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{c("app")}}
 	switch shape {
 	case shapeClassic:
 		spec.Containers = append(spec.Containers, c("linkerd-proxy"))
@@ -271,6 +273,9 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 	}
 	if o.noop {
 		plugin = map[string]any{"type": "noopcni"}
+		for k, v := range o.top {
+			plugin[k] = v
+		}
 	}
 	bridge := map[string]any{"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": false,
 		"ipam": map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": podSubnet}}},

@@ -29,6 +29,15 @@ type PodAPI interface {
 	Service(ctx context.Context, namespace, name string) (*Service, error)
 }
 
+// Cached is implemented by a PodAPI that answers from memory (the node agent's watch cache, or
+// what the agent sent): its lookups are not API requests, and the plugin does not count them as such.
+type Cached interface{ Cached() bool }
+
+func cached(api PodAPI) bool {
+	c, ok := api.(Cached)
+	return ok && c.Cached()
+}
+
 // coreV1 is the API group and version of pods, namespaces and services.
 var coreV1 = schema.GroupVersion{Version: "v1"}
 

@@ -48,11 +48,12 @@ As a CNI plugin, linkerd-cni is run by the container runtime with CNI_COMMAND se
 Commands:
   version   print the build information
   install   install the plugin on this node and keep it installed (the DaemonSet's install-cni)
+  agent     the node agent: pod lookups for the plugin, audits and in-place repair of every meshed pod
   repair    restart pods that started before the plugin was ready on their node
 `
 
 // Main runs the linkerd-cni subcommands of this package (the binary without CNI_COMMAND; main
-// routes install and repair to their packages) and returns the exit code: 0 on success, 2 for a
+// routes install, agent and repair to their packages) and returns the exit code: 0 on success, 2 for a
 // usage error.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {

@@ -36,16 +36,22 @@ type Plugin struct {
 	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
 	// real one, the same path proxy-init takes.
 	Runner backend.Runner
+	// AskAgent sends each ADD, CHECK and DEL to the node agent first (agent.go); New sets it.
+	AskAgent bool
+	// NoLogFile ignores log_file: the node agent, which runs calls for the plugin, returns their
+	// lines to the plugin, which writes them there.
+	NoLogFile bool
 }
 
 // New returns the plugin wired to the process's stdout and stderr and the real Kubernetes API.
 func New() *Plugin {
-	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient}
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient, AskAgent: true}
 }
 
 // Funcs returns the CNI command table for skel.PluginMainFuncs.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Check: p.Check, Del: p.Del, Status: p.Status, GC: p.GC}
+	return skel.CNIFuncs{Add: p.viaAgent("ADD", (*Plugin).Add), Check: p.viaAgent("CHECK", (*Plugin).Check),
+		Del: p.viaAgent("DEL", (*Plugin).Del), Status: p.Status, GC: p.GC}
 }
 
 // PodArgs are the Kubernetes keys of CNI_ARGS.
@@ -104,6 +110,9 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	if conf != nil {
 		level, _ = parseLevel(conf.LogLevel)
 		logFile = conf.LogFile
+	}
+	if p.NoLogFile {
+		logFile = ""
 	}
 	log, done := newLogger(p.Stderr, level, logFile,
 		"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)
@@ -372,10 +381,15 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.conf.APITimeout())
 	defer cancel()
 	pl := &plan{}
+	count := func() {
+		if !cached(api) {
+			pl.requests++
+		}
+	}
 	t1 := time.Now()
 	pod, err := api.Pod(ctx, c.pod.Namespace, c.pod.Name)
 	c.log.Debug("pod looked up", "client", clientTook, "podGET", time.Since(t1))
-	pl.requests++
+	count()
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
 	}
@@ -389,7 +403,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	var nsObj *Object
 	if NeedsNamespace(pod.Annotations) {
 		ns, err := api.Namespace(ctx, c.pod.Namespace)
-		pl.requests++
+		count()
 		if err != nil {
 			return nil, apiError{fmt.Errorf("meshed pod %s: its namespace's annotations cannot be read (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
 		}
@@ -398,7 +412,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	var apiPorts []string
 	if IsControlPlane(pod.Labels) {
 		svc, err := api.Service(ctx, "default", "kubernetes")
-		pl.requests++
+		count()
 		if err == nil {
 			apiPorts = APIServerPorts(svc)
 		}

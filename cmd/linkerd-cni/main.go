@@ -6,8 +6,9 @@
 //
 // Built with -tags pluginonly it is only the plugin (plus `version`): that is the binary the
 // installer copies onto the node. Go runs the package initialisers of everything linked in on
-// every start, and the installer's and repair controller's dependencies (client-go's full
-// clientset, informers, Prometheus) would add tens of milliseconds to every pod's sandbox set-up.
+// every start, and the installer's, agent's and repair controller's dependencies (client-go's full
+// clientset, informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox
+// set-up.
 package main
 
 import (

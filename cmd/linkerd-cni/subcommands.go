@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/install"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 )
@@ -15,9 +16,18 @@ import (
 // subcommands are the long-running DaemonSet processes, left out of the pluginonly build.
 var subcommands = map[string]func(args []string) int{
 	"install": install.Main,
-	"repair": func(args []string) int {
+	"repair": untilSignal(func(ctx context.Context, args []string) int {
+		return repair.Main(ctx, args, os.Stdout, os.Stderr)
+	}),
+	"agent": untilSignal(func(ctx context.Context, args []string) int {
+		return agent.Main(ctx, args, os.Stdout, os.Stderr)
+	}),
+}
+
+func untilSignal(run func(context.Context, []string) int) func([]string) int {
+	return func(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return repair.Main(ctx, args, os.Stdout, os.Stderr)
-	},
+		return run(ctx, args)
+	}
 }

@@ -12,6 +12,7 @@ import (
 var subcommands = map[string]func(args []string) int{
 	"install": imageOnly("install"),
 	"repair":  imageOnly("repair"),
+	"agent":   imageOnly("agent"),
 }
 
 func imageOnly(name string) func([]string) int {

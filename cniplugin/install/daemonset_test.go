@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -148,7 +149,7 @@ func startIn(t *testing.T, node *netnstest.NS, bin string, argv []string, env ma
 
 // probe sends GET to host:port/path from inside node, as the kubelet's HTTP probe does for a
 // host-network pod, and returns the status code.
-func probe(node *netnstest.NS, target string) (int, error) {
+func probeURL(node *netnstest.NS, target string) (int, error) {
 	hostport, path, _ := strings.Cut(target, "/")
 	var conn net.Conn
 	// The socket is created on the locked thread inside the namespace and keeps it.
@@ -251,9 +252,9 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 	}
 	apiHost, apiPort := h.projectClusterSA(t, cluster, token)
 	containers := daemonSetContainers(t, ms, nodeName)
-	install, repairC := containers["install-cni"], containers["repair-controller"]
-	if install == nil || (repairC != nil) != r.repair {
-		t.Fatalf("containers = %v, want install-cni and (%v) repair-controller", containers, r.repair)
+	install, second := containers["install-cni"], containers[map[string]string{"agent": "linkerd-cni-agent", "repair": "repair-controller"}[r.second]]
+	if install == nil || (second != nil) != (r.second != "") {
+		t.Fatalf("containers = %v, want install-cni and %q", containers, r.second)
 	}
 	for _, c := range containers {
 		if c.binaryInImg != "/usr/local/bin/linkerd-cni" {
@@ -270,11 +271,11 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 
 	installer := startIn(t, node, bin, append(install.argv, extraArgs...), install.env)
 	waitFor(t, 20*time.Second, "install-cni to answer its liveness probe", func() (bool, string) {
-		code, err := probe(node, install.probes["livenessProbe"])
+		code, err := probeURL(node, install.probes["livenessProbe"])
 		return code == 200, fmt.Sprint(code, err, installer.out.String())
 	})
 	if r.standalone == "" {
-		if code, _ := probe(node, install.probes["readinessProbe"]); code != 503 {
+		if code, _ := probeURL(node, install.probes["readinessProbe"]); code != 503 {
 			t.Errorf("install-cni readiness = %d before any CNI config, want 503", code)
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -283,24 +284,30 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 		}
 	}
 
-	// The repair controller needs only the base RBAC and the token: rest.InClusterConfig reads
-	// fixed paths, and the same token through the installer's kubeconfig gives it the same
-	// identity.
+	// The repair controller and the agent need only the base RBAC and the token:
+	// rest.InClusterConfig reads fixed paths, and the same token through the installer's
+	// kubeconfig gives them the same identity. The agent's node paths (its socket, the node's
+	// /proc, the CRI socket, the CNI config) are where this test keeps them.
 	waitFor(t, 10*time.Second, "the kubeconfig", func() (bool, string) {
 		_, err := os.Stat(kubeconfig)
 		return err == nil, fmt.Sprint(err)
 	})
 	procs := []*nodeProcess{installer}
-	if repairC != nil {
-		repairC.env["KUBECONFIG"] = kubeconfig
-		repairP := startIn(t, node, bin, repairC.argv, repairC.env)
-		for _, p := range []string{"livenessProbe", "readinessProbe"} {
-			waitFor(t, 20*time.Second, "repair-controller "+p, func() (bool, string) {
-				code, err := probe(node, repairC.probes[p])
-				return code == 200, fmt.Sprint(code, err, repairP.out.String())
+	if second != nil {
+		second.env["KUBECONFIG"] = kubeconfig
+		argv := second.argv
+		if r.second == "agent" {
+			argv = append(slices.Clone(argv), "--socket="+filepath.Join(root, "run", "agent.sock"), "--host-proc=/proc",
+				"--cri-socket=unix://"+filepath.Join(root, "cri.sock"), "--cni-net-dir="+netDir)
+		}
+		p := startIn(t, node, bin, argv, second.env)
+		for _, probe := range []string{"livenessProbe", "readinessProbe"} {
+			waitFor(t, 20*time.Second, second.name+" "+probe, func() (bool, string) {
+				code, err := probeURL(node, second.probes[probe])
+				return code == 200, fmt.Sprint(code, err, p.out.String())
 			})
 		}
-		procs = append(procs, repairP)
+		procs = append(procs, p)
 	}
 
 	// The primary CNI arrives: the plugin goes in, the pod turns ready, the taint goes. With a
@@ -311,7 +318,7 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "install-cni readiness", func() (bool, string) {
-		code, err := probe(node, install.probes["readinessProbe"])
+		code, err := probeURL(node, install.probes["readinessProbe"])
 		return code == 200, fmt.Sprint(code, err)
 	})
 	waitFor(t, 10*time.Second, "the startup taint to be removed", func() (bool, string) {

@@ -41,6 +41,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 )
@@ -324,32 +326,28 @@ func checkContract(t *testing.T, r rendering) {
 		t.Errorf("preStop = %q", pre)
 	}
 
-	// The repair controller: its command, its node from the downward API, its flags, and
-	// probes on its own loopback admin port.
-	var rc map[string]any
+	byName := map[string]map[string]any{}
 	for _, c := range containers {
-		if c.(map[string]any)["name"] == "repair-controller" {
-			rc = c.(map[string]any)
-		}
+		byName[c.(map[string]any)["name"].(string)] = c.(map[string]any)
 	}
-	if (rc != nil) != r.repair {
-		t.Fatalf("repair-controller container present: %v, want %v", rc != nil, r.repair)
+	agentC, rc := byName["linkerd-cni-agent"], byName["repair-controller"]
+	if (agentC != nil) != (r.second == "agent") || (rc != nil) != (r.second == "repair") || len(containers) != map[bool]int{true: 2, false: 1}[r.second != ""] {
+		t.Fatalf("containers %v, want install-cni and %q", slices.Collect(maps.Keys(byName)), r.second)
+	}
+	checkHardened(t, containers, r.privileged)
+	if agentC != nil {
+		checkAgent(t, r, agentC, args, volumes)
 	}
 	if rc == nil {
-		checkHardened(t, containers, r.privileged)
 		return
 	}
+	// The repair controller: its command, its node from the downward API, its flags, and
+	// probes on its own loopback admin port.
 	if cmd, _, _ := unstructured.NestedStringSlice(rc, "command"); !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "repair"}) {
 		t.Errorf("repair-controller command = %q", cmd)
 	}
-	rcEnv, _, _ := unstructured.NestedSlice(rc, "env")
-	from := map[string]string{}
-	for _, e := range rcEnv {
-		e := e.(map[string]any)
-		from[e["name"].(string)], _, _ = unstructured.NestedString(e, "valueFrom", "fieldRef", "fieldPath")
-	}
-	if want := map[string]string{repair.EnvNodeName: "spec.nodeName", repair.EnvPodName: "metadata.name"}; !maps.Equal(from, want) {
-		t.Errorf("repair-controller environment from %v, want %v", from, want)
+	if from := fieldRefs(rc); !maps.Equal(from, map[string]string{repair.EnvNodeName: "spec.nodeName", repair.EnvPodName: "metadata.name"}) {
+		t.Errorf("repair-controller environment from %v", from)
 	}
 	rcArgs, _, _ := unstructured.NestedStringSlice(rc, "args")
 	rcCfg, err := repair.ParseArgs(rcArgs, func(k string) string {
@@ -361,32 +359,99 @@ func checkContract(t *testing.T, r rendering) {
 	if err != nil {
 		t.Errorf("repair-controller args %q: %v", rcArgs, err)
 	}
-	if !strings.HasPrefix(rcCfg.AdminAddr, "127.0.0.1:") {
-		t.Errorf("repair-controller --admin-addr %q is not on loopback (the pod uses the host network)", rcCfg.AdminAddr)
-	}
-	for _, a := range args {
-		if strings.TrimPrefix(a, "--admin-addr=") == rcCfg.AdminAddr {
-			t.Errorf("installer and repair controller share the admin address %s", rcCfg.AdminAddr)
-		}
-	}
-	for _, probe := range []struct{ name, path string }{{"readinessProbe", "/ready"}, {"livenessProbe", "/live"}} {
-		port, _, _ := unstructured.NestedInt64(rc, probe.name, "httpGet", "port")
-		host, _, _ := unstructured.NestedString(rc, probe.name, "httpGet", "host")
-		path, _, _ := unstructured.NestedString(rc, probe.name, "httpGet", "path")
-		if host+":"+itoa(port) != rcCfg.AdminAddr || path != probe.path {
-			t.Errorf("repair-controller %s hits %s:%d%s, want %s%s", probe.name, host, port, path, rcCfg.AdminAddr, probe.path)
-		}
-	}
-
-	checkHardened(t, containers, r.privileged)
+	checkAdmin(t, "repair-controller", rc, rcCfg.AdminAddr, args)
 	if rcSC, _, _ := unstructured.NestedMap(rc, "securityContext"); rcSC["runAsNonRoot"] != true {
 		t.Errorf("repair-controller runs as root: %v", rcSC)
 	}
 }
 
-// checkHardened: every container holds no capability, cannot escalate, has a read-only root and
-// RuntimeDefault seccomp; install-cni is privileged only where the rendering asks for it (and
-// then may not forbid escalation, which the API refuses with privileged).
+// fieldRefs maps a container's variables to the downward API fields they come from.
+func fieldRefs(c map[string]any) map[string]string {
+	env, _, _ := unstructured.NestedSlice(c, "env")
+	from := map[string]string{}
+	for _, e := range env {
+		e := e.(map[string]any)
+		from[e["name"].(string)], _, _ = unstructured.NestedString(e, "valueFrom", "fieldRef", "fieldPath")
+	}
+	return from
+}
+
+// checkAdmin: the container's admin address is on loopback (the pod uses the host network), not
+// the installer's, and its probes hit it.
+func checkAdmin(t *testing.T, name string, c map[string]any, addr string, installArgs []string) {
+	t.Helper()
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Errorf("%s --admin-addr %q is not on loopback (the pod uses the host network)", name, addr)
+	}
+	if slices.Contains(installArgs, "--admin-addr="+addr) {
+		t.Errorf("installer and %s share the admin address %s", name, addr)
+	}
+	for _, probe := range []struct{ name, path string }{{"readinessProbe", "/ready"}, {"livenessProbe", "/live"}} {
+		port, _, _ := unstructured.NestedInt64(c, probe.name, "httpGet", "port")
+		host, _, _ := unstructured.NestedString(c, probe.name, "httpGet", "host")
+		path, _, _ := unstructured.NestedString(c, probe.name, "httpGet", "path")
+		if host+":"+itoa(port) != addr || path != probe.path {
+			t.Errorf("%s %s hits %s:%d%s, want %s%s", name, probe.name, host, port, path, addr, probe.path)
+		}
+	}
+}
+
+// checkAgent: the agent's command and flags parse; its socket is the plugin's default path, in a
+// hostPath directory of the same path; what it audits through (the CRI socket itself, not the
+// runtime's state directory; the node's /proc; the CNI config directory; read-only but /proc) is
+// mounted from the node where its flags say.
+func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []string, volumes []any) {
+	t.Helper()
+	if cmd, _, _ := unstructured.NestedStringSlice(c, "command"); !slices.Equal(cmd, []string{"/usr/local/bin/linkerd-cni", "agent"}) {
+		t.Errorf("agent command = %q", cmd)
+	}
+	if from := fieldRefs(c); !maps.Equal(from, map[string]string{agent.EnvNodeName: "spec.nodeName", agent.EnvPodName: "metadata.name"}) {
+		t.Errorf("agent environment from %v", from)
+	}
+	argv, _, _ := unstructured.NestedStringSlice(c, "args")
+	cfg, err := agent.ParseArgs(argv, func(k string) string { return map[string]string{agent.EnvNodeName: "node-1"}[k] })
+	if err != nil {
+		t.Fatalf("agent args %q: %v", argv, err)
+	}
+	checkAdmin(t, "agent", c, cfg.AdminAddr, installArgs)
+	if cfg.Socket != cniplugin.DefaultAgentSocket {
+		t.Errorf("agent --socket %q, but the plugin asks %s", cfg.Socket, cniplugin.DefaultAgentSocket)
+	}
+	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+	hostPaths := map[string]string{}
+	for _, v := range volumes {
+		v := v.(map[string]any)
+		hostPaths[v["name"].(string)], _, _ = unstructured.NestedString(v, "hostPath", "path")
+	}
+	mounted := map[string][2]string{} // mount path -> host path, read-only
+	for _, m := range mounts {
+		m := m.(map[string]any)
+		ro := "rw"
+		if m["readOnly"] == true {
+			ro = "ro"
+		}
+		mounted[m["mountPath"].(string)] = [2]string{hostPaths[m["name"].(string)], ro}
+	}
+	cri := strings.TrimPrefix(cfg.CRI, "unix://")
+	want := map[string][2]string{
+		filepath.Dir(cfg.Socket): {filepath.Dir(cniplugin.DefaultAgentSocket), "rw"},
+		cfg.HostProc:             {"/proc", "rw"},
+		cri:                      {strings.TrimPrefix(cri, "/host"), "ro"},
+		cfg.CNINetDir:            {r.netDir, "ro"},
+	}
+	if !maps.Equal(mounted, want) || "/host"+r.netDir != cfg.CNINetDir {
+		t.Errorf("agent mounts %v, want %v (net dir %s)", mounted, want, r.netDir)
+	}
+	if r.name == "k3s" && cfg.CRI != "unix:///host/run/k3s/containerd/containerd.sock" || r.name == "openshift" && cfg.CRI != "unix:///host/var/run/crio/crio.sock" {
+		t.Errorf("%s: --cri-socket %s is not the distribution's", r.name, cfg.CRI)
+	}
+}
+
+// checkHardened: every container drops every capability, cannot escalate, has a read-only root
+// and RuntimeDefault seccomp; only the agent adds capabilities, exactly the three it needs
+// (write rules, enter a namespace, open another user's /proc/<pid>/ns/net); install-cni and the
+// agent are privileged only where the rendering asks for it (and then may not forbid escalation,
+// which the API refuses with privileged).
 func checkHardened(t *testing.T, containers []any, privileged bool) {
 	t.Helper()
 	for _, c := range containers {
@@ -395,9 +460,13 @@ func checkHardened(t *testing.T, containers []any, privileged bool) {
 		drop, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "drop")
 		add, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "add")
 		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
-		priv := privileged && c["name"] == "install-cni"
+		priv := privileged && c["name"] != "repair-controller"
+		var wantAdd []string
+		if c["name"] == "linkerd-cni-agent" {
+			wantAdd = []string{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+		}
 		if sc["privileged"] != priv || (!priv && sc["allowPrivilegeEscalation"] != false) || sc["readOnlyRootFilesystem"] != true ||
-			!slices.Equal(drop, []string{"ALL"}) || len(add) > 0 || seccomp != "RuntimeDefault" {
+			!slices.Equal(drop, []string{"ALL"}) || !slices.Equal(add, wantAdd) || seccomp != "RuntimeDefault" {
 			t.Errorf("container %s: securityContext %v is not hardened (privileged %v)", c["name"], sc, priv)
 		}
 	}
@@ -602,11 +671,13 @@ func checkAgainstAPIServer(ctx context.Context, t *testing.T, cluster *kubetest.
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Run("base RBAC", func(t *testing.T) { checkServiceAccountAccess(ctx, t, c.cs, sa, r.name, false, r.repair) })
+		t.Run("base RBAC", func(t *testing.T) {
+			checkServiceAccountAccess(ctx, t, c.cs, sa, r.name, false, r.deletes, r.second != "")
+		})
 		if r.values == nil {
 			applyRBAC(true)
 			t.Run("with optional/node-taint-rbac.yaml", func(t *testing.T) {
-				checkServiceAccountAccess(ctx, t, c.cs, sa, r.name+".node-taint", true, r.repair)
+				checkServiceAccountAccess(ctx, t, c.cs, sa, r.name+".node-taint", true, r.deletes, r.second != "")
 			})
 		}
 	})
@@ -614,10 +685,11 @@ func checkAgainstAPIServer(ctx context.Context, t *testing.T, cluster *kubetest.
 
 // checkServiceAccountAccess proves the ClusterRole with real requests where they are cheap and
 // SelfSubjectAccessReviews for the whole write matrix. nodeTaint says whether the optional
-// node-taint RBAC is applied: then, and only then, the ServiceAccount may patch nodes; repair
-// whether the repair controller's writes (delete pods, create events) are granted. The node
-// "rbac-node" must exist; run names the Event it creates.
-func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface, run string, nodeTaint, repair bool) {
+// node-taint RBAC is applied: then, and only then, the ServiceAccount may patch nodes; deletes
+// whether it may delete pods (the repair controller, the agent's delete mode), events whether it
+// may create events (the agent, the repair controller). The node "rbac-node" must exist; run
+// names the Event it creates.
+func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kubernetes.Interface, run string, nodeTaint, deletes, events bool) {
 	t.Helper()
 	// Real reads that must work.
 	if _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
@@ -675,28 +747,28 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	forbidden("patch node status", err)
 	err = sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{})
 	forbidden("delete node", err)
-	// The one write on pods it has, with the repair controller: delete.
+	// The one write on pods it may have: delete.
 	err = sa.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{})
 	switch {
-	case repair && err != nil:
+	case deletes && err != nil:
 		t.Errorf("delete pod: %v", err)
-	case !repair:
-		forbidden("delete pod without the repair controller", err)
+	case !deletes:
+		forbidden("delete pod without the repair controller or the agent's delete mode", err)
 		if err := admin.CoreV1().Pods("default").Delete(ctx, "victim", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Events: create only, in events.k8s.io (the repair controller's recorder).
+	// Events: create only, in events.k8s.io (the agent's and the repair controller's recorder).
 	ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "victim." + run, Namespace: "default"}, // an Event outlives the pod
 		EventTime: metav1.NowMicro(), ReportingController: "linkerd.io/cni-repair-controller",
 		ReportingInstance: "test", Action: "DeletePod", Reason: "NetworkValidatorFailed", Type: "Warning",
 		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}
 	_, err = sa.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{})
 	switch {
-	case repair && err != nil:
+	case events && err != nil:
 		t.Errorf("create event: %v", err)
-	case !repair:
-		forbidden("create event without the repair controller", err)
+	case !events:
+		forbidden("create event without the agent or the repair controller", err)
 	}
 	_, err = sa.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
 	forbidden("list events", err)
@@ -704,9 +776,9 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "victim"}}, metav1.CreateOptions{})
 	forbidden("create core/v1 event", err)
 
-	// The matrix: every write on these resources is denied except delete pods and create
-	// events (with the repair controller) and patch nodes (with the optional RBAC); no read
-	// outside the four resources.
+	// The matrix: every write on these resources is denied except delete pods (the repair
+	// controller, the agent's delete mode), create events (the agent, the repair controller) and
+	// patch nodes (with the optional RBAC); no read outside the four resources.
 	type res struct{ group, resource string }
 	resources := []res{{"", "pods"}, {"", "namespaces"}, {"", "services"}, {"", "nodes"}, {"", "secrets"},
 		{"", "configmaps"}, {"", "serviceaccounts"}, {"", "events"}, {"events.k8s.io", "events"},
@@ -722,10 +794,10 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 			switch {
 			case sub != "":
 			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
-				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete" && repair) ||
+				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete" && deletes) ||
 					(base == "nodes" && v == "patch" && nodeTaint)
 			case r.group == "events.k8s.io":
-				want = v == "create" && repair
+				want = v == "create" && events
 			}
 			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "default", Verb: v,

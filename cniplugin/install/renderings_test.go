@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
@@ -32,8 +33,12 @@ type rendering struct {
 	ms   []manifest
 	// values rendered the chart; nil for deploy/linkerd-cni as it is on disk.
 	values map[string]any
-	// repair: the DaemonSet runs the repair controller (and the ClusterRole grants its writes).
-	repair bool
+	// second is the DaemonSet's second container: "agent" (linkerd-cni-agent), "repair"
+	// (repair-controller) or "" (none); with one, the ClusterRole grants "create events".
+	second string
+	// deletes: the ClusterRole grants "delete pods" (the repair controller, the agent's delete
+	// mode).
+	deletes bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
 	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
@@ -116,27 +121,33 @@ func renderings(t testing.TB) []rendering {
 	dir := filepath.Join(deployDir(t), "linkerd-cni")
 	withNS := map[string]any{"createNamespace": true}
 	out := []rendering{
-		{name: "defaults", ms: loadManifests(t, dir), repair: true, netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "linkerd-2.20-defaults", values: merge(merge(valuesFile(t, "linkerd-2.20-defaults.yaml"), ourImage), withNS),
+		{name: "defaults", ms: loadManifests(t, dir), second: "agent", netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "linkerd-2.20-defaults", values: merge(merge(valuesFile(t, "linkerd-2.20-defaults.yaml"), ourImage), withNS), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), repair: true,
+		{name: "linkerd-2.20-user", values: merge(valuesFile(t, "linkerd-2.20-user.yaml"), withNS), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: linkerdUserConfig},
 		// Where containerd looks with k3s's built-in flannel: the stable bin dir since the
 		// October 2024 releases (k3s-io/k3s#10868), not data/current/bin.
 		// With the socket-LB check (k3s with Cilium is where socket-LB bites).
-		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s", "socketLBCheck": map[string]any{"enabled": true}}), repair: true,
+		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s", "socketLBCheck": map[string]any{"enabled": true}}), second: "agent",
 			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/cni", config: DefaultNetworkConfig},
-		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), repair: true,
+		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), repair: true,
+		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/home/kubernetes/bin", config: DefaultNetworkConfig},
-		{name: "microk8s", values: merge(withNS, map[string]any{"distribution": "microk8s"}), repair: true,
+		{name: "microk8s", values: merge(withNS, map[string]any{"distribution": "microk8s"}), second: "agent",
 			netDir: "/var/snap/microk8s/current/args/cni-network", binDir: "/var/snap/microk8s/current/opt/cni/bin", config: DefaultNetworkConfig},
 		// Multus's directory for NetworkAttachmentDefinitions, where the plugin's config is
 		// written alone: chaining into OVN-Kubernetes's 10-ovn-kubernetes.conf would rename the
 		// file Multus and ovnkube-node's readiness probe look for.
-		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), repair: true, privileged: true,
+		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), second: "agent", privileged: true,
 			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
+		{name: "agent-delete-mode", values: merge(withNS, map[string]any{"agent": map[string]any{"mode": "delete"}}), second: "agent", deletes: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "repair-controller-only", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}}), second: "repair", deletes: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "neither", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}}),
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 	}
 	for i := range out {
 		if out[i].values != nil {
@@ -293,8 +304,15 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
 			[]string{`image.name "cr.l5d.io/linkerd/cni-plugin" is Linkerd's image, which does not hold this chart's programs`}},
 		{"PodSecurityPolicy", map[string]any{"enablePSP": true}, []string{"enablePSP true: PodSecurityPolicy was removed in Kubernetes 1.25"}},
-		{"shared admin address", map[string]any{"repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
+		{"shared admin address", map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
 			[]string{`installer.adminAddr and repairController.adminAddr are both "127.0.0.1:9992"`}},
+		{"the agent on the installer's address", map[string]any{"agent": map[string]any{"adminAddr": "127.0.0.1:9992"}},
+			[]string{`installer.adminAddr and agent.adminAddr are both "127.0.0.1:9992"`}},
+		{"unknown agent mode", map[string]any{"agent": map[string]any{"mode": "heal"}}, []string{"at '/agent/mode': 'heal' does not match pattern '^(repair|delete|report)$'"}},
+		{"agent audit period not a duration", map[string]any{"agent": map[string]any{"auditPeriod": "often"}}, []string{"/agent/auditPeriod", "often"}},
+		{"agent CRI socket not absolute", map[string]any{"agent": map[string]any{"criSocket": "run/containerd.sock"}}, []string{"/agent/criSocket", "run/containerd.sock"}},
+		{"a PodMonitor for a loopback address", map[string]any{"agent": map[string]any{"podMonitor": map[string]any{"enabled": true}}},
+			[]string{`agent.podMonitor.enabled: Prometheus cannot scrape agent.adminAddr "127.0.0.1:9993", which is the node's loopback`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -382,5 +400,58 @@ func TestSocketLBCheckPod(t *testing.T) {
 	c, err := validator.Parse(args)
 	if err != nil || c.ConnectAddr != "10.96.0.1:443" || c.ListenAddr != "0.0.0.0:4140" {
 		t.Errorf("validator.Parse(%q) = %+v, %v", args, c, err)
+	}
+}
+
+// TestChartPodMonitor: the agent's PodMonitor renders only when asked for and the cluster has the
+// Prometheus operator's CRD; it scrapes the port the agent container declares, on the address
+// the agent serves /metrics on.
+func TestChartPodMonitor(t *testing.T) {
+	ch := loadChart(t)
+	const crd = "monitoring.coreos.com/v1/PodMonitor"
+	on := map[string]any{"agent": map[string]any{"adminAddr": "0.0.0.0:9993", "podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prom"}}}}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		apis   []string
+		want   bool
+	}{
+		{"default, with the CRD", nil, []string{crd}, false},
+		{"enabled, without the CRD", on, nil, false},
+		{"enabled, with the CRD", on, []string{crd}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := helmchart.RenderWithAPIs(ch, tc.values, tc.apis...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm, ok := files["40-podmonitor.yaml"]
+			if ok != tc.want {
+				t.Fatalf("PodMonitor rendered: %v, want %v", ok, tc.want)
+			}
+			if !ok {
+				return
+			}
+			var obj struct {
+				Kind     string
+				Metadata struct{ Labels map[string]string }
+				Spec     struct {
+					Selector            struct{ MatchLabels map[string]string }
+					PodMetricsEndpoints []struct{ Port, Path, Interval string }
+				}
+			}
+			if err := sigsyaml.Unmarshal([]byte(pm), &obj); err != nil {
+				t.Fatal(err)
+			}
+			ep := obj.Spec.PodMetricsEndpoints
+			if obj.Kind != "PodMonitor" || obj.Metadata.Labels["release"] != "prom" || obj.Spec.Selector.MatchLabels["k8s-app"] != "linkerd-cni" ||
+				len(ep) != 1 || ep[0].Port != "agent-admin" || ep[0].Path != "/metrics" || ep[0].Interval != "30s" {
+				t.Errorf("PodMonitor:\n%s", pm)
+			}
+			ports, _, _ := unstructured.NestedSlice(container(t, parseManifests(t, "30-daemonset.yaml", []byte(files["30-daemonset.yaml"])), "linkerd-cni-agent"), "ports")
+			if len(ports) != 1 || ports[0].(map[string]any)["name"] != "agent-admin" || ports[0].(map[string]any)["containerPort"] != int64(9993) {
+				t.Errorf("the agent's ports %v, want agent-admin 9993", ports)
+			}
+		})
 	}
 }

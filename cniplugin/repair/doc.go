@@ -1,10 +1,12 @@
-// Package repair is the linkerd-cni repair controller, run as `linkerd-cni repair` next to the
-// installer in the DaemonSet. In CNI mode a pod whose sandbox was created before linkerd-cni was
-// in the node's CNI configuration (after node boot or autoscaling) runs without the redirect; its
-// linkerd-network-validator init container (package validator) then exits 95. This controller
-// watches the pods on its node and deletes (grace period 0) every pod whose validator terminated
-// with 95, so its owner recreates it, this time with the plugin in place. Each deletion is
-// recorded as an events.k8s.io Event on the pod.
+// Package repair is `linkerd-cni repair`, Linkerd's repair controller (and its name,
+// linkerd-cni-repair-controller, and flags and environment): the node agent (package
+// cniplugin/agent) in its delete mode, with neither its socket nor its audits, so it needs what
+// Linkerd's controller needs and nothing more. In CNI mode a pod whose sandbox was created before
+// linkerd-cni was in the node's CNI configuration (after node boot or autoscaling) runs without
+// the redirect; its linkerd-network-validator init container (package validator) then exits 95.
+// The controller watches the pods on its node and deletes (grace period 0) every pod whose
+// validator terminated with 95, so its owner recreates it, this time with the plugin in place,
+// recording each deletion as an events.k8s.io Event on the pod.
 //
 // Beyond Linkerd's controller, it checks both the validator's current state and its last state:
 // Linkerd's looks at the last state only, so it never repairs a pod with restartPolicy Never
@@ -23,5 +25,6 @@
 // Limits: it cannot tell why the validator failed; it assumes a fresh sandbox will fix it. A
 // pod that keeps failing is deleted again each time it is recreated (a new UID), at the pace of
 // its owner's back-off. Pods without an owner are deleted too, and are not recreated: that is
-// Linkerd's behaviour, kept for compatibility.
+// Linkerd's behaviour, kept for compatibility. The agent's repair mode heals such pods in place
+// instead.
 package repair

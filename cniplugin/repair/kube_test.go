@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -24,7 +21,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
+	"github.com/kubemesh/proxy-init/internal/helmchart"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
@@ -55,34 +54,28 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// deployClusterRole returns the rules of the ClusterRole named linkerd-cni in deploy/linkerd-cni
-// (the one the DaemonSet's ServiceAccount, shared by the repair controller, is bound to) and its
-// file.
+// deployClusterRole returns the rules of the ClusterRole linkerd-cni as the chart renders it for
+// the repair controller (the agent off, repairController on: Linkerd's linkerd2-cni values), and
+// where they come from.
 func deployClusterRole(t *testing.T) ([]rbacv1.PolicyRule, string) {
 	t.Helper()
-	var rules []rbacv1.PolicyRule
-	var found string
-	err := filepath.WalkDir("../../deploy/linkerd-cni", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || found != "" {
-			return err
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
-			var cr rbacv1.ClusterRole
-			if yaml.Unmarshal([]byte(doc), &cr) == nil && cr.Kind == "ClusterRole" && cr.Name == "linkerd-cni" {
-				rules, found = cr.Rules, path
-				return nil
-			}
-		}
-		return nil
-	})
-	if err != nil || found == "" {
-		t.Fatalf("no ClusterRole linkerd-cni under deploy/ (err %v)", err)
+	ch, err := helmchart.Load("../..")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return rules, found
+	values := map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": true}}
+	files, err := helmchart.Render(ch, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(files["10-rbac.yaml"], -1) {
+		var cr rbacv1.ClusterRole
+		if yaml.Unmarshal([]byte(doc), &cr) == nil && cr.Kind == "ClusterRole" && cr.Name == "linkerd-cni" {
+			return cr.Rules, fmt.Sprintf("the chart's 10-rbac.yaml with %v", values)
+		}
+	}
+	t.Fatal("the chart renders no ClusterRole linkerd-cni")
+	return nil, ""
 }
 
 // serviceAccountClient creates a ServiceAccount bound to a ClusterRole with rules, and returns a
@@ -156,12 +149,12 @@ func createPod(t *testing.T, admin kubernetes.Interface, p *podSpec) {
 		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: appNS},
 		Spec: corev1.PodSpec{
 			NodeName:       p.node,
-			InitContainers: []corev1.Container{{Name: repair.ValidatorContainer, Image: "validator:test"}},
+			InitContainers: []corev1.Container{{Name: agent.ValidatorContainer, Image: "validator:test"}},
 			Containers:     []corev1.Container{{Name: "app", Image: "app:test"}},
 		},
 	}
 	if p.meshed {
-		pod.Labels = map[string]string{repair.ControlPlaneNSLabel: "linkerd"}
+		pod.Labels = map[string]string{agent.ControlPlaneNSLabel: "linkerd"}
 	}
 	if p.finalizer {
 		pod.Finalizers = []string{testFinalizer}
@@ -195,7 +188,7 @@ func setStatus(t *testing.T, admin kubernetes.Interface, name string, state, las
 	}
 	pod.Status.Phase = corev1.PodPending
 	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{
-		Name: repair.ValidatorContainer, Image: "validator:test", ImageID: "validator@sha256:0",
+		Name: agent.ValidatorContainer, Image: "validator:test", ImageID: "validator@sha256:0",
 		State: state, LastTerminationState: last, RestartCount: restarts,
 	}}
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
@@ -208,10 +201,10 @@ func setStatus(t *testing.T, admin kubernetes.Interface, name string, state, las
 
 // runController starts a controller and stops it at cleanup, returning a function that stops it
 // earlier and waits for it.
-func runController(t *testing.T, client kubernetes.Interface, node string) (*repair.Controller, func()) {
+func runController(t *testing.T, client kubernetes.Interface, node string) (*agent.Agent, func()) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ctrl, err := repair.New(client, repair.Options{NodeName: node, Log: log})
+	ctrl, err := agent.New(client, repair.AgentOptions(repair.Config{NodeName: node}, log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,14 +239,14 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func get(t *testing.T, ctrl *repair.Controller, path string) int {
+func get(t *testing.T, ctrl *agent.Agent, path string) int {
 	rec := httptest.NewRecorder()
 	ctrl.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code
 }
 
 // metric returns the value of an unlabelled metric from /metrics.
-func metric(t *testing.T, ctrl *repair.Controller, name string) string {
+func metric(t *testing.T, ctrl *agent.Agent, name string) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	ctrl.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
@@ -341,11 +334,11 @@ func TestRepairAgainstAPIServer(t *testing.T) {
 		}
 	}
 
-	if got := metric(t, ctrl, repair.MetricsPrefix+"deleted_total"); got != "5" {
+	if got := metric(t, ctrl, agent.RepairMetricsPrefix+"deleted_total"); got != "5" {
 		t.Errorf("deleted_total = %s, want 5", got)
 	}
 	for _, name := range []string{"queue_size", "delete_errors_total", "event_errors_total"} {
-		if got := metric(t, ctrl, repair.MetricsPrefix+name); got != "0" {
+		if got := metric(t, ctrl, agent.RepairMetricsPrefix+name); got != "0" {
 			t.Errorf("%s = %s, want 0", name, got)
 		}
 	}
@@ -357,8 +350,8 @@ func TestRepairAgainstAPIServer(t *testing.T) {
 	}
 	perUID := map[types.UID]int{}
 	for _, ev := range evs.Items {
-		if ev.Reason != repair.EventReason || ev.Action != repair.EventAction || ev.Type != corev1.EventTypeWarning ||
-			ev.ReportingController != repair.EventReportingController || ev.Regarding.Kind != "Pod" ||
+		if ev.Reason != agent.EventReason || ev.Action != agent.EventAction || ev.Type != corev1.EventTypeWarning ||
+			ev.ReportingController != agent.EventReportingController || ev.Regarding.Kind != "Pod" ||
 			!strings.Contains(ev.Note, "exit code 95") {
 			t.Errorf("unexpected event %+v", ev)
 		}
@@ -436,10 +429,10 @@ func TestRepairWithoutDeletePermission(t *testing.T) {
 	createPod(t, admin, p)
 	ctrl, _ := runController(t, sa, nodeA)
 	waitFor(t, "two refused deletions", func() bool {
-		v := metric(t, ctrl, repair.MetricsPrefix+"delete_errors_total")
+		v := metric(t, ctrl, agent.RepairMetricsPrefix+"delete_errors_total")
 		return v != "0" && v != "1"
 	})
-	if got := metric(t, ctrl, repair.MetricsPrefix+"deleted_total"); got != "0" {
+	if got := metric(t, ctrl, agent.RepairMetricsPrefix+"deleted_total"); got != "0" {
 		t.Errorf("deleted_total = %s, want 0", got)
 	}
 	if _, err := admin.CoreV1().Pods(appNS).Get(ctx, p.name, metav1.GetOptions{}); err != nil {

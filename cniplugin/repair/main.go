@@ -8,17 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
-	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/logging"
 )
@@ -104,27 +99,6 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
-// RESTConfig returns the client configuration: --kubeconfig if set, else $KUBECONFIG (which may
-// list several files) if set, else the in-cluster service account.
-func RESTConfig(kubeconfig string, getenv func(string) string) (*rest.Config, error) {
-	if kubeconfig == "" && getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster config (outside a cluster, pass --kubeconfig or set KUBECONFIG): %w", err)
-		}
-		return cfg, nil
-	}
-	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
-	if kubeconfig == "" {
-		rules.Precedence = strings.Split(getenv(clientcmd.RecommendedConfigPathEnvVar), string(os.PathListSeparator))
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("load kubeconfig: %w", err)
-	}
-	return cfg, nil
-}
-
 // Main runs `linkerd-cni repair` with args (after "repair") until ctx ends, and returns the exit
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -156,45 +130,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Run builds the client, serves the admin endpoints and runs the controller until ctx ends.
-func Run(ctx context.Context, c Config, log *slog.Logger) error {
-	restCfg, err := RESTConfig(c.Kubeconfig, os.Getenv)
-	if err != nil {
-		return err
-	}
-	restCfg.UserAgent = "linkerd-cni-repair-controller"
-	client, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	ctrl, err := New(client, Options{NodeName: c.NodeName, PodName: c.PodName, Log: log})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", c.AdminAddr)
-	if err != nil {
-		return fmt.Errorf("admin listener: %w", err)
-	}
-	srv := &http.Server{Handler: ctrl.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("admin endpoints listening", "addr", ln.Addr().String())
+// AgentOptions are the node agent's options for c: delete mode, no socket, no audit, Linkerd's
+// metric prefix and Events' controller.
+func AgentOptions(c Config, log *slog.Logger) agent.Options {
+	return agent.Options{NodeName: c.NodeName, PodName: c.PodName, Mode: agent.ModeDelete, Log: log,
+		MetricsPrefix: agent.RepairMetricsPrefix, ReportingController: agent.EventReportingController}
+}
 
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	runErr := make(chan error, 1)
-	go func() { runErr <- ctrl.Run(ctx) }()
-	select {
-	case err = <-serveErr:
-		cancel(err)
-		<-runErr
-		return fmt.Errorf("admin server: %w", err)
-	case err = <-runErr:
-	}
-	shutdownCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
-	defer stop()
-	_ = srv.Shutdown(shutdownCtx)
-	if err != nil && ctx.Err() == nil {
+// Run runs the node agent as Linkerd's repair controller until ctx ends.
+func Run(ctx context.Context, c Config, log *slog.Logger) error {
+	if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
 		return err
 	}
 	log.Info("repair controller stopped")

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -130,7 +131,7 @@ func TestMainEndToEnd(t *testing.T) {
 		return apierrors.IsNotFound(err)
 	})
 	_, body := fetch("/metrics")
-	if m := regexp.MustCompile(`(?m)^` + repair.MetricsPrefix + `deleted_total (\S+)$`).FindStringSubmatch(body); m == nil || m[1] != "1" {
+	if m := regexp.MustCompile(`(?m)^` + agent.RepairMetricsPrefix + `deleted_total (\S+)$`).FindStringSubmatch(body); m == nil || m[1] != "1" {
 		t.Errorf("/metrics deleted_total = %v, want 1:\n%s", m, body)
 	}
 	if !strings.Contains(body, "process_cpu_seconds_total") {

@@ -55,6 +55,12 @@ func Load(root string) (*chart.Chart, error) {
 // values.schema.json (as helm install and helm template do). It returns each non-empty template's
 // output by its path under templates/ (for example "optional/node-taint-rbac.yaml").
 func Render(ch *chart.Chart, values map[string]any) (map[string]string, error) {
+	return RenderWithAPIs(ch, values)
+}
+
+// RenderWithAPIs is Render for a cluster that also serves apis (such as
+// "monitoring.coreos.com/v1/PodMonitor"), which templates test with .Capabilities.APIVersions.
+func RenderWithAPIs(ch *chart.Chart, values map[string]any, apis ...string) (map[string]string, error) {
 	kv, err := chartutil.ParseKubeVersion(KubeVersion)
 	if err != nil {
 		return nil, err
@@ -64,6 +70,7 @@ func Render(ch *chart.Chart, values map[string]any) (map[string]string, error) {
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = *kv
+	caps.APIVersions = append(caps.APIVersions, apis...)
 	opts := chartutil.ReleaseOptions{Name: ReleaseName, Namespace: Namespace, Revision: 1, IsInstall: true}
 	rv, err := chartutil.ToRenderValues(ch, values, opts, caps)
 	if err != nil {

@@ -93,11 +93,12 @@ var Images = []Image{
 	{
 		Name:       "linkerd-cni",
 		Repository: "ghcr.io/kubemesh/linkerd-cni",
-		About: `The linkerd-cni image: the DaemonSet's binary (install, repair) and the plugin-only build that
-the installer copies onto the node. Linkerd's paths are links to it: Linkerd's linkerd2-cni
-chart runs the repair controller as /usr/lib/linkerd/linkerd-cni-repair-controller, and its
-image's CMD is /usr/bin/linkerd2-cni-install. The installer runs as root (the node's CNI
-directories are root-owned) with no capability; the repair controller runs as 65534.`,
+		About: `The linkerd-cni image: the DaemonSet's binary (install, agent, repair) and the plugin-only
+build that the installer copies onto the node. Linkerd's paths are links to it: Linkerd's
+linkerd2-cni chart runs the repair controller as /usr/lib/linkerd/linkerd-cni-repair-controller,
+and its image's CMD is /usr/bin/linkerd2-cni-install. The installer runs as root (the node's CNI
+directories are root-owned) with no capability; the node agent as root with NET_ADMIN, SYS_ADMIN
+and SYS_PTRACE (it writes rules inside pods' namespaces); the repair controller as 65534.`,
 		Files: []File{
 			{Path: "/opt/cni/bin/linkerd-cni", Bin: BinPlugin},
 			{Path: "/usr/local/bin/linkerd-cni", Bin: BinLinkerdCNI},

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kubemesh/proxy-init/internal/helmchart"
 )
 
 // The DaemonSet as deploy/linkerd-cni renders it.
@@ -40,6 +44,13 @@ func installDaemonSet(ctx context.Context, t testing.TB, n *Node) *corev1.Pod {
 		files[i], _ = filepath.Rel(repoRoot(t), f)
 	}
 	objs := loadObjects(t, files...)
+	ourDaemonSet(objs)
+	create(ctx, t, n.Client, objs...)
+	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
+}
+
+// ourDaemonSet points the DaemonSet among objs at this build's images.
+func ourDaemonSet(objs []runtime.Object) {
 	for _, obj := range objs {
 		if ds, ok := obj.(*appsv1.DaemonSet); ok {
 			for i := range ds.Spec.Template.Spec.Containers {
@@ -47,8 +58,30 @@ func installDaemonSet(ctx context.Context, t testing.TB, n *Node) *corev1.Pod {
 			}
 		}
 	}
-	create(ctx, t, n.Client, objs...)
-	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
+}
+
+// renderObjects renders the chart with values over the default rendering's (as deploy/ is
+// made), pointed at this build's images.
+func renderObjects(t testing.TB, values map[string]any) []runtime.Object {
+	t.Helper()
+	ch, err := helmchart.Load(repoRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := maps.Clone(helmchart.ManifestValues)
+	maps.Copy(all, values)
+	files, err := helmchart.Render(ch, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	for _, name := range helmchart.Names(files) {
+		if filepath.Dir(name) == "." {
+			objs = append(objs, decodeObjects(t, name, []byte(files[name]))...)
+		}
+	}
+	ourDaemonSet(objs)
+	return objs
 }
 
 // removeDaemonSet deletes the DaemonSet and waits until its pod is gone, which is when the

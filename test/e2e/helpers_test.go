@@ -37,29 +37,38 @@ func loadObjects(t testing.TB, files ...string) []runtime.Object {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(bytes.TrimSpace(doc)) == 0 {
-				continue
-			}
-			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			objs = append(objs, obj)
-		}
+		objs = append(objs, decodeObjects(t, f, data)...)
 	}
 	return objs
 }
 
-// create creates each object; one that already exists is left as it is.
+// decodeObjects decodes every YAML document of data, from source (for messages).
+func decodeObjects(t testing.TB, source string, data []byte) []runtime.Object {
+	t.Helper()
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+// create creates each object; one that already exists is left as it is, except a ClusterRole,
+// which is updated (the chart's renderings grant different rules).
 func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...runtime.Object) {
 	t.Helper()
 	for _, obj := range objs {
@@ -83,6 +92,13 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 			_, err = cs.AppsV1().Deployments(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("create: unexpected %T", obj)
+		}
+		if cr, ok := obj.(*rbacv1.ClusterRole); ok && apierrors.IsAlreadyExists(err) {
+			var cur *rbacv1.ClusterRole
+			if cur, err = cs.RbacV1().ClusterRoles().Get(ctx, cr.Name, metav1.GetOptions{}); err == nil {
+				cr.ResourceVersion = cur.ResourceVersion
+				_, err = cs.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{})
+			}
 		}
 		if apierrors.IsAlreadyExists(err) {
 			continue

@@ -11,46 +11,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // validatorFailed is the exit code of a validator that found no redirect.
 const validatorFailed = 95
 
 // testRepair is scenario 5: a Deployment's pod created before the plugin is in place fails
-// validation (exit 95); once the DaemonSet runs, its repair controller deletes that pod, and the
-// replacement is meshed.
+// validation (exit 95); once the DaemonSet runs with Linkerd's repair controller (the chart
+// without the agent, which heals such pods in place instead: AgentHealsInPlace), the controller
+// deletes that pod, and the replacement is meshed.
 func testRepair(t *testing.T, n *Node) {
 	ctx := context.Background()
 	removeDaemonSet(ctx, t, n)
 	const ns = "e2e-repair"
 	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
 	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
+	failed := waitValidatorFailed(ctx, t, n, ns)
 
-	var failed types.UID
-	waitFor(ctx, t, 3*time.Minute, "the validator to exit 95 without the plugin", func(ctx context.Context) (bool, error) {
-		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil {
-			return false, err
-		}
-		for _, p := range l.Items {
-			for _, cs := range p.Status.InitContainerStatuses {
-				if cs.Name != "linkerd-network-validator" {
-					continue
-				}
-				for _, term := range []*corev1.ContainerStateTerminated{cs.State.Terminated, cs.LastTerminationState.Terminated} {
-					if term != nil && term.ExitCode == validatorFailed {
-						failed = p.UID
-						return true, nil
-					}
-				}
-			}
-			return false, fmt.Errorf("pod %s: %s", p.Name, describePod(&p))
-		}
-		return false, fmt.Errorf("%d pods", len(l.Items))
-	})
-
-	installDaemonSet(ctx, t, n)
+	installRendering(ctx, t, n, map[string]any{"agent": map[string]any{"enabled": false}})
+	t.Cleanup(func() { removeDaemonSet(ctx, t, n) })
 	var pod *corev1.Pod
 	waitFor(ctx, t, 3*time.Minute, "a meshed replacement of the failed pod", func(ctx context.Context) (bool, error) {
 		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})

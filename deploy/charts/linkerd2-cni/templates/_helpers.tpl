@@ -36,6 +36,21 @@ linkerd-cni.conf
 {{- end -}}
 {{- end -}}
 
+{{/* The runtime's CRI socket: the value, or the distribution preset's when left at the default. */}}
+{{- define "linkerd-cni.criSocket" -}}
+{{- $presets := dict "k3s" "/run/k3s/containerd/containerd.sock" "rke2" "/run/k3s/containerd/containerd.sock" "microk8s" "/var/snap/microk8s/common/run/containerd.sock" "openshift" "/var/run/crio/crio.sock" -}}
+{{- if and (hasKey $presets .Values.distribution) (eq .Values.agent.criSocket "/run/containerd/containerd.sock") -}}
+{{- get $presets .Values.distribution -}}
+{{- else -}}
+{{- .Values.agent.criSocket -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the agent audits: an auditPeriod other than zero ("0s", "0m", "0"). */}}
+{{- define "linkerd-cni.auditing" -}}
+{{- not (regexMatch "^[0.]+[a-zµ]*$" (toString .Values.agent.auditPeriod)) -}}
+{{- end -}}
+
 {{- define "linkerd-cni.privileged" -}}
 {{- or .Values.privileged (eq .Values.distribution "openshift") -}}
 {{- end -}}
@@ -90,7 +105,13 @@ resources:
 {{- if and .Values.socketLBCheck.enabled (or (eq .Values.socketLBCheck.namespace .Release.Namespace) (has .Values.socketLBCheck.namespace .Values.excludeNamespaces)) -}}
 {{- fail (printf "socketLBCheck.namespace %q: the plugin leaves that namespace's pods alone (its own, or excludeNamespaces), so the check would prove nothing; pick another" .Values.socketLBCheck.namespace) -}}
 {{- end -}}
-{{- if eq .Values.installer.adminAddr .Values.repairController.adminAddr -}}
+{{- if and (not .Values.agent.enabled) (eq .Values.installer.adminAddr .Values.repairController.adminAddr) -}}
 {{- fail (printf "installer.adminAddr and repairController.adminAddr are both %q: the two containers share the node's network namespace and need two ports" .Values.installer.adminAddr) -}}
+{{- end -}}
+{{- if and .Values.agent.enabled (eq .Values.installer.adminAddr .Values.agent.adminAddr) -}}
+{{- fail (printf "installer.adminAddr and agent.adminAddr are both %q: the two containers share the node's network namespace and need two ports" .Values.installer.adminAddr) -}}
+{{- end -}}
+{{- if and .Values.agent.enabled .Values.agent.podMonitor.enabled (regexMatch "^(127\\.|\\[::1\\])" .Values.agent.adminAddr) -}}
+{{- fail (printf "agent.podMonitor.enabled: Prometheus cannot scrape agent.adminAddr %q, which is the node's loopback; set agent.adminAddr to an address it reaches, e.g. 0.0.0.0:9993" .Values.agent.adminAddr) -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,403 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kubemesh/proxy-init/iptables/backend"
+)
+
+// Mode is what the agent does about a meshed pod whose rules are missing or differ.
+type Mode string
+
+const (
+	// ModeRepair rewrites the rules in place (the default).
+	ModeRepair Mode = "repair"
+	// ModeDelete deletes the pod so that its owner recreates it with the plugin in place; it is
+	// also Linkerd's repair controller (pods whose validator failed are deleted).
+	ModeDelete Mode = "delete"
+	// ModeReport records Events and metrics only.
+	ModeReport Mode = "report"
+)
+
+// Modes lists the modes, for flags and messages.
+var Modes = []Mode{ModeRepair, ModeDelete, ModeReport}
+
+// Event fields. The agent and the repair controller each report as their own controller.
+const (
+	EventReportingController = "linkerd.io/cni-repair-controller"
+	AgentReportingController = "linkerd.io/cni-agent"
+
+	// EventReason and EventAction are the deletion of a pod whose validator failed (Linkerd's).
+	EventReason = "NetworkValidatorFailed"
+	EventAction = "DeletePod"
+
+	// What the audit found, and did.
+	ReasonRepaired     = "RedirectRepaired"
+	ReasonRepairFailed = "RedirectRepairFailed"
+	ReasonDrift        = "RedirectDrift"
+	ReasonInvalid      = "InvalidAnnotation"
+	ActionRewrite      = "RewriteRules"
+	ActionReport       = "Report"
+	ActionLeaveRules   = "LeaveRules"
+)
+
+const defaultLookupWait = time.Second
+
+// Options configure an Agent. Only NodeName is required; each part is off unless configured.
+type Options struct {
+	// NodeName is the node whose pods are watched.
+	NodeName string
+	// PodName, when set, is the Events' reporting instance; else the controller name and the
+	// node's.
+	PodName string
+	// Mode says what to do about drift and failed validators; empty is ModeRepair.
+	Mode Mode
+	// Socket, when set, is the UNIX socket the plugin asks; its directory is made root-only.
+	Socket string
+	// LookupWait bounds how long a lookup waits for a pod (or namespace) the watch has not
+	// delivered yet; 0 means one second.
+	LookupWait time.Duration
+	// AuditPeriod, when positive, audits every meshed pod of the node that often, besides on
+	// pod events. Audits need Sandboxes and NetConf.
+	AuditPeriod time.Duration
+	// Sandboxes finds a pod's network namespace (the CRI in production).
+	Sandboxes SandboxFinder
+	// NetConf returns the node's linkerd-cni network config, the one the plugin gets; nil (or
+	// not found) means nothing is audited.
+	NetConf *NetConfSource
+	// Runner writes and reads the rules; the zero Runner is the real one.
+	Runner backend.Runner
+	// MetricsPrefix starts every metric name; empty is the agent's.
+	MetricsPrefix string
+	// ReportingController names the Events' controller; empty is the agent's.
+	ReportingController string
+	// Log receives the agent's logs; nil discards them. PluginLog receives the plugin calls'
+	// lines verbatim (nil: not printed).
+	Log       *slog.Logger
+	PluginLog io.Writer
+	// ResyncPeriod re-delivers every watched pod periodically; 0 disables it.
+	ResyncPeriod time.Duration
+}
+
+// podKey is a work item: a pod by namespace and name. The UID is checked when it is processed.
+type podKey struct{ namespace, name string }
+
+func (k podKey) String() string { return k.namespace + "/" + k.name }
+
+// Agent is the node agent. Create it with New, serve its Handler, then Run it.
+type Agent struct {
+	opts     Options
+	client   kubernetes.Interface
+	node     string
+	mode     Mode
+	instance string
+	log      *slog.Logger
+	metrics  *metrics
+	events   *eventRecorder
+
+	podFactory informers.SharedInformerFactory
+	podInf     cache.SharedIndexInformer
+	pods       listersv1.PodLister
+	// nsInf and svcInf exist when lookups or audits do (nil for Linkerd's repair controller).
+	nsFactory, svcFactory informers.SharedInformerFactory
+	nsInf, svcInf         cache.SharedIndexInformer
+	namespaces            listersv1.NamespaceLister
+	services              listersv1.ServiceLister
+	arrived               *notifier // pods and namespaces the watch delivers
+
+	queue workqueue.TypedRateLimitingInterface[podKey]
+
+	running, synced atomic.Bool
+
+	mu sync.Mutex
+	// deleted holds the UIDs this agent deleted, with why. A UID in it is never deleted again.
+	deleted map[types.UID]string
+	// gone holds the sandboxes the plugin's DEL went through: their rules are not audited.
+	gone map[string]time.Time
+	// unauditable says once that the node's mode needs binaries this image lacks.
+	unauditable sync.Once
+}
+
+// New returns an agent for opts.NodeName using client. It starts nothing.
+func New(client kubernetes.Interface, opts Options) (*Agent, error) {
+	if opts.NodeName == "" {
+		return nil, errors.New("node name is empty: set --node-name")
+	}
+	opts.Mode = cmp.Or(opts.Mode, ModeRepair)
+	opts.LookupWait = cmp.Or(opts.LookupWait, defaultLookupWait)
+	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
+		return nil, errors.New("audits need a sandbox finder and the node's network config")
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	controller := cmp.Or(opts.ReportingController, AgentReportingController)
+	a := &Agent{
+		opts:     opts,
+		client:   client,
+		node:     opts.NodeName,
+		mode:     opts.Mode,
+		instance: cmp.Or(opts.PodName, controller+"-"+opts.NodeName),
+		log:      log.With("node", opts.NodeName),
+		arrived:  newNotifier(),
+		deleted:  map[types.UID]string{},
+		gone:     map[string]time.Time{},
+	}
+	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
+		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
+	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) })
+	a.events = newEventRecorder(client, controller, a.instance, a.metrics, a.log)
+
+	// Linkerd's repair controller watches only meshed pods (they carry this label); the agent
+	// also needs every pod of the node for lookups.
+	label := ""
+	if !a.lookups() && opts.AuditPeriod <= 0 {
+		label = ControlPlaneNSLabel
+	}
+	a.podFactory = informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+			o.LabelSelector = label
+		}))
+	pods := a.podFactory.Core().V1().Pods()
+	a.podInf, a.pods = pods.Informer(), pods.Lister()
+	if _, err := a.podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { a.arrived.notify(); a.podChanged(nil, obj) },
+		UpdateFunc: func(old, obj any) { a.arrived.notify(); a.podChanged(old, obj) },
+		DeleteFunc: a.forget,
+	}); err != nil {
+		return nil, fmt.Errorf("watch pods: %w", err)
+	}
+	if a.lookups() || opts.AuditPeriod > 0 {
+		a.nsFactory = informers.NewSharedInformerFactory(client, 0)
+		nss := a.nsFactory.Core().V1().Namespaces()
+		a.nsInf, a.namespaces = nss.Informer(), nss.Lister()
+		if _, err := a.nsInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { a.arrived.notify() },
+			UpdateFunc: a.namespaceChanged,
+		}); err != nil {
+			return nil, fmt.Errorf("watch namespaces: %w", err)
+		}
+		// One object: the ports control-plane pods skip.
+		a.svcFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", "kubernetes").String()
+			}))
+		svcs := a.svcFactory.Core().V1().Services()
+		a.svcInf, a.services = svcs.Informer(), svcs.Lister()
+	}
+	return a, nil
+}
+
+func (a *Agent) lookups() bool { return a.opts.Socket != "" }
+func (a *Agent) audits() bool  { return a.opts.AuditPeriod > 0 }
+
+// podChanged queues a pod for the worker when there is something to do: a failed validator in
+// delete mode (healthy pods cost no work item, as in Linkerd's controller), or, with audits, a
+// meshed pod that is new or whose annotations, phase or validator changed.
+func (a *Agent) podChanged(old, obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || pod.DeletionTimestamp != nil {
+		return
+	}
+	key := podKey{pod.Namespace, pod.Name}
+	if _, failed := DetectFailure(pod); failed && (a.mode == ModeDelete || a.audits()) {
+		a.queue.Add(key)
+		return
+	}
+	if !a.audits() || !meshedSpec(pod) {
+		return
+	}
+	if prev, ok := old.(*corev1.Pod); ok && prev.Status.Phase == pod.Status.Phase &&
+		maps.Equal(prev.Annotations, pod.Annotations) && sandboxReady(prev) == sandboxReady(pod) {
+		return
+	}
+	a.queue.Add(key)
+}
+
+// namespaceChanged audits the namespace's meshed pods when its annotations change: they may
+// inherit them.
+func (a *Agent) namespaceChanged(old, obj any) {
+	prev, ok1 := old.(*corev1.Namespace)
+	ns, ok2 := obj.(*corev1.Namespace)
+	if !a.audits() || !ok1 || !ok2 || maps.Equal(prev.Annotations, ns.Annotations) {
+		return
+	}
+	pods, err := a.pods.Pods(ns.Name).List(everything)
+	if err != nil {
+		return
+	}
+	for _, p := range pods {
+		if meshedSpec(p) {
+			a.queue.Add(podKey{p.Namespace, p.Name})
+		}
+	}
+}
+
+func (a *Agent) forget(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		a.mu.Lock()
+		delete(a.deleted, pod.UID)
+		a.mu.Unlock()
+		a.events.forget(pod.UID)
+	}
+}
+
+// Run starts the watches, waits for their first list, then serves the socket, audits and
+// processes the queue until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	a.running.Store(true)
+	defer a.running.Store(false)
+	defer a.queue.ShutDown()
+	a.podFactory.Start(ctx.Done())
+	defer a.podFactory.Shutdown()
+	synced := []cache.InformerSynced{a.podInf.HasSynced}
+	if a.nsFactory != nil {
+		a.nsFactory.Start(ctx.Done())
+		a.svcFactory.Start(ctx.Done())
+		defer a.nsFactory.Shutdown()
+		defer a.svcFactory.Shutdown()
+		synced = append(synced, a.nsInf.HasSynced, a.svcInf.HasSynced)
+	}
+	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "auditPeriod", a.opts.AuditPeriod.String())
+
+	var srv *server
+	if a.lookups() {
+		var err error
+		if srv, err = a.listen(); err != nil {
+			return err
+		}
+		defer srv.close()
+		go srv.serve(ctx)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("watch pods on node %s: %w", a.node, context.Cause(ctx))
+	}
+	a.synced.Store(true)
+	a.log.Info("agent ready")
+	go func() {
+		<-ctx.Done()
+		a.queue.ShutDown()
+	}()
+	if a.audits() {
+		go a.auditWhenChained(ctx)
+		go a.auditEvery(ctx, a.opts.AuditPeriod)
+	}
+	// One worker: a node's worth of pods, and "never delete a pod twice" trivially true.
+	for a.processNext(ctx) {
+	}
+	return nil
+}
+
+// Ready reports whether the watches have synced and the worker is running.
+func (a *Agent) Ready() bool { return a.running.Load() && a.synced.Load() }
+
+func (a *Agent) processNext(ctx context.Context) bool {
+	key, shutdown := a.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer a.queue.Done(key)
+	if err := a.process(ctx, key); err != nil {
+		a.log.Warn("retrying with back-off", "pod", key.String(), "error", err.Error(), "retries", a.queue.NumRequeues(key))
+		a.queue.AddRateLimited(key)
+		return true
+	}
+	a.queue.Forget(key)
+	return true
+}
+
+// process handles one pod as the cache sees it now: a failed validator in delete mode is a
+// deletion; otherwise, with audits, an audit.
+func (a *Agent) process(ctx context.Context, key podKey) error {
+	pod, err := a.pods.Pods(key.namespace).Get(key.name)
+	if err != nil || pod.DeletionTimestamp != nil {
+		return nil //nolint:nilerr // gone, or going: nothing to do
+	}
+	if f, failed := DetectFailure(pod); failed && a.mode == ModeDelete {
+		return a.deleteFailed(ctx, pod, f)
+	}
+	if a.audits() {
+		a.audit(ctx, pod)
+	}
+	return nil
+}
+
+// sandboxGone records that the plugin's DEL went through sandbox id, so an audit never "heals"
+// rules the DEL removed while the sandbox is being torn down.
+func (a *Agent) sandboxGone(id string) {
+	if id == "" {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	a.gone[id] = now
+	for k, t := range a.gone {
+		if now.Sub(t) > 10*time.Minute {
+			delete(a.gone, k)
+		}
+	}
+}
+
+func (a *Agent) isGone(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.gone[id]
+	return ok
+}
+
+// notifier wakes lookups waiting for the watch to deliver something.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
+
+func (n *notifier) notify() {
+	n.mu.Lock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+	n.mu.Unlock()
+}
+
+// wait calls found until it returns true, after each delivery, until ctx ends.
+func (n *notifier) wait(ctx context.Context, found func() bool) bool {
+	for {
+		n.mu.Lock()
+		ch := n.ch
+		n.mu.Unlock()
+		if found() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return found()
+		case <-ch:
+		}
+	}
+}

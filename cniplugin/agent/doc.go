@@ -1,0 +1,32 @@
+// Package agent is the linkerd-cni node agent, `linkerd-cni agent` in the DaemonSet (and, in its
+// delete mode without socket or audit, `linkerd-cni repair`, Linkerd's repair controller). On its
+// node it:
+//
+//   - watches the node's pods (field selector spec.nodeName), and, for lookups and audits, the
+//     namespaces (their annotations count) and the Service default/kubernetes; no other watch;
+//   - serves the CNI plugin on a UNIX socket (root only, in a directory only root can enter):
+//     each ADD, CHECK and DEL arrives with the pod's network namespace as a descriptor, and the
+//     agent runs it with the plugin's own code (package cniplugin), the pod from its cache and
+//     the rules through the same backend.Runner and namespace lock, so a meshed ADD makes no API
+//     request; it answers only for pods of its node, and tells the plugin to do the call itself
+//     when it cannot (not synced, pod not seen within the lookup wait, a mode needing iptables
+//     binaries its image lacks, or a write that failed here);
+//   - audits every meshed pod of the node, on pod events and on a period, with CHECK's logic
+//     against the pod's current annotations, finding the pod's network namespace through the
+//     CRI (sandbox.go);
+//   - acts on a pod whose rules are missing or differ, by mode: repair rewrites them in place
+//     (the same write as ADD, under the same lock), delete deletes the pod so its owner recreates
+//     it (Linkerd's behaviour, also for a failed linkerd-network-validator), report only records;
+//     each records an Event on the pod saying what was wrong and what was done;
+//   - serves /live, /ready and /metrics (Prometheus: the plugin's calls, which the plugin reports
+//     over the socket, the lookups' source, the audits and what they did, the node's CNI config),
+//     and prints every plugin call's log lines, so they appear in `kubectl logs`.
+//
+// RBAC: pods get, list, watch; namespaces and services list, watch (lookups, audit);
+// events.k8s.io events create; pods delete only in delete mode.
+//
+// Limits: it acts only on pods whose sandbox the CRI reports ready; a pod whose validator failed
+// with restartPolicy Never is not rerun by healing (its owner replaces it). In delete mode a
+// drifted pod without an owner is reported, not deleted (nothing would recreate it); a pod whose
+// validator failed is deleted whatever its owner, as Linkerd does.
+package agent

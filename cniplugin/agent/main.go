@@ -1,0 +1,264 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/internal/badinput"
+	"github.com/kubemesh/proxy-init/internal/logging"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+)
+
+// The agent's environment, set by the DaemonSet.
+const (
+	EnvNodeName = "KUBERNETES_NODE_NAME"
+	EnvPodName  = "POD_NAME"
+)
+
+// Target is the agent's log filter target: a --log-level filter's directives for it apply.
+const Target = "linkerd_cni_agent"
+
+// Defaults of `linkerd-cni agent`.
+const (
+	DefaultAdminAddr   = "127.0.0.1:9993"
+	DefaultAuditPeriod = time.Minute
+	DefaultCRI         = "unix:///run/containerd/containerd.sock"
+	DefaultHostProc    = "/host/proc"
+	DefaultCNINetDir   = "/host/etc/cni/net.d"
+)
+
+// Config is the command line of `linkerd-cni agent`.
+type Config struct {
+	NodeName, PodName string
+	Mode              Mode
+	Socket            string
+	LookupWait        time.Duration
+	AuditPeriod       time.Duration
+	CRI               string
+	HostProc          string
+	CNINetDir         string
+	PluginLogs        bool
+	AdminAddr         string
+	Kubeconfig        string
+	LogFormat         string
+	LogLevel          string
+}
+
+// AddFlags registers the flags on fs, bound to c; c's values are the defaults shown.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar((*string)(&c.Mode), "mode", string(c.Mode), "what to do about a meshed pod whose rules are missing or different: repair (rewrite them in place), delete (delete the pod, as Linkerd's repair controller does), report (Events and metrics only)")
+	fs.StringVar(&c.Socket, "socket", c.Socket, `UNIX socket serving the CNI plugin's calls ("" disables it: the plugin asks the API)`)
+	fs.DurationVar(&c.LookupWait, "lookup-wait", c.LookupWait, "how long a plugin call waits for a pod the watch has not delivered yet, before the plugin asks the API")
+	fs.DurationVar(&c.AuditPeriod, "audit-period", c.AuditPeriod, "audit every meshed pod of the node this often, besides on pod events (0 disables audits)")
+	fs.StringVar(&c.CRI, "cri-socket", c.CRI, "the container runtime's CRI endpoint, to find each pod's network namespace")
+	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc as this container sees it")
+	fs.StringVar(&c.CNINetDir, "cni-net-dir", c.CNINetDir, "the node's CNI config directory as this container sees it (the plugin's config is read there)")
+	fs.BoolVar(&c.PluginLogs, "plugin-logs", c.PluginLogs, "print the log lines of every plugin call on standard output (kubectl logs)")
+	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "address serving /live, /ready and /metrics")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig to use outside a cluster (default $KUBECONFIG, else the in-cluster service account)")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node whose pods are served and audited (default $"+EnvNodeName+")")
+	fs.StringVar(&c.PodName, "pod-name", c.PodName, "this pod's name, the reporting instance of the Events (default $"+EnvPodName+")")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: plain or json")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: trace, debug, info, warn, error, or a filter such as "+Target+"=debug,info")
+}
+
+// ParseArgs reads the arguments after "agent", with defaults from getenv.
+func ParseArgs(args []string, getenv func(string) string) (Config, error) {
+	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), Mode: ModeRepair,
+		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
+		CRI: DefaultCRI, HostProc: DefaultHostProc, CNINetDir: DefaultCNINetDir, PluginLogs: true,
+		AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return c, err
+		}
+		return c, fmt.Errorf("%w (see linkerd-cni agent --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var probs []badinput.Problem
+	bad := func(field, value, reason string) {
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
+	}
+	if c.NodeName == "" {
+		bad("--node-name", "", "not set: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
+	}
+	if !slices.Contains(Modes, c.Mode) {
+		bad("--mode", string(c.Mode), "want repair, delete or report")
+	}
+	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
+		bad("--socket", c.Socket, "not an absolute path")
+	}
+	if c.LookupWait <= 0 {
+		bad("--lookup-wait", c.LookupWait.String(), "must be positive")
+	}
+	if c.AuditPeriod < 0 {
+		bad("--audit-period", c.AuditPeriod.String(), "must be 0 (no audits) or positive")
+	}
+	if c.AuditPeriod > 0 {
+		if !strings.HasPrefix(c.CRI, "unix://") && !strings.HasPrefix(c.CRI, "/") {
+			bad("--cri-socket", c.CRI, "want unix:///path/to/socket")
+		}
+		if !filepath.IsAbs(c.HostProc) {
+			bad("--host-proc", c.HostProc, "not an absolute path")
+		}
+		if !filepath.IsAbs(c.CNINetDir) {
+			bad("--cni-net-dir", c.CNINetDir, "not an absolute path")
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		bad("--admin-addr", c.AdminAddr, "want host:port")
+	}
+	if err := logging.CheckFormat(c.LogFormat); err != nil {
+		bad("--log-format", c.LogFormat, err.Error())
+	}
+	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
+		bad("--log-level", c.LogLevel, err.Error())
+	}
+	if len(probs) > 0 {
+		return c, &badinput.Error{What: "invalid input", Problems: probs}
+	}
+	return c, nil
+}
+
+// Main runs `linkerd-cni agent` with args (after "agent") until ctx ends, and returns the exit
+// code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := ParseArgs(args, os.Getenv)
+	if errors.Is(err, pflag.ErrHelp) {
+		fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+		fs.SortFlags = false
+		c.AddFlags(fs)
+		fmt.Fprint(stdout, "linkerd-cni agent serves the CNI plugin's pod lookups on this node, audits every meshed pod's redirect and heals it in place.\n\nFlags:\n"+fs.FlagUsages())
+		return 0
+	}
+	if bad, ok := badinput.As(err); ok {
+		fmt.Fprint(stderr, "linkerd-cni agent: "+bad.Lines())
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
+		return 2
+	}
+	filter, _ := logging.ParseFilter(c.LogLevel, Target)
+	log := logging.New(stderr, c.LogFormat, filter.Level)
+	filter.Log(log)
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket,
+		LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log,
+		// The node's close-wait sysctl through the node's /proc: the container's own /proc/sys
+		// is read-only. It is written after entering the pod's namespace, whose value it is.
+		Runner: backend.Runner{CloseWaitFile: filepath.Join(c.HostProc, "sys", iptablesCloseWait)}}
+	if c.PluginLogs {
+		opts.PluginLog = stdout
+	}
+	if c.AuditPeriod > 0 {
+		cri, err := NewCRI(c.CRI, c.HostProc)
+		if err != nil {
+			fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
+			return 2
+		}
+		defer cri.Close()
+		opts.Sandboxes, opts.NetConf = cri, &NetConfSource{Dir: c.CNINetDir}
+	}
+	if err := Run(ctx, opts, c.Kubeconfig, c.AdminAddr, "linkerd-cni-agent"); err != nil {
+		log.Error("agent failed", "error", err.Error())
+		return 1
+	}
+	return 0
+}
+
+// iptablesCloseWait is the close-wait sysctl below /proc/sys.
+var iptablesCloseWait = strings.TrimPrefix(iptables.CloseWaitSysctl, "/proc/sys/")
+
+// RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may
+// list several files) if set, else the in-cluster service account.
+func RESTConfig(kubeconfig string, getenv func(string) string) (*rest.Config, error) {
+	if kubeconfig == "" && getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("in-cluster config (outside a cluster, pass --kubeconfig or set KUBECONFIG): %w", err)
+		}
+		return cfg, nil
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
+	if kubeconfig == "" {
+		rules.Precedence = strings.Split(getenv(clientcmd.RecommendedConfigPathEnvVar), string(os.PathListSeparator))
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+// Run builds the client, serves the admin endpoints on adminAddr and runs an agent with opts
+// until ctx ends. userAgent names its API requests.
+func Run(ctx context.Context, opts Options, kubeconfig, adminAddr, userAgent string) error {
+	log := cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
+	restCfg, err := RESTConfig(kubeconfig, os.Getenv)
+	if err != nil {
+		return err
+	}
+	restCfg.UserAgent = userAgent
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	a, err := New(client, opts)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", adminAddr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("admin endpoints listening", "addr", ln.Addr().String())
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	select {
+	case err = <-serveErr:
+		cancel(err)
+		<-runErr
+		return fmt.Errorf("admin server: %w", err)
+	case err = <-runErr:
+	}
+	shutdownCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
+	defer stop()
+	_ = srv.Shutdown(shutdownCtx)
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}
