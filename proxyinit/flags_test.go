@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -279,9 +280,9 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("stdout not empty: %q", stdout.String())
 			}
 			_, err := Parse(tt.args)
-			var uerr *UsageError
+			var uerr *badinput.UsageError
 			if !errors.As(err, &uerr) {
-				t.Errorf("Parse error %v is not a *UsageError", err)
+				t.Errorf("Parse error %v is not a *badinput.UsageError", err)
 			}
 		})
 	}

@@ -3,8 +3,9 @@
 //
 // It learns what is already in place without spawning a process where the kernel allows it: the
 // legacy nat table shows up in /proc/net/ip{,6}_tables_names only once something created it, and
-// iptables-nft's chains are visible over nf_tables netlink. `*-save` runs only when our chains
-// may exist. It never decides which rules exist; that is the builder's job.
+// iptables-nft's chains are visible over nf_tables netlink (asked of iptables/nfnl). `*-save`
+// runs only when our chains may exist. It never decides which rules exist; that is the builder's
+// job.
 package xtables
 
 import (
@@ -20,11 +21,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
 // Flavor is the kernel side the binaries drive.
@@ -38,13 +39,12 @@ const (
 // Options configure an Applier.
 type Options struct {
 	// Wait makes iptables-restore wait for the xtables lock, at most WaitTimeout.
-	Wait        bool
-	WaitTimeout time.Duration
+	Wait bool
 }
 
-// DefaultWaitTimeout bounds the wait for the xtables lock: long enough to outlast another
-// writer, short enough that a stuck lock fails the pod visibly instead of hanging it.
-const DefaultWaitTimeout = 10 * time.Second
+// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer,
+// short enough that a stuck lock fails the pod visibly instead of hanging it.
+const WaitTimeout = 10 * time.Second
 
 // Applier writes rules through one set of iptables binaries.
 type Applier struct {
@@ -62,9 +62,6 @@ var _ iptables.Applier = (*Applier)(nil)
 // missing it falls back within the same kernel flavor: e.g. nft mode on a host whose only
 // binary is an nf_tables-backed "iptables".
 func New(mode iptables.Mode, opts Options) (*Applier, error) {
-	if opts.WaitTimeout == 0 {
-		opts.WaitTimeout = DefaultWaitTimeout
-	}
 	var prefix string
 	var flavor Flavor
 	switch mode {
@@ -152,8 +149,13 @@ func flavorOf(cmd string) (Flavor, error) {
 // Name is the binary family in use, e.g. "iptables-nft".
 func (a *Applier) Name() string { return a.name }
 
-// Flavor is the kernel side the binaries drive.
-func (a *Applier) Flavor() Flavor { return a.flavor }
+// Covers names the backend the binaries write: iptables-legacy's or iptables-nft's rules.
+func (a *Applier) Covers() []iptables.Backend {
+	if a.flavor == Legacy {
+		return []iptables.Backend{iptables.BackendLegacy}
+	}
+	return []iptables.Backend{iptables.BackendNFT}
+}
 
 // Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
 // later one fails.
@@ -172,7 +174,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
-		if err := a.restore(ctx, f, rs.Payload(f, cur)); err != nil {
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, rs.Saved(f))); err != nil {
 			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
 		res.Changed = true
@@ -191,11 +193,7 @@ type appliedFamily struct {
 func (a *Applier) rollback(ctx context.Context, rs *iptables.Ruleset, applied []appliedFamily) error {
 	var errs []error
 	for _, d := range applied {
-		cur := iptables.SavedState{}
-		if rs.HasFamily(d.f) {
-			cur = rs.Saved(d.f)
-		}
-		if err := a.restore(ctx, d.f, iptables.TransitionPayload(cur, d.prev)); err != nil {
+		if err := a.restore(ctx, d.f, iptables.TransitionPayload(rs.Saved(d.f), d.prev)); err != nil {
 			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
 		}
 	}
@@ -224,7 +222,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 
 // Present lists our rules and chains in place, prefixed with their family, and someone else's
 // jumps into our chains: what Cleanup would remove.
-func (a *Applier) Present(ctx context.Context) ([]string, error) {
+func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	var out []string
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
@@ -233,7 +231,10 @@ func (a *Applier) Present(ctx context.Context) ([]string, error) {
 		}
 		out = append(out, cur.Present(f)...)
 	}
-	return out, nil
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return []iptables.Elsewhere{{Backend: a.Covers()[0], Rules: out}}, nil
 }
 
 // Cleanup removes our chains and the jumps to them, in both families.
@@ -274,11 +275,7 @@ func (a *Applier) capable(op string) error {
 
 // read returns our rules in place for family f, running *-save only when they may exist.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
-	maybe, err := a.mayHaveRules(f)
-	if err != nil {
-		return iptables.SavedState{}, err
-	}
-	if !maybe {
+	if !a.mayHaveRules(ctx, f) {
 		return iptables.SavedState{}, nil
 	}
 	b := a.bins[f]
@@ -347,12 +344,14 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 	return o.Bytes(), e.Bytes(), err
 }
 
-// mayHaveRules answers from the kernel, without exec, whether our chains can exist.
-func (a *Applier) mayHaveRules(f iptables.Family) (bool, error) {
+// mayHaveRules answers from the kernel, without exec, whether our chains can exist. A netlink
+// error leaves the question open: the caller then runs *-save.
+func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) bool {
 	if a.flavor == Legacy {
-		return LegacyNATExists(f), nil
+		return LegacyNATExists(f)
 	}
-	return NFTChainsExist(f)
+	ours, err := nfnl.OurXTChains(ctx, f)
+	return ours || err != nil
 }
 
 // LegacyNATExists reports, from /proc and without exec, whether the legacy nat table of family f
@@ -376,30 +375,6 @@ func LegacyNATExists(f iptables.Family) bool {
 		}
 	}
 	return false
-}
-
-// NFTChainsExist reports, over netlink, whether iptables-nft's nat table for f holds one of our
-// chains. An error from netlink is treated as "maybe", so the caller falls back to *-save.
-func NFTChainsExist(f iptables.Family) (bool, error) {
-	conn, err := nftables.New()
-	if err != nil {
-		return true, nil
-	}
-	defer conn.CloseLasting()
-	fam := nftables.TableFamilyIPv4
-	if f == iptables.IPv6 {
-		fam = nftables.TableFamilyIPv6
-	}
-	chains, err := conn.ListChainsOfTableFamily(fam)
-	if err != nil {
-		return true, nil
-	}
-	for _, c := range chains {
-		if c.Table.Name == iptables.Table && iptables.IsOurChain(c.Name) {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
@@ -430,7 +405,7 @@ func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string
 	b := a.bins[f]
 	args := []string{"--noflush"}
 	if a.opts.Wait {
-		args = append(args, "-w", strconv.Itoa(int(a.opts.WaitTimeout.Seconds())))
+		args = append(args, "-w", strconv.Itoa(int(WaitTimeout.Seconds())))
 	}
 	out, _, err := run(exec.CommandContext(ctx, b.restore, args...), payload, true)
 	if err != nil {

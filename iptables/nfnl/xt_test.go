@@ -1,16 +1,15 @@
-package xtnft_test
+package nfnl_test
 
 import (
-	"bytes"
 	"context"
-	"os/exec"
 	"sort"
 	"strings"
 	"testing"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/xtnft"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
 // The proof that the netlink writer writes iptables-nft's own rules is iptables-nft itself: what
@@ -26,22 +25,14 @@ func tool(f iptables.Family, name string) string {
 	return "iptables-nft" + name
 }
 
-// run runs a command inside n and returns its standard output and standard error apart, so a
-// warning on standard error cannot hide in the output compared.
+// run runs a command inside n and returns its standard output and standard error apart.
 func run(t *testing.T, n *nt.NS, stdin, name string, args ...string) (string, string) {
 	t.Helper()
-	var stdout, stderr bytes.Buffer
-	err := n.Do(func() error {
-		cmd := exec.Command(name, args...)
-		cmd.Stdin = strings.NewReader(stdin)
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		return cmd.Run()
-	})
-	if err != nil {
-		t.Fatalf("%s %s in %s: %v\nstdout:\n%s\nstderr:\n%s", name, strings.Join(args, " "), n, err, stdout.String(), stderr.String())
-	}
-	return stdout.String(), stderr.String()
+	return nt.Output(t, n, stdin, name, args...)
 }
+
+// xtApplier is the nft mode's writer: iptables-nft's rules, clearing the native table.
+func xtApplier() *nfnl.Applier { return nfnl.New(iptables.BackendNFT, iptables.BackendNFTables) }
 
 // save is `iptables-nft-save -t nat` for family f, without its two timestamped comment lines.
 func save(t *testing.T, n *nt.NS, f iptables.Family) string {
@@ -59,20 +50,11 @@ func save(t *testing.T, n *nt.NS, f iptables.Family) string {
 	return strings.Join(keep, "")
 }
 
-func build(t *testing.T, c iptables.Config) *iptables.Ruleset {
-	t.Helper()
-	rs, err := iptables.Build(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
-}
-
 func apply(t *testing.T, n *nt.NS, rs *iptables.Ruleset) iptables.Result {
 	t.Helper()
 	var res iptables.Result
 	err := n.Do(func() (err error) {
-		res, err = xtnft.New().Apply(context.Background(), rs)
+		res, err = xtApplier().Apply(context.Background(), rs)
 		return err
 	})
 	if err != nil {
@@ -85,7 +67,7 @@ func show(t *testing.T, n *nt.NS, rs *iptables.Ruleset) iptables.State {
 	t.Helper()
 	var st iptables.State
 	err := n.Do(func() (err error) {
-		st, err = xtnft.New().Show(context.Background(), rs)
+		st, err = xtApplier().Show(context.Background(), rs)
 		return err
 	})
 	if err != nil {
@@ -102,7 +84,7 @@ func restore(t *testing.T, n *nt.NS, rs *iptables.Ruleset, current map[iptables.
 		if !rs.HasFamily(f) && current[f].Empty() {
 			continue
 		}
-		_, stderr := run(t, n, rs.Payload(f, current[f]), tool(f, "-restore"), "--noflush")
+		_, stderr := run(t, n, iptables.TransitionPayload(current[f], rs.Saved(f)), tool(f, "-restore"), "--noflush")
 		if stderr != "" {
 			t.Errorf("%s warned:\n%s", tool(f, "-restore"), stderr)
 		}
@@ -111,7 +93,7 @@ func restore(t *testing.T, n *nt.NS, rs *iptables.Ruleset, current map[iptables.
 
 func sortedCases() []string {
 	var names []string
-	for name := range iptables.GoldenConfigs() {
+	for name := range iptablestest.GoldenConfigs() {
 		names = append(names, name)
 	}
 	sort.Strings(names)
@@ -126,7 +108,7 @@ func TestSaveEquality(t *testing.T) {
 	nt.RequireRoot(t)
 	for _, name := range sortedCases() {
 		t.Run(name, func(t *testing.T) {
-			rs := build(t, iptables.GoldenConfigs()[name])
+			rs := iptablestest.Build(t, iptablestest.GoldenConfigs()[name])
 			ours, theirs := nt.NewNS(t), nt.NewNS(t)
 			if res := apply(t, ours, rs); !res.Changed {
 				t.Error("the first apply reported no change")
@@ -165,7 +147,7 @@ func TestSaveEquality(t *testing.T) {
 
 func cleanup(t *testing.T, n *nt.NS) {
 	t.Helper()
-	if err := n.Do(func() error { return xtnft.New().Cleanup(context.Background()) }); err != nil {
+	if err := n.Do(func() error { return xtApplier().Cleanup(context.Background()) }); err != nil {
 		t.Fatalf("cleanup in %s: %v", n, err)
 	}
 }
@@ -184,10 +166,10 @@ func savedState(t *testing.T, n *nt.NS) map[iptables.Family]iptables.SavedState 
 // to delete them, and our apply takes its rules back.
 func TestRestoreOverOurs(t *testing.T) {
 	nt.RequireRoot(t)
-	from := build(t, iptables.GoldenConfigs()["chart-defaults"])
+	from := iptablestest.Build(t, iptablestest.GoldenConfigs()["chart-defaults"])
 	for _, name := range sortedCases() {
 		t.Run(name, func(t *testing.T) {
-			to := build(t, iptables.GoldenConfigs()[name])
+			to := iptablestest.Build(t, iptablestest.GoldenConfigs()[name])
 			n, fresh := nt.NewNS(t), nt.NewNS(t)
 			apply(t, n, from)
 			restore(t, n, to, savedState(t, n))
@@ -261,7 +243,7 @@ func TestOthersRulesUntouched(t *testing.T) {
 			run(t, ns, leftovers, tool(f, "-restore"), "--noflush")
 		}
 	}
-	rs := build(t, iptables.GoldenConfigs()["mixed-subnets"])
+	rs := iptablestest.Build(t, iptablestest.GoldenConfigs()["mixed-subnets"])
 	if res := apply(t, n, rs); !res.Changed {
 		t.Error("apply over the leftovers reported no change")
 	}
@@ -279,7 +261,7 @@ func TestOthersRulesUntouched(t *testing.T) {
 		t.Errorf("show with another's jump into our chain: %+v", st)
 	}
 	// A config change, then cleanup: the others' rules are still exactly where they were.
-	apply(t, n, build(t, iptables.GoldenConfigs()["ipv6-off"]))
+	apply(t, n, iptablestest.Build(t, iptablestest.GoldenConfigs()["ipv6-off"]))
 	cleanup(t, n)
 	for f, cur := range savedState(t, want) {
 		run(t, want, iptables.TransitionPayload(cur, iptables.SavedState{}), tool(f, "-restore"), "--noflush")
@@ -306,14 +288,14 @@ func TestAllOrNothing(t *testing.T) {
 	if out, err := nt.RunIn(t, n, "nft", "add table ip6 nat; add chain ip6 nat PROXY_INIT_OUTPUT { type filter hook output priority 0; }"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	rs := build(t, iptables.GoldenConfigs()["chart-defaults"])
+	rs := iptablestest.Build(t, iptablestest.GoldenConfigs()["chart-defaults"])
 	err := n.Do(func() error {
-		_, err := xtnft.New().Apply(context.Background(), rs)
+		_, err := xtApplier().Apply(context.Background(), rs)
 		return err
 	})
 	// The kernel refuses the jump into a base chain.
-	want := `write the iptables-nft nat rules: the kernel does not support this backend: nf_tables refused to add ` +
-		`"-A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT" to ip6 nat; nothing was written: operation not supported`
+	want := `write the iptables-nft nat rules: the kernel does not support this backend: nf_tables refused to add rule ip6 nat OUTPUT ` +
+		`-m comment --comment "proxy-init/install-proxy-init-output" -j PROXY_INIT_OUTPUT (message 24 of 24); nothing was written: operation not supported`
 	if err == nil || err.Error() != want {
 		t.Fatalf("apply: %v\nwant: %s", err, want)
 	}

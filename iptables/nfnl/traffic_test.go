@@ -1,4 +1,4 @@
-package nftables_test
+package nfnl_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/nftables"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
 // A quick real-traffic check of the native backend's redirect semantics; the shared suite in
@@ -32,7 +32,7 @@ func TestRealTraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := w.Pod.Do(func() error {
-			_, err := nftables.New().Apply(context.Background(), rs)
+			_, err := nfnl.New(iptables.BackendNFTables, iptables.BackendNFT).Apply(context.Background(), rs)
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,208 @@
+package nfnl
+
+// The batch: one nf_tables transaction. It carries the ruleset generation it was planned at,
+// so the kernel refuses it whole (ERESTART) if anything changed the ruleset since it was read;
+// it knows what each message does, so an error names the message the kernel refused, and
+// String prints every message, one a line; and it asks for an acknowledgement of its last
+// message only. The kernel processes a batch inside sendmsg and queues, in order, an error for
+// every message it refuses and then the answer to the last one, so one answer tells success from
+// failure, where an answer per message would cost a read per rule.
+//
+// google/nftables' Conn.Flush can do none of these three (no generation, an acknowledgement per
+// message, errors joined without saying which message failed), so the framing is laid out here.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Batch is one nf_tables transaction, built by the planner from a State.
+type Batch struct {
+	gen uint32
+	// unread says why the state the batch was planned from is not the kernel's ("" when it is).
+	unread string
+	msgs   []netlink.Message
+	what   []what
+	setID  uint32
+	err    error
+}
+
+// what says what one message does. An iptables-nft rule's text is rendered only when asked for:
+// rendering a thousand rules as text costs more than laying them out.
+type what struct {
+	text string
+	xt   *iptables.XTRule
+	fam  byte
+	// set and from, to: the elements of intervals [from, to) of a set.
+	set      *iptables.NFTSet
+	from, to int
+	// del is set on deletions, which fail when something else removed the object first.
+	del bool
+}
+
+func (w what) String() string {
+	if w.xt != nil {
+		r := w.xt.Rule()
+		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName(w.fam), iptables.Table, r.Chain, r.Spec), " ")
+	}
+	if w.set != nil {
+		part := *w.set
+		part.Elements = part.Elements[w.from:w.to]
+		return fmt.Sprintf("add element inet %s %s { %s }", iptables.NFTTableName, part.Name, strings.Join(part.ElementStrings(), ", "))
+	}
+	return w.text
+}
+
+func newBatch(s *State) *Batch { return &Batch{gen: s.gen, unread: s.unread} }
+
+// Len is the number of messages, batch markers left out.
+func (b *Batch) Len() int { return len(b.msgs) }
+
+// grow makes room for n more messages.
+func (b *Batch) grow(n int) {
+	b.msgs = slices.Grow(b.msgs, n)
+	b.what = slices.Grow(b.what, n)
+}
+
+// add appends one message and what it does.
+func (b *Batch) add(m *msg, w what) {
+	b.msgs = append(b.msgs, m.message())
+	b.what = append(b.what, w)
+}
+
+func (b *Batch) fail(err error) {
+	if err != nil && b.err == nil {
+		b.err = err
+	}
+}
+
+// String prints the transaction: a comment line saying what it was planned from, then every
+// message, one a line, in the order the kernel applies them.
+func (b *Batch) String() string {
+	var s strings.Builder
+	from := "planned at ruleset generation " + strconv.FormatUint(uint64(b.gen), 10)
+	if b.unread != "" {
+		from = "planned for a namespace holding no nf_tables tables (the kernel state was not read: " + b.unread + ")"
+	}
+	if len(b.msgs) == 0 {
+		fmt.Fprintf(&s, "# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
+		return s.String()
+	}
+	fmt.Fprintf(&s, "# nf_tables transaction %s: %d messages, applied all together or not at all\n", from, len(b.msgs))
+	for _, w := range b.what {
+		s.WriteString(w.String())
+		s.WriteByte('\n')
+	}
+	return s.String()
+}
+
+// marker is a batch's begin or end message; the nfgenmsg resource id names the subsystem.
+func marker(typ uint16, attrs []byte) netlink.Message {
+	data := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
+	return netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request},
+		Data:   append(data, attrs...),
+	}
+}
+
+// commit sends the batch as one transaction and waits for the kernel's verdict. An empty batch
+// sends nothing.
+func (c *conn) commit(b *Batch) error {
+	if b.err != nil {
+		return b.err
+	}
+	if len(b.msgs) == 0 {
+		return nil
+	}
+	gen := newMsg(0, 0, 0, 0)
+	gen.u32(unix.NFNL_BATCH_GENID, b.gen)
+	all := make([]netlink.Message, 0, len(b.msgs)+2)
+	all = append(all, marker(unix.NFNL_MSG_BATCH_BEGIN, gen.b[4:]))
+	all = append(all, b.msgs...)
+	// The answer to the last message is the sign that the kernel is done.
+	all[len(all)-1].Header.Flags |= netlink.Acknowledge
+	all = append(all, marker(unix.NFNL_MSG_BATCH_END, nil))
+	size := 0
+	for _, m := range all {
+		size += 16 + len(m.Data)
+	}
+	if size > 200<<10 {
+		// One sendmsg is capped by the socket's send buffer, and a batch is one sendmsg.
+		_ = c.nl.SetWriteBuffer(size + 64<<10)
+	}
+	sent, err := c.nl.SendMessages(all)
+	if err != nil {
+		return fmt.Errorf("send the nf_tables batch: %w", err)
+	}
+	begin, first, last := sent[0].Header.Sequence, sent[1].Header.Sequence, sent[len(sent)-2].Header.Sequence
+	var refused error
+	for {
+		ms, err := c.nl.Receive()
+		var oe *netlink.OpError
+		switch {
+		case err == nil:
+			for _, m := range ms {
+				if m.Header.Type == netlink.Error && m.Header.Sequence == last {
+					return refused
+				}
+			}
+			continue
+		case !errors.As(err, &oe) || oe.Sequence == 0:
+			return errors.Join(refused, err)
+		}
+		be := &BatchError{What: "apply the batch", Count: len(b.msgs), Err: oe.Err}
+		if i := int(oe.Sequence - first); oe.Sequence >= first && i < len(b.msgs) {
+			be.What, be.Index, be.del = b.what[i].String(), i+1, b.what[i].del
+		}
+		if refused == nil {
+			refused = be
+		}
+		// An answer to the begin marker concerns the whole batch (a changed generation, a
+		// missing permission) and is the only one.
+		if oe.Sequence == last || oe.Sequence == begin {
+			return refused
+		}
+	}
+}
+
+// BatchError is the kernel refusing a message of a batch, or the whole batch. The kernel applied
+// none of it.
+type BatchError struct {
+	// What is the refused message as Batch.String prints it, or "apply the batch".
+	What string
+	// Index is the refused message's place in the batch, from 1 (0: the batch as a whole), of
+	// Count messages.
+	Index, Count int
+	Err          error
+	del          bool
+}
+
+func (e *BatchError) Error() string {
+	where := ""
+	if e.Index > 0 {
+		where = fmt.Sprintf(" (message %d of %d)", e.Index, e.Count)
+	}
+	return fmt.Sprintf("nf_tables refused to %s%s; nothing was written: %v", e.What, where, e.Err)
+}
+
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// stale reports whether err is the kernel refusing a batch planned from a state that no longer
+// holds: the generation moved (ERESTART), or, on a kernel without generation checks, an object
+// a deletion names vanished or gained a user (ENOENT, EBUSY). (ENOENT on an addition is a
+// kernel without an expression or extension: planning again cannot help.)
+func stale(err error) bool {
+	var be *BatchError
+	if !errors.As(err, &be) {
+		return false
+	}
+	return errors.Is(be.Err, unix.ERESTART) || be.del && (errors.Is(be.Err, unix.ENOENT) || errors.Is(be.Err, unix.EBUSY))
+}
