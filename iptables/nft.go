@@ -460,4 +460,3 @@ func CompareNFT(want NFTTable, have *NFTTable) Diff {
 	}
 	return diffLines(want.Statements(), h)
 }
-

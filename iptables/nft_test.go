@@ -205,8 +205,11 @@ func TestNFTSemantics(t *testing.T) {
 			absent: []string{"nfproto", "skgid"},
 		},
 		{
-			name:  "ipv6 off: redirects are ipv4 only, v6 subnets dropped",
-			mod:   func(c *iptables.Config) { c.IPv6 = false; c.InboundSubnetsToIgnore = []string{"2001:db8::/32,192.0.2.0/24"} },
+			name: "ipv6 off: redirects are ipv4 only, v6 subnets dropped",
+			mod: func(c *iptables.Config) {
+				c.IPv6 = false
+				c.InboundSubnetsToIgnore = []string{"2001:db8::/32,192.0.2.0/24"}
+			},
 			chain: iptables.RedirectChain,
 			want: []string{
 				"tcp dport @inbound_ignore_ports return",
@@ -222,8 +225,11 @@ func TestNFTSemantics(t *testing.T) {
 			want:  []string{"tcp dport @inbound_redirect_ports redirect to :4143"},
 		},
 		{
-			name:  "gid and outbound subnets, both families",
-			mod:   func(c *iptables.Config) { c.ProxyGID = 7; c.OutboundSubnetsToIgnore = []string{"2001:db8::1", "192.0.2.1"} },
+			name: "gid and outbound subnets, both families",
+			mod: func(c *iptables.Config) {
+				c.ProxyGID = 7
+				c.OutboundSubnetsToIgnore = []string{"2001:db8::1", "192.0.2.1"}
+			},
 			chain: iptables.OutputChain,
 			want: []string{
 				"meta skuid 2102 return",

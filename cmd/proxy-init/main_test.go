@@ -278,7 +278,7 @@ func TestLinkerdChartNFT(t *testing.T) {
 func TestSimulateWritesNothing(t *testing.T) {
 	nt.RequireRoot(t)
 	tests := []struct {
-		mode               string
+		mode              string
 		restores, batches int // iptables-restore payloads and nf_tables batches expected
 	}{
 		{"legacy", 2, 0}, {"nft", 0, 1}, {"plain", 2, 0}, {"nftables", 0, 1}, {"auto", 2, 2},
