@@ -265,6 +265,36 @@ func BenchmarkApply(b *testing.B) {
 	connectionRates(b)
 }
 
+// BenchmarkAgainstBaseline compares this proxy-init with another build of it, named by
+// $PROXY_INIT_BENCH_BASELINE (the last release, or the commit before a change), mode by mode in
+// the same run: what "no mode slower than before" is measured with. It is skipped when unset.
+func BenchmarkAgainstBaseline(b *testing.B) {
+	nt.RequireRoot(b)
+	old := os.Getenv("PROXY_INIT_BENCH_BASELINE")
+	if old == "" {
+		b.Skip("PROXY_INIT_BENCH_BASELINE names no proxy-init to compare with")
+	}
+	bin := buildProxyInit(b)
+	subnets := []string{"--subnets-to-ignore", strings.Join(manySubnets(1000), ",")}
+	var rows []row
+	for _, c := range []struct {
+		mode  string
+		extra []string
+		what  string
+	}{
+		{"nft", nil, "chart defaults"}, {"nftables", nil, "chart defaults"}, {"auto", nil, "chart defaults"},
+		{"legacy", nil, "chart defaults"}, {"nft", subnets, "1,000 inbound subnets"}, {"nftables", subnets, "1,000 inbound subnets"},
+	} {
+		got, base := compare(b, proxyInit(bin, c.mode, c.extra...), proxyInit(old, c.mode, c.extra...))
+		rows = append(rows, row{"proxy-init --iptables-mode " + c.mode + ", " + c.what, got, base,
+			"the same with " + filepath.Base(old), "<= 1.0x", 1.0})
+	}
+	fmt.Printf("\nApply latency against %s, median of %d runs each:\n", old, runs)
+	for _, r := range rows {
+		fmt.Println(r)
+	}
+}
+
 // connectionRates prints how many new outbound connections per second pass through the rules,
 // with and without 1,000 outbound skip subnets that the traffic does not match, for each backend.
 func connectionRates(b *testing.B) {

@@ -12,6 +12,7 @@ package nfnl
 // message, errors joined without saying which message failed), so the framing is laid out here.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,15 +25,19 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Batch is one nf_tables transaction, built by the planner from a State.
+// Batch is one nf_tables transaction, built by the planner from a State: its messages laid out
+// in one buffer behind the begin marker, and what each does.
 type Batch struct {
+	wbuf
 	gen uint32
 	// unread says why the state the batch was planned from is not the kernel's ("" when it is).
 	unread string
-	msgs   []netlink.Message
 	what   []what
+	last   int // where the last message starts
 	setID  uint32
 	err    error
+	// marshalled holds the wire form of the shared expressions (see shared).
+	marshalled map[marshalled][]byte
 }
 
 // what says what one message does. An iptables-nft rule's text is rendered only when asked for:
@@ -61,21 +66,37 @@ func (w what) String() string {
 	return w.text
 }
 
-func newBatch(s *State) *Batch { return &Batch{gen: s.gen, unread: s.unread} }
-
-// Len is the number of messages, batch markers left out.
-func (b *Batch) Len() int { return len(b.msgs) }
-
-// grow makes room for n more messages.
-func (b *Batch) grow(n int) {
-	b.msgs = slices.Grow(b.msgs, n)
-	b.what = slices.Grow(b.what, n)
+// newBatch starts a batch planned from s: its begin marker carries the generation s was read at,
+// so the kernel refuses the batch whole if the ruleset is no longer at it. Messages follow, each
+// begun with begin, then its attributes, then add.
+func newBatch(s *State) *Batch {
+	b := &Batch{gen: s.gen, unread: s.unread}
+	b.marker(unix.NFNL_MSG_BATCH_BEGIN)
+	b.u32(unix.NFNL_BATCH_GENID, s.gen)
+	b.end()
+	return b
 }
 
-// add appends one message and what it does.
-func (b *Batch) add(m *msg, w what) {
-	b.msgs = append(b.msgs, m.message())
+// marker starts a batch marker message; the nfgenmsg resource id names the subsystem.
+func (b *Batch) marker(typ uint16) {
+	b.header(typ, 0)
+	b.b = append(b.b, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES)
+}
+
+// Len is the number of messages, batch markers left out.
+func (b *Batch) Len() int { return len(b.what) }
+
+// grow makes room for n more messages of about size bytes in all.
+func (b *Batch) grow(n, size int) {
+	b.what = slices.Grow(b.what, n)
+	b.b = slices.Grow(b.b, size)
+}
+
+// add ends the message begun last, and records what it does.
+func (b *Batch) add(w what) {
+	b.end()
 	b.what = append(b.what, w)
+	b.last = b.start
 }
 
 func (b *Batch) fail(err error) {
@@ -92,25 +113,16 @@ func (b *Batch) String() string {
 	if b.unread != "" {
 		from = "planned for a namespace holding no nf_tables tables (the kernel state was not read: " + b.unread + ")"
 	}
-	if len(b.msgs) == 0 {
+	if len(b.what) == 0 {
 		fmt.Fprintf(&s, "# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
 		return s.String()
 	}
-	fmt.Fprintf(&s, "# nf_tables transaction %s: %d messages, applied all together or not at all\n", from, len(b.msgs))
+	fmt.Fprintf(&s, "# nf_tables transaction %s: %d messages, applied all together or not at all\n", from, len(b.what))
 	for _, w := range b.what {
 		s.WriteString(w.String())
 		s.WriteByte('\n')
 	}
 	return s.String()
-}
-
-// marker is a batch's begin or end message; the nfgenmsg resource id names the subsystem.
-func marker(typ uint16, attrs []byte) netlink.Message {
-	data := []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(typ), Flags: netlink.Request},
-		Data:   append(data, attrs...),
-	}
 }
 
 // commit sends the batch as one transaction and waits for the kernel's verdict. An empty batch
@@ -119,30 +131,20 @@ func (c *conn) commit(b *Batch) error {
 	if b.err != nil {
 		return b.err
 	}
-	if len(b.msgs) == 0 {
+	if len(b.what) == 0 {
 		return nil
 	}
-	gen := newMsg(0, 0, 0, 0)
-	gen.u32(unix.NFNL_BATCH_GENID, b.gen)
-	all := make([]netlink.Message, 0, len(b.msgs)+2)
-	all = append(all, marker(unix.NFNL_MSG_BATCH_BEGIN, gen.b[4:]))
-	all = append(all, b.msgs...)
 	// The answer to the last message is the sign that the kernel is done.
-	all[len(all)-1].Header.Flags |= netlink.Acknowledge
-	all = append(all, marker(unix.NFNL_MSG_BATCH_END, nil))
-	size := 0
-	for _, m := range all {
-		size += 16 + len(m.Data)
-	}
-	if size > 200<<10 {
-		// One sendmsg is capped by the socket's send buffer, and a batch is one sendmsg.
-		_ = c.nl.SetWriteBuffer(size + 64<<10)
-	}
-	sent, err := c.nl.SendMessages(all)
-	if err != nil {
+	flags := b.b[b.last+6:]
+	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+	b.marker(unix.NFNL_MSG_BATCH_END)
+	b.end()
+	if err := c.send(b.b); err != nil {
 		return fmt.Errorf("send the nf_tables batch: %w", err)
 	}
-	begin, first, last := sent[0].Header.Sequence, sent[1].Header.Sequence, sent[len(sent)-2].Header.Sequence
+	// Sequence numbers: 1 for the begin marker, then the messages from 2.
+	const begin, first = 1, 2
+	last := uint32(first + len(b.what) - 1)
 	var refused error
 	for {
 		ms, err := c.nl.Receive()
@@ -158,8 +160,8 @@ func (c *conn) commit(b *Batch) error {
 		case !errors.As(err, &oe) || oe.Sequence == 0:
 			return errors.Join(refused, err)
 		}
-		be := &BatchError{What: "apply the batch", Count: len(b.msgs), Err: oe.Err}
-		if i := int(oe.Sequence - first); oe.Sequence >= first && i < len(b.msgs) {
+		be := &BatchError{What: "apply the batch", Count: len(b.what), Err: oe.Err}
+		if i := int(oe.Sequence) - first; oe.Sequence >= first && i < len(b.what) {
 			be.What, be.Index, be.del = b.what[i].String(), i+1, b.what[i].del
 		}
 		if refused == nil {

@@ -42,7 +42,18 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	for _, c := range iptables.Chains() {
 		hooks[c.Hook.Builtin] = c.Hook.Number
 	}
-	for _, f := range families {
+	// Every family's rules first, so that the batch's buffer is sized once: with a thousand
+	// rules, growing it copies most of a megabyte.
+	rules := make([][]iptables.XTRule, len(families))
+	n := 0
+	for i, f := range families {
+		if rs.HasFamily(f) {
+			rules[i] = rs.XTRules(f)
+			n += len(rules[i]) + len(jumps)
+		}
+	}
+	b.grow(n+16, n*ruleBytes)
+	for i, f := range families {
 		if !rs.HasFamily(f) {
 			s.removeXT(b, f)
 			continue
@@ -51,9 +62,9 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 		t := s.nat[fam]
 		if s.findTable(fam, iptables.Table) == nil || t == nil {
 			t = &ruleTable{rules: map[string][]rule{}}
-			m := newMsg(unix.NFT_MSG_NEWTABLE, netlink.Create, fam, 0)
-			m.str(unix.NFTA_TABLE_NAME, iptables.Table)
-			b.add(m, what{text: "add table " + famName(fam) + " " + iptables.Table})
+			b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
+			b.str(unix.NFTA_TABLE_NAME, iptables.Table)
+			b.add(what{text: "add table " + famName(fam) + " " + iptables.Table})
 		}
 		// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
 		for _, j := range jumps {
@@ -63,8 +74,7 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 		}
 		// Our chains, each a run of the plan's rules: created if missing, refilled if their
 		// rules differ in any way.
-		all := rs.XTRules(f)
-		b.grow(len(all) + len(jumps) + 8)
+		all := rules[i]
 		for start := 0; start < len(all); {
 			chainName, end := all[start].Chain, start
 			for end < len(all) && all[end].Chain == chainName {
@@ -75,10 +85,10 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 			have := t.rules[chainName]
 			switch {
 			case t.chain(chainName) == nil:
-				m := newMsg(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam, 0)
-				m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-				m.str(unix.NFTA_CHAIN_NAME, chainName)
-				b.add(m, what{text: fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName)})
+				b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+				b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+				b.str(unix.NFTA_CHAIN_NAME, chainName)
+				b.add(what{text: fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName)})
 			case sameXT(f, rules, have):
 				continue
 			case len(have) > 0:
@@ -139,10 +149,10 @@ func (s *State) removeXT(b *Batch, f iptables.Family) {
 	}
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) {
-			m := newMsg(unix.NFT_MSG_DELCHAIN, 0, fam, 0)
-			m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-			m.str(unix.NFTA_CHAIN_NAME, c.name)
-			b.add(m, what{del: true, text: fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name)})
+			b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
+			b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+			b.str(unix.NFTA_CHAIN_NAME, c.name)
+			b.add(what{del: true, text: fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name)})
 		}
 	}
 }
@@ -159,9 +169,9 @@ func (s *State) writeNative(b *Batch, rs *iptables.Ruleset) {
 	if t != nil {
 		// Created if missing (it is not, but then the delete cannot fail whatever happens in
 		// between), deleted, and created anew; the kernel applies all of it or none.
-		m := newMsg(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet, 0)
-		m.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
-		b.add(m, what{text: "add table inet " + iptables.NFTTableName})
+		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
+		b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
+		b.add(what{text: "add table inet " + iptables.NFTTableName})
 		s.removeNative(b)
 	}
 	addNativeTable(b, want)
@@ -182,28 +192,28 @@ func (s *State) removeNative(b *Batch) {
 	if s.findTable(famInet, iptables.NFTTableName) == nil {
 		return
 	}
-	m := newMsg(unix.NFT_MSG_DELTABLE, 0, famInet, 0)
-	m.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
-	b.add(m, what{del: true, text: "delete table inet " + iptables.NFTTableName})
+	b.begin(unix.NFT_MSG_DELTABLE, 0, famInet)
+	b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
+	b.add(what{del: true, text: "delete table inet " + iptables.NFTTableName})
 }
 
 // addBaseChain creates a built-in chain of iptables-nft's nat table: type nat, the hook, the nat
 // priority, policy accept, and no counters, exactly as iptables-nft creates it.
 func addBaseChain(b *Batch, fam byte, chainName string, hook uint32) {
-	m := newMsg(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam, 0)
-	m.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-	m.str(unix.NFTA_CHAIN_NAME, chainName)
-	baseChain(m, hook, natPriority)
-	b.add(m, what{text: fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))})
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+	b.str(unix.NFTA_CHAIN_NAME, chainName)
+	baseChain(&b.wbuf, hook, natPriority)
+	b.add(what{text: fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))})
 }
 
-func baseChain(m *msg, hook uint32, priority int32) {
-	h := m.nest(unix.NFTA_CHAIN_HOOK)
-	m.u32(unix.NFTA_HOOK_HOOKNUM, hook)
-	m.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
-	m.close(h)
-	m.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
-	m.str(unix.NFTA_CHAIN_TYPE, "nat")
+func baseChain(w *wbuf, hook uint32, priority int32) {
+	h := w.nest(unix.NFTA_CHAIN_HOOK)
+	w.u32(unix.NFTA_HOOK_HOOKNUM, hook)
+	w.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
+	w.close(h)
+	w.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
+	w.str(unix.NFTA_CHAIN_TYPE, "nat")
 }
 
 func header(hook uint32, priority int32) string {
@@ -218,57 +228,108 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))
 		return
 	}
-	m := newMsg(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam, ruleBytes)
-	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
-	m.str(unix.NFTA_RULE_CHAIN, r.Chain)
-	b.expressions(m, fam, exprs)
-	c := m.nest(unix.NFTA_RULE_COMPAT)
-	m.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
-	m.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
-	m.close(c)
-	b.add(m, what{xt: r, fam: fam})
+	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
+	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
+	b.expressions(fam, exprs)
+	c := b.nest(unix.NFTA_RULE_COMPAT)
+	b.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
+	b.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
+	b.close(c)
+	b.add(what{xt: r, fam: fam})
 }
 
 // ruleBytes is about what one of our iptables-nft rules takes (its comment alone is 300 bytes).
 const ruleBytes = 640
 
-// expressions adds a rule's expression list, each marshalled by google/nftables.
-func (b *Batch) expressions(m *msg, fam byte, exprs []expr.Any) {
-	list := m.nest(unix.NFTA_RULE_EXPRESSIONS)
+// expressions adds a rule's expression list, each expression's data marshalled by
+// google/nftables (MarshalExprData: its Marshal would wrap the data with the name in a buffer of
+// its own, a copy of every expression of every rule), the shared ones once per batch and family.
+func (b *Batch) expressions(fam byte, exprs []expr.Any) {
+	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
-		data, err := expr.Marshal(fam, e)
-		b.fail(err)
-		m.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
+		key := marshalled{fam, e}
+		data, ok := b.marshalled[key]
+		if !ok {
+			var err error
+			data, err = expr.MarshalExprData(fam, e)
+			b.fail(err)
+			if shared(e) {
+				if b.marshalled == nil {
+					b.marshalled = map[marshalled][]byte{}
+				}
+				b.marshalled[key] = data
+			}
+		}
+		el := b.nest(unix.NFTA_LIST_ELEM)
+		b.str(unix.NFTA_EXPR_NAME, exprName(e))
+		b.attr(unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, data)
+		b.close(el)
 	}
-	m.close(list)
+	b.close(list)
+}
+
+// exprName is the kernel's name of an expression of the kinds our rules hold.
+func exprName(e expr.Any) string {
+	switch e.(type) {
+	case *expr.Meta:
+		return "meta"
+	case *expr.Cmp:
+		return "cmp"
+	case *expr.Payload:
+		return "payload"
+	case *expr.Bitwise:
+		return "bitwise"
+	case *expr.Range:
+		return "range"
+	case *expr.Lookup:
+		return "lookup"
+	case *expr.Match:
+		return "match"
+	case *expr.Target:
+		return "target"
+	case *expr.Counter:
+		return "counter"
+	case *expr.Immediate, *expr.Verdict:
+		return "immediate"
+	case *expr.Redir:
+		return "redir"
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+// marshalled keys a shared expression's wire form: it depends on the family.
+type marshalled struct {
+	fam byte
+	e   expr.Any
 }
 
 func deleteRule(b *Batch, fam byte, chainName string, handle uint64) {
-	m := newMsg(unix.NFT_MSG_DELRULE, 0, fam, 0)
-	m.str(unix.NFTA_RULE_TABLE, iptables.Table)
-	m.str(unix.NFTA_RULE_CHAIN, chainName)
-	m.u64(unix.NFTA_RULE_HANDLE, handle)
-	b.add(m, what{del: true, text: fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)})
+	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
+	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.u64(unix.NFTA_RULE_HANDLE, handle)
+	b.add(what{del: true, text: fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)})
 }
 
 // flush deletes every rule of a chain: a rule deletion that names no handle.
 func flush(b *Batch, fam byte, tableName, chainName string) {
-	m := newMsg(unix.NFT_MSG_DELRULE, 0, fam, 0)
-	m.str(unix.NFTA_RULE_TABLE, tableName)
-	m.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.add(m, what{del: true, text: fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)})
+	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
+	b.str(unix.NFTA_RULE_TABLE, tableName)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.add(what{del: true, text: fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)})
 }
 
 // addNativeTable adds the messages that create t; the table must not exist at that point of the
 // batch.
 func addNativeTable(b *Batch, t iptables.NFTTable) {
 	tbl := iptables.NFTTableName
-	m := newMsg(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet, 0)
-	m.str(unix.NFTA_TABLE_NAME, tbl)
-	m.u32(unix.NFTA_TABLE_FLAGS, 0)
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
+	b.str(unix.NFTA_TABLE_NAME, tbl)
+	b.u32(unix.NFTA_TABLE_FLAGS, 0)
 	// The comment (table user data) records the plan; google/nftables cannot write it.
-	m.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, t.Comment))
-	b.add(m, what{text: fmt.Sprintf("add table inet %s { comment %s; }", tbl, strconv.Quote(t.Comment))})
+	b.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, t.Comment))
+	b.add(what{text: fmt.Sprintf("add table inet %s { comment %s; }", tbl, strconv.Quote(t.Comment))})
 
 	setIDs := map[string]uint32{}
 	for i := range t.Sets {
@@ -277,25 +338,25 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		addSet(b, &t.Sets[i], b.setID)
 	}
 	for _, c := range t.Chains {
-		m := newMsg(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet, 0)
-		m.str(unix.NFTA_CHAIN_TABLE, tbl)
-		m.str(unix.NFTA_CHAIN_NAME, c.Name)
-		baseChain(m, c.Hook.Number, int32(c.Priority))
-		b.add(m, what{text: fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header())})
+		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
+		b.str(unix.NFTA_CHAIN_TABLE, tbl)
+		b.str(unix.NFTA_CHAIN_NAME, c.Name)
+		baseChain(&b.wbuf, c.Hook.Number, int32(c.Priority))
+		b.add(what{text: fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header())})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)
 			if err != nil {
 				b.fail(fmt.Errorf("chain %s: rule %q: %w", c.Name, r, err))
 				return
 			}
-			m := newMsg(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet, ruleBytes)
-			m.str(unix.NFTA_RULE_TABLE, tbl)
-			m.str(unix.NFTA_RULE_CHAIN, c.Name)
-			b.expressions(m, famInet, exprs)
+			b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
+			b.str(unix.NFTA_RULE_TABLE, tbl)
+			b.str(unix.NFTA_RULE_CHAIN, c.Name)
+			b.expressions(famInet, exprs)
 			if r.Comment != "" {
-				m.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
+				b.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
 			}
-			b.add(m, what{text: fmt.Sprintf("add rule inet %s %s %s", tbl, c.Name, r)})
+			b.add(what{text: fmt.Sprintf("add rule inet %s %s %s", tbl, c.Name, r)})
 		}
 	}
 }
@@ -315,43 +376,41 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 			return
 		}
 	}
-	m := newMsg(unix.NFT_MSG_NEWSET, netlink.Create, famInet, 0)
-	m.str(unix.NFTA_SET_TABLE, tbl)
-	m.str(unix.NFTA_SET_NAME, s.Name)
-	m.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
-	m.u32(unix.NFTA_SET_KEY_TYPE, typ)
-	m.u32(unix.NFTA_SET_KEY_LEN, uint32(keyLen))
-	m.u32(unix.NFTA_SET_ID, id)
-	desc := m.nest(unix.NFTA_SET_DESC)
-	m.u32(unix.NFTA_SET_DESC_SIZE, uint32(elementCount(s.Elements)))
-	m.close(desc)
+	b.begin(unix.NFT_MSG_NEWSET, netlink.Create, famInet)
+	b.str(unix.NFTA_SET_TABLE, tbl)
+	b.str(unix.NFTA_SET_NAME, s.Name)
+	b.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
+	b.u32(unix.NFTA_SET_KEY_TYPE, typ)
+	b.u32(unix.NFTA_SET_KEY_LEN, uint32(keyLen))
+	b.u32(unix.NFTA_SET_ID, id)
+	desc := b.nest(unix.NFTA_SET_DESC)
+	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(elementCount(s.Elements)))
+	b.close(desc)
 	// Key byte order "big endian", as nft records it, so `nft list` prints the keys.
-	m.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
-	b.add(m, what{text: fmt.Sprintf("add set inet %s %s { type %s; flags %s; }", tbl, s.Name, s.Type, s.FlagList())})
+	b.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
+	b.add(what{text: fmt.Sprintf("add set inet %s %s { type %s; flags %s; }", tbl, s.Name, s.Type, s.FlagList())})
 
 	// The elements the way nft lays intervals out: each interval as its first key and, flagged
 	// as an interval end, the key after its last (none when it runs to the top of the key
 	// space); the first preceded by an end marker at zero when it starts above zero.
-	perElem := 4 + 4 + 4 + (keyLen+3)&^3 + 8
-	m = nil
-	var list, from int
+	open, list, from := false, 0, 0
 	elem := func(key []byte, end bool) {
-		el := m.nest(unix.NFTA_LIST_ELEM)
-		k := m.nest(unix.NFTA_SET_ELEM_KEY)
-		m.attr(unix.NFTA_DATA_VALUE, key)
-		m.close(k)
+		el := b.nest(unix.NFTA_LIST_ELEM)
+		k := b.nest(unix.NFTA_SET_ELEM_KEY)
+		b.attr(unix.NFTA_DATA_VALUE, key)
+		b.close(k)
 		if end {
-			m.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+			b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
 		}
-		m.close(el)
+		b.close(el)
 	}
 	for i, iv := range s.Elements {
-		if m == nil {
-			m = newMsg(unix.NFT_MSG_NEWSETELEM, netlink.Create, famInet, min(perElem*2*(len(s.Elements)-i+1), maxElemBytes+256))
-			m.str(unix.NFTA_SET_ELEM_LIST_TABLE, tbl)
-			m.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-			m.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, id)
-			list, from = m.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS), i
+		if !open {
+			b.begin(unix.NFT_MSG_NEWSETELEM, netlink.Create, famInet)
+			b.str(unix.NFTA_SET_ELEM_LIST_TABLE, tbl)
+			b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+			b.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, id)
+			open, list, from = true, b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS), i
 		}
 		if i == 0 && !isZero(iv.First) {
 			elem(make([]byte, keyLen), true)
@@ -360,10 +419,10 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 		if after, ok := iv.After(); ok {
 			elem(after, true)
 		}
-		if len(m.b) >= maxElemBytes || i == len(s.Elements)-1 {
-			m.close(list)
-			b.add(m, what{set: s, from: from, to: i + 1})
-			m = nil
+		if len(b.b)-b.start >= maxElemBytes || i == len(s.Elements)-1 {
+			b.close(list)
+			b.add(what{set: s, from: from, to: i + 1})
+			open = false
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"os"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -20,10 +21,16 @@ type source interface {
 	exchange(reqs ...request) ([][]netlink.Message, error)
 }
 
-// request is one message to the kernel, and the key a recording files its answer under.
+// request is one message asking the kernel for something, and the key a recording files its
+// answer under.
 type request struct {
-	key string
-	m   netlink.Message
+	key   string
+	typ   uint16
+	flags netlink.HeaderFlags
+	fam   byte
+	// name, when set, is the one attribute: a table's name (typ NFTA_*_TABLE), and set the
+	// set's (NFTA_SET_ELEM_LIST_SET).
+	name, set string
 }
 
 // conn is one netfilter netlink socket.
@@ -55,11 +62,21 @@ func dial(ctx context.Context) (*conn, error) {
 func (c *conn) close() { _ = c.nl.Close() }
 
 func (c *conn) exchange(reqs ...request) ([][]netlink.Message, error) {
-	msgs := make([]netlink.Message, len(reqs))
-	for i, r := range reqs {
-		msgs[i] = r.m
+	var w wbuf
+	for _, r := range reqs {
+		w.begin(r.typ, r.flags, r.fam)
+		switch r.typ {
+		case unix.NFT_MSG_GETRULE:
+			w.str(unix.NFTA_RULE_TABLE, r.name)
+		case unix.NFT_MSG_GETSET:
+			w.str(unix.NFTA_SET_TABLE, r.name)
+		case unix.NFT_MSG_GETSETELEM:
+			w.str(unix.NFTA_SET_ELEM_LIST_TABLE, r.name)
+			w.str(unix.NFTA_SET_ELEM_LIST_SET, r.set)
+		}
+		w.end()
 	}
-	if _, err := c.nl.SendMessages(msgs); err != nil {
+	if err := c.send(w.b); err != nil {
 		return nil, err
 	}
 	out := make([][]netlink.Message, len(reqs))
@@ -74,73 +91,104 @@ func (c *conn) exchange(reqs ...request) ([][]netlink.Message, error) {
 	return out, nil
 }
 
-// msg lays out one nf_tables message: the nfgenmsg header, then its attributes, appended into
-// the message's one buffer, nested ones closed in place. mdlayher/netlink's AttributeEncoder
-// builds every nested level apart and copies it into its parent, a rule's expressions three
-// times over: with a thousand rules that was 4 MB and most of the time it took to lay the batch
-// out (docs/performance.md). Reading uses its AttributeDecoder.
-type msg struct {
-	typ   uint16
-	flags netlink.HeaderFlags
-	b     []byte
-}
-
-// newMsg starts a message of the subsystem's message type typ; size is a hint of its length.
-func newMsg(typ uint16, flags netlink.HeaderFlags, family byte, size int) *msg {
-	m := &msg{typ: typ, flags: flags, b: make([]byte, 4, max(size, 64))}
-	m.b[0], m.b[1] = family, unix.NFNETLINK_V0
-	return m
-}
-
-// message is the netlink message laid out.
-func (m *msg) message() netlink.Message {
-	return netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | m.typ), Flags: netlink.Request | m.flags},
-		Data:   m.b,
+// send writes b, messages laid out back to back, in one sendmsg on mdlayher/netlink's socket.
+// Its own SendMessages copies every message twice over on the way (per message, then into a
+// growing buffer): with a thousand rules that was 3 MB, and a fresh process pays for every page it
+// touches (docs/performance.md).
+func (c *conn) send(b []byte) error {
+	if len(b) > 200<<10 {
+		// One sendmsg is capped by the socket's send buffer, and a batch is one sendmsg.
+		_ = c.nl.SetWriteBuffer(len(b) + 64<<10)
 	}
+	rc, err := c.nl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	return os.NewSyscallError("sendmsg", serr)
 }
+
+// wbuf lays netlink messages out back to back in one buffer: each message's header, the
+// nfgenmsg header, then its attributes, nested ones closed in place. mdlayher/netlink's
+// AttributeEncoder builds every nested level apart and copies it into its parent, a rule's
+// expressions three times over: with a thousand rules that was 4 MB and most of the time it took
+// to lay a batch out. Reading uses its AttributeDecoder.
+type wbuf struct {
+	b     []byte
+	start int // of the message begun last
+	seq   uint32
+}
+
+// begin starts an nf_tables message of the subsystem's message type typ.
+func (w *wbuf) begin(typ uint16, flags netlink.HeaderFlags, family byte) {
+	w.header(unix.NFNL_SUBSYS_NFTABLES<<8|typ, flags)
+	w.b = append(w.b, family, unix.NFNETLINK_V0, 0, 0)
+}
+
+// header starts a message with its netlink header: the length is set by end, the port id is the
+// kernel's to fill in, and sequence numbers count from 1.
+func (w *wbuf) header(typ uint16, flags netlink.HeaderFlags) {
+	w.start = len(w.b)
+	w.seq++
+	w.b = binary.NativeEndian.AppendUint32(w.b, 0)
+	w.b = binary.NativeEndian.AppendUint16(w.b, typ)
+	w.b = binary.NativeEndian.AppendUint16(w.b, uint16(netlink.Request|flags))
+	w.b = binary.NativeEndian.AppendUint32(w.b, w.seq)
+	w.b = binary.NativeEndian.AppendUint32(w.b, 0)
+}
+
+// end sets the length of the message begun last.
+func (w *wbuf) end() { binary.NativeEndian.PutUint32(w.b[w.start:], uint32(len(w.b)-w.start)) }
 
 // attr appends one attribute, padded to 4 bytes.
-func (m *msg) attr(typ uint16, data []byte) {
-	m.b = binary.NativeEndian.AppendUint16(m.b, uint16(4+len(data)))
-	m.b = binary.NativeEndian.AppendUint16(m.b, typ)
-	m.b = append(m.b, data...)
-	for len(m.b)%4 != 0 {
-		m.b = append(m.b, 0)
-	}
+func (w *wbuf) attr(typ uint16, data []byte) {
+	off := w.open(typ)
+	w.b = append(w.b, data...)
+	w.close(off)
 }
 
 // str appends a NUL-terminated string attribute.
-func (m *msg) str(typ uint16, s string) {
-	off := m.open(typ)
-	m.b = append(append(m.b, s...), 0)
-	m.close(off)
+func (w *wbuf) str(typ uint16, s string) {
+	off := w.open(typ)
+	w.b = append(append(w.b, s...), 0)
+	w.close(off)
 }
 
 // u32 and u64 append integers in nf_tables' byte order, big-endian.
-func (m *msg) u32(typ uint16, v uint32) { m.attr(typ, binary.BigEndian.AppendUint32(nil, v)) }
-func (m *msg) u64(typ uint16, v uint64) { m.attr(typ, binary.BigEndian.AppendUint64(nil, v)) }
+func (w *wbuf) u32(typ uint16, v uint32) {
+	off := w.open(typ)
+	w.b = binary.BigEndian.AppendUint32(w.b, v)
+	w.close(off)
+}
+
+func (w *wbuf) u64(typ uint16, v uint64) {
+	off := w.open(typ)
+	w.b = binary.BigEndian.AppendUint64(w.b, v)
+	w.close(off)
+}
 
 // nest opens a nested attribute; close it with close(the returned offset).
-func (m *msg) nest(typ uint16) int { return m.open(unix.NLA_F_NESTED | typ) }
+func (w *wbuf) nest(typ uint16) int { return w.open(unix.NLA_F_NESTED | typ) }
 
-func (m *msg) open(typ uint16) int {
-	off := len(m.b)
-	m.b = binary.NativeEndian.AppendUint16(m.b, 0)
-	m.b = binary.NativeEndian.AppendUint16(m.b, typ)
+func (w *wbuf) open(typ uint16) int {
+	off := len(w.b)
+	w.b = binary.NativeEndian.AppendUint16(w.b, 0)
+	w.b = binary.NativeEndian.AppendUint16(w.b, typ)
 	return off
 }
 
-func (m *msg) close(off int) {
-	binary.NativeEndian.PutUint16(m.b[off:], uint16(len(m.b)-off))
-	for len(m.b)%4 != 0 {
-		m.b = append(m.b, 0)
+func (w *wbuf) close(off int) {
+	binary.NativeEndian.PutUint16(w.b[off:], uint16(len(w.b)-off))
+	for len(w.b)%4 != 0 {
+		w.b = append(w.b, 0)
 	}
 }
-
-// request is a message asking for something: the key a recording files its answer under, and
-// the message.
-func (m *msg) request(key string) request { return request{key: key, m: m.message()} }
 
 // msgType is an nf_tables message's type within the subsystem.
 func msgType(m netlink.Message) uint16 { return uint16(m.Header.Type) & 0xff }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
@@ -79,12 +80,13 @@ func eachGoldenRule(t *testing.T, fn func(name string, f iptables.Family, r ipta
 func roundTrip(t *testing.T, fam byte, exprs []expr.Any) rule {
 	t.Helper()
 	b := &Batch{}
-	m := newMsg(0, 0, fam, 0)
-	b.expressions(m, fam, exprs)
+	b.begin(unix.NFT_MSG_NEWRULE, 0, fam)
+	b.expressions(fam, exprs)
+	b.add(what{})
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
-	r, _, _, err := decodeRule(fam, m.message())
+	r, _, _, err := decodeRule(fam, b.messages(t)[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +245,7 @@ func TestNativeRoundTrip(t *testing.T) {
 				t.Fatal(b.err)
 			}
 			got := map[string]*set{}
-			for _, m := range b.msgs {
+			for _, m := range b.messages(t) {
 				ad, _ := attrs(m)
 				for ad.Next() {
 					if msgType(m) == unix.NFT_MSG_NEWSETELEM && ad.Type() == unix.NFTA_SET_ELEM_LIST_SET {
@@ -319,11 +321,12 @@ func TestLargeSetIsSplit(t *testing.T) {
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
-	if len(b.msgs) < 3 {
-		t.Errorf("%d messages, want the set and several element messages", len(b.msgs))
+	msgs := b.messages(t)
+	if len(msgs) < 3 {
+		t.Errorf("%d messages, want the set and several element messages", len(msgs))
 	}
 	all := set{flags: unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL, keyType: 8}
-	for i, m := range b.msgs {
+	for i, m := range msgs {
 		if len(m.Data) > 0xffff {
 			t.Errorf("message %d (%s) is %d bytes, over a netlink attribute's limit", i, b.what[i], len(m.Data))
 		}
@@ -336,4 +339,22 @@ func TestLargeSetIsSplit(t *testing.T) {
 	if got := all.model(); got.Body() != s.Body() {
 		t.Errorf("the element messages together do not hold the set")
 	}
+}
+
+// messages reads the batch's messages back from its buffer, markers left out.
+func (b *Batch) messages(t *testing.T) []netlink.Message {
+	t.Helper()
+	var out []netlink.Message
+	for rest := b.b; len(rest) > 0; {
+		n := int(binary.NativeEndian.Uint32(rest))
+		var m netlink.Message
+		if err := m.UnmarshalBinary(rest[:(n+3)&^3]); err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Type>>8 == unix.NFNL_SUBSYS_NFTABLES {
+			out = append(out, m)
+		}
+		rest = rest[(n+3)&^3:]
+	}
+	return out
 }

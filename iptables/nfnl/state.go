@@ -165,7 +165,7 @@ func read(src source, want func(*State) detail) (*State, error) {
 const attempts = 10
 
 func readGen(src source) (uint32, error) {
-	ans, err := src.exchange(newMsg(unix.NFT_MSG_GETGEN, 0, unix.AF_UNSPEC, 0).request("getgen"))
+	ans, err := src.exchange(request{key: "getgen", typ: unix.NFT_MSG_GETGEN})
 	if err != nil {
 		return 0, fmt.Errorf("read the nf_tables generation: %w", err)
 	}
@@ -195,8 +195,8 @@ func decodeGen(ms []netlink.Message) (uint32, error) {
 // readTables reads the generation and every table, in one round trip.
 func readTables(src source) (*State, error) {
 	ans, err := src.exchange(
-		newMsg(unix.NFT_MSG_GETGEN, 0, unix.AF_UNSPEC, 0).request("getgen"),
-		newMsg(unix.NFT_MSG_GETTABLE, netlink.Dump, unix.AF_UNSPEC, 0).request("gettable"),
+		request{key: "getgen", typ: unix.NFT_MSG_GETGEN},
+		request{key: "gettable", typ: unix.NFT_MSG_GETTABLE, flags: netlink.Dump},
 	)
 	if err != nil {
 		return nil, fmt.Errorf("list the nf_tables tables: %w", err)
@@ -259,7 +259,7 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 		s.native = &ruleTable{rules: map[string][]rule{}}
 	}
 	// One dump of every family's chains, kept for the tables of interest.
-	ans, err := src.exchange(newMsg(unix.NFT_MSG_GETCHAIN, netlink.Dump, unix.AF_UNSPEC, 0).request("getchain"))
+	ans, err := src.exchange(request{key: "getchain", typ: unix.NFT_MSG_GETCHAIN, flags: netlink.Dump})
 	if err != nil {
 		return true, fmt.Errorf("list the nf_tables chains: %w", err)
 	}
@@ -339,9 +339,7 @@ func decodeChain(m netlink.Message) (chain, string, error) {
 // readRules reads the rules of one table. Each dump names its family: given a table name, the
 // kernel stops after the first table of that name, whatever the family.
 func (s *State) readRules(src source, fam byte, name string, t *ruleTable) error {
-	m := newMsg(unix.NFT_MSG_GETRULE, netlink.Dump, fam, 0)
-	m.str(unix.NFTA_RULE_TABLE, name)
-	ans, err := src.exchange(m.request("getrule " + famName(fam) + " " + name))
+	ans, err := src.exchange(request{key: "getrule " + famName(fam) + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
 	if err != nil {
 		return fmt.Errorf("list the rules of table %s %s: %w", famName(fam), name, err)
 	}
@@ -459,9 +457,8 @@ func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
 
 // readSets reads the native table's sets and their elements.
 func (s *State) readSets(src source) error {
-	m := newMsg(unix.NFT_MSG_GETSET, netlink.Dump, famInet, 0)
-	m.str(unix.NFTA_SET_TABLE, iptables.NFTTableName)
-	ans, err := src.exchange(m.request("getset inet " + iptables.NFTTableName))
+	ans, err := src.exchange(request{key: "getset inet " + iptables.NFTTableName, typ: unix.NFT_MSG_GETSET, flags: netlink.Dump,
+		fam: famInet, name: iptables.NFTTableName})
 	if err != nil {
 		return fmt.Errorf("list the sets of table inet %s: %w", iptables.NFTTableName, err)
 	}
@@ -473,10 +470,8 @@ func (s *State) readSets(src source) error {
 		if tbl != iptables.NFTTableName || family(m) != famInet {
 			continue
 		}
-		m := newMsg(unix.NFT_MSG_GETSETELEM, netlink.Dump, famInet, 0)
-		m.str(unix.NFTA_SET_ELEM_LIST_TABLE, iptables.NFTTableName)
-		m.str(unix.NFTA_SET_ELEM_LIST_SET, st.name)
-		ans, err := src.exchange(m.request("getsetelem inet " + iptables.NFTTableName + " " + st.name))
+		ans, err := src.exchange(request{key: "getsetelem inet " + iptables.NFTTableName + " " + st.name, typ: unix.NFT_MSG_GETSETELEM,
+			flags: netlink.Dump, fam: famInet, name: iptables.NFTTableName, set: st.name})
 		if err != nil {
 			return fmt.Errorf("list the elements of set %s: %w", st.name, err)
 		}

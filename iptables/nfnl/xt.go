@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
@@ -53,6 +54,43 @@ const (
 	reg1           = unix.NFT_REG_1 // the only data register iptables-nft uses
 )
 
+// The expressions every rule, or many, hold alike. encodeXT hands out these, shared, so that a
+// batch marshals each once (Batch.expressions): with a thousand rules, marshalling was most of
+// the time it took to lay a batch out. Nothing modifies them.
+var (
+	tcpMeta     = &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}
+	tcpCmp      = &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}}
+	oifnameMeta = &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}
+	dportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	counter     = &expr.Counter{}
+	returnExpr  = &expr.Verdict{Kind: expr.VerdictReturn}
+	// addrLoads are the loads of the first n bytes of an address: [offset][n].
+	addrLoads = sync.OnceValue(func() map[[2]uint32]*expr.Payload {
+		m := map[[2]uint32]*expr.Payload{}
+		for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+			for _, src := range []bool{true, false} {
+				off, full := addrOffset(f, src)
+				for n := uint32(1); n <= full; n++ {
+					m[[2]uint32{off, n}] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+				}
+			}
+		}
+		return m
+	})
+)
+
+// shared reports whether e is one of the expressions above.
+func shared(e expr.Any) bool {
+	switch e {
+	case tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr:
+		return true
+	}
+	if p, ok := e.(*expr.Payload); ok {
+		return addrLoads()[[2]uint32{p.Offset, p.Len}] == p
+	}
+	return false
+}
+
 // xtFamily is the nf_tables family of an iptables family: iptables-nft's "ip" and "ip6".
 func xtFamily(f iptables.Family) byte {
 	if f == iptables.IPv6 {
@@ -67,14 +105,13 @@ func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) 
 	out := make([]expr.Any, 0, 8)
 	cmp := func(data []byte) { out = append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}) }
 	if r.OutInterface != "" {
-		out = append(out, &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1})
+		out = append(out, oifnameMeta)
 		cmp(ifname(r.OutInterface))
 	}
 	var proto uint32
 	if r.TCP {
 		proto = unix.IPPROTO_TCP
-		out = append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1})
-		cmp([]byte{unix.IPPROTO_TCP})
+		out = append(out, tcpMeta, tcpCmp)
 	}
 	for _, a := range [2]struct {
 		p   netip.Prefix
@@ -106,7 +143,7 @@ func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) 
 			return nil, 0, errors.New("a destination port without -p tcp")
 		}
 		// tcp dport: the transport header's bytes 2 and 3.
-		out = append(out, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		out = append(out, dportLoad)
 		first, last := port(r.DPort.First), port(r.DPort.Last)
 		if r.DPort.First == r.DPort.Last {
 			cmp(first)
@@ -118,10 +155,10 @@ func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) 
 		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
 	}
 	comment := xt.Comment(r.Comment)
-	out = append(out, &expr.Match{Name: "comment", Rev: commentRev, Info: &comment}, &expr.Counter{})
+	out = append(out, &expr.Match{Name: "comment", Rev: commentRev, Info: &comment}, counter)
 	switch r.Target {
 	case iptables.TargetReturn:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
+		out = append(out, returnExpr)
 	case iptables.TargetRedirect:
 		if r.ToPort == 0 {
 			return nil, 0, errors.New("redirect to port 0")
@@ -174,11 +211,10 @@ func addrMatch(out []expr.Any, f iptables.Family, p netip.Prefix, src bool) []ex
 	addr := p.Masked().Addr().AsSlice()
 	if p.Bits()%8 == 0 {
 		n = uint32(p.Bits() / 8)
-		return append(out, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]})
+		return append(out, addrLoads()[[2]uint32{off, n}], &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]})
 	}
 	mask := net.CIDRMask(p.Bits(), int(n)*8)
-	return append(out, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+	return append(out, addrLoads()[[2]uint32{off, n}],
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr})
 }
