@@ -84,4 +84,3 @@ func TestListCommentRendersFewItems(t *testing.T) {
 		t.Errorf("comment %q does not count the items left out", c)
 	}
 }
-
