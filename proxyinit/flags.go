@@ -95,8 +95,9 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs := pflag.NewFlagSet("proxy-init", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard) // Main reports errors itself, once
 	fs.SortFlags = false
+	d := iptables.NewConfig()
 	v := &flagValues{
-		inPort: newInt(-1), outPort: newInt(-1), uid: newInt(-1), gid: newInt(-1), closeWait: newInt(0),
+		inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
 		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
 		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
 		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),

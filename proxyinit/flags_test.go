@@ -13,6 +13,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // chartArgs builds the Linkerd chart's command line (partials.proxy-init), optional parts included
@@ -24,10 +25,10 @@ func chartArgs(extra ...string) []string {
 	}, extra...)
 }
 
+// cfg is the Config chartArgs describes: the chart's, without outbound ports to skip.
 func cfg(mut func(*iptables.Config)) iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
+	c := iptablestest.ChartConfig()
+	c.OutboundPortsToIgnore = nil
 	if mut != nil {
 		mut(&c)
 	}

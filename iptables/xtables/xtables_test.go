@@ -10,6 +10,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
@@ -18,10 +19,7 @@ func requireRoot(t *testing.T) { netnstest.RequireRoot(t) }
 func newNS(t *testing.T) *netnstest.NS { return netnstest.NewNS(t) }
 
 func chartConfig() iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
-	c.OutboundPortsToIgnore = []string{"4567,4568"}
+	c := iptablestest.ChartConfig()
 	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:1::/48"}
 	return c
 }
