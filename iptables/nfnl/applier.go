@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -87,7 +88,12 @@ func (a *Applier) Plan(ctx context.Context, rs *iptables.Ruleset) *Batch {
 	}
 	s, err := readOnce(ctx, want)
 	if err != nil {
-		s = emptyState(errclass.Netlink("read the nf_tables ruleset", err).Error())
+		why := errclass.Netlink("read the nf_tables ruleset", err)
+		var ce *iptables.CapabilityError
+		if errors.As(why, &ce) {
+			why = fmt.Errorf("reading it needs %s in network namespace %s", strings.Join(ce.Caps, " and "), ce.NetNS)
+		}
+		s = emptyState(why.Error())
 	}
 	if rs == nil {
 		return a.cleanupBatch(s)
