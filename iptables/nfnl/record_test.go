@@ -35,7 +35,9 @@ type scenario struct {
 	setup       func(t *testing.T, n *nt.NS)
 }
 
-func chartRules(t testing.TB) *iptables.Ruleset { return iptablestest.Build(t, iptablestest.ChartConfig()) }
+func chartRules(t testing.TB) *iptables.Ruleset {
+	return iptablestest.Build(t, iptablestest.ChartConfig())
+}
 
 func restoreXT(t *testing.T, n *nt.NS, payload func(iptables.Family) string) {
 	for _, f := range families {
@@ -216,7 +218,9 @@ func (r *recorder) exchange(reqs ...request) ([][]netlink.Message, error) {
 }
 
 // replay answers requests from a recording, each key's answers in the order recorded.
-type replay struct{ answers map[string][][]netlink.Message }
+type replay struct {
+	answers map[string][][]netlink.Message
+}
 
 func (r *replay) exchange(reqs ...request) ([][]netlink.Message, error) {
 	out := make([][]netlink.Message, len(reqs))
