@@ -40,12 +40,14 @@ type Batch struct {
 	marshalled map[marshalled][]byte
 }
 
-// what says what one message does. An iptables-nft rule's text is rendered only when asked for:
-// rendering a thousand rules as text costs more than laying them out.
+// what says what one message does. Anything but a fixed text is rendered only when asked for
+// (an error, --simulate): rendering a thousand rules as text costs more than laying them out,
+// and even a few cost a fresh process the pages of the code that renders them.
 type what struct {
-	text string
-	xt   *iptables.XTRule
-	fam  byte
+	text   string
+	render func() string
+	xt     *iptables.XTRule
+	fam    byte
 	// set and from, to: the elements of intervals [from, to) of a set.
 	set      *iptables.NFTSet
 	from, to int
@@ -54,6 +56,9 @@ type what struct {
 }
 
 func (w what) String() string {
+	if w.render != nil {
+		return w.render()
+	}
 	if w.xt != nil {
 		r := w.xt.Rule()
 		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName(w.fam), iptables.Table, r.Chain, r.Spec), " ")

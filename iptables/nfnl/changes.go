@@ -88,7 +88,7 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 				b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
 				b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 				b.str(unix.NFTA_CHAIN_NAME, chainName)
-				b.add(what{text: fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName)})
+				b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName) }})
 			case sameXT(f, rules, have):
 				continue
 			case len(have) > 0:
@@ -152,7 +152,7 @@ func (s *State) removeXT(b *Batch, f iptables.Family) {
 			b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
 			b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 			b.str(unix.NFTA_CHAIN_NAME, c.name)
-			b.add(what{del: true, text: fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name)})
+			b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name) }})
 		}
 	}
 }
@@ -204,7 +204,9 @@ func addBaseChain(b *Batch, fam byte, chainName string, hook uint32) {
 	b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
 	b.str(unix.NFTA_CHAIN_NAME, chainName)
 	baseChain(&b.wbuf, hook, natPriority)
-	b.add(what{text: fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))})
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))
+	}})
 }
 
 func baseChain(w *wbuf, hook uint32, priority int32) {
@@ -309,7 +311,9 @@ func deleteRule(b *Batch, fam byte, chainName string, handle uint64) {
 	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
 	b.u64(unix.NFTA_RULE_HANDLE, handle)
-	b.add(what{del: true, text: fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)})
+	b.add(what{del: true, render: func() string {
+		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)
+	}})
 }
 
 // flush deletes every rule of a chain: a rule deletion that names no handle.
@@ -317,7 +321,7 @@ func flush(b *Batch, fam byte, tableName, chainName string) {
 	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
 	b.str(unix.NFTA_RULE_TABLE, tableName)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.add(what{del: true, text: fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)})
+	b.add(what{del: true, render: func() string { return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName) }})
 }
 
 // addNativeTable adds the messages that create t; the table must not exist at that point of the
@@ -329,7 +333,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 	b.u32(unix.NFTA_TABLE_FLAGS, 0)
 	// The comment (table user data) records the plan; google/nftables cannot write it.
 	b.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, t.Comment))
-	b.add(what{text: fmt.Sprintf("add table inet %s { comment %s; }", tbl, strconv.Quote(t.Comment))})
+	b.add(what{render: func() string { return fmt.Sprintf("add table inet %s { comment %s; }", tbl, strconv.Quote(t.Comment)) }})
 
 	setIDs := map[string]uint32{}
 	for i := range t.Sets {
@@ -342,7 +346,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		b.str(unix.NFTA_CHAIN_TABLE, tbl)
 		b.str(unix.NFTA_CHAIN_NAME, c.Name)
 		baseChain(&b.wbuf, c.Hook.Number, int32(c.Priority))
-		b.add(what{text: fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header())})
+		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)
 			if err != nil {
@@ -356,7 +360,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 			if r.Comment != "" {
 				b.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
 			}
-			b.add(what{text: fmt.Sprintf("add rule inet %s %s %s", tbl, c.Name, r)})
+			b.add(what{render: func() string { return fmt.Sprintf("add rule inet %s %s %s", tbl, c.Name, r) }})
 		}
 	}
 }
@@ -388,7 +392,9 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 	b.close(desc)
 	// Key byte order "big endian", as nft records it, so `nft list` prints the keys.
 	b.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
-	b.add(what{text: fmt.Sprintf("add set inet %s %s { type %s; flags %s; }", tbl, s.Name, s.Type, s.FlagList())})
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add set inet %s %s { type %s; flags %s; }", tbl, s.Name, s.Type, s.FlagList())
+	}})
 
 	// The elements the way nft lays intervals out: each interval as its first key and, flagged
 	// as an interval end, the key after its last (none when it runs to the top of the key
