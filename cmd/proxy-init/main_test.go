@@ -95,19 +95,11 @@ func mustRun(t *testing.T, want int, args ...string) result {
 	return r
 }
 
-// inNS runs a command inside the namespace (through the one helper that enters namespaces).
+// inNS runs a command inside the namespace and returns its output.
 func inNS(t *testing.T, nsPath, name string, args ...string) string {
 	t.Helper()
-	var out []byte
-	err := netnsutil.Do(nsPath, func() error {
-		var err error
-		out, err = exec.Command(name, args...).CombinedOutput()
-		return err
-	})
-	if err != nil {
-		t.Fatalf("%s %q in %s: %v\n%s", name, args, nsPath, err, out)
-	}
-	return string(out)
+	out, stderr := nt.Output(t, nt.Existing(nsPath, nsPath), "", name, args...)
+	return out + stderr
 }
 
 // saveNat is *-save -t nat without the timestamped comment lines, so runs compare.

@@ -41,12 +41,24 @@ func nftablesRows(b *testing.B, bin string) []row {
 	got, base = compare(b, minimal, restores)
 	rows = append(rows, row{"  floor: minimal google/nftables program, same table", got, base,
 		"2x nft iptables-restore, same rules", "the least any Go tool can reach here", 0})
-	// The netlink modes against that floor directly.
+	// The netlink modes against that floor directly, and where the difference goes: starting a
+	// larger binary, and reading the ruleset and planning (what --simulate does, sending nothing).
 	for _, mode := range []string{"nftables", "nft"} {
 		got, base = compare(b, proxyInit(bin, mode), minimal)
 		rows = append(rows, row{"proxy-init --iptables-mode " + mode + ", chart defaults, v4+v6", got, base,
 			"minimal google/nftables program", "<= 1.05x", 1.05})
 	}
+	empty := []step{{name: buildEmptyGo(b)}}
+	version := []step{{name: bin, args: []string{"version"}}}
+	got, base = compare(b, version, empty)
+	rows = append(rows, row{"  where it goes: proxy-init version (start-up, no rules)", got, base,
+		"an empty Go program", "start-up of the larger binary", 0})
+	got, base = compare(b, minimal, empty)
+	rows = append(rows, row{"  where it goes: minimal google/nftables program", got, base,
+		"an empty Go program", "what the floor adds to starting at all", 0})
+	got, base = compare(b, proxyInit(bin, "nftables", "--simulate"), version)
+	rows = append(rows, row{"  where it goes: proxy-init nftables --simulate (reads, plans)", got, base,
+		"proxy-init version", "flags, lock, the read, the plan; nothing sent", 0})
 
 	// auto decides by writing with the backend it prefers, here iptables-nft's rules over
 	// netlink: it should cost what naming that mode costs.

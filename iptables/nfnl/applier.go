@@ -74,7 +74,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 // Cleanup removes our rules from every backend the applier covers, in one transaction. It
 // succeeds when there is nothing to remove.
 func (a *Applier) Cleanup(ctx context.Context) error {
-	_, err := transact(ctx, a.op("remove"), a.readDetail, a.cleanupBatch)
+	_, err := transact(ctx, a.op("remove"), a.cleanupDetail, a.cleanupBatch)
 	return err
 }
 
@@ -82,7 +82,7 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 // When the state in place cannot be read (no privilege, for one), it is the batch for a
 // namespace holding no tables, which says why.
 func (a *Applier) Plan(ctx context.Context, rs *iptables.Ruleset) *Batch {
-	want := a.readDetail
+	want := a.cleanupDetail
 	if rs != nil {
 		want = a.applyDetail(rs)
 	}
@@ -124,9 +124,15 @@ func (a *Applier) applyDetail(rs *iptables.Ruleset) func(*State) detail {
 	}
 }
 
-// readDetail is what Show, Present and Cleanup need: every covered table.
+// readDetail is what Show and Present need: every covered table.
 func (a *Applier) readDetail(*State) detail {
 	return detail{nat: a.covered(iptables.BackendNFT), native: a.covered(iptables.BackendNFTables)}
+}
+
+// cleanupDetail is what Cleanup needs: iptables-nft's nat tables, whose rules of ours it deletes
+// one by one; the native table goes whole, so that it exists is enough.
+func (a *Applier) cleanupDetail(*State) detail {
+	return detail{nat: a.covered(iptables.BackendNFT)}
 }
 
 func (a *Applier) applyBatch(s *State, rs *iptables.Ruleset) *Batch {

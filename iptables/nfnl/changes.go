@@ -44,12 +44,12 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	}
 	// Every family's rules first, so that the batch's buffer is sized once: with a thousand
 	// rules, growing it copies most of a megabyte.
-	rules := make([][]iptables.XTRule, len(families))
+	perFamily := make([][]iptables.XTRule, len(families))
 	n := 0
 	for i, f := range families {
 		if rs.HasFamily(f) {
-			rules[i] = rs.XTRules(f)
-			n += len(rules[i]) + len(jumps)
+			perFamily[i] = rs.XTRules(f)
+			n += len(perFamily[i]) + len(jumps)
 		}
 	}
 	b.grow(n+16, n*ruleBytes)
@@ -74,7 +74,7 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 		}
 		// Our chains, each a run of the plan's rules: created if missing, refilled if their
 		// rules differ in any way.
-		all := rules[i]
+		all := perFamily[i]
 		for start := 0; start < len(all); {
 			chainName, end := all[start].Chain, start
 			for end < len(all) && all[end].Chain == chainName {

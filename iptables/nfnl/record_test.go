@@ -153,7 +153,7 @@ func TestPlanFromRecordedStates(t *testing.T) {
 				{"apply nftables (chart defaults)", nativeApplier(), chartRules(t)},
 				{"cleanup", New(iptables.BackendNFT, iptables.BackendNFTables), nil},
 			} {
-				want := tg.a.readDetail
+				want := tg.a.cleanupDetail
 				if tg.rs != nil {
 					want = tg.a.applyDetail(tg.rs)
 				}
