@@ -192,8 +192,17 @@ const (
 // ignored port list is split into multiport groups of at most 15 ports, and a subnet list or a
 // redirected port list becomes one rule per item.
 func (r *Ruleset) XTRules(f Family) []XTRule {
-	// Sized up front: with a thousand subnets, a cold process pays for every page it touches.
-	out := make([]XTRule, 0, len(r.InboundIgnoreSubnets)+len(r.OutboundIgnoreSubnets)+len(r.RedirectPorts)+16)
+	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
+	// pays for every page it touches.
+	n := len(r.RedirectPorts) + 16
+	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
+		for _, p := range list {
+			if f.Contains(p) {
+				n++
+			}
+		}
+	}
+	out := make([]XTRule, 0, n)
 	for _, c := range r.Plan() {
 		for _, s := range c.Steps {
 			x := XTRule{Chain: c.Name, Target: TargetReturn}
