@@ -288,6 +288,7 @@ func BenchmarkAgainstBaseline(b *testing.B) {
 	}{
 		{"nft", nil, "chart defaults"}, {"nftables", nil, "chart defaults"}, {"auto", nil, "chart defaults"},
 		{"legacy", nil, "chart defaults"}, {"nft", subnets, "1,000 inbound subnets"}, {"nftables", subnets, "1,000 inbound subnets"},
+		{"legacy", subnets, "1,000 inbound subnets"},
 	} {
 		got, base := compare(b, proxyInit(bin, c.mode, c.extra...), proxyInit(old, c.mode, c.extra...))
 		rows = append(rows, row{"proxy-init --iptables-mode " + c.mode + ", " + c.what, got, base,
