@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -94,23 +96,35 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 }
 
 func findBinaries(cmd, suffix string, flavor Flavor) (binaries, error) {
-	restore, err1 := exec.LookPath(cmd + suffix + "-restore")
-	save, err2 := exec.LookPath(cmd + suffix + "-save")
-	if err1 == nil && err2 == nil {
-		return binaries{restore, save}, nil
+	if b, ok := lookPair(cmd + suffix); ok {
+		return b, nil
 	}
 	if suffix != "" {
 		// Fall back to the plain binaries, but only if they drive the same kernel flavor.
 		if f, err := flavorOf(cmd); err == nil && f == flavor {
-			restore, err1 = exec.LookPath(cmd + "-restore")
-			save, err2 = exec.LookPath(cmd + "-save")
-			if err1 == nil && err2 == nil {
-				return binaries{restore, save}, nil
+			if b, ok := lookPair(cmd); ok {
+				return b, nil
 			}
 		}
 	}
 	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a %s-backed %s to fall back on",
 		cmd, suffix, cmd, suffix, os.Getenv("PATH"), flavor, cmd)
+}
+
+// lookPair finds name-restore and name-save, the second first beside the first: they come from
+// one package, and every PATH entry searched in vain is a system call of a short-lived process.
+func lookPair(name string) (binaries, bool) {
+	restore, err := exec.LookPath(name + "-restore")
+	if err != nil {
+		return binaries{}, false
+	}
+	save := filepath.Join(filepath.Dir(restore), name+"-save")
+	if st, err := os.Stat(save); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		if save, err = exec.LookPath(name + "-save"); err != nil {
+			return binaries{}, false
+		}
+	}
+	return binaries{restore, save}, true
 }
 
 // DetectPlain tells which kernel flavor the plain "iptables" binary drives.
@@ -279,19 +293,20 @@ func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedSt
 		return iptables.SavedState{}, nil
 	}
 	b := a.bins[f]
-	out, stderr, err := run(exec.CommandContext(ctx, b.save, "-t", iptables.Table), "", false)
+	out, stderr, err := run(ctx, b.save, []string{"-t", iptables.Table}, "", false)
 	if err != nil {
 		return iptables.SavedState{}, fmt.Errorf("%s -t nat: %w: %s", b.save, err, strings.TrimSpace(string(stderr)))
 	}
 	return iptables.ParseSave(string(out)), nil
 }
 
-// run executes cmd with input on its standard input and returns what it wrote to standard output
-// and standard error (both in out when combined). The streams are memory files, not pipes: for
-// pipes os/exec starts copying goroutines, and the threads the runtime starts for them are a
-// visible cost to a short-lived process (docs/performance.md). Where memfd_create is refused
-// (a seccomp profile can forbid it), pipes it is.
-func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err error) {
+// run executes the program at path with args and input on its standard input, and returns what
+// it wrote to standard output and standard error (both in out when combined). The streams are
+// memory files, not pipes: for pipes os/exec starts copying goroutines, and the threads the
+// runtime starts for them are a visible cost to a short-lived process (docs/performance.md).
+// Where memfd_create is refused (a seccomp profile can forbid it), pipes it is. ctx's end kills
+// the program.
+func run(ctx context.Context, path string, args []string, input string, combined bool) (out, stderr []byte, err error) {
 	files := make([]*os.File, 0, 3)
 	defer func() {
 		for _, f := range files {
@@ -301,7 +316,7 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 	for _, name := range []string{"stdin", "stdout", "stderr"} {
 		fd, err := memfdCreate(name, unix.MFD_CLOEXEC)
 		if err != nil {
-			return runPiped(cmd, input, combined)
+			return runPiped(exec.CommandContext(ctx, path, args...), input, combined)
 		}
 		files = append(files, os.NewFile(uintptr(fd), name))
 	}
@@ -311,11 +326,11 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 	if _, err := files[0].Seek(0, io.SeekStart); err != nil {
 		return nil, nil, err
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	errOut := files[2]
 	if combined {
-		cmd.Stderr = files[1]
+		errOut = files[1]
 	}
-	runErr := cmd.Run()
+	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
 	read := func(f *os.File) ([]byte, error) {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return nil, err
@@ -329,6 +344,83 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 		return nil, nil, err
 	}
 	return out, stderr, runErr
+}
+
+// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec: the first
+// program os/exec starts in a process costs it one more fork, to probe pidfd support, and a
+// millisecond in all (docs/performance.md). The program inherits the descriptors that are not
+// close-on-exec, the namespace's lock among them (see backend.Lock). When ctx ends first, the
+// program is killed; the zombie is reaped only once no kill can reach a reused pid.
+func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pid, err := syscall.ForkExec(path, append([]string{path}, args...), &syscall.ProcAttr{
+		Env: os.Environ(), Files: []uintptr{stdin.Fd(), stdout.Fd(), stderr.Fd()},
+	})
+	if err != nil {
+		return &os.PathError{Op: "fork/exec", Path: path, Err: err}
+	}
+	var mu sync.Mutex
+	exited := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !exited {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	var info unix.Siginfo
+	for {
+		// WNOWAIT: the child stays a zombie, its pid not reusable, until reaped below.
+		err = unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	stop()
+	mu.Lock()
+	exited = true
+	mu.Unlock()
+	var ws syscall.WaitStatus
+	for {
+		_, werr := syscall.Wait4(pid, &ws, 0, nil)
+		if werr != syscall.EINTR {
+			if err == nil {
+				err = werr
+			}
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("wait for %s: %w", path, err)
+	}
+	if ws.Exited() && ws.ExitStatus() == 0 {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%s)", ctx.Err(), exitError{ws})
+	}
+	return exitError{ws}
+}
+
+// exitError is a program that did not exit 0, described as os/exec describes it.
+type exitError struct{ ws syscall.WaitStatus }
+
+func (e exitError) Error() string {
+	if e.ws.Signaled() {
+		return "signal: " + e.ws.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(e.ws.ExitStatus())
+}
+
+// ExitCode is the exit status, or -1 for a program a signal ended: what *exec.ExitError, the pipe
+// path's error, answers too.
+func (e exitError) ExitCode() int {
+	if e.ws.Signaled() {
+		return -1
+	}
+	return e.ws.ExitStatus()
 }
 
 // memfdCreate is unix.MemfdCreate; a test replaces it to take the pipe path.
@@ -407,7 +499,7 @@ func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string
 	if a.opts.Wait {
 		args = append(args, "-w", strconv.Itoa(int(WaitTimeout.Seconds())))
 	}
-	out, _, err := run(exec.CommandContext(ctx, b.restore, args...), payload, true)
+	out, _, err := run(ctx, b.restore, args, payload, true)
 	if err != nil {
 		return &RestoreError{Binary: b.restore, Family: f, Output: strings.TrimSpace(string(out)), Payload: payload, Err: err}
 	}
