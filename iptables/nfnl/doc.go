@@ -31,8 +31,12 @@
 // refuses a rule without it), the decoding of dumps (google/nftables' Conn reads no table
 // comment and skips expressions it does not know), and the owner and multiport matches' info
 // structs, for which google/nftables' xt package has no type. The expressions are google's and
-// marshalled by google/nftables' expr; so are the comment and REDIRECT infos (xt.Comment,
-// xt.NatIPv4MultiRangeCompat, xt.NatRange).
+// marshalled by google/nftables' expr, except that the xtables matches' and targets' three
+// attributes (name, revision, info) are written straight into the batch, as google/nftables lays
+// them out (a test holds the bytes equal), because its marshalling copies each 256-byte comment
+// three times. The REDIRECT infos are google's xt types, marshalled by it
+// (xt.NatIPv4MultiRangeCompat, xt.NatRange); so is every rule's comment type (xt.Comment), whose
+// NUL-padded string is the one info written here.
 //
 // Limits: it needs CAP_NET_ADMIN in the namespace (a *iptables.CapabilityError otherwise) and a
 // kernel with nf_tables and, for iptables-nft's rules, nft_compat with the xt_owner, xt_multiport,

@@ -174,6 +174,54 @@ func TestAddressMatch(t *testing.T) {
 
 func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
+// The xtables matches and targets laid straight into the batch are byte for byte what
+// google/nftables marshals for them.
+func TestXTExpressionsAsGoogleMarshals(t *testing.T) {
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		for _, r := range iptablestest.Build(t, iptablestest.ChartConfig()).XTRules(f) {
+			exprs, _, err := encodeXT(f, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range exprs {
+				var name string
+				switch e.(type) {
+				case *expr.Match:
+					name = "match"
+				case *expr.Target:
+					name = "target"
+				default:
+					continue
+				}
+				data, err := expr.MarshalExprData(xtFamily(f), e)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_LIST_ELEM | unix.NLA_F_NESTED,
+					Data: must(netlink.MarshalAttributes([]netlink.Attribute{
+						{Type: unix.NFTA_EXPR_NAME, Data: []byte(name + "\x00")},
+						{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+					}))}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var b Batch
+				b.expressions(xtFamily(f), []expr.Any{e})
+				if got := b.b[4:]; b.err != nil || !slices.Equal(got, want) {
+					t.Errorf("%s %q: laid out\n%x (%v), google/nftables marshals\n%x", f, r.Comment, got, b.err, want)
+				}
+			}
+		}
+	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 func TestEncodeRefuses(t *testing.T) {
 	lo := iptables.XTRule{Chain: iptables.OutputChain, Comment: "c", Target: iptables.TargetReturn}
 	for _, c := range []struct {
