@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -36,8 +37,8 @@ type Batch struct {
 	last   int // where the last message starts
 	setID  uint32
 	err    error
-	// marshalled holds the wire form of the shared expressions (see shared).
-	marshalled map[marshalled][]byte
+	// scratch holds the expressions of the rule being laid out.
+	scratch []expr.Any
 }
 
 // what says what one message does. Anything but a fixed text is rendered only when asked for
@@ -91,10 +92,17 @@ func (b *Batch) marker(typ uint16) {
 // Len is the number of messages, batch markers left out.
 func (b *Batch) Len() int { return len(b.what) }
 
-// grow makes room for n more messages of about size bytes in all.
+// grow makes room for n more messages of about size bytes in all. The buffer is made, not grown
+// with slices.Grow, which zeroes the room it adds and so touches every page of it at once; a
+// large make gets memory the kernel has just zeroed, whose pages are touched, and paid for, only
+// as far as messages fill them.
 func (b *Batch) grow(n, size int) {
 	b.what = slices.Grow(b.what, n)
-	b.b = slices.Grow(b.b, size)
+	if cap(b.b)-len(b.b) < size {
+		buf := make([]byte, len(b.b), len(b.b)+size)
+		copy(buf, b.b)
+		b.b = buf
+	}
 }
 
 // add ends the message begun last, and records what it does.

@@ -225,7 +225,8 @@ func header(hook uint32, priority int32) string {
 // addXT appends r to its chain.
 func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 	fam := xtFamily(f)
-	exprs, proto, err := encodeXT(f, *r)
+	exprs, proto, err := appendXT(b.scratch[:0], f, *r)
+	b.scratch = exprs
 	if err != nil {
 		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))
 		return
@@ -246,8 +247,9 @@ const ruleBytes = 640
 
 // expressions adds a rule's expression list, each expression's data marshalled by
 // google/nftables (MarshalExprData: its Marshal would wrap the data with the name in a buffer of
-// its own, a copy of every expression of every rule), the shared ones once per batch and family.
-// The xtables matches and targets are the exception, see xtExpr.
+// its own, a copy of every expression of every rule), the shared ones once per process and family
+// (Batch.marshal). The xtables matches and targets and the comparisons are written here instead
+// (xtExpr, cmpExpr; see the package comment).
 func (b *Batch) expressions(fam byte, exprs []expr.Any) {
 	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
@@ -258,20 +260,13 @@ func (b *Batch) expressions(fam byte, exprs []expr.Any) {
 		case *expr.Target:
 			b.xtExpr(fam, "target", x.Name, x.Rev, x.Info)
 			continue
-		}
-		key := marshalled{fam, e}
-		data, ok := b.marshalled[key]
-		if !ok {
-			var err error
-			data, err = expr.MarshalExprData(fam, e)
-			b.fail(err)
-			if shared(e) {
-				if b.marshalled == nil {
-					b.marshalled = map[marshalled][]byte{}
-				}
-				b.marshalled[key] = data
+		case *expr.Cmp:
+			if sharedSlot(e) < 0 {
+				b.cmpExpr(x)
+				continue
 			}
 		}
+		data := b.marshal(fam, e)
 		el := b.nest(unix.NFTA_LIST_ELEM)
 		b.str(unix.NFTA_EXPR_NAME, exprName(e))
 		b.attr(unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, data)
@@ -307,6 +302,22 @@ func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny)
 	b.close(el)
 }
 
+// cmpExpr adds a comparison, laid out as google/nftables' Cmp lays it out. Nearly every rule
+// compares something of its own (an address, an interface); google/nftables' marshalling
+// allocates four times for each (see the package comment).
+func (b *Batch) cmpExpr(c *expr.Cmp) {
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	b.str(unix.NFTA_EXPR_NAME, "cmp")
+	data := b.nest(unix.NFTA_EXPR_DATA)
+	b.u32(unix.NFTA_CMP_SREG, c.Register)
+	b.u32(unix.NFTA_CMP_OP, uint32(c.Op))
+	v := b.nest(unix.NFTA_CMP_DATA)
+	b.attr(unix.NFTA_DATA_VALUE, c.Data)
+	b.close(v)
+	b.close(data)
+	b.close(el)
+}
+
 // exprName is the kernel's name of an expression of the kinds our rules hold.
 func exprName(e expr.Any) string {
 	switch e.(type) {
@@ -336,10 +347,24 @@ func exprName(e expr.Any) string {
 	return fmt.Sprintf("%T", e)
 }
 
-// marshalled keys a shared expression's wire form: it depends on the family.
-type marshalled struct {
-	fam byte
-	e   expr.Any
+// marshal returns e's data as google/nftables marshals it, the shared expressions' only once.
+func (b *Batch) marshal(fam byte, e expr.Any) []byte {
+	i, f := sharedSlot(e), familySlot(fam)
+	if i < 0 || f < 0 {
+		data, err := expr.MarshalExprData(fam, e)
+		b.fail(err)
+		return data
+	}
+	if data := sharedWire[f][i].Load(); data != nil {
+		return *data
+	}
+	data, err := expr.MarshalExprData(fam, e)
+	if err != nil {
+		b.fail(err)
+		return nil
+	}
+	sharedWire[f][i].Store(&data)
+	return data
 }
 
 func deleteRule(b *Batch, fam byte, chainName string, handle uint64) {

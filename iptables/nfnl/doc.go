@@ -30,13 +30,15 @@
 // plan, and sets NFTA_RULE_COMPAT_PROTO only for some xtables matches, not for multiport, which
 // refuses a rule without it), the decoding of dumps (google/nftables' Conn reads no table
 // comment and skips expressions it does not know), and the owner and multiport matches' info
-// structs, for which google/nftables' xt package has no type. The expressions are google's and
-// marshalled by google/nftables' expr, except that the xtables matches' and targets' three
-// attributes (name, revision, info) are written straight into the batch, as google/nftables lays
-// them out (a test holds the bytes equal), because its marshalling copies each 256-byte comment
-// three times. The REDIRECT infos are google's xt types, marshalled by it
-// (xt.NatIPv4MultiRangeCompat, xt.NatRange); so is every rule's comment type (xt.Comment), whose
-// NUL-padded string is the one info written here.
+// structs, for which google/nftables' xt package has no type. The expressions are google's
+// (expr), and so are the REDIRECT infos (xt.NatIPv4MultiRangeCompat, xt.NatRange) and the
+// comment's type (xt.Comment); google/nftables marshals every expression, those all rules share
+// once per process, except the three kinds each rule holds its own of: the xtables matches and
+// targets and the comparisons are written straight into the batch, as google/nftables lays them
+// out (a test holds every expression of every golden rule byte for byte equal to its marshalling),
+// because its marshalling allocates each anew, the 256-byte comment three times over, and with a
+// thousand rules that made iptables-nft mode slower than the hand-laid encoder this package
+// replaced. Every expression read back is decoded by google/nftables.
 //
 // Limits: it needs CAP_NET_ADMIN in the namespace (a *iptables.CapabilityError otherwise) and a
 // kernel with nf_tables and, for iptables-nft's rules, nft_compat with the xt_owner, xt_multiport,

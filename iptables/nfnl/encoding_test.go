@@ -174,44 +174,60 @@ func TestAddressMatch(t *testing.T) {
 
 func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
-// The xtables matches and targets laid straight into the batch are byte for byte what
-// google/nftables marshals for them.
-func TestXTExpressionsAsGoogleMarshals(t *testing.T) {
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		for _, r := range iptablestest.Build(t, iptablestest.ChartConfig()).XTRules(f) {
-			exprs, _, err := encodeXT(f, r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range exprs {
-				var name string
-				switch e.(type) {
-				case *expr.Match:
-					name = "match"
-				case *expr.Target:
-					name = "target"
-				default:
-					continue
-				}
-				data, err := expr.MarshalExprData(xtFamily(f), e)
+// Every expression of every golden rule is laid into the batch byte for byte as google/nftables
+// marshals it, the matches, targets and comparisons Batch.expressions lays out itself included.
+func TestExpressionsAsGoogleMarshals(t *testing.T) {
+	for name, c := range iptablestest.GoldenConfigs() {
+		rs := iptablestest.Build(t, c)
+		for _, f := range rs.Families {
+			for _, r := range rs.XTRules(f) {
+				exprs, _, err := encodeXT(f, r)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_LIST_ELEM | unix.NLA_F_NESTED,
-					Data: must(netlink.MarshalAttributes([]netlink.Attribute{
-						{Type: unix.NFTA_EXPR_NAME, Data: []byte(name + "\x00")},
-						{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
-					}))}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				var b Batch
-				b.expressions(xtFamily(f), []expr.Any{e})
-				if got := b.b[4:]; b.err != nil || !slices.Equal(got, want) {
-					t.Errorf("%s %q: laid out\n%x (%v), google/nftables marshals\n%x", f, r.Comment, got, b.err, want)
+				for _, e := range exprs {
+					checkLaidOut(t, xtFamily(f), e, name+" "+r.Comment)
 				}
 			}
 		}
+		nft := rs.NFT()
+		ids := map[string]uint32{}
+		for i, s := range nft.Sets {
+			ids[s.Name] = uint32(i + 1)
+		}
+		for _, ch := range nft.Chains {
+			for _, r := range ch.Rules {
+				exprs, err := nativeExprs(r, ids)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range exprs {
+					checkLaidOut(t, famInet, e, name+" native "+r.Comment)
+				}
+			}
+		}
+	}
+}
+
+func checkLaidOut(t *testing.T, fam byte, e expr.Any, what string) {
+	t.Helper()
+	name := exprName(e)
+	data, err := expr.MarshalExprData(fam, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_LIST_ELEM | unix.NLA_F_NESTED,
+		Data: must(netlink.MarshalAttributes([]netlink.Attribute{
+			{Type: unix.NFTA_EXPR_NAME, Data: []byte(name + "\x00")},
+			{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+		}))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b Batch
+	b.expressions(fam, []expr.Any{e})
+	if got := b.b[4:]; b.err != nil || !slices.Equal(got, want) {
+		t.Errorf("%s: %s laid out\n%x (%v), google/nftables marshals\n%x", what, name, got, b.err, want)
 	}
 }
 

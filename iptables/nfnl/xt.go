@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
@@ -54,9 +55,9 @@ const (
 	reg1           = unix.NFT_REG_1 // the only data register iptables-nft uses
 )
 
-// The expressions every rule, or many, hold alike. encodeXT hands out these, shared, so that a
-// batch marshals each once (Batch.expressions): with a thousand rules, marshalling was most of
-// the time it took to lay a batch out. Nothing modifies them.
+// The expressions every rule, or many, hold alike. encodeXT hands out these, shared, so that each
+// is marshalled once per process and family (Batch.expressions): with a thousand rules,
+// marshalling was most of the time it took to lay a batch out. Nothing modifies them.
 var (
 	tcpMeta     = &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}
 	tcpCmp      = &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}}
@@ -64,31 +65,71 @@ var (
 	dportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
 	counter     = &expr.Counter{}
 	returnExpr  = &expr.Verdict{Kind: expr.VerdictReturn}
-	// addrLoads are the loads of the first n bytes of an address: [offset][n].
-	addrLoads = sync.OnceValue(func() map[[2]uint32]*expr.Payload {
-		m := map[[2]uint32]*expr.Payload{}
-		for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-			for _, src := range []bool{true, false} {
-				off, full := addrOffset(f, src)
-				for n := uint32(1); n <= full; n++ {
-					m[[2]uint32{off, n}] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
-				}
+	// addrLoads are the loads of the first n bytes of an address: [addrSlot(offset)][n].
+	addrLoads = sync.OnceValue(func() *[4][17]*expr.Payload {
+		var t [4][17]*expr.Payload
+		for _, off := range []uint32{8, 12, 16, 24} {
+			for n := uint32(1); n <= 16; n++ {
+				t[addrSlot(off)][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
 			}
 		}
-		return m
+		return &t
 	})
+	// sharedWire holds the shared expressions' marshalled data, filled as they are first used:
+	// [family slot][sharedSlot].
+	sharedWire [3][6 + 4*17]atomic.Pointer[[]byte]
 )
 
-// shared reports whether e is one of the expressions above.
-func shared(e expr.Any) bool {
+// addrSlot numbers the offsets of the addresses in the IPv4 and IPv6 headers (see addrOffset).
+func addrSlot(off uint32) int {
+	switch off {
+	case 8:
+		return 0
+	case 12:
+		return 1
+	case 16:
+		return 2
+	case 24:
+		return 3
+	}
+	return -1
+}
+
+// sharedSlot numbers the expressions above, and is -1 for every other.
+func sharedSlot(e expr.Any) int {
 	switch e {
-	case tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr:
-		return true
+	case tcpMeta:
+		return 0
+	case tcpCmp:
+		return 1
+	case oifnameMeta:
+		return 2
+	case dportLoad:
+		return 3
+	case counter:
+		return 4
+	case returnExpr:
+		return 5
 	}
-	if p, ok := e.(*expr.Payload); ok {
-		return addrLoads()[[2]uint32{p.Offset, p.Len}] == p
+	if p, ok := e.(*expr.Payload); ok && p.Len >= 1 && p.Len <= 16 {
+		if i := addrSlot(p.Offset); i >= 0 && addrLoads()[i][p.Len] == p {
+			return 6 + 17*i + int(p.Len)
+		}
 	}
-	return false
+	return -1
+}
+
+// familySlot numbers the families whose shared expressions are kept, and is -1 for others.
+func familySlot(fam byte) int {
+	switch fam {
+	case famIP:
+		return 0
+	case famIP6:
+		return 1
+	case famInet:
+		return 2
+	}
+	return -1
 }
 
 // xtFamily is the nf_tables family of an iptables family: iptables-nft's "ip" and "ip6".
@@ -102,7 +143,11 @@ func xtFamily(f iptables.Family) byte {
 // encodeXT returns the expressions of r for family f, and the layer-4 protocol its xtables
 // extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule that does not say tcp).
 func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	out := make([]expr.Any, 0, 8)
+	return appendXT(make([]expr.Any, 0, 8), f, r)
+}
+
+// appendXT is encodeXT appending to out.
+func appendXT(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
 	cmp := func(data []byte) { out = append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}) }
 	if r.OutInterface != "" {
 		out = append(out, oifnameMeta)
@@ -211,10 +256,10 @@ func addrMatch(out []expr.Any, f iptables.Family, p netip.Prefix, src bool) []ex
 	addr := p.Masked().Addr().AsSlice()
 	if p.Bits()%8 == 0 {
 		n = uint32(p.Bits() / 8)
-		return append(out, addrLoads()[[2]uint32{off, n}], &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]})
+		return append(out, addrLoads()[addrSlot(off)][n], &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]})
 	}
 	mask := net.CIDRMask(p.Bits(), int(n)*8)
-	return append(out, addrLoads()[[2]uint32{off, n}],
+	return append(out, addrLoads()[addrSlot(off)][n],
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr})
 }
