@@ -37,8 +37,9 @@ type Batch struct {
 	last   int // where the last message starts
 	setID  uint32
 	err    error
-	// scratch holds the expressions of the rule being laid out.
+	// scratch holds the expressions of the rule being laid out, pool those of them it owns.
 	scratch []expr.Any
+	pool    exprPool
 }
 
 // what says what one message does. Anything but a fixed text is rendered only when asked for

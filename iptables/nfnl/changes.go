@@ -225,7 +225,7 @@ func header(hook uint32, priority int32) string {
 // addXT appends r to its chain.
 func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 	fam := xtFamily(f)
-	exprs, proto, err := appendXT(b.scratch[:0], f, *r)
+	exprs, proto, err := appendXT(b.scratch[:0], &b.pool, f, *r)
 	b.scratch = exprs
 	if err != nil {
 		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))

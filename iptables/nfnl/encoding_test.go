@@ -152,7 +152,7 @@ func TestAddressMatch(t *testing.T) {
 			f = iptables.IPv6
 		}
 		var parts []string
-		for _, e := range addrMatch(nil, f, p, true) {
+		for _, e := range addrMatch(nil, nil, f, p, true) {
 			switch e := e.(type) {
 			case *expr.Payload:
 				parts = append(parts, "payload "+itoa(e.Offset)+"+"+itoa(e.Len))
@@ -203,6 +203,29 @@ func TestExpressionsAsGoogleMarshals(t *testing.T) {
 				}
 				for _, e := range exprs {
 					checkLaidOut(t, famInet, e, name+" native "+r.Comment)
+				}
+			}
+		}
+	}
+}
+
+// The expressions a batch lends each rule from its pool, reused from rule to rule, lay every
+// rule out as fresh ones do.
+func TestPooledRulesAsFresh(t *testing.T) {
+	for name, c := range iptablestest.GoldenConfigs() {
+		rs := iptablestest.Build(t, c)
+		for _, f := range rs.Families {
+			rules := append(rs.XTRules(f), iptables.XTJumps()...)
+			pooled := &Batch{}
+			for i := range rules {
+				addXT(pooled, f, &rules[i])
+			}
+			got := pooled.messages(t)
+			for i := range rules {
+				fresh := &Batch{}
+				addXT(fresh, f, &rules[i])
+				if want := fresh.messages(t)[0].Data; !slices.Equal(got[i].Data, want) {
+					t.Errorf("%s %s rule %q: pooled\n%x\nfresh\n%x", name, f, rules[i].Comment, got[i].Data, want)
 				}
 			}
 		}

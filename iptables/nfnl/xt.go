@@ -143,12 +143,67 @@ func xtFamily(f iptables.Family) byte {
 // encodeXT returns the expressions of r for family f, and the layer-4 protocol its xtables
 // extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule that does not say tcp).
 func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	return appendXT(make([]expr.Any, 0, 8), f, r)
+	return appendXT(make([]expr.Any, 0, 8), nil, f, r)
 }
 
-// appendXT is encodeXT appending to out.
-func appendXT(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	cmp := func(data []byte) { out = append(out, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}) }
+// exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
+// while it is laid out: a batch marshals each rule before it encodes the next, which reuses
+// them. Without it, a thousand rules allocated 150 KB of expressions that lived for one rule
+// each. A nil pool allocates.
+type exprPool struct {
+	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
+	ncmp    int
+	addrs   [2][16]byte
+	naddr   int
+	match   expr.Match
+	comment xt.Comment
+}
+
+func (p *exprPool) reset() {
+	if p != nil {
+		p.ncmp, p.naddr = 0, 0
+	}
+}
+
+func (p *exprPool) cmp(data []byte) *expr.Cmp {
+	if p == nil || p.ncmp == len(p.cmps) {
+		return &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}
+	}
+	c := &p.cmps[p.ncmp]
+	p.ncmp++
+	*c = expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}
+	return c
+}
+
+// addr returns the bytes of a, as a slice.
+func (p *exprPool) addr(a netip.Addr) []byte {
+	if p == nil || p.naddr == len(p.addrs) {
+		return a.AsSlice()
+	}
+	b := p.addrs[p.naddr][:]
+	p.naddr++
+	if a.Is4() {
+		v := a.As4()
+		return append(b[:0], v[:]...)
+	}
+	v := a.As16()
+	return append(b[:0], v[:]...)
+}
+
+func (p *exprPool) commentMatch(comment string) *expr.Match {
+	if p == nil {
+		c := xt.Comment(comment)
+		return &expr.Match{Name: "comment", Rev: commentRev, Info: &c}
+	}
+	p.comment = xt.Comment(comment)
+	p.match = expr.Match{Name: "comment", Rev: commentRev, Info: &p.comment}
+	return &p.match
+}
+
+// appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
+func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
+	pool.reset()
+	cmp := func(data []byte) { out = append(out, pool.cmp(data)) }
 	if r.OutInterface != "" {
 		out = append(out, oifnameMeta)
 		cmp(ifname(r.OutInterface))
@@ -168,7 +223,7 @@ func appendXT(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]expr.Any,
 		if a.p.Addr().Is4() != (f == iptables.IPv4) {
 			return nil, 0, fmt.Errorf("address %s in an %s rule", a.p, f)
 		}
-		out = addrMatch(out, f, a.p, a.src)
+		out = addrMatch(out, pool, f, a.p, a.src)
 	}
 	if r.UIDOwner != nil {
 		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
@@ -199,8 +254,7 @@ func appendXT(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]expr.Any,
 	if len(r.Comment) >= xt.CommentSize {
 		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
 	}
-	comment := xt.Comment(r.Comment)
-	out = append(out, &expr.Match{Name: "comment", Rev: commentRev, Info: &comment}, counter)
+	out = append(out, pool.commentMatch(r.Comment), counter)
 	switch r.Target {
 	case iptables.TargetReturn:
 		out = append(out, returnExpr)
@@ -251,17 +305,17 @@ func addrOffset(f iptables.Family, src bool) (offset, length uint32) {
 
 // addrMatch loads the source or destination address and compares it with p. Like iptables-nft,
 // it loads only the whole bytes of a byte-aligned prefix, and otherwise the whole address masked.
-func addrMatch(out []expr.Any, f iptables.Family, p netip.Prefix, src bool) []expr.Any {
+func addrMatch(out []expr.Any, pool *exprPool, f iptables.Family, p netip.Prefix, src bool) []expr.Any {
 	off, n := addrOffset(f, src)
-	addr := p.Masked().Addr().AsSlice()
+	addr := pool.addr(p.Masked().Addr())
 	if p.Bits()%8 == 0 {
 		n = uint32(p.Bits() / 8)
-		return append(out, addrLoads()[addrSlot(off)][n], &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr[:n]})
+		return append(out, addrLoads()[addrSlot(off)][n], pool.cmp(addr[:n]))
 	}
 	mask := net.CIDRMask(p.Bits(), int(n)*8)
 	return append(out, addrLoads()[addrSlot(off)][n],
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: addr})
+		pool.cmp(addr))
 }
 
 // ownerInfo is xt_owner_match_info matching one UID (what XT_OWNER_UID) or GID.
