@@ -349,7 +349,7 @@ func exprName(e expr.Any) string {
 
 // marshal returns e's data as google/nftables marshals it, the shared expressions' only once.
 func (b *Batch) marshal(fam byte, e expr.Any) []byte {
-	i, f := sharedSlot(e), familySlot(fam)
+	i, f := sharedSlot(e), slices.Index(wireFamilies[:], fam)
 	if i < 0 || f < 0 {
 		data, err := expr.MarshalExprData(fam, e)
 		b.fail(err)

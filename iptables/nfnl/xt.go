@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -65,69 +66,37 @@ var (
 	dportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
 	counter     = &expr.Counter{}
 	returnExpr  = &expr.Verdict{Kind: expr.VerdictReturn}
-	// addrLoads are the loads of the first n bytes of an address: [addrSlot(offset)][n].
-	addrLoads = sync.OnceValue(func() *[4][17]*expr.Payload {
-		var t [4][17]*expr.Payload
-		for _, off := range []uint32{8, 12, 16, 24} {
+	singles     = [...]expr.Any{tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr}
+	// addrLoads are the loads of the first n bytes of an address: [index in addrOffsets][n].
+	addrOffsets = [...]uint32{8, 12, 16, 24} // where the two headers hold the addresses (addrOffset)
+	addrLoads   = sync.OnceValue(func() *[len(addrOffsets)][17]*expr.Payload {
+		var t [len(addrOffsets)][17]*expr.Payload
+		for i, off := range addrOffsets {
 			for n := uint32(1); n <= 16; n++ {
-				t[addrSlot(off)][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+				t[i][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
 			}
 		}
 		return &t
 	})
 	// sharedWire holds the shared expressions' marshalled data, filled as they are first used:
-	// [family slot][sharedSlot].
-	sharedWire [3][6 + 4*17]atomic.Pointer[[]byte]
+	// [index in wireFamilies][sharedSlot].
+	wireFamilies = [...]byte{famIP, famIP6, famInet}
+	sharedWire   [len(wireFamilies)][len(singles) + len(addrOffsets)*17]atomic.Pointer[[]byte]
 )
 
-// addrSlot numbers the offsets of the addresses in the IPv4 and IPv6 headers (see addrOffset).
-func addrSlot(off uint32) int {
-	switch off {
-	case 8:
-		return 0
-	case 12:
-		return 1
-	case 16:
-		return 2
-	case 24:
-		return 3
-	}
-	return -1
+func addrLoad(off, n uint32) *expr.Payload {
+	return addrLoads()[slices.Index(addrOffsets[:], off)][n]
 }
 
 // sharedSlot numbers the expressions above, and is -1 for every other.
 func sharedSlot(e expr.Any) int {
-	switch e {
-	case tcpMeta:
-		return 0
-	case tcpCmp:
-		return 1
-	case oifnameMeta:
-		return 2
-	case dportLoad:
-		return 3
-	case counter:
-		return 4
-	case returnExpr:
-		return 5
+	if i := slices.Index(singles[:], e); i >= 0 {
+		return i
 	}
 	if p, ok := e.(*expr.Payload); ok && p.Len >= 1 && p.Len <= 16 {
-		if i := addrSlot(p.Offset); i >= 0 && addrLoads()[i][p.Len] == p {
-			return 6 + 17*i + int(p.Len)
+		if i := slices.Index(addrOffsets[:], p.Offset); i >= 0 && addrLoads()[i][p.Len] == p {
+			return len(singles) + 17*i + int(p.Len)
 		}
-	}
-	return -1
-}
-
-// familySlot numbers the families whose shared expressions are kept, and is -1 for others.
-func familySlot(fam byte) int {
-	switch fam {
-	case famIP:
-		return 0
-	case famIP6:
-		return 1
-	case famInet:
-		return 2
 	}
 	return -1
 }
@@ -180,14 +149,9 @@ func (p *exprPool) addr(a netip.Addr) []byte {
 	if p == nil || p.naddr == len(p.addrs) {
 		return a.AsSlice()
 	}
-	b := p.addrs[p.naddr][:]
 	p.naddr++
-	if a.Is4() {
-		v := a.As4()
-		return append(b[:0], v[:]...)
-	}
-	v := a.As16()
-	return append(b[:0], v[:]...)
+	b, _ := a.AppendBinary(p.addrs[p.naddr-1][:0]) // a masked prefix's address has no zone
+	return b
 }
 
 func (p *exprPool) commentMatch(comment string) *expr.Match {
@@ -310,10 +274,10 @@ func addrMatch(out []expr.Any, pool *exprPool, f iptables.Family, p netip.Prefix
 	addr := pool.addr(p.Masked().Addr())
 	if p.Bits()%8 == 0 {
 		n = uint32(p.Bits() / 8)
-		return append(out, addrLoads()[addrSlot(off)][n], pool.cmp(addr[:n]))
+		return append(out, addrLoad(off, n), pool.cmp(addr[:n]))
 	}
 	mask := net.CIDRMask(p.Bits(), int(n)*8)
-	return append(out, addrLoads()[addrSlot(off)][n],
+	return append(out, addrLoad(off, n),
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
 		pool.cmp(addr))
 }

@@ -346,11 +346,11 @@ func run(ctx context.Context, path string, args []string, input string, combined
 	return out, stderr, runErr
 }
 
-// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec: the first
-// program os/exec starts in a process costs it one more fork, to probe pidfd support, and a
-// millisecond in all (docs/performance.md). The program inherits the descriptors that are not
-// close-on-exec, the namespace's lock among them (see backend.Lock). When ctx ends first, the
-// program is killed; the zombie is reaped only once no kill can reach a reused pid.
+// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec, whose
+// first program in a process costs one more fork, to probe pidfd support, and one more thread
+// (docs/performance.md). The program inherits the descriptors that are not close-on-exec, the
+// namespace's lock among them (see backend.Lock). When ctx ends first, the program is killed; the
+// zombie is reaped only once no kill can reach a reused pid.
 func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -361,44 +361,34 @@ func forkWait(ctx context.Context, path string, args []string, stdin, stdout, st
 	if err != nil {
 		return &os.PathError{Op: "fork/exec", Path: path, Err: err}
 	}
-	var mu sync.Mutex
-	exited := false
-	stop := context.AfterFunc(ctx, func() {
+	var mu sync.Mutex // held by a kill, taken before reaping
+	reaped := false
+	defer context.AfterFunc(ctx, func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if !exited {
+		if !reaped {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-	})
-	var info unix.Siginfo
-	for {
-		// WNOWAIT: the child stays a zombie, its pid not reusable, until reaped below.
-		err = unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if err != unix.EINTR {
-			break
-		}
+	})()
+	// WNOWAIT: the child stays a zombie, its pid not reusable, until Wait4 reaps it.
+	for err = unix.EINTR; err == unix.EINTR; {
+		err = unix.Waitid(unix.P_PID, pid, &unix.Siginfo{}, unix.WEXITED|unix.WNOWAIT, nil)
 	}
-	stop()
 	mu.Lock()
-	exited = true
+	reaped = true
 	mu.Unlock()
 	var ws syscall.WaitStatus
-	for {
-		_, werr := syscall.Wait4(pid, &ws, 0, nil)
-		if werr != syscall.EINTR {
-			if err == nil {
-				err = werr
-			}
-			break
+	for werr := error(syscall.EINTR); werr == syscall.EINTR; {
+		if _, werr = syscall.Wait4(pid, &ws, 0, nil); err == nil && werr != syscall.EINTR {
+			err = werr
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("wait for %s: %w", path, err)
-	}
-	if ws.Exited() && ws.ExitStatus() == 0 {
+	case ws.Exited() && ws.ExitStatus() == 0:
 		return nil
-	}
-	if ctx.Err() != nil {
+	case ctx.Err() != nil:
 		return fmt.Errorf("%w (%s)", ctx.Err(), exitError{ws})
 	}
 	return exitError{ws}
