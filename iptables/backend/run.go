@@ -230,7 +230,7 @@ func realOthers(covered []iptables.Backend) []iptables.Applier {
 	if len(netlink) > 0 {
 		out = append(out, nfnl.New(netlink...))
 	}
-	if !slices.Contains(covered, iptables.BackendLegacy) && (xtables.LegacyNATExists(iptables.IPv4) || xtables.LegacyNATExists(iptables.IPv6)) {
+	if !slices.Contains(covered, iptables.BackendLegacy) && (len(xtables.LegacyTables(iptables.IPv4)) > 0 || len(xtables.LegacyTables(iptables.IPv6)) > 0) {
 		if a, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
 			out = append(out, a)
 		}
