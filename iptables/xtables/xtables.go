@@ -304,24 +304,24 @@ func (a *Applier) capable(op string) error {
 	return nil
 }
 
-// read returns our rules in place for family f, running *-save only when they may exist: once,
-// for the one table that may hold them (nat, for every Linkerd configuration), or for every table
-// when several may.
+// read returns our rules in place for family f, running *-save only when they may exist, and
+// only for the tables that may hold them (nat alone, for every Linkerd configuration). Each table
+// is saved apart: saving them all at once lists the table names in /proc, which a pod's own
+// user namespace may not read.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
-	tables := a.mayHaveRules(ctx, f)
-	if len(tables) == 0 {
+	var all strings.Builder
+	for _, t := range a.mayHaveRules(ctx, f) {
+		b := a.bins[f]
+		out, stderr, err := run(ctx, b.save, []string{"-t", t}, "", false)
+		if err != nil {
+			return iptables.SavedState{}, fmt.Errorf("%s -t %s: %w: %s", b.save, t, err, strings.TrimSpace(string(stderr)))
+		}
+		all.Write(out)
+	}
+	if all.Len() == 0 {
 		return iptables.SavedState{}, nil
 	}
-	b := a.bins[f]
-	var args []string
-	if len(tables) == 1 {
-		args = []string{"-t", tables[0]}
-	}
-	out, stderr, err := run(ctx, b.save, args, "", false)
-	if err != nil {
-		return iptables.SavedState{}, fmt.Errorf("%s %s: %w: %s", b.save, strings.Join(args, " "), err, strings.TrimSpace(string(stderr)))
-	}
-	return iptables.ParseSave(string(out)), nil
+	return iptables.ParseSave(all.String()), nil
 }
 
 // run executes the program at path with args and input on its standard input, and returns what
