@@ -27,14 +27,22 @@ var ErrKernelLacks = errors.New("the kernel lacks support")
 // Where the kernel cannot be asked (no nf_tables netlink, no privilege), the write itself fails
 // on what it lacks, and nothing stays written.
 func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
-	if rs == nil || !rs.TPROXY {
-		return nil
+	return CheckKernelWith(nfnl.ProbeTPROXY)(ctx, mode, rs)
+}
+
+// CheckKernelWith is CheckKernel asking probe what the kernel has, the Runner's Kernel: a test
+// stands a kernel without TPROXY in for one that has it.
+func CheckKernelWith(probe func(context.Context) (nfnl.TPROXYSupport, error)) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
+	return func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
+		if rs == nil || !rs.TPROXY {
+			return nil
+		}
+		s, err := probe(ctx)
+		if err != nil {
+			return nil
+		}
+		return tproxyVerdict(mode, s)
 	}
-	s, err := nfnl.ProbeTPROXY(ctx)
-	if err != nil {
-		return nil
-	}
-	return tproxyVerdict(mode, s)
 }
 
 // tproxyVerdict is CheckKernel's answer for what the probe found.

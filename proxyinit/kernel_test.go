@@ -1,0 +1,117 @@
+package proxyinit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
+)
+
+// --inbound-mode tproxy on a kernel without TPROXY: exit 1, the error names what is missing for
+// the mode, and nothing is written, neither rules nor policy routing. This machine's kernel has
+// both TPROXYs (nfnl's TestProbeTPROXYWritesNothing), so the probe's answer is stood in for
+// one that lacks them; everything else is real, in a real namespace.
+func TestTPROXYWithoutKernelSupport(t *testing.T) {
+	nt.RequireRoot(t)
+	lacking := func(context.Context) (nfnl.TPROXYSupport, error) {
+		return nfnl.TPROXYSupport{XTErr: syscall.ENOENT, NativeErr: syscall.ENOENT}, nil
+	}
+	r := backend.Runner{Kernel: backend.CheckKernelWith(lacking)}
+	const (
+		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY): no such file or directory"
+		native = "nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY): no such file or directory"
+	)
+	for _, c := range []struct {
+		mode iptables.Mode
+		want string
+	}{
+		{iptables.ModeLegacy, xt},
+		{iptables.ModeNFT, xt},
+		{iptables.ModeNFTables, native},
+		{iptables.ModeAuto, xt + ", or " + native},
+	} {
+		t.Run(string(c.mode), func(t *testing.T) {
+			n := nt.NewNS(t)
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), chartArgs("--inbound-mode", "tproxy", "--iptables-mode", string(c.mode), "--netns", n.Path()), &stdout, &stderr, r)
+			want := fmt.Sprintf("inbound-mode tproxy: the kernel lacks support for TPROXY in iptables mode %s, which needs %s; nothing was written", c.mode, c.want)
+			if code != ExitFailure || !strings.Contains(stderr.String(), want) {
+				t.Errorf("exit %d, want %d; stderr lacks %q:\n%s", code, ExitFailure, want, stderr.String())
+			}
+			if left := written(t, n); left != "" {
+				t.Errorf("written:\n%s", left)
+			}
+			// The control: with the real kernel's answer the same command line writes rules and
+			// policy routing, which written sees, and cleanup removes them all.
+			stderr.Reset()
+			args := chartArgs("--inbound-mode", "tproxy", "--iptables-mode", string(c.mode), "--netns", n.Path())
+			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+				t.Fatalf("with the real kernel: exit %d\n%s", code, stderr.String())
+			}
+			if w := written(t, n); !strings.Contains(w, "ip rule") || !strings.Contains(w, "route") {
+				t.Errorf("with the real kernel, written sees no policy routing:\n%s", w)
+			}
+			if code := run(context.Background(), []string{"cleanup", "--netns", n.Path()}, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+				t.Fatalf("cleanup: exit %d\n%s", code, stderr.String())
+			}
+			if w := written(t, n); strings.Contains(w, "ip rule") || strings.Contains(w, "route:") || strings.Contains(w, "proxy_init") {
+				t.Errorf("left after cleanup:\n%s", w)
+			}
+		})
+	}
+}
+
+// written reports anything in the namespace: a legacy table instantiated, an nf_tables table,
+// an ip rule or route beyond the kernel's own.
+func written(t *testing.T, n *nt.NS) string {
+	t.Helper()
+	var out []string
+	if err := n.Do(func() error {
+		for _, f := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
+			b, err := os.ReadFile(f)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			if s := strings.TrimSpace(string(b)); s != "" {
+				out = append(out, "legacy tables: "+s)
+			}
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rules, err := netlink.RuleList(fam)
+			if err != nil {
+				return err
+			}
+			for _, r := range rules {
+				if r.Table == int(iptables.TPROXYTable) {
+					out = append(out, fmt.Sprintf("ip rule: %v", r))
+				}
+			}
+			routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return err
+			}
+			for _, r := range routes {
+				out = append(out, fmt.Sprintf("route: %v", r))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := nt.RunIn(t, n, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(s) != "" {
+		out = append(out, fmt.Sprintf("nft list ruleset: %s %v", s, err))
+	}
+	return strings.Join(out, "\n")
+}
