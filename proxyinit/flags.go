@@ -91,11 +91,11 @@ type flagValues struct {
 	netns, logFormat, logLevel, mode      string
 	firewallBin, firewallSave, outputMode string
 	// The features beyond Linkerd's.
-	dnsPort                               *lenientInt
-	dnsServersOnly, dropInvalid           *lenientBool
-	inboundMode                           string
-	outRedirectPorts, outRedirectSubnets  *rawList
-	interfaces, uids, gids                *rawList
+	dnsPort                              *lenientInt
+	dnsServersOnly, dropInvalid          *lenientBool
+	inboundMode                          string
+	outRedirectPorts, outRedirectSubnets *rawList
+	interfaces, uids, gids               *rawList
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
