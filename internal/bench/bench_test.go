@@ -267,11 +267,33 @@ func BenchmarkApply(b *testing.B) {
 			"2x " + flavor + " iptables-restore, same payloads", "the least any Go tool can reach here", 0})
 	}
 	rows = append(rows, nftablesRows(b, bin)...)
+	rows = append(rows, everyFeatureRows(b, bin)...)
 	fmt.Printf("\nApply latency, median of %d runs, each in a fresh network namespace, process start-up included:\n", runs)
 	for _, r := range rows {
 		fmt.Println(r)
 	}
 	connectionRates(b)
+}
+
+// everyFeature turns on every redirect feature beyond Linkerd's. IPv6 stays on (not auto, which
+// a fresh namespace with loopback only decides against) so both sides write both families.
+var everyFeature = []string{
+	"--redirect-dns-to-port", "5353", "--inbound-mode", "tproxy", "--outbound-ports-to-redirect", "80,443,8080",
+	"--outbound-subnets-to-redirect", "192.0.2.0/24,2001:db8::/32", "--interfaces-to-ignore", "net1,net2",
+	"--uids-to-ignore", "1000,1001", "--gids-to-ignore", "3000", "--drop-invalid", "--ipv6=true",
+}
+
+// everyFeatureRows compares, per backend, an apply with every feature on (the mangle and raw
+// tables, the kernel's TPROXY probe and the policy routing over rtnetlink included) with the
+// chart defaults' apply.
+func everyFeatureRows(b *testing.B, bin string) []row {
+	var rows []row
+	for _, mode := range []string{"nft", "nftables", "legacy"} {
+		got, base := compare(b, proxyInit(bin, mode, everyFeature...), proxyInit(bin, mode))
+		rows = append(rows, row{"proxy-init --iptables-mode " + mode + ", every feature on, v4+v6", got, base,
+			"the same, chart defaults", "<= 1.5x", 1.5})
+	}
+	return rows
 }
 
 // BenchmarkAgainstBaseline compares this proxy-init with another build of it, named by
