@@ -290,6 +290,11 @@ func TestBadInput(t *testing.T) {
 				"  --uids-to-ignore \"0\": refusing to exempt UID 0 (root)\n" +
 				"  --gids-to-ignore \"-3\": must be a GID from 1 to 4294967294\n" +
 				"  --gids-to-ignore \"wheel\": not a GID (an integer)\n"},
+		{"the docs' example", []string{"-p", "4143", "-o", "4140", "--redirect-dns-to-port", "65536", "--interfaces-to-ignore", "net1,eth0:1", "--uids-to-ignore", "4294967295"},
+			"proxy-init: invalid input:\n" +
+				"  --redirect-dns-to-port \"65536\": port is outside 1-65535 (0: capture no DNS)\n" +
+				"  --interfaces-to-ignore \"eth0:1\": holds ':', which the kernel refuses in an interface name\n" +
+				"  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n"},
 		{"boolean features", chartArgs("--drop-invalid=sometimes", "--ipv6=automatic"),
 			"proxy-init: invalid input:\n" +
 				"  --ipv6 \"automatic\": not a boolean or auto (want true, false or auto)\n" +

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -87,6 +88,16 @@ func timeSteps(b *testing.B, steps []step) time.Duration {
 		n.Close()
 		testutils.UnmountNS(n)
 	}()
+	// Loopback up, as in every pod (TPROXY's IPv6 route needs it); not timed.
+	if err := netnsutil.Do(n.Path(), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		b.Fatal(err)
+	}
 	dir := b.TempDir()
 	var total time.Duration
 	for i, s := range steps {

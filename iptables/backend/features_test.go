@@ -681,3 +681,33 @@ func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
 	}
 	return ^uint16(sum)
 }
+
+// TestTPROXYWithLoopbackDown: the kernel refuses TPROXY's IPv6 route through a loopback that is
+// down; the apply fails saying so, and nothing stays written (the IPv4 route added first is
+// taken out again).
+func TestTPROXYWithLoopbackDown(t *testing.T) {
+	w := newWorld(t)
+	if err := w.Pod.Do(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetDown(lo)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := suiteConfig()
+	cfg.InboundMode, cfg.Mode = iptables.InboundTPROXY, iptables.ModeNFTables
+	rs, err := iptables.Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = backend.Runner{}.Apply(context.Background(), target(w, iptables.ModeNFTables), rs)
+	want := "add the policy routing TPROXY needs (nothing else was written): add ip -6 route: local ::/0 dev lo table 4143: network is down: the namespace's loopback interface is down"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("apply: %v, want an error with %q", err, want)
+	}
+	if left := residue(t, w.Pod); left != "" {
+		t.Errorf("written:\n%s", left)
+	}
+}

@@ -68,6 +68,10 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
 			r := o.localRoute(p)
 			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.ENETDOWN) {
+					// The kernel refuses an IPv6 route through a loopback that is down.
+					err = fmt.Errorf("%w: the namespace's loopback interface is down (TPROXY delivers through it; bring lo up first, as every pod runtime does)", err)
+				}
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[1], err), undo())
 			}
 			added = append(added, func() error { return del(lines[1], netlink.RouteDel(r)) })
