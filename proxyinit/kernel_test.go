@@ -19,16 +19,27 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
+// refusing is a backend on a kernel without TPROXY: it refuses the rules whole, writing none.
+type refusing struct{ iptables.Applier }
+
+func (refusing) Apply(context.Context, *iptables.Ruleset) (iptables.Result, error) {
+	return iptables.Result{}, fmt.Errorf("the kernel refused the rule tproxy-all-incoming-to-proxy-port: %w", syscall.ENOENT)
+}
+
 // --inbound-mode tproxy on a kernel without TPROXY: exit 1, the error names what is missing for
-// the mode, and nothing is written, neither rules nor policy routing. This machine's kernel has
-// both TPROXYs (nfnl's TestProbeTPROXYWritesNothing), so the probe's answer is stood in for
-// one that lacks them; everything else is real, in a real namespace.
+// the mode, and nothing is written, neither rules nor the policy routing added before them.
+// This machine's kernel has both TPROXYs (nfnl's TestProbeTPROXYWritesNothing), so the
+// backend's refusal and the probe's answer are stood in for those of one that lacks them; the
+// rest (the namespace, the policy routing and its removal, the backend choice) is real.
 func TestTPROXYWithoutKernelSupport(t *testing.T) {
 	nt.RequireRoot(t)
 	lacking := func(context.Context) (nfnl.TPROXYSupport, error) {
 		return nfnl.TPROXYSupport{XTErr: syscall.ENOENT, NativeErr: syscall.ENOENT}, nil
 	}
-	r := backend.Runner{Kernel: backend.CheckKernelWith(lacking)}
+	r := backend.Runner{Kernel: backend.CheckKernelWith(lacking), Choose: func(o backend.Options) (iptables.Applier, string, error) {
+		a, why, err := backend.New(o)
+		return refusing{a}, why, err
+	}}
 	const (
 		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY): no such file or directory"
 		native = "nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY): no such file or directory"

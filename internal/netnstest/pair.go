@@ -58,7 +58,7 @@ type Pair struct {
 	Pod  *NS
 	Peer *NS
 
-	linkIndex int // links AddLink added
+	links int // how many AddLink added
 }
 
 // NewPair creates the two namespaces, the veth pair between them and all
@@ -79,7 +79,35 @@ func NewUserNSPair(t testing.TB) *Pair {
 func newPair(t testing.TB, pod *NS) *Pair {
 	t.Helper()
 	p := &Pair{Pod: pod, Peer: newNS(t, "peer")}
+	// The pod's addresses are on-link for the peer (connected /24 and /64
+	// routes), so replies to the pod, from any of the peer's addresses, need
+	// no extra routes.
+	p.addLink(t, IfName, podIfIndex, []string{PodIPv4 + "/24", PodIPv6 + "/64"}, []route{
+		{PeerExtraNetIPv4A, PeerIPv4},
+		{PeerExtraNetIPv4B, PeerIPv4},
+		{PeerExtraNetIPv6A, PeerIPv6},
+		{PeerExtraNetIPv6B, PeerIPv6},
+	}, []string{
+		PeerIPv4 + "/24", PeerIPv6 + "/64",
+		PeerExtraIPv4A + "/32", PeerExtraIPv4B + "/32",
+		PeerExtraIPv6A + "/128", PeerExtraIPv6B + "/128",
+	})
+	return p
+}
 
+// AddLink joins the pair by a second veth, name at both ends, with podAddrs and peerAddrs
+// (CIDRs) on its ends: a secondary network such as Multus attaches. It goes with the
+// namespaces.
+func (p *Pair) AddLink(t testing.TB, name string, podAddrs, peerAddrs []string) {
+	t.Helper()
+	p.links++
+	p.addLink(t, name, podIfIndex+p.links, podAddrs, nil, peerAddrs)
+}
+
+// addLink creates the veth name between pod and peer, the pod's end with ifindex index, and
+// configures both ends.
+func (p *Pair) addLink(t testing.TB, name string, index int, podAddrs []string, podRoutes []route, peerAddrs []string) {
+	t.Helper()
 	// The veth is created from a netlink socket opened inside the pod
 	// namespace, and its peer end is born directly in the peer namespace: no
 	// moment exists in which either end is in the root namespace.
@@ -102,80 +130,14 @@ func newPair(t testing.TB, pod *NS) *Pair {
 			// delays it by up to a second, keeping IPv6 unready and
 			// dropping the first neighbour solicitation. A distinct index
 			// makes link-up immediate.
-			LinkAttrs:     netlink.LinkAttrs{Name: IfName, Index: podIfIndex},
-			PeerName:      IfName,
+			LinkAttrs:     netlink.LinkAttrs{Name: name, Index: index},
+			PeerName:      name,
 			PeerNamespace: netlink.NsFd(int(peerFile.Fd())),
 		}
 		if err := h.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth: %w", err)
-		}
-		return configure(h, IfName, []string{PodIPv4 + "/24", PodIPv6 + "/64"}, []route{
-			{PeerExtraNetIPv4A, PeerIPv4},
-			{PeerExtraNetIPv4B, PeerIPv4},
-			{PeerExtraNetIPv6A, PeerIPv6},
-			{PeerExtraNetIPv6B, PeerIPv6},
-		})
-	}); err != nil {
-		t.Fatalf("set up pod side: %v", err)
-	}
-
-	// The pod's addresses are on-link for the peer (connected /24 and /64
-	// routes), so replies to the pod, from any of the peer's addresses, need
-	// no extra routes.
-	if err := p.Peer.Do(func() error {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return fmt.Errorf("open netlink: %w", err)
-		}
-		defer h.Close()
-		return configure(h, IfName, []string{
-			PeerIPv4 + "/24", PeerIPv6 + "/64",
-			PeerExtraIPv4A + "/32", PeerExtraIPv4B + "/32",
-			PeerExtraIPv6A + "/128", PeerExtraIPv6B + "/128",
-		}, nil)
-	}); err != nil {
-		t.Fatalf("set up peer side: %v", err)
-	}
-	// Wait until both ends are operationally up: only then has IPv6 started
-	// on them (and the qdisc been activated), so the first packet of a test
-	// is not dropped.
-	p.waitUp(t, IfName)
-	return p
-}
-
-// waitUp waits until the link name is operationally up at both ends.
-func (p *Pair) waitUp(t testing.TB, name string) {
-	t.Helper()
-	for _, n := range []*NS{p.Pod, p.Peer} {
-		if err := n.Do(func() error { return waitOperUp(name) }); err != nil {
-			t.Fatalf("%s: %v", n, err)
-		}
-	}
-}
-
-// AddLink joins the pair by a second veth, name at both ends, with podAddrs and peerAddrs
-// (CIDRs) on its ends: a secondary network such as Multus attaches. It goes the way NewPair's
-// eth0 does, never through the root namespace, and goes with the namespaces.
-func (p *Pair) AddLink(t testing.TB, name string, podAddrs, peerAddrs []string) {
-	t.Helper()
-	p.linkIndex++
-	peerFile, err := os.Open(p.Peer.Path())
-	if err != nil {
-		t.Fatalf("open peer netns: %v", err)
-	}
-	defer peerFile.Close()
-	if err := p.Pod.Do(func() error {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return fmt.Errorf("open netlink: %w", err)
-		}
-		defer h.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, Index: podIfIndex + p.linkIndex},
-			PeerName: name, PeerNamespace: netlink.NsFd(int(peerFile.Fd()))}
-		if err := h.LinkAdd(veth); err != nil {
 			return fmt.Errorf("add veth %s: %w", name, err)
 		}
-		return configure(h, name, podAddrs, nil)
+		return configure(h, name, podAddrs, podRoutes)
 	}); err != nil {
 		t.Fatalf("set up pod side of %s: %v", name, err)
 	}
@@ -189,7 +151,14 @@ func (p *Pair) AddLink(t testing.TB, name string, podAddrs, peerAddrs []string) 
 	}); err != nil {
 		t.Fatalf("set up peer side of %s: %v", name, err)
 	}
-	p.waitUp(t, name)
+	// Wait until both ends are operationally up: only then has IPv6 started
+	// on them (and the qdisc been activated), so the first packet of a test
+	// is not dropped.
+	for _, n := range []*NS{p.Pod, p.Peer} {
+		if err := n.Do(func() error { return waitOperUp(name) }); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+	}
 }
 
 // linkUpTimeout bounds waitOperUp; with the distinct ifindex the links are

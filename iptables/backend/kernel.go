@@ -1,7 +1,7 @@
 package backend
 
 // What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
-// run TPROXY, before anything is written, and whether the namespace has IPv6, for ipv6=auto.
+// run TPROXY, when a write failed, and whether the namespace has IPv6, for ipv6=auto.
 
 import (
 	"context"
@@ -21,11 +21,11 @@ import (
 // configuration asks for; nothing was written.
 var ErrKernelLacks = errors.New("the kernel lacks support")
 
-// CheckKernel refuses, before anything is written, a ruleset the kernel cannot run in mode:
-// TPROXY without iptables' TPROXY target (legacy, nft and plain modes), without nftables' tproxy
-// expression (nftables mode), or without either (auto, which falls back from one to the other).
-// Where the kernel cannot be asked (no nf_tables netlink, no privilege), the write itself fails
-// on what it lacks, and nothing stays written.
+// CheckKernel says whether the kernel cannot run rs in mode: TPROXY without iptables' TPROXY
+// target (legacy, nft and plain modes), without nftables' tproxy expression (nftables mode), or
+// without either (auto, which falls back from one to the other). The Runner asks it after a
+// write failed, which wrote nothing, to name what is missing; where the kernel cannot be asked
+// (no nf_tables netlink, no privilege), the write's own error stands.
 func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
 	return CheckKernelWith(nfnl.ProbeTPROXY)(ctx, mode, rs)
 }

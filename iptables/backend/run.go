@@ -79,8 +79,8 @@ type Runner struct {
 	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
 	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
 	Helper string
-	// Kernel checks, in the namespace and before anything is written, that the kernel can run
-	// what rs needs in mode (TPROXY); nil means asking the kernel (kernel.go).
+	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
+	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
 	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
 	// Routing writes, reads back and removes the policy routing TPROXY needs; nil means the
 	// namespace's own (iptables/routing).
@@ -109,9 +109,6 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 	}
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
-		if err := r.kernel()(ctx, t.Mode, rs); err != nil {
-			return err
-		}
 		// The policy routing goes in first, so that the first packet TPROXY marks has its
 		// route; it is taken out again if the rules fail.
 		undo, err := r.routing().Ensure(rs.PolicyRoutes())
@@ -120,10 +117,17 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		}
 		res, err := a.Apply(ctx, rs)
 		if err != nil {
+			err = fmt.Errorf("apply rules with %s: %w", a.Name(), err)
 			if uerr := undo(); uerr != nil {
-				err = errors.Join(err, fmt.Errorf("and removing the policy routing added for them failed: %w", uerr))
+				return errors.Join(err, fmt.Errorf("and removing the policy routing added for them failed: %w", uerr))
 			}
-			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
+			// Every backend's write is all or nothing, so a kernel without TPROXY refuses the
+			// rules whole; only then is it asked what it lacks, for an error that names it
+			// (asking costs the kernel an aborted transaction, several ms, on every apply).
+			if kerr := r.kernel()(ctx, t.Mode, rs); kerr != nil {
+				return fmt.Errorf("%w (%v)", kerr, err)
+			}
+			return err
 		}
 		// After Apply: in the modes that decide by writing, it is the backend that wrote.
 		out.Backend, out.Changed = a.Name(), res.Changed
