@@ -74,6 +74,24 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 			if w := written(t, n); !strings.Contains(w, "ip rule") || !strings.Contains(w, "route") {
 				t.Errorf("with the real kernel, written sees no policy routing:\n%s", w)
 			}
+			// show covers the policy routing: it matches, and a deleted ip rule is named.
+			show := func() (int, string) {
+				stdout.Reset()
+				code := run(context.Background(), append([]string{"show"}, args...), &stdout, &stderr, backend.Runner{})
+				return code, stdout.String()
+			}
+			if code, out := show(); code != ExitOK || !strings.Contains(out, "policy routing: 4 lines in place, match") {
+				t.Errorf("show: exit %d\n%s", code, out)
+			}
+			if err := n.Do(func() error {
+				return netlink.RuleDel(&netlink.Rule{Family: netlink.FAMILY_V4, Priority: iptables.TPROXYRulePriority, Table: int(iptables.TPROXYTable),
+					Mark: iptables.TPROXYMark, Mask: nil, Goto: -1, Flow: -1, SuppressIfgroup: -1, SuppressPrefixlen: -1})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if code, out := show(); code != ExitFailure || !strings.Contains(out, "missing: ip -4 rule: priority 4143 fwmark 0x102f lookup 4143") {
+				t.Errorf("show with the ip rule deleted: exit %d\n%s", code, out)
+			}
 			if code := run(context.Background(), []string{"cleanup", "--netns", n.Path()}, &stdout, &stderr, backend.Runner{}); code != ExitOK {
 				t.Fatalf("cleanup: exit %d\n%s", code, stderr.String())
 			}
