@@ -279,6 +279,21 @@ func TestEveryFeatureSwitchesBackends(t *testing.T) {
 			cfg.OutboundPortsToRedirect, cfg.InterfacesToIgnore = []string{itoa(peerPort)}, []string{net1}
 			cfg.UIDsToIgnore, cfg.GIDsToIgnore = []string{"1000"}, []string{"3000"}
 			apply(t, w, from, cfg)
+			// Before the switch, show in the other backend names every table of ours the first
+			// one holds (what CHECK and show report as rules elsewhere).
+			var elsewhere []string
+			for _, e := range show(t, w, to, cfg).Elsewhere {
+				elsewhere = append(elsewhere, e.Rules...)
+			}
+			want := []string{"PROXY_INIT_MANGLE_PREROUTING", "PROXY_INIT_RAW_OUTPUT", "PROXY_INIT_OUTPUT"}
+			if from == iptables.ModeNFTables {
+				want = []string{"proxy_init"}
+			}
+			for _, s := range want {
+				if !strings.Contains(strings.Join(elsewhere, "\n"), s) {
+					t.Errorf("show in %s does not report %s's %s: %q", to, from, s, elsewhere)
+				}
+			}
 			apply(t, w, to, cfg)
 			st := show(t, w, to, cfg)
 			if !st.Match() || len(st.Elsewhere) != 0 {
