@@ -37,26 +37,33 @@ func loadObjects(t testing.TB, files ...string) []runtime.Object {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(bytes.TrimSpace(doc)) == 0 {
-				continue
-			}
-			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			objs = append(objs, obj)
-		}
+		objs = append(objs, decodeObjects(t, f, data)...)
 	}
 	return objs
+}
+
+// decodeObjects decodes every YAML document of data, read from name.
+func decodeObjects(t testing.TB, name string, data []byte) []runtime.Object {
+	t.Helper()
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		objs = append(objs, obj)
+	}
 }
 
 // create creates each object; one that already exists is left as it is.
@@ -179,6 +186,11 @@ func waitGone(ctx context.Context, t testing.TB, cs kubernetes.Interface, ns, se
 	})
 }
 
+// pin makes a pod (or a template's pods) run on node n.
+func pin(spec *corev1.PodSpec, n *Node) {
+	spec.NodeSelector = map[string]string{"kubernetes.io/hostname": n.Name}
+}
+
 // containerID returns the containerd ID of a pod's container.
 func containerID(t testing.TB, p *corev1.Pod, name string) string {
 	t.Helper()
@@ -195,8 +207,9 @@ var execSeq atomic.Int64
 
 // execIn runs args in a running container of a pod, as the container's own user, the way
 // `kubectl exec` would, and returns its output.
-func execIn(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container string, args ...string) (string, error) {
+func execIn(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, container string, args ...string) (string, error) {
 	t.Helper()
+	n := c.NodeOf(t, p)
 	id := containerID(t, p, container)
 	execID := fmt.Sprintf("e2e-%d-%d", os.Getpid(), execSeq.Add(1))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -206,8 +219,9 @@ func execIn(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container
 
 // podNetNS returns a path to a pod's network namespace, through the PID of one of its running
 // containers.
-func podNetNS(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container string) string {
+func podNetNS(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, container string) string {
 	t.Helper()
+	n := c.NodeOf(t, p)
 	id := containerID(t, p, container)
 	out, err := n.Run(ctx, "ctr", "-n", "k8s.io", "tasks", "ls")
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
@@ -22,14 +23,35 @@ const (
 	// proxy that answers every connection with its original destination (SO_ORIGINAL_DST),
 	// `/agent serve` a plain server, `/agent dial HOST:PORT` a client that prints the reply.
 	AgentImage = "e2e.test/agent:1"
+	// ProxyStandIn stands in for Linkerd's proxy image (cr.l5d.io/linkerd/proxy) in the pods
+	// Linkerd's injector writes: our overlay's files (images.Overlay: proxy-init and the
+	// validator at Linkerd's paths) over a fake of the rest, the demo's fake proxy as
+	// /usr/lib/linkerd/linkerd2-proxy (the entrypoint, with the admin port's probes) and as
+	// /usr/lib/linkerd/linkerd-await.
+	ProxyStandIn = "e2e.test/linkerd-proxy:stand-in"
 )
 
-// BuildTestImages builds the pause and agent images as OCI archives in dir, laid out and written
-// like the project's own (internal/images), and returns their paths. root is the repository.
+// BuildTestImages builds the pause, agent and proxy stand-in images as OCI archives in dir,
+// laid out and written like the project's own (internal/images), and returns their paths. root
+// is the repository, whose bin/ holds `make build`'s binaries.
 func BuildTestImages(root, dir string) ([]string, error) {
 	in := images.Inputs{BinDir: filepath.Join(dir, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
 	if err := cnitest.GoBuild(in.BinDir, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "internal/demo")); err != nil {
 		return nil, err
+	}
+	proxyInit, err := os.ReadFile(filepath.Join(root, "bin", images.BinProxyInit))
+	if err != nil {
+		return nil, fmt.Errorf("%w (run `make build`)", err)
+	}
+	if err := os.WriteFile(filepath.Join(in.BinDir, images.BinProxyInit), proxyInit, 0o755); err != nil {
+		return nil, err
+	}
+	standIn := images.Image{
+		Name: "linkerd-proxy-stand-in",
+		Files: append(slices.Clone(images.Overlay.Files),
+			images.File{Path: "/usr/lib/linkerd/linkerd2-proxy", Bin: "demo"},
+			images.File{Path: "/usr/lib/linkerd/linkerd-await", Link: "/usr/lib/linkerd/linkerd2-proxy"}),
+		Entrypoint: []string{"/usr/lib/linkerd/linkerd2-proxy", "proxy", "-ports", "4140,4143", "-admin", "4191"},
 	}
 	var archives []string
 	for _, t := range []struct {
@@ -38,6 +60,7 @@ func BuildTestImages(root, dir string) ([]string, error) {
 	}{
 		{PauseImage, images.Image{Name: "pause", Files: []images.File{{Path: "/pause", Bin: "pause"}}, Entrypoint: []string{"/pause"}}},
 		{AgentImage, images.Image{Name: "agent", Files: []images.File{{Path: "/agent", Bin: "demo"}}, Entrypoint: []string{"/agent"}}},
+		{ProxyStandIn, standIn},
 	} {
 		layer, err := images.Layer(t.img, in)
 		if err != nil {
