@@ -301,7 +301,7 @@ func linkNodes(a, b *Node) error {
 		return err
 	}
 	return netnsutil.Do(b.nsPath("net"), func() error {
-		return nodeLink("eth0-"+a.Suffix, b, a, serviceNet)
+		return nodeLink("eth0-"+b.Suffix, b, a, serviceNet)
 	})
 }
 
