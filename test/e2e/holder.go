@@ -163,6 +163,14 @@ func buildNode(spec holderSpec) error {
 	if err := coverSysctls(); err != nil {
 		return err
 	}
+	// The covers hide parts of /proc, and the kernel lets a container in a user namespace mount
+	// its own proc only where some proc mount is fully visible: this one, which nothing uses.
+	if err := os.MkdirAll(filepath.Join(stateDir, "proc"), 0o555); err != nil {
+		return err
+	}
+	if err := unix.Mount("proc", filepath.Join(stateDir, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount a fully visible proc for user-namespace pods: %w", err)
+	}
 	if err := installCNI(spec); err != nil {
 		return err
 	}

@@ -62,7 +62,11 @@ type Cluster struct {
 	owner      int             // the test process's PID
 	procs      []*proc         // every component, in start order
 	nodeMounts map[string]bool // "mount point, type" of the nodes' own mounts, seen at Stop
-	stopped    bool
+	// pins hold the nodes' and their pods' namespaces from Stop until ReleasePins: while held,
+	// no other namespace can take their inode numbers, so Leftovers and OursMount never
+	// mistake another test's namespace for one of the cluster's.
+	pins    []*os.File
+	stopped bool
 }
 
 // Node is one node of the cluster: its own network and mount namespaces, containerd and kubelet.
@@ -107,6 +111,7 @@ func StartCluster(t testing.TB, opts Options) *Cluster {
 		if err := c.Stop(); err != nil {
 			t.Errorf("stop cluster: %v", err)
 		}
+		c.ReleasePins()
 	})
 	if err := c.start(t, opts); err != nil {
 		t.Fatalf("start cluster: %v", err)
@@ -480,7 +485,13 @@ func (c *Cluster) Stop() error {
 		if n.holder == nil {
 			continue
 		}
-		n.podNetNS = n.podNamespaces()
+		var pids []int
+		n.podNetNS, pids = n.podNamespaces()
+		for _, p := range append([]string{n.nsPath("net"), n.nsPath("mnt")}, nsPaths(pids)...) {
+			if f, err := os.Open(p); err == nil {
+				c.pins = append(c.pins, f)
+			}
+		}
 		mi, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.holder.Process.Pid))
 		for _, m := range mountLines(string(mi)) {
 			if !slices.Contains(hostMounts, m) {
@@ -564,17 +575,34 @@ func (n *Node) processes() ([]int, error) {
 }
 
 // podNamespaces returns the network namespaces of the node's processes other than the node's
-// (and the machine's, which none should be in).
-func (n *Node) podNamespaces() []uint64 {
+// (and the machine's, which none should be in), each with a process in it.
+func (n *Node) podNamespaces() ([]uint64, []int) {
 	pids, _ := n.processes()
 	host, _ := nsInode("/proc/self/ns/net")
 	var nss []uint64
+	var in []int
 	for _, pid := range pids {
 		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ino != n.NetNS && ino != host && !slices.Contains(nss, ino) {
-			nss = append(nss, ino)
+			nss, in = append(nss, ino), append(in, pid)
 		}
 	}
-	return nss
+	return nss, in
+}
+
+func nsPaths(pids []int) []string {
+	var paths []string
+	for _, pid := range pids {
+		paths = append(paths, fmt.Sprintf("/proc/%d/ns/net", pid))
+	}
+	return paths
+}
+
+// ReleasePins lets the namespaces Stop pinned go; call it after the last Leftovers.
+func (c *Cluster) ReleasePins() {
+	for _, f := range c.pins {
+		f.Close()
+	}
+	c.pins = nil
 }
 
 // owns tells whether a process belongs to the node: in one of its namespaces, in a cgroup under
