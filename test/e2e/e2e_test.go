@@ -45,6 +45,10 @@ func kubeNodeBinary(t testing.TB) string {
 	return filepath.Join(strings.TrimSpace(string(dir)), "kube-node")
 }
 
+// nextImage is the linkerd-cni image of a second build, with another tag: RollingUpgrade's
+// image B.
+var nextImage string
+
 // ourImages maps the repositories of the project's images to the names `make images` gave them
 // (the build's tag), for the manifests in deploy/, which name a release.
 var ourImages = map[string]string{}
@@ -80,6 +84,11 @@ func TestE2E(t *testing.T) {
 		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
 		images = append(images, archive)
 	}
+	next, nextRef, err := BuildNextImage(root, t.TempDir(), ourImages["ghcr.io/kubemesh/linkerd-cni"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, nextImage = append(images, next), nextRef
 	rt, err := RuntimeFromEnv(root)
 	if err != nil {
 		t.Fatalf("%v", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
@@ -116,4 +117,21 @@ func ArchiveRef(archive string) (string, error) {
 		}
 		return index.Manifests[0].Annotations[images.AnnotationImageName], nil
 	}
+}
+
+// BuildNextImage builds the linkerd-cni image again, from the same binaries (root's bin/), as
+// ref's repository with ref's tag plus "-next": the image B a rolling upgrade moves to. It
+// returns the archive and the new reference.
+func BuildNextImage(root, dir, ref string) (string, string, error) {
+	img, err := images.Find("linkerd-cni")
+	if err != nil {
+		return "", "", err
+	}
+	tag := ref[strings.LastIndex(ref, ":")+1:] + "-next"
+	archive := filepath.Join(dir, "linkerd-cni-next.tar")
+	in := images.Inputs{BinDir: filepath.Join(root, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
+	if err := images.BuildOCI(archive, img, tag, in); err != nil {
+		return "", "", err
+	}
+	return archive, img.Ref(tag), nil
 }
