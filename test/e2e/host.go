@@ -129,9 +129,12 @@ func (s *HostState) Diff(now *HostState, ours func(mount string) bool) []string 
 	list("link", s.Links, now.Links)
 	list("route or rule", s.Routing, now.Routing)
 	// Other tests on the machine mount things (their namespaces under /run/netns) while this
-	// one runs: a mount counts only when ours says the cluster made it.
+	// one runs: a mount counts only when ours says the cluster made it. A namespace file
+	// mounted before the cluster existed is never the cluster's, even when one of its
+	// namespaces later got the same inode number.
 	theirs := func(m string) bool { return !ours(m) }
-	list("mount", slices.DeleteFunc(slices.Clone(s.Mounts), theirs), slices.DeleteFunc(slices.Clone(now.Mounts), theirs))
+	theirsBefore := func(m string) bool { return strings.Contains(m, " nsfs ") || !ours(m) }
+	list("mount", slices.DeleteFunc(slices.Clone(s.Mounts), theirsBefore), slices.DeleteFunc(slices.Clone(now.Mounts), theirs))
 	list("cgroup", s.Cgroups, now.Cgroups)
 	for _, k := range slices.Sorted(maps.Keys(s.Rules)) {
 		if s.Rules[k] != now.Rules[k] {
