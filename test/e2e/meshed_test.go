@@ -52,6 +52,7 @@ func testMeshedPod(t *testing.T, c *Cluster) {
 		t.Error("no proxy-init rules in the meshed pod's network namespace")
 	}
 	checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+	checkProxyExempt(ctx, t, c, pod, peer)
 }
 
 // testInitContainerPod: deploy/examples' proxy-init workload, our image with the chart's command

@@ -58,6 +58,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 			t.Errorf("validator exit code %d, want 0 (%s)", code, describePod(pod))
 		}
 		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
 	})
 
 	t.Run("InitContainer", func(t *testing.T) {
@@ -74,6 +75,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 			t.Errorf("linkerd-init exit code %d, want 0 (%s)", code, describePod(pod))
 		}
 		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
 	})
 }
 

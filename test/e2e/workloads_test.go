@@ -175,3 +175,15 @@ func checkMeshedTraffic(ctx context.Context, t testing.TB, c *Cluster, meshed, p
 		t.Logf("%s inbound from %s (%s) to %s (%s): %s", f, peer.Name, peer.Spec.NodeName, meshed.Name, meshed.Spec.NodeName, strings.TrimSpace(out))
 	}
 }
+
+// checkProxyExempt proves the proxy's own traffic is exempt: from the pod's linkerd-proxy
+// container, running as the proxy's UID, a connection to the peer reaches the peer itself.
+func checkProxyExempt(ctx context.Context, t testing.TB, c *Cluster, meshed, peer *corev1.Pod) {
+	t.Helper()
+	target := net.JoinHostPort(podIP(t, peer, ipv4), appPort)
+	out, err := execIn(ctx, t, c, meshed, "linkerd-proxy", "/agent", "dial", target)
+	if want := peer.Name + " at " + target + " answered directly"; err != nil || !strings.Contains(out, want) {
+		t.Errorf("from the proxy of %s (UID 2102) to %s: %q, %v; want %q: the proxy's own traffic must skip the redirect", meshed.Name, target, out, err, want)
+	}
+	t.Logf("from the proxy of %s: %s", meshed.Name, strings.TrimSpace(out))
+}
