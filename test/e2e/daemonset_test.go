@@ -6,13 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"maps"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -132,9 +131,7 @@ func removeDaemonSet(ctx context.Context, t testing.TB, c *Cluster) {
 		t.Fatalf("delete DaemonSet: %v", err)
 	}
 	waitGone(ctx, t, c.Client, cniNamespace, cniSelector, 2*time.Minute)
-	if installed != "none" {
-		installed = "none"
-	}
+	installed = "none"
 }
 
 // conflistPlugins returns the types of the plugins in the node's bridge conflist.
