@@ -264,3 +264,17 @@ func ourRules(ctx context.Context, t testing.TB, netns string) []string {
 	}
 	return lines
 }
+
+// podLog returns what a container of a pod logged so far (every restart), read from its node's
+// pod log directory: the kubelet here serves no `kubectl logs`.
+func podLog(t testing.TB, c *Cluster, p *corev1.Pod, container string) string {
+	t.Helper()
+	dir := c.NodeOf(t, p).Path(fmt.Sprintf("/var/lib/pod-logs/%s_%s_%s/%s", p.Namespace, p.Name, p.UID, container))
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		b.Write(data)
+	}
+	return b.String()
+}

@@ -92,29 +92,25 @@ func testRepair(t *testing.T, c *Cluster) {
 	t.Errorf("no NetworkValidatorFailed event from the repair controller on the failed pod; its events:\n%s", strings.Join(reasons, "\n"))
 }
 
-// brokenPod is a bare meshed pod on node n whose validator always fails (exit 95): it listens
-// on a port the rules do not redirect to, so its redirected connection finds no listener.
+// brokenPod is a bare meshed pod on node n whose validator always fails (exit 95): an annotation
+// makes the plugin skip the validator's target port, so its connection is not redirected (and
+// heads for an address no host has).
 func brokenPod(t testing.TB, ns, name string, n *Node) *corev1.Pod {
 	t.Helper()
 	_, d := workload(t, "deploy/examples/cni-workload.yaml", ns, 1)
 	p := &corev1.Pod{ObjectMeta: *d.Spec.Template.ObjectMeta.DeepCopy(), Spec: *d.Spec.Template.Spec.DeepCopy()}
 	p.Name, p.Namespace = name, ns
-	p.Labels = map[string]string{"app": name}
-	pin(&p.Spec, n)
-	for i := range p.Spec.InitContainers {
-		if ctr := &p.Spec.InitContainers[i]; ctr.Name == "linkerd-network-validator" {
-			for j := 1; j < len(ctr.Args); j++ {
-				if ctr.Args[j-1] == "--listen-addr" {
-					ctr.Args[j] = "0.0.0.0:4141"
-				}
-			}
-		}
+	p.Labels["app"] = name // the injector's linkerd.io/control-plane-ns stays: the repair controller selects on it
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
 	}
+	p.Annotations["config.linkerd.io/skip-outbound-ports"] = validatorTarget[strings.LastIndex(validatorTarget, ":")+1:]
+	pin(&p.Spec, n)
 	return p
 }
 
 // testRepairScope: each node's repair controller repairs the pods of its own node only. A pod
-// failing validation on each node is deleted, with an Event reported by the DaemonSet pod of
+// failing validation on each node (brokenPod) is deleted, with an Event reported by the DaemonSet pod of
 // that node, and the API server's audit log shows no request about a pod from the other node's
 // controller (the nodes reach the API from different addresses).
 func testRepairScope(t *testing.T, c *Cluster) {
@@ -123,6 +119,18 @@ func testRepairScope(t *testing.T, c *Cluster) {
 	const ns = "e2e-scope"
 	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, p := range ds {
+			t.Logf("repair controller on %s:\n%s", p.Spec.NodeName, podLog(t, c, p, "repair-controller"))
+		}
+		l, _ := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		for i := range l.Items {
+			t.Logf("validator of %s:\n%s", l.Items[i].Name, podLog(t, c, &l.Items[i], "linkerd-network-validator"))
+		}
+	})
 	began := time.Now()
 	uids := map[string]types.UID{}
 	for _, n := range c.Nodes {
@@ -133,7 +141,17 @@ func testRepairScope(t *testing.T, c *Cluster) {
 		}
 		uids[p.Name] = got.UID
 	}
-	waitGone(ctx, t, c.Client, ns, "app in (broken-a,broken-b)", 3*time.Minute)
+	waitFor(ctx, t, 3*time.Minute, "both nodes' repair controllers to delete their broken pod", func(ctx context.Context) (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		var left []string
+		for _, p := range l.Items {
+			left = append(left, p.Name+" on "+p.Spec.NodeName+": "+describePod(&p))
+		}
+		return len(left) == 0, fmt.Errorf("left: %s", strings.Join(left, "; "))
+	})
 
 	events, err := c.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -164,6 +182,7 @@ func testRepairScope(t *testing.T, c *Cluster) {
 			}
 			if e.Verb == "delete" {
 				deletes++
+				t.Logf("pod %s on %s: deleted by the DaemonSet's service account from %v, event reported by %v", name, n.Name, e.SourceIPs, reporters)
 			}
 			if len(e.SourceIPs) == 0 || !slices.Contains(from[n.Name], e.SourceIPs[0]) {
 				t.Errorf("pod %s on %s: %s %s by the DaemonSet's service account from %v, not from node %s (%v)", name, n.Name, e.Verb, e.RequestURI, e.SourceIPs, n.Name, from[n.Name])
