@@ -91,7 +91,7 @@ func TestE2E(t *testing.T) {
 	images, nextImage = append(images, next), nextRef
 	rt, err := RuntimeFromEnv(root)
 	if err != nil {
-		t.Fatalf("%v", err)
+		t.Fatal(err)
 	}
 	opts := Options{KubeNode: kubeNodeBinary(t), Runtime: rt, Images: images}
 	if dir := os.Getenv("E2E_LOGS"); dir != "" {
