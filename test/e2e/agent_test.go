@@ -5,9 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,17 +19,17 @@ import (
 )
 
 // The node agent's scenarios, with the DaemonSet of deploy/linkerd-cni (the agent in repair mode,
-// the default), on containerd as the node runs it.
+// the default), on node A.
 
 const agentContainer = "linkerd-cni-agent"
 
 // waitValidatorFailed waits until the workload's pod in ns has a validator that exited 95, and
 // returns the pod's UID.
-func waitValidatorFailed(ctx context.Context, t testing.TB, n *Node, ns string) types.UID {
+func waitValidatorFailed(ctx context.Context, t testing.TB, c *Cluster, ns string) types.UID {
 	t.Helper()
 	var failed types.UID
 	waitFor(ctx, t, 3*time.Minute, "the validator to exit 95 without the plugin", func(ctx context.Context) (bool, error) {
-		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil {
 			return false, err
 		}
@@ -55,9 +53,9 @@ func waitValidatorFailed(ctx context.Context, t testing.TB, n *Node, ns string) 
 }
 
 // agentEvents returns the agent's Events on the pod with uid, as "reason: note".
-func agentEvents(ctx context.Context, t testing.TB, n *Node, ns string, uid types.UID) []string {
+func agentEvents(ctx context.Context, t testing.TB, c *Cluster, ns string, uid types.UID) []string {
 	t.Helper()
-	evs, err := n.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+	evs, err := c.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,19 +71,20 @@ func agentEvents(ctx context.Context, t testing.TB, n *Node, ns string, uid type
 // testAgentHealsInPlace: a meshed pod started while the DaemonSet was absent fails validation;
 // once the DaemonSet runs, the agent writes the pod's rules without deleting it, records why, and
 // the validator's next run passes.
-func testAgentHealsInPlace(t *testing.T, n *Node) {
+func testAgentHealsInPlace(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	removeDaemonSet(ctx, t, n)
+	n := c.A()
+	removeDaemonSet(ctx, t, c)
 	const ns = "e2e-heal"
 	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
-	failed := waitValidatorFailed(ctx, t, n, ns)
+	create(ctx, t, n.Client, cniWorkload(t, ns, 1, n)...)
+	failed := waitValidatorFailed(ctx, t, c, ns)
 
-	installDaemonSet(ctx, t, n)
+	installDaemonSet(ctx, t, c)
 	// The kubelet reruns the validator after its back-off (at most a few minutes here).
 	var pod *corev1.Pod
 	waitFor(ctx, t, 6*time.Minute, "the same pod Ready, its validator passing", func(ctx context.Context) (bool, error) {
-		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil {
 			return false, err
 		}
@@ -99,10 +98,10 @@ func testAgentHealsInPlace(t *testing.T, n *Node) {
 		}
 		return false, fmt.Errorf("%d pods", len(l.Items))
 	})
-	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "web")); len(rules) == 0 {
+	if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 		t.Error("no rules in the healed pod's network namespace")
 	}
-	evs := agentEvents(ctx, t, n, ns, failed)
+	evs := agentEvents(ctx, t, c, ns, failed)
 	if len(evs) == 0 || !strings.HasPrefix(evs[0], "RedirectRepaired: ") || !strings.Contains(evs[0], "missing") {
 		t.Errorf("the agent's events on the pod: %q, want RedirectRepaired naming the missing rules", evs)
 	}
@@ -111,14 +110,15 @@ func testAgentHealsInPlace(t *testing.T, n *Node) {
 
 // testAgentDrift: rules flushed by hand inside a running meshed pod come back within one audit
 // period (the chart's default, one minute), with an Event, and the pod keeps running.
-func testAgentDrift(t *testing.T, n *Node) {
+func testAgentDrift(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
+	n := c.A()
+	installDaemonSet(ctx, t, c)
 	const ns = "e2e-drift"
 	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
+	create(ctx, t, n.Client, cniWorkload(t, ns, 1, n)...)
 	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
-	netns := podNetNS(ctx, t, n, pod, "web")
+	netns := podNetNS(ctx, t, c, pod, "web")
 	if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 		t.Fatalf("flush the pod's rules: %v: %s", err, out)
 	}
@@ -134,11 +134,11 @@ func testAgentDrift(t *testing.T, n *Node) {
 	if took > 75*time.Second {
 		t.Errorf("the rules came back after %s, more than one audit period (1m) and an audit", took)
 	}
-	evs := agentEvents(ctx, t, n, ns, pod.UID)
+	evs := agentEvents(ctx, t, c, ns, pod.UID)
 	if len(evs) != 1 || !strings.HasPrefix(evs[0], "RedirectRepaired: ") {
 		t.Errorf("the agent's events on the pod: %q, want one RedirectRepaired", evs)
 	}
-	now, err := n.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	now, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 	if err != nil || now.UID != pod.UID || !podReady(now) {
 		t.Errorf("the pod after the repair: %v, %v", now, err)
 	}
@@ -146,9 +146,9 @@ func testAgentDrift(t *testing.T, n *Node) {
 
 // pluginGETs counts the plugin's GETs of pods and namespaces in ns, in the API server's audit
 // log: the linkerd-cni ServiceAccount's requests that are neither list nor watch (the agent's).
-func pluginGETs(t testing.TB, n *Node, ns string) int {
+func pluginGETs(t testing.TB, c *Cluster, ns string) int {
 	t.Helper()
-	evs, err := n.Cluster.AuditEvents(kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni"))
+	evs, err := c.Control.AuditEvents(kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,50 +163,47 @@ func pluginGETs(t testing.TB, n *Node, ns string) int {
 
 // testAgentLookup: with the agent, meshed pods start meshed with no GET from the plugin; with the
 // agent stopped (the DaemonSet without it), they still start meshed, through the API.
-func testAgentLookup(t *testing.T, n *Node) {
+func testAgentLookup(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
+	n := c.A()
+	installDaemonSet(ctx, t, c)
 	const ns, nsAPI = "e2e-lookup", "e2e-lookup-api"
 	t.Cleanup(func() {
 		deleteNamespace(ctx, t, n.Client, ns)
 		deleteNamespace(ctx, t, n.Client, nsAPI)
 	})
-	create(ctx, t, n.Client, cniWorkload(t, ns, 3)...)
+	create(ctx, t, n.Client, cniWorkload(t, ns, 3, n)...)
 	for _, p := range waitPods(ctx, t, n.Client, ns, "app=web", 3, 3*time.Minute) {
 		if code := exitCode(&p, "linkerd-network-validator"); code != 0 {
 			t.Errorf("pod %s: validator exit code %d, want 0", p.Name, code)
 		}
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
-	if got := pluginGETs(t, n, ns); got != 0 {
+	if got := pluginGETs(t, c, ns); got != 0 {
 		t.Errorf("with the agent, the plugin made %d GETs for 3 meshed pods, want 0", got)
 	}
 
-	removeDaemonSet(ctx, t, n)
-	installRendering(ctx, t, n, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}})
-	t.Cleanup(func() {
-		removeDaemonSet(ctx, t, n)
-		installDaemonSet(ctx, t, n)
-	})
-	create(ctx, t, n.Client, cniWorkload(t, nsAPI, 1)...)
+	installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}})
+	create(ctx, t, n.Client, cniWorkload(t, nsAPI, 1, n)...)
 	pod := &waitPods(ctx, t, n.Client, nsAPI, "app=web", 1, 3*time.Minute)[0]
 	if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
 		t.Errorf("without the agent: validator exit code %d, want 0", code)
 	}
 	time.Sleep(2 * time.Second)
-	if got := pluginGETs(t, n, nsAPI); got < 1 || got > 2 {
+	if got := pluginGETs(t, c, nsAPI); got < 1 || got > 2 {
 		t.Errorf("without the agent, the plugin made %d GETs for a meshed pod, want 1 or 2", got)
 	}
 }
 
 // testPluginLogs: a plugin call's lines are in the DaemonSet pod's log (the agent container's),
 // with the pod, its namespace and the sandbox's container ID.
-func testPluginLogs(t *testing.T, n *Node) {
+func testPluginLogs(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	ds := installDaemonSet(ctx, t, n)
+	n := c.A()
+	ds := installDaemonSet(ctx, t, c)[0]
 	const ns = "e2e-logs"
 	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
+	create(ctx, t, n.Client, cniWorkload(t, ns, 1, n)...)
 	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
 	m := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=([0-9a-f]{64})`).
 		FindStringSubmatch(n.ContainerdLog(t))
@@ -214,22 +211,8 @@ func testPluginLogs(t *testing.T, n *Node) {
 		t.Fatalf("no ADD of the plugin for pod %s in containerd's log", pod.Name)
 	}
 	sandbox := m[1]
-	logFile := n.Path(filepath.Join("/var/lib/pod-logs", cniNamespace+"_"+ds.Name+"_"+string(ds.UID), agentContainer, "0.log"))
 	want := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=` + sandbox + ` .*apiRequests=0`)
 	waitFor(ctx, t, 30*time.Second, "the plugin's ADD in the agent's log", func(context.Context) (bool, error) {
-		b, err := os.ReadFile(logFile)
-		if err != nil {
-			return false, err
-		}
-		return want.Match(b), fmt.Errorf("%s has no line matching %s", logFile, want)
+		return want.MatchString(podLog(t, c, ds, agentContainer)), fmt.Errorf("no line matching %s", want)
 	})
-}
-
-// installRendering removes nothing: it creates the chart's rendering with values (over the
-// default rendering's) and waits until the DaemonSet's pod is Ready. The DaemonSet must not exist.
-func installRendering(ctx context.Context, t testing.TB, n *Node, values map[string]any) *corev1.Pod {
-	t.Helper()
-	objs := renderObjects(t, values)
-	create(ctx, t, n.Client, objs...)
-	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
 }
