@@ -88,22 +88,27 @@ func brokenPod(t testing.TB, ns, name string, n *Node) *corev1.Pod {
 	return p
 }
 
-// testRepairScope: each node's repair controller repairs the pods of its own node only. A pod
-// failing validation on each node (brokenPod) is deleted, with an Event reported by the DaemonSet pod of
-// that node, and the API server's audit log shows no request about a pod from the other node's
-// controller (the nodes reach the API from different addresses).
+// testRepairScope: each node's DaemonSet acts on the pods of its own node only, and in the
+// chart's default mode deletes none. A pod whose validator always fails (brokenPod) runs on each
+// node. With the chart's defaults (the agent in repair mode) its rules are the ones its
+// annotations ask for, so the agents leave it as it is (no rewrite, no Event, not deleted) while
+// its validator keeps failing. With agent.mode delete (what Linkerd's repair controller does) each
+// is deleted once, with an Event reported by the DaemonSet pod of its own node, and the API
+// server's audit log shows every request of the DaemonSet's service account about it coming from
+// that node (the nodes reach the API from different addresses).
 func testRepairScope(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	ds := installDaemonSet(ctx, t, c)
+	installDaemonSet(ctx, t, c)
 	const ns = "e2e-scope"
 	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	var ds []*corev1.Pod
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
 		}
 		for _, p := range ds {
-			t.Logf("repair controller on %s:\n%s", p.Spec.NodeName, podLog(t, c, p, agentContainer))
+			t.Logf("agent on %s:\n%s", p.Spec.NodeName, podLog(t, c, p, agentContainer))
 		}
 		l, _ := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		for i := range l.Items {
@@ -120,7 +125,34 @@ func testRepairScope(t *testing.T, c *Cluster) {
 		}
 		uids[p.Name] = got.UID
 	}
-	waitFor(ctx, t, 3*time.Minute, "both nodes' repair controllers to delete their broken pod", func(ctx context.Context) (bool, error) {
+
+	// The agent audits a pod at each validator failure: after the second, both agents have
+	// looked at their pod at least once.
+	waitFor(ctx, t, 3*time.Minute, "both broken pods' validators to fail twice", func(ctx context.Context) (bool, error) {
+		for name := range uids {
+			p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			failedTwice := false
+			for _, cs := range p.Status.InitContainerStatuses {
+				last := cs.LastTerminationState.Terminated
+				failedTwice = cs.Name == "linkerd-network-validator" && cs.RestartCount >= 1 && last != nil && last.ExitCode == validatorFailed
+			}
+			if p.UID != uids[name] || !failedTwice {
+				return false, fmt.Errorf("pod %s (%s): %s", name, p.UID, describePod(p))
+			}
+		}
+		return true, nil
+	})
+	for name, uid := range uids {
+		if evs := agentEvents(ctx, t, c, ns, uid); len(evs) != 0 {
+			t.Errorf("pod %s, rules as annotated: the agents' events %v, want none (repair mode leaves such a pod)", name, evs)
+		}
+	}
+
+	ds = installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"mode": "delete"}})
+	waitFor(ctx, t, 3*time.Minute, "both nodes' agents in delete mode to delete their broken pod", func(ctx context.Context) (bool, error) {
 		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -136,8 +168,7 @@ func testRepairScope(t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Where each node's controller comes from: node A's reaches the Service IP on its own lo.
-	from := map[string][]string{c.A().Name: {serviceIP, c.A().IPv4}, c.B().Name: {c.B().IPv4}}
+	from := nodeSources(c)
 	sa := kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni")
 	audit, err := c.Control.AuditEvents(sa)
 	if err != nil {
