@@ -4,12 +4,15 @@ package e2e
 
 import (
 	"context"
+	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // inUserNamespace makes a pod's containers run in a user namespace of their own
@@ -35,18 +38,18 @@ func checkUserNamespace(ctx context.Context, t testing.TB, c *Cluster, p *corev1
 
 // testUserNamespacePod: pods with hostUsers: false, on containerd 2 with runc 1.5. A meshed pod
 // starts meshed under the plugin with the chart's default values (iptables-mode nft), its
-// validator exits 0 and its traffic passes through the proxy; the same pod meshed by proxy-init
-// as an init container does too.
+// validator exits 0 and its traffic passes through the proxy: with the agent writing the rules
+// (the default), whose heal after a flush writes through the same helper, and with the plugin
+// writing them itself (the agent serving no lookups). The same pod meshed by proxy-init as an
+// init container does too.
 func testUserNamespacePod(t *testing.T, c *Cluster) {
 	if !c.Runtime.UserNamespaces {
 		t.Skipf("E2E_RUNTIME=%s: containerd 1.6 cannot run pods with hostUsers: false", c.Runtime.Name)
 	}
 	ctx := context.Background()
 	peer := peerPod(ctx, t, c.A())
-
-	t.Run("Plugin", func(t *testing.T) {
-		installDaemonSet(ctx, t, c)
-		const ns = "e2e-userns"
+	// meshedPod starts the CNI workload in a user namespace on node A and checks it.
+	meshedPod := func(t *testing.T, ns string) *corev1.Pod {
 		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 		nsObj, d := workload(t, "deploy/examples/cni-workload.yaml", ns, 1)
 		pin(&d.Spec.Template.Spec, c.A())
@@ -59,6 +62,44 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		}
 		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
 		checkProxyExempt(ctx, t, c, pod, peer)
+		return pod
+	}
+
+	t.Run("Plugin", func(t *testing.T) {
+		ds := installDaemonSet(ctx, t, c)
+		pod := meshedPod(t, "e2e-userns")
+		added := addLine(t, c, pod)
+		if !strings.Contains(added, " apiRequests=0 ") {
+			t.Errorf("the ADD was not the agent's (it made no API request): %s", added)
+		}
+		// The agent's heal goes through the helper too: flush the rules, and change an annotation
+		// so that it audits the pod at once rather than within its period.
+		netns := podNetNS(ctx, t, c, pod, "web")
+		if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+			t.Fatalf("flush the pod's rules: %v: %s", err, out)
+		}
+		patch := []byte(`{"metadata":{"annotations":{"e2e.test/poke":"1"}}}`)
+		if _, err := c.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(ctx, t, time.Minute, "the agent to rewrite the flushed rules", func(ctx context.Context) (bool, error) {
+			return len(ourRules(ctx, t, netns)) > 0, nil
+		})
+		checkRepairedBy(ctx, t, c, pod.Namespace, pod.UID, ds[0], 1, "missing")
+		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
+	})
+
+	t.Run("PluginWithoutAgentLookups", func(t *testing.T) {
+		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
+		pod := meshedPod(t, "e2e-userns-fallback")
+		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
+			t.Errorf("the ADD made no API request: the agent did it, not the plugin: %s", added)
+		}
+		// The agent's audit reads what the plugin wrote, and finds it right.
+		if evs := agentEvents(ctx, t, c, pod.Namespace, pod.UID); len(evs) != 0 {
+			t.Errorf("the agent's events on the pod the plugin meshed: %v, want none", evs)
+		}
 	})
 
 	t.Run("InitContainer", func(t *testing.T) {
@@ -98,4 +139,17 @@ func waitUserNamespacePod(ctx context.Context, t testing.TB, c *Cluster, ns stri
 		}
 	})
 	return &waitPods(ctx, t, c.Client, ns, "app=web", 1, 2*time.Minute)[0]
+}
+
+// addLine returns the plugin's "rules written" line of the pod's ADD, from containerd's log on
+// the pod's node.
+func addLine(t testing.TB, c *Cluster, p *corev1.Pod) string {
+	t.Helper()
+	re := regexp.MustCompile(`.*msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(p.Name) + ` namespace=` + regexp.QuoteMeta(p.Namespace) + ` .*`)
+	line := re.FindString(c.NodeOf(t, p).ContainerdLog(t))
+	if line == "" {
+		t.Fatalf("no ADD of the plugin for pod %s/%s in containerd's log", p.Namespace, p.Name)
+	}
+	t.Logf("ADD: %s", line)
+	return line
 }
