@@ -18,7 +18,8 @@ import (
 // with the chart's update strategy while a meshed pod is created every second, on each node in
 // turn. Every pod created meanwhile starts meshed: its validator exits 0 the first time, possibly
 // after the kubelet retried its sandbox (the plugin fails closed while it cannot look the pod
-// up), and none runs unmeshed or fails validation. The counts are logged.
+// up), and none runs unmeshed, fails validation or needs the agent to heal it. The counts are
+// logged.
 func testRollingUpgrade(t *testing.T, c *Cluster) {
 	ctx := context.Background()
 	old := installDaemonSet(ctx, t, c)
@@ -141,6 +142,9 @@ func testRollingUpgrade(t *testing.T, c *Cluster) {
 		}
 		if rules := ourRules(ctx, t, podNetNS(ctx, t, c, &p, "web")); len(rules) == 0 {
 			t.Errorf("pod %s on %s has no rules", p.Name, p.Spec.NodeName)
+		}
+		if evs := agentEvents(ctx, t, c, ns, p.UID); len(evs) != 0 {
+			t.Errorf("pod %s on %s: the agent acted on it: %v; want nothing to heal", p.Name, p.Spec.NodeName, evs)
 		}
 		if retried[p.Name] > 0 {
 			afterRetry++
