@@ -155,7 +155,7 @@ test: deps kube-bins fmt-check vet tidy-check
 # containerd 1.6.
 E2E_RUN ?= .
 E2E_RUNTIME ?= containerd2
-E2E_CONTAINERD1_RUN ?= TestE2E/(DaemonSet|MeshedPod|Teardown|APIUnreachable|NothingLeftOnHost)
+E2E_CONTAINERD1_RUN ?= TestE2E/(DaemonSet|MeshedPod|AgentHealsInPlace|Teardown|APIUnreachable|NothingLeftOnHost)
 e2e: export PATH := $(PATH):/usr/sbin:/sbin
 e2e: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e: e2e-deps e2e-runtime kube-bins kube-node images
