@@ -16,7 +16,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
 # e2e-runtime).
 E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-ci unit vet fmt-check tidy-check demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-ci unit vet fmt-check tidy-check deadcode demo bench stress fuzz clean
 
 all: build
 
@@ -137,6 +137,17 @@ vet:
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
+# deadcode fails on any function that no program reaches (golang.org/x/tools' deadcode, pinned
+# in go.mod, run without -test: code only tests reach counts as dead), except under the test
+# helpers hack/deadcode-allow.txt names with the reason.
+DEADCODE_ALLOW := hack/deadcode-allow.txt
+deadcode:
+	@dead=$$($(GO) tool deadcode ./... | grep -v -F -f <(sed -e 's/[[:space:]]*#.*//' -e '/^$$/d' $(DEADCODE_ALLOW))); \
+	if [ -n "$$dead" ]; then \
+		echo "unreachable from every program: move it into a test or a test-helper package, or list it in $(DEADCODE_ALLOW) with the reason:"; \
+		echo "$$dead"; exit 1; \
+	fi
+
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
@@ -144,7 +155,7 @@ fmt-check:
 # with small counts (they print their figures). -p 1 keeps the root integration suites
 # (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet tidy-check
+test: deps kube-bins fmt-check vet tidy-check deadcode
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 

@@ -18,9 +18,6 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// KubeContext is the kubeconfig context the plugin uses; the installer writes it.
-const KubeContext = "linkerd-cni-context"
-
 // DefaultAPITimeout bounds all Kubernetes API requests of one ADD or CHECK when the config sets
 // no kubernetes.timeout.
 const DefaultAPITimeout = 10 * time.Second
@@ -156,7 +153,8 @@ func ParseConfigLenient(data []byte) (*NetConf, error) {
 }
 
 func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error) {
-	conf := &NetConf{Linkerd: Linkerd{IncomingProxyPort: -1, OutgoingProxyPort: -1, ProxyUID: -1, ProxyGID: -1}}
+	def := iptables.NewConfig() // the -1s: unset ports, no UID or GID exemption
+	conf := &NetConf{Linkerd: Linkerd{IncomingProxyPort: def.InboundProxyPort, OutgoingProxyPort: def.OutboundProxyPort, ProxyUID: def.ProxyUID, ProxyGID: def.ProxyGID}}
 	if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
 		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
 	}

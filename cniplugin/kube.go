@@ -19,6 +19,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
 
 // PodAPI is what the plugin reads from Kubernetes. The production implementation is a REST
@@ -66,9 +67,9 @@ func LoadKubeconfig(path, apiRoot string) (*rest.Config, error) {
 	if apiRoot != "" {
 		overrides.ClusterInfo = clientcmdapi.Cluster{Server: apiRoot}
 	}
-	cfg, err := clientcmd.NewNonInteractiveClientConfig(*raw, KubeContext, overrides, nil).ClientConfig()
+	cfg, err := clientcmd.NewNonInteractiveClientConfig(*raw, kubeconfig.Context, overrides, nil).ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s, context %s: %w", path, KubeContext, err)
+		return nil, fmt.Errorf("kubeconfig %s, context %s: %w", path, kubeconfig.Context, err)
 	}
 	return cfg, nil
 }
@@ -147,7 +148,7 @@ func (k *kubeClient) get(ctx context.Context, what string, into any, namespace, 
 // explain turns a client error into a message an operator can act on. The original error stays
 // wrapped, so apierrors predicates still work on it.
 func (k *kubeClient) explain(ctx context.Context, what string, err error) error {
-	where := fmt.Sprintf("the Kubernetes API at %s (kubeconfig %s, context %s)", k.host, k.kubeconfig, KubeContext)
+	where := fmt.Sprintf("the Kubernetes API at %s (kubeconfig %s, context %s)", k.host, k.kubeconfig, kubeconfig.Context)
 	var ne net.Error
 	switch {
 	case apierrors.IsUnauthorized(err):

@@ -171,10 +171,6 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		c.log.Info("no rules needed", "kind", pl.kind, "apiRequests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
 		return p.printPrev(c)
 	}
-	if conf.Linkerd.Simulate {
-		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", pl.rules.Simulation(conf.Linkerd.IPTablesMode))
-		return p.printPrev(c)
-	}
 	if args.Netns == "" {
 		// An empty target would act on the current namespace: the node's. Never.
 		return c.fail(types.ErrInvalidEnvironmentVariables, fmt.Errorf("meshed pod %s: CNI_NETNS is empty; refusing to write rules outside the pod's namespace", c.podName()))
@@ -182,6 +178,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	applyStart := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
+	if conf.Linkerd.Simulate {
+		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", p.Runner.Simulate(ctx, c.target(args.Netns), pl.rules))
+		return p.printPrev(c)
+	}
 	out, err := p.Runner.Apply(ctx, c.target(args.Netns), pl.rules)
 	if err != nil {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))

@@ -279,11 +279,7 @@ func TestMergeSubnetAnnotations(t *testing.T) {
 		{iptables.IPv6, "-d 2001:db8:1::/48", "198.51.100.0"},
 		{iptables.IPv6, "-s 2001:db8:2::/48", "10.0.0.0"},
 	} {
-		var lines []string
-		for _, r := range s.Rules.Rules(c.f) {
-			lines = append(lines, r.String())
-		}
-		all := strings.Join(lines, "\n")
+		all := strings.Join(s.Rules.Saved(c.f).Rules, "\n")
 		if !strings.Contains(all, c.want) || strings.Contains(all, c.never) {
 			t.Errorf("%s rules: want %q and no %q:\n%s", c.f, c.want, c.never, all)
 		}

@@ -12,14 +12,15 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/backend/backendtest"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // The plugin's failure policy, run through the real backend path with a fake applier: no root,
 // no namespace, no kernel. The same policy runs against real backends in the integration tests.
 
 type policyRig struct {
-	fake      *iptables.Fake
+	fake      *iptablestest.Fake
 	closeWait string
 	plugin    *Plugin
 	out, logs bytes.Buffer
@@ -27,11 +28,11 @@ type policyRig struct {
 }
 
 func newPolicyRig(t *testing.T, pod *Pod) *policyRig {
-	r := &policyRig{fake: iptables.NewFake(), closeWait: filepath.Join(t.TempDir(), "close_wait"), api: &fakeAPI{pod: pod, ns: &Namespace{}}}
+	r := &policyRig{fake: iptablestest.NewFake(), closeWait: filepath.Join(t.TempDir(), "close_wait"), api: &fakeAPI{pod: pod, ns: &Namespace{}}}
 	if err := os.WriteFile(r.closeWait, []byte("60\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.plugin = &Plugin{Stdout: &r.out, Stderr: &r.logs, Runner: backend.Fake(r.fake, r.closeWait),
+	r.plugin = &Plugin{Stdout: &r.out, Stderr: &r.logs, Runner: backendtest.Runner(r.fake, r.closeWait),
 		NewPodAPI: func(*NetConf) (PodAPI, error) { return r.api, nil }}
 	return r
 }

@@ -11,20 +11,41 @@ import (
 	"strings"
 )
 
+// Backend names a place where rules of ours can live: iptables-legacy's x_tables,
+// iptables-nft's "ip nat" and "ip6 nat" tables (whether the iptables-nft binaries or our netlink
+// writer put them there), or the native "inet proxy_init" table. Only one of them should hold
+// rules of ours at a time.
+type Backend string
+
+const (
+	BackendLegacy   Backend = "iptables-legacy"
+	BackendNFT      Backend = "iptables-nft"
+	BackendNFTables Backend = "nftables"
+)
+
 // Applier writes, reads back and removes one backend's rules in the current network namespace.
 // Callers enter the namespace first (internal/netnsutil).
 type Applier interface {
-	// Name is what logs and `show` call the backend: "iptables-legacy", "iptables-nft",
+	// Name is what logs and `show` call the applier: "iptables-legacy", "iptables-nft",
 	// "iptables" or "nftables".
 	Name() string
+	// Covers lists the backends the applier works on: first the one Apply writes, then any
+	// whose rules of ours Apply and Cleanup remove in the same transaction and Show and Present
+	// report from the same read. The caller looks at the other backends itself. It is data,
+	// known before any call; an applier that decides by trying (backend.Fallback) knows it once
+	// it has tried.
+	Covers() []Backend
 	// Apply makes the rules in place exactly rs, atomically per family (or for both families at
 	// once), and writes nothing when they already are. If a later family fails, earlier ones are
 	// restored to what they were.
 	Apply(ctx context.Context, rs *Ruleset) (Result, error)
-	// Show reads back the rules in place and compares them with rs.
+	// Show reads back the rules in place and compares them with rs; rules of ours in the other
+	// backends it covers are in State.Elsewhere.
 	Show(ctx context.Context, rs *Ruleset) (State, error)
-	// Cleanup removes every rule and chain of ours, and nothing else. It succeeds when there is
-	// nothing to remove.
+	// Present lists what of ours each backend it covers holds (none: nothing to remove).
+	Present(ctx context.Context) ([]Elsewhere, error)
+	// Cleanup removes every rule and chain of ours from the backends it covers, and nothing
+	// else. It succeeds when there is nothing to remove.
 	Cleanup(ctx context.Context) error
 }
 
@@ -48,9 +69,9 @@ type State struct {
 	Sysctls []SysctlState
 }
 
-// Elsewhere is what of ours another backend holds.
+// Elsewhere is what of ours one backend holds, when another is the one in use.
 type Elsewhere struct {
-	Backend string
+	Backend Backend
 	Rules   []string
 }
 

@@ -117,23 +117,13 @@ func (d Diff) String() string {
 // FamilyState is what show reports of family f given the rules of ours in place: those rules,
 // and their difference from r's (all of them extra when r writes nothing in f).
 func (r *Ruleset) FamilyState(f Family, in SavedState) FamilyState {
-	fs := FamilyState{Family: f, Rules: in.Rules}
-	if r.HasFamily(f) {
-		fs.Diff = r.Compare(f, in)
-	} else {
-		fs.Diff = Diff{Extra: in.Rules}
-	}
-	return fs
+	return FamilyState{Family: f, Rules: in.Rules, Diff: r.Compare(f, in)}
 }
 
-// Compare checks the rules in place for family f against the expected ones. Order matters within a
-// chain, because the first matching RETURN or REDIRECT wins.
+// Compare checks the rules in place for family f against the expected ones (none, when r does not
+// write f). Order matters within a chain, because the first matching RETURN or REDIRECT wins.
 func (r *Ruleset) Compare(f Family, s SavedState) Diff {
-	var want []string
-	for _, rl := range r.Rules(f) {
-		want = append(want, rl.String())
-	}
-	return diffLines(want, s.Rules)
+	return diffLines(r.Saved(f).Rules, s.Rules)
 }
 
 func diffLines(want, have []string) Diff {
@@ -161,21 +151,10 @@ func diffLines(want, have []string) Diff {
 	return d
 }
 
-// Saved returns the state that Apply leaves in place for family f: what a matching SavedState
-// read back from the kernel looks like.
-func (r *Ruleset) Saved(f Family) SavedState {
-	rules := r.Rules(f)
-	s := SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: make([]string, 0, len(rules))}
-	for _, rl := range rules {
-		s.Rules = append(s.Rules, rl.String())
-	}
-	return s
-}
-
 // TransitionPayload renders one iptables-restore --noflush transaction that takes our rules from
 // the state now in place to the target state, touching nothing else. Applying a Ruleset is
-// TransitionPayload(current, rs.Saved(f)), which rs.Payload renders more cheaply; rolling back is
-// the reverse; cleanup is a transition to the empty state.
+// TransitionPayload(current, rs.Saved(f)); rolling back is the reverse; cleanup is a transition
+// to the empty state.
 //
 // Our chains are declared, which flushes them, and refilled from target. Jumps of ours into them
 // are deleted or added one by one, so a jump already in place is never removed and re-added (no
@@ -187,16 +166,6 @@ func TransitionPayload(current, target SavedState) string {
 		rules[i] = savedRule(l)
 	}
 	return transition(current, len(target.Chains) > 0, rules)
-}
-
-// Payload is TransitionPayload(current, r.Saved(f)) without first rendering every rule as a saved
-// line: with a thousand subnets that copy is large, and a fresh process pays for every page it
-// touches (docs/performance.md).
-func (r *Ruleset) Payload(f Family, current SavedState) string {
-	if !r.HasFamily(f) {
-		return TransitionPayload(current, SavedState{})
-	}
-	return transition(current, true, r.Rules(f))
 }
 
 // transition renders TransitionPayload for target rules in iptables-save order, jumps included;

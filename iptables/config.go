@@ -97,13 +97,6 @@ func NewConfig() Config {
 	return Config{InboundProxyPort: -1, OutboundProxyPort: -1, ProxyUID: -1, ProxyGID: -1, IPv6: true, Mode: ModeAuto}
 }
 
-// IsValidationError reports whether err is, or wraps, bad input (a *badinput.Error) rather than
-// a failure to apply.
-func IsValidationError(err error) bool {
-	_, ok := badinput.As(err)
-	return ok
-}
-
 // PortRange is an inclusive range of TCP ports; a single port has First == Last.
 type PortRange struct {
 	First, Last uint16
@@ -157,23 +150,6 @@ func parsePortNumber(s string) (uint16, error) {
 	return uint16(n), nil
 }
 
-// ParsePorts parses a comma-separated list of ports and ranges ("4190,4191,1000-2000"). An empty
-// or all-blank string is an empty list; an empty element inside a list is an error.
-func ParsePorts(s string) ([]PortRange, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	var out []PortRange
-	for _, part := range strings.Split(s, ",") {
-		r, err := ParsePort(part)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
 // ParseCIDR parses a subnet ("10.0.0.0/8", "fd00::/8") or a bare address, taken as a single host.
 // Host bits are cleared, as iptables would.
 func ParseCIDR(s string) (netip.Prefix, error) {
@@ -202,32 +178,11 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// ParseCIDRs parses a comma-separated list of subnets.
-func ParseCIDRs(s string) ([]netip.Prefix, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	var out []netip.Prefix
-	for _, part := range strings.Split(s, ",") {
-		p, err := ParseCIDR(part)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
-
-// Validate reports every problem in c at once, as a *badinput.Error whose fields are the Field*
-// names, or nil.
-func (c Config) Validate() error {
-	_, err := c.plan()
-	return err
-}
-
-// plan validates c and converts it into the normalized Ruleset. Doing both in one pass keeps
-// Validate and Build from ever disagreeing.
-func (c Config) plan() (*Ruleset, error) {
+// Build validates c as a whole and returns the normalized Ruleset it describes. Every problem is
+// reported at once, as a *badinput.Error whose fields are the Field* names. There is no separate
+// validation: every caller needs the rules, and one pass keeps validating and building from ever
+// disagreeing.
+func Build(c Config) (*Ruleset, error) {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})

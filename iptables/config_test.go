@@ -1,4 +1,4 @@
-package iptables
+package iptables_test
 
 import (
 	"net/netip"
@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
-func TestValidateReportsEveryProblem(t *testing.T) {
-	c := NewConfig()
+func TestBuildReportsEveryProblem(t *testing.T) {
+	c := iptables.NewConfig()
 	c.InboundProxyPort = 70000
 	c.ProxyUID = 0
 	c.ProxyGID = -5
@@ -21,9 +23,9 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.OutboundSubnetsToIgnore = []string{"::ffff:10.0.0.0/104", "fe80::1%eth0"}
 	c.Mode = "iptables-magic"
 
-	err := c.Validate()
-	if !IsValidationError(err) {
-		t.Fatalf("want a *badinput.Error, got %v", err)
+	rs, err := iptables.Build(c)
+	if _, ok := badinput.As(err); !ok || rs != nil {
+		t.Fatalf("want a *badinput.Error and no rules, got %v, %v", rs, err)
 	}
 	want := []string{
 		`incoming-proxy-port "70000": port is outside 1-65535`,
@@ -49,9 +51,6 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	if n := len(err.(*badinput.Error).Problems); n != len(want) {
 		t.Errorf("got %d problems, want %d: %s", n, len(want), msg)
 	}
-	if _, err := Build(c); err == nil {
-		t.Error("Build accepted what Validate refused")
-	}
 }
 
 // Every numeric bound, at and just past its edge. A UID or GID past 2^32-2 used to be accepted
@@ -60,26 +59,26 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 func TestNumericBounds(t *testing.T) {
 	tests := []struct {
 		name string
-		mod  func(*Config)
+		mod  func(*iptables.Config)
 		want string // "" means valid
 	}{
-		{"largest uid", func(c *Config) { c.ProxyUID = 4294967294 }, ""},
-		{"uid 2^32-1", func(c *Config) { c.ProxyUID = 4294967295 }, `proxy-uid "4294967295": must be -1 (none) or a UID from 1 to 4294967294`},
-		{"uid 2^32 would be root", func(c *Config) { c.ProxyUID = 4294967296 }, `proxy-uid "4294967296": must be -1 (none) or a UID from 1 to 4294967294`},
-		{"gid 2^32+2102", func(c *Config) { c.ProxyGID = 1<<32 + 2102 }, `proxy-gid "4294969398": must be -1 (none) or a GID from 1 to 4294967294`},
-		{"uid 0", func(c *Config) { c.ProxyUID = 0 }, `proxy-uid "0": refusing to exempt UID 0 (root): use -1 for no exemption`},
-		{"close-wait at the kernel's limit", func(c *Config) { c.CloseWaitSecs = 2147483 }, ""},
-		{"close-wait past it", func(c *Config) { c.CloseWaitSecs = 2147484 }, `timeout-close-wait-secs "2147484": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts`},
-		{"close-wait that once wrapped", func(c *Config) { c.CloseWaitSecs = 18446744074 }, `timeout-close-wait-secs "18446744074": must be 0`},
-		{"negative close-wait", func(c *Config) { c.CloseWaitSecs = -1 }, `timeout-close-wait-secs "-1": must be 0`},
-		{"negative port", func(c *Config) { c.OutboundPortsToIgnore = []string{"-5"} }, `outbound-ports-to-ignore "-5": "-5" is not a port number or a range a-b`},
-		{"range without start", func(c *Config) { c.InboundPortsToIgnore = []string{"-80"} }, `inbound-ports-to-ignore "-80": "-80" is not a port number or a range a-b`},
+		{"largest uid", func(c *iptables.Config) { c.ProxyUID = 4294967294 }, ""},
+		{"uid 2^32-1", func(c *iptables.Config) { c.ProxyUID = 4294967295 }, `proxy-uid "4294967295": must be -1 (none) or a UID from 1 to 4294967294`},
+		{"uid 2^32 would be root", func(c *iptables.Config) { c.ProxyUID = 4294967296 }, `proxy-uid "4294967296": must be -1 (none) or a UID from 1 to 4294967294`},
+		{"gid 2^32+2102", func(c *iptables.Config) { c.ProxyGID = 1<<32 + 2102 }, `proxy-gid "4294969398": must be -1 (none) or a GID from 1 to 4294967294`},
+		{"uid 0", func(c *iptables.Config) { c.ProxyUID = 0 }, `proxy-uid "0": refusing to exempt UID 0 (root): use -1 for no exemption`},
+		{"close-wait at the kernel's limit", func(c *iptables.Config) { c.CloseWaitSecs = 2147483 }, ""},
+		{"close-wait past it", func(c *iptables.Config) { c.CloseWaitSecs = 2147484 }, `timeout-close-wait-secs "2147484": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts`},
+		{"close-wait that once wrapped", func(c *iptables.Config) { c.CloseWaitSecs = 18446744074 }, `timeout-close-wait-secs "18446744074": must be 0`},
+		{"negative close-wait", func(c *iptables.Config) { c.CloseWaitSecs = -1 }, `timeout-close-wait-secs "-1": must be 0`},
+		{"negative port", func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"-5"} }, `outbound-ports-to-ignore "-5": "-5" is not a port number or a range a-b`},
+		{"range without start", func(c *iptables.Config) { c.InboundPortsToIgnore = []string{"-80"} }, `inbound-ports-to-ignore "-80": "-80" is not a port number or a range a-b`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := chartConfig()
+			c := iptablestest.ChartConfig()
 			tt.mod(&c)
-			err := c.Validate()
+			_, err := iptables.Build(c)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -91,15 +90,15 @@ func TestNumericBounds(t *testing.T) {
 }
 
 func TestBuildNormalizes(t *testing.T) {
-	c := NewConfig()
+	c := iptables.NewConfig()
 	c.InboundProxyPort, c.OutboundProxyPort = 4143, 4140
 	c.InboundPortsToIgnore = []string{" 4190 , 4191", "4190", ""}
 	c.InboundSubnetsToIgnore = []string{"10.1.2.3/8", "10.0.0.0/8", "2001:db8::1"}
-	rs, err := Build(c)
+	rs, err := iptables.Build(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rs.InboundIgnorePorts; len(got) != 2 || got[0] != (PortRange{4190, 4190}) || got[1] != (PortRange{4191, 4191}) {
+	if got := rs.InboundIgnorePorts; len(got) != 2 || got[0] != (iptables.PortRange{4190, 4190}) || got[1] != (iptables.PortRange{4191, 4191}) {
 		t.Errorf("ports not trimmed and deduplicated in order: %v", got)
 	}
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::1/128")}
@@ -108,58 +107,27 @@ func TestBuildNormalizes(t *testing.T) {
 	}
 	// Duplicates anywhere in the list, after masking, go; the first of each keeps its place.
 	c.OutboundSubnetsToIgnore = []string{"203.0.113.0/24,2001:db8::/32", "198.51.100.7/32,203.0.113.9/24", "2001:db8::/32,198.51.100.7"}
-	if rs, err = Build(c); err != nil {
+	if rs, err = iptables.Build(c); err != nil {
 		t.Fatal(err)
 	}
 	wantOut := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("198.51.100.7/32")}
 	if got := rs.OutboundIgnoreSubnets; !slices.Equal(got, wantOut) {
 		t.Errorf("outbound subnets = %v, want %v", got, wantOut)
 	}
-	if got := Subnets(IPv6, rs.InboundIgnoreSubnets); len(got) != 1 || got[0] != want[1] {
+	if got := iptables.Subnets(iptables.IPv6, rs.InboundIgnoreSubnets); len(got) != 1 || got[0] != want[1] {
 		t.Errorf("IPv6 filter: %v", got)
 	}
-	if !rs.HasFamily(IPv6) {
+	if !rs.HasFamily(iptables.IPv6) {
 		t.Error("IPv6 is on by default")
 	}
 }
 
-func TestMultiportGroups(t *testing.T) {
-	tests := []struct {
-		ports []PortRange
-		want  []string
-	}{
-		{nil, nil},
-		{[]PortRange{{1, 1}, {2, 5}}, []string{"1,2:5"}},
-		// 13 singles + a range is 15: one rule; one more single spills over.
-		{append(singles(1, 13), PortRange{20, 30}), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,20:30"}},
-		{append(singles(1, 14), PortRange{20, 30}), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14", "20:30"}},
-		{singles(1, 16), []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "16"}},
-	}
-	for _, tc := range tests {
-		var got []string
-		for _, g := range multiportGroups(tc.ports) {
-			got = append(got, joinXTPorts(g))
-		}
-		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
-			t.Errorf("multiportGroups(%v) = %v, want %v", tc.ports, got, tc.want)
-		}
-	}
-}
-
-func singles(from, to int) []PortRange {
-	var out []PortRange
-	for p := from; p <= to; p++ {
-		out = append(out, PortRange{uint16(p), uint16(p)})
-	}
-	return out
-}
-
 func TestCompareAndTransition(t *testing.T) {
-	c := NewConfig()
+	c := iptables.NewConfig()
 	c.InboundProxyPort, c.OutboundProxyPort = 4143, 4140
-	rs, _ := Build(c)
-	want := rs.Saved(IPv4)
-	if d := rs.Compare(IPv4, want); !d.Empty() {
+	rs, _ := iptables.Build(c)
+	want := rs.Saved(iptables.IPv4)
+	if d := rs.Compare(iptables.IPv4, want); !d.Empty() {
 		t.Fatalf("expected state differs from itself: %s", d)
 	}
 
@@ -171,11 +139,11 @@ func TestCompareAndTransition(t *testing.T) {
 	lines = append(lines[:3], append([]string{stale}, lines[4:]...)...)
 	save := "*filter\n-A INPUT -j PROXY_INIT_OUTPUT\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:PROXY_INIT_OUTPUT - [0:0]\n:PROXY_INIT_REDIRECT - [0:0]\n" +
 		strings.Join(lines, "\n") + "\n-A POSTROUTING -j MASQUERADE\nCOMMIT\n"
-	got := ParseSave(save)
+	got := iptables.ParseSave(save)
 	if len(got.Chains) != 2 {
 		t.Errorf("chains: %v", got.Chains)
 	}
-	d := rs.Compare(IPv4, got)
+	d := rs.Compare(iptables.IPv4, got)
 	if len(d.Missing) != 1 || d.Missing[0] != want.Rules[3] {
 		t.Errorf("missing = %q, want %q", d.Missing, want.Rules[3])
 	}
@@ -183,17 +151,14 @@ func TestCompareAndTransition(t *testing.T) {
 		t.Errorf("extra = %q", d.Extra)
 	}
 
-	p := TransitionPayload(got, want)
-	if direct := rs.Payload(IPv4, got); direct != p {
-		t.Errorf("Payload from the same state differs from TransitionPayload:\n%s\nwant:\n%s", direct, p)
-	}
+	p := iptables.TransitionPayload(got, want)
 	if strings.Count(p, "-D PREROUTING") != 1 || strings.Contains(p, "-A PREROUTING") || strings.Contains(p, "-A OUTPUT") {
 		t.Errorf("transition should delete the duplicate jump only and keep the others in place:\n%s", p)
 	}
 	if strings.Contains(p, "MASQUERADE") || strings.Contains(p, "INPUT") {
 		t.Errorf("transition touches rules that are not ours:\n%s", p)
 	}
-	clean := TransitionPayload(got, SavedState{})
+	clean := iptables.TransitionPayload(got, iptables.SavedState{})
 	if strings.Count(clean, "-D ") != 3 || !strings.Contains(clean, "-X PROXY_INIT_REDIRECT\n") {
 		t.Errorf("cleanup payload:\n%s", clean)
 	}
@@ -201,24 +166,24 @@ func TestCompareAndTransition(t *testing.T) {
 	// Someone's own jump into our chain is theirs: not compared, kept by an apply, deleted only
 	// by a cleanup (the chain it points to goes).
 	user := "-A OUTPUT -d 198.51.100.0/24 -j PROXY_INIT_OUTPUT"
-	withUser := ParseSave("*nat\n:PROXY_INIT_OUTPUT - [0:0]\n:PROXY_INIT_REDIRECT - [0:0]\n" + strings.Join(want.Rules, "\n") + "\n" + user + "\nCOMMIT\n")
+	withUser := iptables.ParseSave("*nat\n:PROXY_INIT_OUTPUT - [0:0]\n:PROXY_INIT_REDIRECT - [0:0]\n" + strings.Join(want.Rules, "\n") + "\n" + user + "\nCOMMIT\n")
 	if !slices.Equal(withUser.ForeignJumps, []string{user}) {
 		t.Errorf("foreign jumps = %q, want %q", withUser.ForeignJumps, user)
 	}
-	if d := rs.Compare(IPv4, withUser); !d.Empty() {
+	if d := rs.Compare(iptables.IPv4, withUser); !d.Empty() {
 		t.Errorf("a user's own jump counts as a difference: %s", d)
 	}
-	if p := rs.Payload(IPv4, withUser); strings.Contains(p, "-D OUTPUT") {
+	if p := iptables.TransitionPayload(withUser, want); strings.Contains(p, "-D OUTPUT") {
 		t.Errorf("apply deletes the user's own jump:\n%s", p)
 	}
-	if p := TransitionPayload(withUser, SavedState{}); !strings.Contains(p, "-D OUTPUT -d 198.51.100.0/24 -j PROXY_INIT_OUTPUT\n") {
+	if p := iptables.TransitionPayload(withUser, iptables.SavedState{}); !strings.Contains(p, "-D OUTPUT -d 198.51.100.0/24 -j PROXY_INIT_OUTPUT\n") {
 		t.Errorf("cleanup keeps a jump into the chain it deletes:\n%s", p)
 	}
 
 	// A rule with neither matches nor target, which iptables-save prints as "-A <chain>", is
 	// restored exactly as it was saved (a rollback must not alter it).
-	bare := SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: []string{"-A " + OutputChain}}
-	if p := TransitionPayload(SavedState{}, bare); !strings.Contains(p, "\n-A "+OutputChain+"\n") {
+	bare := iptables.SavedState{Chains: []string{iptables.OutputChain, iptables.RedirectChain}, Rules: []string{"-A " + iptables.OutputChain}}
+	if p := iptables.TransitionPayload(iptables.SavedState{}, bare); !strings.Contains(p, "\n-A "+iptables.OutputChain+"\n") {
 		t.Errorf("a bare rule is not restored as saved:\n%s", p)
 	}
 }

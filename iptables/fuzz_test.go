@@ -1,32 +1,51 @@
-package iptables
+package iptables_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // The parsers face user input from flags, JSON and pod annotations. They must never panic, and
 // whatever they accept must round-trip and be within range.
 
+// FuzzParsePorts fuzzes a port list the way every front end parses one: as a value of a Config
+// field, through Build.
 func FuzzParsePorts(f *testing.F) {
-	for _, s := range []string{"4190,4191", "1000-2000", "", " 80 ", "0", "65536", "5-1", "1-", "-1", "80,,81", "1-65535"} {
+	for _, s := range []string{"4190,4191", "1000-2000", "", " 80 ", "0", "65536", "5-1", "1-", "-1", "80,,81", "1-65535", "80,80,81-82"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ports, err := ParsePorts(s)
+		c := iptablestest.ChartConfig()
+		c.InboundPortsToIgnore = []string{s}
+		rs, err := iptables.Build(c)
 		if err != nil {
+			v, ok := badinput.As(err)
+			if !ok || len(v.Problems) == 0 {
+				t.Fatalf("Build with ports %q failed with %v, not bad input", s, err)
+			}
+			for _, p := range v.Problems {
+				if p.Field != iptables.FieldInboundPortsToIgnore {
+					t.Fatalf("ports %q: a problem with another field: %+v", s, p)
+				}
+			}
 			return
 		}
 		var parts []string
-		for _, p := range ports {
+		for _, p := range rs.InboundIgnorePorts {
 			if p.First == 0 || p.Last < p.First {
-				t.Fatalf("ParsePorts(%q) accepted %v", s, p)
+				t.Fatalf("ports %q: accepted %v", s, p)
 			}
 			parts = append(parts, p.String())
 		}
-		again, err := ParsePorts(strings.Join(parts, ","))
-		if err != nil || len(again) != len(ports) {
-			t.Fatalf("round trip of %q failed: %v %v", s, again, err)
+		c.InboundPortsToIgnore = []string{strings.Join(parts, ",")}
+		again, err := iptables.Build(c)
+		if err != nil || !slices.Equal(again.InboundIgnorePorts, rs.InboundIgnorePorts) {
+			t.Fatalf("round trip of %q: %v, %v", s, again, err)
 		}
 	})
 }
@@ -36,14 +55,14 @@ func FuzzParseCIDR(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		p, err := ParseCIDR(s)
+		p, err := iptables.ParseCIDR(s)
 		if err != nil {
 			return
 		}
 		if !p.IsValid() || p != p.Masked() || p.Addr().Zone() != "" || p.Addr().Is4In6() {
 			t.Fatalf("ParseCIDR(%q) accepted %v", s, p)
 		}
-		again, err := ParseCIDR(p.String())
+		again, err := iptables.ParseCIDR(p.String())
 		if err != nil || again != p {
 			t.Fatalf("round trip of %q: %v %v", s, again, err)
 		}

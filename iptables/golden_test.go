@@ -1,10 +1,13 @@
-package iptables
+package iptables_test
 
 import (
 	"flag"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -32,22 +35,24 @@ func checkGolden(t *testing.T, name, got string) {
 }
 
 func TestGoldenRestorePayloads(t *testing.T) {
-	for name, c := range GoldenConfigs() {
+	for name, c := range iptablestest.GoldenConfigs() {
 		t.Run(name, func(t *testing.T) {
-			rs, err := Build(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range []Family{IPv4, IPv6} {
+			rs := iptablestest.Build(t, c)
+			for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 				got := "# " + string(f) + ": not written\n"
 				if rs.HasFamily(f) {
-					got = rs.Payload(f, SavedState{})
-					if viaSaved := TransitionPayload(SavedState{}, rs.Saved(f)); got != viaSaved {
-						t.Errorf("%s: Payload differs from TransitionPayload of Saved:\n%s\nwant:\n%s", f, got, viaSaved)
-					}
+					got = iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f))
 				}
 				checkGolden(t, filepath.Join("iptables", name+"."+string(f)+".rules"), got)
 			}
+		})
+	}
+}
+
+func TestGoldenNFTScripts(t *testing.T) {
+	for name, c := range iptablestest.GoldenConfigs() {
+		t.Run(name, func(t *testing.T) {
+			checkGolden(t, filepath.Join("nft", name+".nft"), iptablestest.NFTScript(iptablestest.Build(t, c).NFT()))
 		})
 	}
 }

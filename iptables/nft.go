@@ -3,10 +3,10 @@ package iptables
 // The nftables rendering of a Ruleset: one "inet" table holding the logic of both families, with
 // port and subnet lists in interval sets so that a rule's cost does not grow with its list.
 //
-// NFT renders the plan (Plan) as an abstract model that the netlink applier (iptables/nftables)
-// translates mechanically into expressions; NFTScript renders the same model as an `nft -f`
-// script. The iptables rendering (XTRules) spells the same plan, so the backends cannot drift
-// apart; TestRenderingsAgree holds them equal.
+// NFT renders the plan (Plan) as an abstract model that the netlink writer (iptables/nfnl)
+// translates mechanically into expressions, and Statements as nft commands (what show reports and
+// --simulate prints). The iptables rendering (XTRules) spells the same plan, so the backends
+// cannot drift apart; TestRenderingsAgree holds them equal.
 
 import (
 	"bytes"
@@ -45,23 +45,23 @@ const (
 	NFTIPv6  NFTSetType = "ipv6_addr"
 )
 
-// KeyLen is the length in bytes of the set's keys.
-func (t NFTSetType) KeyLen() int {
-	switch t {
-	case NFTPorts:
-		return 2
-	case NFTIPv4:
-		return 4
-	case NFTIPv6:
-		return 16
-	}
-	return 0
-}
-
 // NFTInterval is an inclusive range of set keys in network byte order. A single port or address
 // has First equal to Last.
 type NFTInterval struct {
 	First, Last []byte
+}
+
+// After returns the first key after the interval, and false when the interval runs to the top of
+// the key space: interval sets store an interval as its first key and the key after it.
+func (iv NFTInterval) After() ([]byte, bool) {
+	out := slices.Clone(iv.Last)
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i]++
+		if out[i] != 0 {
+			return out, true
+		}
+	}
+	return nil, false
 }
 
 // NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent
@@ -203,7 +203,7 @@ func (c NFTChain) Header() string {
 	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook.NFT, c.Priority, policy)
 }
 
-// NFTTable is the whole table: what the applier writes in one batch.
+// NFTTable is the whole table: what the native backend writes in one batch.
 type NFTTable struct {
 	// Comment records the plan (NFTComment), so an identical re-run can skip the write.
 	Comment string
@@ -363,8 +363,8 @@ func normalize(s []NFTInterval) []NFTInterval {
 	for _, iv := range s {
 		if n := len(out); n > 0 {
 			last := &out[n-1]
-			next, overflow := Increment(last.Last)
-			if overflow || bytes.Compare(iv.First, next) <= 0 {
+			next, ok := last.After()
+			if !ok || bytes.Compare(iv.First, next) <= 0 {
 				if bytes.Compare(iv.Last, last.Last) > 0 {
 					last.Last = iv.Last
 				}
@@ -374,19 +374,6 @@ func normalize(s []NFTInterval) []NFTInterval {
 		out = append(out, iv)
 	}
 	return out
-}
-
-// Increment returns k+1 as a big-endian number of the same length, and whether it overflowed
-// (k was all ones). Interval sets store an interval's end as the first key after it.
-func Increment(k []byte) ([]byte, bool) {
-	out := slices.Clone(k)
-	for i := len(out) - 1; i >= 0; i-- {
-		out[i]++
-		if out[i] != 0 {
-			return out, false
-		}
-	}
-	return out, true
 }
 
 // ElementString renders one interval of set type t in nft syntax: "80", "1000-2000",
@@ -431,10 +418,11 @@ func (s NFTSet) ElementStrings() []string {
 
 // Body renders the set's definition without its name: type, flags and elements.
 func (s NFTSet) Body() string {
-	return fmt.Sprintf("type %s; flags %s; elements = { %s };", s.Type, s.flags(), strings.Join(s.ElementStrings(), ", "))
+	return fmt.Sprintf("type %s; flags %s; elements = { %s };", s.Type, s.FlagList(), strings.Join(s.ElementStrings(), ", "))
 }
 
-func (s NFTSet) flags() string {
+// FlagList renders the set's flags in nft syntax.
+func (s NFTSet) FlagList() string {
 	if s.Flags == "" {
 		return "constant,interval"
 	}
@@ -471,53 +459,4 @@ func CompareNFT(want NFTTable, have *NFTTable) Diff {
 		h = have.Statements()
 	}
 	return diffLines(want.Statements(), h)
-}
-
-// Script renders an `nft -f` script that replaces the table atomically: the first line creates
-// the table if it is missing, so that the delete that follows cannot fail, and the whole file is
-// one transaction. Running it twice leaves the same table.
-func (t NFTTable) Script() string {
-	var b strings.Builder
-	tbl := NFTFamily + " " + NFTTableName
-	fmt.Fprintf(&b, "table %s\ndelete table %s\ntable %s {\n", tbl, tbl, tbl)
-	fmt.Fprintf(&b, "\tcomment %s\n", strconv.Quote(t.Comment))
-	for _, s := range t.Sets {
-		fmt.Fprintf(&b, "\n\tset %s {\n\t\ttype %s\n\t\tflags %s\n\t\telements = { %s }\n\t}\n",
-			s.Name, s.Type, s.flags(), strings.Join(s.ElementStrings(), ", "))
-	}
-	for _, c := range t.Chains {
-		fmt.Fprintf(&b, "\n\tchain %s {\n\t\t%s\n", c.Name, c.Header())
-		for _, r := range c.Rules {
-			fmt.Fprintf(&b, "\t\t%s\n", r)
-		}
-		b.WriteString("\t}\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
-}
-
-// NFTCleanupScript is the `nft -f` script that removes our table: what `cleanup --simulate`
-// shows for the nftables backend.
-func NFTCleanupScript() string {
-	return "delete table " + NFTFamily + " " + NFTTableName + "\n"
-}
-
-// NFTScript renders the `nft -f` script that writes r's table: what --simulate prints for the
-// nftables backend.
-func (r *Ruleset) NFTScript() string { return r.NFT().Script() }
-
-// AddrOffset is where the source (src) or destination address sits in family f's network
-// header, and its length: what a payload expression loads to match an address, in the native
-// table as in iptables-nft's.
-func AddrOffset(f Family, src bool) (offset, length uint32) {
-	switch {
-	case f == IPv6 && src:
-		return 8, 16
-	case f == IPv6:
-		return 24, 16
-	case src:
-		return 12, 4
-	default:
-		return 16, 4
-	}
 }

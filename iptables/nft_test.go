@@ -1,43 +1,15 @@
-package iptables
+package iptables_test
 
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
-
-func TestGoldenNFTScripts(t *testing.T) {
-	for name, c := range GoldenConfigs() {
-		t.Run(name, func(t *testing.T) {
-			rs, err := Build(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkGolden(t, filepath.Join("nft", name+".nft"), rs.NFTScript())
-		})
-	}
-}
-
-func mustBuild(t *testing.T, c Config) *Ruleset {
-	t.Helper()
-	rs, err := Build(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
-}
-
-func chartConfig() Config {
-	c := NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
-	c.OutboundPortsToIgnore = []string{"4567,4568"}
-	return c
-}
 
 // The two renderings of the plan say the same thing, in both directions: for every config case
 // and family, the iptables rules and the nftables rules reduce to the same list of decisions
@@ -45,9 +17,9 @@ func chartConfig() Config {
 // rules iptables splits a list into), in the same order. A rule one rendering has and the
 // other lacks, a list item missing from a set or a multiport group, or a different order fails.
 func TestRenderingsAgree(t *testing.T) {
-	for name, c := range GoldenConfigs() {
+	for name, c := range iptablestest.GoldenConfigs() {
 		t.Run(name, func(t *testing.T) {
-			rs := mustBuild(t, c)
+			rs := iptablestest.Build(t, c)
 			for _, f := range rs.Families {
 				xt, nft := xtDecisions(rs, f), nftDecisions(rs.NFT(), f)
 				if strings.Join(xt, "\n") != strings.Join(nft, "\n") {
@@ -65,17 +37,17 @@ func TestRenderingsAgree(t *testing.T) {
 // decision is one rule's meaning, with list rules merged: what TestRenderingsAgree compares.
 type decision struct {
 	chain, kind, verdict, match string
-	ports                       []NFTInterval
-	addrs                       []NFTInterval
-	addrType                    NFTSetType
+	ports                       []iptables.NFTInterval
+	addrs                       []iptables.NFTInterval
+	addrType                    iptables.NFTSetType
 }
 
 func (d decision) String() string {
 	var ps, as []string
-	for _, iv := range NormalizeIntervals(d.ports) {
-		ps = append(ps, NFTPorts.ElementString(iv))
+	for _, iv := range iptables.NormalizeIntervals(d.ports) {
+		ps = append(ps, iptables.NFTPorts.ElementString(iv))
 	}
-	for _, iv := range NormalizeIntervals(d.addrs) {
+	for _, iv := range iptables.NormalizeIntervals(d.addrs) {
 		as = append(as, d.addrType.ElementString(iv))
 	}
 	return fmt.Sprintf("%s %s %s [%s] ports=%v addrs=%v", d.chain, d.kind, d.verdict, d.match, ps, as)
@@ -103,15 +75,15 @@ func strs(ds []decision) []string {
 	return out
 }
 
-func xtDecisions(rs *Ruleset, f Family) []string {
-	typ := NFTIPv4
-	if f == IPv6 {
-		typ = NFTIPv6
+func xtDecisions(rs *iptables.Ruleset, f iptables.Family) []string {
+	typ := iptables.NFTIPv4
+	if f == iptables.IPv6 {
+		typ = iptables.NFTIPv6
 	}
 	var out []decision
-	for _, r := range rs.XTChainRules(f) {
+	for _, r := range rs.XTRules(f) {
 		d := decision{chain: r.Chain, kind: commentKind(r.Comment), verdict: r.Target}
-		if r.Target == TargetRedirect {
+		if r.Target == iptables.TargetRedirect {
 			d.verdict += fmt.Sprintf(" %d", r.ToPort)
 		}
 		var m []string
@@ -144,15 +116,15 @@ func xtDecisions(rs *Ruleset, f Family) []string {
 	return strs(out)
 }
 
-func nonZero(p PortRange) []PortRange {
+func nonZero(p iptables.PortRange) []iptables.PortRange {
 	if p.First == 0 {
 		return nil
 	}
-	return []PortRange{p}
+	return []iptables.PortRange{p}
 }
 
-func nftDecisions(t NFTTable, f Family) []string {
-	sets := map[string]NFTSet{}
+func nftDecisions(t iptables.NFTTable, f iptables.Family) []string {
+	sets := map[string]iptables.NFTSet{}
 	for _, s := range t.Sets {
 		sets[s.Name] = s
 	}
@@ -162,27 +134,27 @@ func nftDecisions(t NFTTable, f Family) []string {
 		for _, r := range c.Rules {
 			d := decision{chain: c.Name, kind: commentKind(strings.SplitN(r.Comment, ",...+", 2)[0])}
 			d.verdict = "RETURN"
-			if r.Verdict == NFTRedirect {
+			if r.Verdict == iptables.NFTRedirect {
 				d.verdict = fmt.Sprintf("REDIRECT %d", r.RedirectPort)
 			}
 			var m []string
 			for _, x := range r.Matches {
 				switch x.Kind {
-				case NFTMatchNFProto:
+				case iptables.NFTMatchNFProto:
 					if x.Family != f {
 						continue rules
 					}
-				case NFTMatchTCP:
+				case iptables.NFTMatchTCP:
 					m = append(m, "tcp")
-				case NFTMatchSkUID:
+				case iptables.NFTMatchSkUID:
 					m = append(m, fmt.Sprintf("uid %d", x.ID))
-				case NFTMatchSkGID:
+				case iptables.NFTMatchSkGID:
 					m = append(m, fmt.Sprintf("gid %d", x.ID))
-				case NFTMatchOIFName:
+				case iptables.NFTMatchOIFName:
 					m = append(m, "oif "+x.Name)
-				case NFTMatchDPortSet:
+				case iptables.NFTMatchDPortSet:
 					d.ports = sets[x.Set].Elements
-				case NFTMatchSAddrSet, NFTMatchDAddrSet:
+				case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
 					if x.Family != f {
 						continue rules
 					}
@@ -191,9 +163,9 @@ func nftDecisions(t NFTTable, f Family) []string {
 			}
 			d.match = strings.Join(m, " ")
 			for _, x := range r.Matches {
-				if x.Kind == NFTMatchSAddrSet {
+				if x.Kind == iptables.NFTMatchSAddrSet {
 					d.match += "saddr"
-				} else if x.Kind == NFTMatchDAddrSet {
+				} else if x.Kind == iptables.NFTMatchDAddrSet {
 					d.match += "daddr"
 				}
 			}
@@ -204,7 +176,7 @@ func nftDecisions(t NFTTable, f Family) []string {
 }
 
 func commentKind(c string) string {
-	c = strings.TrimPrefix(c, CommentPrefix)
+	c = strings.TrimPrefix(c, iptables.CommentPrefix)
 	for _, k := range []string{"ignore-port-", "ignore-subnet-", "redirect-port-"} {
 		if strings.HasPrefix(c, k) {
 			return k
@@ -216,14 +188,14 @@ func commentKind(c string) string {
 func TestNFTSemantics(t *testing.T) {
 	tests := []struct {
 		name   string
-		mod    func(*Config)
+		mod    func(*iptables.Config)
 		chain  string
 		want   []string // rule strings, without comments
 		absent []string // substrings that must not appear in the script
 	}{
 		{
 			name:  "chart defaults outbound",
-			chain: OutputChain,
+			chain: iptables.OutputChain,
 			want: []string{
 				"meta skuid 2102 return",
 				`oifname "lo" return`,
@@ -233,9 +205,12 @@ func TestNFTSemantics(t *testing.T) {
 			absent: []string{"nfproto", "skgid"},
 		},
 		{
-			name:  "ipv6 off: redirects are ipv4 only, v6 subnets dropped",
-			mod:   func(c *Config) { c.IPv6 = false; c.InboundSubnetsToIgnore = []string{"2001:db8::/32,192.0.2.0/24"} },
-			chain: RedirectChain,
+			name: "ipv6 off: redirects are ipv4 only, v6 subnets dropped",
+			mod: func(c *iptables.Config) {
+				c.IPv6 = false
+				c.InboundSubnetsToIgnore = []string{"2001:db8::/32,192.0.2.0/24"}
+			},
+			chain: iptables.RedirectChain,
 			want: []string{
 				"tcp dport @inbound_ignore_ports return",
 				"ip saddr @inbound_ignore_subnets_v4 return",
@@ -245,14 +220,17 @@ func TestNFTSemantics(t *testing.T) {
 		},
 		{
 			name:  "redirect listed",
-			mod:   func(c *Config) { c.PortsToRedirect = []string{"80,443"}; c.InboundPortsToIgnore = nil },
-			chain: RedirectChain,
+			mod:   func(c *iptables.Config) { c.PortsToRedirect = []string{"80,443"}; c.InboundPortsToIgnore = nil },
+			chain: iptables.RedirectChain,
 			want:  []string{"tcp dport @inbound_redirect_ports redirect to :4143"},
 		},
 		{
-			name:  "gid and outbound subnets, both families",
-			mod:   func(c *Config) { c.ProxyGID = 7; c.OutboundSubnetsToIgnore = []string{"2001:db8::1", "192.0.2.1"} },
-			chain: OutputChain,
+			name: "gid and outbound subnets, both families",
+			mod: func(c *iptables.Config) {
+				c.ProxyGID = 7
+				c.OutboundSubnetsToIgnore = []string{"2001:db8::1", "192.0.2.1"}
+			},
+			chain: iptables.OutputChain,
 			want: []string{
 				"meta skuid 2102 return",
 				"meta skgid 7 return",
@@ -266,11 +244,11 @@ func TestNFTSemantics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := chartConfig()
+			c := iptablestest.ChartConfig()
 			if tt.mod != nil {
 				tt.mod(&c)
 			}
-			rs := mustBuild(t, c)
+			rs := iptablestest.Build(t, c)
 			tbl := rs.NFT()
 			var got []string
 			for _, ch := range tbl.Chains {
@@ -284,10 +262,10 @@ func TestNFTSemantics(t *testing.T) {
 			if strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
 				t.Errorf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
 			}
-			script := rs.NFTScript()
+			script := strings.Join(tbl.Statements(), "\n")
 			for _, a := range tt.absent {
 				if strings.Contains(script, a) {
-					t.Errorf("script contains %q:\n%s", a, script)
+					t.Errorf("table contains %q:\n%s", a, script)
 				}
 			}
 			// Every set a rule names exists, and every set is used.
@@ -317,26 +295,26 @@ func TestNFTSemantics(t *testing.T) {
 func TestNFTSetElements(t *testing.T) {
 	tests := []struct {
 		name  string
-		mod   func(*Config)
+		mod   func(*iptables.Config)
 		set   string
 		elems string
 	}{
-		{"adjacent ports merge", func(c *Config) {}, "inbound_ignore_ports", "4190-4191, 4567-4568"},
-		{"overlapping ranges merge and sort", func(c *Config) { c.InboundPortsToIgnore = []string{"9000,1000-2000,1500-2500,2501,65535"} },
+		{"adjacent ports merge", func(c *iptables.Config) {}, "inbound_ignore_ports", "4190-4191, 4567-4568"},
+		{"overlapping ranges merge and sort", func(c *iptables.Config) { c.InboundPortsToIgnore = []string{"9000,1000-2000,1500-2500,2501,65535"} },
 			"inbound_ignore_ports", "1000-2501, 9000, 65535"},
-		{"contained and adjacent subnets", func(c *Config) {
+		{"contained and adjacent subnets", func(c *iptables.Config) {
 			c.OutboundSubnetsToIgnore = []string{"192.0.2.0/25,192.0.2.128/25,192.0.2.7,203.0.113.0/30,203.0.113.4"}
 		}, "outbound_ignore_subnets_v4", "192.0.2.0/24, 203.0.113.0-203.0.113.4"},
-		{"v6 host and prefix", func(c *Config) { c.OutboundSubnetsToIgnore = []string{"2001:db8::1,2001:db8:1::/48"} },
+		{"v6 host and prefix", func(c *iptables.Config) { c.OutboundSubnetsToIgnore = []string{"2001:db8::1,2001:db8:1::/48"} },
 			"outbound_ignore_subnets_v6", "2001:db8::1, 2001:db8:1::/48"},
-		{"everything", func(c *Config) { c.InboundSubnetsToIgnore = []string{"0.0.0.0/0,10.0.0.0/8"} },
+		{"everything", func(c *iptables.Config) { c.InboundSubnetsToIgnore = []string{"0.0.0.0/0,10.0.0.0/8"} },
 			"inbound_ignore_subnets_v4", "0.0.0.0/0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := chartConfig()
+			c := iptablestest.ChartConfig()
 			tt.mod(&c)
-			tbl := mustBuild(t, c).NFT()
+			tbl := iptablestest.Build(t, c).NFT()
 			for _, s := range tbl.Sets {
 				if s.Name == tt.set {
 					if got := strings.Join(s.ElementStrings(), ", "); got != tt.elems {
@@ -350,84 +328,37 @@ func TestNFTSetElements(t *testing.T) {
 	}
 }
 
-func TestIncrement(t *testing.T) {
+func TestIntervalAfter(t *testing.T) {
 	tests := []struct {
-		in, want []byte
-		overflow bool
+		last, want []byte
+		ok         bool
 	}{
-		{[]byte{0, 0}, []byte{0, 1}, false},
-		{[]byte{0, 0xff}, []byte{1, 0}, false},
-		{[]byte{0xff, 0xff}, []byte{0, 0}, true},
+		{[]byte{0, 0}, []byte{0, 1}, true},
+		{[]byte{0, 0xff}, []byte{1, 0}, true},
+		{[]byte{0xff, 0xff}, nil, false},
 	}
 	for _, tt := range tests {
-		got, of := Increment(tt.in)
-		if string(got) != string(tt.want) || of != tt.overflow {
-			t.Errorf("Increment(%x) = %x,%v; want %x,%v", tt.in, got, of, tt.want, tt.overflow)
+		got, ok := iptables.NFTInterval{First: []byte{0, 0}, Last: tt.last}.After()
+		if string(got) != string(tt.want) || ok != tt.ok {
+			t.Errorf("After(%x) = %x,%v; want %x,%v", tt.last, got, ok, tt.want, tt.ok)
 		}
 	}
 }
 
-func TestListCommentFitsNFT(t *testing.T) {
-	var many []string
-	for i := range 1000 {
-		many = append(many, netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}).String()+"/24")
-	}
-	tests := []struct {
-		name   string
-		items  []string
-		want   string
-		prefix string
-	}{
-		{"short list is verbatim", []string{"4190", "4191"}, "proxy-init/ignore-port-4190,4191", ""},
-		{"long list is cut with a count", many, "", "proxy-init/ignore-subnet-10.0.0.0/24,10.0.1.0/24,"},
-		{"one huge item", []string{strings.Repeat("x", 200)}, "proxy-init/ignore-subnet-1-items", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			prefix := "ignore-port-"
-			if tt.want == "" || strings.Contains(tt.want, "subnet") {
-				prefix = "ignore-subnet-"
-			}
-			got := listComment(Step{Kind: StepIgnorePorts, Name: prefix}, len(tt.items), func(i int) string { return tt.items[i] })
-			if len(got) > NFTCommentMax {
-				t.Errorf("len %d > %d: %s", len(got), NFTCommentMax, got)
-			}
-			if tt.want != "" && got != tt.want {
-				t.Errorf("got %q, want %q", got, tt.want)
-			}
-			if tt.prefix != "" && (!strings.HasPrefix(got, tt.prefix) || !strings.Contains(got, ",...+")) {
-				t.Errorf("got %q, want prefix %q and a ...+N marker", got, tt.prefix)
-			}
-		})
-	}
-}
-
-// Only the items that can appear in the comment are rendered, however long the list.
-func TestListCommentRendersFewItems(t *testing.T) {
-	calls := 0
-	c := listComment(Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-"}, 10000, func(i int) string { calls++; return "10.0.0.0/24" })
-	if calls > NFTCommentMax/2 {
-		t.Errorf("rendered %d items for a %d-byte comment", calls, NFTCommentMax)
-	}
-	if !strings.HasSuffix(c, ",...+"+strconv.Itoa(10000-strings.Count(c, "/24"))) {
-		t.Errorf("comment %q does not count the items left out", c)
-	}
-}
-
 func TestCompareNFT(t *testing.T) {
-	rs := mustBuild(t, chartConfig())
+	rs := iptablestest.Build(t, iptablestest.ChartConfig())
 	want := rs.NFT()
-	if d := CompareNFT(want, &want); !d.Empty() {
+	if d := iptables.CompareNFT(want, &want); !d.Empty() {
 		t.Fatalf("identical tables differ: %s", d)
 	}
-	if d := CompareNFT(want, nil); len(d.Missing) != len(want.Statements()) {
+	if d := iptables.CompareNFT(want, nil); len(d.Missing) != len(want.Statements()) {
 		t.Errorf("absent table: %d missing, want %d", len(d.Missing), len(want.Statements()))
 	}
 	// A dropped rule and a changed set element are both reported, in nft syntax.
 	have := rs.NFT()
 	have.Chains[1].Rules = have.Chains[1].Rules[1:]
 	have.Sets[0].Elements = have.Sets[0].Elements[:1]
-	d := CompareNFT(want, &have)
+	d := iptables.CompareNFT(want, &have)
 	s := d.String()
 	for _, sub := range []string{
 		"missing: add rule inet proxy_init PROXY_INIT_OUTPUT meta skuid 2102 return",
@@ -442,20 +373,43 @@ func TestCompareNFT(t *testing.T) {
 	have = rs.NFT()
 	r := have.Chains[1].Rules
 	r[0], r[1] = r[1], r[0]
-	if d := CompareNFT(want, &have); !d.Reordered {
+	if d := iptables.CompareNFT(want, &have); !d.Reordered {
 		t.Errorf("swapped rules not reported as reordered: %s", d)
 	}
 }
 
 func TestNFTCommentRecordsPlan(t *testing.T) {
-	a := mustBuild(t, chartConfig())
-	c := chartConfig()
+	a := iptablestest.Build(t, iptablestest.ChartConfig())
+	c := iptablestest.ChartConfig()
 	c.OutboundPortsToIgnore = []string{"443"}
-	b := mustBuild(t, c)
+	b := iptablestest.Build(t, c)
 	if a.NFTComment() == b.NFTComment() {
 		t.Errorf("different plans share the comment %q", a.NFTComment())
 	}
-	if !strings.Contains(a.NFTScript(), fmt.Sprintf("comment %q", a.NFTComment())) {
-		t.Errorf("script does not record the plan")
+	if !strings.Contains(a.NFT().Statements()[0], fmt.Sprintf("comment %q", a.NFTComment())) {
+		t.Errorf("the table does not record the plan: %s", a.NFT().Statements()[0])
 	}
+}
+
+// portIntervals and prefixIntervals are the set intervals a list covers, worked out here apart
+// from the builder's own.
+func portIntervals(ports []iptables.PortRange) []iptables.NFTInterval {
+	var out []iptables.NFTInterval
+	for _, p := range ports {
+		out = append(out, iptables.NFTInterval{First: []byte{byte(p.First >> 8), byte(p.First)}, Last: []byte{byte(p.Last >> 8), byte(p.Last)}})
+	}
+	return out
+}
+
+func prefixIntervals(ps []netip.Prefix) []iptables.NFTInterval {
+	var out []iptables.NFTInterval
+	for _, p := range ps {
+		first := p.Masked().Addr().AsSlice()
+		last := slices.Clone(first)
+		for b := p.Bits(); b < 8*len(last); b++ {
+			last[b/8] |= 0x80 >> (b % 8)
+		}
+		out = append(out, iptables.NFTInterval{First: first, Last: last})
+	}
+	return out
 }

@@ -30,6 +30,10 @@ const (
 	CommentPrefix = "proxy-init/"
 )
 
+// CloseWaitSysctl is the conntrack CLOSE_WAIT timeout a ruleset with CloseWaitSecs sets, per
+// network namespace.
+const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+
 // maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
 const maxMultiportPorts = 15
 
@@ -51,17 +55,12 @@ type Ruleset struct {
 	// is no rule, and not part of Hash.
 	CloseWaitSecs int64
 
-	// rendered caches Rules per family: apply, compare and payloads all need the same lines,
-	// and rendering a thousand rules more than once is a visible part of a one-shot run.
-	rendered [2]struct {
-		once  sync.Once
-		rules []Rule
+	// saved caches Saved per family: apply, compare and payloads all need the same lines, and
+	// rendering a thousand rules more than once is a visible part of a one-shot run.
+	saved [2]struct {
+		once sync.Once
+		s    SavedState
 	}
-}
-
-// Build validates c and returns the rules it describes.
-func Build(c Config) (*Ruleset, error) {
-	return c.plan()
 }
 
 // HasFamily reports whether rules are written for f.
@@ -103,8 +102,7 @@ func (r Rule) String() string {
 	return "-A " + r.Chain + " " + r.Spec
 }
 
-// writeTo writes the rule as a restore command (verb "-A " or "-D ") and a newline, without
-// building the line as a string first.
+// writeTo writes the rule as a restore command (verb "-A " or "-D ") and a newline.
 func (r Rule) writeTo(b *strings.Builder, verb string) {
 	b.WriteString(verb)
 	b.WriteString(r.Chain)
@@ -189,13 +187,22 @@ const (
 	TargetRedirect = "REDIRECT"
 )
 
-// XTChainRules returns the iptables rules inside our two chains for family f, in plan order:
+// XTRules returns the iptables rules inside our two chains for family f, in plan order:
 // first PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT. Each step becomes one rule, except that an
 // ignored port list is split into multiport groups of at most 15 ports, and a subnet list or a
 // redirected port list becomes one rule per item.
-func (r *Ruleset) XTChainRules(f Family) []XTRule {
-	// Sized up front: with a thousand subnets, a cold process pays for every page it touches.
-	out := make([]XTRule, 0, len(r.InboundIgnoreSubnets)+len(r.OutboundIgnoreSubnets)+len(r.RedirectPorts)+16)
+func (r *Ruleset) XTRules(f Family) []XTRule {
+	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
+	// pays for every page it touches.
+	n := len(r.RedirectPorts) + 16
+	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
+		for _, p := range list {
+			if f.Contains(p) {
+				n++
+			}
+		}
+	}
+	out := make([]XTRule, 0, n)
 	for _, c := range r.Plan() {
 		for _, s := range c.Steps {
 			x := XTRule{Chain: c.Name, Target: TargetReturn}
@@ -255,36 +262,35 @@ func XTJumps() []XTRule {
 	return out
 }
 
-// XTRules returns every rule for family f in the order iptables-save lists them: the jumps
-// first (built-in chains are printed before ours), then our chains in name order.
-func (r *Ruleset) XTRules(f Family) []XTRule {
-	chain := r.XTChainRules(f)
-	out := append(make([]XTRule, 0, len(chain)+2), XTJumps()...)
-	// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
-	for _, c := range []string{OutputChain, RedirectChain} {
-		for _, rl := range chain {
-			if rl.Chain == c {
-				out = append(out, rl)
-			}
-		}
+// Saved returns what iptables-save shows of ours in family f once rs is applied: our chains, then
+// every rule in the order iptables-save lists them: the jumps first (built-in chains are printed
+// before ours), then our chains' rules, chains in name order. It is empty for a family rs does not
+// write. It is rendered once per family; callers must not modify it.
+func (r *Ruleset) Saved(f Family) SavedState {
+	if !r.HasFamily(f) {
+		return SavedState{}
 	}
-	return out
-}
-
-// Rules returns every rule for family f as iptables-save would list it (XTRules, rendered).
-func (r *Ruleset) Rules(f Family) []Rule {
-	c := &r.rendered[0]
+	c := &r.saved[0]
 	if f == IPv6 {
-		c = &r.rendered[1]
+		c = &r.saved[1]
 	}
 	c.once.Do(func() {
-		xt := r.XTRules(f)
-		c.rules = make([]Rule, len(xt))
-		for i, x := range xt {
-			c.rules[i] = x.Rule()
+		chain := r.XTRules(f)
+		jumps := XTJumps()
+		c.s = SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: make([]string, 0, len(chain)+len(jumps))}
+		for _, j := range jumps {
+			c.s.Rules = append(c.s.Rules, j.Rule().String())
+		}
+		// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
+		for _, name := range c.s.Chains {
+			for _, rl := range chain {
+				if rl.Chain == name {
+					c.s.Rules = append(c.s.Rules, rl.Rule().String())
+				}
+			}
 		}
 	})
-	return c.rules
+	return c.s
 }
 
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.

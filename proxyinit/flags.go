@@ -76,28 +76,6 @@ type Options struct {
 	rules *iptables.Ruleset
 }
 
-// UsageError is bad usage or bad input: proxy-init exits 2 and writes nothing.
-type UsageError struct {
-	// Input names each offending flag, as typed, and value; Message is set instead for errors of
-	// the command line's shape (unknown flag, missing value, unknown subcommand).
-	Input   *badinput.Error
-	Message string
-}
-
-func (e *UsageError) Error() string {
-	if e.Message != "" {
-		return e.Message
-	}
-	return strings.TrimSuffix(e.Input.Lines(), "\n")
-}
-
-func (e *UsageError) Unwrap() error {
-	if e.Input == nil {
-		return nil
-	}
-	return e.Input
-}
-
 // ErrHelp is returned by Parse for -h and --help; Main prints Usage and exits 0.
 var ErrHelp = pflag.ErrHelp
 
@@ -117,8 +95,9 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs := pflag.NewFlagSet("proxy-init", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard) // Main reports errors itself, once
 	fs.SortFlags = false
+	d := iptables.NewConfig()
 	v := &flagValues{
-		inPort: newInt(-1), outPort: newInt(-1), uid: newInt(-1), gid: newInt(-1), closeWait: newInt(0),
+		inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
 		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
 		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
 		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
@@ -169,7 +148,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input (nothing is written).
 }
 
 // Parse turns a command line (without the program name) into validated Options. Every problem
-// is reported at once in a *UsageError; -h or --help returns ErrHelp. Parse reads nothing but the
+// is reported at once in a *badinput.UsageError; -h or --help returns ErrHelp. Parse reads nothing but the
 // --netns path's existence.
 func Parse(args []string) (*Options, error) {
 	fs, v := newFlagSet()
@@ -177,7 +156,7 @@ func Parse(args []string) (*Options, error) {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil, ErrHelp
 		}
-		return nil, &UsageError{Message: err.Error() + " (see proxy-init --help)"}
+		return nil, &badinput.UsageError{Message: err.Error() + " (see proxy-init --help)"}
 	}
 	o := &Options{Command: CommandApply}
 	switch pos := fs.Args(); len(pos) {
@@ -188,11 +167,11 @@ func Parse(args []string) (*Options, error) {
 		}
 		cmd, ok := lookupCommand(pos[0])
 		if !ok {
-			return nil, &UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
+			return nil, &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
 		}
 		o.Command = cmd
 	default:
-		return nil, &UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
+		return nil, &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
 	}
 
 	var probs []badinput.Problem
@@ -266,7 +245,7 @@ func Parse(args []string) (*Options, error) {
 		for i := range probs {
 			probs[i].Field = "--" + probs[i].Field
 		}
-		return nil, &UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
+		return nil, &badinput.UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
 	}
 	return o, nil
 }

@@ -11,7 +11,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // chartArgs builds the Linkerd chart's command line (partials.proxy-init), optional parts included
@@ -23,10 +25,10 @@ func chartArgs(extra ...string) []string {
 	}, extra...)
 }
 
+// cfg is the Config chartArgs describes: the chart's, without outbound ports to skip.
 func cfg(mut func(*iptables.Config)) iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
+	c := iptablestest.ChartConfig()
+	c.OutboundPortsToIgnore = nil
 	if mut != nil {
 		mut(&c)
 	}
@@ -279,9 +281,9 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("stdout not empty: %q", stdout.String())
 			}
 			_, err := Parse(tt.args)
-			var uerr *UsageError
+			var uerr *badinput.UsageError
 			if !errors.As(err, &uerr) {
-				t.Errorf("Parse error %v is not a *UsageError", err)
+				t.Errorf("Parse error %v is not a *badinput.UsageError", err)
 			}
 		})
 	}

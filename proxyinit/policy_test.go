@@ -10,18 +10,19 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/backend/backendtest"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // proxy-init's exit codes and messages for apply, show and cleanup, through the real backend
 // path with a fake applier: no root, no namespace, no kernel.
 func TestPolicyWithAFakeApplier(t *testing.T) {
-	fake := iptables.NewFake()
+	fake := iptablestest.NewFake()
 	closeWait := filepath.Join(t.TempDir(), "close_wait")
 	if err := os.WriteFile(closeWait, []byte("60\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := backend.Fake(fake, closeWait)
+	r := backendtest.Runner(fake, closeWait)
 	main := func(args ...string) (int, string, string) {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), args, &stdout, &stderr, r)

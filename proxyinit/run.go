@@ -9,13 +9,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/logging"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 	"github.com/kubemesh/proxy-init/validator"
@@ -32,10 +33,16 @@ const (
 var ErrMismatch = errors.New("the rules in place do not match the configuration")
 
 // Main runs proxy-init with args (without the program name), printing results to stdout and
-// logs and errors to stderr, and returns the exit code.
+// logs and errors to stderr, and returns the exit code. It changes nothing process-wide: the
+// settings a one-shot run wants (see OneShot) are cmd/proxy-init's to make.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return run(ctx, args, stdout, stderr, backend.Runner{})
 }
+
+// OneShot reports whether args run a command that writes, reads or prints rules and exits within
+// milliseconds: every one but validate, which waits on the network and is stopped by signals.
+// Such a run wants no garbage collection, and SIGINT and SIGTERM ignored while it writes.
+func OneShot(args []string) bool { return len(args) == 0 || args[0] != "validate" }
 
 // run is Main with the backend path as a seam: tests give it a fake applier.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend.Runner) int {
@@ -48,16 +55,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend
 		defer stop()
 		return validator.Main(ctx, args[1:], stdout, stderr)
 	}
-	// A one-shot run allocates a few megabytes at most; collecting garbage would only add to
-	// the pod's start-up. The limit keeps a pathological input from growing without bound.
-	debug.SetGCPercent(-1)
-	debug.SetMemoryLimit(256 << 20)
 	o, err := Parse(args)
 	if errors.Is(err, ErrHelp) {
 		fmt.Fprint(stdout, Usage())
 		return ExitOK
 	}
-	var uerr *UsageError
+	var uerr *badinput.UsageError
 	if errors.As(err, &uerr) {
 		fmt.Fprintln(stderr, "proxy-init: "+uerr.Error())
 		return ExitUsage
@@ -84,16 +87,14 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 	switch o.Command {
 	case CommandVersion:
 		return version(stdout, o.Output)
-	case CommandApply:
+	case CommandApply, CommandCleanup:
 		if o.Simulate {
-			return Simulate(stdout, o)
+			return simulate(ctx, o, stdout, log, r)
+		}
+		if o.Command == CommandCleanup {
+			return cleanup(ctx, o, log, r)
 		}
 		return apply(ctx, o, log, r)
-	case CommandCleanup:
-		if o.Simulate {
-			return SimulateCleanup(stdout, o)
-		}
-		return cleanup(ctx, o, log, r)
 	case CommandShow:
 		return show(ctx, o, stdout, log, r)
 	}
@@ -127,32 +128,23 @@ func apply(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) 
 	if log.Enabled(ctx, slog.LevelInfo) { // with a thousand subnets the attributes are not free
 		log.Info("configuration", configAttrs(o, rs)...)
 	}
-	ignoreSignals()
 	out, err := r.Apply(ctx, o.target(log), rs)
 	if err != nil {
 		return err
 	}
 	log.Info("rules applied", "backend", out.Backend, "changed", out.Changed, "close_wait_secs", rs.CloseWaitSecs,
-		"netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+		"netns", netnsutil.Label(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
 	return nil
 }
 
 func cleanup(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
 	start := time.Now()
-	ignoreSignals()
 	if _, err := r.Cleanup(ctx, o.target(log)); err != nil {
 		return err
 	}
-	log.Info("rules removed from every backend", "netns", nsLabel(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
+	log.Info("rules removed from every backend", "netns", netnsutil.Label(o.NetNS), "duration", time.Since(start).Round(time.Microsecond).String())
 	return nil
 }
-
-// ignoreSignals makes SIGINT and SIGTERM harmless for the rest of the process. A write takes
-// milliseconds and proxy-init exits right after it; stopping between the IPv4 and IPv6
-// transactions, or before a rollback, would leave half a mesh. The restore binaries inherit the
-// disposition, so they finish too. (There is no undoing it: os/signal cannot hand an ignored
-// SIGTERM back to the runtime's default.)
-func ignoreSignals() { signal.Ignore(os.Interrupt, syscall.SIGTERM) }
 
 // ShowReport is what `show --output json` prints.
 type ShowReport struct {
@@ -268,32 +260,25 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Match {
-		log.Warn("rules do not match the configuration", "backend", rep.Backend, "netns", nsLabel(o.NetNS), "half_applied", rep.HalfApplied)
+		log.Warn("rules do not match the configuration", "backend", rep.Backend, "netns", netnsutil.Label(o.NetNS), "half_applied", rep.HalfApplied)
 		return ErrMismatch
 	}
 	return nil
 }
 
-// Simulate prints what apply would write, changing nothing and entering no namespace
-// (iptables.Ruleset.Simulation).
-func Simulate(w io.Writer, o *Options) error {
-	rs, err := o.ruleset()
-	if err != nil {
-		return fmt.Errorf("build rules: %w", err)
+// simulate prints what apply or cleanup would do, changing nothing (backend.Runner.Simulate):
+// for the netlink modes the batch that would be sent now.
+func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
+	var rs *iptables.Ruleset
+	if o.Command == CommandApply {
+		var err error
+		if rs, err = o.ruleset(); err != nil {
+			return fmt.Errorf("build rules: %w", err)
+		}
 	}
-	_, err = io.WriteString(w, simulationHeader("apply", o)+rs.Simulation(o.Config.Mode))
+	header := fmt.Sprintf("# proxy-init %s --simulate: nothing was written (mode %s, from %s)\n", o.Command, o.Config.Mode, o.ModeSource)
+	_, err := io.WriteString(stdout, header+r.Simulate(ctx, o.target(log), rs))
 	return err
-}
-
-// SimulateCleanup prints what cleanup would remove where an apply left our rules
-// (iptables.CleanupSimulation).
-func SimulateCleanup(w io.Writer, o *Options) error {
-	_, err := io.WriteString(w, simulationHeader("cleanup", o)+iptables.CleanupSimulation(o.Config.Mode))
-	return err
-}
-
-func simulationHeader(what string, o *Options) string {
-	return fmt.Sprintf("# proxy-init %s --simulate: nothing was written (mode %s, from %s)\n", what, o.Config.Mode, o.ModeSource)
 }
 
 func configAttrs(o *Options, rs *iptables.Ruleset) []any {
@@ -318,7 +303,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"outbound_subnets_to_ignore", joinPrefixes(rs.OutboundIgnoreSubnets),
 		"families", strings.Join(fams, ","),
 		"mode", string(c.Mode),
-		"netns", nsLabel(o.NetNS),
+		"netns", netnsutil.Label(o.NetNS),
 	}
 }
 
@@ -336,13 +321,6 @@ func joinPrefixes[T fmt.Stringer](ps []T) string {
 		parts[i] = p.String()
 	}
 	return strings.Join(parts, ",")
-}
-
-func nsLabel(p string) string {
-	if p == "" {
-		return "(current)"
-	}
-	return p
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
+	"log/slog"
 	"os"
-	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,7 +18,24 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
 )
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
+
+// simulateMain runs proxy-init with a Runner that cannot enter a namespace, so --simulate plans
+// for a namespace holding nothing, as it does without privileges, whoever runs the test.
+func simulateMain(t *testing.T, args ...string) string {
+	t.Helper()
+	r := backend.Runner{Enter: func(string, bool, time.Duration, *slog.Logger, func() error) error {
+		return errors.New("a unit test enters no namespace")
+	}}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), args, &stdout, &stderr, r); code != ExitOK {
+		t.Fatalf("proxy-init %q: exit %d: %s", args, code, stderr.String())
+	}
+	return stdout.String()
+}
 
 func TestSimulatePrintsExactPayloads(t *testing.T) {
 	tests := []struct {
@@ -26,10 +48,7 @@ func TestSimulatePrintsExactPayloads(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			if code := Main(context.Background(), tt.args, &stdout, &stderr); code != ExitOK {
-				t.Fatalf("exit %d: %s", code, stderr.String())
-			}
+			out := simulateMain(t, tt.args...)
 			o, err := Parse(tt.args)
 			if err != nil {
 				t.Fatal(err)
@@ -38,7 +57,6 @@ func TestSimulatePrintsExactPayloads(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := stdout.String()
 			for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 				label := "# " + string(f) + ": "
 				want := slicesContains(tt.families, f)
@@ -68,61 +86,68 @@ func slicesContains(fs []iptables.Family, f iptables.Family) bool {
 	return false
 }
 
-func TestSimulateCloseWaitAndCleanup(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	if code := Main(context.Background(), chartArgs("--simulate", "--timeout-close-wait-secs", "120"), &stdout, &stderr); code != ExitOK {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	if !strings.Contains(stdout.String(), "# and write 120 to "+iptables.CloseWaitSysctl) {
-		t.Errorf("simulate does not mention the sysctl:\n%s", stdout.String())
+func TestSimulateCloseWait(t *testing.T) {
+	if out := simulateMain(t, chartArgs("--simulate", "--timeout-close-wait-secs", "120")...); !strings.Contains(out, "# and write 120 to "+iptables.CloseWaitSysctl) {
+		t.Errorf("simulate does not mention the sysctl:\n%s", out)
 	}
 }
 
-// cleanup --simulate shows, per mode, what removes the rules an apply wrote, rendered from the
-// plan like everything else.
+// cleanup --simulate shows, per mode, what removes our rules: for the iptables binaries the
+// restore payload that removes what an apply wrote, for the netlink modes the batch for the state
+// in place, here a namespace holding nothing.
 func TestSimulateCleanup(t *testing.T) {
 	tests := []struct {
 		mode        string
 		want, avoid []string
 	}{
-		{"nftables", []string{"delete table inet proxy_init\n"}, []string{"-X PROXY_INIT"}},
-		{"nft", []string{
+		{"nftables", []string{"# nf_tables: nothing to send, planned for a namespace holding no nf_tables tables"}, []string{"-X PROXY_INIT", "*nat"}},
+		{"legacy", []string{
 			"# ipv4: iptables-restore --noflush\n*nat\n:PROXY_INIT_REDIRECT - [0:0]\n:PROXY_INIT_OUTPUT - [0:0]\n" +
 				"-D PREROUTING -m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT\n" +
 				"-D OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT\n" +
 				"-X PROXY_INIT_REDIRECT\n-X PROXY_INIT_OUTPUT\nCOMMIT\n",
-			"# ipv6: ip6tables-restore --noflush\n"}, []string{"delete table"}},
-		{"auto", []string{"delete table inet proxy_init\n", "-X PROXY_INIT_OUTPUT\n", "any other backend"}, nil},
+			"# ipv6: ip6tables-restore --noflush\n"}, []string{"nf_tables"}},
+		{"auto", []string{"# nf_tables: nothing to send", "-X PROXY_INIT_OUTPUT\n", "any other backend"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			if code := Main(context.Background(), []string{"cleanup", "--simulate", "--iptables-mode", tt.mode}, &stdout, &stderr); code != ExitOK {
-				t.Fatalf("exit %d: %s", code, stderr.String())
-			}
+			out := simulateMain(t, "cleanup", "--simulate", "--iptables-mode", tt.mode)
 			for _, w := range tt.want {
-				if !strings.Contains(stdout.String(), w) {
-					t.Errorf("output lacks %q:\n%s", w, stdout.String())
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
 				}
 			}
 			for _, a := range tt.avoid {
-				if strings.Contains(stdout.String(), a) {
-					t.Errorf("output has %q:\n%s", a, stdout.String())
+				if strings.Contains(out, a) {
+					t.Errorf("output has %q:\n%s", a, out)
 				}
 			}
 		})
 	}
 }
 
-func TestSimulateNFTables(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	code := Main(context.Background(), chartArgs("--simulate", "--iptables-mode", "nftables"), &stdout, &stderr)
-	rs, err := iptables.Build(cfg(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if code != ExitOK || !strings.Contains(stdout.String(), rs.NFTScript()) || strings.Contains(stdout.String(), "*nat") {
-		t.Errorf("exit %d, want the nft script and no restore payload:\n%s%s", code, stdout.String(), stderr.String())
+// --simulate in the netlink modes prints the batch that would be sent, one message a line; the
+// golden files hold it for the Linkerd chart's command line and a namespace holding nothing.
+// (go test ./proxyinit -update rewrites them.)
+func TestSimulateGolden(t *testing.T) {
+	for _, mode := range []string{"nft", "nftables", "auto"} {
+		t.Run(mode, func(t *testing.T) {
+			got := simulateMain(t, chartArgs("--simulate", "--iptables-mode", mode)...)
+			path := filepath.Join("testdata", "simulate-"+mode+".txt")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (go test ./proxyinit -update writes it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("proxy-init --simulate --iptables-mode %s differs from %s (go test ./proxyinit -update if intended):\n%s", mode, path, got)
+			}
+		})
 	}
 }
 
@@ -184,24 +209,28 @@ func TestShowReport(t *testing.T) {
 	}
 }
 
-// TestIgnoreSignals shows that a SIGTERM arriving while rules are written does not stop
-// proxy-init. It runs in a child process: the disposition cannot be undone.
-func TestIgnoreSignals(t *testing.T) {
-	if os.Getenv("PROXY_INIT_TEST_SIGNALS") == "1" {
-		ignoreSignals()
-		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
-			t.Fatal(err)
+// Main changes nothing for the whole process: the settings of a one-shot run (no garbage
+// collection, SIGINT and SIGTERM ignored) are cmd/proxy-init's, whose tests show the binary
+// ignoring the signals while it writes.
+func TestMainLeavesTheProcessAlone(t *testing.T) {
+	gc := debug.SetGCPercent(-1)
+	debug.SetGCPercent(gc)
+	limit := debug.SetMemoryLimit(-1)
+	for _, args := range [][]string{chartArgs("--simulate"), {"cleanup", "--simulate"}, {"version"}} {
+		simulateMain(t, args...)
+	}
+	if now := debug.SetGCPercent(gc); now != gc {
+		t.Errorf("Main changed the GC percentage from %d to %d", gc, now)
+	}
+	if now := debug.SetMemoryLimit(-1); now != limit {
+		t.Errorf("Main changed the memory limit from %d to %d", limit, now)
+	}
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM} {
+		if signal.Ignored(sig) {
+			t.Errorf("Main made the process ignore %v", sig)
 		}
-		time.Sleep(20 * time.Millisecond)
-		return // reached only if the signal did not end the process
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestIgnoreSignals$")
-	cmd.Env = append(os.Environ(), "PROXY_INIT_TEST_SIGNALS=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the child died of the SIGTERM it should have ignored: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "PASS") {
-		t.Fatalf("the child did not report a pass:\n%s", out)
+	if !OneShot(nil) || !OneShot(chartArgs()) || !OneShot([]string{"cleanup"}) || OneShot([]string{"validate", "--timeout", "1s"}) {
+		t.Error("OneShot: every command but validate is a one-shot run")
 	}
 }

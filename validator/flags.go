@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -96,20 +95,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.ProxyUID, FlagProxyUID, c.ProxyUID, "also check that this UID's connections are NOT redirected (-1: skip; needs root or CAP_SETUID, else skipped with a log line)")
 }
 
-// UsageError is a bad command line or configuration; Main exits 2 (ExitUsage). Input names each
-// refused flag and value; Msg is set instead for errors of the command line's shape.
-type UsageError struct {
-	Msg   string
-	Input *badinput.Error
-}
-
-func (e *UsageError) Error() string {
-	if e.Input != nil {
-		return strings.TrimSuffix(e.Input.Lines(), "\n")
-	}
-	return e.Msg
-}
-
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
 
@@ -134,10 +119,10 @@ func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 		if errors.Is(err, pflag.ErrHelp) {
 			return c, ErrHelp
 		}
-		return c, &UsageError{Msg: err.Error() + " (see proxy-init validate --help)"}
+		return c, &badinput.UsageError{Message: err.Error() + " (see proxy-init validate --help)"}
 	}
 	if fs.NArg() > 0 {
-		return c, &UsageError{Msg: fmt.Sprintf("unexpected arguments %q (see proxy-init validate --help)", fs.Args())}
+		return c, &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q (see proxy-init validate --help)", fs.Args())}
 	}
 	return c, c.Validate()
 }
@@ -210,7 +195,7 @@ func (c Config) Validate() error {
 		bad(FlagProxyUID, fmt.Sprint(c.ProxyUID), fmt.Sprintf("want -1 (skip) or a UID from 1 to %d", iptables.MaxID))
 	}
 	if len(probs) > 0 {
-		return &UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
+		return &badinput.UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
 	}
 	return nil
 }

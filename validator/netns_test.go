@@ -17,6 +17,7 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/validator"
 )
 
@@ -115,12 +116,8 @@ func selfBinary(t *testing.T, who runAs) string {
 
 // ruleConfig is the chart's proxy-init configuration.
 func ruleConfig(mode iptables.Mode, ipv6 bool) iptables.Config {
-	c := iptables.NewConfig()
-	c.Mode = mode
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, proxyUID
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
-	c.OutboundPortsToIgnore = []string{"4567,4568"}
-	c.IPv6 = ipv6
+	c := iptablestest.ChartConfig()
+	c.Mode, c.IPv6 = mode, ipv6
 	return c
 }
 

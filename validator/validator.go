@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/origdst"
 )
 
@@ -94,7 +95,7 @@ func IsFailure(err error) bool {
 // ExitCode maps an error from Parse or Run to the process exit code: 0 for nil, 95 when a check
 // failed, 2 for bad usage, 1 otherwise.
 func ExitCode(err error) int {
-	var u *UsageError
+	var u *badinput.UsageError
 	switch {
 	case err == nil:
 		return ExitOK

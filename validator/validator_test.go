@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
 func TestParse(t *testing.T) {
@@ -83,9 +85,9 @@ func TestParse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseEnv(tc.args, func(k string) string { return tc.env[k] })
 			if tc.wantErr != nil {
-				var u *UsageError
+				var u *badinput.UsageError
 				if !errors.As(err, &u) {
-					t.Fatalf("Parse error = %v, want a *UsageError", err)
+					t.Fatalf("Parse error = %v, want a *badinput.UsageError", err)
 				}
 				if ExitCode(err) != ExitUsage {
 					t.Errorf("ExitCode = %d, want %d", ExitCode(err), ExitUsage)
@@ -175,7 +177,7 @@ func TestExitCode(t *testing.T) {
 		{"nil", nil, ExitOK},
 		{"failure", f, ExitRedirectFailed},
 		{"wrapped joined failures", fmt.Errorf("ctx: %w", errors.Join(errors.New("x"), f)), ExitRedirectFailed},
-		{"usage", &UsageError{Msg: "bad"}, ExitUsage},
+		{"usage", &badinput.UsageError{Message: "bad"}, ExitUsage},
 		{"other", errors.New("listen on 0.0.0.0:4140: address already in use"), ExitFailure},
 	}
 	for _, tc := range tests {

@@ -1,13 +1,17 @@
 // Command proxy-init writes the netfilter rules that send a pod's TCP traffic through its sidecar
 // proxy. It is Linkerd's proxy-init, command line included; all logic lives in package proxyinit.
 // Under one of Linkerd's names (linkerd2-proxy-init, linkerd2-network-validator; see package
-// multicall) it runs what that name runs in Linkerd.
+// multicall) it runs what that name runs in Linkerd. The settings that hold for the whole process
+// are made here, not in the library, whose tests run in one process.
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
 
 	"github.com/kubemesh/proxy-init/internal/multicall"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -23,6 +27,18 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proxy-init: "+err.Error())
 		os.Exit(proxyinit.ExitUsage)
+	}
+	if proxyinit.OneShot(args) {
+		// A one-shot run allocates a few megabytes at most; collecting garbage would only add
+		// to the pod's start-up. The limit keeps a pathological input from growing without
+		// bound.
+		debug.SetGCPercent(-1)
+		debug.SetMemoryLimit(256 << 20)
+		// SIGINT and SIGTERM are harmless for the rest of the run: a write takes milliseconds
+		// and proxy-init exits right after it, and stopping between the IPv4 and IPv6
+		// transactions, or before a rollback, would leave half a mesh. The restore binaries
+		// inherit the disposition, so they finish too.
+		signal.Ignore(os.Interrupt, syscall.SIGTERM)
 	}
 	os.Exit(proxyinit.Main(context.Background(), args, os.Stdout, os.Stderr))
 }

@@ -95,19 +95,11 @@ func mustRun(t *testing.T, want int, args ...string) result {
 	return r
 }
 
-// inNS runs a command inside the namespace (through the one helper that enters namespaces).
+// inNS runs a command inside the namespace and returns its output.
 func inNS(t *testing.T, nsPath, name string, args ...string) string {
 	t.Helper()
-	var out []byte
-	err := netnsutil.Do(nsPath, func() error {
-		var err error
-		out, err = exec.Command(name, args...).CombinedOutput()
-		return err
-	})
-	if err != nil {
-		t.Fatalf("%s %q in %s: %v\n%s", name, args, nsPath, err, out)
-	}
-	return string(out)
+	out, stderr := nt.Output(t, nt.Existing(nsPath, nsPath), "", name, args...)
+	return out + stderr
 }
 
 // saveNat is *-save -t nat without the timestamped comment lines, so runs compare.
@@ -301,13 +293,15 @@ func TestUserNamespacePod(t *testing.T) {
 	}
 }
 
+// --simulate writes nothing in any mode. The netlink modes print the batch planned from the
+// namespace's state, read for real: into a namespace already holding the rules, nothing.
 func TestSimulateWritesNothing(t *testing.T) {
 	nt.RequireRoot(t)
 	tests := []struct {
-		mode          string
-		restores, nft int // iptables-restore payloads and nft scripts expected
+		mode              string
+		restores, batches int // iptables-restore payloads and nf_tables batches expected
 	}{
-		{"legacy", 2, 0}, {"nft", 2, 0}, {"plain", 2, 0}, {"nftables", 0, 1}, {"auto", 2, 1},
+		{"legacy", 2, 0}, {"nft", 0, 1}, {"plain", 2, 0}, {"nftables", 0, 1}, {"auto", 2, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mode, func(t *testing.T) {
@@ -316,10 +310,24 @@ func TestSimulateWritesNothing(t *testing.T) {
 			if strings.Count(r.stdout, "*nat\n") != tt.restores || strings.Count(r.stdout, "COMMIT\n") != tt.restores {
 				t.Errorf("simulate did not print %d iptables-restore payloads:\n%s", tt.restores, r.stdout)
 			}
-			if got := strings.Count(r.stdout, "table inet proxy_init {\n"); got != tt.nft {
-				t.Errorf("simulate printed %d nft scripts, want %d:\n%s", got, tt.nft, r.stdout)
+			if got := strings.Count(r.stdout, "# nf_tables transaction planned at ruleset generation "); got != tt.batches {
+				t.Errorf("simulate printed %d batches planned from the namespace's state, want %d:\n%s", got, tt.batches, r.stdout)
 			}
 			assertPristine(t, ns)
+		})
+	}
+	for _, mode := range []string{"nft", "nftables"} {
+		t.Run(mode+"-applied", func(t *testing.T) {
+			ns := newNS(t)
+			mustRun(t, 0, args(chart, []string{"--netns", ns, "--iptables-mode", mode})...)
+			r := mustRun(t, 0, args(chart, []string{"--netns", ns, "--iptables-mode", mode, "--simulate"})...)
+			if !strings.Contains(r.stdout, "# nf_tables: nothing to send, planned at ruleset generation") {
+				t.Errorf("simulate over the rules it would write wants to send something:\n%s", r.stdout)
+			}
+			r = mustRun(t, 0, args([]string{"cleanup", "--netns", ns, "--iptables-mode", mode, "--simulate"})...)
+			if !strings.Contains(r.stdout, "delete chain ip nat PROXY_INIT_OUTPUT") && !strings.Contains(r.stdout, "delete table inet proxy_init") {
+				t.Errorf("cleanup --simulate does not show the removal:\n%s", r.stdout)
+			}
 		})
 	}
 }

@@ -22,6 +22,7 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // TestAgent runs every scenario against one kube-apiserver, each with an agent of its own (a node
@@ -277,8 +278,8 @@ func (failing) Apply(context.Context, *iptables.Ruleset) (iptables.Result, error
 // the agent's lookup, and ADD succeeds.
 func testAgentWriteFails(t *testing.T, c *kubetest.Cluster) {
 	refuse := backend.Runner{Choose: func(backend.Options) (iptables.Applier, string, error) {
-		return failing{iptables.NewFake()}, "a test asks for it", nil
-	}, Others: func(iptables.Applier) []backend.Other { return nil }}
+		return failing{iptablestest.NewFake()}, "a test asks for it", nil
+	}, Others: func([]iptables.Backend) []iptables.Applier { return nil }}
 	r := newRig(t, c, rigOpts{runner: refuse})
 	p := r.createPod("refused", nil, nil)
 	add := r.run("ADD", r.args(p, r.conf))

@@ -35,7 +35,7 @@ var drifts = []drift{
 		apply(t, p, expected(t, iptables.ModeNFTables, nil)) // the native table, which removes iptables-nft's
 	}, "missing"},
 	{"half-applied", func(t *testing.T, p *pod, rs rules) {
-		if _, err := nt.RunInWithInput(t, p.netns, rs.rs.Payload(iptables.IPv4, iptables.SavedState{}), "iptables-nft-restore", "--noflush"); err != nil {
+		if _, err := nt.RunInWithInput(t, p.netns, iptables.TransitionPayload(iptables.SavedState{}, rs.rs.Saved(iptables.IPv4)), "iptables-nft-restore", "--noflush"); err != nil {
 			t.Fatal(err)
 		}
 	}, "half-applied: ipv4 has every rule but ipv6 has none"},

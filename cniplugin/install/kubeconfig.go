@@ -11,13 +11,6 @@ import (
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
 
-// Names in the plugin's kubeconfig (docs/linkerd-compatibility.md, "Installer environment").
-const (
-	KubeconfigCluster = kubeconfig.Cluster
-	KubeconfigUser    = kubeconfig.User
-	KubeconfigContext = kubeconfig.Context
-)
-
 // kubeconfigMode keeps the token readable by root only; Linkerd writes
 // 0644 and so hands the token to every local user.
 const kubeconfigMode fs.FileMode = 0o600

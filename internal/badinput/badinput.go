@@ -3,8 +3,8 @@
 // key of the CNI network config, a pod annotation, an environment variable), the value as given,
 // and why it is refused, all at once: proxy-init's and the validator's flags, the CNI network
 // config and annotations, the installer's environment and the repair controller's flags. The
-// rule builder's own checks (iptables.Config.Validate) produce it too, so a front end only
-// renames the fields to the names its user typed.
+// rule builder's own checks (iptables.Build) produce it too, so a front end only renames the
+// fields to the names its user typed. UsageError wraps it for the commands, which exit 2 on it.
 package badinput
 
 import (
@@ -64,4 +64,26 @@ func As(err error) (*Error, bool) {
 	var e *Error
 	ok := errors.As(err, &e)
 	return e, ok
+}
+
+// UsageError is a command line a command refuses: its values (Input, every problem naming the
+// flag as typed and the value), or its shape (Message: an unknown flag, a missing value, an
+// unknown subcommand). The commands exit 2 on it and write nothing.
+type UsageError struct {
+	Input   *Error
+	Message string
+}
+
+func (e *UsageError) Error() string {
+	if e.Input != nil {
+		return strings.TrimSuffix(e.Input.Lines(), "\n")
+	}
+	return e.Message
+}
+
+func (e *UsageError) Unwrap() error {
+	if e.Input == nil {
+		return nil
+	}
+	return e.Input
 }

@@ -16,6 +16,7 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // runs is how many times each command is timed; the median is reported.
@@ -26,13 +27,7 @@ var chartArgs = []string{
 	"--inbound-ports-to-ignore", "4190,4191,4567,4568", "--outbound-ports-to-ignore", "4567,4568",
 }
 
-func chartConfig() iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
-	c.OutboundPortsToIgnore = []string{"4567,4568"}
-	return c
-}
+func chartConfig() iptables.Config { return iptablestest.ChartConfig() }
 
 // manySubnets returns n host subnets from the documentation ranges, half IPv4 and half IPv6.
 func manySubnets(n int) []string {
@@ -236,9 +231,19 @@ func BenchmarkApply(b *testing.B) {
 		rows = append(rows, row{"proxy-init --iptables-mode " + flavor + ", chart defaults, v4+v6", got, base,
 			"2x " + flavor + " iptables-restore, same payloads", target, limit})
 		// What no Go tool that runs the two restores can beat: starting at all, then the restores.
-		got, base = compare(b, append([]step{{name: empty}}, restores...), restores)
+		floor := append([]step{{name: empty}}, restores...)
+		got, base = compare(b, floor, restores)
 		rows = append(rows, row{"  floor: an empty Go program, then the same 2 restores", got, base,
 			"2x " + flavor + " iptables-restore, same payloads", "the least any Go tool can reach here", 0})
+		if flavor == "legacy" {
+			got, base = compare(b, proxyInit(bin, flavor), floor)
+			rows = append(rows, row{"proxy-init --iptables-mode legacy, chart defaults, v4+v6", got, base,
+				"an empty Go program + the same 2 restores", "<= 1.1x", 1.1})
+			// Where the difference goes: starting the larger binary instead of an empty one.
+			got, base = compare(b, append([]step{{name: bin, args: []string{"version"}}}, restores...), floor)
+			rows = append(rows, row{"  where it goes: proxy-init version, then the 2 restores", got, base,
+				"an empty Go program + the same 2 restores", "start-up of the larger binary", 0})
+		}
 
 		subnets := manySubnets(1000)
 		cfg := chartConfig()
@@ -267,6 +272,37 @@ func BenchmarkApply(b *testing.B) {
 		fmt.Println(r)
 	}
 	connectionRates(b)
+}
+
+// BenchmarkAgainstBaseline compares this proxy-init with another build of it, named by
+// $PROXY_INIT_BENCH_BASELINE (the last release, or the commit before a change), mode by mode in
+// the same run: what "no mode slower than before" is measured with. It is skipped when unset.
+func BenchmarkAgainstBaseline(b *testing.B) {
+	nt.RequireRoot(b)
+	old := os.Getenv("PROXY_INIT_BENCH_BASELINE")
+	if old == "" {
+		b.Skip("PROXY_INIT_BENCH_BASELINE names no proxy-init to compare with")
+	}
+	bin := buildProxyInit(b)
+	subnets := []string{"--subnets-to-ignore", strings.Join(manySubnets(1000), ",")}
+	var rows []row
+	for _, c := range []struct {
+		mode  string
+		extra []string
+		what  string
+	}{
+		{"nft", nil, "chart defaults"}, {"nftables", nil, "chart defaults"}, {"auto", nil, "chart defaults"},
+		{"legacy", nil, "chart defaults"}, {"nft", subnets, "1,000 inbound subnets"}, {"nftables", subnets, "1,000 inbound subnets"},
+		{"legacy", subnets, "1,000 inbound subnets"},
+	} {
+		got, base := compare(b, proxyInit(bin, c.mode, c.extra...), proxyInit(old, c.mode, c.extra...))
+		rows = append(rows, row{"proxy-init --iptables-mode " + c.mode + ", " + c.what, got, base,
+			"the same with " + filepath.Base(old), "<= 1.0x", 1.0})
+	}
+	fmt.Printf("\nApply latency against %s, median of %d runs each:\n", old, runs)
+	for _, r := range rows {
+		fmt.Println(r)
+	}
 }
 
 // connectionRates prints how many new outbound connections per second pass through the rules,

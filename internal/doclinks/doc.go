@@ -2,6 +2,9 @@
 // CONTRIBUTING.md and docs/*.md must name a file or directory of the repository, and every
 // #anchor must name a heading of the page it points at, as GitHub derives anchors from headings.
 //
+// It is all test: the checker lives in its test files, so no program links it (the dead-code
+// check in make test holds that).
+//
 // Limits: inline links only ([text](target)); reference-style links and links inside code are
 // not checked, nor are absolute URLs (that would need the network).
 package doclinks

@@ -157,6 +157,26 @@ func RunIn(t testing.TB, n *NS, name string, args ...string) (string, error) {
 	return RunInWithInput(t, n, "", name, args...)
 }
 
+// Output runs the command inside n with stdin fed from input, and returns its
+// stdout and stderr apart, so that a warning on stderr cannot hide in the output
+// a test compares. A failure to run it, or a non-zero exit, fails the test.
+func Output(t testing.TB, n *NS, input, name string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	var o, e strings.Builder
+	err := n.Do(func() error {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Stdin = strings.NewReader(input)
+		cmd.Stdout, cmd.Stderr = &o, &e
+		return cmd.Run()
+	})
+	if err != nil {
+		t.Fatalf("%s %s in %s: %v\nstdout:\n%s\nstderr:\n%s", name, strings.Join(args, " "), n, err, o.String(), e.String())
+	}
+	return o.String(), e.String()
+}
+
 // RunInWithInput is RunIn with stdin fed from input (for iptables-restore,
 // nft -f -, ...).
 func RunInWithInput(t testing.TB, n *NS, input, name string, args ...string) (string, error) {

@@ -54,6 +54,15 @@ func Do(nsPath string, fn func() error) error {
 	return nil
 }
 
+// Label names the namespace at nsPath in messages and logs: the path, or "(current)" for the
+// empty path Do takes as the current namespace.
+func Label(nsPath string) string {
+	if nsPath == "" {
+		return "(current)"
+	}
+	return nsPath
+}
+
 // Current names the calling thread's network namespace as the kernel does ("net:[4026532281]",
 // what `ls -l /proc/PID/ns/net` shows), for messages. Call it from inside Do to name the
 // namespace entered.

@@ -3,10 +3,7 @@ package release
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
-	"net/http"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -82,12 +79,6 @@ func (a *artifact) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
 		return l, nil
 	}
 	return nil, fmt.Errorf("artifact has no blob %s", h)
-}
-
-// isNotFound says whether a registry answered 404.
-func isNotFound(err error) bool {
-	var te *transport.Error
-	return errors.As(err, &te) && te.StatusCode == http.StatusNotFound
 }
 
 // splitTag splits repository:tag (a tag after the last slash).

@@ -42,8 +42,13 @@ func (f *Fallback) Name() string {
 	return a.Name()
 }
 
-// Chosen is the backend that wrote or read last, or nil.
-func (f *Fallback) Chosen() iptables.Applier { return f.chosen }
+// Covers is what the backend that wrote or read last covers; nothing before one has.
+func (f *Fallback) Covers() []iptables.Backend {
+	if f.chosen == nil {
+		return nil
+	}
+	return f.chosen.Covers()
+}
 
 // passedOver reports whether err lets the search go on to the next backend.
 func passedOver(err error) bool {
@@ -132,8 +137,18 @@ func hasRules(st iptables.State) bool {
 	return false
 }
 
-// Cleanup removes our rules with the first backend that works; backend.Cleanup then removes
-// those of every other.
+// Present lists what of ours the first backend that can read finds.
+func (f *Fallback) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
+	var es []iptables.Elsewhere
+	_, err := f.first(func(a iptables.Applier) (err error) {
+		es, err = a.Present(ctx)
+		return err
+	})
+	return es, err
+}
+
+// Cleanup removes our rules with the first backend that works; the Runner then removes those of
+// every backend it does not cover.
 func (f *Fallback) Cleanup(ctx context.Context) error {
 	_, err := f.first(func(a iptables.Applier) error { return a.Cleanup(ctx) })
 	return err

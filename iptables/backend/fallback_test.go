@@ -20,6 +20,13 @@ type fake struct {
 
 func (f *fake) Name() string { return f.name }
 
+func (f *fake) Covers() []iptables.Backend { return []iptables.Backend{iptables.Backend(f.name)} }
+
+func (f *fake) Present(context.Context) ([]iptables.Elsewhere, error) {
+	*f.calls = append(*f.calls, "present "+f.name)
+	return nil, f.err
+}
+
 func (f *fake) Apply(context.Context, *iptables.Ruleset) (iptables.Result, error) {
 	*f.calls = append(*f.calls, "apply "+f.name)
 	return iptables.Result{Changed: f.err == nil}, f.err
@@ -83,7 +90,7 @@ func TestFallbackApply(t *testing.T) {
 				t.Errorf("calls %q, want %q", got, c.calls)
 			}
 			if c.err == "" {
-				if err != nil || res.Note != c.note || f.Name() != c.chosen {
+				if err != nil || res.Note != c.note || f.Name() != c.chosen || f.Covers()[0] != iptables.Backend(c.chosen) {
 					t.Errorf("apply: %v, note %q, name %q; want success, note %q, name %q", err, res.Note, f.Name(), c.note, c.chosen)
 				}
 				return
@@ -91,8 +98,8 @@ func TestFallbackApply(t *testing.T) {
 			if err == nil || err.Error() != c.err {
 				t.Errorf("apply error:\n %v\nwant:\n %s", err, c.err)
 			}
-			if f.Chosen() != nil {
-				t.Errorf("a failed apply chose %s", f.Chosen().Name())
+			if f.chosen != nil || f.Covers() != nil {
+				t.Errorf("a failed apply chose %s", f.chosen.Name())
 			}
 		})
 	}

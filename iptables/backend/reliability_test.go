@@ -12,6 +12,7 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // writerModes are the modes that write rules somewhere different.
@@ -67,11 +68,8 @@ func TestShowReportsOtherBackends(t *testing.T) {
 	w := &world{Pair: nt.NewPair(t)}
 	apply(t, w, iptables.ModeNFT, suiteConfig())
 	// Write the native table too, behind the runner's back.
-	rs, err := iptables.Build(suiteConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := nt.RunInWithInput(t, w.Pod, rs.NFTScript(), "nft", "-f", "-"); err != nil {
+	rs := iptablestest.Build(t, suiteConfig())
+	if _, err := nt.RunInWithInput(t, w.Pod, iptablestest.NFTScript(rs.NFT()), "nft", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
 	st := show(t, w, iptables.ModeNFT, suiteConfig())
@@ -168,7 +166,7 @@ func TestHalfAppliedIsNamedAndCompleted(t *testing.T) {
 			}
 			// What a kill between the families leaves: IPv4's transaction only.
 			restore := "iptables-" + string(mode) + "-restore"
-			if _, err := nt.RunInWithInput(t, w.Pod, rs.Payload(iptables.IPv4, iptables.SavedState{}), restore, "--noflush"); err != nil {
+			if _, err := nt.RunInWithInput(t, w.Pod, iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(iptables.IPv4)), restore, "--noflush"); err != nil {
 				t.Fatal(err)
 			}
 			st := show(t, w, mode, full)

@@ -21,9 +21,8 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/nftables"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
-	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // Target is one namespace to work in, and how.
@@ -52,10 +51,7 @@ func (t Target) NetNSLabel() string {
 	if t.label != "" {
 		return t.label
 	}
-	if t.NetNS == "" {
-		return "(current)"
-	}
-	return t.NetNS
+	return netnsutil.Label(t.NetNS)
 }
 
 // Outcome says what Apply did, for the caller's log line.
@@ -70,9 +66,9 @@ type Outcome struct {
 type Runner struct {
 	// Choose picks the applier for the options and says why; nil means New.
 	Choose func(Options) (iptables.Applier, string, error)
-	// Others returns the backends, other than the chosen one, that may hold rules of ours; nil
-	// means every real one.
-	Others func(chosen iptables.Applier) []Other
+	// Others returns what looks for and removes rules of ours in every backend but the covered
+	// ones (those the chosen applier works on); nil means the real ones.
+	Others func(covered []iptables.Backend) []iptables.Applier
 	// Enter runs fn inside the namespace at path (the current one for "") holding its lock,
 	// shared or exclusive, and logs to log what it must; nil means the real one (netnsutil.Do
 	// and Lock).
@@ -82,14 +78,6 @@ type Runner struct {
 	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
 	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
 	Helper string
-}
-
-// Other is a backend that is not the chosen one: what of ours it holds, and how to remove it.
-type Other struct {
-	Name string
-	// Present lists the rules or objects of ours it holds; none means nothing to remove.
-	Present func(ctx context.Context) ([]string, error)
-	Remove  func(ctx context.Context) error
 }
 
 // Apply writes rs into the target namespace, removes our rules from every other backend (after
@@ -110,7 +98,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		if res.Note != "" {
 			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
 		}
-		if err := r.removeOthers(ctx, a, true); err != nil {
+		if err := r.removeOthers(ctx, a); err != nil {
 			return err
 		}
 		if rs.CloseWaitSecs > 0 {
@@ -137,14 +125,12 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
-		for _, o := range r.others(a) {
-			lines, err := o.Present(ctx)
+		for _, o := range r.others(a.Covers()) {
+			es, err := o.Present(ctx)
 			if err != nil {
-				return fmt.Errorf("look for rules of ours in %s: %w", o.Name, err)
+				return fmt.Errorf("look for rules of ours in %s: %w", o.Name(), err)
 			}
-			if len(lines) > 0 {
-				st.Elsewhere = append(st.Elsewhere, iptables.Elsewhere{Backend: o.Name, Rules: lines})
-			}
+			st.Elsewhere = append(st.Elsewhere, es...)
 		}
 		if rs.CloseWaitSecs > 0 {
 			s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(rs.CloseWaitSecs, 10)}
@@ -172,22 +158,14 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
 		}
 		out.Backend = a.Name()
-		return r.removeOthers(ctx, a, false)
+		return r.removeOthers(ctx, a)
 	})
 	return out, err
 }
 
 // in enters the target, takes its lock and chooses the backend, logging the choice.
 func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) error {
-	enter := r.Enter
-	if enter == nil {
-		enter = enterLocked
-	}
-	wait := t.WaitTimeout
-	if wait <= 0 {
-		wait = xtables.DefaultWaitTimeout
-	}
-	return enter(t.NetNS, exclusive, wait, t.log(), func() error {
+	return r.enter()(t.NetNS, exclusive, xtables.WaitTimeout, t.log(), func() error {
 		choose := r.Choose
 		if choose == nil {
 			choose = New
@@ -201,6 +179,13 @@ func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) er
 	})
 }
 
+func (r Runner) enter() func(string, bool, time.Duration, *slog.Logger, func() error) error {
+	if r.Enter != nil {
+		return r.Enter
+	}
+	return enterLocked
+}
+
 func (r Runner) closeWaitFile() string {
 	if r.CloseWaitFile != "" {
 		return r.CloseWaitFile
@@ -208,84 +193,47 @@ func (r Runner) closeWaitFile() string {
 	return iptables.CloseWaitSysctl
 }
 
-// others are the backends to look at besides a.
-func (r Runner) others(a iptables.Applier) []Other {
+// others are what looks at the backends not covered.
+func (r Runner) others(covered []iptables.Backend) []iptables.Applier {
 	if r.Others != nil {
-		return r.Others(a)
+		return r.Others(covered)
 	}
-	return realOthers(a)
+	return realOthers(covered)
 }
 
-// clearer is an applier whose Apply also removes, in its own transaction, the rules of ours that
-// the backends ClearsOnApply names hold: they need no second look after it.
-type clearer interface{ ClearsOnApply() []string }
-
-// removeOthers removes our rules from every backend but the chosen one. Each first checks,
-// without exec, whether there is anything to remove, so this costs no process in the common case.
-func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier, afterApply bool) error {
-	var cleared []string
-	if f, ok := chosen.(*Fallback); ok {
-		chosen = f.Chosen()
-	}
-	if c, ok := chosen.(clearer); ok && afterApply {
-		cleared = c.ClearsOnApply()
-	}
+// removeOthers removes our rules from every backend the chosen applier does not cover. Each
+// first checks, without exec, whether there is anything to remove, so this costs no process in
+// the common case.
+func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error {
 	var errs []error
-	for _, o := range r.others(chosen) {
-		if slices.Contains(cleared, o.Name) {
-			continue
-		}
-		if err := o.Remove(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name, err))
+	for _, o := range r.others(chosen.Covers()) {
+		if err := o.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name(), err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// realOthers are the real backends other than the one chosen: the native nftables table,
-// iptables-nft's chains (found and removed by the netlink writer, so no binary is needed) and
-// iptables-legacy's (which /proc shows without exec; in a fresh namespace the legacy binaries
-// are not even looked up, and without them no earlier run could have written legacy rules).
-func realOthers(chosen iptables.Applier) []Other {
-	if f, ok := chosen.(*Fallback); ok {
-		chosen = f.Chosen()
-	}
-	x, _ := chosen.(*xtables.Applier)
-	_, native := chosen.(*nftables.Applier)
-	// The netlink writer's rules are iptables-nft's: the same chains as the binaries write.
-	_, xtNetlink := chosen.(*xtnft.Applier)
-	var out []Other
-	if !native {
-		n := nftables.New()
-		out = append(out, Other{Name: nftables.Name, Present: n.Present, Remove: n.Cleanup})
-	}
-	if !xtNetlink && (x == nil || x.Flavor() != xtables.NFT) {
-		x := xtnft.New()
-		out = append(out, Other{Name: xtnft.Name, Present: x.Present, Remove: x.Cleanup})
-	}
-	if x == nil || x.Flavor() != xtables.Legacy {
-		legacy := func() (*xtables.Applier, bool) {
-			if !xtables.LegacyNATExists(iptables.IPv4) && !xtables.LegacyNATExists(iptables.IPv6) {
-				return nil, false
-			}
-			a, err := xtables.New(iptables.ModeLegacy, xtables.Options{})
-			return a, err == nil
+// realOthers looks at the backends not covered: iptables-nft's rules and the native table
+// through one nf_tables applier covering those of the two not covered (one read and one batch
+// for both), and iptables-legacy's rules, which /proc shows without exec (in a fresh namespace
+// the legacy binaries are not even looked up, and without them no earlier run could have
+// written legacy rules).
+func realOthers(covered []iptables.Backend) []iptables.Applier {
+	var out []iptables.Applier
+	var netlink []iptables.Backend
+	for _, b := range []iptables.Backend{iptables.BackendNFT, iptables.BackendNFTables} {
+		if !slices.Contains(covered, b) {
+			netlink = append(netlink, b)
 		}
-		out = append(out, Other{
-			Name: "iptables-legacy",
-			Present: func(ctx context.Context) ([]string, error) {
-				if a, ok := legacy(); ok {
-					return a.Present(ctx)
-				}
-				return nil, nil
-			},
-			Remove: func(ctx context.Context) error {
-				if a, ok := legacy(); ok {
-					return a.Cleanup(ctx)
-				}
-				return nil
-			},
-		})
+	}
+	if len(netlink) > 0 {
+		out = append(out, nfnl.New(netlink...))
+	}
+	if !slices.Contains(covered, iptables.BackendLegacy) && (xtables.LegacyNATExists(iptables.IPv4) || xtables.LegacyNATExists(iptables.IPv6)) {
+		if a, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
+			out = append(out, a)
+		}
 	}
 	return out
 }
@@ -352,17 +300,5 @@ func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err e
 			return nil, fmt.Errorf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting", wait)
 		}
 		time.Sleep(pause)
-	}
-}
-
-// Fake returns a Runner that takes the whole path with a, which is usually an *iptables.Fake:
-// it enters no namespace, takes no lock, has no other backend to clear, and reads and writes the
-// close-wait timeout in closeWaitFile. Unit tests of the callers' policy use it without root.
-func Fake(a iptables.Applier, closeWaitFile string) Runner {
-	return Runner{
-		Choose:        func(Options) (iptables.Applier, string, error) { return a, "a test asks for it", nil },
-		Others:        func(iptables.Applier) []Other { return nil },
-		Enter:         func(_ string, _ bool, _ time.Duration, _ *slog.Logger, fn func() error) error { return fn() },
-		CloseWaitFile: closeWaitFile,
 	}
 }

@@ -1,34 +1,40 @@
-// Package backend chooses the applier for a mode, including "auto", and runs the one path from a
-// ruleset to a namespace (Runner: enter, lock, choose, write or read or remove, clear the other
-// backends, close-wait), so one backend's rules redirect at a time. It decides nothing about which
-// rules exist; that is the builder's job. The Applier interface itself is declared in package
-// iptables.
+// Package backend holds the Runner, the one path from a ruleset to a namespace (enter, lock,
+// choose the backend and log why, write or read or remove, clear the other backends, set or check
+// the close-wait sysctl), and the choice of the applier for a mode, including "auto", so one
+// backend's rules redirect at a time. It decides nothing about which rules exist; that is the
+// builder's job. The Applier interface itself is declared in package iptables.
 package backend
 
 import (
+	"context"
 	"fmt"
-	"time"
+	"strings"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/nftables"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
-	"github.com/kubemesh/proxy-init/iptables/xtnft"
 )
 
 // Options choose and configure a backend.
 type Options struct {
 	Mode iptables.Mode
-	// Wait makes the iptables binaries wait for the xtables lock, at most WaitTimeout.
-	Wait        bool
-	WaitTimeout time.Duration
+	// Wait makes the iptables binaries wait for the xtables lock (at most xtables.WaitTimeout).
+	Wait bool
 }
+
+// The two netlink writers: each covers both representations, so its one batch also clears the
+// other of ours.
+var (
+	netlinkXT     = try{"iptables-nft over netlink", func() (iptables.Applier, error) { return nfnl.New(iptables.BackendNFT, iptables.BackendNFTables), nil }}
+	netlinkNative = try{"native nftables", func() (iptables.Applier, error) { return nfnl.New(iptables.BackendNFTables, iptables.BackendNFT), nil }}
+)
 
 // New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
 // log: in auto mode it is the only record of why a node got the backend it got. The modes nft
 // and auto decide by writing (see Fallback); their Result.Note says which backend wrote when the
 // first could not.
 func New(opts Options) (iptables.Applier, string, error) {
-	xo := xtables.Options{Wait: opts.Wait, WaitTimeout: opts.WaitTimeout}
+	xo := xtables.Options{Wait: opts.Wait}
 	binaries := func(m iptables.Mode) func() (iptables.Applier, error) {
 		return func() (iptables.Applier, error) {
 			a, err := xtables.New(m, xo)
@@ -38,13 +44,12 @@ func New(opts Options) (iptables.Applier, string, error) {
 			return a, nil
 		}
 	}
-	netlink := try{"iptables-nft over netlink", func() (iptables.Applier, error) { return xtnft.New(), nil }}
 	switch opts.Mode {
 	case iptables.ModePlain:
 		// Plain iptables that drives nf_tables writes iptables-nft's rules, which the netlink
 		// writer writes too, in one transaction for both families and without exec.
 		if f, err := xtables.DetectPlain(); err == nil && f == xtables.NFT {
-			return &Fallback{tries: []try{netlink, {"the iptables binaries", binaries(iptables.ModePlain)}}},
+			return &Fallback{tries: []try{netlinkXT, {"the iptables binaries", binaries(iptables.ModePlain)}}},
 				"--iptables-mode=plain, and the iptables binaries drive nf_tables: their rules written over netlink, or by the binaries where the kernel refuses that", nil
 		}
 		fallthrough
@@ -55,17 +60,89 @@ func New(opts Options) (iptables.Applier, string, error) {
 		}
 		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
 	case iptables.ModeNFT:
-		return &Fallback{tries: []try{netlink, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
+		return &Fallback{tries: []try{netlinkXT, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
 			"--iptables-mode=nft asks for iptables-nft's rules: written over netlink, or by the iptables-nft binaries where the kernel refuses that", nil
 	case iptables.ModeNFTables:
-		return nftables.New(), "--iptables-mode=nftables asks for it", nil
+		a, _ := netlinkNative.new()
+		return a, "--iptables-mode=nftables asks for it", nil
 	case iptables.ModeAuto, "":
-		return &Fallback{tries: []try{
-				netlink,
-				{"native nftables", func() (iptables.Applier, error) { return nftables.New(), nil }},
-				{"iptables-legacy", binaries(iptables.ModeLegacy)},
-			}},
+		return &Fallback{tries: []try{netlinkXT, netlinkNative, {"iptables-legacy", binaries(iptables.ModeLegacy)}}},
 			"auto: the first the kernel accepts of iptables-nft's rules over netlink (what `iptables -t nat -S` shows), the native nftables table, iptables-legacy", nil
 	}
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
+}
+
+// Simulate renders what Apply (rs non-nil) or Cleanup (rs nil) would do in the target namespace
+// in its mode, and changes nothing. The netlink writers show the batch they would send, one
+// message a line, planned from the state in place, read under the namespace's shared lock; where
+// the namespace cannot be entered or its state read (without privileges, say), the batch for a
+// namespace holding nothing, which says why. The iptables binaries show their restore payloads
+// for a namespace holding none of our rules. Auto shows each of its choices, in order.
+func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) string {
+	switch t.Mode {
+	case iptables.ModeLegacy, iptables.ModePlain:
+		return simulation(t.Mode, rs, nil)
+	}
+	var out string
+	err := r.enter()(t.NetNS, false, xtables.WaitTimeout, t.log(), func() error {
+		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).Plan(ctx, rs).String() })
+		return nil
+	})
+	if err != nil {
+		why := err.Error()
+		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).PlanFresh(rs, why).String() })
+	}
+	return out
+}
+
+// simulation renders Simulate's text for mode; plan renders the batch of the netlink writer
+// covering backends.
+func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...iptables.Backend) string) string {
+	var b strings.Builder
+	netlink := func(title string, bs ...iptables.Backend) {
+		b.WriteString("# " + title + "\n")
+		b.WriteString(plan(bs...))
+	}
+	restores := func() {
+		fams := []iptables.Family{iptables.IPv4, iptables.IPv6}
+		if rs != nil {
+			fams = rs.Families
+		}
+		for _, f := range fams {
+			bin := "iptables-restore"
+			if f == iptables.IPv6 {
+				bin = "ip6tables-restore"
+			}
+			fmt.Fprintf(&b, "# %s: %s --noflush\n", f, bin)
+			if rs == nil {
+				b.WriteString(iptables.CleanupPayload())
+			} else {
+				b.WriteString(iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f)))
+			}
+		}
+	}
+	switch mode {
+	case iptables.ModeNFTables:
+		netlink("nftables: the native table, over netlink", iptables.BackendNFTables, iptables.BackendNFT)
+	case iptables.ModeNFT:
+		netlink("nft: iptables-nft's rules over netlink (where the kernel refuses them, the iptables-nft binaries restore the same rules)",
+			iptables.BackendNFT, iptables.BackendNFTables)
+	case iptables.ModeAuto, "":
+		b.WriteString("# auto chooses at run time, by writing: iptables-nft's rules over netlink, else the native\n")
+		b.WriteString("# nftables table, else iptables-legacy; what each would do:\n")
+		netlink("1. iptables-nft's rules over netlink", iptables.BackendNFT, iptables.BackendNFTables)
+		netlink("2. where the kernel refuses those: the native nftables table", iptables.BackendNFTables, iptables.BackendNFT)
+		b.WriteString("# 3. where it refuses both: iptables-legacy (for a namespace holding none of our rules)\n")
+		restores()
+	default:
+		b.WriteString("# the iptables binaries, for a namespace holding none of our rules\n")
+		restores()
+	}
+	switch {
+	case rs == nil:
+		b.WriteString("# cleanup also removes rules of ours that any other backend holds\n")
+	case rs.CloseWaitSecs > 0:
+		fmt.Fprintf(&b, "# and write %d to %s\n", rs.CloseWaitSecs, iptables.CloseWaitSysctl)
+	}
+	return b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // The helper gets the ruleset as JSON: it must write exactly what the caller built, for every
@@ -30,11 +31,11 @@ func TestHelperRequestCarriesTheRuleset(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Rules.Hash() != rs.Hash() || got.Rules.NFTScript() != rs.NFTScript() || got.Rules.CloseWaitSecs != 30 {
-		t.Errorf("the ruleset changed on the way:\n%s\nwant\n%s", got.Rules.NFTScript(), rs.NFTScript())
+	if got.Rules.Hash() != rs.Hash() || iptablestest.NFTScript(got.Rules.NFT()) != iptablestest.NFTScript(rs.NFT()) || got.Rules.CloseWaitSecs != 30 {
+		t.Errorf("the ruleset changed on the way:\n%s\nwant\n%s", iptablestest.NFTScript(got.Rules.NFT()), iptablestest.NFTScript(rs.NFT()))
 	}
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		if g, w := got.Rules.Payload(f, iptables.SavedState{}), rs.Payload(f, iptables.SavedState{}); g != w {
+		if g, w := iptables.TransitionPayload(iptables.SavedState{}, got.Rules.Saved(f)), iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f)); g != w {
 			t.Errorf("%s payload:\n%s\nwant\n%s", f, g, w)
 		}
 	}

@@ -1,9 +1,12 @@
 package xtables
 
 import (
+	"context"
 	"errors"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,18 +28,40 @@ func TestRunStreams(t *testing.T) {
 			memfdCreate = tt.memfd
 			t.Cleanup(func() { memfdCreate = orig })
 
-			out, stderr, err := run(exec.Command("sh", "-c", script), "payload line\n", false)
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+			sh, err := exec.LookPath("sh")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, stderr, err := run(context.Background(), sh, []string{"-c", script}, "payload line\n", false)
+			var ee interface{ ExitCode() int }
+			if !errors.As(err, &ee) || ee.ExitCode() != 3 || err.Error() != "exit status 3" {
 				t.Fatalf("err = %v, want exit status 3", err)
 			}
 			if string(out) != "payload line\n" || string(stderr) != "oops\n" {
 				t.Errorf("stdout %q, stderr %q; want the input back and oops", out, stderr)
 			}
-			out, _, _ = run(exec.Command("sh", "-c", script), "payload line\n", true)
+			out, _, _ = run(context.Background(), sh, []string{"-c", script}, "payload line\n", true)
 			if string(out) != "payload line\noops\n" {
 				t.Errorf("combined output %q, want both streams in order", out)
 			}
 		})
+	}
+}
+
+// A program still running when the context ends is killed, and the error says why.
+func TestRunKilledWhenTheContextEnds(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err = run(ctx, sleep, []string{"10"}, "", false)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "signal: killed") {
+		t.Errorf("err = %v, want the deadline and the kill", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("run returned after %s: the program was not killed", d)
 	}
 }

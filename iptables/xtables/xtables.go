@@ -3,8 +3,9 @@
 //
 // It learns what is already in place without spawning a process where the kernel allows it: the
 // legacy nat table shows up in /proc/net/ip{,6}_tables_names only once something created it, and
-// iptables-nft's chains are visible over nf_tables netlink. `*-save` runs only when our chains
-// may exist. It never decides which rules exist; that is the builder's job.
+// iptables-nft's chains are visible over nf_tables netlink (asked of iptables/nfnl). `*-save`
+// runs only when our chains may exist. It never decides which rules exist; that is the builder's
+// job.
 package xtables
 
 import (
@@ -18,13 +19,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
 // Flavor is the kernel side the binaries drive.
@@ -38,13 +41,12 @@ const (
 // Options configure an Applier.
 type Options struct {
 	// Wait makes iptables-restore wait for the xtables lock, at most WaitTimeout.
-	Wait        bool
-	WaitTimeout time.Duration
+	Wait bool
 }
 
-// DefaultWaitTimeout bounds the wait for the xtables lock: long enough to outlast another
-// writer, short enough that a stuck lock fails the pod visibly instead of hanging it.
-const DefaultWaitTimeout = 10 * time.Second
+// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer,
+// short enough that a stuck lock fails the pod visibly instead of hanging it.
+const WaitTimeout = 10 * time.Second
 
 // Applier writes rules through one set of iptables binaries.
 type Applier struct {
@@ -62,9 +64,6 @@ var _ iptables.Applier = (*Applier)(nil)
 // missing it falls back within the same kernel flavor: e.g. nft mode on a host whose only
 // binary is an nf_tables-backed "iptables".
 func New(mode iptables.Mode, opts Options) (*Applier, error) {
-	if opts.WaitTimeout == 0 {
-		opts.WaitTimeout = DefaultWaitTimeout
-	}
 	var prefix string
 	var flavor Flavor
 	switch mode {
@@ -97,23 +96,35 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 }
 
 func findBinaries(cmd, suffix string, flavor Flavor) (binaries, error) {
-	restore, err1 := exec.LookPath(cmd + suffix + "-restore")
-	save, err2 := exec.LookPath(cmd + suffix + "-save")
-	if err1 == nil && err2 == nil {
-		return binaries{restore, save}, nil
+	if b, ok := lookPair(cmd + suffix); ok {
+		return b, nil
 	}
 	if suffix != "" {
 		// Fall back to the plain binaries, but only if they drive the same kernel flavor.
 		if f, err := flavorOf(cmd); err == nil && f == flavor {
-			restore, err1 = exec.LookPath(cmd + "-restore")
-			save, err2 = exec.LookPath(cmd + "-save")
-			if err1 == nil && err2 == nil {
-				return binaries{restore, save}, nil
+			if b, ok := lookPair(cmd); ok {
+				return b, nil
 			}
 		}
 	}
 	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a %s-backed %s to fall back on",
 		cmd, suffix, cmd, suffix, os.Getenv("PATH"), flavor, cmd)
+}
+
+// lookPair finds name-restore and name-save, the second first beside the first: they come from
+// one package, and every PATH entry searched in vain is a system call of a short-lived process.
+func lookPair(name string) (binaries, bool) {
+	restore, err := exec.LookPath(name + "-restore")
+	if err != nil {
+		return binaries{}, false
+	}
+	save := filepath.Join(filepath.Dir(restore), name+"-save")
+	if st, err := os.Stat(save); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		if save, err = exec.LookPath(name + "-save"); err != nil {
+			return binaries{}, false
+		}
+	}
+	return binaries{restore, save}, true
 }
 
 // DetectPlain tells which kernel flavor the plain "iptables" binary drives.
@@ -152,8 +163,13 @@ func flavorOf(cmd string) (Flavor, error) {
 // Name is the binary family in use, e.g. "iptables-nft".
 func (a *Applier) Name() string { return a.name }
 
-// Flavor is the kernel side the binaries drive.
-func (a *Applier) Flavor() Flavor { return a.flavor }
+// Covers names the backend the binaries write: iptables-legacy's or iptables-nft's rules.
+func (a *Applier) Covers() []iptables.Backend {
+	if a.flavor == Legacy {
+		return []iptables.Backend{iptables.BackendLegacy}
+	}
+	return []iptables.Backend{iptables.BackendNFT}
+}
 
 // Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
 // later one fails.
@@ -172,7 +188,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
-		if err := a.restore(ctx, f, rs.Payload(f, cur)); err != nil {
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, rs.Saved(f))); err != nil {
 			return res, errors.Join(err, a.rollback(ctx, rs, applied))
 		}
 		res.Changed = true
@@ -191,11 +207,7 @@ type appliedFamily struct {
 func (a *Applier) rollback(ctx context.Context, rs *iptables.Ruleset, applied []appliedFamily) error {
 	var errs []error
 	for _, d := range applied {
-		cur := iptables.SavedState{}
-		if rs.HasFamily(d.f) {
-			cur = rs.Saved(d.f)
-		}
-		if err := a.restore(ctx, d.f, iptables.TransitionPayload(cur, d.prev)); err != nil {
+		if err := a.restore(ctx, d.f, iptables.TransitionPayload(rs.Saved(d.f), d.prev)); err != nil {
 			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
 		}
 	}
@@ -224,7 +236,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 
 // Present lists our rules and chains in place, prefixed with their family, and someone else's
 // jumps into our chains: what Cleanup would remove.
-func (a *Applier) Present(ctx context.Context) ([]string, error) {
+func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	var out []string
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
@@ -233,7 +245,10 @@ func (a *Applier) Present(ctx context.Context) ([]string, error) {
 		}
 		out = append(out, cur.Present(f)...)
 	}
-	return out, nil
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return []iptables.Elsewhere{{Backend: a.Covers()[0], Rules: out}}, nil
 }
 
 // Cleanup removes our chains and the jumps to them, in both families.
@@ -274,27 +289,24 @@ func (a *Applier) capable(op string) error {
 
 // read returns our rules in place for family f, running *-save only when they may exist.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
-	maybe, err := a.mayHaveRules(f)
-	if err != nil {
-		return iptables.SavedState{}, err
-	}
-	if !maybe {
+	if !a.mayHaveRules(ctx, f) {
 		return iptables.SavedState{}, nil
 	}
 	b := a.bins[f]
-	out, stderr, err := run(exec.CommandContext(ctx, b.save, "-t", iptables.Table), "", false)
+	out, stderr, err := run(ctx, b.save, []string{"-t", iptables.Table}, "", false)
 	if err != nil {
 		return iptables.SavedState{}, fmt.Errorf("%s -t nat: %w: %s", b.save, err, strings.TrimSpace(string(stderr)))
 	}
 	return iptables.ParseSave(string(out)), nil
 }
 
-// run executes cmd with input on its standard input and returns what it wrote to standard output
-// and standard error (both in out when combined). The streams are memory files, not pipes: for
-// pipes os/exec starts copying goroutines, and the threads the runtime starts for them are a
-// visible cost to a short-lived process (docs/performance.md). Where memfd_create is refused
-// (a seccomp profile can forbid it), pipes it is.
-func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err error) {
+// run executes the program at path with args and input on its standard input, and returns what
+// it wrote to standard output and standard error (both in out when combined). The streams are
+// memory files, not pipes: for pipes os/exec starts copying goroutines, and the threads the
+// runtime starts for them are a visible cost to a short-lived process (docs/performance.md).
+// Where memfd_create is refused (a seccomp profile can forbid it), pipes it is. ctx's end kills
+// the program.
+func run(ctx context.Context, path string, args []string, input string, combined bool) (out, stderr []byte, err error) {
 	files := make([]*os.File, 0, 3)
 	defer func() {
 		for _, f := range files {
@@ -304,7 +316,7 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 	for _, name := range []string{"stdin", "stdout", "stderr"} {
 		fd, err := memfdCreate(name, unix.MFD_CLOEXEC)
 		if err != nil {
-			return runPiped(cmd, input, combined)
+			return runPiped(exec.CommandContext(ctx, path, args...), input, combined)
 		}
 		files = append(files, os.NewFile(uintptr(fd), name))
 	}
@@ -314,11 +326,11 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 	if _, err := files[0].Seek(0, io.SeekStart); err != nil {
 		return nil, nil, err
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	errOut := files[2]
 	if combined {
-		cmd.Stderr = files[1]
+		errOut = files[1]
 	}
-	runErr := cmd.Run()
+	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
 	read := func(f *os.File) ([]byte, error) {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return nil, err
@@ -334,6 +346,73 @@ func run(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, err er
 	return out, stderr, runErr
 }
 
+// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec, whose
+// first program in a process costs one more fork, to probe pidfd support, and one more thread
+// (docs/performance.md). The program inherits the descriptors that are not close-on-exec, the
+// namespace's lock among them (see backend.Lock). When ctx ends first, the program is killed; the
+// zombie is reaped only once no kill can reach a reused pid.
+func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pid, err := syscall.ForkExec(path, append([]string{path}, args...), &syscall.ProcAttr{
+		Env: os.Environ(), Files: []uintptr{stdin.Fd(), stdout.Fd(), stderr.Fd()},
+	})
+	if err != nil {
+		return &os.PathError{Op: "fork/exec", Path: path, Err: err}
+	}
+	var mu sync.Mutex // held by a kill, taken before reaping
+	reaped := false
+	defer context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !reaped {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})()
+	// WNOWAIT: the child stays a zombie, its pid not reusable, until Wait4 reaps it.
+	for err = unix.EINTR; err == unix.EINTR; {
+		err = unix.Waitid(unix.P_PID, pid, &unix.Siginfo{}, unix.WEXITED|unix.WNOWAIT, nil)
+	}
+	mu.Lock()
+	reaped = true
+	mu.Unlock()
+	var ws syscall.WaitStatus
+	for werr := error(syscall.EINTR); werr == syscall.EINTR; {
+		if _, werr = syscall.Wait4(pid, &ws, 0, nil); err == nil && werr != syscall.EINTR {
+			err = werr
+		}
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("wait for %s: %w", path, err)
+	case ws.Exited() && ws.ExitStatus() == 0:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (%s)", ctx.Err(), exitError{ws})
+	}
+	return exitError{ws}
+}
+
+// exitError is a program that did not exit 0, described as os/exec describes it.
+type exitError struct{ ws syscall.WaitStatus }
+
+func (e exitError) Error() string {
+	if e.ws.Signaled() {
+		return "signal: " + e.ws.Signal().String()
+	}
+	return "exit status " + strconv.Itoa(e.ws.ExitStatus())
+}
+
+// ExitCode is the exit status, or -1 for a program a signal ended: what *exec.ExitError, the pipe
+// path's error, answers too.
+func (e exitError) ExitCode() int {
+	if e.ws.Signaled() {
+		return -1
+	}
+	return e.ws.ExitStatus()
+}
+
 // memfdCreate is unix.MemfdCreate; a test replaces it to take the pipe path.
 var memfdCreate = unix.MemfdCreate
 
@@ -347,12 +426,14 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 	return o.Bytes(), e.Bytes(), err
 }
 
-// mayHaveRules answers from the kernel, without exec, whether our chains can exist.
-func (a *Applier) mayHaveRules(f iptables.Family) (bool, error) {
+// mayHaveRules answers from the kernel, without exec, whether our chains can exist. A netlink
+// error leaves the question open: the caller then runs *-save.
+func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) bool {
 	if a.flavor == Legacy {
-		return LegacyNATExists(f), nil
+		return LegacyNATExists(f)
 	}
-	return NFTChainsExist(f)
+	ours, err := nfnl.OurXTChains(ctx, f)
+	return ours || err != nil
 }
 
 // LegacyNATExists reports, from /proc and without exec, whether the legacy nat table of family f
@@ -376,30 +457,6 @@ func LegacyNATExists(f iptables.Family) bool {
 		}
 	}
 	return false
-}
-
-// NFTChainsExist reports, over netlink, whether iptables-nft's nat table for f holds one of our
-// chains. An error from netlink is treated as "maybe", so the caller falls back to *-save.
-func NFTChainsExist(f iptables.Family) (bool, error) {
-	conn, err := nftables.New()
-	if err != nil {
-		return true, nil
-	}
-	defer conn.CloseLasting()
-	fam := nftables.TableFamilyIPv4
-	if f == iptables.IPv6 {
-		fam = nftables.TableFamilyIPv6
-	}
-	chains, err := conn.ListChainsOfTableFamily(fam)
-	if err != nil {
-		return true, nil
-	}
-	for _, c := range chains {
-		if c.Table.Name == iptables.Table && iptables.IsOurChain(c.Name) {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
@@ -430,9 +487,9 @@ func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string
 	b := a.bins[f]
 	args := []string{"--noflush"}
 	if a.opts.Wait {
-		args = append(args, "-w", strconv.Itoa(int(a.opts.WaitTimeout.Seconds())))
+		args = append(args, "-w", strconv.Itoa(int(WaitTimeout.Seconds())))
 	}
-	out, _, err := run(exec.CommandContext(ctx, b.restore, args...), payload, true)
+	out, _, err := run(ctx, b.restore, args, payload, true)
 	if err != nil {
 		return &RestoreError{Binary: b.restore, Family: f, Output: strings.TrimSpace(string(out)), Payload: payload, Err: err}
 	}

@@ -8,40 +8,28 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
 func requireRoot(t *testing.T) { netnstest.RequireRoot(t) }
 
-func newNS(t *testing.T) ns.NetNS { return netnstest.NewNetNS(t) }
+func newNS(t *testing.T) *netnstest.NS { return netnstest.NewNS(t) }
 
 func chartConfig() iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
-	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
-	c.OutboundPortsToIgnore = []string{"4567,4568"}
+	c := iptablestest.ChartConfig()
 	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:1::/48"}
 	return c
 }
 
-func save(t *testing.T, n ns.NetNS, bin string) string {
+func save(t *testing.T, n *netnstest.NS, bin string) string {
 	t.Helper()
-	var out []byte
-	err := n.Do(func(ns.NetNS) error {
-		var err error
-		out, err = exec.Command(bin, "-t", "nat").Output()
-		return err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v", bin, err)
-	}
+	out, _ := netnstest.Output(t, n, "", bin, "-t", "nat")
 	// Drop the timestamped comment lines and counters so runs compare.
 	var keep []string
-	for _, l := range strings.Split(string(out), "\n") {
+	for _, l := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(l, "#") {
 			keep = append(keep, l)
 		}
@@ -49,9 +37,9 @@ func save(t *testing.T, n ns.NetNS, bin string) string {
 	return strings.Join(keep, "\n")
 }
 
-func do(t *testing.T, n ns.NetNS, fn func() error) error {
+func do(t *testing.T, n *netnstest.NS, fn func() error) error {
 	t.Helper()
-	return n.Do(func(ns.NetNS) error { return fn() })
+	return n.Do(fn)
 }
 
 func TestApplyIdempotentChangeCleanup(t *testing.T) {
@@ -78,8 +66,8 @@ func TestApplyIdempotentChangeCleanup(t *testing.T) {
 				t.Fatal("first apply reported no change")
 			}
 			first4, first6 := save(t, n, saveBin), save(t, n, save6)
-			for _, rl := range rs.Rules(iptables.IPv4) {
-				if !strings.Contains(first4, rl.String()) {
+			for _, rl := range rs.Saved(iptables.IPv4).Rules {
+				if !strings.Contains(first4, rl) {
 					t.Errorf("ipv4 save lacks %q:\n%s", rl, first4)
 				}
 			}
@@ -239,8 +227,8 @@ func TestFallbackWithinFlavor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nft mode with nf_tables-backed plain binaries: %v", err)
 	}
-	if a.Flavor() != xtables.NFT {
-		t.Errorf("flavor %s", a.Flavor())
+	if c := a.Covers(); len(c) != 1 || c[0] != iptables.BackendNFT {
+		t.Errorf("nf_tables-backed binaries write %v, want iptables-nft's rules", c)
 	}
 	_, err = xtables.New(iptables.ModeLegacy, xtables.Options{})
 	want := "iptables-legacy-restore and iptables-legacy-save not found in PATH (" + dir + "), nor a legacy-backed iptables to fall back on"

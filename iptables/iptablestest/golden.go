@@ -1,0 +1,73 @@
+// Package iptablestest holds what the tests of the rule builder, the backends and their callers
+// share: the config matrix every rendering and backend is checked against, the Linkerd chart's
+// configuration, the nft script of a table (what `nft -f` is given to compare with our netlink
+// writer), and Fake, an in-memory Applier. Only tests import it; the dead-code check in
+// `make test` lists it as such.
+package iptablestest
+
+import (
+	"testing"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// ChartConfig is what the Linkerd chart passes to proxy-init by default: inbound 4143, outbound
+// 4140, proxy UID 2102, and the admin and tap ports skipped.
+func ChartConfig() iptables.Config {
+	c := iptables.NewConfig()
+	c.InboundProxyPort, c.OutboundProxyPort, c.ProxyUID = 4143, 4140, 2102
+	c.InboundPortsToIgnore = []string{"4190,4191,4567,4568"}
+	c.OutboundPortsToIgnore = []string{"4567,4568"}
+	return c
+}
+
+// GoldenConfigs returns the config matrix every renderer and backend is checked against: the
+// golden files of package iptables and iptables/nfnl, and the root tests that hold what a backend
+// writes equal to what the iptables tools write for the same config.
+func GoldenConfigs() map[string]iptables.Config {
+	chart := ChartConfig
+	cases := map[string]iptables.Config{"chart-defaults": chart()}
+
+	c := chart()
+	c.PortsToRedirect = []string{"8080,9090", "10000-10010"}
+	cases["redirect-listed"] = c
+
+	c = chart()
+	c.InboundPortsToIgnore = []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}
+	c.OutboundPortsToIgnore = []string{"21,22,23,24,25,26,27,28,29,30,31,32,33,34,35"}
+	cases["more-than-15-ports"] = c
+
+	c = chart()
+	c.InboundPortsToIgnore = []string{"4190-4191,5000", "6000-7000,8000-9000,10000-11000,12000-13000,14000-15000,16000-17000,18000-19000"}
+	c.OutboundPortsToIgnore = []string{"25-26"}
+	cases["ranges"] = c
+
+	c = chart()
+	c.ProxyGID = 2103
+	cases["uid-and-gid"] = c
+
+	c = chart()
+	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24,2001:db8:1::/48", "203.0.113.7"}
+	c.OutboundSubnetsToIgnore = []string{"192.0.2.0/25", "2001:db8:2::/64,2001:db8:3::1"}
+	cases["mixed-subnets"] = c
+
+	c = chart()
+	c.IPv6 = false
+	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24", "2001:db8:1::/48"}
+	cases["ipv6-off"] = c
+
+	c = chart()
+	c.OutboundPortsToIgnore = []string{"443,6443"}
+	cases["control-plane"] = c
+	return cases
+}
+
+// Build is iptables.Build for a config a test knows to be valid.
+func Build(t testing.TB, c iptables.Config) *iptables.Ruleset {
+	t.Helper()
+	rs, err := iptables.Build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}

@@ -1,0 +1,299 @@
+package nfnl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
+)
+
+// Applier writes, reads back and removes our rules over nf_tables netlink. It implements
+// iptables.Applier. It holds no connection between calls: each opens its socket in the network
+// namespace of the calling thread and closes it before returning.
+type Applier struct {
+	covers []iptables.Backend
+}
+
+var _ iptables.Applier = (*Applier)(nil)
+
+// New returns the applier that writes the first of backends, iptables.BackendNFT (iptables-nft's
+// rules) or iptables.BackendNFTables (the native table), and covers every one given: their rules
+// of ours are read in the same read, reported by Show and Present, and removed by Apply and
+// Cleanup in the same batch. Backends other than those two, and repeats, are ignored.
+func New(backends ...iptables.Backend) *Applier {
+	a := &Applier{}
+	for _, b := range backends {
+		if (b == iptables.BackendNFT || b == iptables.BackendNFTables) && !a.covered(b) {
+			a.covers = append(a.covers, b)
+		}
+	}
+	if len(a.covers) == 0 {
+		a.covers = []iptables.Backend{iptables.BackendNFT}
+	}
+	return a
+}
+
+// Name is the backend Apply writes: "iptables-nft" or "nftables".
+func (a *Applier) Name() string { return string(a.covers[0]) }
+
+// Covers lists the backends the applier writes (first) and clears.
+func (a *Applier) Covers() []iptables.Backend { return a.covers }
+
+func (a *Applier) covered(b iptables.Backend) bool {
+	for _, c := range a.covers {
+		if c == b {
+			return true
+		}
+	}
+	return false
+}
+
+// op names what a call does, for errors: "write the iptables-nft nat rules".
+func (a *Applier) op(verb string) string {
+	if a.covers[0] == iptables.BackendNFTables {
+		return verb + " the nftables table inet " + iptables.NFTTableName
+	}
+	return verb + " the iptables-nft nat rules"
+}
+
+// Apply makes our rules exactly rs's, in one transaction that also removes ours from the other
+// backends the applier covers, and writes nothing when everything already matches.
+func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
+	if rs == nil {
+		return iptables.Result{}, fmt.Errorf("%s: no ruleset", a.op("write"))
+	}
+	changed, err := transact(ctx, a.op("write"), a.applyDetail(rs), func(s *State) *Batch { return a.applyBatch(s, rs) })
+	return iptables.Result{Changed: changed}, err
+}
+
+// Cleanup removes our rules from every backend the applier covers, in one transaction. It
+// succeeds when there is nothing to remove.
+func (a *Applier) Cleanup(ctx context.Context) error {
+	_, err := transact(ctx, a.op("remove"), a.cleanupDetail, a.cleanupBatch)
+	return err
+}
+
+// Plan returns the batch Apply (rs non-nil) or Cleanup (rs nil) would send now, sending nothing.
+// When the state in place cannot be read (no privilege, for one), it is the batch for a
+// namespace holding no tables, which says why.
+func (a *Applier) Plan(ctx context.Context, rs *iptables.Ruleset) *Batch {
+	want := a.cleanupDetail
+	if rs != nil {
+		want = a.applyDetail(rs)
+	}
+	s, err := readOnce(ctx, want)
+	if err != nil {
+		why := errclass.Netlink("read the nf_tables ruleset", err)
+		var ce *iptables.CapabilityError
+		if errors.As(why, &ce) {
+			why = fmt.Errorf("reading it needs %s in network namespace %s", strings.Join(ce.Caps, " and "), ce.NetNS)
+		}
+		s = emptyState(why.Error())
+	}
+	if rs == nil {
+		return a.cleanupBatch(s)
+	}
+	return a.applyBatch(s, rs)
+}
+
+// PlanFresh returns the batch Apply (rs non-nil) or Cleanup (rs nil) would send to a namespace
+// holding no tables: what Plan shows where the state in place cannot be read; why says why.
+func (a *Applier) PlanFresh(rs *iptables.Ruleset, why string) *Batch {
+	s := emptyState(why)
+	if rs == nil {
+		return a.cleanupBatch(s)
+	}
+	return a.applyBatch(s, rs)
+}
+
+// applyDetail is what a write of rs needs to know beyond the table list: iptables-nft's nat
+// tables when the applier writes or clears them, and the native table only when it may already
+// be rs's (it is deleted unread otherwise).
+func (a *Applier) applyDetail(rs *iptables.Ruleset) func(*State) detail {
+	return func(*State) detail {
+		d := detail{nat: a.covered(iptables.BackendNFT)}
+		if a.covers[0] == iptables.BackendNFTables {
+			d.native, d.nativeIf = true, nativeReadWorthIt(rs)
+		}
+		return d
+	}
+}
+
+// readDetail is what Show and Present need: every covered table.
+func (a *Applier) readDetail(*State) detail {
+	return detail{nat: a.covered(iptables.BackendNFT), native: a.covered(iptables.BackendNFTables)}
+}
+
+// cleanupDetail is what Cleanup needs: iptables-nft's nat tables, whose rules of ours it deletes
+// one by one; the native table goes whole, so that it exists is enough.
+func (a *Applier) cleanupDetail(*State) detail {
+	return detail{nat: a.covered(iptables.BackendNFT)}
+}
+
+func (a *Applier) applyBatch(s *State, rs *iptables.Ruleset) *Batch {
+	b := newBatch(s)
+	for i, c := range a.covers {
+		switch {
+		case i == 0 && c == iptables.BackendNFT:
+			s.writeXT(b, rs)
+		case i == 0:
+			s.writeNative(b, rs)
+		default:
+			s.remove(b, c)
+		}
+	}
+	return b
+}
+
+func (a *Applier) cleanupBatch(s *State) *Batch {
+	b := newBatch(s)
+	for _, c := range a.covers {
+		s.remove(b, c)
+	}
+	return b
+}
+
+// remove adds to b what deletes our rules from backend c.
+func (s *State) remove(b *Batch, c iptables.Backend) {
+	if c == iptables.BackendNFTables {
+		s.removeNative(b)
+		return
+	}
+	for _, f := range families {
+		s.removeXT(b, f)
+	}
+}
+
+// transact reads the state, plans a batch and commits it, planning again from a fresh read
+// when the kernel refuses the batch because the ruleset changed in between (another writer at
+// the same moment). It reports whether anything was sent.
+func transact(ctx context.Context, op string, want func(*State) detail, plan func(*State) *Batch) (bool, error) {
+	for attempt := 1; ; attempt++ {
+		sent, err := transactOnce(ctx, want, plan)
+		if err == nil {
+			return sent, nil
+		}
+		if attempt == attempts || !stale(err) || ctx.Err() != nil {
+			return false, errclass.Netlink(op, err)
+		}
+	}
+}
+
+func transactOnce(ctx context.Context, want func(*State) detail, plan func(*State) *Batch) (bool, error) {
+	c, err := dial(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.close()
+	s, err := read(c, want)
+	if err != nil {
+		return false, err
+	}
+	b := plan(s)
+	return b.Len() > 0, c.commit(b)
+}
+
+// readOnce reads the state on a socket of its own.
+func readOnce(ctx context.Context, want func(*State) detail) (*State, error) {
+	c, err := dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	return read(c, want)
+}
+
+// Show reads our rules back and compares them with rs's: per family as iptables-nft-save lines
+// (iptables-nft), or as the native table's nft statements under the one family "inet". Rules of
+// ours in the other backends the applier covers are in State.Elsewhere.
+func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
+	if rs == nil {
+		return iptables.State{}, fmt.Errorf("%s: no ruleset", a.op("read"))
+	}
+	s, err := readOnce(ctx, a.readDetail)
+	if err != nil {
+		return iptables.State{}, errclass.Netlink(a.op("read"), err)
+	}
+	st := iptables.State{Backend: a.Name()}
+	if a.covers[0] == iptables.BackendNFT {
+		for _, f := range families {
+			st.Families = append(st.Families, rs.FamilyState(f, s.saved(f)))
+		}
+	} else {
+		st.Families = []iptables.FamilyState{s.nativeState(rs)}
+	}
+	st.Elsewhere = s.present(a.covers[1:])
+	return st, nil
+}
+
+// nativeState is the native table compared with rs's.
+func (s *State) nativeState(rs *iptables.Ruleset) iptables.FamilyState {
+	t := s.findTable(famInet, iptables.NFTTableName)
+	if t == nil || s.native == nil {
+		return iptables.FamilyState{Family: iptables.FamilyInet, Diff: iptables.CompareNFT(rs.NFT(), nil)}
+	}
+	have := nativeTable(s.native, t.comment)
+	fs := iptables.FamilyState{Family: iptables.FamilyInet, Rules: have.Statements(), Diff: iptables.CompareNFT(rs.NFT(), have)}
+	// The model has chains and sets only; the kernel's count shows anything else.
+	if other := int(t.use) - len(have.Chains) - len(have.Sets); other > 0 {
+		fs.Diff.Extra = append(fs.Diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
+			other, iptables.NFTFamily, iptables.NFTTableName))
+	}
+	return fs
+}
+
+// Present lists what of ours each covered backend holds: iptables-nft's chains and rules,
+// prefixed with their family, and someone else's jumps into our chains; the native table's nft
+// statements.
+func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
+	s, err := readOnce(ctx, a.readDetail)
+	if err != nil {
+		return nil, errclass.Netlink(a.op("read"), err)
+	}
+	return s.present(a.covers), nil
+}
+
+func (s *State) present(backends []iptables.Backend) []iptables.Elsewhere {
+	var out []iptables.Elsewhere
+	for _, c := range backends {
+		var lines []string
+		if c == iptables.BackendNFTables {
+			if t := s.findTable(famInet, iptables.NFTTableName); t != nil && s.native != nil {
+				lines = nativeTable(s.native, t.comment).Statements()
+			}
+		} else {
+			for _, f := range families {
+				lines = append(lines, s.saved(f).Present(f)...)
+			}
+		}
+		if len(lines) > 0 {
+			out = append(out, iptables.Elsewhere{Backend: c, Rules: lines})
+		}
+	}
+	return out
+}
+
+// OurXTChains reports whether iptables-nft's nat table of family f holds one of our chains, as
+// the iptables-nft binaries' applier asks before running iptables-nft-save.
+func OurXTChains(ctx context.Context, f iptables.Family) (bool, error) {
+	s, err := readOnce(ctx, func(*State) detail { return detail{natChains: true} })
+	if err != nil {
+		return false, errclass.Netlink("read the iptables-nft nat chains", err)
+	}
+	if t := s.nat[xtFamily(f)]; t != nil {
+		for _, c := range t.chains {
+			if iptables.IsOurChain(c.name) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// errVanished is an object the table list named that was gone when its detail was read.
+func errVanished(err error) bool { return errors.Is(err, unix.ENOENT) }

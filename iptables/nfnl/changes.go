@@ -1,0 +1,602 @@
+package nfnl
+
+// The planner: a State and what should be in place turn into one batch. It writes one
+// representation of our rules (iptables-nft's, or the native table) and removes ours from the
+// other, or removes both; what it leaves alone is everyone else's.
+//
+// iptables-nft's rules: it creates what is missing (the tables and base chains as iptables-nft
+// creates them, our chains), refills our chains whose rules differ in any way, deletes stray or
+// duplicate jumps of ours by handle and appends missing ones, as iptables -A does. Rules of
+// others in PREROUTING and OUTPUT are never touched (another's own jump into our chains included,
+// until a removal takes the chain it enters), and built-in chains are never flushed.
+//
+// The native table: when it records the same plan and reads back identical, nothing; otherwise it
+// is deleted and created anew with its sets, chains and rules, in the same batch.
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/google/nftables/xt"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+
+// maxElemBytes keeps one NEWSETELEM's element list well under the 64 KiB limit of a netlink
+// attribute; larger sets are split over several messages of the same batch.
+const maxElemBytes = 48 << 10
+
+// writeXT adds to b what makes our iptables-nft rules in both families exactly rs's.
+func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
+	jumps := iptables.XTJumps()
+	hooks := map[string]uint32{}
+	for _, c := range iptables.Chains() {
+		hooks[c.Hook.Builtin] = c.Hook.Number
+	}
+	// Every family's rules first, so that the batch's buffer is sized once: with a thousand
+	// rules, growing it copies most of a megabyte.
+	perFamily := make([][]iptables.XTRule, len(families))
+	n := 0
+	for i, f := range families {
+		if rs.HasFamily(f) {
+			perFamily[i] = rs.XTRules(f)
+			n += len(perFamily[i]) + len(jumps)
+		}
+	}
+	b.grow(n+16, n*ruleBytes)
+	for i, f := range families {
+		if !rs.HasFamily(f) {
+			s.removeXT(b, f)
+			continue
+		}
+		fam := xtFamily(f)
+		t := s.nat[fam]
+		if s.findTable(fam, iptables.Table) == nil || t == nil {
+			t = &ruleTable{rules: map[string][]rule{}}
+			b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
+			b.str(unix.NFTA_TABLE_NAME, iptables.Table)
+			b.add(what{text: "add table " + famName(fam) + " " + iptables.Table})
+		}
+		// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
+		for _, j := range jumps {
+			if t.chain(j.Chain) == nil {
+				addBaseChain(b, fam, j.Chain, hooks[j.Chain])
+			}
+		}
+		// Our chains, each a run of the plan's rules: created if missing, refilled if their
+		// rules differ in any way.
+		all := perFamily[i]
+		for start := 0; start < len(all); {
+			chainName, end := all[start].Chain, start
+			for end < len(all) && all[end].Chain == chainName {
+				end++
+			}
+			rules := all[start:end]
+			start = end
+			have := t.rules[chainName]
+			switch {
+			case t.chain(chainName) == nil:
+				b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+				b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+				b.str(unix.NFTA_CHAIN_NAME, chainName)
+				b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName) }})
+			case sameXT(f, rules, have):
+				continue
+			case len(have) > 0:
+				flush(b, fam, iptables.Table, chainName)
+			}
+			for i := range rules {
+				addXT(b, f, &rules[i])
+			}
+		}
+		// Jumps of ours: the first exact one in its built-in chain stays, any other goes, by
+		// handle, and a missing one is appended. Another's jump into our chains stays.
+		kept := map[string]bool{}
+		for _, c := range t.chains {
+			if iptables.IsOurChain(c.name) {
+				continue
+			}
+			for _, r := range t.rules[c.name] {
+				if !r.jumpsToOurs() || !r.hasOurComment() {
+					continue
+				}
+				if !kept[c.name] && slices.ContainsFunc(jumps, func(j iptables.XTRule) bool { return j.Chain == c.name && sameXT(f, []iptables.XTRule{j}, []rule{r}) }) {
+					kept[c.name] = true
+					continue
+				}
+				deleteRule(b, fam, c.name, r.handle)
+			}
+		}
+		for i, j := range jumps {
+			if !kept[j.Chain] {
+				addXT(b, f, &jumps[i])
+			}
+		}
+	}
+}
+
+// removeXT adds to b what deletes our chains and every jump to them in family f.
+func (s *State) removeXT(b *Batch, f iptables.Family) {
+	fam := xtFamily(f)
+	t := s.nat[fam]
+	if t == nil {
+		return
+	}
+	for _, c := range t.chains {
+		if iptables.IsOurChain(c.name) {
+			continue
+		}
+		for _, r := range t.rules[c.name] {
+			if r.jumpsToOurs() {
+				deleteRule(b, fam, c.name, r.handle)
+			}
+		}
+	}
+	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
+	for _, c := range t.chains {
+		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
+			flush(b, fam, iptables.Table, c.name)
+		}
+	}
+	for _, c := range t.chains {
+		if iptables.IsOurChain(c.name) {
+			b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
+			b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+			b.str(unix.NFTA_CHAIN_NAME, c.name)
+			b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name) }})
+		}
+	}
+}
+
+// writeNative adds to b what makes the native table exactly rs's: nothing when it records rs's
+// plan and reads back identical, else a new table in its place.
+func (s *State) writeNative(b *Batch, rs *iptables.Ruleset) {
+	want := rs.NFT()
+	t := s.findTable(famInet, iptables.NFTTableName)
+	if t != nil && s.native != nil && iptables.CompareNFT(want, nativeTable(s.native, t.comment)).Empty() &&
+		int(t.use) == len(s.native.chains)+len(s.native.sets) {
+		return
+	}
+	if t != nil {
+		// Created if missing (it is not, but then the delete cannot fail whatever happens in
+		// between), deleted, and created anew; the kernel applies all of it or none.
+		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
+		b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
+		b.add(what{text: "add table inet " + iptables.NFTTableName})
+		s.removeNative(b)
+	}
+	addNativeTable(b, want)
+}
+
+// nativeReadWorthIt says whether the native table is worth reading in detail before writing
+// rs's: only when it records the same plan and holds as many chains and sets, i.e. it may be
+// identical, and writing may be unnecessary. Otherwise it is replaced unread.
+func nativeReadWorthIt(rs *iptables.Ruleset) func(*table) bool {
+	return func(t *table) bool {
+		want := rs.NFT()
+		return t.comment == want.Comment && int(t.use) == len(want.Chains)+len(want.Sets)
+	}
+}
+
+// removeNative adds to b what deletes the native table, if it exists.
+func (s *State) removeNative(b *Batch) {
+	if s.findTable(famInet, iptables.NFTTableName) == nil {
+		return
+	}
+	b.begin(unix.NFT_MSG_DELTABLE, 0, famInet)
+	b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
+	b.add(what{del: true, text: "delete table inet " + iptables.NFTTableName})
+}
+
+// addBaseChain creates a built-in chain of iptables-nft's nat table: type nat, the hook, the nat
+// priority, policy accept, and no counters, exactly as iptables-nft creates it.
+func addBaseChain(b *Batch, fam byte, chainName string, hook uint32) {
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
+	b.str(unix.NFTA_CHAIN_NAME, chainName)
+	baseChain(&b.wbuf, hook, natPriority)
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))
+	}})
+}
+
+func baseChain(w *wbuf, hook uint32, priority int32) {
+	h := w.nest(unix.NFTA_CHAIN_HOOK)
+	w.u32(unix.NFTA_HOOK_HOOKNUM, hook)
+	w.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
+	w.close(h)
+	w.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
+	w.str(unix.NFTA_CHAIN_TYPE, "nat")
+}
+
+func header(hook uint32, priority int32) string {
+	return iptables.NFTChain{Hook: iptables.HookByNumber(hook), Priority: int(priority)}.Header()
+}
+
+// addXT appends r to its chain.
+func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
+	fam := xtFamily(f)
+	exprs, proto, err := appendXT(b.scratch[:0], &b.pool, f, *r)
+	b.scratch = exprs
+	if err != nil {
+		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))
+		return
+	}
+	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
+	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
+	b.expressions(fam, exprs)
+	c := b.nest(unix.NFTA_RULE_COMPAT)
+	b.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
+	b.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
+	b.close(c)
+	b.add(what{xt: r, fam: fam})
+}
+
+// ruleBytes is about what one of our iptables-nft rules takes (its comment alone is 300 bytes).
+const ruleBytes = 640
+
+// expressions adds a rule's expression list, each expression's data marshalled by
+// google/nftables (MarshalExprData: its Marshal would wrap the data with the name in a buffer of
+// its own, a copy of every expression of every rule), the shared ones once per process and family
+// (Batch.marshal). The xtables matches and targets and the comparisons are written here instead
+// (xtExpr, cmpExpr; see the package comment).
+func (b *Batch) expressions(fam byte, exprs []expr.Any) {
+	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
+	for _, e := range exprs {
+		switch x := e.(type) {
+		case *expr.Match:
+			b.xtExpr(fam, "match", x.Name, x.Rev, x.Info)
+			continue
+		case *expr.Target:
+			b.xtExpr(fam, "target", x.Name, x.Rev, x.Info)
+			continue
+		case *expr.Cmp:
+			if sharedSlot(e) < 0 {
+				b.cmpExpr(x)
+				continue
+			}
+		}
+		data := b.marshal(fam, e)
+		el := b.nest(unix.NFTA_LIST_ELEM)
+		b.str(unix.NFTA_EXPR_NAME, exprName(e))
+		b.attr(unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, data)
+		b.close(el)
+	}
+	b.close(list)
+}
+
+// xtExpr adds an xtables match or target: its name, revision and info, laid out as
+// google/nftables' Match and Target lay them out, but straight into the batch. Theirs marshal
+// the info, then the three attributes, then (MarshalExprData) hand a copy to be copied again; with
+// a 256-byte comment on every rule, that was a third of what a 1,000-rule batch allocated. The
+// info is still google/nftables' (xt.Marshal); only the comment, a NUL-padded string, is
+// written here.
+func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny) {
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	b.str(unix.NFTA_EXPR_NAME, kind)
+	data := b.nest(unix.NFTA_EXPR_DATA)
+	// NFTA_MATCH_* and NFTA_TARGET_* number name, revision and info alike.
+	b.str(unix.NFTA_MATCH_NAME, name)
+	b.u32(unix.NFTA_MATCH_REV, rev)
+	if c, ok := info.(*xt.Comment); ok && len(*c) < xt.CommentSize {
+		off := b.open(unix.NFTA_MATCH_INFO)
+		b.b = append(b.b, *c...)
+		b.b = append(b.b, make([]byte, xt.CommentSize-len(*c))...)
+		b.close(off)
+	} else {
+		raw, err := xt.Marshal(xt.TableFamily(fam), rev, info)
+		b.fail(err)
+		b.attr(unix.NFTA_MATCH_INFO, raw)
+	}
+	b.close(data)
+	b.close(el)
+}
+
+// cmpExpr adds a comparison, laid out as google/nftables' Cmp lays it out. Nearly every rule
+// compares something of its own (an address, an interface); google/nftables' marshalling
+// allocates four times for each (see the package comment).
+func (b *Batch) cmpExpr(c *expr.Cmp) {
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	b.str(unix.NFTA_EXPR_NAME, "cmp")
+	data := b.nest(unix.NFTA_EXPR_DATA)
+	b.u32(unix.NFTA_CMP_SREG, c.Register)
+	b.u32(unix.NFTA_CMP_OP, uint32(c.Op))
+	v := b.nest(unix.NFTA_CMP_DATA)
+	b.attr(unix.NFTA_DATA_VALUE, c.Data)
+	b.close(v)
+	b.close(data)
+	b.close(el)
+}
+
+// exprName is the kernel's name of an expression of the kinds our rules hold.
+func exprName(e expr.Any) string {
+	switch e.(type) {
+	case *expr.Meta:
+		return "meta"
+	case *expr.Cmp:
+		return "cmp"
+	case *expr.Payload:
+		return "payload"
+	case *expr.Bitwise:
+		return "bitwise"
+	case *expr.Range:
+		return "range"
+	case *expr.Lookup:
+		return "lookup"
+	case *expr.Match:
+		return "match"
+	case *expr.Target:
+		return "target"
+	case *expr.Counter:
+		return "counter"
+	case *expr.Immediate, *expr.Verdict:
+		return "immediate"
+	case *expr.Redir:
+		return "redir"
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+// marshal returns e's data as google/nftables marshals it, the shared expressions' only once.
+func (b *Batch) marshal(fam byte, e expr.Any) []byte {
+	i, f := sharedSlot(e), slices.Index(wireFamilies[:], fam)
+	if i < 0 || f < 0 {
+		data, err := expr.MarshalExprData(fam, e)
+		b.fail(err)
+		return data
+	}
+	if data := sharedWire[f][i].Load(); data != nil {
+		return *data
+	}
+	data, err := expr.MarshalExprData(fam, e)
+	if err != nil {
+		b.fail(err)
+		return nil
+	}
+	sharedWire[f][i].Store(&data)
+	return data
+}
+
+func deleteRule(b *Batch, fam byte, chainName string, handle uint64) {
+	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
+	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.u64(unix.NFTA_RULE_HANDLE, handle)
+	b.add(what{del: true, render: func() string {
+		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)
+	}})
+}
+
+// flush deletes every rule of a chain: a rule deletion that names no handle.
+func flush(b *Batch, fam byte, tableName, chainName string) {
+	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
+	b.str(unix.NFTA_RULE_TABLE, tableName)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.add(what{del: true, render: func() string { return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName) }})
+}
+
+// addNativeTable adds the messages that create t; the table must not exist at that point of the
+// batch.
+func addNativeTable(b *Batch, t iptables.NFTTable) {
+	tbl := iptables.NFTTableName
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
+	b.str(unix.NFTA_TABLE_NAME, tbl)
+	b.u32(unix.NFTA_TABLE_FLAGS, 0)
+	// The comment (table user data) records the plan; google/nftables cannot write it.
+	b.attr(nftaTableUserdata, userdata.AppendString(nil, udataTableComment, t.Comment))
+	b.add(what{render: func() string { return fmt.Sprintf("add table inet %s { comment %s; }", tbl, strconv.Quote(t.Comment)) }})
+
+	setIDs := map[string]uint32{}
+	for i := range t.Sets {
+		b.setID++
+		setIDs[t.Sets[i].Name] = b.setID
+		addSet(b, &t.Sets[i], b.setID)
+	}
+	for _, c := range t.Chains {
+		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
+		b.str(unix.NFTA_CHAIN_TABLE, tbl)
+		b.str(unix.NFTA_CHAIN_NAME, c.Name)
+		baseChain(&b.wbuf, c.Hook.Number, int32(c.Priority))
+		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
+		for _, r := range c.Rules {
+			exprs, err := nativeExprs(r, setIDs)
+			if err != nil {
+				b.fail(fmt.Errorf("chain %s: rule %q: %w", c.Name, r, err))
+				return
+			}
+			b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
+			b.str(unix.NFTA_RULE_TABLE, tbl)
+			b.str(unix.NFTA_RULE_CHAIN, c.Name)
+			b.expressions(famInet, exprs)
+			if r.Comment != "" {
+				b.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
+			}
+			b.add(what{render: func() string { return fmt.Sprintf("add rule inet %s %s %s", tbl, c.Name, r) }})
+		}
+	}
+}
+
+// addSet adds a constant interval set and its elements, split over messages of at most
+// maxElemBytes, each holding whole intervals.
+func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
+	tbl := iptables.NFTTableName
+	typ, keyLen := keyType(s.Type)
+	if typ == 0 {
+		b.fail(fmt.Errorf("set %s: unknown type %q", s.Name, s.Type))
+		return
+	}
+	for i, iv := range s.Elements {
+		if len(iv.First) != keyLen || len(iv.Last) != keyLen {
+			b.fail(fmt.Errorf("set %s: element %d has the wrong key length", s.Name, i))
+			return
+		}
+	}
+	b.begin(unix.NFT_MSG_NEWSET, netlink.Create, famInet)
+	b.str(unix.NFTA_SET_TABLE, tbl)
+	b.str(unix.NFTA_SET_NAME, s.Name)
+	b.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
+	b.u32(unix.NFTA_SET_KEY_TYPE, typ)
+	b.u32(unix.NFTA_SET_KEY_LEN, uint32(keyLen))
+	b.u32(unix.NFTA_SET_ID, id)
+	desc := b.nest(unix.NFTA_SET_DESC)
+	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(elementCount(s.Elements)))
+	b.close(desc)
+	// Key byte order "big endian", as nft records it, so `nft list` prints the keys.
+	b.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add set inet %s %s { type %s; flags %s; }", tbl, s.Name, s.Type, s.FlagList())
+	}})
+
+	// The elements the way nft lays intervals out: each interval as its first key and, flagged
+	// as an interval end, the key after its last (none when it runs to the top of the key
+	// space); the first preceded by an end marker at zero when it starts above zero.
+	open, list, from := false, 0, 0
+	elem := func(key []byte, end bool) {
+		el := b.nest(unix.NFTA_LIST_ELEM)
+		k := b.nest(unix.NFTA_SET_ELEM_KEY)
+		b.attr(unix.NFTA_DATA_VALUE, key)
+		b.close(k)
+		if end {
+			b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+		}
+		b.close(el)
+	}
+	for i, iv := range s.Elements {
+		if !open {
+			b.begin(unix.NFT_MSG_NEWSETELEM, netlink.Create, famInet)
+			b.str(unix.NFTA_SET_ELEM_LIST_TABLE, tbl)
+			b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+			b.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, id)
+			open, list, from = true, b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS), i
+		}
+		if i == 0 && !isZero(iv.First) {
+			elem(make([]byte, keyLen), true)
+		}
+		elem(iv.First, false)
+		if after, ok := iv.After(); ok {
+			elem(after, true)
+		}
+		if len(b.b)-b.start >= maxElemBytes || i == len(s.Elements)-1 {
+			b.close(list)
+			b.add(what{set: s, from: from, to: i + 1})
+			open = false
+		}
+	}
+}
+
+// elementCount is how many set elements the intervals take (see addSet).
+func elementCount(ivs []iptables.NFTInterval) int {
+	n := 0
+	for i, iv := range ivs {
+		if i == 0 && !isZero(iv.First) {
+			n++
+		}
+		n++
+		if _, ok := iv.After(); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// jumpsToOurs reports whether the rule's verdict enters one of our chains.
+func (r rule) jumpsToOurs() bool {
+	for _, e := range r.exprs {
+		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) && iptables.IsOurChain(v.Chain) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasOurComment reports whether the rule carries a comment match of ours: as for
+// iptables.ParseSave, what tells our jumps from another's, which an apply keeps.
+func (r rule) hasOurComment() bool {
+	for _, e := range r.exprs {
+		if m, ok := e.(*expr.Match); ok {
+			if c, ok := m.Info.(*xt.Comment); ok && strings.HasPrefix(string(*c), iptables.CommentPrefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// sameXT reports whether a chain holds exactly the wanted rules, in order.
+func sameXT(f iptables.Family, want []iptables.XTRule, have []rule) bool {
+	if len(want) != len(have) {
+		return false
+	}
+	for i := range want {
+		e, _, err := encodeXT(f, want[i])
+		if err != nil || have[i].foreign != "" || !sameExprs(xtFamily(f), e, have[i].exprs) {
+			return false
+		}
+	}
+	return true
+}
+
+// saved returns our chains and rules in family f the way iptables-nft-save lists them: jumps in
+// built-in chains first (in hook order), then the rules of user chains by chain name.
+func (s *State) saved(f iptables.Family) iptables.SavedState {
+	var out iptables.SavedState
+	t := s.nat[xtFamily(f)]
+	if t == nil {
+		return out
+	}
+	chains := slices.Clone(t.chains)
+	sort.SliceStable(chains, func(i, j int) bool {
+		a, b := chains[i], chains[j]
+		if a.base != b.base {
+			return a.base
+		}
+		if a.base {
+			return a.hook < b.hook
+		}
+		return a.name < b.name
+	})
+	for _, c := range chains {
+		ours := iptables.IsOurChain(c.name)
+		if ours {
+			out.Chains = append(out.Chains, c.name)
+		}
+		for _, r := range t.rules[c.name] {
+			switch {
+			case ours:
+				out.Rules = append(out.Rules, r.line(f, c.name))
+			case r.jumpsToOurs() && r.hasOurComment():
+				out.Rules = append(out.Rules, r.line(f, c.name))
+			case r.jumpsToOurs():
+				out.ForeignJumps = append(out.ForeignJumps, r.line(f, c.name))
+			}
+		}
+	}
+	return out
+}
+
+// line renders a rule as iptables-nft-save prints it, or, for a rule we would not have written,
+// says so with what it holds.
+func (r rule) line(f iptables.Family, chainName string) string {
+	if x, ok := decodeXT(f, chainName, r); ok {
+		return x.Rule().String()
+	}
+	what := r.foreign
+	if what == "" {
+		var parts []string
+		for _, e := range r.exprs {
+			parts = append(parts, strings.TrimPrefix(fmt.Sprintf("%T", e), "*expr."))
+		}
+		what = strings.Join(parts, " ")
+	}
+	return fmt.Sprintf("-A %s [rule handle %d not written by proxy-init: %s]", chainName, r.handle, what)
+}

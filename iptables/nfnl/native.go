@@ -1,0 +1,331 @@
+package nfnl
+
+// The native encoding: the builder's inet table (iptables.NFTTable) as sets, chains and rules,
+// each rule exactly the expressions nft compiles for the same statement (including the protocol
+// dependencies nft adds), and the inverse: a table read back mapped onto the same model, so it
+// compares with what NFT() expects. Anything the model does not hold reads back as an
+// NFTMatchUnknown, so it shows in a diff instead of being silently taken as a match.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Set key types, as nft numbers its datatypes, and their key lengths.
+var keyTypes = []struct {
+	typ iptables.NFTSetType
+	id  uint32
+	len int
+}{
+	{iptables.NFTIPv4, 7, 4},
+	{iptables.NFTIPv6, 8, 16},
+	{iptables.NFTPorts, 13, 2},
+}
+
+func keyType(t iptables.NFTSetType) (id uint32, length int) {
+	for _, k := range keyTypes {
+		if k.typ == t {
+			return k.id, k.len
+		}
+	}
+	return 0, 0
+}
+
+func keyTypeName(id uint32) iptables.NFTSetType {
+	for _, k := range keyTypes {
+		if k.id == id {
+			return k.typ
+		}
+	}
+	return iptables.NFTSetType("type-" + strconv.FormatUint(uint64(id), 10))
+}
+
+// nativeExprs translates a rule of the model into expressions, exactly as nft compiles the same
+// statement. setIDs are the batch's ids of the sets the rule looks up.
+func nativeExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error) {
+	var out []expr.Any
+	cmp := func(key expr.MetaKey, data []byte) {
+		out = append(out, &expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data})
+	}
+	lookup := func(set string) error {
+		id, ok := setIDs[set]
+		if !ok {
+			return fmt.Errorf("set %q is not in the table", set)
+		}
+		out = append(out, &expr.Lookup{SourceRegister: 1, SetName: set, SetID: id})
+		return nil
+	}
+	for _, m := range r.Matches {
+		switch m.Kind {
+		case iptables.NFTMatchNFProto:
+			cmp(expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
+		case iptables.NFTMatchTCP:
+			cmp(expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
+		case iptables.NFTMatchDPortSet:
+			cmp(expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
+			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			if err := lookup(m.Set); err != nil {
+				return nil, err
+			}
+		case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
+			cmp(expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
+			off, ln := addrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
+			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: ln})
+			if err := lookup(m.Set); err != nil {
+				return nil, err
+			}
+		case iptables.NFTMatchSkUID:
+			cmp(expr.MetaKeySKUID, binary.NativeEndian.AppendUint32(nil, m.ID))
+		case iptables.NFTMatchSkGID:
+			cmp(expr.MetaKeySKGID, binary.NativeEndian.AppendUint32(nil, m.ID))
+		case iptables.NFTMatchOIFName:
+			if len(m.Name) >= unix.IFNAMSIZ {
+				return nil, fmt.Errorf("interface name %q too long", m.Name)
+			}
+			name := make([]byte, unix.IFNAMSIZ)
+			copy(name, m.Name)
+			cmp(expr.MetaKeyOIFNAME, name)
+		default:
+			return nil, fmt.Errorf("match %s cannot be written", m)
+		}
+	}
+	switch {
+	case r.Verdict == iptables.NFTReturn:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
+	case r.Verdict == iptables.NFTRedirect && r.RedirectPort != 0:
+		out = append(out, &expr.Immediate{Register: 1, Data: port(r.RedirectPort)},
+			&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
+	case r.Verdict == iptables.NFTRedirect:
+		return nil, errors.New("redirect to port 0")
+	default:
+		return nil, fmt.Errorf("unknown verdict %d", r.Verdict)
+	}
+	return out, nil
+}
+
+func isZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// nativeTable maps our table, read in detail, onto the builder's model. comment is the table's.
+func nativeTable(t *ruleTable, comment string) *iptables.NFTTable {
+	out := &iptables.NFTTable{Comment: comment}
+	for _, s := range t.sets {
+		out.Sets = append(out.Sets, s.model())
+	}
+	for _, c := range t.chains {
+		ch := iptables.NFTChain{Name: c.name, Priority: int(c.priority)}
+		if c.base {
+			ch.Hook = iptables.HookByNumber(c.hook)
+		}
+		if c.typ != "nat" {
+			ch.Type = c.typ
+			if ch.Type == "" {
+				ch.Type = "none"
+			}
+		}
+		if c.policy != nfAccept {
+			ch.Policy = "drop"
+		}
+		for _, r := range t.rules[c.name] {
+			ch.Rules = append(ch.Rules, nativeRule(r))
+		}
+		out.Chains = append(out.Chains, ch)
+	}
+	return out
+}
+
+// model turns a set read back into the model: its interval set elements back into inclusive
+// intervals.
+func (s set) model() iptables.NFTSet {
+	out := iptables.NFTSet{Name: s.name, Type: keyTypeName(s.keyType)}
+	const want = unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL
+	if s.flags != want {
+		var f []string
+		for _, x := range []struct {
+			bit  uint32
+			name string
+		}{{unix.NFT_SET_CONSTANT, "constant"}, {unix.NFT_SET_INTERVAL, "interval"}, {unix.NFT_SET_MAP, "map"},
+			{unix.NFT_SET_ANONYMOUS, "anonymous"}, {unix.NFT_SET_TIMEOUT, "timeout"}} {
+			if s.flags&x.bit != 0 {
+				f = append(f, x.name)
+			}
+		}
+		out.Flags = strings.Join(f, ",")
+		if out.Flags == "" {
+			out.Flags = "none"
+		}
+	}
+	if s.flags&unix.NFT_SET_INTERVAL == 0 {
+		// A plain set: every element is a single key.
+		for _, e := range s.elems {
+			out.Elements = append(out.Elements, iptables.NFTInterval{First: e.key, Last: e.key})
+		}
+		out.Elements = iptables.NormalizeIntervals(out.Elements)
+		return out
+	}
+	// Sort by key; at equal keys an interval end (of the previous interval) comes before a
+	// start. Then each start pairs with the end that follows it (the key after its last one); a
+	// start with no end runs to the top of the key space; stray ends (nft's leading zero marker)
+	// carry no interval.
+	sorted := slices.Clone(s.elems)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		if c := bytes.Compare(sorted[i].key, sorted[j].key); c != 0 {
+			return c < 0
+		}
+		return sorted[i].end && !sorted[j].end
+	})
+	for i := 0; i < len(sorted); i++ {
+		e := sorted[i]
+		if e.end {
+			continue
+		}
+		last := bytes.Repeat([]byte{0xff}, len(e.key))
+		if i+1 < len(sorted) && sorted[i+1].end {
+			last = decrement(sorted[i+1].key)
+			i++
+		}
+		out.Elements = append(out.Elements, iptables.NFTInterval{First: e.key, Last: last})
+	}
+	out.Elements = iptables.NormalizeIntervals(out.Elements)
+	return out
+}
+
+func decrement(k []byte) []byte {
+	out := slices.Clone(k)
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i]--
+		if out[i] != 0xff {
+			break
+		}
+	}
+	return out
+}
+
+// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
+func nativeRule(r rule) iptables.NFTRule {
+	out := iptables.NFTRule{Comment: r.comment}
+	ex := r.exprs
+	unknown := func(e expr.Any) {
+		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
+	}
+	if r.foreign != "" {
+		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
+	}
+	verdict := false
+	for i := 0; i < len(ex); i++ {
+		// meta load + cmp eq: the start of every match.
+		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
+			c, ok := ex[i+1].(*expr.Cmp)
+			if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
+				unknown(ex[i])
+				continue
+			}
+			i++
+			switch {
+			case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
+				fam := familyOf(c.Data[0])
+				if fam == "" {
+					unknown(c)
+					continue
+				}
+				// Followed by an address lookup, it is the dependency nft adds for it.
+				if kind, set, ok := addrLookup(ex, i+1, fam); ok {
+					out.Matches = append(out.Matches, iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
+					i += 2
+					continue
+				}
+				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
+			case m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == unix.IPPROTO_TCP:
+				if i+2 < len(ex) {
+					if p, ok := ex[i+1].(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && p.Offset == 2 && p.Len == 2 {
+						if l, ok := ex[i+2].(*expr.Lookup); ok && !l.Invert && l.SourceRegister == p.DestRegister {
+							out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName})
+							i += 2
+							continue
+						}
+					}
+				}
+				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
+			case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
+				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+			case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
+				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+			case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
+				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+			default:
+				unknown(m)
+				unknown(c)
+			}
+			continue
+		}
+		// The verdicts: return, or immediate port + redirect to it.
+		if v, ok := ex[i].(*expr.Verdict); ok && v.Kind == expr.VerdictReturn && i == len(ex)-1 {
+			verdict = true
+			continue
+		}
+		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+2 == len(ex) {
+			if rd, ok := ex[i+1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
+				(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
+				out.Verdict, out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+				verdict = true
+				break
+			}
+		}
+		unknown(ex[i])
+	}
+	if !verdict {
+		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no return or redirect verdict"})
+	}
+	return out
+}
+
+// addrLookup matches an address load and a lookup of it, at ex[i:], for family fam.
+func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKind, string, bool) {
+	if i+1 >= len(ex) {
+		return 0, "", false
+	}
+	p, ok := ex[i].(*expr.Payload)
+	if !ok || p.Base != expr.PayloadBaseNetworkHeader {
+		return 0, "", false
+	}
+	l, ok := ex[i+1].(*expr.Lookup)
+	if !ok || l.Invert || l.SourceRegister != p.DestRegister {
+		return 0, "", false
+	}
+	for _, src := range []bool{true, false} {
+		if off, ln := addrOffset(fam, src); p.Offset == off && p.Len == ln {
+			if src {
+				return iptables.NFTMatchSAddrSet, l.SetName, true
+			}
+			return iptables.NFTMatchDAddrSet, l.SetName, true
+		}
+	}
+	return 0, "", false
+}
+
+func familyOf(b byte) iptables.Family {
+	switch b {
+	case famIP:
+		return iptables.IPv4
+	case famIP6:
+		return iptables.IPv6
+	}
+	return ""
+}

@@ -1,0 +1,558 @@
+package nfnl
+
+// The one read of kernel state: the ruleset generation and the table list in one round trip
+// (which is all a fresh namespace costs), then, only for the tables that exist and matter, their
+// chains, rules, sets and elements. Dumps are decoded here rather than through google/nftables'
+// Conn: it reads no table comment (where the native table records its plan), cannot read the
+// generation in the same round trip, and skips expressions it does not know, so that someone
+// else's rule could pass for ours. Expressions themselves are decoded by google/nftables.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Attributes and values that golang.org/x/sys/unix does not define.
+const (
+	nftaTableHandle   = 4 // NFTA_TABLE_HANDLE
+	nftaTableUserdata = 6 // NFTA_TABLE_USERDATA
+	udataTableComment = 0 // NFTNL_UDATA_TABLE_COMMENT
+)
+
+const (
+	famIP   = unix.NFPROTO_IPV4
+	famIP6  = unix.NFPROTO_IPV6
+	famInet = unix.NFPROTO_INET
+)
+
+// State is what one read found in the namespace: the generation it was read at, every table, and
+// the detail of the tables of ours.
+type State struct {
+	gen uint32
+	// unread says why the kernel's state was not read ("" when it was): the planner then plans
+	// for a namespace holding no tables, which is what --simulate shows without privileges.
+	unread string
+	tables []table
+	// nat holds iptables-nft's nat tables that exist, by family (ip, ip6), when read in detail.
+	nat map[byte]*ruleTable
+	// native is the native table, when it exists and was read in detail.
+	native *ruleTable
+}
+
+type table struct {
+	family  byte
+	name    string
+	handle  uint64
+	use     uint32
+	comment string
+}
+
+// ruleTable is one table read in detail.
+type ruleTable struct {
+	chains []chain // in the kernel's order
+	rules  map[string][]rule
+	sets   []set // the native table's
+}
+
+type chain struct {
+	name     string
+	base     bool
+	hook     uint32
+	priority int32
+	typ      string
+	policy   uint32
+}
+
+func (t *ruleTable) chain(name string) *chain {
+	for i := range t.chains {
+		if t.chains[i].name == name {
+			return &t.chains[i]
+		}
+	}
+	return nil
+}
+
+// rule is one rule read back.
+type rule struct {
+	handle  uint64
+	exprs   []expr.Any
+	comment string // the rule's userdata comment (nft's "comment"; iptables-nft uses a match)
+	// foreign names an expression this package does not decode, which makes the rule not ours.
+	foreign string
+}
+
+type set struct {
+	name    string
+	flags   uint32
+	keyType uint32
+	keyLen  uint32
+	elems   []element
+}
+
+type element struct {
+	key []byte
+	end bool
+}
+
+// emptyState is the state of a namespace holding no tables, planned for when the kernel's cannot
+// be read; why says why.
+func emptyState(why string) *State { return &State{unread: why} }
+
+// findTable returns the table of that family and name, or nil.
+func (s *State) findTable(family byte, name string) *table {
+	for i := range s.tables {
+		if s.tables[i].family == family && s.tables[i].name == name {
+			return &s.tables[i]
+		}
+	}
+	return nil
+}
+
+// detail says which tables a read looks into beyond the table list.
+type detail struct {
+	// nat: iptables-nft's nat tables (chains and rules); natChains: only their chains.
+	nat, natChains bool
+	// native: the native table's chains, rules, sets and elements, when the table exists and
+	// nativeIf (nil: always) says so.
+	native   bool
+	nativeIf func(t *table) bool
+}
+
+// read reads the state: the generation and every table, then what want asks for given them.
+// When it had to look into tables, it reads the generation again and starts over if the ruleset
+// changed in between (or an object listed was gone when its detail was read), so the state is one the kernel held at once (a batch planned from it is
+// checked by the kernel anyway; Show and a write found unnecessary rely on this).
+func read(src source, want func(*State) detail) (*State, error) {
+	for attempt := 1; ; attempt++ {
+		s, err := readTables(src)
+		if err != nil {
+			return nil, err
+		}
+		looked, err := s.readDetail(src, want(s))
+		if err != nil && errVanished(err) && attempt < attempts {
+			continue // a table or set listed a moment ago was replaced meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !looked {
+			return s, nil
+		}
+		gen, err := readGen(src)
+		if err != nil {
+			return nil, err
+		}
+		if gen == s.gen {
+			return s, nil
+		}
+		if attempt == attempts {
+			return nil, fmt.Errorf("the nf_tables ruleset kept changing while it was read (%d attempts)", attempt)
+		}
+	}
+}
+
+// attempts bounds the reads, and the batches planned again, after another writer changed the
+// ruleset in between. Each time, that other writer's transaction has committed, so the next read
+// sees it settled; the runner's namespace lock keeps our own writers from racing at all.
+const attempts = 10
+
+func readGen(src source) (uint32, error) {
+	ans, err := src.exchange(request{key: "getgen", typ: unix.NFT_MSG_GETGEN})
+	if err != nil {
+		return 0, fmt.Errorf("read the nf_tables generation: %w", err)
+	}
+	return decodeGen(ans[0])
+}
+
+func decodeGen(ms []netlink.Message) (uint32, error) {
+	for _, m := range ms {
+		if msgType(m) != unix.NFT_MSG_NEWGEN {
+			continue
+		}
+		ad, err := attrs(m)
+		if err != nil {
+			return 0, err
+		}
+		var gen uint32
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				gen = ad.Uint32()
+			}
+		}
+		return gen, ad.Err()
+	}
+	return 0, errors.New("no generation in the kernel's answer")
+}
+
+// readTables reads the generation and every table, in one round trip.
+func readTables(src source) (*State, error) {
+	ans, err := src.exchange(
+		request{key: "getgen", typ: unix.NFT_MSG_GETGEN},
+		request{key: "gettable", typ: unix.NFT_MSG_GETTABLE, flags: netlink.Dump},
+	)
+	if err != nil {
+		return nil, fmt.Errorf("list the nf_tables tables: %w", err)
+	}
+	s := &State{}
+	if s.gen, err = decodeGen(ans[0]); err != nil {
+		return nil, fmt.Errorf("read the nf_tables generation: %w", err)
+	}
+	for _, m := range ans[1] {
+		t, err := decodeTable(m)
+		if err != nil {
+			return nil, fmt.Errorf("decode a table: %w", err)
+		}
+		s.tables = append(s.tables, t)
+	}
+	return s, nil
+}
+
+func decodeTable(m netlink.Message) (table, error) {
+	t := table{family: family(m)}
+	ad, err := attrs(m)
+	if err != nil {
+		return t, err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_TABLE_NAME:
+			t.name = ad.String()
+		case unix.NFTA_TABLE_USE:
+			t.use = ad.Uint32()
+		case nftaTableHandle:
+			t.handle = ad.Uint64()
+		case nftaTableUserdata:
+			t.comment, _ = userdata.GetString(ad.Bytes(), udataTableComment)
+		}
+	}
+	return t, ad.Err()
+}
+
+// readDetail reads what d asks for, and reports whether it read anything beyond the table list.
+func (s *State) readDetail(src source, d detail) (bool, error) {
+	var nat []byte
+	if d.nat || d.natChains {
+		for _, fam := range []byte{famIP, famIP6} {
+			if s.findTable(fam, iptables.Table) != nil {
+				nat = append(nat, fam)
+			}
+		}
+	}
+	nt := s.findTable(famInet, iptables.NFTTableName)
+	native := d.native && nt != nil && (d.nativeIf == nil || d.nativeIf(nt))
+	if len(nat) == 0 && !native {
+		return false, nil
+	}
+	s.nat = map[byte]*ruleTable{}
+	for _, fam := range nat {
+		s.nat[fam] = &ruleTable{rules: map[string][]rule{}}
+	}
+	if native {
+		s.native = &ruleTable{rules: map[string][]rule{}}
+	}
+	// One dump of every family's chains, kept for the tables of interest.
+	ans, err := src.exchange(request{key: "getchain", typ: unix.NFT_MSG_GETCHAIN, flags: netlink.Dump})
+	if err != nil {
+		return true, fmt.Errorf("list the nf_tables chains: %w", err)
+	}
+	for _, m := range ans[0] {
+		c, tbl, err := decodeChain(m)
+		if err != nil {
+			return true, fmt.Errorf("decode a chain: %w", err)
+		}
+		if t := s.tableOf(family(m), tbl); t != nil {
+			t.chains = append(t.chains, c)
+		}
+	}
+	if d.nat {
+		for _, fam := range nat {
+			if err := s.readRules(src, fam, iptables.Table, s.nat[fam]); err != nil {
+				return true, err
+			}
+		}
+	}
+	if native {
+		if err := s.readRules(src, famInet, iptables.NFTTableName, s.native); err != nil {
+			return true, err
+		}
+		if err := s.readSets(src); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// tableOf returns the detail of one of our tables, or nil for any other.
+func (s *State) tableOf(fam byte, name string) *ruleTable {
+	switch {
+	case name == iptables.Table && (fam == famIP || fam == famIP6):
+		return s.nat[fam]
+	case name == iptables.NFTTableName && fam == famInet:
+		return s.native
+	}
+	return nil
+}
+
+func decodeChain(m netlink.Message) (chain, string, error) {
+	var c chain
+	var tbl string
+	ad, err := attrs(m)
+	if err != nil {
+		return c, "", err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CHAIN_TABLE:
+			tbl = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			c.name = ad.String()
+		case unix.NFTA_CHAIN_TYPE:
+			c.typ = ad.String()
+		case unix.NFTA_CHAIN_POLICY:
+			c.policy = ad.Uint32()
+		case unix.NFTA_CHAIN_HOOK:
+			c.base = true
+			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				for nd.Next() {
+					switch nd.Type() {
+					case unix.NFTA_HOOK_HOOKNUM:
+						c.hook = nd.Uint32()
+					case unix.NFTA_HOOK_PRIORITY:
+						c.priority = int32(nd.Uint32())
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return c, tbl, ad.Err()
+}
+
+// readRules reads the rules of one table. Each dump names its family: given a table name, the
+// kernel stops after the first table of that name, whatever the family.
+func (s *State) readRules(src source, fam byte, name string, t *ruleTable) error {
+	ans, err := src.exchange(request{key: "getrule " + famName(fam) + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
+	if err != nil {
+		return fmt.Errorf("list the rules of table %s %s: %w", famName(fam), name, err)
+	}
+	for _, m := range ans[0] {
+		r, tbl, ch, err := decodeRule(fam, m)
+		if err != nil {
+			return fmt.Errorf("decode a rule of table %s %s: %w", famName(fam), name, err)
+		}
+		if family(m) == fam && tbl == name {
+			t.rules[ch] = append(t.rules[ch], r)
+		}
+	}
+	return nil
+}
+
+func decodeRule(fam byte, m netlink.Message) (rule, string, string, error) {
+	var r rule
+	var tbl, ch string
+	ad, err := attrs(m)
+	if err != nil {
+		return r, "", "", err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_RULE_TABLE:
+			tbl = ad.String()
+		case unix.NFTA_RULE_CHAIN:
+			ch = ad.String()
+		case unix.NFTA_RULE_HANDLE:
+			r.handle = ad.Uint64()
+		case unix.NFTA_RULE_USERDATA:
+			r.comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
+		case unix.NFTA_RULE_EXPRESSIONS:
+			ad.Nested(func(list *netlink.AttributeDecoder) error {
+				for list.Next() {
+					list.Nested(func(el *netlink.AttributeDecoder) error { return r.decodeExpr(fam, el) })
+				}
+				return nil
+			})
+		}
+	}
+	return r, tbl, ch, ad.Err()
+}
+
+// decodeExpr decodes one list element: an expression's name and data.
+func (r *rule) decodeExpr(fam byte, el *netlink.AttributeDecoder) error {
+	var name string
+	hasData := false
+	for el.Next() {
+		switch el.Type() {
+		case unix.NFTA_EXPR_NAME:
+			name = el.String()
+		case unix.NFTA_EXPR_DATA:
+			hasData = true
+			e, err := unmarshalExpr(fam, name, el.Bytes())
+			if err != nil {
+				return err
+			}
+			if e == nil {
+				r.foreign = name
+			} else {
+				r.exprs = append(r.exprs, e)
+			}
+		}
+	}
+	if !hasData && r.foreign == "" {
+		r.foreign = name // none of ours comes without data
+	}
+	return nil
+}
+
+// unmarshalExpr decodes one expression of the kinds our rules, in either representation, are
+// made of; any other kind returns nil, which marks the rule as not ours.
+func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
+	var e expr.Any
+	switch name {
+	case "meta":
+		e = &expr.Meta{}
+	case "cmp":
+		e = &expr.Cmp{}
+	case "payload":
+		e = &expr.Payload{}
+	case "bitwise":
+		e = &expr.Bitwise{}
+	case "range":
+		e = &expr.Range{}
+	case "lookup":
+		e = &expr.Lookup{}
+	case "match":
+		e = &expr.Match{}
+	case "target":
+		e = &expr.Target{}
+	case "counter":
+		e = &expr.Counter{}
+	case "redir":
+		e = &expr.Redir{}
+	case "immediate":
+		// A verdict is an immediate that writes the verdict register.
+		im := &expr.Immediate{}
+		if err := expr.Unmarshal(fam, data, im); err != nil {
+			return nil, fmt.Errorf("expression immediate: %w", err)
+		}
+		if im.Register != unix.NFT_REG_VERDICT {
+			return im, nil
+		}
+		e = &expr.Verdict{}
+	default:
+		return nil, nil
+	}
+	if err := expr.Unmarshal(fam, data, e); err != nil {
+		return nil, fmt.Errorf("expression %s: %w", name, err)
+	}
+	return e, nil
+}
+
+// readSets reads the native table's sets and their elements.
+func (s *State) readSets(src source) error {
+	ans, err := src.exchange(request{key: "getset inet " + iptables.NFTTableName, typ: unix.NFT_MSG_GETSET, flags: netlink.Dump,
+		fam: famInet, name: iptables.NFTTableName})
+	if err != nil {
+		return fmt.Errorf("list the sets of table inet %s: %w", iptables.NFTTableName, err)
+	}
+	for _, m := range ans[0] {
+		st, tbl, err := decodeSet(m)
+		if err != nil {
+			return fmt.Errorf("decode a set: %w", err)
+		}
+		if tbl != iptables.NFTTableName || family(m) != famInet {
+			continue
+		}
+		ans, err := src.exchange(request{key: "getsetelem inet " + iptables.NFTTableName + " " + st.name, typ: unix.NFT_MSG_GETSETELEM,
+			flags: netlink.Dump, fam: famInet, name: iptables.NFTTableName, set: st.name})
+		if err != nil {
+			return fmt.Errorf("list the elements of set %s: %w", st.name, err)
+		}
+		for _, m := range ans[0] {
+			if err := st.decodeElements(m); err != nil {
+				return fmt.Errorf("decode the elements of set %s: %w", st.name, err)
+			}
+		}
+		s.native.sets = append(s.native.sets, st)
+	}
+	return nil
+}
+
+func decodeSet(m netlink.Message) (set, string, error) {
+	var st set
+	var tbl string
+	ad, err := attrs(m)
+	if err != nil {
+		return st, "", err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_TABLE:
+			tbl = ad.String()
+		case unix.NFTA_SET_NAME:
+			st.name = ad.String()
+		case unix.NFTA_SET_FLAGS:
+			st.flags = ad.Uint32()
+		case unix.NFTA_SET_KEY_TYPE:
+			st.keyType = ad.Uint32()
+		case unix.NFTA_SET_KEY_LEN:
+			st.keyLen = ad.Uint32()
+		}
+	}
+	return st, tbl, ad.Err()
+}
+
+func (st *set) decodeElements(m netlink.Message) error {
+	ad, err := attrs(m)
+	if err != nil {
+		return err
+	}
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		ad.Nested(func(list *netlink.AttributeDecoder) error {
+			for list.Next() {
+				list.Nested(func(el *netlink.AttributeDecoder) error {
+					var e element
+					for el.Next() {
+						switch el.Type() {
+						case unix.NFTA_SET_ELEM_KEY:
+							el.Nested(func(k *netlink.AttributeDecoder) error {
+								for k.Next() {
+									if k.Type() == unix.NFTA_DATA_VALUE {
+										e.key = slices.Clone(k.Bytes())
+									}
+								}
+								return nil
+							})
+						case unix.NFTA_SET_ELEM_FLAGS:
+							e.end = el.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+						}
+					}
+					st.elems = append(st.elems, e)
+					return nil
+				})
+			}
+			return nil
+		})
+	}
+	return ad.Err()
+}
+
+func famName(fam byte) string {
+	switch fam {
+	case famIP6:
+		return "ip6"
+	case famInet:
+		return "inet"
+	}
+	return "ip"
+}

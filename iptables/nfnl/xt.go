@@ -1,0 +1,547 @@
+package nfnl
+
+// The iptables-nft encoding: one iptables.XTRule as the nf_tables expressions iptables-nft 1.8.9
+// builds for the same iptables-restore line, found by writing our payloads with
+// iptables-nft-restore and dumping them. Interface, protocol and address matches are native
+// expressions; the tcp destination port too. The owner, multiport and comment matches and the
+// REDIRECT target are xtables extensions run by the kernel's nft_compat, each with its revision
+// and the extension's own C struct as info. Every rule carries a counter before its verdict, as
+// iptables-nft's do.
+//
+// The comment and REDIRECT infos are google/nftables' xt.Comment, xt.NatIPv4MultiRangeCompat
+// (IPv4 REDIRECT is revision 0, the compat struct) and xt.NatRange. xt has no type for the owner
+// and multiport infos, so those two C structs are laid out here.
+//
+// decode is the inverse, and is strict by construction: a rule read back counts as one of ours
+// only if encoding what it decodes to gives back exactly the expressions read.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// natPriority is the priority of the base chains of iptables-nft's nat table that we use:
+// PREROUTING and OUTPUT are both NF_IP_PRI_NAT_DST. A chain at another priority makes
+// iptables-nft call the table incompatible.
+const natPriority = -100
+
+// Extension revisions and info sizes, as iptables-nft 1.8.9 sends them. The info is the
+// extension's C struct, padded to 8 bytes (XT_ALIGN), in host byte order except where the struct
+// itself says network order.
+const (
+	ownerRev       = 1              // xt_owner_match_info
+	ownerInfoLen   = 24             // 4 u32 + 2 u8, padded
+	multiportRev   = 1              // xt_multiport_v1
+	multiportLen   = 48             // flags, count, ports[15], pflags[15], invert
+	redirectRev    = 0              // nf_nat_ipv4_multi_range_compat (ip), nf_nat_range (ip6)
+	commentRev     = 0              // xt_comment_info
+	xtOwnerUID     = 1              // XT_OWNER_UID
+	xtOwnerGID     = 2              // XT_OWNER_GID
+	xtMultiportDst = 1              // XT_MULTIPORT_DESTINATION
+	maxMultiport   = 15             // XT_MULTI_PORTS
+	nfAccept       = 1              // NF_ACCEPT, the built-in chains' policy
+	reg1           = unix.NFT_REG_1 // the only data register iptables-nft uses
+)
+
+// The expressions every rule, or many, hold alike. encodeXT hands out these, shared, so that each
+// is marshalled once per process and family (Batch.expressions): with a thousand rules,
+// marshalling was most of the time it took to lay a batch out. Nothing modifies them.
+var (
+	tcpMeta     = &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}
+	tcpCmp      = &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}}
+	oifnameMeta = &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: reg1}
+	dportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	counter     = &expr.Counter{}
+	returnExpr  = &expr.Verdict{Kind: expr.VerdictReturn}
+	singles     = [...]expr.Any{tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr}
+	// addrLoads are the loads of the first n bytes of an address: [index in addrOffsets][n].
+	addrOffsets = [...]uint32{8, 12, 16, 24} // where the two headers hold the addresses (addrOffset)
+	addrLoads   = sync.OnceValue(func() *[len(addrOffsets)][17]*expr.Payload {
+		var t [len(addrOffsets)][17]*expr.Payload
+		for i, off := range addrOffsets {
+			for n := uint32(1); n <= 16; n++ {
+				t[i][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+			}
+		}
+		return &t
+	})
+	// sharedWire holds the shared expressions' marshalled data, filled as they are first used:
+	// [index in wireFamilies][sharedSlot].
+	wireFamilies = [...]byte{famIP, famIP6, famInet}
+	sharedWire   [len(wireFamilies)][len(singles) + len(addrOffsets)*17]atomic.Pointer[[]byte]
+)
+
+func addrLoad(off, n uint32) *expr.Payload {
+	return addrLoads()[slices.Index(addrOffsets[:], off)][n]
+}
+
+// sharedSlot numbers the expressions above, and is -1 for every other.
+func sharedSlot(e expr.Any) int {
+	if i := slices.Index(singles[:], e); i >= 0 {
+		return i
+	}
+	if p, ok := e.(*expr.Payload); ok && p.Len >= 1 && p.Len <= 16 {
+		if i := slices.Index(addrOffsets[:], p.Offset); i >= 0 && addrLoads()[i][p.Len] == p {
+			return len(singles) + 17*i + int(p.Len)
+		}
+	}
+	return -1
+}
+
+// xtFamily is the nf_tables family of an iptables family: iptables-nft's "ip" and "ip6".
+func xtFamily(f iptables.Family) byte {
+	if f == iptables.IPv6 {
+		return famIP6
+	}
+	return famIP
+}
+
+// encodeXT returns the expressions of r for family f, and the layer-4 protocol its xtables
+// extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule that does not say tcp).
+func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
+	return appendXT(make([]expr.Any, 0, 8), nil, f, r)
+}
+
+// exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
+// while it is laid out: a batch marshals each rule before it encodes the next, which reuses
+// them. Without it, a thousand rules allocated 100 KB of expressions that lived for one rule
+// each. A nil pool allocates.
+type exprPool struct {
+	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
+	ncmp    int
+	addrs   [2][16]byte
+	naddr   int
+	match   expr.Match
+	comment xt.Comment
+}
+
+func (p *exprPool) reset() {
+	if p != nil {
+		p.ncmp, p.naddr = 0, 0
+	}
+}
+
+func (p *exprPool) cmp(data []byte) *expr.Cmp {
+	if p == nil || p.ncmp == len(p.cmps) {
+		return &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}
+	}
+	c := &p.cmps[p.ncmp]
+	p.ncmp++
+	*c = expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: data}
+	return c
+}
+
+// addr returns the bytes of a, as a slice.
+func (p *exprPool) addr(a netip.Addr) []byte {
+	if p == nil || p.naddr == len(p.addrs) {
+		return a.AsSlice()
+	}
+	p.naddr++
+	b, _ := a.AppendBinary(p.addrs[p.naddr-1][:0]) // a masked prefix's address has no zone
+	return b
+}
+
+func (p *exprPool) commentMatch(comment string) *expr.Match {
+	if p == nil {
+		c := xt.Comment(comment)
+		return &expr.Match{Name: "comment", Rev: commentRev, Info: &c}
+	}
+	p.comment = xt.Comment(comment)
+	p.match = expr.Match{Name: "comment", Rev: commentRev, Info: &p.comment}
+	return &p.match
+}
+
+// appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
+func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
+	pool.reset()
+	cmp := func(data []byte) { out = append(out, pool.cmp(data)) }
+	if r.OutInterface != "" {
+		out = append(out, oifnameMeta)
+		cmp(ifname(r.OutInterface))
+	}
+	var proto uint32
+	if r.TCP {
+		proto = unix.IPPROTO_TCP
+		out = append(out, tcpMeta, tcpCmp)
+	}
+	for _, a := range [2]struct {
+		p   netip.Prefix
+		src bool
+	}{{r.Source, true}, {r.Destination, false}} {
+		if !a.p.IsValid() || a.p.Bits() == 0 {
+			continue // what iptables does with 0.0.0.0/0: no match at all
+		}
+		if a.p.Addr().Is4() != (f == iptables.IPv4) {
+			return nil, 0, fmt.Errorf("address %s in an %s rule", a.p, f)
+		}
+		out = addrMatch(out, pool, f, a.p, a.src)
+	}
+	if r.UIDOwner != nil {
+		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
+	}
+	if r.GIDOwner != nil {
+		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerGID, *r.GIDOwner)))
+	}
+	if len(r.MultiportDPorts) > 0 {
+		info, err := multiportInfo(r.MultiportDPorts)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, xtMatch("multiport", multiportRev, info))
+	}
+	if r.DPort.First != 0 {
+		if !r.TCP {
+			return nil, 0, errors.New("a destination port without -p tcp")
+		}
+		// tcp dport: the transport header's bytes 2 and 3.
+		out = append(out, dportLoad)
+		first, last := port(r.DPort.First), port(r.DPort.Last)
+		if r.DPort.First == r.DPort.Last {
+			cmp(first)
+		} else {
+			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
+		}
+	}
+	if len(r.Comment) >= xt.CommentSize {
+		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
+	}
+	out = append(out, pool.commentMatch(r.Comment), counter)
+	switch r.Target {
+	case iptables.TargetReturn:
+		out = append(out, returnExpr)
+	case iptables.TargetRedirect:
+		if r.ToPort == 0 {
+			return nil, 0, errors.New("redirect to port 0")
+		}
+		out = append(out, &expr.Target{Name: "REDIRECT", Rev: redirectRev, Info: redirectInfo(f, r.ToPort)})
+	case iptables.RedirectChain, iptables.OutputChain:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	default:
+		return nil, 0, fmt.Errorf("target %q is not one of ours", r.Target)
+	}
+	return out, proto, nil
+}
+
+func xtMatch(name string, rev uint32, info []byte) *expr.Match {
+	i := xt.Unknown(info)
+	return &expr.Match{Name: name, Rev: rev, Info: &i}
+}
+
+func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
+
+// ifname is what iptables-nft compares an interface name with: the name and its terminating NUL,
+// or, for a "name+" wildcard, the name alone (a prefix match).
+func ifname(name string) []byte {
+	if n := len(name); n > 0 && name[n-1] == '+' {
+		return []byte(name[:n-1])
+	}
+	return append([]byte(name), 0)
+}
+
+// addrOffset is where the source (src) or destination address sits in family f's network
+// header, and its length: what a payload expression loads to match an address, in the native
+// table as in iptables-nft's.
+func addrOffset(f iptables.Family, src bool) (offset, length uint32) {
+	switch {
+	case f == iptables.IPv6 && src:
+		return 8, 16
+	case f == iptables.IPv6:
+		return 24, 16
+	case src:
+		return 12, 4
+	default:
+		return 16, 4
+	}
+}
+
+// addrMatch loads the source or destination address and compares it with p. Like iptables-nft,
+// it loads only the whole bytes of a byte-aligned prefix, and otherwise the whole address masked.
+func addrMatch(out []expr.Any, pool *exprPool, f iptables.Family, p netip.Prefix, src bool) []expr.Any {
+	off, n := addrOffset(f, src)
+	addr := pool.addr(p.Masked().Addr())
+	if p.Bits()%8 == 0 {
+		n = uint32(p.Bits() / 8)
+		return append(out, addrLoad(off, n), pool.cmp(addr[:n]))
+	}
+	mask := net.CIDRMask(p.Bits(), int(n)*8)
+	return append(out, addrLoad(off, n),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)},
+		pool.cmp(addr))
+}
+
+// ownerInfo is xt_owner_match_info matching one UID (what XT_OWNER_UID) or GID.
+func ownerInfo(what byte, id uint32) []byte {
+	b := make([]byte, ownerInfoLen)
+	off := 0 // uid_min, uid_max
+	if what == xtOwnerGID {
+		off = 8 // gid_min, gid_max
+	}
+	binary.NativeEndian.PutUint32(b[off:], id)
+	binary.NativeEndian.PutUint32(b[off+4:], id)
+	b[16] = what
+	return b
+}
+
+// multiportInfo is xt_multiport_v1 matching the destination ports: a range takes two slots, its
+// first flagged in pflags.
+func multiportInfo(ports []iptables.PortRange) ([]byte, error) {
+	b := make([]byte, multiportLen)
+	b[0] = xtMultiportDst
+	n := 0
+	put := func(p uint16) error {
+		if n == maxMultiport {
+			return fmt.Errorf("more than %d multiport ports (a range counts two)", maxMultiport)
+		}
+		binary.NativeEndian.PutUint16(b[2+2*n:], p)
+		n++
+		return nil
+	}
+	for _, p := range ports {
+		if p.First != p.Last {
+			b[32+n] = 1
+			if err := put(p.First); err != nil {
+				return nil, err
+			}
+		}
+		if err := put(p.Last); err != nil {
+			return nil, err
+		}
+	}
+	b[1] = byte(n)
+	return b, nil
+}
+
+// redirectInfo is the REDIRECT target's range: only the port.
+func redirectInfo(f iptables.Family, p uint16) xt.InfoAny {
+	flags := uint(unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	if f == iptables.IPv6 {
+		return &xt.NatRange{Flags: flags, MinIP: net.IPv6zero, MaxIP: net.IPv6zero, MinPort: p, MaxPort: p}
+	}
+	zero := net.IPv4zero.To4()
+	return &xt.NatIPv4MultiRangeCompat{{Flags: flags, MinIP: zero, MaxIP: zero, MinPort: p, MaxPort: p}}
+}
+
+// decodeXT maps the expressions of a rule in chain back onto an XTRule. ok is false when the
+// rule is not exactly one that encodeXT writes, whatever it looks like.
+func decodeXT(f iptables.Family, chain string, r rule) (x iptables.XTRule, ok bool) {
+	x.Chain = chain
+	if r.foreign != "" || !decodeXTInto(f, &x, r.exprs) {
+		return x, false
+	}
+	want, _, err := encodeXT(f, x)
+	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
+}
+
+// decodeXTInto reads the expressions the way encodeXT writes them; sameExprs then checks the rest.
+func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
+	data := func(i int) ([]byte, bool) {
+		c, ok := next[*expr.Cmp](ex, i)
+		if !ok || c.Op != expr.CmpOpEq {
+			return nil, false
+		}
+		return c.Data, true
+	}
+	for i := 0; i < len(ex); i++ {
+		switch e := ex[i].(type) {
+		case *expr.Meta:
+			d, ok := data(i + 1)
+			if !ok {
+				return false
+			}
+			i++
+			switch {
+			case e.Key == expr.MetaKeyOIFNAME:
+				if n := bytes.IndexByte(d, 0); n >= 0 {
+					r.OutInterface = string(d[:n])
+				} else {
+					r.OutInterface = string(d) + "+"
+				}
+			case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
+				r.TCP = true
+			default:
+				return false
+			}
+		case *expr.Payload:
+			if e.Base == expr.PayloadBaseTransportHeader {
+				if i+1 >= len(ex) {
+					return false
+				}
+				i++
+				switch c := ex[i].(type) {
+				case *expr.Cmp:
+					if len(c.Data) != 2 {
+						return false
+					}
+					p := binary.BigEndian.Uint16(c.Data)
+					r.DPort = iptables.PortRange{First: p, Last: p}
+				case *expr.Range:
+					if len(c.FromData) != 2 || len(c.ToData) != 2 {
+						return false
+					}
+					r.DPort = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
+				default:
+					return false
+				}
+				continue
+			}
+			var mask []byte
+			if b, ok := next[*expr.Bitwise](ex, i+1); ok {
+				mask = b.Mask
+				i++
+			}
+			d, ok := data(i + 1)
+			if !ok {
+				return false
+			}
+			i++
+			p, src, ok := prefixOf(f, e, mask, d)
+			if !ok {
+				return false
+			}
+			if src {
+				r.Source = p
+			} else {
+				r.Destination = p
+			}
+		case *expr.Match:
+			switch info := e.Info.(type) {
+			case *xt.Comment:
+				r.Comment = string(*info)
+			case *xt.Unknown:
+				b := []byte(*info)
+				switch {
+				case e.Name == "owner" && len(b) == ownerInfoLen:
+					id := binary.NativeEndian.Uint32(b)
+					if b[16] == xtOwnerGID {
+						id = binary.NativeEndian.Uint32(b[8:])
+						r.GIDOwner = &id
+					} else {
+						r.UIDOwner = &id
+					}
+				case e.Name == "multiport" && len(b) == multiportLen:
+					n := int(min(b[1], maxMultiport))
+					for j := 0; j < n; j++ {
+						p := binary.NativeEndian.Uint16(b[2+2*j:])
+						pr := iptables.PortRange{First: p, Last: p}
+						if b[32+j] != 0 && j+1 < n {
+							j++
+							pr.Last = binary.NativeEndian.Uint16(b[2+2*j:])
+						}
+						r.MultiportDPorts = append(r.MultiportDPorts, pr)
+					}
+				default:
+					return false
+				}
+			default:
+				return false
+			}
+		case *expr.Counter:
+		case *expr.Verdict:
+			switch e.Kind {
+			case expr.VerdictReturn:
+				r.Target = iptables.TargetReturn
+			case expr.VerdictJump:
+				r.Target = e.Chain
+			default:
+				return false
+			}
+		case *expr.Target:
+			if e.Name != "REDIRECT" {
+				return false
+			}
+			switch info := e.Info.(type) {
+			case *xt.NatIPv4MultiRangeCompat:
+				if f != iptables.IPv4 || len(*info) != 1 {
+					return false
+				}
+				r.ToPort = (*info)[0].MinPort
+			case *xt.NatRange:
+				if f != iptables.IPv6 {
+					return false
+				}
+				r.ToPort = info.MinPort
+			default:
+				return false
+			}
+			r.Target = iptables.TargetRedirect
+		default:
+			return false
+		}
+	}
+	return r.Target != ""
+}
+
+func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
+	var zero T
+	if i >= len(ex) {
+		return zero, false
+	}
+	v, ok := ex[i].(T)
+	return v, ok
+}
+
+// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix.
+func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool, bool) {
+	if p.Base != expr.PayloadBaseNetworkHeader {
+		return netip.Prefix{}, false, false
+	}
+	srcOff, full := addrOffset(f, true)
+	dstOff, _ := addrOffset(f, false)
+	var src bool
+	switch p.Offset {
+	case srcOff:
+		src = true
+	case dstOff:
+	default:
+		return netip.Prefix{}, false, false
+	}
+	if p.Len > full || int(p.Len) != len(data) {
+		return netip.Prefix{}, false, false
+	}
+	addr := make([]byte, full)
+	copy(addr, data)
+	a, _ := netip.AddrFromSlice(addr)
+	bits := int(p.Len) * 8
+	if mask != nil {
+		ones, _ := net.IPMask(mask).Size()
+		bits = max(ones, 0)
+	}
+	// Not the canonical form of this prefix (a mask with holes, host bits set, a load of a whole
+	// address under a byte-aligned mask): sameExprs refuses the re-encoding.
+	return netip.PrefixFrom(a, bits), src, true
+}
+
+// sameExprs reports whether two expression lists are the same on the wire, counter values aside.
+func sameExprs(fam byte, a, b []expr.Any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, err1 := marshalExpr(fam, a[i])
+		y, err2 := marshalExpr(fam, b[i])
+		if err1 != nil || err2 != nil || !bytes.Equal(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+func marshalExpr(fam byte, e expr.Any) ([]byte, error) {
+	if _, ok := e.(*expr.Counter); ok {
+		e = &expr.Counter{} // packets and bytes count traffic, not the rule
+	}
+	return expr.Marshal(fam, e)
+}
