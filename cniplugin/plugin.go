@@ -274,6 +274,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if _, err := LoadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot); err != nil {
 		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
 	}
+	c.log.Debug("ready: config valid, kubeconfig readable (the API server is not contacted)")
 	return nil
 }
 

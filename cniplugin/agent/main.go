@@ -3,7 +3,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,11 +18,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
-	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 )
@@ -45,6 +42,9 @@ const (
 	DefaultHostProc    = "/host/proc"
 	DefaultCNINetDir   = "/host/etc/cni/net.d"
 )
+
+var command = Command{Name: "agent", NodeEnv: EnvNodeName, Target: Target,
+	About: "linkerd-cni agent serves the CNI plugin's pod lookups on this node, audits every meshed pod's redirect and heals it in place."}
 
 // Config is the command line of `linkerd-cni agent`.
 type Config struct {
@@ -87,25 +87,12 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
 		CRI: DefaultCRI, HostProc: DefaultHostProc, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	c.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return c, err
-		}
-		return c, fmt.Errorf("%w (see linkerd-cni agent --help)", err)
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	if err := command.Parse(args, c.AddFlags); err != nil {
+		return c, err
 	}
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
-	}
-	if c.NodeName == "" {
-		bad("--node-name", "", "not set: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
 	}
 	if !slices.Contains(Modes, c.Mode) {
 		bad("--mode", string(c.Mode), "want repair, delete or report")
@@ -130,44 +117,17 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 			bad("--cni-net-dir", c.CNINetDir, "not an absolute path")
 		}
 	}
-	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
-		bad("--admin-addr", c.AdminAddr, "want host:port")
-	}
-	if err := logging.CheckFormat(c.LogFormat); err != nil {
-		bad("--log-format", c.LogFormat, err.Error())
-	}
-	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
-		bad("--log-level", c.LogLevel, err.Error())
-	}
-	if len(probs) > 0 {
-		return c, &badinput.Error{What: "invalid input", Problems: probs}
-	}
-	return c, nil
+	return c, command.CheckCommon(probs, c.NodeName, c.AdminAddr, c.LogFormat, c.LogLevel)
 }
 
 // Main runs `linkerd-cni agent` with args (after "agent") until ctx ends, and returns the exit
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	if errors.Is(err, pflag.ErrHelp) {
-		fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-		fs.SortFlags = false
-		c.AddFlags(fs)
-		fmt.Fprint(stdout, "linkerd-cni agent serves the CNI plugin's pod lookups on this node, audits every meshed pod's redirect and heals it in place.\n\nFlags:\n"+fs.FlagUsages())
-		return 0
+	if code, done := command.Exit(err, c.AddFlags, stdout, stderr); done {
+		return code
 	}
-	if bad, ok := badinput.As(err); ok {
-		fmt.Fprint(stderr, "linkerd-cni agent: "+bad.Lines())
-		return 2
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
-		return 2
-	}
-	filter, _ := logging.ParseFilter(c.LogLevel, Target)
-	log := logging.New(stderr, c.LogFormat, filter.Level)
-	filter.Log(log)
-	klog.SetSlogLogger(log.With("component", "client-go"))
+	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
 	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket,
 		LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log,
 		// The node's close-wait sysctl through the node's /proc: the container's own /proc/sys

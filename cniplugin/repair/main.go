@@ -3,19 +3,13 @@ package repair
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 
 	"github.com/spf13/pflag"
-	"k8s.io/klog/v2"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
-	"github.com/kubemesh/proxy-init/internal/badinput"
-	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
 // EnvNodeName names the node whose pods are repaired (Linkerd's variable, set from
@@ -36,6 +30,9 @@ const Target = "linkerd_cni_repair_controller"
 
 // DefaultAdminAddr is where /live, /ready and /metrics are served, as in Linkerd.
 const DefaultAdminAddr = "0.0.0.0:9990"
+
+var command = agent.Command{Name: "repair", NodeEnv: EnvNodeName, Target: Target,
+	About: "linkerd-cni repair deletes the pods on this node whose linkerd-network-validator exited 95."}
 
 // Config is the command line of `linkerd-cni repair`.
 type Config struct {
@@ -64,65 +61,20 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), AdminAddr: DefaultAdminAddr,
 		LogFormat: cmp.Or(getenv(EnvLogFormat), "plain"), LogLevel: cmp.Or(getenv(EnvLogLevel), "info")}
-	fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	c.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return c, err
-		}
-		return c, fmt.Errorf("%w (see linkerd-cni repair --help)", err)
+	if err := command.Parse(args, c.AddFlags); err != nil {
+		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	var probs []badinput.Problem
-	bad := func(field, value, reason string) {
-		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
-	}
-	if c.NodeName == "" {
-		bad("--node-name", "", "not set: set $"+EnvNodeName+" (the DaemonSet sets it from spec.nodeName) or --node-name")
-	}
-	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
-		bad("--admin-addr", c.AdminAddr, "want host:port")
-	}
-	if err := logging.CheckFormat(c.LogFormat); err != nil {
-		bad("--log-format", c.LogFormat, err.Error())
-	}
-	if _, err := logging.ParseFilter(c.LogLevel, Target); err != nil {
-		bad("--log-level", c.LogLevel, err.Error())
-	}
-	if len(probs) > 0 {
-		return c, &badinput.Error{What: "invalid input", Problems: probs}
-	}
-	return c, nil
+	return c, command.CheckCommon(nil, c.NodeName, c.AdminAddr, c.LogFormat, c.LogLevel)
 }
 
 // Main runs `linkerd-cni repair` with args (after "repair") until ctx ends, and returns the exit
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	if errors.Is(err, pflag.ErrHelp) {
-		fs := pflag.NewFlagSet("repair", pflag.ContinueOnError)
-		fs.SortFlags = false
-		c.AddFlags(fs)
-		fmt.Fprint(stdout, "linkerd-cni repair deletes the pods on this node whose linkerd-network-validator exited 95.\n\nFlags:\n"+fs.FlagUsages())
-		return 0
+	if code, done := command.Exit(err, c.AddFlags, stdout, stderr); done {
+		return code
 	}
-	if bad, ok := badinput.As(err); ok {
-		fmt.Fprint(stderr, "linkerd-cni repair: "+bad.Lines())
-		return 2
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "linkerd-cni repair: "+err.Error())
-		return 2
-	}
-	filter, _ := logging.ParseFilter(c.LogLevel, Target)
-	log := logging.New(stderr, c.LogFormat, filter.Level)
-	filter.Log(log)
-	// client-go logs through klog; send it to the same place in the same format.
-	klog.SetSlogLogger(log.With("component", "client-go"))
+	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
 	if err := Run(ctx, c, log); err != nil {
 		log.Error("repair controller failed", "error", err.Error())
 		return 1

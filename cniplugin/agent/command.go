@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
+	"github.com/kubemesh/proxy-init/internal/logging"
+)
+
+// Command is what `linkerd-cni agent` and `linkerd-cni repair` (the agent under Linkerd's names)
+// share as subcommands: one parse, the checks of the flags both have, one way to exit on help or
+// bad input, one logger. Each keeps its own flags, defaults and environment.
+type Command struct {
+	Name    string // the subcommand, as typed after linkerd-cni
+	About   string // the first line of --help
+	NodeEnv string // the variable --node-name defaults to
+	Target  string // the --log-level filter's target
+}
+
+// Parse parses args with the flags addFlags registers. --help comes back as pflag.ErrHelp.
+func (cmd Command) Parse(args []string, addFlags func(*pflag.FlagSet)) error {
+	fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	addFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w (see linkerd-cni %s --help)", err, cmd.Name)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return nil
+}
+
+// CheckCommon returns the problems of the flags every node command has, after those of its own.
+func (cmd Command) CheckCommon(probs []badinput.Problem, nodeName, adminAddr, logFormat, logLevel string) error {
+	bad := func(field, value, reason string) {
+		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
+	}
+	if nodeName == "" {
+		bad("--node-name", "", "not set: set $"+cmd.NodeEnv+" (the DaemonSet sets it from spec.nodeName) or --node-name")
+	}
+	if _, _, err := net.SplitHostPort(adminAddr); err != nil {
+		bad("--admin-addr", adminAddr, "want host:port")
+	}
+	if err := logging.CheckFormat(logFormat); err != nil {
+		bad("--log-format", logFormat, err.Error())
+	}
+	if _, err := logging.ParseFilter(logLevel, cmd.Target); err != nil {
+		bad("--log-level", logLevel, err.Error())
+	}
+	if len(probs) > 0 {
+		return &badinput.Error{What: "invalid input", Problems: probs}
+	}
+	return nil
+}
+
+// Exit handles what Parse and the checks returned: help on stdout (exit 0), bad usage on stderr
+// (exit 2). It returns false when the command is to run.
+func (cmd Command) Exit(err error, addFlags func(*pflag.FlagSet), stdout, stderr io.Writer) (int, bool) {
+	switch bad, isBad := badinput.As(err); {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, pflag.ErrHelp):
+		fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
+		fs.SortFlags = false
+		addFlags(fs)
+		fmt.Fprint(stdout, cmd.About+"\n\nFlags:\n"+fs.FlagUsages())
+	case isBad:
+		fmt.Fprint(stderr, "linkerd-cni "+cmd.Name+": "+bad.Lines())
+		return 2, true
+	default:
+		fmt.Fprintln(stderr, "linkerd-cni "+cmd.Name+": "+err.Error())
+		return 2, true
+	}
+	return 0, true
+}
+
+// Logger is the command's logger on stderr; client-go's klog lines go to it too, in the same
+// format.
+func (cmd Command) Logger(stderr io.Writer, format, level string) *slog.Logger {
+	filter, _ := logging.ParseFilter(level, cmd.Target)
+	log := logging.New(stderr, format, filter.Level)
+	filter.Log(log)
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	return log
+}
