@@ -82,7 +82,19 @@ type Linkerd struct {
 	UseWaitFlag             bool
 	// IPTablesMode is iptables-mode; empty means legacy, as in Linkerd.
 	IPTablesMode iptables.Mode
-	IPv6         bool
+	// IPv6 is ipv6: true or false, as in Linkerd, or (new) "auto" (IPv6Auto).
+	IPv6     bool
+	IPv6Auto bool
+
+	// The new keys of the features beyond Linkerd's, each proxy-init's flag of the same name.
+	RedirectDNSToPort         int
+	InboundMode               iptables.InboundMode
+	OutboundPortsToRedirect   []string
+	OutboundSubnetsToRedirect []string
+	InterfacesToIgnore        []string
+	UIDsToIgnore              []string
+	GIDsToIgnore              []string
+	DropInvalid               bool
 }
 
 // Config returns the rule builder's config for this block, before any annotation.
@@ -99,6 +111,16 @@ func (l Linkerd) Config() iptables.Config {
 		OutboundSubnetsToIgnore: clone(l.OutboundSubnetsToIgnore),
 		IPv6:                    l.IPv6,
 		Mode:                    l.IPTablesMode,
+
+		IPv6Auto:                  l.IPv6Auto,
+		RedirectDNSToPort:         l.RedirectDNSToPort,
+		InboundMode:               l.InboundMode,
+		OutboundPortsToRedirect:   clone(l.OutboundPortsToRedirect),
+		OutboundSubnetsToRedirect: clone(l.OutboundSubnetsToRedirect),
+		InterfacesToIgnore:        clone(l.InterfacesToIgnore),
+		UIDsToIgnore:              clone(l.UIDsToIgnore),
+		GIDsToIgnore:              clone(l.GIDsToIgnore),
+		DropInvalid:               l.DropInvalid,
 	}
 }
 
@@ -205,8 +227,41 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	if mode == "" {
 		l.IPTablesMode = iptables.ModeLegacy
 	}
-	d.get(ld, lp, "ipv6", &l.IPv6, "true or false")
+	d.ipv6(ld, lp+"ipv6", l)
+
+	// The features beyond Linkerd's.
+	d.get(ld, lp, iptables.FieldRedirectDNS, &l.RedirectDNSToPort, "an integer")
+	var serversOnly bool
+	if d.get(ld, lp, iptables.FieldDNSServersOnly, &serversOnly, "true or false") && serversOnly {
+		d.bad(lp+iptables.FieldDNSServersOnly, "true", "not offered by the CNI plugin: it runs before the pod's /etc/resolv.conf exists and would read the node's; "+
+			"leave it out to capture DNS to every nameserver, or set it on proxy-init as an init container")
+	}
+	var inboundMode string
+	d.get(ld, lp, iptables.FieldInboundMode, &inboundMode, "a string")
+	l.InboundMode = iptables.InboundMode(inboundMode)
+	d.ports(ld, lp, iptables.FieldOutboundPortsToRedirect, &l.OutboundPortsToRedirect)
+	d.get(ld, lp, iptables.FieldOutboundSubnetsToRedirect, &l.OutboundSubnetsToRedirect, "a list of CIDR strings")
+	d.get(ld, lp, iptables.FieldInterfacesToIgnore, &l.InterfacesToIgnore, "a list of interface names")
+	d.ids(ld, lp, iptables.FieldUIDsToIgnore, &l.UIDsToIgnore)
+	d.ids(ld, lp, iptables.FieldGIDsToIgnore, &l.GIDsToIgnore)
+	d.get(ld, lp, iptables.FieldDropInvalid, &l.DropInvalid, "true or false")
 	return conf, d.probs, nil
+}
+
+// ipv6 decodes the ipv6 key: a JSON boolean, as Linkerd has it, or the string "auto".
+func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd) {
+	raw, ok := obj["ipv6"]
+	if !ok {
+		return
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s == "auto" {
+		l.IPv6Auto = true
+		return
+	}
+	if err := json.Unmarshal(raw, &l.IPv6); err != nil {
+		d.bad(field, compact(raw), `want true, false or "auto"`)
+	}
 }
 
 // validate checks the values that decoded: the rule builder's checks on the linkerd block
@@ -301,6 +356,19 @@ func (d *decoder) object(obj map[string]json.RawMessage, prefix, key string) map
 // ports decodes a port list. Linkerd's config has strings for the ignore lists and integers for
 // ports-to-redirect; both spellings are accepted everywhere, as is one comma-separated string.
 func (d *decoder) ports(obj map[string]json.RawMessage, prefix, key string, dst *[]string) {
+	d.numbers(obj, prefix, key, dst, "a list of ports (numbers or strings such as \"4190\" or \"1000-2000\")",
+		"not an integer port", "a port number or a string such as \"1000-2000\"")
+}
+
+// ids decodes a list of user or group IDs, spelled as the port lists may be.
+func (d *decoder) ids(obj map[string]json.RawMessage, prefix, key string, dst *[]string) {
+	d.numbers(obj, prefix, key, dst, "a list of IDs (numbers or strings)", "not an integer ID", "an ID, a number or a string")
+}
+
+// numbers decodes a list of integers, numbers or strings (the rule builder checks the strings),
+// or one comma-separated string; the messages say what the list (wantList) and each item
+// (notInteger, wantItem) should be.
+func (d *decoder) numbers(obj map[string]json.RawMessage, prefix, key string, dst *[]string, wantList, notInteger, wantItem string) {
 	raw, ok := obj[key]
 	if !ok {
 		return
@@ -314,7 +382,7 @@ func (d *decoder) ports(obj map[string]json.RawMessage, prefix, key string, dst 
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
-		d.bad(prefix+key, compact(raw), "want a list of ports (numbers or strings such as \"4190\" or \"1000-2000\")")
+		d.bad(prefix+key, compact(raw), "want "+wantList)
 		return
 	}
 	out := []string{}
@@ -326,12 +394,12 @@ func (d *decoder) ports(obj map[string]json.RawMessage, prefix, key string, dst 
 			out = append(out, s)
 		case json.Unmarshal(it, &n) == nil:
 			if _, err := strconv.Atoi(n.String()); err != nil {
-				d.bad(prefix+key, n.String(), "not an integer port")
+				d.bad(prefix+key, n.String(), notInteger)
 				continue
 			}
 			out = append(out, n.String())
 		default:
-			d.bad(prefix+key, compact(it), "want a port number or a string such as \"1000-2000\"")
+			d.bad(prefix+key, compact(it), "want "+wantItem)
 		}
 	}
 	*dst = out

@@ -169,6 +169,30 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 }
 
+// The keys of the features beyond Linkerd's, each proxy-init's flag of the same name.
+func TestParseConfigFeatureKeys(t *testing.T) {
+	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},
+		"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"ipv6":"auto",
+		  "redirect-dns-to-port":5353,"dns-servers-only":false,"inbound-mode":"tproxy","outbound-ports-to-redirect":[80,"443","8000-8100"],
+		  "outbound-subnets-to-redirect":["10.0.0.0/8","2001:db8::/32"],"interfaces-to-ignore":["net1","eth1"],
+		  "uids-to-ignore":[1000,"1001"],"gids-to-ignore":"3000,3001","drop-invalid":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, IPTablesMode: iptables.ModeLegacy,
+		IPv6Auto: true, RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY,
+		OutboundPortsToRedirect: []string{"80", "443", "8000-8100"}, OutboundSubnetsToRedirect: []string{"10.0.0.0/8", "2001:db8::/32"},
+		InterfacesToIgnore: []string{"net1", "eth1"}, UIDsToIgnore: []string{"1000", "1001"}, GIDsToIgnore: []string{"3000,3001"}, DropInvalid: true}
+	if !reflect.DeepEqual(conf.Linkerd, want) {
+		t.Errorf("\n got %+v\nwant %+v", conf.Linkerd, want)
+	}
+	rs := conf.baseRules
+	if rs == nil || !rs.IPv6Auto || rs.DNSPort != 5353 || !rs.TPROXY || len(rs.OutboundRedirectPorts) != 3 || len(rs.IgnoreInterfaces) != 2 ||
+		len(rs.IgnoreUIDs) != 2 || len(rs.IgnoreGIDs) != 2 || !rs.DropInvalid {
+		t.Errorf("the rules built from the keys: %+v", rs)
+	}
+}
+
 func TestParseConfigDefaults(t *testing.T) {
 	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni",
 		"kubernetes":{"kubeconfig":"/k"},"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"iptables-mode":""}}`))
@@ -215,7 +239,20 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad mode", base(ports + `,"iptables-mode":"ebtables"`),
 			`invalid linkerd-cni network config: linkerd.iptables-mode "ebtables": unknown mode; want one of auto, legacy, nft, plain, nftables`},
 		{"ipv6 as string", base(ports + `,"ipv6":"yes"`),
-			`invalid linkerd-cni network config: linkerd.ipv6 "yes": want true or false`},
+			`invalid linkerd-cni network config: linkerd.ipv6 "yes": want true, false or "auto"`},
+		{"dns-servers-only is proxy-init's alone", base(ports + `,"redirect-dns-to-port":5353,"dns-servers-only":true`),
+			`invalid linkerd-cni network config: linkerd.dns-servers-only "true": not offered by the CNI plugin: it runs before the pod's /etc/resolv.conf exists and would read the node's; leave it out to capture DNS to every nameserver, or set it on proxy-init as an init container`},
+		{"the new keys' bad values", base(ports + `,"redirect-dns-to-port":0.5,"inbound-mode":"tproxy6","outbound-ports-to-redirect":[0],` +
+			`"outbound-subnets-to-redirect":["10.0.0.0/33"],"interfaces-to-ignore":["eth0/1","a-very-long-name0"],"uids-to-ignore":[4294967295],` +
+			`"gids-to-ignore":[{"g":1}],"drop-invalid":"yes"`),
+			`invalid linkerd-cni network config: linkerd.redirect-dns-to-port "0.5": want an integer; linkerd.gids-to-ignore "{\"g\":1}": want an ID, a number or a string; ` +
+				`linkerd.drop-invalid "yes": want true or false; linkerd.inbound-mode "tproxy6": unknown inbound mode; want redirect or tproxy; ` +
+				`linkerd.outbound-ports-to-redirect "0": port 0 is outside 1-65535; linkerd.outbound-subnets-to-redirect "10.0.0.0/33": "10.0.0.0/33" is not a valid CIDR; ` +
+				`linkerd.interfaces-to-ignore "eth0/1": holds '/', which the kernel refuses in an interface name; ` +
+				`linkerd.interfaces-to-ignore "a-very-long-name0": longer than 15 bytes, the kernel's limit for an interface name; ` +
+				`linkerd.uids-to-ignore "4294967295": must be a UID from 1 to 4294967294`},
+		{"DNS port out of range", base(ports + `,"redirect-dns-to-port":65536`),
+			`invalid linkerd-cni network config: linkerd.redirect-dns-to-port "65536": port is outside 1-65535 (0: capture no DNS)`},
 		{"linkerd not an object", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k"},"linkerd":[1]}`,
 			`invalid linkerd-cni network config: linkerd "[1]": want an object; linkerd.incoming-proxy-port "-1": must be set; linkerd.outgoing-proxy-port "-1": must be set`},
 		{"bad log level and timeout, no kubeconfig", `{"cniVersion":"1.0.0","log_level":"loud","kubernetes":{"timeout":"soon"},"linkerd":{` + ports + `}}`,

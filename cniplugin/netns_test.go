@@ -135,3 +135,73 @@ func readFileString(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	return strings.TrimSpace(string(b)), err
 }
+
+// TestFeatureKeysInNetns: the CNI config keys of the features beyond Linkerd's reach the rules
+// written into a real namespace, CHECK agrees, and DEL removes the rules and the policy routing;
+// a bad key fails ADD naming it, with nothing written.
+func TestFeatureKeysInNetns(t *testing.T) {
+	const keys = `"redirect-dns-to-port":5353,"inbound-mode":"tproxy","outbound-ports-to-redirect":[80,443],` +
+		`"outbound-subnets-to-redirect":["192.0.2.0/24"],"interfaces-to-ignore":["net1"],"uids-to-ignore":[1000],` +
+		`"gids-to-ignore":["3000"],"drop-invalid":true,"ipv6":"auto"`
+	for _, mode := range []iptables.Mode{iptables.ModeNFTables, iptables.ModeNFT, iptables.ModeLegacy} {
+		t.Run(string(mode), func(t *testing.T) {
+			n := netnstest.NewNS(t)
+			conf := strings.Replace(linkerdChartConfig, `"iptables-mode":"nft","ipv6":false`, `"iptables-mode":"`+string(mode)+`",`+keys, 1)
+			// At debug the plugin logs, with the backend's choice, what ipv6=auto decided.
+			conf = strings.Replace(conf, `"log_level":"info"`, `"log_level":"debug"`, 1)
+			api := &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}}
+			var out, logs bytes.Buffer
+			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
+			args := &skel.CmdArgs{ContainerID: "ctr", Netns: n.Path(), IfName: "eth0",
+				Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: withVersion(t, conf, "1.0.0")}
+			show := func(rs *iptables.Ruleset) iptables.State {
+				t.Helper()
+				st, err := backend.Runner{}.Show(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: mode}}, rs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			want, err := iptables.Build((Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+				InboundPortsToIgnore: []string{"4191", "4190"}, IPTablesMode: mode, IPv6Auto: true,
+				RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY, OutboundPortsToRedirect: []string{"80", "443"},
+				OutboundSubnetsToRedirect: []string{"192.0.2.0/24"}, InterfacesToIgnore: []string{"net1"},
+				UIDsToIgnore: []string{"1000"}, GIDsToIgnore: []string{"3000"}, DropInvalid: true}).Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			bad := args
+			bad.StdinData = withVersion(t, strings.Replace(conf, `"drop-invalid":true`, `"drop-invalid":true,"dns-servers-only":true`, 1), "1.0.0")
+			err = p.Add(bad)
+			if msg := `linkerd.dns-servers-only "true": not offered by the CNI plugin`; err == nil || !strings.Contains(err.Error(), msg) {
+				t.Errorf("ADD with dns-servers-only: %v, want an error with %q", err, msg)
+			}
+			if st := show(want); !stateEmpty(st) || (st.Routes != nil && len(st.Routes.Lines) > 0) {
+				t.Fatalf("a refused ADD wrote: %+v", st)
+			}
+
+			args.StdinData = withVersion(t, conf, "1.0.0")
+			if err := p.Add(args); err != nil {
+				t.Fatalf("ADD: %v\n%s", err, logs.String())
+			}
+			st := show(want)
+			if !st.Match() || st.Routes == nil || len(st.Routes.Lines) != 2 {
+				t.Errorf("after ADD: %+v", st)
+			}
+			// The namespace has no IPv6 address but loopback's: auto wrote no IPv6 rules.
+			if !strings.Contains(logs.String(), "ipv6=auto: writing no IPv6 rules") {
+				t.Errorf("the log does not say what ipv6=auto decided:\n%s", logs.String())
+			}
+			if err := p.Check(args); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+			if err := p.Del(args); err != nil {
+				t.Fatal(err)
+			}
+			if st := show(want); !stateEmpty(st) || (st.Routes != nil && len(st.Routes.Lines) > 0) {
+				t.Errorf("left after DEL: %+v", st)
+			}
+		})
+	}
+}

@@ -67,6 +67,28 @@ type State struct {
 	Elsewhere []Elsewhere
 	// Sysctls are the settings the plan sets besides rules, read back.
 	Sysctls []SysctlState
+	// Routes is the policy routing of ours in place (PolicyRoute.Lines) and its difference from
+	// the plan's; nil when the plan has none and none is in place.
+	Routes *RouteState `json:",omitempty"`
+}
+
+// RouteState is the policy routing read back: the lines in place, and the difference.
+type RouteState struct {
+	Lines []string
+	Diff  Diff
+}
+
+// CompareRoutes compares the policy routing in place (have, as PolicyRoute.Lines renders it)
+// with want's; nil when neither holds any.
+func CompareRoutes(want []PolicyRoute, have []string) *RouteState {
+	var w []string
+	for _, p := range want {
+		w = append(w, p.Lines()...)
+	}
+	if len(w) == 0 && len(have) == 0 {
+		return nil
+	}
+	return &RouteState{Lines: have, Diff: diffLines(w, have)}
 }
 
 // Elsewhere is what of ours one backend holds, when another is the one in use.
@@ -124,6 +146,9 @@ func (s State) Match() bool {
 		if !c.Match() {
 			return false
 		}
+	}
+	if s.Routes != nil && !s.Routes.Diff.Empty() {
+		return false
 	}
 	return len(s.Elsewhere) == 0
 }

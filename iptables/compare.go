@@ -6,12 +6,15 @@ import (
 	"strings"
 )
 
-// SavedState is what iptables-save shows of ours in the nat table of one family.
+// SavedState is what iptables-save shows of ours in one family: in the nat table, and in the
+// mangle and raw tables where the features beyond Linkerd's put chains.
 type SavedState struct {
-	// Chains are our chains that exist, whether or not they hold rules.
+	// Chains are our chains that exist, whether or not they hold rules, table by table
+	// (XTTables), by name within a table. A chain's name says its table (ChainTable).
 	Chains []string
 	// Rules are the lines inside our chains, and the lines anywhere that jump to them with one
-	// of our comments, in iptables-save order.
+	// of our comments, in iptables-save order, table by table; a line outside the nat table
+	// starts with its table (Rule.String).
 	Rules []string
 	// ForeignJumps are other lines that jump to our chains: someone's own rules, which an apply
 	// keeps and only a cleanup (which removes the chains they point to) deletes.
@@ -36,6 +39,21 @@ func (s SavedState) Empty() bool {
 	return len(s.Chains) == 0 && len(s.Rules) == 0 && len(s.ForeignJumps) == 0
 }
 
+// Tables lists the tables the state holds anything of ours in, in XTTables order.
+func (s SavedState) Tables() []string {
+	var out []string
+	for _, t := range XTTables() {
+		has := slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name })
+		for _, l := range append(slices.Clone(s.Rules), s.ForeignJumps...) {
+			has = has || savedRule(l).table() == t.Name
+		}
+		if has {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}
+
 // Jumps returns the saved rules of ours that jump into our chains from other chains, parsed back
 // into Rules so they can be deleted exactly as they are.
 func (s SavedState) Jumps() []Rule {
@@ -48,39 +66,93 @@ func (s SavedState) Jumps() []Rule {
 	return out
 }
 
-// savedRule parses an iptables-save "-A <chain> <spec>" line back into a Rule.
+// savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>") back into
+// a Rule.
 func savedRule(line string) Rule {
-	chain, spec, _ := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
-	return Rule{Chain: chain, Spec: spec}
+	var r Rule
+	if rest, ok := strings.CutPrefix(line, "-t "); ok {
+		r.Table, line, _ = strings.Cut(rest, " ")
+	}
+	r.Chain, r.Spec, _ = strings.Cut(strings.TrimPrefix(line, "-A "), " ")
+	return r
+}
+
+// jumpTarget is what a rule line ends in "-j X" with: for a jump, the chain it enters.
+func jumpTarget(line string) string {
+	if i := strings.LastIndex(line, "-j "); i >= 0 {
+		return line[i+3:]
+	}
+	return ""
+}
+
+func (r Rule) table() string {
+	if r.Table == "" {
+		return Table
+	}
+	return r.Table
 }
 
 // IsOurChain reports whether a chain of that name is one of ours (in either rendering).
-func IsOurChain(c string) bool { return c == RedirectChain || c == OutputChain }
+func IsOurChain(c string) bool {
+	switch c {
+	case RedirectChain, OutputChain, MangleChain, RawPreroutingChain, RawOutputChain:
+		return true
+	}
+	return false
+}
 
-// ParseSave extracts our chains and rules from iptables-save output (any tables; only nat is read).
+// ChainTable is the table our chain of that name lives in, or "" for a name not ours.
+func ChainTable(name string) string {
+	for _, c := range Chains() {
+		if c.Name == name {
+			return c.Table.Name
+		}
+	}
+	return ""
+}
+
+// ParseSave extracts our chains and rules from iptables-save output (any tables; nat, mangle and
+// raw are read, each for the chains of ours it holds), in SavedState's order whatever the order
+// of the tables in the output.
 func ParseSave(save string) SavedState {
-	var s SavedState
-	inNat := false
+	per := map[string]*SavedState{}
+	var cur *SavedState
+	table := ""
 	for _, l := range strings.Split(save, "\n") {
 		l = strings.TrimSpace(l)
 		switch {
 		case strings.HasPrefix(l, "*"):
-			inNat = l == "*"+Table
-		case !inNat:
+			table, cur = l[1:], nil
+			if slices.ContainsFunc(XTTables(), func(t XTTable) bool { return t.Name == table }) {
+				cur = &SavedState{}
+				per[table] = cur
+			}
+		case cur == nil:
 		case strings.HasPrefix(l, ":"):
 			name, _, _ := strings.Cut(l[1:], " ")
-			if IsOurChain(name) {
-				s.Chains = append(s.Chains, name)
+			if ChainTable(name) == table {
+				cur.Chains = append(cur.Chains, name)
 			}
 		case strings.HasPrefix(l, "-A "):
 			chain, _, _ := strings.Cut(l[3:], " ")
-			jump := strings.HasSuffix(l, " -j "+RedirectChain) || strings.HasSuffix(l, " -j "+OutputChain)
-			switch {
-			case IsOurChain(chain) || jump && strings.Contains(l, ` --comment "`+CommentPrefix):
-				s.Rules = append(s.Rules, l)
-			case jump:
-				s.ForeignJumps = append(s.ForeignJumps, l)
+			jump := ChainTable(jumpTarget(l)) == table
+			if table != Table {
+				l = "-t " + table + " " + l
 			}
+			switch {
+			case ChainTable(chain) == table || jump && strings.Contains(l, ` --comment "`+CommentPrefix):
+				cur.Rules = append(cur.Rules, l)
+			case jump:
+				cur.ForeignJumps = append(cur.ForeignJumps, l)
+			}
+		}
+	}
+	var s SavedState
+	for _, t := range XTTables() {
+		if p := per[t.Name]; p != nil {
+			s.Chains = append(s.Chains, p.Chains...)
+			s.Rules = append(s.Rules, p.Rules...)
+			s.ForeignJumps = append(s.ForeignJumps, p.ForeignJumps...)
 		}
 	}
 	return s
@@ -151,62 +223,103 @@ func diffLines(want, have []string) Diff {
 	return d
 }
 
-// TransitionPayload renders one iptables-restore --noflush transaction that takes our rules from
-// the state now in place to the target state, touching nothing else. Applying a Ruleset is
-// TransitionPayload(current, rs.Saved(f)); rolling back is the reverse; cleanup is a transition
-// to the empty state.
+// TransitionPayload renders one iptables-restore --noflush input that takes our rules from the
+// state now in place to the target state, touching nothing else: one transaction per table (the
+// nat table always; mangle and raw only where either state has something of ours), in XTTables
+// order. Applying a Ruleset is TransitionPayload(current, rs.Saved(f)); rolling back is the
+// reverse; cleanup is a transition to the empty state.
 //
 // Our chains are declared, which flushes them, and refilled from target. Jumps of ours into them
 // are deleted or added one by one, so a jump already in place is never removed and re-added (no
-// gap) and duplicates left by older tools are removed. Someone else's jumps into our chains are
-// kept, unless the target has no chains: then they go too, or the chains could not be deleted.
+// gap) and duplicates left by older tools are removed. Someone else's jumps into a chain of ours
+// are kept, unless the target no longer has that chain: then they go too, or the chain could not
+// be deleted.
 func TransitionPayload(current, target SavedState) string {
 	rules := make([]Rule, len(target.Rules))
 	for i, l := range target.Rules {
 		rules[i] = savedRule(l)
 	}
-	return transition(current, len(target.Chains) > 0, rules)
-}
-
-// transition renders TransitionPayload for target rules in iptables-save order, jumps included;
-// keepChains is false when the target has none of our chains.
-func transition(current SavedState, keepChains bool, target []Rule) string {
 	var b strings.Builder
 	size := 256
-	for _, rl := range target {
+	for _, rl := range rules {
 		size += len(rl.Chain) + len(rl.Spec) + 5
 	}
 	b.Grow(size)
-	b.WriteString("*nat\n")
-	b.WriteString(":" + RedirectChain + " - [0:0]\n")
-	b.WriteString(":" + OutputChain + " - [0:0]\n")
+	for _, t := range XTTables() {
+		var tr []Rule
+		for _, rl := range rules {
+			if rl.table() == t.Name {
+				tr = append(tr, rl)
+			}
+		}
+		transition(&b, t, current, target.Chains, tr)
+	}
+	return b.String()
+}
 
-	keep := map[string]int{}
-	for _, j := range target {
-		if !IsOurChain(j.Chain) {
-			keep[j.String()]++
+// transition writes the transaction of table t: current is the whole state in place, chains the
+// target's chains and target its rules of t, in iptables-save order, jumps included.
+func transition(b *strings.Builder, t XTTable, current SavedState, chains []string, target []Rule) {
+	var declare, keep []string
+	for _, c := range Chains() {
+		if c.Table != t {
+			continue
+		}
+		wanted, present := slices.Contains(chains, c.Name), slices.Contains(current.Chains, c.Name)
+		// Linkerd's two are declared whatever the states hold, as they always were.
+		if wanted || present || t == TableNAT {
+			declare = append(declare, c.Name)
+		}
+		if wanted {
+			keep = append(keep, c.Name)
 		}
 	}
-	if !keepChains {
-		for _, l := range current.ForeignJumps {
-			savedRule(l).writeTo(&b, "-D ")
+	var curJumps []Rule
+	for _, j := range current.Jumps() {
+		if j.table() == t.Name {
+			curJumps = append(curJumps, j)
+		}
+	}
+	var foreign []Rule
+	for _, l := range current.ForeignJumps {
+		if r := savedRule(l); r.table() == t.Name {
+			foreign = append(foreign, r)
+		}
+	}
+	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
+		return
+	}
+	b.WriteString("*" + t.Name + "\n")
+	for _, c := range declare {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	want := map[string]int{}
+	for _, j := range target {
+		if !IsOurChain(j.Chain) {
+			want[j.String()]++
+		}
+	}
+	for _, r := range foreign {
+		if !slices.Contains(keep, jumpTarget(r.Spec)) {
+			r.writeTo(b, "-D ")
 		}
 	}
 	have := map[string]int{}
-	for _, j := range current.Jumps() {
-		if keep[j.String()] > have[j.String()] {
+	for _, j := range curJumps {
+		if want[j.String()] > have[j.String()] {
 			have[j.String()]++
 			continue
 		}
-		j.writeTo(&b, "-D ")
+		j.writeTo(b, "-D ")
 	}
-	if !keepChains {
-		b.WriteString("-X " + RedirectChain + "\n")
-		b.WriteString("-X " + OutputChain + "\n")
+	for _, c := range declare {
+		if !slices.Contains(keep, c) {
+			b.WriteString("-X " + c + "\n")
+		}
 	}
 	for _, rl := range target {
 		if IsOurChain(rl.Chain) {
-			rl.writeTo(&b, "-A ")
+			rl.writeTo(b, "-A ")
 		}
 	}
 	for _, j := range target {
@@ -217,19 +330,20 @@ func transition(current SavedState, keepChains bool, target []Rule) string {
 			have[j.String()]--
 			continue
 		}
-		j.writeTo(&b, "-A ")
+		j.writeTo(b, "-A ")
 	}
 	b.WriteString("COMMIT\n")
-	return b.String()
 }
 
 // CleanupPayload is the iptables-restore --noflush transaction that removes our chains and our
-// jumps to them, as they are after an apply: what `cleanup --simulate` shows. (Cleanup itself
-// transitions from the state it reads back, which may hold more.)
+// jumps to them, as they are after an apply of Linkerd's configuration: what `cleanup --simulate`
+// shows. (Cleanup itself transitions from the state it reads back, which may hold more.)
 func CleanupPayload() string {
 	applied := SavedState{Chains: []string{OutputChain, RedirectChain}}
-	for _, j := range XTJumps() {
-		applied.Rules = append(applied.Rules, j.Rule().String())
+	for _, j := range XTJumpsAll() {
+		if j.TableName() == Table {
+			applied.Rules = append(applied.Rules, j.Rule().String())
+		}
 	}
 	return TransitionPayload(applied, SavedState{})
 }

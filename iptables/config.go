@@ -55,6 +55,30 @@ const (
 	FieldOutboundSubnetsToIgnore = "outbound-subnets-to-ignore"
 	FieldMode                    = "iptables-mode"
 	FieldCloseWait               = "timeout-close-wait-secs"
+
+	// The redirect features beyond Linkerd's (the other meshes' features).
+	FieldRedirectDNS               = "redirect-dns-to-port"
+	FieldDNSServersOnly            = "dns-servers-only"
+	FieldInboundMode               = "inbound-mode"
+	FieldOutboundPortsToRedirect   = "outbound-ports-to-redirect"
+	FieldOutboundSubnetsToRedirect = "outbound-subnets-to-redirect"
+	FieldInterfacesToIgnore        = "interfaces-to-ignore"
+	FieldUIDsToIgnore              = "uids-to-ignore"
+	FieldGIDsToIgnore              = "gids-to-ignore"
+	FieldDropInvalid               = "drop-invalid"
+)
+
+// InboundMode is how inbound TCP reaches the proxy: the values of --inbound-mode.
+type InboundMode string
+
+const (
+	// InboundRedirect rewrites the destination to the proxy's port (nat REDIRECT): the proxy
+	// asks for the original destination with SO_ORIGINAL_DST. Linkerd's only mode.
+	InboundRedirect InboundMode = "redirect"
+	// InboundTPROXY hands the connection to the proxy's transparent socket unchanged (TPROXY,
+	// a mark and a policy route): the proxy's socket has the original destination as its local
+	// address.
+	InboundTPROXY InboundMode = "tproxy"
 )
 
 // MaxID is the largest user or group ID: 2^32-1 is (uid_t)-1, which no socket owner has.
@@ -89,6 +113,33 @@ type Config struct {
 	// CloseWaitSecs, when positive, is the conntrack CLOSE_WAIT timeout to set in the namespace
 	// (nf_conntrack_tcp_timeout_close_wait); 0 leaves the kernel's.
 	CloseWaitSecs int64
+
+	// IPv6Auto, when set, writes IPv6 rules only if the namespace has IPv6 enabled and an IPv6
+	// address other than loopback and link-local, decided where the rules are written
+	// (Ruleset.ForIPv6); IPv6 is then ignored.
+	IPv6Auto bool
+	// RedirectDNSToPort, when positive, sends the pod's DNS (UDP and TCP to port 53) to this
+	// port on loopback, except the exempt users' and groups'; 0 captures none.
+	RedirectDNSToPort int
+	// DNSServersOnly limits DNS capture to DNSServers, the nameservers the front end read (from
+	// /etc/resolv.conf).
+	DNSServersOnly bool
+	DNSServers     []string
+	// InboundMode is redirect (or empty) or tproxy.
+	InboundMode InboundMode
+	// OutboundPortsToRedirect and OutboundSubnetsToRedirect, when given, limit outbound
+	// redirection to TCP to these ports and destinations (both given: both must match). The
+	// ignore lists still win.
+	OutboundPortsToRedirect   []string
+	OutboundSubnetsToRedirect []string
+	// InterfacesToIgnore are interfaces whose traffic, in or out, is never redirected.
+	InterfacesToIgnore []string
+	// UIDsToIgnore and GIDsToIgnore exempt more users and groups, like ProxyUID and ProxyGID
+	// (comma lists of IDs, as typed).
+	UIDsToIgnore []string
+	GIDsToIgnore []string
+	// DropInvalid drops inbound TCP that conntrack marks INVALID.
+	DropInvalid bool
 }
 
 // NewConfig returns a Config with proxy-init's defaults: ports unset, no UID or GID exemption,
@@ -261,6 +312,7 @@ func Build(c Config) (*Ruleset, error) {
 		InboundIgnoreSubnets:  subnets(FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
 		OutboundIgnoreSubnets: subnets(FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
 		Families:              []Family{IPv4},
+		saved:                 new(savedCache),
 	}
 	id(FieldProxyUID, "UID", c.ProxyUID)
 	id(FieldProxyGID, "GID", c.ProxyGID)
@@ -275,10 +327,137 @@ func Build(c Config) (*Ruleset, error) {
 			fmt.Sprintf("must be 0 (leave the kernel's) or 1 to %d seconds, the most every kernel accepts", MaxCloseWaitSecs))
 	}
 	rs.CloseWaitSecs = c.CloseWaitSecs
+
+	rs.IPv6Auto = c.IPv6Auto
+	if c.IPv6Auto && !rs.HasFamily(IPv6) {
+		rs.Families = append(rs.Families, IPv6)
+	}
+	switch c.InboundMode {
+	case "", InboundRedirect:
+	case InboundTPROXY:
+		rs.TPROXY = true
+	default:
+		bad(FieldInboundMode, string(c.InboundMode), "unknown inbound mode; want redirect or tproxy")
+	}
+	rs.OutboundRedirectPorts = ports(FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
+	rs.OutboundRedirectSubnets = subnets(FieldOutboundSubnetsToRedirect, c.OutboundSubnetsToRedirect)
+	rs.IgnoreInterfaces = interfaces(bad, c.InterfacesToIgnore)
+	rs.IgnoreUIDs = ids(bad, FieldUIDsToIgnore, "UID", c.UIDsToIgnore, c.ProxyUID)
+	rs.IgnoreGIDs = ids(bad, FieldGIDsToIgnore, "GID", c.GIDsToIgnore, c.ProxyGID)
+	rs.DropInvalid = c.DropInvalid
+	switch v := c.RedirectDNSToPort; {
+	case v == 0:
+		if c.DNSServersOnly {
+			bad(FieldDNSServersOnly, "true", "needs --"+FieldRedirectDNS+": it limits DNS capture, which is off")
+		}
+	case v < 0 || v > 65535:
+		bad(FieldRedirectDNS, strconv.Itoa(v), "port is outside 1-65535 (0: capture no DNS)")
+	case v == c.InboundProxyPort || v == c.OutboundProxyPort:
+		bad(FieldRedirectDNS, strconv.Itoa(v), "is one of the proxy's TCP ports; DNS over TCP would reach that listener")
+	default:
+		rs.DNSPort = uint16(v)
+		if c.DNSServersOnly {
+			rs.DNSServers = nameservers(bad, c.DNSServers)
+		}
+	}
 	if len(probs) > 0 {
 		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}
 	}
 	return rs, nil
+}
+
+// interfaces checks interface names by the kernel's rules (dev_valid_name) and what iptables can
+// spell, keeping the first of each in order.
+func interfaces(bad func(field, value, reason string), values []string) []string {
+	var out []string
+	for _, v := range values {
+		for _, name := range strings.Split(v, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" && strings.TrimSpace(v) == "" {
+				continue
+			}
+			if reason := badInterfaceName(name); reason != "" {
+				bad(FieldInterfacesToIgnore, name, reason)
+				continue
+			}
+			if !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+// MaxInterfaceName is the longest interface name the kernel takes: IFNAMSIZ less its NUL.
+const MaxInterfaceName = 15
+
+func badInterfaceName(name string) string {
+	switch {
+	case name == "":
+		return "empty interface name"
+	case len(name) > MaxInterfaceName:
+		return fmt.Sprintf("longer than %d bytes, the kernel's limit for an interface name", MaxInterfaceName)
+	case name == "." || name == "..":
+		return "not a valid interface name"
+	case strings.HasSuffix(name, "+"):
+		return "a trailing '+' is iptables' wildcard; name each interface in full"
+	}
+	for _, r := range name {
+		switch {
+		case r == '/' || r == ':' || r == ' ' || r >= '\t' && r <= '\r':
+			return fmt.Sprintf("holds %q, which the kernel refuses in an interface name", r)
+		case r < '!' || r > '~' || r == '"' || r == '\'' || r == '\\':
+			return fmt.Sprintf("holds %q, which iptables cannot match in an interface name", r)
+		}
+	}
+	return ""
+}
+
+// ids parses a list of user or group IDs, each 1 to MaxID, dropping repeats and the one the
+// proxy's own ID (proxy) already exempts.
+func ids(bad func(field, value, reason string), field, what string, values []string, proxy int) []uint32 {
+	var out []uint32
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			part = strings.TrimSpace(part)
+			if part == "" && strings.TrimSpace(v) == "" {
+				continue
+			}
+			n, err := strconv.ParseInt(part, 10, 64)
+			switch {
+			case err != nil:
+				bad(field, part, "not a "+what+" (an integer)")
+			case n == 0:
+				bad(field, part, "refusing to exempt "+what+" 0 (root)")
+			case n < 1 || n > MaxID:
+				bad(field, part, fmt.Sprintf("must be a %s from 1 to %d", what, MaxID))
+			case int(n) != proxy && !slices.Contains(out, uint32(n)):
+				out = append(out, uint32(n))
+			}
+		}
+	}
+	return out
+}
+
+// nameservers parses the nameservers DNS capture is limited to; a zone (fe80::1%eth0) is dropped,
+// as an address match cannot hold one.
+func nameservers(bad func(field, value, reason string), values []string) []netip.Addr {
+	var out []netip.Addr
+	for _, v := range values {
+		a, err := netip.ParseAddr(strings.TrimSpace(v))
+		if err != nil {
+			bad(FieldDNSServersOnly, v, "a nameserver of /etc/resolv.conf that is not an IP address")
+			continue
+		}
+		a = a.WithZone("").Unmap()
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	if len(values) == 0 {
+		bad(FieldDNSServersOnly, "true", "/etc/resolv.conf names no nameserver to limit DNS capture to")
+	}
+	return out
 }
 
 // dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts

@@ -102,6 +102,22 @@ const (
 	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of
 	// the above; Name describes them. NFT never produces it.
 	NFTMatchUnknown
+	// NFTMatchIIFName is `iifname "Name"`, like iptables' -i.
+	NFTMatchIIFName
+	// NFTMatchTCPDPort is "tcp dport ID"; NFTMatchUDPDPort and NFTMatchUDPSPort are "udp dport
+	// ID" and "udp sport ID".
+	NFTMatchTCPDPort
+	NFTMatchUDPDPort
+	NFTMatchUDPSPort
+	// NFTMatchCTState is "ct state Name": the conntrack states of the bit mask ID.
+	NFTMatchCTState
+)
+
+// Conntrack state bits, as nft's ct state matches them (NF_CT_STATE_BIT and its neighbours).
+const (
+	NFTCTInvalid     = 1
+	NFTCTEstablished = 2
+	NFTCTRelated     = 4
 )
 
 // NFTMatch is one match of a rule; which fields are used depends on Kind.
@@ -136,10 +152,38 @@ func (m NFTMatch) String() string {
 		return "meta skgid " + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchOIFName:
 		return "oifname " + strconv.Quote(m.Name)
+	case NFTMatchIIFName:
+		return "iifname " + strconv.Quote(m.Name)
+	case NFTMatchTCPDPort:
+		return "tcp dport " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchUDPDPort:
+		return "udp dport " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchUDPSPort:
+		return "udp sport " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchCTState:
+		return "ct state " + ctStateNames(m.ID)
 	case NFTMatchUnknown:
 		return "<unrecognized: " + m.Name + ">"
 	}
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
+}
+
+// ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
+func ctStateNames(mask uint32) string {
+	var names []string
+	for _, b := range []struct {
+		bit  uint32
+		name string
+	}{{NFTCTInvalid, "invalid"}, {NFTCTEstablished, "established"}, {NFTCTRelated, "related"}} {
+		if mask&b.bit != 0 {
+			names = append(names, b.name)
+			mask &^= b.bit
+		}
+	}
+	if mask != 0 || len(names) == 0 {
+		names = append(names, fmt.Sprintf("%#x", mask))
+	}
+	return strings.Join(names, ",")
 }
 
 // NFTVerdict is what a rule does with a packet that matches.
@@ -150,6 +194,13 @@ const (
 	NFTReturn NFTVerdict = iota
 	// NFTRedirect redirects the packet to RedirectPort on the local host.
 	NFTRedirect
+	// NFTDrop drops the packet.
+	NFTDrop
+	// NFTZone puts the packet's connection into conntrack zone Zone, and goes on.
+	NFTZone
+	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marks it Mark and
+	// accepts it; where no socket takes it, the rule ends without a verdict.
+	NFTTPROXY
 )
 
 // NFTRule is one rule: every match must hold, then the verdict applies.
@@ -157,7 +208,12 @@ type NFTRule struct {
 	Comment      string
 	Matches      []NFTMatch
 	Verdict      NFTVerdict
-	RedirectPort uint16 // NFTRedirect only
+	RedirectPort uint16 // NFTRedirect and NFTTPROXY only
+	Zone         uint16 // NFTZone only
+	Mark         uint32 // NFTTPROXY only
+	// TPROXYFamily is the family of a TPROXY rule that matches only one (nft's "tproxy ip"), or
+	// empty for both.
+	TPROXYFamily Family
 }
 
 // String renders the rule in nft syntax, as `nft list` prints it.
@@ -171,6 +227,19 @@ func (r NFTRule) String() string {
 		parts = append(parts, "return")
 	case NFTRedirect:
 		parts = append(parts, "redirect to :"+strconv.Itoa(int(r.RedirectPort)))
+	case NFTDrop:
+		parts = append(parts, "drop")
+	case NFTZone:
+		parts = append(parts, "ct zone set "+strconv.Itoa(int(r.Zone)))
+	case NFTTPROXY:
+		fam := ""
+		switch r.TPROXYFamily {
+		case IPv4:
+			fam = "ip "
+		case IPv6:
+			fam = "ip6 "
+		}
+		parts = append(parts, fmt.Sprintf("tproxy %sto :%d meta mark set 0x%08x accept", fam, r.RedirectPort, r.Mark))
 	default:
 		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
 	}
@@ -180,13 +249,14 @@ func (r NFTRule) String() string {
 	return strings.Join(parts, " ")
 }
 
-// NFTChain is a nat base chain.
+// NFTChain is a base chain.
 type NFTChain struct {
 	Name     string
 	Hook     Hook
 	Priority int
-	// Type and Policy are empty for what NFT always writes ("nat", "accept"); a chain read back
-	// with others reports them here, so the difference shows.
+	// Type is empty for a nat chain, the chain type of Linkerd's two; Policy is empty for
+	// accept, what NFT always writes. A chain read back with others reports them here, so the
+	// difference shows.
 	Type, Policy string
 	Rules        []NFTRule
 }
@@ -216,25 +286,50 @@ func (r *Ruleset) NFTComment() string {
 	return fmt.Sprintf("proxy-init/plan %s format %d", r.Hash(), nftFormat)
 }
 
-// NFT renders the plan as one nftables table. Each step is one rule; lists live in sets, one
-// per list and, for subnets, per family (created only when non-empty), named after the chain's
-// direction. When IPv6 is off, the redirect rules match "meta nfproto ipv4", so IPv6 traffic
-// passes untouched, as it does when iptables writes no IPv6 rules.
+// NFT renders the plan as one nftables table. Each step is one rule, but a list of subnets or
+// nameservers (one rule per family) and TPROXY (a second rule drops what no transparent socket
+// took, as iptables' TPROXY does); lists live in sets, one per list and, for addresses, per
+// family (created only when non-empty), named after the chain's direction; two rules that use
+// the same list share its set. Each chain sits where its iptables table does. When IPv6 is off,
+// every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
+// traffic passes untouched, as it does when iptables writes no IPv6 rules.
 func (r *Ruleset) NFT() NFTTable {
 	t := NFTTable{Comment: r.NFTComment()}
 	addSet := func(name string, typ NFTSetType, elems []NFTInterval) string {
-		t.Sets = append(t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
+		if !slices.ContainsFunc(t.Sets, func(s NFTSet) bool { return s.Name == name }) {
+			t.Sets = append(t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
+		}
 		return name
 	}
-	var redirectOnly []NFTMatch
+	var only4 []NFTMatch
 	if !r.HasFamily(IPv6) {
-		redirectOnly = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
+		only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
+	acting := func(ms ...NFTMatch) []NFTMatch { return append(slices.Clone(only4), ms...) }
 	portsComment := func(s Step) string {
 		return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
 	}
+	// perFamily calls fn for each family with addresses in list, with the set holding them.
+	perFamily := func(name string, list []netip.Prefix, fn func(f Family, set string, ps []netip.Prefix)) {
+		for _, f := range r.Families {
+			ps := Subnets(f, list)
+			if len(ps) == 0 {
+				continue
+			}
+			typ, suffix := NFTIPv4, "v4"
+			if f == IPv6 {
+				typ, suffix = NFTIPv6, "v6"
+			}
+			fn(f, addSet(name+"_"+suffix, typ, prefixIntervals(ps)), ps)
+		}
+	}
+	daddr := func(f Family, set string) NFTMatch { return NFTMatch{Kind: NFTMatchDAddrSet, Family: f, Set: set} }
 	for _, c := range r.Plan() {
-		ch := NFTChain{Name: c.Name, Hook: c.Hook, Priority: NFTPriority}
+		ch := NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}
+		if c.Table.ChainType != "nat" {
+			ch.Type = c.Table.ChainType
+		}
+		add := func(rl NFTRule) { ch.Rules = append(ch.Rules, rl) }
 		for _, s := range c.Steps {
 			rl := NFTRule{Comment: s.Comment("")}
 			switch s.Kind {
@@ -247,42 +342,141 @@ func (r *Ruleset) NFT() NFTTable {
 				if s.Source {
 					kind = NFTMatchSAddrSet
 				}
-				for _, f := range r.Families {
-					ps := Subnets(f, s.Subnets)
-					if len(ps) == 0 {
-						continue
-					}
-					typ, suffix := NFTIPv4, "v4"
-					if f == IPv6 {
-						typ, suffix = NFTIPv6, "v6"
-					}
-					set := addSet(c.Direction+"_ignore_subnets_"+suffix, typ, prefixIntervals(ps))
-					ch.Rules = append(ch.Rules, NFTRule{
+				perFamily(c.Direction+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+					add(NFTRule{
 						Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
 						Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
 					})
-				}
+				})
 				continue
 			case StepIgnoreUID:
 				rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
 			case StepIgnoreGID:
 				rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
 			case StepIgnoreInterface:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchOIFName, Name: s.Interface}}
+				kind := NFTMatchOIFName
+				if s.In {
+					kind = NFTMatchIIFName
+				}
+				rl.Matches = []NFTMatch{{Kind: kind, Name: s.Interface}}
 			case StepRedirect:
 				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				rl.Matches = append(slices.Clone(redirectOnly), NFTMatch{Kind: NFTMatchTCP})
+				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
 				if len(s.Ports) > 0 {
 					set := addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
 					rl.Comment = portsComment(s)
 					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
 				}
+			case StepRedirectOutbound:
+				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+				ports := NFTMatch{Kind: NFTMatchTCP}
+				if len(s.Ports) > 0 {
+					ports = NFTMatch{Kind: NFTMatchDPortSet, Set: addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
+					rl.Comment = portsComment(s)
+				}
+				if len(s.Subnets) == 0 {
+					rl.Matches = acting(ports)
+					break
+				}
+				perFamily(c.Direction+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+					x := rl
+					x.Matches = []NFTMatch{daddr(f, set), ports}
+					if len(s.Ports) == 0 {
+						x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].String() })
+					}
+					add(x)
+				})
+				continue
+			case StepRedirectDNS:
+				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+				port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
+				if s.Proto == "tcp" {
+					port.Kind = NFTMatchTCPDPort
+				}
+				r.perServer(s, rl, acting(port), addSet, add)
+				continue
+			case StepDNSZone:
+				rl.Verdict, rl.Zone = NFTZone, s.Zone
+				var ms []NFTMatch
+				switch s.Owner {
+				case OwnerUID:
+					ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
+				case OwnerGID:
+					ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
+				}
+				if s.Interface != "" {
+					ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
+				}
+				switch {
+				case s.SPort != 0:
+					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
+				case s.DNSAnswers:
+					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
+				default:
+					ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
+				}
+				r.perServer(s, rl, acting(ms...), addSet, add)
+				continue
+			case StepDropInvalid:
+				rl.Verdict = NFTDrop
+				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})
+			case StepIgnoreEstablished:
+				rl.Matches = []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}
+			case StepTPROXY:
+				rl.Verdict, rl.RedirectPort, rl.Mark = NFTTPROXY, s.Port, s.Mark
+				if len(only4) > 0 {
+					rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
+				}
+				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
+				if len(s.Ports) > 0 {
+					set := addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
+					rl.Comment = portsComment(s)
+					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
+				}
+				add(rl)
+				rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
 			}
 			ch.Rules = append(ch.Rules, rl)
 		}
 		t.Chains = append(t.Chains, ch)
 	}
 	return t
+}
+
+// NFTTPROXYDropName names the rule after a TPROXY rule, which drops what no transparent socket
+// took: iptables' TPROXY target drops it itself.
+const NFTTPROXYDropName = "drop-tproxy-without-listener"
+
+// perServer adds rl with matches ms, once, or, when the step lists nameservers, once per family
+// with nameservers, with the destination in the family's set of them.
+func (r *Ruleset) perServer(s Step, rl NFTRule, ms []NFTMatch, addSet func(string, NFTSetType, []NFTInterval) string, add func(NFTRule)) {
+	if len(s.Servers) == 0 {
+		rl.Matches = ms
+		add(rl)
+		return
+	}
+	var hosts []netip.Prefix
+	for _, a := range s.Servers {
+		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
+	}
+	for _, f := range r.Families {
+		ps := Subnets(f, hosts)
+		if len(ps) == 0 {
+			continue
+		}
+		typ, suffix := NFTIPv4, "v4"
+		if f == IPv6 {
+			typ, suffix = NFTIPv6, "v6"
+		}
+		set := addSet("dns_servers_"+suffix, typ, prefixIntervals(ps))
+		x := rl
+		x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].Addr().String() })
+		// The address match takes the place of the nfproto match, which it implies.
+		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
+			return m.Kind == NFTMatchNFProto
+		})...)
+		add(x)
+	}
 }
 
 // listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",

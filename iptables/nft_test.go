@@ -37,20 +37,23 @@ func TestRenderingsAgree(t *testing.T) {
 // decision is one rule's meaning, with list rules merged: what TestRenderingsAgree compares.
 type decision struct {
 	chain, kind, verdict, match string
-	ports                       []iptables.NFTInterval
+	ports, sports               []iptables.NFTInterval
 	addrs                       []iptables.NFTInterval
 	addrType                    iptables.NFTSetType
 }
 
 func (d decision) String() string {
-	var ps, as []string
+	var ps, ss, as []string
 	for _, iv := range iptables.NormalizeIntervals(d.ports) {
 		ps = append(ps, iptables.NFTPorts.ElementString(iv))
+	}
+	for _, iv := range iptables.NormalizeIntervals(d.sports) {
+		ss = append(ss, iptables.NFTPorts.ElementString(iv))
 	}
 	for _, iv := range iptables.NormalizeIntervals(d.addrs) {
 		as = append(as, d.addrType.ElementString(iv))
 	}
-	return fmt.Sprintf("%s %s %s [%s] ports=%v addrs=%v", d.chain, d.kind, d.verdict, d.match, ps, as)
+	return fmt.Sprintf("%s %s %s [%s] ports=%v sports=%v addrs=%v", d.chain, d.kind, d.verdict, d.match, ps, ss, as)
 }
 
 // merge appends d to out, folding it into the previous decision when both are parts of one
@@ -60,6 +63,7 @@ func merge(out []decision, d decision) []decision {
 		p := &out[n-1]
 		if p.chain == d.chain && p.kind == d.kind && p.verdict == d.verdict && p.match == d.match && p.addrType == d.addrType {
 			p.ports = append(p.ports, d.ports...)
+			p.sports = append(p.sports, d.sports...)
 			p.addrs = append(p.addrs, d.addrs...)
 			return out
 		}
@@ -83,12 +87,20 @@ func xtDecisions(rs *iptables.Ruleset, f iptables.Family) []string {
 	var out []decision
 	for _, r := range rs.XTRules(f) {
 		d := decision{chain: r.Chain, kind: commentKind(r.Comment), verdict: r.Target}
-		if r.Target == iptables.TargetRedirect {
+		switch r.Target {
+		case iptables.TargetRedirect:
 			d.verdict += fmt.Sprintf(" %d", r.ToPort)
+		case iptables.TargetTPROXY:
+			d.verdict += fmt.Sprintf(" %d mark %#x", r.ToPort, r.Mark)
+		case iptables.TargetCT:
+			d.verdict += fmt.Sprintf(" zone %d", r.Zone)
 		}
 		var m []string
-		if r.TCP && len(r.MultiportDPorts) == 0 && r.DPort.First == 0 {
+		if r.TCP {
 			m = append(m, "tcp")
+		}
+		if r.UDP {
+			m = append(m, "udp")
 		}
 		if r.UIDOwner != nil {
 			m = append(m, fmt.Sprintf("uid %d", *r.UIDOwner))
@@ -96,18 +108,28 @@ func xtDecisions(rs *iptables.Ruleset, f iptables.Family) []string {
 		if r.GIDOwner != nil {
 			m = append(m, fmt.Sprintf("gid %d", *r.GIDOwner))
 		}
+		if r.InInterface != "" {
+			m = append(m, "iif "+r.InInterface)
+		}
 		if r.OutInterface != "" {
 			m = append(m, "oif "+r.OutInterface)
 		}
+		switch r.CTState {
+		case iptables.CTStateInvalid:
+			m = append(m, "ct invalid")
+		case iptables.CTStateEstablished:
+			m = append(m, "ct established,related")
+		}
 		d.match = strings.Join(m, " ")
 		d.ports = portIntervals(append(slices.Clone(r.MultiportDPorts), nonZero(r.DPort)...))
+		d.sports = portIntervals(nonZero(r.SPort))
 		for _, p := range []netip.Prefix{r.Source, r.Destination} {
 			if p.IsValid() {
 				d.addrs, d.addrType = prefixIntervals([]netip.Prefix{p}), typ
 				if p == r.Source {
-					d.match += "saddr"
+					d.match += " saddr"
 				} else {
-					d.match += "daddr"
+					d.match += " daddr"
 				}
 			}
 		}
@@ -128,14 +150,36 @@ func nftDecisions(t iptables.NFTTable, f iptables.Family) []string {
 	for _, s := range t.Sets {
 		sets[s.Name] = s
 	}
+	port := func(p uint32) []iptables.NFTInterval {
+		return portIntervals([]iptables.PortRange{{First: uint16(p), Last: uint16(p)}})
+	}
 	var out []decision
+	var tproxy *iptables.NFTRule
 	for _, c := range t.Chains {
 	rules:
 		for _, r := range c.Rules {
+			// The drop after a TPROXY rule is what iptables' TPROXY target does itself.
+			if r.Comment == iptables.CommentPrefix+iptables.NFTTPROXYDropName && tproxy != nil &&
+				r.Verdict == iptables.NFTDrop && slices.Equal(r.Matches, tproxy.Matches) {
+				continue
+			}
+			tproxy = nil
 			d := decision{chain: c.Name, kind: commentKind(strings.SplitN(r.Comment, ",...+", 2)[0])}
-			d.verdict = "RETURN"
-			if r.Verdict == iptables.NFTRedirect {
+			switch r.Verdict {
+			case iptables.NFTReturn:
+				d.verdict = "RETURN"
+			case iptables.NFTRedirect:
 				d.verdict = fmt.Sprintf("REDIRECT %d", r.RedirectPort)
+			case iptables.NFTDrop:
+				d.verdict = "DROP"
+			case iptables.NFTZone:
+				d.verdict = fmt.Sprintf("CT zone %d", r.Zone)
+			case iptables.NFTTPROXY:
+				d.verdict = fmt.Sprintf("TPROXY %d mark %#x", r.RedirectPort, r.Mark)
+				if r.TPROXYFamily != "" && r.TPROXYFamily != f {
+					continue rules
+				}
+				tproxy = &r
 			}
 			var m []string
 			for _, x := range r.Matches {
@@ -144,16 +188,43 @@ func nftDecisions(t iptables.NFTTable, f iptables.Family) []string {
 					if x.Family != f {
 						continue rules
 					}
-				case iptables.NFTMatchTCP:
+				case iptables.NFTMatchTCP, iptables.NFTMatchDPortSet:
 					m = append(m, "tcp")
+				case iptables.NFTMatchTCPDPort:
+					m = append(m, "tcp")
+					d.ports = port(x.ID)
+				case iptables.NFTMatchUDPDPort:
+					m = append(m, "udp")
+					d.ports = port(x.ID)
+				case iptables.NFTMatchUDPSPort:
+					m = append(m, "udp")
+					d.sports = port(x.ID)
+				}
+				if x.Kind == iptables.NFTMatchDPortSet {
+					d.ports = sets[x.Set].Elements
+				}
+			}
+			// iptables' canonical order: protocol, owner, interfaces, conntrack.
+			for _, x := range r.Matches {
+				switch x.Kind {
 				case iptables.NFTMatchSkUID:
 					m = append(m, fmt.Sprintf("uid %d", x.ID))
 				case iptables.NFTMatchSkGID:
 					m = append(m, fmt.Sprintf("gid %d", x.ID))
+				}
+			}
+			for _, x := range r.Matches {
+				switch x.Kind {
+				case iptables.NFTMatchIIFName:
+					m = append(m, "iif "+x.Name)
 				case iptables.NFTMatchOIFName:
 					m = append(m, "oif "+x.Name)
-				case iptables.NFTMatchDPortSet:
-					d.ports = sets[x.Set].Elements
+				case iptables.NFTMatchCTState:
+					m = append(m, "ct "+strings.TrimPrefix(x.String(), "ct state "))
+				}
+			}
+			for _, x := range r.Matches {
+				switch x.Kind {
 				case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
 					if x.Family != f {
 						continue rules
@@ -164,9 +235,9 @@ func nftDecisions(t iptables.NFTTable, f iptables.Family) []string {
 			d.match = strings.Join(m, " ")
 			for _, x := range r.Matches {
 				if x.Kind == iptables.NFTMatchSAddrSet {
-					d.match += "saddr"
+					d.match += " saddr"
 				} else if x.Kind == iptables.NFTMatchDAddrSet {
-					d.match += "daddr"
+					d.match += " daddr"
 				}
 			}
 			out = merge(out, d)
@@ -175,9 +246,11 @@ func nftDecisions(t iptables.NFTTable, f iptables.Family) []string {
 	return strs(out)
 }
 
+// commentKind is a rule's name without the list items it carries.
 func commentKind(c string) string {
 	c = strings.TrimPrefix(c, iptables.CommentPrefix)
-	for _, k := range []string{"ignore-port-", "ignore-subnet-", "redirect-port-"} {
+	for _, k := range []string{"ignore-port-", "ignore-subnet-", "redirect-port-", "redirect-outbound-port-", "redirect-outbound-subnet-",
+		"redirect-dns-udp-", "redirect-dns-tcp-", "dns-zone-captured-", "tproxy-port-"} {
 		if strings.HasPrefix(c, k) {
 			return k
 		}

@@ -15,7 +15,7 @@ import (
 type Hook struct {
 	// Number is the kernel's hook number (NF_INET_PRE_ROUTING, NF_INET_LOCAL_OUT).
 	Number uint32
-	// Builtin is iptables' built-in nat chain at this hook, which jumps to ours.
+	// Builtin is iptables' built-in chain at this hook (in every table), which jumps to ours.
 	Builtin string
 	// NFT is nft's name for the hook.
 	NFT string
@@ -39,6 +39,31 @@ func HookByNumber(n uint32) Hook {
 	return Hook{Number: n, Builtin: fmt.Sprintf("HOOK-%d", n), NFT: fmt.Sprintf("hook-%d", n)}
 }
 
+// XTTable is an iptables table our chains live in: where its chains sit among the hooks'
+// priorities, and the nftables chain type that does what it does.
+type XTTable struct {
+	Name string
+	// Priority is the table's netfilter priority (NF_IP_PRI_*): the nftables chains that stand
+	// for its chains sit there, so every backend sees packets at the same point.
+	Priority int
+	// ChainType is the nftables base chain type of its chains: nat for nat, filter for the rest.
+	ChainType string
+}
+
+var (
+	// TableNAT holds the redirects: Linkerd's table, and the only one a Linkerd config uses.
+	TableNAT = XTTable{Name: Table, Priority: -100, ChainType: "nat"}
+	// TableMangle holds TPROXY and the INVALID drop, after conntrack and before nat.
+	TableMangle = XTTable{Name: "mangle", Priority: -150, ChainType: "filter"}
+	// TableRaw holds the DNS conntrack zones, which must be set before conntrack looks a
+	// packet up.
+	TableRaw = XTTable{Name: "raw", Priority: -300, ChainType: "filter"}
+)
+
+// XTTables lists the tables our chains can live in, in the order every rendering and reading
+// puts them.
+func XTTables() []XTTable { return []XTTable{TableNAT, TableMangle, TableRaw} }
+
 // StepKind is what one step of the plan decides.
 type StepKind int
 
@@ -51,11 +76,62 @@ const (
 	StepIgnoreUID
 	// StepIgnoreGID returns traffic of sockets owned by the group ID.
 	StepIgnoreGID
-	// StepIgnoreInterface returns traffic leaving through the interface Interface.
+	// StepIgnoreInterface returns traffic leaving through (or, In, arriving on) the interface
+	// Interface.
 	StepIgnoreInterface
 	// StepRedirect redirects TCP (to the destination ports Ports, or to every port when Ports is
 	// empty) to the local port Port.
 	StepRedirect
+	// StepRedirectOutbound redirects outbound TCP to the local port Port, only to the
+	// destination ports Ports (when given) and to the destination subnets Subnets (when given):
+	// the outbound include lists.
+	StepRedirectOutbound
+	// StepRedirectDNS redirects DNS over Proto (udp or tcp) to Servers (every nameserver when
+	// empty) to the local port Port.
+	StepRedirectDNS
+	// StepDNSZone puts DNS packets into conntrack zone Zone: UDP from the local port SPort, or
+	// UDP to port 53 (to Servers, when given), from sockets of the user or group ID (Owner) or
+	// out of the interface Interface, when given.
+	StepDNSZone
+	// StepDropInvalid drops TCP that conntrack marks INVALID.
+	StepDropInvalid
+	// StepIgnoreEstablished returns TCP of connections conntrack has seen both ways (or that
+	// are related to one): they already have their socket.
+	StepIgnoreEstablished
+	// StepTPROXY hands TCP (to the destination ports Ports, or every port when empty) to the
+	// transparent socket on the local port Port, marking it Mark for the policy route, and
+	// drops it when no such socket exists.
+	StepTPROXY
+)
+
+// Owner says which socket owner a step matches.
+type Owner int
+
+const (
+	OwnerAny Owner = iota
+	OwnerUID
+	OwnerGID
+)
+
+// DNSPort is where DNS is captured.
+const DNSPort = 53
+
+// Conntrack zones of DNS over UDP. Queries the proxy answers and the proxy's answers share one
+// zone; queries that go out as they are (the proxy's own, the exempt users', to other
+// nameservers) and every nameserver's answer share the other. A UDP query and the proxy's
+// forwarded copy can have the same addresses and ports, and one zone would mix their NAT.
+const (
+	ZoneDirect   uint16 = 1
+	ZoneCaptured uint16 = 2
+)
+
+// TPROXYMark is the packet mark TPROXY sets and the policy route looks for, and TPROXYTable the
+// route table that delivers marked packets locally; TPROXYRulePriority is the ip rule's place.
+// They are fixed, so cleanup finds them without a configuration.
+const (
+	TPROXYMark         uint32 = 0x102f // 4143
+	TPROXYTable        uint32 = 4143
+	TPROXYRulePriority        = 4143
 )
 
 // Step is one decision of the plan. Which fields are used depends on Kind.
@@ -71,13 +147,35 @@ type Step struct {
 	Source    bool
 	ID        uint32
 	Interface string
-	Port      uint16
+	// In matches Interface as the one a packet arrives on (-i) rather than leaves by (-o).
+	In   bool
+	Port uint16
+	// Proto is udp or tcp (StepRedirectDNS).
+	Proto string
+	// Servers are addresses of both families (StepRedirectDNS, StepDNSZone).
+	Servers []netip.Addr
+	// Owner says whether ID is a UID or a GID to match (StepDNSZone).
+	Owner Owner
+	// SPort, when set, matches UDP from this local port instead of UDP to port 53 (StepDNSZone).
+	SPort uint16
+	// DNSAnswers matches UDP from port 53: a nameserver's answer (StepDNSZone).
+	DNSAnswers bool
+	Zone       uint16
+	Mark       uint32
 }
 
 // IsList reports whether the step covers a list that a backend may split over several rules
 // (iptables) or keep in one set (nftables); its rule names then carry the list's items.
 func (s Step) IsList() bool {
-	return s.Kind == StepIgnorePorts || s.Kind == StepIgnoreSubnets || s.Kind == StepRedirect && len(s.Ports) > 0
+	switch s.Kind {
+	case StepIgnorePorts, StepIgnoreSubnets, StepRedirectOutbound:
+		return true
+	case StepRedirect, StepTPROXY:
+		return len(s.Ports) > 0
+	case StepRedirectDNS, StepDNSZone:
+		return len(s.Servers) > 0
+	}
+	return false
 }
 
 // Comment is the rule comment for the step, with items (the list items the rule covers, as
@@ -89,57 +187,143 @@ func (s Step) Comment(items string) string {
 	return CommentPrefix + s.Name + items + s.NameTail
 }
 
-// PortLabel spells a port or range the way the step's rule names do. Ignore lists use xtables'
-// "a:b", as the multiport argument they name; redirect names use "a-b". Both are Linkerd's.
+// PortLabel spells a port or range the way the step's rule names do. Lists matched with
+// multiport (ignore lists, outbound include lists) use xtables' "a:b", as the multiport argument
+// they name; redirect names use "a-b". Both are Linkerd's.
 func (s Step) PortLabel(p PortRange) string {
-	if s.Kind == StepIgnorePorts {
+	if s.Kind == StepIgnorePorts || s.Kind == StepRedirectOutbound {
 		return xtPorts(p)
 	}
 	return p.String()
 }
 
-// PlanChain is one of our chains: the hook it hangs from and its steps in order.
+// PlanChain is one of our chains: the table and hook it hangs from and its steps in order.
 type PlanChain struct {
-	Name string
-	Hook Hook
+	Name  string
+	Table XTTable
+	Hook  Hook
 	// JumpName names the rule in the hook's built-in chain that jumps to this chain.
 	JumpName string
-	// Direction is "inbound" or "outbound"; nftables names the chain's sets after it.
+	// Direction is "inbound" or "outbound" ("dns" for the zones); nftables names the chain's
+	// sets after it.
 	Direction string
 	Steps     []Step
 }
 
-// Chains returns our two chains, PROXY_INIT_REDIRECT then PROXY_INIT_OUTPUT, without steps:
-// their names, hooks and jumps depend on no configuration, so cleanup needs none.
+// Chains returns every chain of ours, without steps: PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT
+// (nat, Linkerd's), then those of the features beyond Linkerd's. Their names, tables, hooks and
+// jumps depend on no configuration, so cleanup needs none.
 func Chains() []PlanChain {
 	return []PlanChain{
-		{Name: RedirectChain, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
-		{Name: OutputChain, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
+		{Name: RedirectChain, Table: TableNAT, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
+		{Name: OutputChain, Table: TableNAT, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
+		{Name: MangleChain, Table: TableMangle, Hook: HookPrerouting, JumpName: "install-proxy-init-mangle-prerouting", Direction: "inbound"},
+		{Name: RawPreroutingChain, Table: TableRaw, Hook: HookPrerouting, JumpName: "install-proxy-init-raw-prerouting", Direction: "dns"},
+		{Name: RawOutputChain, Table: TableRaw, Hook: HookOutput, JumpName: "install-proxy-init-raw-output", Direction: "dns"},
 	}
 }
 
-// Plan returns our two chains (Chains) with their steps in the order the kernel evaluates them:
-// the first RETURN or REDIRECT that matches wins.
+// Plan returns our chains (Chains) with their steps in the order the kernel evaluates them (the
+// first RETURN, REDIRECT, TPROXY or DROP that matches wins), leaving out the chains beyond
+// Linkerd's two that have no steps: a Linkerd configuration has exactly Linkerd's chains.
 func (r *Ruleset) Plan() []PlanChain {
-	chains := Chains()
-	in, out := &chains[0], &chains[1]
-	if len(r.InboundIgnorePorts) > 0 {
-		in.Steps = append(in.Steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.InboundIgnorePorts})
+	all := Chains()
+	in, out, mangle, rawIn, rawOut := &all[0], &all[1], &all[2], &all[3], &all[4]
+
+	ifaces := func(c *PlanChain, inbound bool) {
+		for _, name := range r.IgnoreInterfaces {
+			c.Steps = append(c.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-interface-" + name, Interface: name, In: inbound})
+		}
 	}
-	if len(r.InboundIgnoreSubnets) > 0 {
-		in.Steps = append(in.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.InboundIgnoreSubnets, Source: true})
-	}
-	if len(r.RedirectPorts) == 0 {
-		in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-all-incoming-to-proxy-port", Port: r.InboundProxyPort})
-	} else {
-		in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-port-", NameTail: "-to-proxy-port", Ports: r.RedirectPorts, Port: r.InboundProxyPort})
+	inboundSkips := func(c *PlanChain) {
+		if len(r.InboundIgnorePorts) > 0 {
+			c.Steps = append(c.Steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.InboundIgnorePorts})
+		}
+		if len(r.InboundIgnoreSubnets) > 0 {
+			c.Steps = append(c.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.InboundIgnoreSubnets, Source: true})
+		}
 	}
 
+	if !r.TPROXY {
+		ifaces(in, true)
+		inboundSkips(in)
+		if len(r.RedirectPorts) == 0 {
+			in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-all-incoming-to-proxy-port", Port: r.InboundProxyPort})
+		} else {
+			in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-port-", NameTail: "-to-proxy-port", Ports: r.RedirectPorts, Port: r.InboundProxyPort})
+		}
+	}
+
+	if r.DropInvalid || r.TPROXY {
+		ifaces(mangle, true)
+	}
+	if r.DropInvalid {
+		mangle.Steps = append(mangle.Steps, Step{Kind: StepDropInvalid, Name: "drop-invalid"})
+	}
+	if r.TPROXY {
+		// Connections between the pod's own sockets cross loopback, as with redirect.
+		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo", In: true})
+		inboundSkips(mangle)
+		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreEstablished, Name: "ignore-established"})
+		tp := Step{Kind: StepTPROXY, Name: "tproxy-all-incoming-to-proxy-port", Port: r.InboundProxyPort, Mark: TPROXYMark}
+		if len(r.RedirectPorts) > 0 {
+			tp.Name, tp.NameTail, tp.Ports = "tproxy-port-", "-to-proxy-port", r.RedirectPorts
+		}
+		mangle.Steps = append(mangle.Steps, tp)
+	}
+
+	type exempt struct {
+		name  string
+		owner Owner
+		id    uint32
+	}
+	var exempts []exempt
 	if r.ProxyUID >= 0 {
-		out.Steps = append(out.Steps, Step{Kind: StepIgnoreUID, Name: "ignore-proxy-user-id", ID: uint32(r.ProxyUID)})
+		exempts = append(exempts, exempt{"proxy-user-id", OwnerUID, uint32(r.ProxyUID)})
 	}
 	if r.ProxyGID >= 0 {
-		out.Steps = append(out.Steps, Step{Kind: StepIgnoreGID, Name: "ignore-proxy-group-id", ID: uint32(r.ProxyGID)})
+		exempts = append(exempts, exempt{"proxy-group-id", OwnerGID, uint32(r.ProxyGID)})
+	}
+	for _, id := range r.IgnoreUIDs {
+		exempts = append(exempts, exempt{"user-id-" + strconv.FormatUint(uint64(id), 10), OwnerUID, id})
+	}
+	for _, id := range r.IgnoreGIDs {
+		exempts = append(exempts, exempt{"group-id-" + strconv.FormatUint(uint64(id), 10), OwnerGID, id})
+	}
+	for _, e := range exempts {
+		kind := StepIgnoreUID
+		if e.owner == OwnerGID {
+			kind = StepIgnoreGID
+		}
+		out.Steps = append(out.Steps, Step{Kind: kind, Name: "ignore-" + e.name, ID: e.id})
+	}
+	ifaces(out, false)
+	if r.DNSPort != 0 {
+		for _, proto := range []string{"udp", "tcp"} {
+			dns := Step{Kind: StepRedirectDNS, Name: "redirect-dns-" + proto, Proto: proto, Servers: r.DNSServers, Port: r.DNSPort}
+			if len(r.DNSServers) > 0 {
+				dns.Name += "-"
+			}
+			out.Steps = append(out.Steps, dns)
+		}
+
+		// The zones: the first that matches holds (the zone is set once, before conntrack).
+		for _, e := range exempts {
+			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-" + e.name, Owner: e.owner, ID: e.id, Zone: ZoneDirect})
+		}
+		for _, name := range r.IgnoreInterfaces {
+			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-interface-" + name, Interface: name, Zone: ZoneDirect})
+		}
+		rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-proxy-answers", SPort: r.DNSPort, Zone: ZoneCaptured})
+		captured := Step{Kind: StepDNSZone, Name: "dns-zone-captured", Servers: r.DNSServers, Zone: ZoneCaptured}
+		if len(r.DNSServers) > 0 {
+			captured.Name += "-"
+		}
+		rawOut.Steps = append(rawOut.Steps, captured)
+		if len(r.DNSServers) > 0 {
+			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-not-captured", Zone: ZoneDirect})
+		}
+		rawIn.Steps = append(rawIn.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-nameserver-answers", DNSAnswers: true, Zone: ZoneDirect})
 	}
 	out.Steps = append(out.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo"})
 	if len(r.OutboundIgnorePorts) > 0 {
@@ -148,8 +332,58 @@ func (r *Ruleset) Plan() []PlanChain {
 	if len(r.OutboundIgnoreSubnets) > 0 {
 		out.Steps = append(out.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.OutboundIgnoreSubnets})
 	}
-	out.Steps = append(out.Steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
+	switch {
+	case len(r.OutboundRedirectPorts) > 0:
+		out.Steps = append(out.Steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-port-", NameTail: "-to-proxy-port",
+			Ports: r.OutboundRedirectPorts, Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
+	case len(r.OutboundRedirectSubnets) > 0:
+		out.Steps = append(out.Steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-subnet-", NameTail: "-to-proxy-port",
+			Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
+	default:
+		out.Steps = append(out.Steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
+	}
+
+	chains := all[:2]
+	for _, c := range all[2:] {
+		if len(c.Steps) > 0 {
+			chains = append(chains, c)
+		}
+	}
 	return chains
+}
+
+// PolicyRoute is what TPROXY needs beside its rules, per family: an ip rule that looks packets
+// marked Mark up in route table Table, where a local default route delivers them to this host.
+type PolicyRoute struct {
+	Family   Family
+	Mark     uint32
+	Table    uint32
+	Priority int
+}
+
+// PolicyRoutes returns the policy routing the plan needs: one per family with TPROXY, none
+// without.
+func (r *Ruleset) PolicyRoutes() []PolicyRoute {
+	if !r.TPROXY {
+		return nil
+	}
+	var out []PolicyRoute
+	for _, f := range r.Families {
+		out = append(out, PolicyRoute{Family: f, Mark: TPROXYMark, Table: TPROXYTable, Priority: TPROXYRulePriority})
+	}
+	return out
+}
+
+// Lines renders the policy route as ip(8) shows it: its rule, then its route.
+func (p PolicyRoute) Lines() []string {
+	v, dst := "-4", "0.0.0.0/0"
+	if p.Family == IPv6 {
+		v, dst = "-6", "::/0"
+	}
+	return []string{
+		fmt.Sprintf("ip %s rule: priority %d fwmark %#x lookup %d", v, p.Priority, p.Mark, p.Table),
+		fmt.Sprintf("ip %s route: local %s dev lo table %d", v, dst, p.Table),
+	}
 }
 
 // xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".

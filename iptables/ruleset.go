@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,14 @@ const (
 	RedirectChain = "PROXY_INIT_REDIRECT"
 	OutputChain   = "PROXY_INIT_OUTPUT"
 	CommentPrefix = "proxy-init/"
+)
+
+// The chains of the features beyond Linkerd's, each named for its table and hook, so no name is
+// in two tables and a chain's name says where it is.
+const (
+	MangleChain        = "PROXY_INIT_MANGLE_PREROUTING"
+	RawPreroutingChain = "PROXY_INIT_RAW_PREROUTING"
+	RawOutputChain     = "PROXY_INIT_RAW_OUTPUT"
 )
 
 // CloseWaitSysctl is the conntrack CLOSE_WAIT timeout a ruleset with CloseWaitSecs sets, per
@@ -55,12 +64,46 @@ type Ruleset struct {
 	// is no rule, and not part of Hash.
 	CloseWaitSecs int64
 
+	// IPv6Auto leaves IPv6 to be decided where the rules are written (ForIPv6); until then
+	// Families holds both.
+	IPv6Auto bool `json:",omitempty"`
+	// DNSPort, when non-zero, is where the pod's DNS is redirected; DNSServers, when given,
+	// limit that to these nameservers (both families).
+	DNSPort    uint16       `json:",omitempty"`
+	DNSServers []netip.Addr `json:",omitempty"`
+	// TPROXY delivers inbound TCP with TPROXY instead of REDIRECT.
+	TPROXY bool `json:",omitempty"`
+	// OutboundRedirectPorts and OutboundRedirectSubnets, when non-empty, are the only outbound
+	// destinations redirected.
+	OutboundRedirectPorts   []PortRange    `json:",omitempty"`
+	OutboundRedirectSubnets []netip.Prefix `json:",omitempty"`
+	IgnoreInterfaces        []string       `json:",omitempty"`
+	IgnoreUIDs              []uint32       `json:",omitempty"`
+	IgnoreGIDs              []uint32       `json:",omitempty"`
+	DropInvalid             bool           `json:",omitempty"`
+
 	// saved caches Saved per family: apply, compare and payloads all need the same lines, and
-	// rendering a thousand rules more than once is a visible part of a one-shot run.
-	saved [2]struct {
-		once sync.Once
-		s    SavedState
+	// rendering a thousand rules more than once is a visible part of a one-shot run. Nil (a
+	// Ruleset decoded from JSON, or made by hand) renders without caching.
+	saved *savedCache
+}
+
+type savedCache [2]struct {
+	once sync.Once
+	s    SavedState
+}
+
+// ForIPv6 returns the ruleset with IPv6 rules (on) or without, and IPv6 no longer left to be
+// decided: what an IPv6Auto ruleset writes once the namespace has been looked at.
+func (r *Ruleset) ForIPv6(on bool) *Ruleset {
+	c := *r
+	c.IPv6Auto = false
+	c.saved = new(savedCache)
+	c.Families = []Family{IPv4}
+	if on {
+		c.Families = append(c.Families, IPv6)
 	}
+	return &c
 }
 
 // HasFamily reports whether rules are written for f.
@@ -88,18 +131,26 @@ func Subnets(f Family, list []netip.Prefix) []netip.Prefix {
 // Rule is one iptables rule in the canonical form iptables-save prints, so that what we render and
 // what we read back compare as plain strings.
 type Rule struct {
+	// Table is the rule's table; empty is nat.
+	Table string
 	Chain string
 	// Spec is everything after "-A <chain> ", comment included.
 	Spec string
 }
 
 // String renders the rule as an iptables-save line; a rule without matches or target is
-// "-A <chain>", with no trailing space, as iptables-save prints it.
+// "-A <chain>", with no trailing space, as iptables-save prints it. A rule outside the nat table
+// starts with its table, as on iptables' command line ("-t mangle -A ..."), so that one list
+// can hold every table's lines.
 func (r Rule) String() string {
-	if r.Spec == "" {
-		return "-A " + r.Chain
+	t := ""
+	if r.Table != "" && r.Table != Table {
+		t = "-t " + r.Table + " "
 	}
-	return "-A " + r.Chain + " " + r.Spec
+	if r.Spec == "" {
+		return t + "-A " + r.Chain
+	}
+	return t + "-A " + r.Chain + " " + r.Spec
 }
 
 // writeTo writes the rule as a restore command (verb "-A " or "-D ") and a newline.
@@ -117,24 +168,47 @@ func (r Rule) writeTo(b *strings.Builder, verb string) {
 // prints for it; a writer that speaks iptables-nft's netlink representation encodes the same
 // fields. Only the fields a rule uses are set.
 type XTRule struct {
+	// Table is the rule's table; empty is nat.
+	Table string
 	Chain string
 	// Source and Destination are -s and -d; the zero Prefix matches any address.
 	Source, Destination netip.Prefix
-	// OutInterface is -o.
-	OutInterface string
-	// TCP is -p tcp.
-	TCP bool
+	// InInterface and OutInterface are -i and -o.
+	InInterface, OutInterface string
+	// TCP is -p tcp, UDP -p udp.
+	TCP, UDP bool
 	// UIDOwner and GIDOwner are -m owner --uid-owner / --gid-owner; nil matches any socket.
 	UIDOwner, GIDOwner *uint32
 	// MultiportDPorts is -m multiport --dports (at most 15 ports, a range counting two).
 	MultiportDPorts []PortRange
-	// DPort is -m tcp --dport, when First is non-zero.
-	DPort PortRange
+	// DPort and SPort are -m tcp (or -m udp) --dport and --sport, when First is non-zero.
+	DPort, SPort PortRange
+	// CTState is -m conntrack --ctstate: a CTState* value, or empty.
+	CTState string
 	// Comment is -m comment --comment, prefix included.
 	Comment string
-	// Target is RETURN, REDIRECT (to ToPort) or the chain to jump to.
+	// Target is RETURN, DROP, REDIRECT (to ToPort), TPROXY (to ToPort, marking Mark), CT (into
+	// conntrack zone Zone) or the chain to jump to.
 	Target string
 	ToPort uint16
+	// OnIP is TPROXY's --on-ip: the family's unspecified address, which keeps the destination.
+	OnIP netip.Addr
+	Mark uint32
+	Zone uint16
+}
+
+// The conntrack states our rules match, as iptables-save spells them.
+const (
+	CTStateInvalid     = "INVALID"
+	CTStateEstablished = "RELATED,ESTABLISHED"
+)
+
+// TableName is the rule's table: nat when Table is empty.
+func (r XTRule) TableName() string {
+	if r.Table == "" {
+		return Table
+	}
+	return r.Table
 }
 
 // Rule renders r the way iptables-save prints it: the options in iptables' canonical order, and
@@ -155,11 +229,21 @@ func (r XTRule) Rule() Rule {
 	if r.Destination.IsValid() && r.Destination.Bits() > 0 {
 		opt("-d", r.Destination.String())
 	}
+	if r.InInterface != "" {
+		opt("-i", r.InInterface)
+	}
 	if r.OutInterface != "" {
 		opt("-o", r.OutInterface)
 	}
-	if r.TCP {
-		opt("-p", "tcp")
+	proto := ""
+	switch {
+	case r.TCP:
+		proto = "tcp"
+	case r.UDP:
+		proto = "udp"
+	}
+	if proto != "" {
+		opt("-p", proto)
 	}
 	if r.UIDOwner != nil {
 		opt("-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
@@ -170,27 +254,45 @@ func (r XTRule) Rule() Rule {
 	if len(r.MultiportDPorts) > 0 {
 		opt("-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
 	}
-	if r.DPort.First != 0 {
-		opt("-m", "tcp", "--dport", xtPorts(r.DPort))
+	if r.DPort.First != 0 || r.SPort.First != 0 {
+		opt("-m", proto)
+		if r.SPort.First != 0 {
+			opt("--sport", xtPorts(r.SPort))
+		}
+		if r.DPort.First != 0 {
+			opt("--dport", xtPorts(r.DPort))
+		}
+	}
+	if r.CTState != "" {
+		opt("-m", "conntrack", "--ctstate", r.CTState)
 	}
 	// Names never hold quotes or backslashes, so plain quoting matches what iptables-save prints.
 	opt("-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
-	if r.Target == TargetRedirect {
+	switch r.Target {
+	case TargetRedirect:
 		opt("--to-ports", strconv.Itoa(int(r.ToPort)))
+	case TargetTPROXY:
+		opt("--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(), "--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
+	case TargetCT:
+		opt("--zone", strconv.Itoa(int(r.Zone)))
 	}
-	return Rule{Chain: r.Chain, Spec: b.String()}
+	return Rule{Table: r.TableName(), Chain: r.Chain, Spec: b.String()}
 }
 
 // Targets of our rules other than jumps to our chains.
 const (
 	TargetReturn   = "RETURN"
 	TargetRedirect = "REDIRECT"
+	TargetDrop     = "DROP"
+	TargetTPROXY   = "TPROXY"
+	TargetCT       = "CT"
 )
 
-// XTRules returns the iptables rules inside our two chains for family f, in plan order:
-// first PROXY_INIT_REDIRECT, then PROXY_INIT_OUTPUT. Each step becomes one rule, except that an
-// ignored port list is split into multiport groups of at most 15 ports, and a subnet list or a
-// redirected port list becomes one rule per item.
+// XTRules returns the iptables rules inside our chains for family f, in plan order: chain by
+// chain (Plan), step by step. Each step becomes one rule, except that a port list matched with
+// multiport is split into groups of at most 15 ports, a list of subnets, addresses or redirected
+// ports becomes one rule per item (per item pair, for an outbound include list of both ports and
+// subnets), and a family's rules leave out the other family's items.
 func (r *Ruleset) XTRules(f Family) []XTRule {
 	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
 	// pays for every page it touches.
@@ -203,9 +305,17 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 		}
 	}
 	out := make([]XTRule, 0, n)
+	any := netip.IPv4Unspecified()
+	if f == IPv6 {
+		any = netip.IPv6Unspecified()
+	}
 	for _, c := range r.Plan() {
+		table := ""
+		if c.Table != TableNAT {
+			table = c.Table.Name
+		}
 		for _, s := range c.Steps {
-			x := XTRule{Chain: c.Name, Target: TargetReturn}
+			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn}
 			switch s.Kind {
 			case StepIgnorePorts:
 				for _, g := range multiportGroups(s.Ports) {
@@ -233,10 +343,77 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 				x.GIDOwner, x.Comment = &s.ID, s.Comment("")
 				out = append(out, x)
 			case StepIgnoreInterface:
-				x.OutInterface, x.Comment = s.Interface, s.Comment("")
+				if s.In {
+					x.InInterface = s.Interface
+				} else {
+					x.OutInterface = s.Interface
+				}
+				x.Comment = s.Comment("")
 				out = append(out, x)
 			case StepRedirect:
 				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+				if len(s.Ports) == 0 {
+					x.Comment = s.Comment("")
+					out = append(out, x)
+				}
+				for _, p := range s.Ports {
+					y := x
+					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
+					out = append(out, y)
+				}
+			case StepRedirectOutbound:
+				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+				groups := multiportGroups(s.Ports)
+				if len(groups) == 0 {
+					groups = [][]PortRange{nil}
+				}
+				subnets := []netip.Prefix{{}}
+				if len(s.Subnets) > 0 {
+					subnets = Subnets(f, s.Subnets) // none in f: no rule redirects f
+				}
+				for _, p := range subnets {
+					for _, g := range groups {
+						y := x
+						y.Destination, y.MultiportDPorts = p, g
+						if len(g) > 0 {
+							y.Comment = s.Comment(joinXTPorts(g))
+						} else {
+							y.Comment = s.Comment(p.String())
+						}
+						out = append(out, y)
+					}
+				}
+			case StepRedirectDNS:
+				x.Target, x.ToPort = TargetRedirect, s.Port
+				x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
+				x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+				out = appendPerServer(out, x, s, f)
+			case StepDNSZone:
+				x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
+				switch {
+				case s.SPort != 0:
+					x.SPort = PortRange{First: s.SPort, Last: s.SPort}
+				case s.DNSAnswers:
+					x.SPort = PortRange{First: DNSPort, Last: DNSPort}
+				default:
+					x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+				}
+				switch s.Owner {
+				case OwnerUID:
+					x.UIDOwner = &s.ID
+				case OwnerGID:
+					x.GIDOwner = &s.ID
+				}
+				x.OutInterface = s.Interface
+				out = appendPerServer(out, x, s, f)
+			case StepDropInvalid:
+				x.TCP, x.CTState, x.Target, x.Comment = true, CTStateInvalid, TargetDrop, s.Comment("")
+				out = append(out, x)
+			case StepIgnoreEstablished:
+				x.TCP, x.CTState, x.Comment = true, CTStateEstablished, s.Comment("")
+				out = append(out, x)
+			case StepTPROXY:
+				x.TCP, x.Target, x.ToPort, x.OnIP, x.Mark = true, TargetTPROXY, s.Port, any, s.Mark
 				if len(s.Ports) == 0 {
 					x.Comment = s.Comment("")
 					out = append(out, x)
@@ -252,52 +429,104 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 	return out
 }
 
-// XTJumps returns the rules that hook our chains into the built-in nat chains. They are the
-// same for both families and every configuration.
-func XTJumps() []XTRule {
+// appendPerServer appends x once, or, when the step lists servers, once per server of family f
+// (as the destination), named after it.
+func appendPerServer(out []XTRule, x XTRule, s Step, f Family) []XTRule {
+	if len(s.Servers) == 0 {
+		x.Comment = s.Comment("")
+		return append(out, x)
+	}
+	for _, a := range s.Servers {
+		if a.Is4() != (f == IPv4) {
+			continue
+		}
+		y := x
+		y.Destination, y.Comment = netip.PrefixFrom(a, a.BitLen()), s.Comment(a.String())
+		out = append(out, y)
+	}
+	return out
+}
+
+// XTJumps returns the rules that hook the chains the plan has into the built-in chains, in the
+// order iptables-save lists them: by table (XTTables), then by hook. They are the same for both
+// families.
+func (r *Ruleset) XTJumps() []XTRule {
+	return xtJumps(r.Plan())
+}
+
+// XTJumpsAll returns the jumps of every chain of ours (Chains), whatever the configuration.
+func XTJumpsAll() []XTRule { return xtJumps(Chains()) }
+
+func xtJumps(chains []PlanChain) []XTRule {
 	var out []XTRule
-	for _, c := range Chains() {
-		out = append(out, XTRule{Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
+	for _, t := range XTTables() {
+		for _, c := range chains {
+			if c.Table != t {
+				continue
+			}
+			table := ""
+			if t != TableNAT {
+				table = t.Name
+			}
+			out = append(out, XTRule{Table: table, Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
+		}
 	}
 	return out
 }
 
 // Saved returns what iptables-save shows of ours in family f once rs is applied: our chains, then
-// every rule in the order iptables-save lists them: the jumps first (built-in chains are printed
-// before ours), then our chains' rules, chains in name order. It is empty for a family rs does not
-// write. It is rendered once per family; callers must not modify it.
+// every rule, table by table (XTTables), each table in the order iptables-save lists it: the
+// jumps first (built-in chains are printed before ours), then our chains' rules, chains in name
+// order. It is empty for a family rs does not write. It is rendered once per family; callers
+// must not modify it.
 func (r *Ruleset) Saved(f Family) SavedState {
 	if !r.HasFamily(f) {
 		return SavedState{}
+	}
+	if r.saved == nil {
+		return r.renderSaved(f)
 	}
 	c := &r.saved[0]
 	if f == IPv6 {
 		c = &r.saved[1]
 	}
-	c.once.Do(func() {
-		chain := r.XTRules(f)
-		jumps := XTJumps()
-		c.s = SavedState{Chains: []string{OutputChain, RedirectChain}, Rules: make([]string, 0, len(chain)+len(jumps))}
+	c.once.Do(func() { c.s = r.renderSaved(f) })
+	return c.s
+}
+
+func (r *Ruleset) renderSaved(f Family) SavedState {
+	rules := r.XTRules(f)
+	jumps := r.XTJumps()
+	s := SavedState{Rules: make([]string, 0, len(rules)+len(jumps))}
+	for _, t := range XTTables() {
+		var names []string
 		for _, j := range jumps {
-			c.s.Rules = append(c.s.Rules, j.Rule().String())
+			if j.TableName() == t.Name {
+				s.Rules = append(s.Rules, j.Rule().String())
+				names = append(names, j.Target)
+			}
 		}
 		// iptables-save prints user chains sorted by name: PROXY_INIT_OUTPUT before PROXY_INIT_REDIRECT.
-		for _, name := range c.s.Chains {
-			for _, rl := range chain {
+		slices.Sort(names)
+		s.Chains = append(s.Chains, names...)
+		for _, name := range names {
+			for _, rl := range rules {
 				if rl.Chain == name {
-					c.s.Rules = append(c.s.Rules, rl.Rule().String())
+					s.Rules = append(s.Rules, rl.Rule().String())
 				}
 			}
 		}
-	})
-	return c.s
+	}
+	return s
 }
 
 // Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
 // Every rule derives from the Ruleset's fields, so hashing them is enough, and much cheaper than
 // rendering a thousand rules in a process that lives for milliseconds. It guards against
 // accidents, not adversaries (whoever can write the table can write its comment), so FNV serves;
-// a cryptographic hash would add its package initialisation to every run.
+// a cryptographic hash would add its package initialisation to every run. The fields of the
+// features beyond Linkerd's are hashed only when one is set, so a Linkerd configuration keeps
+// the hash it always had.
 func (r *Ruleset) Hash() string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
@@ -308,7 +537,17 @@ func (r *Ruleset) Hash() string {
 		}
 		h.Write([]byte("|"))
 	}
+	if r.beyondLinkerd() {
+		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, r.DNSServers, r.TPROXY, r.OutboundRedirectPorts,
+			r.OutboundRedirectSubnets, r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
+	}
 	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// beyondLinkerd reports whether any feature Linkerd does not have is on.
+func (r *Ruleset) beyondLinkerd() bool {
+	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
+		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0
 }
 
 // joinXTPorts renders a multiport argument list: "4190,4191,6000:7000".

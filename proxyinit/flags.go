@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -89,6 +90,12 @@ type flagValues struct {
 	simulate, wait, ipv6                  *lenientBool
 	netns, logFormat, logLevel, mode      string
 	firewallBin, firewallSave, outputMode string
+	// The features beyond Linkerd's.
+	dnsPort                              *lenientInt
+	dnsServersOnly, dropInvalid          *lenientBool
+	inboundMode                          string
+	outRedirectPorts, outRedirectSubnets *rawList
+	interfaces, uids, gids               *rawList
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
@@ -101,6 +108,9 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
 		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
 		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
+		dnsPort: newInt(0), dnsServersOnly: newBool(false), dropInvalid: newBool(false),
+		outRedirectPorts: &rawList{typ: "ports"}, outRedirectSubnets: &rawList{typ: "cidrs"},
+		interfaces: &rawList{typ: "names"}, uids: &rawList{typ: "uids"}, gids: &rawList{typ: "gids"},
 	}
 	fs.VarP(v.inPort, iptables.FieldInboundProxyPort, "p", "port the proxy accepts inbound traffic on; inbound TCP is redirected here (required)")
 	fs.VarP(v.outPort, iptables.FieldOutboundProxyPort, "o", "port the proxy accepts outbound traffic on; outbound TCP is redirected here (required)")
@@ -119,11 +129,42 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.StringVar(&v.logFormat, flagLogFormat, "plain", "log format: plain or json (logs go to stderr)")
 	fs.StringVar(&v.logLevel, flagLogLevel, "info", "log level: trace, debug, info, warn, error")
 	fs.StringVar(&v.mode, iptables.FieldMode, string(iptables.ModeAuto), "backend: auto, legacy, nft, plain or nftables. auto writes iptables-nft's rules over netlink when the kernel accepts them (shown by iptables -t nat -S), else the native nftables table, else iptables-legacy; nft writes iptables-nft's rules over netlink, else with the iptables-nft binaries")
-	fs.Var(v.ipv6, flagIPv6, "also write IPv6 rules")
+	fs.Var(v.ipv6, flagIPv6, "also write IPv6 rules: true, false, or auto (only where the namespace has IPv6 enabled and an address other than loopback and link-local); write --ipv6=auto")
 	fs.StringVar(&v.firewallBin, flagFirewallBin, "", "back-compat: iptables, iptables-legacy or iptables-nft selects the mode plain, legacy or nft")
 	fs.StringVar(&v.firewallSave, flagFirewallSave, "", "back-compat: iptables-save, iptables-legacy-save or iptables-nft-save; must agree with --firewall-bin-path")
 	fs.StringVar(&v.outputMode, flagOutput, "text", "show and version: print as text or json")
+
+	// The features beyond Linkerd's.
+	fs.Var(v.dnsPort, iptables.FieldRedirectDNS, "send the pod's DNS (UDP and TCP to port 53) to this port on loopback, but the exempt users' and groups' (0: capture none)")
+	fs.Var(v.dnsServersOnly, iptables.FieldDNSServersOnly, "capture DNS only to the nameservers of /etc/resolv.conf (needs --"+iptables.FieldRedirectDNS+")")
+	fs.StringVar(&v.inboundMode, iptables.FieldInboundMode, string(iptables.InboundRedirect), "how inbound TCP reaches the proxy: redirect (REDIRECT; the proxy asks for the original destination) or tproxy (TPROXY and a policy route; the proxy's transparent socket keeps it)")
+	fs.Var(v.outRedirectPorts, iptables.FieldOutboundPortsToRedirect, "redirect only outbound TCP to these ports and ranges (default: all); comma list, repeatable")
+	fs.Var(v.outRedirectSubnets, iptables.FieldOutboundSubnetsToRedirect, "redirect only outbound TCP to these destination CIDRs (default: all); comma list, repeatable")
+	fs.Var(v.interfaces, iptables.FieldInterfacesToIgnore, "traffic in or out of these interfaces is never redirected; comma list, repeatable")
+	fs.Var(v.uids, iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
+	fs.Var(v.gids, iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
+	fs.Var(v.dropInvalid, iptables.FieldDropInvalid, "drop inbound TCP that conntrack marks INVALID, instead of letting it reach the application unredirected")
 	return fs, v
+}
+
+// resolvConf is the resolver configuration --dns-servers-only reads: the pod's, where
+// proxy-init runs as its init container.
+var resolvConf = "/etc/resolv.conf"
+
+// nameservers returns the nameserver addresses of a resolv.conf, as written.
+func nameservers(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			out = append(out, f[1])
+		}
+	}
+	return out, nil
 }
 
 // Usage is the help text.
@@ -205,7 +246,32 @@ func Parse(args []string) (*Options, error) {
 	c.OutboundPortsToIgnore = v.outPorts.values
 	c.InboundSubnetsToIgnore = v.inSubnets.values
 	c.OutboundSubnetsToIgnore = v.outSubnets.values
-	c.IPv6 = boolOf(flagIPv6, v.ipv6)
+	if strings.TrimSpace(v.ipv6.raw) == "auto" {
+		c.IPv6Auto = true
+	} else if b, err := v.ipv6.value(); err != nil {
+		bad(flagIPv6, v.ipv6.raw, "not a boolean or auto (want true, false or auto)")
+	} else {
+		c.IPv6 = b
+	}
+	c.RedirectDNSToPort = intOf(iptables.FieldRedirectDNS, v.dnsPort)
+	c.DNSServersOnly = boolOf(iptables.FieldDNSServersOnly, v.dnsServersOnly)
+	if c.DNSServersOnly && c.RedirectDNSToPort > 0 {
+		servers, err := nameservers(resolvConf)
+		if err != nil {
+			bad(iptables.FieldDNSServersOnly, "true", "cannot read the nameservers: "+err.Error())
+			badFields[iptables.FieldDNSServersOnly] = true
+		}
+		c.DNSServers = servers
+	}
+	if fs.Changed(iptables.FieldInboundMode) {
+		c.InboundMode = iptables.InboundMode(v.inboundMode)
+	}
+	c.OutboundPortsToRedirect = v.outRedirectPorts.values
+	c.OutboundSubnetsToRedirect = v.outRedirectSubnets.values
+	c.InterfacesToIgnore = v.interfaces.values
+	c.UIDsToIgnore = v.uids.values
+	c.GIDsToIgnore = v.gids.values
+	c.DropInvalid = boolOf(iptables.FieldDropInvalid, v.dropInvalid)
 	o.Simulate = boolOf(flagSimulate, v.simulate)
 	o.UseWaitFlag = boolOf(flagUseWait, v.wait)
 	c.CloseWaitSecs = int64(intOf(flagCloseWait, v.closeWait))

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -230,7 +232,7 @@ func TestBadInput(t *testing.T) {
 				"  --timeout-close-wait-secs \"-5\": must be 0 (leave the kernel's) or 1 to 2147483 seconds, the most every kernel accepts\n" +
 				"  --log-format \"xml\": unknown log format; want plain or json\n" +
 				"  --log-level \"loud\": unknown log level; want trace, debug, info, warn or error\n" +
-				"  --ipv6 \"maybe\": not a boolean (want true or false)\n"},
+				"  --ipv6 \"maybe\": not a boolean or auto (want true, false or auto)\n"},
 		{"missing netns", chartArgs("--netns", "/run/netns/does-not-exist-proxyinit-test"),
 			"proxy-init: invalid input:\n  --netns \"/run/netns/does-not-exist-proxyinit-test\": cannot use it as a network namespace: no such file or directory\n"},
 		{"netns at a file", chartArgs("--netns", "/etc/hostname"),
@@ -258,6 +260,45 @@ func TestBadInput(t *testing.T) {
 				"  --inbound-ports-to-ignore \"0\": port 0 is outside 1-65535\n" +
 				"  --subnets-to-ignore \"1.2.3.4/40\": \"1.2.3.4/40\" is not a valid CIDR\n" +
 				"  --iptables-mode \"y\": unknown mode; want one of auto, legacy, nft, plain, nftables\n"},
+		// The features beyond Linkerd's.
+		{"DNS port out of range, and the proxy's own", chartArgs("--redirect-dns-to-port", "70000"),
+			"proxy-init: invalid input:\n  --redirect-dns-to-port \"70000\": port is outside 1-65535 (0: capture no DNS)\n"},
+		{"DNS port that is a proxy port", chartArgs("--redirect-dns-to-port", "4140"),
+			"proxy-init: invalid input:\n  --redirect-dns-to-port \"4140\": is one of the proxy's TCP ports; DNS over TCP would reach that listener\n"},
+		{"DNS servers only without DNS capture", chartArgs("--dns-servers-only"),
+			"proxy-init: invalid input:\n  --dns-servers-only \"true\": needs --redirect-dns-to-port: it limits DNS capture, which is off\n"},
+		{"unknown inbound mode", chartArgs("--inbound-mode", "tproxy6"),
+			"proxy-init: invalid input:\n  --inbound-mode \"tproxy6\": unknown inbound mode; want redirect or tproxy\n"},
+		{"outbound include lists", chartArgs("--outbound-ports-to-redirect", "80,0,99999", "--outbound-subnets-to-redirect", "10.0.0.0/33,fe80::1%eth0"),
+			"proxy-init: invalid input:\n" +
+				"  --outbound-ports-to-redirect \"0\": port 0 is outside 1-65535\n" +
+				"  --outbound-ports-to-redirect \"99999\": port 99999 is outside 1-65535\n" +
+				"  --outbound-subnets-to-redirect \"10.0.0.0/33\": \"10.0.0.0/33\" is not a valid CIDR\n" +
+				"  --outbound-subnets-to-redirect \"fe80::1%eth0\": \"fe80::1%eth0\" has a zone, which a subnet cannot have\n"},
+		{"interface names the kernel refuses or iptables cannot match", chartArgs("--interfaces-to-ignore", "eth0/1,a-very-long-name0,..,net+",
+			"--interfaces-to-ignore", "eth 1", "--interfaces-to-ignore", `bad"quote`),
+			"proxy-init: invalid input:\n" +
+				"  --interfaces-to-ignore \"eth0/1\": holds '/', which the kernel refuses in an interface name\n" +
+				"  --interfaces-to-ignore \"a-very-long-name0\": longer than 15 bytes, the kernel's limit for an interface name\n" +
+				"  --interfaces-to-ignore \"..\": not a valid interface name\n" +
+				"  --interfaces-to-ignore \"net+\": a trailing '+' is iptables' wildcard; name each interface in full\n" +
+				"  --interfaces-to-ignore \"eth 1\": holds ' ', which the kernel refuses in an interface name\n" +
+				"  --interfaces-to-ignore \"bad\\\"quote\": holds '\"', which iptables cannot match in an interface name\n"},
+		{"UIDs and GIDs to ignore past 2^32-2, root, negative, not numbers", chartArgs("--uids-to-ignore", "1000,4294967295,0", "--gids-to-ignore", "-3,wheel"),
+			"proxy-init: invalid input:\n" +
+				"  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n" +
+				"  --uids-to-ignore \"0\": refusing to exempt UID 0 (root)\n" +
+				"  --gids-to-ignore \"-3\": must be a GID from 1 to 4294967294\n" +
+				"  --gids-to-ignore \"wheel\": not a GID (an integer)\n"},
+		{"the docs' example", []string{"-p", "4143", "-o", "4140", "--redirect-dns-to-port", "65536", "--interfaces-to-ignore", "net1,eth0:1", "--uids-to-ignore", "4294967295"},
+			"proxy-init: invalid input:\n" +
+				"  --redirect-dns-to-port \"65536\": port is outside 1-65535 (0: capture no DNS)\n" +
+				"  --interfaces-to-ignore \"eth0:1\": holds ':', which the kernel refuses in an interface name\n" +
+				"  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n"},
+		{"boolean features", chartArgs("--drop-invalid=sometimes", "--ipv6=automatic"),
+			"proxy-init: invalid input:\n" +
+				"  --ipv6 \"automatic\": not a boolean or auto (want true, false or auto)\n" +
+				"  --drop-invalid \"sometimes\": not a boolean (want true or false)\n"},
 		{"unknown flag", chartArgs("--proxy-port", "1"),
 			"proxy-init: unknown flag: --proxy-port (see proxy-init --help)\n"},
 		{"missing value", []string{"-p"},
@@ -314,6 +355,10 @@ func TestDefaults(t *testing.T) {
 		"simulate": {"", "false"}, "netns": {"", ""}, "use-wait-flag": {"w", "false"}, "timeout-close-wait-secs": {"", "0"},
 		"log-format": {"", "plain"}, "log-level": {"", "info"}, "iptables-mode": {"", "auto"}, "ipv6": {"", "true"},
 		"firewall-bin-path": {"", ""}, "firewall-save-bin-path": {"", ""}, "output": {"", "text"},
+		// The features beyond Linkerd's (docs/proxy-init.md).
+		"redirect-dns-to-port": {"", "0"}, "dns-servers-only": {"", "false"}, "inbound-mode": {"", "redirect"},
+		"outbound-ports-to-redirect": {"", ""}, "outbound-subnets-to-redirect": {"", ""}, "interfaces-to-ignore": {"", ""},
+		"uids-to-ignore": {"", ""}, "gids-to-ignore": {"", ""}, "drop-invalid": {"", "false"},
 	}
 	for name, w := range want {
 		f := fs.Lookup(name)
@@ -329,5 +374,81 @@ func TestDefaults(t *testing.T) {
 	fs.VisitAll(func(*pflag.Flag) { n++ })
 	if n != len(want) {
 		t.Errorf("%d flags defined, want %d: update this table, docs/proxy-init.md and docs/linkerd-compatibility.md", n, len(want))
+	}
+}
+
+// The flags of the features beyond Linkerd's, each into its Config field; --ipv6 keeps Linkerd's
+// boolean forms beside auto.
+func TestParseFeatureFlags(t *testing.T) {
+	dir := t.TempDir()
+	resolv := filepath.Join(dir, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("search svc.cluster.local\nnameserver 192.0.2.53\n# nameserver 192.0.2.99\nnameserver fe80::53%eth0\noptions ndots:5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := resolvConf
+	resolvConf = resolv
+	t.Cleanup(func() { resolvConf = old })
+
+	o, err := Parse(chartArgs("--redirect-dns-to-port", "5353", "--dns-servers-only", "--inbound-mode", "tproxy",
+		"--outbound-ports-to-redirect", "80,443", "--outbound-ports-to-redirect", "8000-8100", "--outbound-subnets-to-redirect", "10.0.0.0/8",
+		"--interfaces-to-ignore", "net1,net2", "--uids-to-ignore", "1000", "--gids-to-ignore", "3000,3001", "--drop-invalid", "--ipv6=auto"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cfg(func(c *iptables.Config) {
+		c.RedirectDNSToPort, c.DNSServersOnly, c.DNSServers = 5353, true, []string{"192.0.2.53", "fe80::53%eth0"}
+		c.InboundMode = iptables.InboundTPROXY
+		c.OutboundPortsToRedirect = []string{"80,443", "8000-8100"}
+		c.OutboundSubnetsToRedirect = []string{"10.0.0.0/8"}
+		c.InterfacesToIgnore = []string{"net1,net2"}
+		c.UIDsToIgnore, c.GIDsToIgnore = []string{"1000"}, []string{"3000,3001"}
+		c.DropInvalid, c.IPv6Auto = true, true
+	})
+	if !reflect.DeepEqual(o.Config, want) {
+		t.Errorf("config\n got %+v\nwant %+v", o.Config, want)
+	}
+	if rs := o.rules; rs == nil || len(rs.DNSServers) != 2 || rs.DNSServers[1].String() != "fe80::53" {
+		t.Errorf("nameservers in the rules: %+v (the zone dropped)", rs)
+	}
+
+	for _, c := range []struct {
+		arg  string
+		want iptables.Config
+	}{
+		{"--ipv6", cfg(nil)},
+		{"--ipv6=true", cfg(nil)},
+		{"--ipv6=false", cfg(func(c *iptables.Config) { c.IPv6 = false })},
+		{"--ipv6=auto", cfg(func(c *iptables.Config) { c.IPv6Auto = true })},
+	} {
+		o, err := Parse(chartArgs(c.arg))
+		if err != nil {
+			t.Fatalf("%s: %v", c.arg, err)
+		}
+		if !reflect.DeepEqual(o.Config, c.want) {
+			t.Errorf("%s: config\n got %+v\nwant %+v", c.arg, o.Config, c.want)
+		}
+	}
+}
+
+// --dns-servers-only reads /etc/resolv.conf; one it cannot read, or that names no nameserver, is
+// refused before anything is written, exit 2.
+func TestDNSServersOnlyResolvConf(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.conf")
+	if err := os.WriteFile(empty, []byte("search example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{filepath.Join(dir, "missing.conf"), "proxy-init: invalid input:\n  --dns-servers-only \"true\": cannot read the nameservers: open " + filepath.Join(dir, "missing.conf") + ": no such file or directory\n"},
+		{empty, "proxy-init: invalid input:\n  --dns-servers-only \"true\": /etc/resolv.conf names no nameserver to limit DNS capture to\n"},
+	} {
+		old := resolvConf
+		resolvConf = c.path
+		var stdout, stderr bytes.Buffer
+		code := Main(context.Background(), chartArgs("--redirect-dns-to-port", "5353", "--dns-servers-only"), &stdout, &stderr)
+		resolvConf = old
+		if code != ExitUsage || stderr.String() != c.want {
+			t.Errorf("%s: exit %d, stderr\n got %q\nwant %q", c.path, code, stderr.String(), c.want)
+		}
 	}
 }

@@ -158,6 +158,17 @@ type ShowReport struct {
 	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
 	// Sysctls are settings the configuration asks for, read back.
 	Sysctls []iptables.SysctlState `json:"sysctls,omitempty"`
+	// Routes is the policy routing of ours (inbound-mode tproxy's), when any is expected or in
+	// place.
+	Routes *RouteReport `json:"routes,omitempty"`
+}
+
+// RouteReport is the policy routing in place and its difference from the expected.
+type RouteReport struct {
+	Match   bool     `json:"match"`
+	Lines   []string `json:"lines"`
+	Missing []string `json:"missing,omitempty"`
+	Extra   []string `json:"extra,omitempty"`
 }
 
 // FamilyReport is one family's rules in place and their difference from the expected ones.
@@ -174,6 +185,12 @@ type FamilyReport struct {
 func NewShowReport(st iptables.State, rs *iptables.Ruleset) ShowReport {
 	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{},
 		HalfApplied: st.HalfApplied(), Elsewhere: st.Elsewhere, Sysctls: st.Sysctls}
+	if st.Routes != nil {
+		r.Routes = &RouteReport{Match: st.Routes.Diff.Empty(), Lines: st.Routes.Lines, Missing: st.Routes.Diff.Missing, Extra: st.Routes.Diff.Extra}
+		if r.Routes.Lines == nil {
+			r.Routes.Lines = []string{}
+		}
+	}
 	for _, f := range st.Families {
 		// nftables reports one "inet" family for both; rules are always expected in it.
 		r.Expected[string(f.Family)] = f.Family == iptables.FamilyInet || rs.HasFamily(f.Family)
@@ -228,6 +245,22 @@ func (r ShowReport) WriteText(w io.Writer) error {
 			verdict = "DO NOT MATCH"
 		}
 		fmt.Fprintf(&b, "%s: %s, want %s: %s\n", c.File, c.Have, c.Want, verdict)
+	}
+	if rt := r.Routes; rt != nil {
+		verdict := "match"
+		if !rt.Match {
+			verdict = "DO NOT MATCH"
+		}
+		fmt.Fprintf(&b, "policy routing: %d lines in place, %s\n", len(rt.Lines), verdict)
+		for _, l := range rt.Lines {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+		for _, l := range rt.Missing {
+			fmt.Fprintf(&b, "  missing: %s\n", l)
+		}
+		for _, l := range rt.Extra {
+			fmt.Fprintf(&b, "  unexpected: %s\n", l)
+		}
 	}
 	if r.HalfApplied != "" {
 		b.WriteString(r.HalfApplied + "\n")
@@ -291,7 +324,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	if len(rs.RedirectPorts) > 0 {
 		redirect = joinRanges(rs.RedirectPorts)
 	}
-	return []any{
+	attrs := []any{
 		"incoming_proxy_port", c.InboundProxyPort,
 		"outgoing_proxy_port", c.OutboundProxyPort,
 		"proxy_uid", c.ProxyUID,
@@ -305,6 +338,33 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"mode", string(c.Mode),
 		"netns", netnsutil.Label(o.NetNS),
 	}
+	// The features beyond Linkerd's, each only when on, so a Linkerd command line logs what it
+	// always did.
+	if rs.IPv6Auto {
+		attrs = append(attrs, "ipv6", "auto")
+	}
+	if rs.DNSPort != 0 {
+		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", joinPrefixes(rs.DNSServers))
+	}
+	if rs.TPROXY {
+		attrs = append(attrs, "inbound_mode", string(iptables.InboundTPROXY))
+	}
+	if len(rs.OutboundRedirectPorts) > 0 {
+		attrs = append(attrs, "outbound_ports_to_redirect", joinRanges(rs.OutboundRedirectPorts))
+	}
+	if len(rs.OutboundRedirectSubnets) > 0 {
+		attrs = append(attrs, "outbound_subnets_to_redirect", joinPrefixes(rs.OutboundRedirectSubnets))
+	}
+	if len(rs.IgnoreInterfaces) > 0 {
+		attrs = append(attrs, "interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ","))
+	}
+	if len(rs.IgnoreUIDs) > 0 || len(rs.IgnoreGIDs) > 0 {
+		attrs = append(attrs, "uids_to_ignore", fmt.Sprint(rs.IgnoreUIDs), "gids_to_ignore", fmt.Sprint(rs.IgnoreGIDs))
+	}
+	if rs.DropInvalid {
+		attrs = append(attrs, "drop_invalid", true)
+	}
+	return attrs
 }
 
 func joinRanges(rs []iptables.PortRange) string {

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,18 @@ func assertPristine(t *testing.T, nsPath string) {
 	if out := inNS(t, nsPath, "nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
 		t.Errorf("nft list ruleset in the namespace is not empty:\n%s", out)
 	}
+	for _, v := range []string{"-4", "-6"} {
+		if out := inNS(t, nsPath, "ip", v, "rule", "show", "table", strconv.Itoa(int(iptables.TPROXYTable))); strings.TrimSpace(out) != "" {
+			t.Errorf("ip %s rule in the namespace: %s", v, out)
+		}
+	}
+}
+
+// everyFeature turns on every feature beyond Linkerd's.
+var everyFeature = []string{
+	"--redirect-dns-to-port", "5353", "--inbound-mode", "tproxy", "--outbound-ports-to-redirect", "80,443",
+	"--outbound-subnets-to-redirect", "192.0.2.0/24", "--interfaces-to-ignore", "net1", "--uids-to-ignore", "1000",
+	"--gids-to-ignore", "3000", "--drop-invalid", "--ipv6=auto",
 }
 
 var chart = []string{
@@ -388,14 +401,27 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"unknown mode", args(chart, []string{"--iptables-mode", "bpf"}), `--iptables-mode "bpf": unknown mode`},
 		{"uid 0", []string{"-p", "4143", "-o", "4140", "-u", "0"}, `--proxy-uid "0": refusing to exempt UID 0`},
 		{"inconsistent firewall paths", args([]string{"--firewall-bin-path", "iptables-legacy", "--firewall-save-bin-path", "iptables-nft-save"}, chart), `--firewall-save-bin-path "iptables-nft-save"`},
+		// The features beyond Linkerd's, each with the rest of them on, TPROXY's policy routing
+		// included: one bad value and nothing at all is written.
+		{"DNS port out of range", args(chart, everyFeature, []string{"--redirect-dns-to-port", "65536"}),
+			"proxy-init: invalid input:\n  --redirect-dns-to-port \"65536\": port is outside 1-65535 (0: capture no DNS)\n"},
+		{"include port out of range", args(chart, everyFeature, []string{"--outbound-ports-to-redirect", "80,65536"}),
+			"proxy-init: invalid input:\n  --outbound-ports-to-redirect \"65536\": port 65536 is outside 1-65535\n"},
+		{"invalid interface name", args(chart, everyFeature, []string{"--interfaces-to-ignore", "net1,eth0:1/x"}),
+			"proxy-init: invalid input:\n  --interfaces-to-ignore \"eth0:1/x\": holds ':', which the kernel refuses in an interface name\n"},
+		{"UID over 2^32-2", args(chart, everyFeature, []string{"--uids-to-ignore", "1000,4294967295"}),
+			"proxy-init: invalid input:\n  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n"},
+		{"GID over 2^32-2", args(chart, everyFeature, []string{"--gids-to-ignore", "4294967295"}),
+			"proxy-init: invalid input:\n  --gids-to-ignore \"4294967295\": must be a GID from 1 to 4294967294\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ns := newNS(t)
 			for _, sub := range [][]string{nil, {"show"}} {
 				r := mustRun(t, 2, args(sub, tt.args, []string{"--netns", ns, "--timeout-close-wait-secs", "60"})...)
-				if !strings.Contains(r.stderr, tt.want) {
-					t.Errorf("stderr %q lacks %q", r.stderr, tt.want)
+				// A want that starts as the message does is the whole of stderr.
+				if exact := strings.HasPrefix(tt.want, "proxy-init: "); exact && r.stderr != tt.want || !exact && !strings.Contains(r.stderr, tt.want) {
+					t.Errorf("stderr %q, want %q", r.stderr, tt.want)
 				}
 			}
 			assertPristine(t, ns)

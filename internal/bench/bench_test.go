@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -87,6 +88,16 @@ func timeSteps(b *testing.B, steps []step) time.Duration {
 		n.Close()
 		testutils.UnmountNS(n)
 	}()
+	// Loopback up, as in every pod (TPROXY's IPv6 route needs it); not timed.
+	if err := netnsutil.Do(n.Path(), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		b.Fatal(err)
+	}
 	dir := b.TempDir()
 	var total time.Duration
 	for i, s := range steps {
@@ -267,11 +278,44 @@ func BenchmarkApply(b *testing.B) {
 			"2x " + flavor + " iptables-restore, same payloads", "the least any Go tool can reach here", 0})
 	}
 	rows = append(rows, nftablesRows(b, bin)...)
+	rows = append(rows, everyFeatureRows(b, bin)...)
 	fmt.Printf("\nApply latency, median of %d runs, each in a fresh network namespace, process start-up included:\n", runs)
 	for _, r := range rows {
 		fmt.Println(r)
 	}
 	connectionRates(b)
+}
+
+// everyFeature turns on every redirect feature beyond Linkerd's. IPv6 stays on (not auto, which
+// a fresh namespace with loopback only decides against) so both sides write both families.
+var everyFeature = []string{
+	"--redirect-dns-to-port", "5353", "--inbound-mode", "tproxy", "--outbound-ports-to-redirect", "80,443,8080",
+	"--outbound-subnets-to-redirect", "192.0.2.0/24,2001:db8::/32", "--interfaces-to-ignore", "net1,net2",
+	"--uids-to-ignore", "1000,1001", "--gids-to-ignore", "3000", "--drop-invalid", "--ipv6=true",
+}
+
+// everyFeatureRows compares, per backend, an apply with every feature on (the mangle and raw
+// tables, the kernel's TPROXY probe and the policy routing over rtnetlink included) with the
+// chart defaults' apply.
+func everyFeatureRows(b *testing.B, bin string) []row {
+	cfg := chartConfig()
+	cfg.RedirectDNSToPort, cfg.InboundMode, cfg.DropInvalid = 5353, iptables.InboundTPROXY, true
+	cfg.OutboundPortsToRedirect, cfg.OutboundSubnetsToRedirect = []string{"80,443,8080"}, []string{"192.0.2.0/24,2001:db8::/32"}
+	cfg.InterfacesToIgnore, cfg.UIDsToIgnore, cfg.GIDsToIgnore = []string{"net1,net2"}, []string{"1000,1001"}, []string{"3000"}
+	var rows []row
+	for _, mode := range []string{"nft", "nftables", "legacy"} {
+		got, base := compare(b, proxyInit(bin, mode, everyFeature...), proxyInit(bin, mode))
+		rows = append(rows, row{"proxy-init --iptables-mode " + mode + ", every feature on, v4+v6", got, base,
+			"the same, chart defaults", "<= 1.5x", 1.5})
+		if mode == "nftables" {
+			continue
+		}
+		// What the same rules cost the kernel and its own tool: the growth no writer avoids.
+		got, base = compare(b, restoreSteps(b, mode, cfg), restoreSteps(b, mode, chartConfig()))
+		rows = append(rows, row{"  floor: 2x " + mode + " iptables-restore, every feature's payloads", got, base,
+			"the same, chart defaults' payloads", "the growth of the rules themselves", 0})
+	}
+	return rows
 }
 
 // BenchmarkAgainstBaseline compares this proxy-init with another build of it, named by

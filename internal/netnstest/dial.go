@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +30,8 @@ type DialOpts struct {
 	Source netip.Addr
 }
 
-// Dial connects from inside n to addr over network ("tcp", "tcp4", "tcp6"),
+// Dial connects from inside n to addr over network ("tcp", "tcp4", "tcp6"; "udp", "udp4",
+// "udp6" send one datagram and read one back),
 // reads the one-line reply and returns it without the newline: "proxy 4140"
 // when the fake proxy answered, "server <addr>" when a Server did. A refused,
 // timed-out or unanswered connection is returned as an error, never a test
@@ -105,8 +107,21 @@ func dialOnThread(n *NS, network, addr string, opts DialOpts) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	if err := c.SetReadDeadline(time.Now().Add(opts.Timeout)); err != nil {
+	if err := c.SetDeadline(time.Now().Add(opts.Timeout)); err != nil {
 		return "", fmt.Errorf("set deadline: %w", err)
+	}
+	if strings.HasPrefix(network, "udp") {
+		// One datagram each way: a connected UDP socket takes replies only from addr, so a
+		// reply proves that whatever answered did so under addr.
+		if _, err := c.Write([]byte("query\n")); err != nil {
+			return "", fmt.Errorf("send: %w", err)
+		}
+		b := make([]byte, 512)
+		n, err := c.Read(b)
+		if err != nil {
+			return "", fmt.Errorf("read reply: %w", err)
+		}
+		return replyFrom(b[:n]), nil
 	}
 	b, err := io.ReadAll(io.LimitReader(c, 4096))
 	if err != nil {

@@ -57,6 +57,8 @@ func AddrPort(ip string, port int) netip.AddrPort {
 type Pair struct {
 	Pod  *NS
 	Peer *NS
+
+	links int // how many AddLink added
 }
 
 // NewPair creates the two namespaces, the veth pair between them and all
@@ -77,7 +79,35 @@ func NewUserNSPair(t testing.TB) *Pair {
 func newPair(t testing.TB, pod *NS) *Pair {
 	t.Helper()
 	p := &Pair{Pod: pod, Peer: newNS(t, "peer")}
+	// The pod's addresses are on-link for the peer (connected /24 and /64
+	// routes), so replies to the pod, from any of the peer's addresses, need
+	// no extra routes.
+	p.addLink(t, IfName, podIfIndex, []string{PodIPv4 + "/24", PodIPv6 + "/64"}, []route{
+		{PeerExtraNetIPv4A, PeerIPv4},
+		{PeerExtraNetIPv4B, PeerIPv4},
+		{PeerExtraNetIPv6A, PeerIPv6},
+		{PeerExtraNetIPv6B, PeerIPv6},
+	}, []string{
+		PeerIPv4 + "/24", PeerIPv6 + "/64",
+		PeerExtraIPv4A + "/32", PeerExtraIPv4B + "/32",
+		PeerExtraIPv6A + "/128", PeerExtraIPv6B + "/128",
+	})
+	return p
+}
 
+// AddLink joins the pair by a second veth, name at both ends, with podAddrs and peerAddrs
+// (CIDRs) on its ends: a secondary network such as Multus attaches. It goes with the
+// namespaces.
+func (p *Pair) AddLink(t testing.TB, name string, podAddrs, peerAddrs []string) {
+	t.Helper()
+	p.links++
+	p.addLink(t, name, podIfIndex+p.links, podAddrs, nil, peerAddrs)
+}
+
+// addLink creates the veth name between pod and peer, the pod's end with ifindex index, and
+// configures both ends.
+func (p *Pair) addLink(t testing.TB, name string, index int, podAddrs []string, podRoutes []route, peerAddrs []string) {
+	t.Helper()
 	// The veth is created from a netlink socket opened inside the pod
 	// namespace, and its peer end is born directly in the peer namespace: no
 	// moment exists in which either end is in the root namespace.
@@ -100,56 +130,42 @@ func newPair(t testing.TB, pod *NS) *Pair {
 			// delays it by up to a second, keeping IPv6 unready and
 			// dropping the first neighbour solicitation. A distinct index
 			// makes link-up immediate.
-			LinkAttrs:     netlink.LinkAttrs{Name: IfName, Index: podIfIndex},
-			PeerName:      IfName,
+			LinkAttrs:     netlink.LinkAttrs{Name: name, Index: index},
+			PeerName:      name,
 			PeerNamespace: netlink.NsFd(int(peerFile.Fd())),
 		}
 		if err := h.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth: %w", err)
+			return fmt.Errorf("add veth %s: %w", name, err)
 		}
-		return configure(h, []string{PodIPv4 + "/24", PodIPv6 + "/64"}, []route{
-			{PeerExtraNetIPv4A, PeerIPv4},
-			{PeerExtraNetIPv4B, PeerIPv4},
-			{PeerExtraNetIPv6A, PeerIPv6},
-			{PeerExtraNetIPv6B, PeerIPv6},
-		})
+		return configure(h, name, podAddrs, podRoutes)
 	}); err != nil {
-		t.Fatalf("set up pod side: %v", err)
+		t.Fatalf("set up pod side of %s: %v", name, err)
 	}
-
-	// The pod's addresses are on-link for the peer (connected /24 and /64
-	// routes), so replies to the pod, from any of the peer's addresses, need
-	// no extra routes.
 	if err := p.Peer.Do(func() error {
 		h, err := netlink.NewHandle()
 		if err != nil {
 			return fmt.Errorf("open netlink: %w", err)
 		}
 		defer h.Close()
-		return configure(h, []string{
-			PeerIPv4 + "/24", PeerIPv6 + "/64",
-			PeerExtraIPv4A + "/32", PeerExtraIPv4B + "/32",
-			PeerExtraIPv6A + "/128", PeerExtraIPv6B + "/128",
-		}, nil)
+		return configure(h, name, peerAddrs, nil)
 	}); err != nil {
-		t.Fatalf("set up peer side: %v", err)
+		t.Fatalf("set up peer side of %s: %v", name, err)
 	}
 	// Wait until both ends are operationally up: only then has IPv6 started
 	// on them (and the qdisc been activated), so the first packet of a test
 	// is not dropped.
 	for _, n := range []*NS{p.Pod, p.Peer} {
-		if err := n.Do(waitOperUp); err != nil {
+		if err := n.Do(func() error { return waitOperUp(name) }); err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
 	}
-	return p
 }
 
 // linkUpTimeout bounds waitOperUp; with the distinct ifindex the links are
 // normally up within a millisecond.
 const linkUpTimeout = 5 * time.Second
 
-func waitOperUp() error {
+func waitOperUp(name string) error {
 	h, err := netlink.NewHandle()
 	if err != nil {
 		return fmt.Errorf("open netlink: %w", err)
@@ -157,15 +173,15 @@ func waitOperUp() error {
 	defer h.Close()
 	deadline := time.Now().Add(linkUpTimeout)
 	for {
-		link, err := h.LinkByName(IfName)
+		link, err := h.LinkByName(name)
 		if err != nil {
-			return fmt.Errorf("find %s: %w", IfName, err)
+			return fmt.Errorf("find %s: %w", name, err)
 		}
 		if link.Attrs().OperState == netlink.OperUp {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not operationally up after %v (state %s)", IfName, linkUpTimeout, link.Attrs().OperState)
+			return fmt.Errorf("%s not operationally up after %v (state %s)", name, linkUpTimeout, link.Attrs().OperState)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -176,11 +192,11 @@ const podIfIndex = 10
 
 type route struct{ dst, gw string }
 
-// configure brings IfName up with the given addresses and gateway routes.
-func configure(h *netlink.Handle, addrs []string, routes []route) error {
-	link, err := h.LinkByName(IfName)
+// configure brings link name up with the given addresses and gateway routes.
+func configure(h *netlink.Handle, name string, addrs []string, routes []route) error {
+	link, err := h.LinkByName(name)
 	if err != nil {
-		return fmt.Errorf("find %s: %w", IfName, err)
+		return fmt.Errorf("find %s: %w", name, err)
 	}
 	for _, a := range addrs {
 		pfx := netip.MustParsePrefix(a)
@@ -191,11 +207,11 @@ func configure(h *netlink.Handle, addrs []string, routes []route) error {
 			addr.Flags = unix.IFA_F_NODAD
 		}
 		if err := h.AddrAdd(link, addr); err != nil {
-			return fmt.Errorf("add address %s to %s: %w", a, IfName, err)
+			return fmt.Errorf("add address %s to %s: %w", a, name, err)
 		}
 	}
 	if err := h.LinkSetUp(link); err != nil {
-		return fmt.Errorf("set %s up: %w", IfName, err)
+		return fmt.Errorf("set %s up: %w", name, err)
 	}
 	for _, r := range routes {
 		rt := &netlink.Route{

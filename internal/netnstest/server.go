@@ -1,14 +1,18 @@
 package netnstest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/internal/origdst"
 )
@@ -123,6 +127,84 @@ func StartProxy(t testing.TB, n *NS, ports ...int) *Proxy {
 	return p
 }
 
+// StartTransparentProxy is StartProxy with IP_TRANSPARENT (IPV6_TRANSPARENT) on its listeners,
+// as a proxy behind TPROXY has: TPROXY hands a connection only to a transparent listener, and
+// the accepted socket's local address is the connection's original destination.
+func StartTransparentProxy(t testing.TB, n *NS, ports ...int) *Proxy {
+	t.Helper()
+	p := &Proxy{Recorder: newRecorder(), Ports: ports}
+	for _, port := range ports {
+		reply := fmt.Sprintf("proxy %d\n", port)
+		for _, l := range []struct{ network, host string }{{"tcp4", "0.0.0.0"}, {"tcp6", "::"}} {
+			lc := net.ListenConfig{Control: transparent}
+			startListenerWith(t, n, p.Recorder, lc, l.network, net.JoinHostPort(l.host, strconv.Itoa(port)), port, reply)
+		}
+	}
+	return p
+}
+
+func transparent(network, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		if network == "tcp6" {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// StartUDPServer answers every datagram to addr ("host:port") inside n with reply; an empty
+// host is both wildcards. A socket on a wildcard answers from the address its route picks, so
+// a server whose clients must see the address they sent to (a connected socket takes nothing
+// else) listens on that address. It stops at t's cleanup. Dial with a "udp" network talks to
+// it.
+func StartUDPServer(t testing.TB, n *NS, addr, reply string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("StartUDPServer %q: %v", addr, err)
+	}
+	addrs := []string{addr}
+	if host == "" {
+		addrs = []string{net.JoinHostPort("0.0.0.0", port), net.JoinHostPort("::", port)}
+	}
+	for _, a := range addrs {
+		network := "udp4"
+		if strings.Contains(a, "[") {
+			network = "udp6"
+		}
+		var pc net.PacketConn
+		if err := n.Do(func() error {
+			var err error
+			pc, err = net.ListenPacket(network, a)
+			return err
+		}); err != nil {
+			t.Fatalf("listen %s %s in %s: %v", network, a, n, err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			buf := make([]byte, 512)
+			for {
+				_, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return // closed at cleanup
+				}
+				_, _ = pc.WriteTo([]byte(reply+"\n"), from)
+			}
+		}()
+		t.Cleanup(func() {
+			_ = pc.Close()
+			<-done
+		})
+	}
+}
+
 // StartServer starts a server inside n on addr ("host:port"). An empty host
 // listens on both the IPv4 and the IPv6 wildcard; otherwise the host's family
 // decides. Port 0 is refused because callers need to know where to dial. It
@@ -162,10 +244,15 @@ func StartServer(t testing.TB, n *NS, addr string) *Server {
 // need the IPv4 socket option on an IPv6 socket.
 func startListener(t testing.TB, n *NS, rec *Recorder, network, addr string, port int, reply string) {
 	t.Helper()
+	startListenerWith(t, n, rec, net.ListenConfig{}, network, addr, port, reply)
+}
+
+func startListenerWith(t testing.TB, n *NS, rec *Recorder, lc net.ListenConfig, network, addr string, port int, reply string) {
+	t.Helper()
 	var ln net.Listener
 	if err := n.Do(func() error {
 		var err error
-		ln, err = net.Listen(network, addr)
+		ln, err = lc.Listen(context.Background(), network, addr)
 		return err
 	}); err != nil {
 		t.Fatalf("listen %s %s in %s: %v", network, addr, n, err)

@@ -18,16 +18,30 @@ import (
 // writerModes are the modes that write rules somewhere different.
 var writerModes = []iptables.Mode{iptables.ModeLegacy, iptables.ModeNFT, iptables.ModeNFTables}
 
-// residue reports, with each backend's own tool, anything of ours left in the namespace.
+// residueTools are the tools residue runs, found when the package loads, so that a test that
+// empties PATH (to prove a mode runs no program) can still look.
+var residueTools = func() map[string]string {
+	m := map[string]string{}
+	for _, name := range []string{"iptables-legacy-save", "ip6tables-legacy-save", "iptables-nft-save", "ip6tables-nft-save", "nft"} {
+		m[name] = name
+		if p, err := exec.LookPath(name); err == nil {
+			m[name] = p
+		}
+	}
+	return m
+}()
+
+// residue reports, with each backend's own tool, anything of ours left in the namespace, in
+// every table, and any policy routing of ours.
 func residue(t *testing.T, n *nt.NS) string {
 	t.Helper()
-	var out []string
+	out := policyRouting(t, n)
 	for _, cmd := range [][]string{
-		{"iptables-legacy-save", "-t", "nat"}, {"ip6tables-legacy-save", "-t", "nat"},
-		{"iptables-nft-save", "-t", "nat"}, {"ip6tables-nft-save", "-t", "nat"},
+		{"iptables-legacy-save"}, {"ip6tables-legacy-save"},
+		{"iptables-nft-save"}, {"ip6tables-nft-save"},
 		{"nft", "list", "ruleset"},
 	} {
-		got, err := nt.RunIn(t, n, cmd[0], cmd[1:]...)
+		got, err := nt.RunIn(t, n, residueTools[cmd[0]], cmd[1:]...)
 		if err != nil {
 			t.Fatalf("%s: %v: %s", strings.Join(cmd, " "), err, got)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/iptables/routing"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
@@ -78,6 +79,25 @@ type Runner struct {
 	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
 	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
 	Helper string
+	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
+	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
+	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
+	// Routing writes, reads back and removes the policy routing TPROXY needs; nil means the
+	// namespace's own (iptables/routing).
+	Routing Routing
+	// IPv6 says whether the namespace has IPv6 to write rules for, under ipv6=auto, and why;
+	// nil means looking at the namespace (kernel.go).
+	IPv6 func() (bool, string)
+}
+
+// Routing is the policy routing of the namespace the Runner is in (routing.Netlink).
+type Routing interface {
+	// Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it.
+	Read() ([]string, error)
+	// Ensure adds what of want is missing and returns what undoes exactly that.
+	Ensure(want []iptables.PolicyRoute) (undo func() error, err error)
+	// Prune removes the policy routing of ours that want does not hold.
+	Prune(want []iptables.PolicyRoute) error
 }
 
 // Apply writes rs into the target namespace, removes our rules from every other backend (after
@@ -88,10 +108,26 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		return resp.Outcome, err
 	}
 	var out Outcome
-	err := r.in(t, true, func(a iptables.Applier) error {
+	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
+		// The policy routing goes in first, so that the first packet TPROXY marks has its
+		// route; it is taken out again if the rules fail.
+		undo, err := r.routing().Ensure(rs.PolicyRoutes())
+		if err != nil {
+			return fmt.Errorf("add the policy routing TPROXY needs (nothing else was written): %w", err)
+		}
 		res, err := a.Apply(ctx, rs)
 		if err != nil {
-			return fmt.Errorf("apply rules with %s: %w", a.Name(), err)
+			err = fmt.Errorf("apply rules with %s: %w", a.Name(), err)
+			if uerr := undo(); uerr != nil {
+				return errors.Join(err, fmt.Errorf("and removing the policy routing added for them failed: %w", uerr))
+			}
+			// Every backend's write is all or nothing, so a kernel without TPROXY refuses the
+			// rules whole; only then is it asked what it lacks, for an error that names it
+			// (asking costs the kernel an aborted transaction, several ms, on every apply).
+			if kerr := r.kernel()(ctx, t.Mode, rs); kerr != nil {
+				return fmt.Errorf("%w (%v)", kerr, err)
+			}
+			return err
 		}
 		// After Apply: in the modes that decide by writing, it is the backend that wrote.
 		out.Backend, out.Changed = a.Name(), res.Changed
@@ -100,6 +136,10 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		}
 		if err := r.removeOthers(ctx, a); err != nil {
 			return err
+		}
+		// After the rules: policy routing an earlier TPROXY configuration needed.
+		if err := r.routing().Prune(rs.PolicyRoutes()); err != nil {
+			return fmt.Errorf("remove the policy routing the rules no longer need: %w", err)
 		}
 		if rs.CloseWaitSecs > 0 {
 			v := strconv.FormatInt(rs.CloseWaitSecs, 10)
@@ -120,11 +160,16 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		return resp.State, err
 	}
 	var st iptables.State
-	err := r.in(t, false, func(a iptables.Applier) error {
+	err := r.in(t, false, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		var err error
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
+		have, err := r.routing().Read()
+		if err != nil {
+			return fmt.Errorf("read the policy routing: %w", err)
+		}
+		st.Routes = iptables.CompareRoutes(rs.PolicyRoutes(), have)
 		for _, o := range r.others(a.Covers()) {
 			es, err := o.Present(ctx)
 			if err != nil {
@@ -153,18 +198,25 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 		return resp.Outcome, err
 	}
 	var out Outcome
-	err := r.in(t, true, func(a iptables.Applier) error {
+	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
 		if err := a.Cleanup(ctx); err != nil {
 			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
 		}
 		out.Backend = a.Name()
-		return r.removeOthers(ctx, a)
+		if err := r.removeOthers(ctx, a); err != nil {
+			return err
+		}
+		if err := r.routing().Prune(nil); err != nil {
+			return fmt.Errorf("remove the policy routing of ours: %w", err)
+		}
+		return nil
 	})
 	return out, err
 }
 
-// in enters the target, takes its lock and chooses the backend, logging the choice.
-func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) error {
+// in enters the target, takes its lock and chooses the backend, logging the choice, and decides
+// rs's IPv6 where it is left to the namespace (ipv6=auto), logging why.
+func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
 	return r.enter()(t.NetNS, exclusive, xtables.WaitTimeout, t.log(), func() error {
 		choose := r.Choose
 		if choose == nil {
@@ -175,8 +227,41 @@ func (r Runner) in(t Target, exclusive bool, fn func(iptables.Applier) error) er
 			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
 		}
 		t.log().Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
-		return fn(a)
+		return fn(a, r.decideIPv6(t, rs))
 	})
+}
+
+// decideIPv6 returns rs with its IPv6 decided by the namespace the caller is in, when rs leaves
+// it to the namespace, and logs the decision.
+func (r Runner) decideIPv6(t Target, rs *iptables.Ruleset) *iptables.Ruleset {
+	if rs == nil || !rs.IPv6Auto {
+		return rs
+	}
+	look := r.IPv6
+	if look == nil {
+		look = NamespaceIPv6
+	}
+	on, why := look()
+	msg := "ipv6=auto: writing IPv6 rules"
+	if !on {
+		msg = "ipv6=auto: writing no IPv6 rules"
+	}
+	t.log().Log(context.Background(), t.ChoiceLevel, msg, "reason", why, "netns", t.NetNSLabel())
+	return rs.ForIPv6(on)
+}
+
+func (r Runner) kernel() func(context.Context, iptables.Mode, *iptables.Ruleset) error {
+	if r.Kernel != nil {
+		return r.Kernel
+	}
+	return CheckKernel
+}
+
+func (r Runner) routing() Routing {
+	if r.Routing != nil {
+		return r.Routing
+	}
+	return routing.Netlink{}
 }
 
 func (r Runner) enter() func(string, bool, time.Duration, *slog.Logger, func() error) error {
@@ -230,7 +315,7 @@ func realOthers(covered []iptables.Backend) []iptables.Applier {
 	if len(netlink) > 0 {
 		out = append(out, nfnl.New(netlink...))
 	}
-	if !slices.Contains(covered, iptables.BackendLegacy) && (xtables.LegacyNATExists(iptables.IPv4) || xtables.LegacyNATExists(iptables.IPv6)) {
+	if !slices.Contains(covered, iptables.BackendLegacy) && (len(xtables.LegacyTables(iptables.IPv4)) > 0 || len(xtables.LegacyTables(iptables.IPv6)) > 0) {
 		if a, err := xtables.New(iptables.ModeLegacy, xtables.Options{}); err == nil {
 			out = append(out, a)
 		}

@@ -79,17 +79,25 @@ func New(opts Options) (iptables.Applier, string, error) {
 // namespace holding nothing, which says why. The iptables binaries show their restore payloads
 // for a namespace holding none of our rules. Auto shows each of its choices, in order.
 func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) string {
-	switch t.Mode {
-	case iptables.ModeLegacy, iptables.ModePlain:
+	binaries := t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain
+	if binaries && (rs == nil || !rs.IPv6Auto) {
 		return simulation(t.Mode, rs, nil)
 	}
 	var out string
 	err := r.enter()(t.NetNS, false, xtables.WaitTimeout, t.log(), func() error {
+		rs := r.decideIPv6(t, rs)
+		if binaries {
+			out = simulation(t.Mode, rs, nil)
+			return nil
+		}
 		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).Plan(ctx, rs).String() })
 		return nil
 	})
 	if err != nil {
 		why := err.Error()
+		if rs != nil && rs.IPv6Auto {
+			why += "; ipv6=auto undecided, so both families are shown"
+		}
 		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).PlanFresh(rs, why).String() })
 	}
 	return out
@@ -138,10 +146,19 @@ func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...
 		b.WriteString("# the iptables binaries, for a namespace holding none of our rules\n")
 		restores()
 	}
-	switch {
-	case rs == nil:
-		b.WriteString("# cleanup also removes rules of ours that any other backend holds\n")
-	case rs.CloseWaitSecs > 0:
+	if rs == nil {
+		b.WriteString("# cleanup also removes rules of ours that any other backend holds, and the policy routing of ours\n")
+		return b.String()
+	}
+	if routes := rs.PolicyRoutes(); len(routes) > 0 {
+		b.WriteString("# and, over rtnetlink before the rules, the policy routing TPROXY needs (where missing):\n")
+		for _, p := range routes {
+			for _, l := range p.Lines() {
+				b.WriteString("#   " + l + "\n")
+			}
+		}
+	}
+	if rs.CloseWaitSecs > 0 {
 		fmt.Fprintf(&b, "# and write %d to %s\n", rs.CloseWaitSecs, iptables.CloseWaitSysctl)
 	}
 	return b.String()

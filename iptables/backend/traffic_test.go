@@ -48,12 +48,16 @@ func suiteConfig() iptables.Config {
 type world struct {
 	*nt.Pair
 	proxy *nt.Proxy
+	dns   *nt.Proxy // the DNS proxy's TCP listener, when started
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newWorldWith(t, nt.StartProxy) }
+
+// newWorldWith is newWorld with the proxy that startProxy starts.
+func newWorldWith(t *testing.T, startProxy func(testing.TB, *nt.NS, ...int) *nt.Proxy) *world {
 	nt.RequireRoot(t)
 	w := &world{Pair: nt.NewPair(t)}
-	w.proxy = nt.StartProxy(t, w.Pod, inboundProxy, outboundProxy)
+	w.proxy = startProxy(t, w.Pod, inboundProxy, outboundProxy)
 	for _, port := range []int{appPort, otherAppPort, skipInPort} {
 		nt.StartServer(t, w.Pod, nt.HostPort("", port))
 	}
@@ -78,6 +82,12 @@ var families = []family{
 // destination preserved.
 func (w *world) expectProxy(t *testing.T, from *nt.NS, addr string, port int, opts nt.DialOpts) {
 	t.Helper()
+	w.expectProxyOn(t, w.proxy, from, addr, port, opts)
+}
+
+// expectProxyOn is expectProxy for the listener p.
+func (w *world) expectProxyOn(t *testing.T, p *nt.Proxy, from *nt.NS, addr string, port int, opts nt.DialOpts) {
+	t.Helper()
 	reply, err := nt.Dial(t, from, "tcp", addr, opts)
 	if err != nil {
 		t.Errorf("dial %s: %v", addr, err)
@@ -87,7 +97,7 @@ func (w *world) expectProxy(t *testing.T, from *nt.NS, addr string, port int, op
 		t.Errorf("dial %s (uid %d gid %d): reply %q, want %q (redirect to %d)", addr, opts.UID, opts.GID, reply, want, port)
 		return
 	}
-	c := w.proxy.Expect(t, 2*time.Second)
+	c := p.Expect(t, 2*time.Second)
 	if c.OriginalDst.String() != addr {
 		t.Errorf("dial %s: proxy saw original destination %s", addr, c.OriginalDst)
 	}

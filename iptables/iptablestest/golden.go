@@ -59,7 +59,79 @@ func GoldenConfigs() map[string]iptables.Config {
 	c = chart()
 	c.OutboundPortsToIgnore = []string{"443,6443"}
 	cases["control-plane"] = c
+
+	// The features beyond Linkerd's, one by one, then all at once.
+	c = chart()
+	c.RedirectDNSToPort = 5353
+	cases["dns"] = c
+
+	c = chart()
+	c.ProxyGID = 2103
+	c.RedirectDNSToPort = 5353
+	c.DNSServersOnly, c.DNSServers = true, []string{"192.0.2.53", "2001:db8::53", "198.51.100.53"}
+	cases["dns-servers-only"] = c
+
+	c = chart()
+	c.InboundMode = iptables.InboundTPROXY
+	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24,2001:db8:1::/48"}
+	cases["tproxy"] = c
+
+	c = chart()
+	c.InboundMode = iptables.InboundTPROXY
+	c.PortsToRedirect = []string{"8080,9090"}
+	cases["tproxy-listed"] = c
+
+	c = chart()
+	c.OutboundPortsToRedirect = []string{"80,443", "8000-8100"}
+	cases["outbound-ports-to-redirect"] = c
+
+	c = chart()
+	c.OutboundSubnetsToRedirect = []string{"10.0.0.0/8,192.0.2.0/24", "2001:db8:5::/48"}
+	cases["outbound-subnets-to-redirect"] = c
+
+	c = chart()
+	c.OutboundPortsToRedirect = []string{"80,443"}
+	c.OutboundSubnetsToRedirect = []string{"10.0.0.0/8,192.0.2.0/24"}
+	cases["outbound-both-to-redirect"] = c
+
+	c = chart()
+	c.InterfacesToIgnore = []string{"net1,eth1"}
+	cases["interfaces-to-ignore"] = c
+
+	c = chart()
+	c.UIDsToIgnore = []string{"1000,1001"}
+	c.GIDsToIgnore = []string{"3000"}
+	cases["ids-to-ignore"] = c
+
+	c = chart()
+	c.DropInvalid = true
+	cases["drop-invalid"] = c
+
+	cases["every-feature"] = EveryFeatureConfig()
+
+	c = EveryFeatureConfig()
+	c.IPv6 = false
+	cases["every-feature-ipv6-off"] = c
 	return cases
+}
+
+// EveryFeatureConfig is the chart's configuration with every feature beyond Linkerd's on: what
+// the bench compares with the chart's defaults.
+func EveryFeatureConfig() iptables.Config {
+	c := ChartConfig()
+	c.ProxyGID = 2103
+	c.RedirectDNSToPort = 5353
+	c.DNSServersOnly, c.DNSServers = true, []string{"192.0.2.53", "2001:db8::53"}
+	c.InboundMode = iptables.InboundTPROXY
+	c.InboundSubnetsToIgnore = []string{"198.51.100.0/24"}
+	c.OutboundPortsToRedirect = []string{"80,443,8080"}
+	c.OutboundSubnetsToRedirect = []string{"10.0.0.0/8,2001:db8:5::/48"}
+	c.OutboundSubnetsToIgnore = []string{"10.96.0.0/12"}
+	c.InterfacesToIgnore = []string{"net1"}
+	c.UIDsToIgnore = []string{"1000"}
+	c.GIDsToIgnore = []string{"3000"}
+	c.DropInvalid = true
+	return c
 }
 
 // Build is iptables.Build for a config a test knows to be valid.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -111,12 +112,12 @@ func (a *Applier) PlanFresh(rs *iptables.Ruleset, why string) *Batch {
 	return a.applyBatch(s, rs)
 }
 
-// applyDetail is what a write of rs needs to know beyond the table list: iptables-nft's nat
-// tables when the applier writes or clears them, and the native table only when it may already
+// applyDetail is what a write of rs needs to know beyond the table list: iptables-nft's tables
+// of ours when the applier writes or clears them, and the native table only when it may already
 // be rs's (it is deleted unread otherwise).
 func (a *Applier) applyDetail(rs *iptables.Ruleset) func(*State) detail {
 	return func(*State) detail {
-		d := detail{nat: a.covered(iptables.BackendNFT)}
+		d := detail{xt: a.covered(iptables.BackendNFT)}
 		if a.covers[0] == iptables.BackendNFTables {
 			d.native, d.nativeIf = true, nativeReadWorthIt(rs)
 		}
@@ -126,13 +127,13 @@ func (a *Applier) applyDetail(rs *iptables.Ruleset) func(*State) detail {
 
 // readDetail is what Show and Present need: every covered table.
 func (a *Applier) readDetail(*State) detail {
-	return detail{nat: a.covered(iptables.BackendNFT), native: a.covered(iptables.BackendNFTables)}
+	return detail{xt: a.covered(iptables.BackendNFT), native: a.covered(iptables.BackendNFTables)}
 }
 
-// cleanupDetail is what Cleanup needs: iptables-nft's nat tables, whose rules of ours it deletes
+// cleanupDetail is what Cleanup needs: iptables-nft's tables, whose rules of ours it deletes
 // one by one; the native table goes whole, so that it exists is enough.
 func (a *Applier) cleanupDetail(*State) detail {
-	return detail{nat: a.covered(iptables.BackendNFT)}
+	return detail{xt: a.covered(iptables.BackendNFT)}
 }
 
 func (a *Applier) applyBatch(s *State, rs *iptables.Ruleset) *Batch {
@@ -165,7 +166,9 @@ func (s *State) remove(b *Batch, c iptables.Backend) {
 		return
 	}
 	for _, f := range families {
-		s.removeXT(b, f)
+		for _, t := range iptables.XTTables() {
+			s.removeXT(b, f, t.Name)
+		}
 	}
 }
 
@@ -278,21 +281,23 @@ func (s *State) present(backends []iptables.Backend) []iptables.Elsewhere {
 	return out
 }
 
-// OurXTChains reports whether iptables-nft's nat table of family f holds one of our chains, as
-// the iptables-nft binaries' applier asks before running iptables-nft-save.
-func OurXTChains(ctx context.Context, f iptables.Family) (bool, error) {
-	s, err := readOnce(ctx, func(*State) detail { return detail{natChains: true} })
+// OurXTTables lists the tables of iptables-nft's family f that hold one of our chains, in
+// iptables.XTTables order, as the iptables-nft binaries' applier asks before running
+// iptables-nft-save.
+func OurXTTables(ctx context.Context, f iptables.Family) ([]string, error) {
+	s, err := readOnce(ctx, func(*State) detail { return detail{xtChains: true} })
 	if err != nil {
-		return false, errclass.Netlink("read the iptables-nft nat chains", err)
+		return nil, errclass.Netlink("read the iptables-nft chains", err)
 	}
-	if t := s.nat[xtFamily(f)]; t != nil {
-		for _, c := range t.chains {
-			if iptables.IsOurChain(c.name) {
-				return true, nil
-			}
+	var out []string
+	for _, tbl := range iptables.XTTables() {
+		if t := s.xtTable(xtFamily(f), tbl.Name); t != nil && slices.ContainsFunc(t.chains, func(c chain) bool {
+			return iptables.ChainTable(c.name) == tbl.Name
+		}) {
+			out = append(out, tbl.Name)
 		}
 	}
-	return false, nil
+	return out, nil
 }
 
 // errVanished is an object the table list named that was gone when its detail was read.

@@ -35,13 +35,11 @@ var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 // attribute; larger sets are split over several messages of the same batch.
 const maxElemBytes = 48 << 10
 
-// writeXT adds to b what makes our iptables-nft rules in both families exactly rs's.
+// writeXT adds to b what makes our iptables-nft rules in both families exactly rs's: in each of
+// our tables (nat, and mangle and raw where rs has chains there), and none of ours in the others.
 func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
-	jumps := iptables.XTJumps()
-	hooks := map[string]uint32{}
-	for _, c := range iptables.Chains() {
-		hooks[c.Hook.Builtin] = c.Hook.Number
-	}
+	plan := rs.Plan()
+	jumps := rs.XTJumps()
 	// Every family's rules first, so that the batch's buffer is sized once: with a thousand
 	// rules, growing it copies most of a megabyte.
 	perFamily := make([][]iptables.XTRule, len(families))
@@ -54,80 +52,125 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	}
 	b.grow(n+16, n*ruleBytes)
 	for i, f := range families {
-		if !rs.HasFamily(f) {
-			s.removeXT(b, f)
-			continue
-		}
-		fam := xtFamily(f)
-		t := s.nat[fam]
-		if s.findTable(fam, iptables.Table) == nil || t == nil {
-			t = &ruleTable{rules: map[string][]rule{}}
-			b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
-			b.str(unix.NFTA_TABLE_NAME, iptables.Table)
-			b.add(what{text: "add table " + famName(fam) + " " + iptables.Table})
-		}
-		// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
-		for _, j := range jumps {
-			if t.chain(j.Chain) == nil {
-				addBaseChain(b, fam, j.Chain, hooks[j.Chain])
+		for _, tbl := range iptables.XTTables() {
+			var chains []iptables.PlanChain
+			for _, c := range plan {
+				if c.Table == tbl {
+					chains = append(chains, c)
+				}
 			}
-		}
-		// Our chains, each a run of the plan's rules: created if missing, refilled if their
-		// rules differ in any way.
-		all := perFamily[i]
-		for start := 0; start < len(all); {
-			chainName, end := all[start].Chain, start
-			for end < len(all) && all[end].Chain == chainName {
-				end++
-			}
-			rules := all[start:end]
-			start = end
-			have := t.rules[chainName]
-			switch {
-			case t.chain(chainName) == nil:
-				b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-				b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-				b.str(unix.NFTA_CHAIN_NAME, chainName)
-				b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), iptables.Table, chainName) }})
-			case sameXT(f, rules, have):
-				continue
-			case len(have) > 0:
-				flush(b, fam, iptables.Table, chainName)
-			}
-			for i := range rules {
-				addXT(b, f, &rules[i])
-			}
-		}
-		// Jumps of ours: the first exact one in its built-in chain stays, any other goes, by
-		// handle, and a missing one is appended. Another's jump into our chains stays.
-		kept := map[string]bool{}
-		for _, c := range t.chains {
-			if iptables.IsOurChain(c.name) {
+			if !rs.HasFamily(f) || len(chains) == 0 {
+				s.removeXT(b, f, tbl.Name)
 				continue
 			}
-			for _, r := range t.rules[c.name] {
-				if !r.jumpsToOurs() || !r.hasOurComment() {
-					continue
-				}
-				if !kept[c.name] && slices.ContainsFunc(jumps, func(j iptables.XTRule) bool { return j.Chain == c.name && sameXT(f, []iptables.XTRule{j}, []rule{r}) }) {
-					kept[c.name] = true
-					continue
-				}
-				deleteRule(b, fam, c.name, r.handle)
-			}
-		}
-		for i, j := range jumps {
-			if !kept[j.Chain] {
-				addXT(b, f, &jumps[i])
-			}
+			s.writeXTTable(b, f, tbl, chains, perFamily[i], jumps)
 		}
 	}
 }
 
-// removeXT adds to b what deletes our chains and every jump to them in family f.
-func (s *State) removeXT(b *Batch, f iptables.Family) {
+// writeXTTable makes our chains of table tbl in family f exactly chains, with the rules of all
+// that are theirs and the jumps of jumps that are the table's.
+func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, chains []iptables.PlanChain, all, jumps []iptables.XTRule) {
 	fam := xtFamily(f)
-	t := s.nat[fam]
+	t := s.xtTable(fam, tbl.Name)
+	if s.findTable(fam, tbl.Name) == nil || t == nil {
+		t = &ruleTable{rules: map[string][]rule{}}
+		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
+		b.str(unix.NFTA_TABLE_NAME, tbl.Name)
+		b.add(what{text: "add table " + famName(fam) + " " + tbl.Name})
+	}
+	var ourJumps []iptables.XTRule
+	for _, j := range jumps {
+		if j.TableName() == tbl.Name {
+			ourJumps = append(ourJumps, j)
+		}
+	}
+	// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
+	for _, c := range chains {
+		if t.chain(c.Hook.Builtin) == nil {
+			addBaseChain(b, fam, tbl, c.Hook)
+		}
+	}
+	// Our chains, each with its run of the plan's rules: created if missing, refilled if their
+	// rules differ in any way.
+	for _, c := range chains {
+		// The plan's rules are in chain order, so a chain's are one run.
+		start := slices.IndexFunc(all, func(r iptables.XTRule) bool { return r.Chain == c.Name })
+		end := start
+		for start >= 0 && end < len(all) && all[end].Chain == c.Name {
+			end++
+		}
+		rules := all[max(start, 0):max(end, 0)]
+		have := t.rules[c.Name]
+		switch {
+		case t.chain(c.Name) == nil:
+			b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+			b.str(unix.NFTA_CHAIN_TABLE, tbl.Name)
+			b.str(unix.NFTA_CHAIN_NAME, c.Name)
+			b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), tbl.Name, c.Name) }})
+		case sameXT(f, rules, have):
+			continue
+		case len(have) > 0:
+			flush(b, fam, tbl.Name, c.Name)
+		}
+		for i := range rules {
+			addXT(b, f, &rules[i])
+		}
+	}
+	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
+	var stale []string
+	for _, c := range t.chains {
+		if iptables.ChainTable(c.name) == tbl.Name && !slices.ContainsFunc(chains, func(p iptables.PlanChain) bool { return p.Name == c.name }) {
+			stale = append(stale, c.name)
+		}
+	}
+	// Jumps of ours: the first exact one in its built-in chain stays, any other goes, by
+	// handle, and a missing one is appended. Another's jump into our chains stays, unless the
+	// chain it enters goes.
+	kept := map[string]bool{}
+	for _, c := range t.chains {
+		if iptables.IsOurChain(c.name) {
+			continue
+		}
+		for _, r := range t.rules[c.name] {
+			into := r.jumpTarget()
+			if !iptables.IsOurChain(into) {
+				continue
+			}
+			if !r.hasOurComment() {
+				if slices.Contains(stale, into) {
+					deleteRule(b, fam, tbl.Name, c.name, r.handle)
+				}
+				continue
+			}
+			if !kept[c.name+" "+into] && slices.ContainsFunc(ourJumps, func(j iptables.XTRule) bool {
+				return j.Chain == c.name && sameXT(f, []iptables.XTRule{j}, []rule{r})
+			}) {
+				kept[c.name+" "+into] = true
+				continue
+			}
+			deleteRule(b, fam, tbl.Name, c.name, r.handle)
+		}
+	}
+	for _, name := range stale {
+		if len(t.rules[name]) > 0 {
+			flush(b, fam, tbl.Name, name)
+		}
+	}
+	for _, name := range stale {
+		deleteChain(b, fam, tbl.Name, name)
+	}
+	for i, j := range ourJumps {
+		if !kept[j.Chain+" "+j.Target] {
+			addXT(b, f, &ourJumps[i])
+		}
+	}
+}
+
+// removeXT adds to b what deletes our chains and every jump to them in table name of family f.
+func (s *State) removeXT(b *Batch, f iptables.Family, name string) {
+	fam := xtFamily(f)
+	t := s.xtTable(fam, name)
 	if t == nil {
 		return
 	}
@@ -137,24 +180,28 @@ func (s *State) removeXT(b *Batch, f iptables.Family) {
 		}
 		for _, r := range t.rules[c.name] {
 			if r.jumpsToOurs() {
-				deleteRule(b, fam, c.name, r.handle)
+				deleteRule(b, fam, name, c.name, r.handle)
 			}
 		}
 	}
 	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
-			flush(b, fam, iptables.Table, c.name)
+			flush(b, fam, name, c.name)
 		}
 	}
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) {
-			b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
-			b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-			b.str(unix.NFTA_CHAIN_NAME, c.name)
-			b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), iptables.Table, c.name) }})
+			deleteChain(b, fam, name, c.name)
 		}
 	}
+}
+
+func deleteChain(b *Batch, fam byte, tableName, chainName string) {
+	b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, tableName)
+	b.str(unix.NFTA_CHAIN_NAME, chainName)
+	b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), tableName, chainName) }})
 }
 
 // writeNative adds to b what makes the native table exactly rs's: nothing when it records rs's
@@ -197,29 +244,31 @@ func (s *State) removeNative(b *Batch) {
 	b.add(what{del: true, text: "delete table inet " + iptables.NFTTableName})
 }
 
-// addBaseChain creates a built-in chain of iptables-nft's nat table: type nat, the hook, the nat
-// priority, policy accept, and no counters, exactly as iptables-nft creates it.
-func addBaseChain(b *Batch, fam byte, chainName string, hook uint32) {
+// addBaseChain creates a built-in chain of one of iptables-nft's tables: the table's chain type,
+// the hook, the table's priority, policy accept, and no counters, exactly as iptables-nft
+// creates it. (A chain at another priority makes iptables-nft call the table incompatible.)
+func addBaseChain(b *Batch, fam byte, tbl iptables.XTTable, hook iptables.Hook) {
 	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-	b.str(unix.NFTA_CHAIN_TABLE, iptables.Table)
-	b.str(unix.NFTA_CHAIN_NAME, chainName)
-	baseChain(&b.wbuf, hook, natPriority)
+	b.str(unix.NFTA_CHAIN_TABLE, tbl.Name)
+	b.str(unix.NFTA_CHAIN_NAME, hook.Builtin)
+	baseChain(&b.wbuf, tbl.ChainType, hook.Number, int32(tbl.Priority))
 	b.add(what{render: func() string {
-		return fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), iptables.Table, chainName, header(hook, natPriority))
+		typ := ""
+		if tbl.ChainType != "nat" {
+			typ = tbl.ChainType
+		}
+		h := iptables.NFTChain{Hook: hook, Priority: tbl.Priority, Type: typ}.Header()
+		return fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), tbl.Name, hook.Builtin, h)
 	}})
 }
 
-func baseChain(w *wbuf, hook uint32, priority int32) {
+func baseChain(w *wbuf, typ string, hook uint32, priority int32) {
 	h := w.nest(unix.NFTA_CHAIN_HOOK)
 	w.u32(unix.NFTA_HOOK_HOOKNUM, hook)
 	w.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
 	w.close(h)
 	w.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
-	w.str(unix.NFTA_CHAIN_TYPE, "nat")
-}
-
-func header(hook uint32, priority int32) string {
-	return iptables.NFTChain{Hook: iptables.HookByNumber(hook), Priority: int(priority)}.Header()
+	w.str(unix.NFTA_CHAIN_TYPE, typ)
 }
 
 // addXT appends r to its chain.
@@ -232,7 +281,7 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 		return
 	}
 	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
-	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_TABLE, r.TableName())
 	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
 	b.expressions(fam, exprs)
 	c := b.nest(unix.NFTA_RULE_COMPAT)
@@ -343,6 +392,10 @@ func exprName(e expr.Any) string {
 		return "immediate"
 	case *expr.Redir:
 		return "redir"
+	case *expr.Ct:
+		return "ct"
+	case *expr.TProxy:
+		return "tproxy"
 	}
 	return fmt.Sprintf("%T", e)
 }
@@ -367,13 +420,13 @@ func (b *Batch) marshal(fam byte, e expr.Any) []byte {
 	return data
 }
 
-func deleteRule(b *Batch, fam byte, chainName string, handle uint64) {
+func deleteRule(b *Batch, fam byte, tableName, chainName string, handle uint64) {
 	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
-	b.str(unix.NFTA_RULE_TABLE, iptables.Table)
+	b.str(unix.NFTA_RULE_TABLE, tableName)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
 	b.u64(unix.NFTA_RULE_HANDLE, handle)
 	b.add(what{del: true, render: func() string {
-		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), iptables.Table, chainName, handle)
+		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), tableName, chainName, handle)
 	}})
 }
 
@@ -406,7 +459,11 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
 		b.str(unix.NFTA_CHAIN_TABLE, tbl)
 		b.str(unix.NFTA_CHAIN_NAME, c.Name)
-		baseChain(&b.wbuf, c.Hook.Number, int32(c.Priority))
+		typ := c.Type
+		if typ == "" {
+			typ = "nat"
+		}
+		baseChain(&b.wbuf, typ, c.Hook.Number, int32(c.Priority))
 		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)
@@ -510,13 +567,16 @@ func elementCount(ivs []iptables.NFTInterval) int {
 }
 
 // jumpsToOurs reports whether the rule's verdict enters one of our chains.
-func (r rule) jumpsToOurs() bool {
+func (r rule) jumpsToOurs() bool { return iptables.IsOurChain(r.jumpTarget()) }
+
+// jumpTarget is the chain the rule's verdict jumps or goes to, or "".
+func (r rule) jumpTarget() string {
 	for _, e := range r.exprs {
-		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) && iptables.IsOurChain(v.Chain) {
-			return true
+		if v, ok := e.(*expr.Verdict); ok && (v.Kind == expr.VerdictJump || v.Kind == expr.VerdictGoto) {
+			return v.Chain
 		}
 	}
-	return false
+	return ""
 }
 
 // hasOurComment reports whether the rule carries a comment match of ours: as for
@@ -546,38 +606,42 @@ func sameXT(f iptables.Family, want []iptables.XTRule, have []rule) bool {
 	return true
 }
 
-// saved returns our chains and rules in family f the way iptables-nft-save lists them: jumps in
-// built-in chains first (in hook order), then the rules of user chains by chain name.
+// saved returns our chains and rules in family f the way iptables-nft-save lists them, table by
+// table (iptables.XTTables): jumps in built-in chains first (in hook order), then the rules of
+// user chains by chain name. Lines outside the nat table start with their table.
 func (s *State) saved(f iptables.Family) iptables.SavedState {
 	var out iptables.SavedState
-	t := s.nat[xtFamily(f)]
-	if t == nil {
-		return out
-	}
-	chains := slices.Clone(t.chains)
-	sort.SliceStable(chains, func(i, j int) bool {
-		a, b := chains[i], chains[j]
-		if a.base != b.base {
-			return a.base
+	for _, tbl := range iptables.XTTables() {
+		t := s.xtTable(xtFamily(f), tbl.Name)
+		if t == nil {
+			continue
 		}
-		if a.base {
-			return a.hook < b.hook
-		}
-		return a.name < b.name
-	})
-	for _, c := range chains {
-		ours := iptables.IsOurChain(c.name)
-		if ours {
-			out.Chains = append(out.Chains, c.name)
-		}
-		for _, r := range t.rules[c.name] {
-			switch {
-			case ours:
-				out.Rules = append(out.Rules, r.line(f, c.name))
-			case r.jumpsToOurs() && r.hasOurComment():
-				out.Rules = append(out.Rules, r.line(f, c.name))
-			case r.jumpsToOurs():
-				out.ForeignJumps = append(out.ForeignJumps, r.line(f, c.name))
+		chains := slices.Clone(t.chains)
+		sort.SliceStable(chains, func(i, j int) bool {
+			a, b := chains[i], chains[j]
+			if a.base != b.base {
+				return a.base
+			}
+			if a.base {
+				return a.hook < b.hook
+			}
+			return a.name < b.name
+		})
+		for _, c := range chains {
+			ours := iptables.ChainTable(c.name) == tbl.Name
+			if ours {
+				out.Chains = append(out.Chains, c.name)
+			}
+			for _, r := range t.rules[c.name] {
+				into := iptables.ChainTable(r.jumpTarget()) == tbl.Name
+				switch {
+				case ours:
+					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
+				case into && r.hasOurComment():
+					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
+				case into:
+					out.ForeignJumps = append(out.ForeignJumps, r.line(f, tbl.Name, c.name))
+				}
 			}
 		}
 	}
@@ -586,8 +650,8 @@ func (s *State) saved(f iptables.Family) iptables.SavedState {
 
 // line renders a rule as iptables-nft-save prints it, or, for a rule we would not have written,
 // says so with what it holds.
-func (r rule) line(f iptables.Family, chainName string) string {
-	if x, ok := decodeXT(f, chainName, r); ok {
+func (r rule) line(f iptables.Family, tableName, chainName string) string {
+	if x, ok := decodeXT(f, tableName, chainName, r); ok {
 		return x.Rule().String()
 	}
 	what := r.foreign
@@ -598,5 +662,5 @@ func (r rule) line(f iptables.Family, chainName string) string {
 		}
 		what = strings.Join(parts, " ")
 	}
-	return fmt.Sprintf("-A %s [rule handle %d not written by proxy-init: %s]", chainName, r.handle, what)
+	return iptables.Rule{Table: tableName, Chain: chainName, Spec: fmt.Sprintf("[rule handle %d not written by proxy-init: %s]", r.handle, what)}.String()
 }

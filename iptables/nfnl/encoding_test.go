@@ -69,7 +69,7 @@ func eachGoldenRule(t *testing.T, fn func(name string, f iptables.Family, r ipta
 	for name, c := range iptablestest.GoldenConfigs() {
 		rs := iptablestest.Build(t, c)
 		for _, f := range rs.Families {
-			for _, r := range append(rs.XTRules(f), iptables.XTJumps()...) {
+			for _, r := range append(rs.XTRules(f), rs.XTJumps()...) {
 				fn(name, f, r)
 			}
 		}
@@ -102,13 +102,13 @@ func TestDecodeIsStrictInverse(t *testing.T) {
 			t.Fatalf("%s %s %q: %v", name, f, r.Rule(), err)
 		}
 		read := roundTrip(t, xtFamily(f), e)
-		back, ok := decodeXT(f, r.Chain, read)
+		back, ok := decodeXT(f, r.TableName(), r.Chain, read)
 		if !ok || back.Rule() != r.Rule() {
 			t.Errorf("%s %s: %q decodes to %q (ok %v)", name, f, r.Rule(), back.Rule(), ok)
 		}
 		for i := range e {
 			less := rule{exprs: append(slices.Clone(read.exprs[:i]), read.exprs[i+1:]...)}
-			if back, ok := decodeXT(f, r.Chain, less); ok && back.Rule() == r.Rule() {
+			if back, ok := decodeXT(f, r.TableName(), r.Chain, less); ok && back.Rule() == r.Rule() {
 				t.Errorf("%s %s %q: still the same rule without expression %d (%T)", name, f, r.Rule(), i, e[i])
 			}
 		}
@@ -121,14 +121,14 @@ func TestDecodeIsStrictInverse(t *testing.T) {
 			e[i] = &expr.Counter{Packets: 7, Bytes: 420}
 		}
 	}
-	if _, ok := decodeXT(iptables.IPv4, r.Chain, rule{exprs: e}); !ok {
+	if _, ok := decodeXT(iptables.IPv4, r.TableName(), r.Chain, rule{exprs: e}); !ok {
 		t.Error("a rule whose counter counted packets is no longer ours")
 	}
 	e[len(e)-1] = &expr.Verdict{Kind: expr.VerdictAccept}
-	if _, ok := decodeXT(iptables.IPv4, r.Chain, rule{exprs: e}); ok {
+	if _, ok := decodeXT(iptables.IPv4, r.TableName(), r.Chain, rule{exprs: e}); ok {
 		t.Error("a rule that accepts instead of returning counts as ours")
 	}
-	if _, ok := decodeXT(iptables.IPv4, r.Chain, rule{exprs: e[:len(e)-1], foreign: "log"}); ok {
+	if _, ok := decodeXT(iptables.IPv4, r.TableName(), r.Chain, rule{exprs: e[:len(e)-1], foreign: "log"}); ok {
 		t.Error("a rule with an expression we do not read counts as ours")
 	}
 }
@@ -215,7 +215,7 @@ func TestPooledRulesAsFresh(t *testing.T) {
 	for name, c := range iptablestest.GoldenConfigs() {
 		rs := iptablestest.Build(t, c)
 		for _, f := range rs.Families {
-			rules := append(rs.XTRules(f), iptables.XTJumps()...)
+			rules := append(rs.XTRules(f), rs.XTJumps()...)
 			pooled := &Batch{}
 			for i := range rules {
 				addXT(pooled, f, &rules[i])

@@ -89,13 +89,36 @@ func nativeExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, erro
 			cmp(expr.MetaKeySKUID, binary.NativeEndian.AppendUint32(nil, m.ID))
 		case iptables.NFTMatchSkGID:
 			cmp(expr.MetaKeySKGID, binary.NativeEndian.AppendUint32(nil, m.ID))
-		case iptables.NFTMatchOIFName:
+		case iptables.NFTMatchOIFName, iptables.NFTMatchIIFName:
 			if len(m.Name) >= unix.IFNAMSIZ {
 				return nil, fmt.Errorf("interface name %q too long", m.Name)
 			}
 			name := make([]byte, unix.IFNAMSIZ)
 			copy(name, m.Name)
-			cmp(expr.MetaKeyOIFNAME, name)
+			key := expr.MetaKeyOIFNAME
+			if m.Kind == iptables.NFTMatchIIFName {
+				key = expr.MetaKeyIIFNAME
+			}
+			cmp(key, name)
+		case iptables.NFTMatchTCPDPort, iptables.NFTMatchUDPDPort, iptables.NFTMatchUDPSPort:
+			if m.ID == 0 || m.ID > 65535 {
+				return nil, fmt.Errorf("match %s: not a port", m)
+			}
+			proto, off := byte(unix.IPPROTO_UDP), uint32(2)
+			switch m.Kind {
+			case iptables.NFTMatchTCPDPort:
+				proto = unix.IPPROTO_TCP
+			case iptables.NFTMatchUDPSPort:
+				off = 0
+			}
+			cmp(expr.MetaKeyL4PROTO, []byte{proto})
+			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(uint16(m.ID))})
+		case iptables.NFTMatchCTState:
+			// ct state: the state bit of the connection, masked, not zero.
+			out = append(out, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, m.ID), Xor: make([]byte, 4)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
 		default:
 			return nil, fmt.Errorf("match %s cannot be written", m)
 		}
@@ -103,11 +126,29 @@ func nativeExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, erro
 	switch {
 	case r.Verdict == iptables.NFTReturn:
 		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
+	case r.Verdict == iptables.NFTDrop:
+		out = append(out, &expr.Verdict{Kind: expr.VerdictDrop})
 	case r.Verdict == iptables.NFTRedirect && r.RedirectPort != 0:
 		out = append(out, &expr.Immediate{Register: 1, Data: port(r.RedirectPort)},
 			&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
-	case r.Verdict == iptables.NFTRedirect:
+	case r.Verdict == iptables.NFTZone && r.Zone != 0:
+		// ct zone set: the zone, a u16 in host order, from a register.
+		out = append(out, &expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint16(nil, r.Zone)},
+			&expr.Ct{Key: expr.CtKeyZONE, Register: 1, SourceRegister: true})
+	case r.Verdict == iptables.NFTTPROXY && r.RedirectPort != 0:
+		fam := byte(unix.NFPROTO_UNSPEC)
+		if r.TPROXYFamily != "" {
+			fam = xtFamily(r.TPROXYFamily)
+		}
+		out = append(out, &expr.Immediate{Register: 1, Data: port(r.RedirectPort)},
+			&expr.TProxy{Family: fam, RegPort: 1},
+			&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, r.Mark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+			&expr.Verdict{Kind: expr.VerdictAccept})
+	case r.Verdict == iptables.NFTRedirect || r.Verdict == iptables.NFTTPROXY:
 		return nil, errors.New("redirect to port 0")
+	case r.Verdict == iptables.NFTZone:
+		return nil, errors.New("ct zone set 0")
 	default:
 		return nil, fmt.Errorf("unknown verdict %d", r.Verdict)
 	}
@@ -225,12 +266,13 @@ func nativeRule(r rule) iptables.NFTRule {
 	unknown := func(e expr.Any) {
 		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
 	}
+	match := func(m iptables.NFTMatch) { out.Matches = append(out.Matches, m) }
 	if r.foreign != "" {
-		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
+		match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
 	}
 	verdict := false
 	for i := 0; i < len(ex); i++ {
-		// meta load + cmp eq: the start of every match.
+		// meta load + cmp eq: the start of most matches.
 		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
 			c, ok := ex[i+1].(*expr.Cmp)
 			if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
@@ -238,6 +280,7 @@ func nativeRule(r rule) iptables.NFTRule {
 				continue
 			}
 			i++
+			l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
 			switch {
 			case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
 				fam := familyOf(c.Data[0])
@@ -247,38 +290,78 @@ func nativeRule(r rule) iptables.NFTRule {
 				}
 				// Followed by an address lookup, it is the dependency nft adds for it.
 				if kind, set, ok := addrLookup(ex, i+1, fam); ok {
-					out.Matches = append(out.Matches, iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
+					match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
 					i += 2
 					continue
 				}
-				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
-			case m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == unix.IPPROTO_TCP:
-				if i+2 < len(ex) {
-					if p, ok := ex[i+1].(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && p.Offset == 2 && p.Len == 2 {
-						if l, ok := ex[i+2].(*expr.Lookup); ok && !l.Invert && l.SourceRegister == p.DestRegister {
-							out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName})
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
+			case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
+				tcp := c.Data[0] == unix.IPPROTO_TCP
+				if p, ok := next[*expr.Payload](ex, i+1); ok && p.Base == expr.PayloadBaseTransportHeader && p.Len == 2 && (p.Offset == 2 || p.Offset == 0) {
+					if l, ok := next[*expr.Lookup](ex, i+2); ok && tcp && p.Offset == 2 && !l.Invert && l.SourceRegister == p.DestRegister {
+						match(iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName})
+						i += 2
+						continue
+					}
+					if pc, ok := next[*expr.Cmp](ex, i+2); ok && pc.Op == expr.CmpOpEq && pc.Register == p.DestRegister && len(pc.Data) == 2 {
+						kind := iptables.NFTMatchUDPDPort
+						switch {
+						case tcp && p.Offset == 2:
+							kind = iptables.NFTMatchTCPDPort
+						case !tcp && p.Offset == 0:
+							kind = iptables.NFTMatchUDPSPort
+						case tcp:
+							kind = 0
+						}
+						if kind != 0 {
+							match(iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))})
 							i += 2
 							continue
 						}
 					}
 				}
-				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
+				if tcp {
+					match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
+				} else {
+					unknown(m)
+					unknown(c)
+				}
 			case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
-				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
 			case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
-				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
 			case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
-				out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+			case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
 			default:
 				unknown(m)
 				unknown(c)
 			}
 			continue
 		}
-		// The verdicts: return, or immediate port + redirect to it.
-		if v, ok := ex[i].(*expr.Verdict); ok && v.Kind == expr.VerdictReturn && i == len(ex)-1 {
-			verdict = true
-			continue
+		// ct state: ct load state, bitwise mask, cmp neq 0.
+		if ct, ok := ex[i].(*expr.Ct); ok && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && i+2 < len(ex) {
+			bw, ok1 := ex[i+1].(*expr.Bitwise)
+			c, ok2 := ex[i+2].(*expr.Cmp)
+			if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
+				bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+				match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
+				i += 2
+				continue
+			}
+		}
+		// The verdicts: return or drop; an immediate port and a redirect to it; an immediate zone
+		// and ct zone set; an immediate port, tproxy, an immediate mark, meta mark set, accept.
+		if v, ok := ex[i].(*expr.Verdict); ok && i == len(ex)-1 {
+			switch v.Kind {
+			case expr.VerdictReturn:
+				verdict = true
+				continue
+			case expr.VerdictDrop:
+				out.Verdict, verdict = iptables.NFTDrop, true
+				continue
+			}
 		}
 		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+2 == len(ex) {
 			if rd, ok := ex[i+1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
@@ -287,11 +370,30 @@ func nativeRule(r rule) iptables.NFTRule {
 				verdict = true
 				break
 			}
+			if ct, ok := ex[i+1].(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
+				out.Verdict, out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+				verdict = true
+				break
+			}
+		}
+		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+5 == len(ex) {
+			tp, ok1 := ex[i+1].(*expr.TProxy)
+			mk, ok2 := ex[i+2].(*expr.Immediate)
+			ms, ok3 := ex[i+3].(*expr.Meta)
+			ac, ok4 := ex[i+4].(*expr.Verdict)
+			if ok1 && ok2 && ok3 && ok4 && tp.RegPort == im.Register && tp.RegAddr == 0 && len(mk.Data) == 4 &&
+				ms.SourceRegister && ms.Key == expr.MetaKeyMARK && ms.Register == mk.Register && ac.Kind == expr.VerdictAccept &&
+				(tp.Family == unix.NFPROTO_UNSPEC || familyOf(tp.Family) != "") {
+				out.Verdict, out.RedirectPort, out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
+				out.TPROXYFamily = familyOf(tp.Family)
+				verdict = true
+				break
+			}
 		}
 		unknown(ex[i])
 	}
 	if !verdict {
-		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no return or redirect verdict"})
+		match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
 	}
 	return out
 }

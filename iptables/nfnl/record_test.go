@@ -106,7 +106,7 @@ func TestRecordStates(t *testing.T) {
 					return err
 				}
 				defer c.close()
-				_, err = read(&recorder{src: c, w: &rec}, func(*State) detail { return detail{nat: true, native: true} })
+				_, err = read(&recorder{src: c, w: &rec}, func(*State) detail { return detail{xt: true, native: true} })
 				return err
 			})
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

@@ -8,6 +8,7 @@ package nfnl
 // else's rule could pass for ours. Expressions themselves are decoded by google/nftables.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -41,11 +42,21 @@ type State struct {
 	// for a namespace holding no tables, which is what --simulate shows without privileges.
 	unread string
 	tables []table
-	// nat holds iptables-nft's nat tables that exist, by family (ip, ip6), when read in detail.
-	nat map[byte]*ruleTable
+	// xt holds iptables-nft's tables of ours (nat, and mangle and raw) that exist, by family
+	// (ip, ip6) and name, when read in detail.
+	xt map[xtKey]*ruleTable
 	// native is the native table, when it exists and was read in detail.
 	native *ruleTable
 }
+
+// xtKey names one of iptables-nft's tables: its family (ip, ip6) and name.
+type xtKey struct {
+	fam  byte
+	name string
+}
+
+// xtTable returns the detail of iptables-nft's table of that family and name, or nil.
+func (s *State) xtTable(fam byte, name string) *ruleTable { return s.xt[xtKey{fam, name}] }
 
 type table struct {
 	family  byte
@@ -118,8 +129,8 @@ func (s *State) findTable(family byte, name string) *table {
 
 // detail says which tables a read looks into beyond the table list.
 type detail struct {
-	// nat: iptables-nft's nat tables (chains and rules); natChains: only their chains.
-	nat, natChains bool
+	// xt: iptables-nft's tables of ours (chains and rules); xtChains: only their chains.
+	xt, xtChains bool
 	// native: the native table's chains, rules, sets and elements, when the table exists and
 	// nativeIf (nil: always) says so.
 	native   bool
@@ -238,22 +249,24 @@ func decodeTable(m netlink.Message) (table, error) {
 
 // readDetail reads what d asks for, and reports whether it read anything beyond the table list.
 func (s *State) readDetail(src source, d detail) (bool, error) {
-	var nat []byte
-	if d.nat || d.natChains {
+	var xts []xtKey
+	if d.xt || d.xtChains {
 		for _, fam := range []byte{famIP, famIP6} {
-			if s.findTable(fam, iptables.Table) != nil {
-				nat = append(nat, fam)
+			for _, t := range iptables.XTTables() {
+				if s.findTable(fam, t.Name) != nil {
+					xts = append(xts, xtKey{fam, t.Name})
+				}
 			}
 		}
 	}
 	nt := s.findTable(famInet, iptables.NFTTableName)
 	native := d.native && nt != nil && (d.nativeIf == nil || d.nativeIf(nt))
-	if len(nat) == 0 && !native {
+	if len(xts) == 0 && !native {
 		return false, nil
 	}
-	s.nat = map[byte]*ruleTable{}
-	for _, fam := range nat {
-		s.nat[fam] = &ruleTable{rules: map[string][]rule{}}
+	s.xt = map[xtKey]*ruleTable{}
+	for _, k := range xts {
+		s.xt[k] = &ruleTable{rules: map[string][]rule{}}
 	}
 	if native {
 		s.native = &ruleTable{rules: map[string][]rule{}}
@@ -272,9 +285,9 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 			t.chains = append(t.chains, c)
 		}
 	}
-	if d.nat {
-		for _, fam := range nat {
-			if err := s.readRules(src, fam, iptables.Table, s.nat[fam]); err != nil {
+	if d.xt {
+		for _, k := range xts {
+			if err := s.readRules(src, k.fam, k.name, s.xt[k]); err != nil {
 				return true, err
 			}
 		}
@@ -293,8 +306,8 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 // tableOf returns the detail of one of our tables, or nil for any other.
 func (s *State) tableOf(fam byte, name string) *ruleTable {
 	switch {
-	case name == iptables.Table && (fam == famIP || fam == famIP6):
-		return s.nat[fam]
+	case fam == famIP || fam == famIP6:
+		return s.xt[xtKey{fam, name}]
 	case name == iptables.NFTTableName && fam == famInet:
 		return s.native
 	}
@@ -436,6 +449,12 @@ func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
 		e = &expr.Counter{}
 	case "redir":
 		e = &expr.Redir{}
+	case "ct":
+		// google/nftables' Ct does not read a source register (ct zone set).
+		return decodeCt(data)
+	case "tproxy":
+		// google/nftables' TProxy reads its family attribute, a u32, as a byte, and fails.
+		return decodeTProxy(data)
 	case "immediate":
 		// A verdict is an immediate that writes the verdict register.
 		im := &expr.Immediate{}
@@ -451,6 +470,54 @@ func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
 	}
 	if err := expr.Unmarshal(fam, data, e); err != nil {
 		return nil, fmt.Errorf("expression %s: %w", name, err)
+	}
+	return e, nil
+}
+
+func decodeCt(data []byte) (expr.Any, error) {
+	ad, err := netlink.NewAttributeDecoder(data)
+	if err != nil {
+		return nil, fmt.Errorf("expression ct: %w", err)
+	}
+	ad.ByteOrder = binary.BigEndian
+	e := &expr.Ct{}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CT_KEY:
+			e.Key = expr.CtKey(ad.Uint32())
+		case unix.NFTA_CT_DREG:
+			e.Register = ad.Uint32()
+		case unix.NFTA_CT_SREG:
+			e.Register, e.SourceRegister = ad.Uint32(), true
+		case unix.NFTA_CT_DIRECTION:
+			e.Direction = uint32(ad.Uint8())
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return nil, fmt.Errorf("expression ct: %w", err)
+	}
+	return e, nil
+}
+
+func decodeTProxy(data []byte) (expr.Any, error) {
+	ad, err := netlink.NewAttributeDecoder(data)
+	if err != nil {
+		return nil, fmt.Errorf("expression tproxy: %w", err)
+	}
+	ad.ByteOrder = binary.BigEndian
+	e := &expr.TProxy{}
+	for ad.Next() {
+		switch ad.Type() {
+		case expr.NFTA_TPROXY_FAMILY:
+			e.Family = byte(ad.Uint32())
+		case expr.NFTA_TPROXY_REG_PORT:
+			e.RegPort = ad.Uint32()
+		case expr.NFTA_TPROXY_REG_ADDR:
+			e.RegAddr = ad.Uint32()
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return nil, fmt.Errorf("expression tproxy: %w", err)
 	}
 	return e, nil
 }

@@ -3,14 +3,15 @@ package nfnl
 // The iptables-nft encoding: one iptables.XTRule as the nf_tables expressions iptables-nft 1.8.9
 // builds for the same iptables-restore line, found by writing our payloads with
 // iptables-nft-restore and dumping them. Interface, protocol and address matches are native
-// expressions; the tcp destination port too. The owner, multiport and comment matches and the
-// REDIRECT target are xtables extensions run by the kernel's nft_compat, each with its revision
-// and the extension's own C struct as info. Every rule carries a counter before its verdict, as
-// iptables-nft's do.
+// expressions; the tcp and udp ports too. The owner, multiport, conntrack and comment matches
+// and the REDIRECT, TPROXY and CT targets are xtables extensions run by the kernel's nft_compat,
+// each with its revision and the extension's own C struct as info. DROP and RETURN are native
+// verdicts. Every rule carries a counter before its verdict, as iptables-nft's do.
 //
-// The comment and REDIRECT infos are google/nftables' xt.Comment, xt.NatIPv4MultiRangeCompat
-// (IPv4 REDIRECT is revision 0, the compat struct) and xt.NatRange. xt has no type for the owner
-// and multiport infos, so those two C structs are laid out here.
+// The comment, conntrack and REDIRECT infos are google/nftables' xt.Comment,
+// xt.ConntrackMtinfo3, xt.NatIPv4MultiRangeCompat (IPv4 REDIRECT is revision 0, the compat
+// struct) and xt.NatRange. xt has no type for the owner, multiport, TPROXY and CT infos, so
+// those four C structs are laid out here.
 //
 // decode is the inverse, and is strict by construction: a rule read back counts as one of ours
 // only if encoding what it decodes to gives back exactly the expressions read.
@@ -33,11 +34,6 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// natPriority is the priority of the base chains of iptables-nft's nat table that we use:
-// PREROUTING and OUTPUT are both NF_IP_PRI_NAT_DST. A chain at another priority makes
-// iptables-nft call the table incompatible.
-const natPriority = -100
-
 // Extension revisions and info sizes, as iptables-nft 1.8.9 sends them. The info is the
 // extension's C struct, padded to 8 bytes (XT_ALIGN), in host byte order except where the struct
 // itself says network order.
@@ -48,6 +44,12 @@ const (
 	multiportLen   = 48             // flags, count, ports[15], pflags[15], invert
 	redirectRev    = 0              // nf_nat_ipv4_multi_range_compat (ip), nf_nat_range (ip6)
 	commentRev     = 0              // xt_comment_info
+	conntrackRev   = 3              // xt_conntrack_mtinfo3
+	tproxyRev      = 1              // xt_tproxy_target_info_v1
+	tproxyInfoLen  = 32             // mark_mask, mark_value, laddr, lport, padded
+	ctRev          = 2              // xt_ct_target_info_v1
+	ctInfoLen      = 72             // flags, zone, two event masks, helper, timeout, a pointer
+	xtCTState      = 1              // XT_CONNTRACK_STATE
 	xtOwnerUID     = 1              // XT_OWNER_UID
 	xtOwnerGID     = 2              // XT_OWNER_GID
 	xtMultiportDst = 1              // XT_MULTIPORT_DESTINATION
@@ -66,7 +68,11 @@ var (
 	dportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
 	counter     = &expr.Counter{}
 	returnExpr  = &expr.Verdict{Kind: expr.VerdictReturn}
-	singles     = [...]expr.Any{tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr}
+	udpCmp      = &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_UDP}}
+	iifnameMeta = &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}
+	sportLoad   = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}
+	dropExpr    = &expr.Verdict{Kind: expr.VerdictDrop}
+	singles     = [...]expr.Any{tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr, udpCmp, iifnameMeta, sportLoad, dropExpr}
 	// addrLoads are the loads of the first n bytes of an address: [index in addrOffsets][n].
 	addrOffsets = [...]uint32{8, 12, 16, 24} // where the two headers hold the addresses (addrOffset)
 	addrLoads   = sync.OnceValue(func() *[len(addrOffsets)][17]*expr.Payload {
@@ -168,14 +174,24 @@ func (p *exprPool) commentMatch(comment string) *expr.Match {
 func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
 	pool.reset()
 	cmp := func(data []byte) { out = append(out, pool.cmp(data)) }
+	if r.InInterface != "" {
+		out = append(out, iifnameMeta)
+		cmp(ifname(r.InInterface))
+	}
 	if r.OutInterface != "" {
 		out = append(out, oifnameMeta)
 		cmp(ifname(r.OutInterface))
 	}
 	var proto uint32
-	if r.TCP {
+	switch {
+	case r.TCP && r.UDP:
+		return nil, 0, errors.New("both -p tcp and -p udp")
+	case r.TCP:
 		proto = unix.IPPROTO_TCP
 		out = append(out, tcpMeta, tcpCmp)
+	case r.UDP:
+		proto = unix.IPPROTO_UDP
+		out = append(out, tcpMeta, udpCmp) // the same l4proto load
 	}
 	for _, a := range [2]struct {
 		p   netip.Prefix
@@ -202,18 +218,31 @@ func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRu
 		}
 		out = append(out, xtMatch("multiport", multiportRev, info))
 	}
-	if r.DPort.First != 0 {
-		if !r.TCP {
-			return nil, 0, errors.New("a destination port without -p tcp")
+	for _, pm := range [2]struct {
+		p    iptables.PortRange
+		load *expr.Payload
+	}{{r.SPort, sportLoad}, {r.DPort, dportLoad}} {
+		if pm.p.First == 0 {
+			continue
 		}
-		// tcp dport: the transport header's bytes 2 and 3.
-		out = append(out, dportLoad)
-		first, last := port(r.DPort.First), port(r.DPort.Last)
-		if r.DPort.First == r.DPort.Last {
+		if proto == 0 {
+			return nil, 0, errors.New("a port without -p tcp or -p udp")
+		}
+		// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
+		out = append(out, pm.load)
+		first, last := port(pm.p.First), port(pm.p.Last)
+		if pm.p.First == pm.p.Last {
 			cmp(first)
 		} else {
 			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
 		}
+	}
+	if r.CTState != "" {
+		mask, ok := ctStateMask(r.CTState)
+		if !ok {
+			return nil, 0, fmt.Errorf("conntrack state %q is not one we match", r.CTState)
+		}
+		out = append(out, &expr.Match{Name: "conntrack", Rev: conntrackRev, Info: conntrackInfo(f, mask)})
 	}
 	if len(r.Comment) >= xt.CommentSize {
 		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
@@ -222,17 +251,82 @@ func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRu
 	switch r.Target {
 	case iptables.TargetReturn:
 		out = append(out, returnExpr)
+	case iptables.TargetDrop:
+		out = append(out, dropExpr)
 	case iptables.TargetRedirect:
 		if r.ToPort == 0 {
 			return nil, 0, errors.New("redirect to port 0")
 		}
 		out = append(out, &expr.Target{Name: "REDIRECT", Rev: redirectRev, Info: redirectInfo(f, r.ToPort)})
-	case iptables.RedirectChain, iptables.OutputChain:
-		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	case iptables.TargetTPROXY:
+		if r.ToPort == 0 || !r.OnIP.IsUnspecified() || r.OnIP.Is4() != (f == iptables.IPv4) {
+			return nil, 0, fmt.Errorf("TPROXY to %s port %d: not the family's unspecified address and a port", r.OnIP, r.ToPort)
+		}
+		out = append(out, xtTarget("TPROXY", tproxyRev, tproxyInfo(r.ToPort, r.Mark)))
+	case iptables.TargetCT:
+		if r.Zone == 0 {
+			return nil, 0, errors.New("CT into zone 0")
+		}
+		out = append(out, xtTarget("CT", ctRev, ctInfo(r.Zone)))
 	default:
-		return nil, 0, fmt.Errorf("target %q is not one of ours", r.Target)
+		if !iptables.IsOurChain(r.Target) {
+			return nil, 0, fmt.Errorf("target %q is not one of ours", r.Target)
+		}
+		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
 	}
 	return out, proto, nil
+}
+
+func xtTarget(name string, rev uint32, info []byte) *expr.Target {
+	i := xt.Unknown(info)
+	return &expr.Target{Name: name, Rev: rev, Info: &i}
+}
+
+// ctStateMask is the conntrack match's state mask for a state list we write
+// (XT_CONNTRACK_STATE_BIT: INVALID is bit 0, ESTABLISHED 1, RELATED 2).
+func ctStateMask(state string) (uint16, bool) {
+	switch state {
+	case iptables.CTStateInvalid:
+		return 1, true
+	case iptables.CTStateEstablished:
+		return 6, true
+	}
+	return 0, false
+}
+
+// conntrackInfo is xt_conntrack_mtinfo3 matching the state mask alone.
+func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
+	// The address fields are the family's zero address and mask, which is what the xt type
+	// decodes back; they are not matched (only the state flag is set).
+	zero, zmask := net.IPv4zero.To4(), net.CIDRMask(0, 32)
+	if f == iptables.IPv6 {
+		zero, zmask = net.IPv6zero, net.CIDRMask(0, 128)
+	}
+	var c xt.ConntrackMtinfo3
+	b := &c.ConntrackMtinfoBase
+	b.OrigSrcAddr, b.OrigDstAddr, b.ReplSrcAddr, b.ReplDstAddr = zero, zero, zero, zero
+	b.OrigSrcMask, b.OrigDstMask, b.ReplSrcMask, b.ReplDstMask = zmask, zmask, zmask, zmask
+	b.MatchFlags = xtCTState
+	c.StateMask = mask
+	return &c
+}
+
+// tproxyInfo is xt_tproxy_target_info_v1 (hand-laid: google/nftables' xt has no TPROXY type):
+// the mark under a full mask, the unspecified address (keep the destination) and the port.
+func tproxyInfo(p uint16, mark uint32) []byte {
+	b := make([]byte, tproxyInfoLen)
+	binary.NativeEndian.PutUint32(b[0:], 0xffffffff) // mark_mask
+	binary.NativeEndian.PutUint32(b[4:], mark)       // mark_value
+	binary.BigEndian.PutUint16(b[24:], p)            // lport, after the 16 bytes of laddr
+	return b
+}
+
+// ctInfo is xt_ct_target_info_v1 (hand-laid: google/nftables' xt has no CT type) setting the
+// zone alone; the trailing pointer is the kernel's.
+func ctInfo(zone uint16) []byte {
+	b := make([]byte, ctInfoLen)
+	binary.NativeEndian.PutUint16(b[2:], zone)
+	return b
 }
 
 func xtMatch(name string, rev uint32, info []byte) *expr.Match {
@@ -336,8 +430,11 @@ func redirectInfo(f iptables.Family, p uint16) xt.InfoAny {
 
 // decodeXT maps the expressions of a rule in chain back onto an XTRule. ok is false when the
 // rule is not exactly one that encodeXT writes, whatever it looks like.
-func decodeXT(f iptables.Family, chain string, r rule) (x iptables.XTRule, ok bool) {
+func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule, ok bool) {
 	x.Chain = chain
+	if table != iptables.Table {
+		x.Table = table
+	}
 	if r.foreign != "" || !decodeXTInto(f, &x, r.exprs) {
 		return x, false
 	}
@@ -362,15 +459,21 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 				return false
 			}
 			i++
+			name := func() string {
+				if n := bytes.IndexByte(d, 0); n >= 0 {
+					return string(d[:n])
+				}
+				return string(d) + "+"
+			}
 			switch {
 			case e.Key == expr.MetaKeyOIFNAME:
-				if n := bytes.IndexByte(d, 0); n >= 0 {
-					r.OutInterface = string(d[:n])
-				} else {
-					r.OutInterface = string(d) + "+"
-				}
+				r.OutInterface = name()
+			case e.Key == expr.MetaKeyIIFNAME:
+				r.InInterface = name()
 			case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
 				r.TCP = true
+			case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_UDP}):
+				r.UDP = true
 			default:
 				return false
 			}
@@ -380,20 +483,26 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 					return false
 				}
 				i++
+				var pr iptables.PortRange
 				switch c := ex[i].(type) {
 				case *expr.Cmp:
 					if len(c.Data) != 2 {
 						return false
 					}
 					p := binary.BigEndian.Uint16(c.Data)
-					r.DPort = iptables.PortRange{First: p, Last: p}
+					pr = iptables.PortRange{First: p, Last: p}
 				case *expr.Range:
 					if len(c.FromData) != 2 || len(c.ToData) != 2 {
 						return false
 					}
-					r.DPort = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
+					pr = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
 				default:
 					return false
+				}
+				if e.Offset == 0 {
+					r.SPort = pr
+				} else {
+					r.DPort = pr
 				}
 				continue
 			}
@@ -420,6 +529,15 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			switch info := e.Info.(type) {
 			case *xt.Comment:
 				r.Comment = string(*info)
+			case *xt.ConntrackMtinfo3:
+				switch info.StateMask {
+				case 1:
+					r.CTState = iptables.CTStateInvalid
+				case 6:
+					r.CTState = iptables.CTStateEstablished
+				default:
+					return false
+				}
 			case *xt.Unknown:
 				b := []byte(*info)
 				switch {
@@ -453,12 +571,30 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			switch e.Kind {
 			case expr.VerdictReturn:
 				r.Target = iptables.TargetReturn
+			case expr.VerdictDrop:
+				r.Target = iptables.TargetDrop
 			case expr.VerdictJump:
 				r.Target = e.Chain
 			default:
 				return false
 			}
 		case *expr.Target:
+			if u, ok := e.Info.(*xt.Unknown); ok {
+				b := []byte(*u)
+				switch {
+				case e.Name == "TPROXY" && len(b) == tproxyInfoLen:
+					r.Target, r.Mark, r.ToPort = iptables.TargetTPROXY, binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
+					r.OnIP = netip.IPv4Unspecified()
+					if f == iptables.IPv6 {
+						r.OnIP = netip.IPv6Unspecified()
+					}
+				case e.Name == "CT" && len(b) == ctInfoLen:
+					r.Target, r.Zone = iptables.TargetCT, binary.NativeEndian.Uint16(b[2:])
+				default:
+					return false
+				}
+				continue
+			}
 			if e.Name != "REDIRECT" {
 				return false
 			}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,7 +173,8 @@ func (a *Applier) Covers() []iptables.Backend {
 }
 
 // Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
-// later one fails.
+// later one fails. A restore commits table by table, so a family whose restore fails after
+// committing a table (the mangle or raw table of a feature beyond Linkerd's) is rolled back too.
 func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
 	if err := a.capable("write the " + a.name + " nat rules"); err != nil {
 		return iptables.Result{}, err
@@ -182,14 +184,18 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
 		if err != nil {
-			return res, errors.Join(err, a.rollback(ctx, rs, applied))
+			return res, errors.Join(err, a.rollback(ctx, applied))
 		}
 		// Nothing of ours in place (a fresh pod) cannot match; skip comparing line by line.
 		if cur.Empty() && !rs.HasFamily(f) || !cur.Empty() && rs.HasFamily(f) && rs.Compare(f, cur).Empty() {
 			continue
 		}
-		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, rs.Saved(f))); err != nil {
-			return res, errors.Join(err, a.rollback(ctx, rs, applied))
+		target := rs.Saved(f)
+		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
+			if len(cur.Tables()) > 1 || len(target.Tables()) > 1 {
+				applied = append(applied, appliedFamily{f, cur})
+			}
+			return res, errors.Join(err, a.rollback(ctx, applied))
 		}
 		res.Changed = true
 		applied = append(applied, appliedFamily{f, cur})
@@ -203,16 +209,27 @@ type appliedFamily struct {
 	prev iptables.SavedState
 }
 
-// rollback returns each already-applied family to the state it had before.
-func (a *Applier) rollback(ctx context.Context, rs *iptables.Ruleset, applied []appliedFamily) error {
+// rollback returns each family Apply changed, wholly or in part, to the state it had before,
+// from the state it has now.
+func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
 	var errs []error
+	var back []string
 	for _, d := range applied {
-		if err := a.restore(ctx, d.f, iptables.TransitionPayload(rs.Saved(d.f), d.prev)); err != nil {
-			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
+		now, err := a.read(ctx, d.f)
+		if err == nil && slices.Equal(now.Rules, d.prev.Rules) && slices.Equal(now.Chains, d.prev.Chains) {
+			continue // the failed restore committed nothing
 		}
+		if err == nil {
+			err = a.restore(ctx, d.f, iptables.TransitionPayload(now, d.prev))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
+			continue
+		}
+		back = append(back, string(d.f))
 	}
-	if len(errs) == 0 && len(applied) > 0 {
-		return fmt.Errorf("rolled back %d already applied famil(ies) to their previous rules", len(applied))
+	if len(errs) == 0 && len(back) > 0 {
+		return fmt.Errorf("rolled back %s to the rules it had before", strings.Join(back, " and "))
 	}
 	return errors.Join(errs...)
 }
@@ -287,17 +304,24 @@ func (a *Applier) capable(op string) error {
 	return nil
 }
 
-// read returns our rules in place for family f, running *-save only when they may exist.
+// read returns our rules in place for family f, running *-save only when they may exist, and
+// only for the tables that may hold them (nat alone, for every Linkerd configuration). Each table
+// is saved apart: saving them all at once lists the table names in /proc, which a pod's own
+// user namespace may not read.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
-	if !a.mayHaveRules(ctx, f) {
+	var all strings.Builder
+	for _, t := range a.mayHaveRules(ctx, f) {
+		b := a.bins[f]
+		out, stderr, err := run(ctx, b.save, []string{"-t", t}, "", false)
+		if err != nil {
+			return iptables.SavedState{}, fmt.Errorf("%s -t %s: %w: %s", b.save, t, err, strings.TrimSpace(string(stderr)))
+		}
+		all.Write(out)
+	}
+	if all.Len() == 0 {
 		return iptables.SavedState{}, nil
 	}
-	b := a.bins[f]
-	out, stderr, err := run(ctx, b.save, []string{"-t", iptables.Table}, "", false)
-	if err != nil {
-		return iptables.SavedState{}, fmt.Errorf("%s -t nat: %w: %s", b.save, err, strings.TrimSpace(string(stderr)))
-	}
-	return iptables.ParseSave(string(out)), nil
+	return iptables.ParseSave(all.String()), nil
 }
 
 // run executes the program at path with args and input on its standard input, and returns what
@@ -426,37 +450,50 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 	return o.Bytes(), e.Bytes(), err
 }
 
-// mayHaveRules answers from the kernel, without exec, whether our chains can exist. A netlink
-// error leaves the question open: the caller then runs *-save.
-func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) bool {
+// mayHaveRules answers from the kernel, without exec, which of our tables (iptables.XTTables)
+// can hold chains of ours. A netlink error leaves the question open: the caller then reads
+// every table.
+func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string {
 	if a.flavor == Legacy {
-		return LegacyNATExists(f)
+		return LegacyTables(f)
 	}
-	ours, err := nfnl.OurXTChains(ctx, f)
-	return ours || err != nil
+	tables, err := nfnl.OurXTTables(ctx, f)
+	if err != nil {
+		return []string{iptables.Table, "mangle", "raw"}
+	}
+	return tables
 }
 
-// LegacyNATExists reports, from /proc and without exec, whether the legacy nat table of family f
-// exists in the current thread's namespace. Without it no legacy rule of ours can exist.
-func LegacyNATExists(f iptables.Family) bool {
+// LegacyTables lists, from /proc and without exec, which of our tables (iptables.XTTables)
+// exist in iptables-legacy's family f in the current thread's namespace. Where none does, no
+// legacy rule of ours can exist.
+func LegacyTables(f iptables.Family) []string {
 	// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
 	// locked thread that entered another one.
 	file := "/proc/thread-self/net/ip_tables_names"
 	if f == iptables.IPv6 {
 		file = "/proc/thread-self/net/ip6_tables_names"
 	}
+	var out []string
 	data, err := os.ReadFile(file)
 	if err != nil {
 		// No legacy module loaded at all: nothing of ours can be there. Any other error
 		// leaves the question open.
-		return !errors.Is(err, os.ErrNotExist)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		for _, t := range iptables.XTTables() {
+			out = append(out, t.Name)
+		}
+		return out
 	}
-	for _, t := range strings.Fields(string(data)) {
-		if t == iptables.Table {
-			return true
+	names := strings.Fields(string(data))
+	for _, t := range iptables.XTTables() {
+		if slices.Contains(names, t.Name) {
+			out = append(out, t.Name)
 		}
 	}
-	return false
+	return out
 }
 
 // lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"

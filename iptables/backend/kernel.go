@@ -1,0 +1,110 @@
+package backend
+
+// What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
+// run TPROXY, when a write failed, and whether the namespace has IPv6, for ipv6=auto.
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
+)
+
+// ErrKernelLacks marks an apply refused because the kernel cannot run a feature the
+// configuration asks for; nothing was written.
+var ErrKernelLacks = errors.New("the kernel lacks support")
+
+// CheckKernel says whether the kernel cannot run rs in mode: TPROXY without iptables' TPROXY
+// target (legacy, nft and plain modes), without nftables' tproxy expression (nftables mode), or
+// without either (auto, which falls back from one to the other). The Runner asks it after a
+// write failed, which wrote nothing, to name what is missing; where the kernel cannot be asked
+// (no nf_tables netlink, no privilege), the write's own error stands.
+func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
+	return CheckKernelWith(nfnl.ProbeTPROXY)(ctx, mode, rs)
+}
+
+// CheckKernelWith is CheckKernel asking probe what the kernel has, the Runner's Kernel: a test
+// stands a kernel without TPROXY in for one that has it.
+func CheckKernelWith(probe func(context.Context) (nfnl.TPROXYSupport, error)) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
+	return func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
+		if rs == nil || !rs.TPROXY {
+			return nil
+		}
+		s, err := probe(ctx)
+		if err != nil {
+			return nil
+		}
+		return tproxyVerdict(mode, s)
+	}
+}
+
+// tproxyVerdict is CheckKernel's answer for what the probe found.
+func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
+	const (
+		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY)"
+		native = "nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY)"
+	)
+	var missing []string
+	switch mode {
+	case iptables.ModeNFTables:
+		if !s.Native {
+			missing = append(missing, fmt.Sprintf("%s: %v", native, s.NativeErr))
+		}
+	case iptables.ModeAuto, "":
+		if !s.XT && !s.Native {
+			missing = append(missing, fmt.Sprintf("%s: %v", xt, s.XTErr), fmt.Sprintf("%s: %v", native, s.NativeErr))
+		}
+	default:
+		if !s.XT {
+			missing = append(missing, fmt.Sprintf("%s: %v", xt, s.XTErr))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("inbound-mode tproxy: %w for TPROXY in iptables mode %s, which needs %s; nothing was written",
+		ErrKernelLacks, mode, strings.Join(missing, ", or "))
+}
+
+// NamespaceIPv6 says whether the calling thread's network namespace has IPv6 to write rules for:
+// IPv6 enabled, and an IPv6 address other than loopback and link-local on some interface. The
+// reason names what decided, for the log.
+func NamespaceIPv6() (bool, string) {
+	v, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, "the kernel has no IPv6 (booted with ipv6.disable=1, or built without it)"
+	case err != nil:
+		return false, "cannot tell whether IPv6 is enabled: " + err.Error()
+	case strings.TrimSpace(string(v)) != "0":
+		return false, "IPv6 is disabled in the network namespace (net.ipv6.conf.all.disable_ipv6=" + strings.TrimSpace(string(v)) + ")"
+	}
+	// One line an address: address, interface index, prefix length, scope, flags, interface.
+	data, err := os.ReadFile("/proc/thread-self/net/if_inet6")
+	if err != nil {
+		return false, "cannot list the IPv6 addresses: " + err.Error()
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || len(f[0]) != 32 {
+			continue
+		}
+		// Scope 0x10 is the host's (loopback), 0x20 the link's.
+		if f[3] == "10" || f[3] == "20" {
+			continue
+		}
+		var a [16]byte
+		if _, err := hex.Decode(a[:], []byte(f[0])); err != nil {
+			continue
+		}
+		return true, fmt.Sprintf("IPv6 is enabled and interface %s has address %s", f[5], netip.AddrFrom16(a))
+	}
+	return false, "IPv6 is enabled but no interface has an IPv6 address other than loopback and link-local"
+}

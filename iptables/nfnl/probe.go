@@ -1,0 +1,133 @@
+package nfnl
+
+// The kernel probe: whether the kernel can run TPROXY, asked before anything is written. A batch
+// sent without its end marker is checked message by message and then applied not at all (what
+// `nft --check` does), and the kernel loads what a message needs on the way. Its rules hold
+// iptables' TPROXY target (run through nft_compat, which looks it up in x_tables, where
+// iptables-legacy finds it too) and nftables' own tproxy expression: the kernel's answer to each
+// says which of the two it has.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// TPROXYSupport is what the kernel said about TPROXY.
+type TPROXYSupport struct {
+	// XT is iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY), for the
+	// iptables backends, legacy or nft; XTErr is why not.
+	XT    bool
+	XTErr error
+	// Native is nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY); NativeErr is why not.
+	Native    bool
+	NativeErr error
+}
+
+// The probe's objects: a chain in the mangle table (the only table the TPROXY target accepts),
+// a table of its own for the native expression. The batch is never applied, so neither is ever
+// created.
+const (
+	probeChain = "PROXY_INIT_PROBE"
+	probeTable = "proxy_init_probe"
+)
+
+// ProbeTPROXY asks the kernel of the calling thread's network namespace whether it can run
+// TPROXY, and changes nothing. An error means the question could not be asked (no nf_tables
+// netlink, no privilege), not that the answer is no.
+func ProbeTPROXY(ctx context.Context) (TPROXYSupport, error) {
+	var out TPROXYSupport
+	c, err := dial(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer c.close()
+
+	b := newBatch(emptyState(""))
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famIP)
+	b.str(unix.NFTA_TABLE_NAME, iptables.TableMangle.Name)
+	b.add(what{text: "add table ip mangle"})
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famIP)
+	b.str(unix.NFTA_CHAIN_TABLE, iptables.TableMangle.Name)
+	b.str(unix.NFTA_CHAIN_NAME, probeChain)
+	b.add(what{text: "add chain ip mangle " + probeChain})
+	xtRule := len(b.what)
+	addXT(b, iptables.IPv4, &iptables.XTRule{Table: iptables.TableMangle.Name, Chain: probeChain, TCP: true, Comment: iptables.CommentPrefix + "probe",
+		Target: iptables.TargetTPROXY, ToPort: 1, OnIP: netip.IPv4Unspecified(), Mark: iptables.TPROXYMark})
+
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
+	b.str(unix.NFTA_TABLE_NAME, probeTable)
+	b.add(what{text: "add table inet " + probeTable})
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
+	b.str(unix.NFTA_CHAIN_TABLE, probeTable)
+	b.str(unix.NFTA_CHAIN_NAME, probeChain)
+	b.add(what{text: "add chain inet " + probeTable + " " + probeChain})
+	exprs, err := nativeExprs(iptables.NFTRule{Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, Verdict: iptables.NFTTPROXY,
+		RedirectPort: 1, Mark: iptables.TPROXYMark}, nil)
+	if err != nil {
+		return out, err
+	}
+	nativeRule := len(b.what)
+	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
+	b.str(unix.NFTA_RULE_TABLE, probeTable)
+	b.str(unix.NFTA_RULE_CHAIN, probeChain)
+	b.expressions(famInet, exprs)
+	b.add(what{text: "add rule inet " + probeTable + " " + probeChain + " meta l4proto tcp tproxy to :1"})
+
+	refused, err := c.dryRun(b)
+	if err != nil {
+		return out, err
+	}
+	// A refused table or chain refuses what is in it too; only the rules' own answers tell.
+	for i, e := range refused {
+		if i < xtRule || i > nativeRule {
+			return out, fmt.Errorf("probe TPROXY support: %w", e)
+		}
+	}
+	out.XTErr, out.NativeErr = refused[xtRule], refused[nativeRule]
+	out.XT, out.Native = out.XTErr == nil, out.NativeErr == nil
+	return out, nil
+}
+
+// dryRun sends the batch without its end marker, and returns the kernel's refusals by message
+// index (from 0). The kernel checks every message, answers each refused one and the last (which
+// asks for it), and aborts: nothing is applied.
+func (c *conn) dryRun(b *Batch) (map[int]error, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
+	flags := b.b[b.last+6:]
+	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+	if err := c.send(b.b); err != nil {
+		return nil, fmt.Errorf("send the nf_tables probe: %w", err)
+	}
+	const first = 2 // the begin marker is message 1
+	last := uint32(first + len(b.what) - 1)
+	refused := map[int]error{}
+	for {
+		ms, err := c.nl.Receive()
+		var oe *netlink.OpError
+		switch {
+		case err == nil:
+			for _, m := range ms {
+				if m.Header.Type == netlink.Error && m.Header.Sequence == last {
+					return refused, nil
+				}
+			}
+			continue
+		case !errors.As(err, &oe) || oe.Sequence < first:
+			return nil, err
+		}
+		refused[int(oe.Sequence)-first] = oe.Err
+		if oe.Sequence == last {
+			return refused, nil
+		}
+	}
+}

@@ -1,0 +1,224 @@
+// Package routing writes, reads back and removes the policy routing that TPROXY needs beside its
+// rules (iptables.PolicyRoute): per family, an ip rule sending packets with TPROXY's mark to a
+// route table of ours, and in it a local default route, so that marked packets are delivered to
+// this host whatever their destination. It speaks rtnetlink (vishvananda/netlink), in the network
+// namespace of the calling thread; the Runner enters it first. It decides nothing about which
+// routes exist: the plan does (Ruleset.PolicyRoutes).
+//
+// What is ours is known without a configuration: the ip rules at iptables.TPROXYRulePriority that
+// look up iptables.TPROXYTable, and every route in that table.
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
+)
+
+// Netlink is the policy routing of the calling thread's network namespace. Each call reads
+// what is ours in one dump of the ip rules and one of the routes, both families at once.
+type Netlink struct{}
+
+// Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it,
+// family by family, each family's rules before its routes.
+func (Netlink) Read() ([]string, error) {
+	o, err := readOurs()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, f := range families {
+		for _, r := range o.rules[f] {
+			out = append(out, ruleLine(f, r))
+		}
+		for _, r := range o.routes[f] {
+			out = append(out, o.routeLine(f, r))
+		}
+	}
+	return out, nil
+}
+
+// Ensure adds what of want is missing, and returns what undoes exactly that (nothing, when
+// everything was in place): the caller's undo when the rules that need the routing fail. Routes
+// go in before their rules, so no marked packet is looked up in an empty table.
+func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error) {
+	var added []func() error
+	undo = func() error {
+		var errs []error
+		for i := len(added) - 1; i >= 0; i-- {
+			errs = append(errs, added[i]())
+		}
+		return errors.Join(errs...)
+	}
+	if len(want) == 0 {
+		return undo, nil
+	}
+	o, err := readOurs()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range want {
+		lines := p.Lines()
+		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
+			r := o.localRoute(p)
+			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.ENETDOWN) {
+					// The kernel refuses an IPv6 route through a loopback that is down.
+					err = fmt.Errorf("%w: the namespace's loopback interface is down (TPROXY delivers through it; bring lo up first, as every pod runtime does)", err)
+				}
+				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[1], err), undo())
+			}
+			added = append(added, func() error { return del(lines[1], netlink.RouteDel(r)) })
+		}
+		if !slices.ContainsFunc(o.rules[p.Family], func(r netlink.Rule) bool { return ruleLine(p.Family, r) == lines[0] }) {
+			r := markRule(p)
+			if err := netlink.RuleAdd(r); err != nil {
+				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[0], err), undo())
+			}
+			added = append(added, func() error { return del(lines[0], netlink.RuleDel(r)) })
+		}
+	}
+	return undo, nil
+}
+
+// Prune removes every rule and route of ours that want does not hold: all of them for an empty
+// want, which is cleanup. Rules go before routes: a rule left without its route would send
+// marked packets on to the main table, which is harmless, and no rule is left pointing at a
+// table being emptied.
+func (Netlink) Prune(want []iptables.PolicyRoute) error {
+	o, err := readOurs()
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, p := range want {
+		keep = append(keep, p.Lines()...)
+	}
+	var errs []error
+	for _, f := range families {
+		for i := range o.rules[f] {
+			if l := ruleLine(f, o.rules[f][i]); !slices.Contains(keep, l) {
+				errs = append(errs, del(l, netlink.RuleDel(&o.rules[f][i])))
+			}
+		}
+	}
+	for _, f := range families {
+		for i := range o.routes[f] {
+			if l := o.routeLine(f, o.routes[f][i]); !slices.Contains(keep, l) {
+				errs = append(errs, del(l, netlink.RouteDel(&o.routes[f][i])))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+
+// current is what of ours one read found, by family, and the loopback interface's index.
+type current struct {
+	rules  map[iptables.Family][]netlink.Rule
+	routes map[iptables.Family][]netlink.Route
+	lo     int
+}
+
+func familyOf(nl int) iptables.Family {
+	if nl == netlink.FAMILY_V6 {
+		return iptables.IPv6
+	}
+	return iptables.IPv4
+}
+
+func readOurs() (*current, error) {
+	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
+	rules, err := netlink.RuleList(netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list the ip rules: %w", err)
+	}
+	for _, r := range rules {
+		if r.Priority == iptables.TPROXYRulePriority && r.Table == int(iptables.TPROXYTable) && (r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6) {
+			o.rules[familyOf(r.Family)] = append(o.rules[familyOf(r.Family)], r)
+		}
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
+	}
+	for _, r := range routes {
+		if r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6 {
+			o.routes[familyOf(r.Family)] = append(o.routes[familyOf(r.Family)], r)
+		}
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return nil, fmt.Errorf("find the loopback interface: %w", err)
+	}
+	o.lo = lo.Attrs().Index
+	return o, nil
+}
+
+func del(what string, err error) error {
+	if err == nil || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+		return nil // gone already: what a removal wants
+	}
+	return fmt.Errorf("remove %s: %w", what, err)
+}
+
+func nlFamily(f iptables.Family) int {
+	if f == iptables.IPv6 {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+func markRule(p iptables.PolicyRoute) *netlink.Rule {
+	r := netlink.NewRule()
+	r.Family, r.Priority, r.Table, r.Mark = nlFamily(p.Family), p.Priority, int(p.Table), p.Mark
+	return r
+}
+
+func (o *current) localRoute(p iptables.PolicyRoute) *netlink.Route {
+	bits := 32
+	if p.Family == iptables.IPv6 {
+		bits = 128
+	}
+	return &netlink.Route{Family: nlFamily(p.Family), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
+		LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
+}
+
+// ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does, so that what is read
+// compares with what is wanted; anything it holds beyond a mark shows.
+func ruleLine(f iptables.Family, r netlink.Rule) string {
+	p := iptables.PolicyRoute{Family: f, Mark: r.Mark, Table: uint32(r.Table), Priority: r.Priority}
+	l := p.Lines()[0]
+	if r.Mask != nil && *r.Mask != 0xffffffff {
+		l += fmt.Sprintf(" (mask %#x)", *r.Mask)
+	}
+	if r.Src != nil || r.Dst != nil || r.IifName != "" || r.OifName != "" || r.Invert {
+		l += " (and more: " + r.String() + ")"
+	}
+	return l
+}
+
+// routeLine renders a route of our table as iptables.PolicyRoute.Lines does; any other route
+// there reads as what it is.
+func (o *current) routeLine(f iptables.Family, r netlink.Route) string {
+	def := r.Dst == nil
+	if r.Dst != nil {
+		ones, _ := r.Dst.Mask.Size()
+		def = ones == 0 && r.Dst.IP.IsUnspecified()
+	}
+	if def && r.Type == unix.RTN_LOCAL && r.LinkIndex == o.lo {
+		return iptables.PolicyRoute{Family: f, Table: uint32(r.Table)}.Lines()[1]
+	}
+	v := "-4"
+	if f == iptables.IPv6 {
+		v = "-6"
+	}
+	return fmt.Sprintf("ip %s route: %s (in table %d, not as proxy-init writes it)", v, r.String(), r.Table)
+}

@@ -1,0 +1,146 @@
+package proxyinit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
+)
+
+// refusing is a backend on a kernel without TPROXY: it refuses the rules whole, writing none.
+type refusing struct{ iptables.Applier }
+
+func (refusing) Apply(context.Context, *iptables.Ruleset) (iptables.Result, error) {
+	return iptables.Result{}, fmt.Errorf("the kernel refused the rule tproxy-all-incoming-to-proxy-port: %w", syscall.ENOENT)
+}
+
+// --inbound-mode tproxy on a kernel without TPROXY: exit 1, the error names what is missing for
+// the mode, and nothing is written, neither rules nor the policy routing added before them.
+// This machine's kernel has both TPROXYs (nfnl's TestProbeTPROXYWritesNothing), so the
+// backend's refusal and the probe's answer are stood in for those of one that lacks them; the
+// rest (the namespace, the policy routing and its removal, the backend choice) is real.
+func TestTPROXYWithoutKernelSupport(t *testing.T) {
+	nt.RequireRoot(t)
+	lacking := func(context.Context) (nfnl.TPROXYSupport, error) {
+		return nfnl.TPROXYSupport{XTErr: syscall.ENOENT, NativeErr: syscall.ENOENT}, nil
+	}
+	r := backend.Runner{Kernel: backend.CheckKernelWith(lacking), Choose: func(o backend.Options) (iptables.Applier, string, error) {
+		a, why, err := backend.New(o)
+		return refusing{a}, why, err
+	}}
+	const (
+		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY): no such file or directory"
+		native = "nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY): no such file or directory"
+	)
+	for _, c := range []struct {
+		mode iptables.Mode
+		want string
+	}{
+		{iptables.ModeLegacy, xt},
+		{iptables.ModeNFT, xt},
+		{iptables.ModeNFTables, native},
+		{iptables.ModeAuto, xt + ", or " + native},
+	} {
+		t.Run(string(c.mode), func(t *testing.T) {
+			n := nt.NewNS(t)
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), chartArgs("--inbound-mode", "tproxy", "--iptables-mode", string(c.mode), "--netns", n.Path()), &stdout, &stderr, r)
+			want := fmt.Sprintf("inbound-mode tproxy: the kernel lacks support for TPROXY in iptables mode %s, which needs %s; nothing was written", c.mode, c.want)
+			if code != ExitFailure || !strings.Contains(stderr.String(), want) {
+				t.Errorf("exit %d, want %d; stderr lacks %q:\n%s", code, ExitFailure, want, stderr.String())
+			}
+			if left := written(t, n); left != "" {
+				t.Errorf("written:\n%s", left)
+			}
+			// The control: with the real kernel's answer the same command line writes rules and
+			// policy routing, which written sees, and cleanup removes them all.
+			stderr.Reset()
+			args := chartArgs("--inbound-mode", "tproxy", "--iptables-mode", string(c.mode), "--netns", n.Path())
+			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+				t.Fatalf("with the real kernel: exit %d\n%s", code, stderr.String())
+			}
+			if w := written(t, n); !strings.Contains(w, "ip rule") || !strings.Contains(w, "route") {
+				t.Errorf("with the real kernel, written sees no policy routing:\n%s", w)
+			}
+			// show covers the policy routing: it matches, and a deleted ip rule is named.
+			show := func() (int, string) {
+				stdout.Reset()
+				code := run(context.Background(), append([]string{"show"}, args...), &stdout, &stderr, backend.Runner{})
+				return code, stdout.String()
+			}
+			if code, out := show(); code != ExitOK || !strings.Contains(out, "policy routing: 4 lines in place, match") {
+				t.Errorf("show: exit %d\n%s", code, out)
+			}
+			if err := n.Do(func() error {
+				return netlink.RuleDel(&netlink.Rule{Family: netlink.FAMILY_V4, Priority: iptables.TPROXYRulePriority, Table: int(iptables.TPROXYTable),
+					Mark: iptables.TPROXYMark, Mask: nil, Goto: -1, Flow: -1, SuppressIfgroup: -1, SuppressPrefixlen: -1})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if code, out := show(); code != ExitFailure || !strings.Contains(out, "missing: ip -4 rule: priority 4143 fwmark 0x102f lookup 4143") {
+				t.Errorf("show with the ip rule deleted: exit %d\n%s", code, out)
+			}
+			if code := run(context.Background(), []string{"cleanup", "--netns", n.Path()}, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+				t.Fatalf("cleanup: exit %d\n%s", code, stderr.String())
+			}
+			if w := written(t, n); strings.Contains(w, "ip rule") || strings.Contains(w, "route:") || strings.Contains(w, "proxy_init") {
+				t.Errorf("left after cleanup:\n%s", w)
+			}
+		})
+	}
+}
+
+// written reports anything in the namespace: a legacy table instantiated, an nf_tables table,
+// an ip rule or route beyond the kernel's own.
+func written(t *testing.T, n *nt.NS) string {
+	t.Helper()
+	var out []string
+	if err := n.Do(func() error {
+		for _, f := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
+			b, err := os.ReadFile(f)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			if s := strings.TrimSpace(string(b)); s != "" {
+				out = append(out, "legacy tables: "+s)
+			}
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rules, err := netlink.RuleList(fam)
+			if err != nil {
+				return err
+			}
+			for _, r := range rules {
+				if r.Table == int(iptables.TPROXYTable) {
+					out = append(out, fmt.Sprintf("ip rule: %v", r))
+				}
+			}
+			routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return err
+			}
+			for _, r := range routes {
+				out = append(out, fmt.Sprintf("route: %v", r))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := nt.RunIn(t, n, "nft", "list", "ruleset"); err != nil || strings.TrimSpace(s) != "" {
+		out = append(out, fmt.Sprintf("nft list ruleset: %s %v", s, err))
+	}
+	return strings.Join(out, "\n")
+}
