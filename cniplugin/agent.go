@@ -173,7 +173,7 @@ func (p *Plugin) viaAgent(cmd string, local func(*Plugin, *skel.CmdArgs) error) 
 		}()
 
 		r := ex.reply
-		if r.Lookup != nil && (r.Lookup.Pod == nil || r.Lookup.Namespace == nil) {
+		if r.Lookup != nil && (!present(r.Lookup.Pod) || !present(r.Lookup.Namespace)) {
 			r.Lookup = nil // the agent sends both or neither; half an answer is no answer
 		}
 		if r.Handled {
@@ -393,12 +393,15 @@ func (a *agentLookup) Namespace(_ context.Context, name string) (*Namespace, err
 }
 
 func (a *agentLookup) Service(_ context.Context, namespace, name string) (*Service, error) {
-	if a.l.Service == nil {
+	if !present(a.l.Service) {
 		return nil, fmt.Errorf("service %s/%s: not in the node agent's answer", namespace, name)
 	}
 	var svc Service
 	return &svc, decodeAgentObject("service "+namespace+"/"+name, a.l.Service, &svc)
 }
+
+// present tells an object in the agent's answer from an absent or null one.
+func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 func decodeAgentObject(what string, raw json.RawMessage, into any) error {
 	if err := json.Unmarshal(raw, into); err != nil {
