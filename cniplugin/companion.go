@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -67,10 +68,12 @@ func (p *Plugin) companion(c *call) error {
 	cmd.Stdout = &out
 	cmd.Stderr = io.MultiWriter(p.Stderr, errTail)
 	// The companion does this call's work: it must not outlive the plugin when the runtime
-	// kills it.
+	// kills it. The signal follows the thread that started it, which stays locked meanwhile.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c.log.Debug("the pod is read from the API by the companion binary", "companion", path)
+	runtime.LockOSThread()
 	runErr := cmd.Run()
+	runtime.UnlockOSThread()
 	var ee *exec.ExitError
 	switch {
 	case runErr == nil && (out.Len() > 0 || c.cmd != "ADD"):

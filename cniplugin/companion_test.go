@@ -1,11 +1,16 @@
 package cniplugin_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,4 +127,103 @@ func testCompanionBroken(t *testing.T, n *node) {
 			}
 		})
 	}
+}
+
+// TestCompanionPassThrough runs the node's plugin binary with stand-ins for its companion: the
+// companion gets the plugin's standard input and environment byte for byte, its result and its
+// CNI error are the plugin's, and it dies with the plugin when the runtime kills the plugin.
+func TestCompanionPassThrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the plugin binary: skipped with -short")
+	}
+	stdin := []byte(`{"cniVersion":"1.0.0","name":"k8s","type":"linkerd-cni","agent":{"socket":""},` +
+		`"kubernetes":{"kubeconfig":"/nonexistent"},"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140}}`)
+	env := []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=c1", "CNI_NETNS=/nonexistent/netns", "CNI_IFNAME=eth0",
+		"CNI_ARGS=K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", "CNI_PATH=/opt/cni/bin", "OTHER=kept"}
+	run := func(t *testing.T, script string) (dir string, stdout string, code int) {
+		t.Helper()
+		dir = t.TempDir()
+		copyFile(t, filepath.Join(pluginBinaries(t)[0], "linkerd-cni"), filepath.Join(dir, "linkerd-cni"), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, cniplugin.CompanionName), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(filepath.Join(dir, "linkerd-cni"))
+		cmd.Env, cmd.Stdin = append(env, "DIR="+dir), bytes.NewReader(stdin)
+		out, err := cmd.Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return dir, string(out), code
+	}
+
+	t.Run("a result", func(t *testing.T) {
+		const result = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}]}`
+		dir, out, code := run(t, `cat > "$DIR/stdin"; env > "$DIR/env"; printf '%s' '`+result+`'`)
+		if code != 0 || out != result {
+			t.Errorf("exit %d, stdout %q; want 0 and the companion's %q", code, out, result)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dir, "stdin")); !bytes.Equal(got, stdin) {
+			t.Errorf("the companion's stdin %q, want the plugin's %q", got, stdin)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, "env"))
+		for _, kv := range append(env, "DIR="+dir) {
+			if !strings.Contains("\n"+string(got), "\n"+kv+"\n") {
+				t.Errorf("the companion's environment lacks %s:\n%s", kv, got)
+			}
+		}
+	})
+	t.Run("a CNI error", func(t *testing.T) {
+		const cniErr = `{"code":11,"msg":"pod web/api-0 might be meshed and cannot be looked up: get pod web/api-0: timed out"}`
+		_, out, code := run(t, `printf '%s' '`+cniErr+`'; exit 1`)
+		var got, want types.Error
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("stdout %q: %v", out, err)
+		}
+		_ = json.Unmarshal([]byte(cniErr), &want)
+		if code != 1 || got != want {
+			t.Errorf("exit %d, error %+v; want 1 and the companion's %+v", code, got, want)
+		}
+	})
+	t.Run("no result", func(t *testing.T) {
+		dir, out, code := run(t, `exit 0`)
+		want := "exited 0 without printing a result"
+		if code != 1 || !strings.Contains(out, `"code": 11`) || !strings.Contains(out, filepath.Join(dir, cniplugin.CompanionName)+" failed: "+want) {
+			t.Errorf("exit %d, stdout %s; want 1 and error 11 saying %q", code, out, want)
+		}
+	})
+	t.Run("killed with the plugin", func(t *testing.T) {
+		dir := t.TempDir()
+		copyFile(t, filepath.Join(pluginBinaries(t)[0], "linkerd-cni"), filepath.Join(dir, "linkerd-cni"), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, cniplugin.CompanionName), []byte("#!/bin/sh\necho $$ > \"$DIR/pid\"\nexec sleep 60\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(filepath.Join(dir, "linkerd-cni"))
+		cmd.Env, cmd.Stdin = append(env, "DIR="+dir), bytes.NewReader(stdin)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		deadline := time.Now().Add(10 * time.Second)
+		for pid == 0 && time.Now().Before(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "pid"))
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			time.Sleep(10 * time.Millisecond)
+		}
+		if pid == 0 {
+			_ = cmd.Process.Kill()
+			t.Fatal("the companion never started")
+		}
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // only if the test failed
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		for time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("the companion (pid %d) outlived the plugin", pid)
+		}
+	})
 }
