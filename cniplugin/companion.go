@@ -35,11 +35,8 @@ const CompanionName = "linkerd-cni-api"
 // companion.
 var errNoAPIClient = errors.New("this binary links no Kubernetes API client")
 
-// companionPath is the companion beside this executable, unless the plugin names another one.
-func (p *Plugin) companionPath() (string, error) {
-	if p.Companion != "" {
-		return p.Companion, nil
-	}
+// companionPath is the companion beside this executable.
+func companionPath() (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return "", fmt.Errorf("find the plugin's own directory: %w", err)
@@ -56,7 +53,7 @@ func (p *Plugin) companion(c *call) error {
 	if c.cmd == "STATUS" {
 		code, what = types.ErrPluginNotAvailable, "linkerd-cni cannot look pods up"
 	}
-	path, err := p.companionPath()
+	path, err := companionPath()
 	if err != nil {
 		return c.fail(code, fmt.Errorf("%s: the plugin's API fallback %s: %w", what, CompanionName, err))
 	}

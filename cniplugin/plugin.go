@@ -35,9 +35,6 @@ type Plugin struct {
 	// a cache). Without one, a call that needs the API runs in the companion binary
 	// (companion.go): that is the node's plugin, which links no client.
 	NewPodAPI func(*NetConf) (PodAPI, error)
-	// Companion is the companion binary's path; empty means CompanionName beside this
-	// executable.
-	Companion string
 	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
 	// real one, the same path proxy-init takes.
 	Runner backend.Runner
