@@ -11,10 +11,12 @@ BIN := bin
 # Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
 # that the nft mode executes no program).
 APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
-# Packages the end-to-end node needs besides those.
-E2E_APT_PACKAGES := containerd runc
+# Packages the end-to-end cluster needs besides those: Debian's containerd 1.6 and runc (the second
+# runtime, E2E_RUNTIME=containerd1), and what runc's seccomp support builds against (make
+# e2e-runtime).
+E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps kube-bins kube-node test e2e unit vet fmt-check tidy-check deadcode demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-ci unit vet fmt-check tidy-check deadcode demo bench stress fuzz clean
 
 all: build
 
@@ -114,9 +116,15 @@ kube-bins:
 kube-node:
 	test/e2e/kube/build.sh
 
-# e2e-deps installs containerd and runc for the end-to-end node, only when one is missing.
+# e2e-runtime builds containerd v2 (with its shim and ctr) and runc v1.5 from Go modules into a
+# cache outside the checkout, like kube-node (see test/e2e/runtime/build.sh; about 4 minutes).
+e2e-runtime: e2e-deps
+	test/e2e/runtime/build.sh
+
+# e2e-deps installs the Debian packages of E2E_APT_PACKAGES, only when one is missing.
 e2e-deps: deps
-	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null; then \
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || \
+		! pkg-config --exists libseccomp 2>/dev/null || ! command -v gcc >/dev/null; then \
 		echo "installing $(E2E_APT_PACKAGES) with apt-get"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(E2E_APT_PACKAGES); \
 	fi
@@ -153,12 +161,22 @@ test: deps kube-bins fmt-check vet tidy-check deadcode
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
-# e2e runs the end-to-end suite on a single-node cluster (containerd, runc, kubelet) in namespaces
-# of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
+# e2e runs the end-to-end suite on a two-node dual-stack cluster (containerd, runc, kubelet per
+# node) in namespaces of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
+# On Debian's containerd 1.6 instead of containerd 2: make e2e E2E_RUNTIME=containerd1
+# e2e-ci is what .ci/run runs: every scenario on containerd 2, then E2E_CONTAINERD1_RUN on
+# containerd 1.6.
 E2E_RUN ?= .
+E2E_RUNTIME ?= containerd2
+E2E_CONTAINERD1_RUN ?= TestE2E/(DaemonSet|MeshedPod|AgentHealsInPlace|Teardown|APIUnreachable|NothingLeftOnHost)
 e2e: export PATH := $(PATH):/usr/sbin:/sbin
-e2e: e2e-deps kube-bins kube-node images
+e2e: export E2E_RUNTIME := $(E2E_RUNTIME)
+e2e: e2e-deps e2e-runtime kube-bins kube-node images
 	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
+
+e2e-ci:
+	$(MAKE) --no-print-directory e2e
+	$(MAKE) --no-print-directory e2e E2E_RUNTIME=containerd1 E2E_RUN='$(E2E_CONTAINERD1_RUN)'
 
 # unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
 # user.

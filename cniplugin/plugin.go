@@ -288,6 +288,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if _, err := p.NewPodAPI(conf); err != nil {
 		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
 	}
+	c.log.Debug("ready: config valid, kubeconfig readable (the API server is not contacted)")
 	return nil
 }
 

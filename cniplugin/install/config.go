@@ -80,6 +80,10 @@ type Config struct {
 	// service account's namespace file). It is put into the plugin's
 	// exclude-namespaces so the plugin never handles its own pods.
 	Namespace string
+	// PodName is the installer's own pod (POD_NAME). At SIGTERM its
+	// DaemonSet is looked up: while that stays, the plugin is left in place
+	// for the next pod (an upgrade). Without it, SIGTERM always uninstalls.
+	PodName string
 	// AdminAddr is where /ready and /live are served; "-" disables them.
 	AdminAddr string
 	// Debounce is how long a burst of file events is collected before the
@@ -140,6 +144,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		NodeName:           getenv("KUBERNETES_NODE_NAME"),
 		CNIMTU:             get("CNI_MTU", "1500"),
 		Namespace:          getenv("POD_NAMESPACE"),
+		PodName:            getenv("POD_NAME"),
 		NodeTaint:          getenv(EnvNodeTaint),
 		StandaloneConf:     getenv(EnvStandaloneConf),
 	}

@@ -47,7 +47,7 @@ func TestConfigFromEnv(t *testing.T) {
 			"KUBERNETES_SERVICE_HOST": "2001:db8::1", "KUBERNETES_SERVICE_PORT": "6443",
 			"DEST_CNI_NET_DIR": "/var/lib/rancher/k3s/agent/etc/cni/net.d", "DEST_CNI_BIN_DIR": "/var/lib/rancher/k3s/data/current/bin",
 			"CONTAINER_MOUNT_PREFIX": "/node", "KUBECONFIG_FILE_NAME": "linkerd.kubeconfig", "SKIP_TLS_VERIFY": "true",
-			"POD_NAMESPACE": "mesh-cni", "CNI_NETWORK_CONFIG_FILE": "/etc/linkerd/cni.json",
+			"POD_NAMESPACE": "mesh-cni", "CNI_NETWORK_CONFIG_FILE": "/etc/linkerd/cni.json", "POD_NAME": "linkerd-cni-x",
 		}
 		cfg, err := ConfigFromEnv(envFrom(env))
 		if err != nil {
@@ -60,7 +60,7 @@ func TestConfigFromEnv(t *testing.T) {
 		if d.serverURL() != "https://[2001:db8::1]:6443" {
 			t.Errorf("server = %s", d.serverURL())
 		}
-		if !d.SkipTLSVerify || d.Namespace != "mesh-cni" || d.NetworkConfigFile != "/etc/linkerd/cni.json" {
+		if !d.SkipTLSVerify || d.Namespace != "mesh-cni" || d.NetworkConfigFile != "/etc/linkerd/cni.json" || d.PodName != "linkerd-cni-x" {
 			t.Errorf("cfg = %+v", d)
 		}
 	})

@@ -12,7 +12,9 @@
 // directories with inotify and re-adds the plugin within a second when the
 // primary CNI rewrites its file. When its context ends (SIGTERM on pod
 // deletion) it removes its entry from every file, leaving every other byte
-// as it was, then the kubeconfig and the binaries.
+// as it was, then the kubeconfig and the binaries; unless its DaemonSet
+// stays (an upgrade: see successorComing), when it leaves all of it to the
+// next installer pod.
 //
 // Files are edited as bytes, not decoded and re-encoded: other plugins'
 // keys, order, numbers and whitespace survive exactly, and removal is the
@@ -281,6 +283,12 @@ func (in *installer) run(ctx context.Context) error {
 				// entries go, so no removal is in flight meanwhile.
 				<-in.taint.done
 			}
+			keep, why := in.successorComing(context.WithoutCancel(ctx))
+			if keep {
+				in.log.Info("leaving linkerd-cni, its kubeconfig and binaries in place for the next installer", "reason", why)
+				return nil
+			}
+			in.log.Info("uninstalling", "reason", why)
 			return in.uninstall()
 		case ev, ok := <-w.Events:
 			if !ok {

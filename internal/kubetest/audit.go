@@ -29,7 +29,8 @@ type AuditEvent struct {
 		Username string   `json:"username"`
 		Groups   []string `json:"groups"`
 	} `json:"user"`
-	UserAgent string `json:"userAgent"`
+	UserAgent string   `json:"userAgent"`
+	SourceIPs []string `json:"sourceIPs"`
 	ObjectRef *struct {
 		Resource    string `json:"resource"`
 		Namespace   string `json:"namespace"`

@@ -5,10 +5,9 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,17 +20,18 @@ import (
 )
 
 // The node agent's scenarios, with the DaemonSet of deploy/linkerd-cni (the agent in repair mode,
-// the default), on containerd as the node runs it.
+// the default) on both nodes. Each puts a pod on every node and checks that the node's own agent,
+// and never the other's, acted on it.
 
 const agentContainer = "linkerd-cni-agent"
 
 // waitValidatorFailed waits until the workload's pod in ns has a validator that exited 95, and
 // returns the pod's UID.
-func waitValidatorFailed(ctx context.Context, t testing.TB, n *Node, ns string) types.UID {
+func waitValidatorFailed(ctx context.Context, t testing.TB, c *Cluster, ns string) types.UID {
 	t.Helper()
 	var failed types.UID
-	waitFor(ctx, t, 3*time.Minute, "the validator to exit 95 without the plugin", func(ctx context.Context) (bool, error) {
-		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	waitFor(ctx, t, 3*time.Minute, "the validator in "+ns+" to exit 95 without the plugin", func(ctx context.Context) (bool, error) {
+		l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil {
 			return false, err
 		}
@@ -54,182 +54,245 @@ func waitValidatorFailed(ctx context.Context, t testing.TB, n *Node, ns string) 
 	return failed
 }
 
-// agentEvents returns the agent's Events on the pod with uid, as "reason: note".
-func agentEvents(ctx context.Context, t testing.TB, n *Node, ns string, uid types.UID) []string {
+// agentEvent is one Event of the agent on a pod.
+type agentEvent struct {
+	Reason, Note string
+	// Instance is the DaemonSet pod that reported it.
+	Instance string
+}
+
+func (e agentEvent) String() string { return e.Reason + " (by " + e.Instance + "): " + e.Note }
+
+// agentEvents returns the agent's Events on the pod with uid.
+func agentEvents(ctx context.Context, t testing.TB, c *Cluster, ns string, uid types.UID) []agentEvent {
 	t.Helper()
-	evs, err := n.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+	evs, err := c.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
+	var out []agentEvent
 	for _, e := range evs.Items {
 		if e.Regarding.UID == uid && e.ReportingController == "linkerd.io/cni-agent" {
-			out = append(out, e.Reason+": "+e.Note)
+			out = append(out, agentEvent{e.Reason, e.Note, e.ReportingInstance})
 		}
 	}
 	return out
 }
 
-// testAgentHealsInPlace: a meshed pod started while the DaemonSet was absent fails validation;
-// once the DaemonSet runs, the agent writes the pod's rules without deleting it, records why, and
-// the validator's next run passes.
-func testAgentHealsInPlace(t *testing.T, n *Node) {
-	ctx := context.Background()
-	removeDaemonSet(ctx, t, n)
-	const ns = "e2e-heal"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
-	failed := waitValidatorFailed(ctx, t, n, ns)
-
-	installDaemonSet(ctx, t, n)
-	// The kubelet reruns the validator after its back-off (at most a few minutes here).
-	var pod *corev1.Pod
-	waitFor(ctx, t, 6*time.Minute, "the same pod Ready, its validator passing", func(ctx context.Context) (bool, error) {
-		l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil {
-			return false, err
-		}
-		for i := range l.Items {
-			p := &l.Items[i]
-			if p.UID != failed {
-				return false, fmt.Errorf("pod %s (%s) replaced the failed one: it was deleted", p.Name, p.UID)
-			}
-			pod = p
-			return podReady(p) && exitCode(p, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(p))
-		}
-		return false, fmt.Errorf("%d pods", len(l.Items))
-	})
-	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "web")); len(rules) == 0 {
-		t.Error("no rules in the healed pod's network namespace")
+// checkRepairedBy fails unless the agent's Events on the pod with uid are n RedirectRepaired
+// Events (naming want) and nothing else, all reported by the DaemonSet pod ds.
+func checkRepairedBy(ctx context.Context, t testing.TB, c *Cluster, ns string, uid types.UID, ds *corev1.Pod, n int, want string) {
+	t.Helper()
+	evs := agentEvents(ctx, t, c, ns, uid)
+	ok := len(evs) == n
+	for _, e := range evs {
+		ok = ok && e.Reason == "RedirectRepaired" && strings.Contains(e.Note, want) && e.Instance == ds.Name
 	}
-	evs := agentEvents(ctx, t, n, ns, failed)
-	if len(evs) == 0 || !strings.HasPrefix(evs[0], "RedirectRepaired: ") || !strings.Contains(evs[0], "missing") {
-		t.Errorf("the agent's events on the pod: %q, want RedirectRepaired naming the missing rules", evs)
+	if !ok {
+		t.Errorf("the agent's events on the pod in %s: %v; want %d RedirectRepaired naming %q, all by %s, the DaemonSet pod of the pod's node %s",
+			ns, evs, n, want, ds.Name, ds.Spec.NodeName)
 	}
-	t.Logf("healed in place: %s", strings.Join(evs, "\n"))
+	for _, e := range evs {
+		t.Logf("%s: %s", ns, e)
+	}
 }
 
-// testAgentDrift: rules flushed by hand inside a running meshed pod come back within one audit
-// period (the chart's default, one minute), with an Event, and the pod keeps running.
-func testAgentDrift(t *testing.T, n *Node) {
+// nodeNamespace is the namespace a scenario's pods on node n live in: prefix-<a|b>.
+func nodeNamespace(prefix string, n *Node) string { return prefix + "-" + n.Suffix }
+
+// testAgentHealsInPlace: on each node, a meshed pod started while the DaemonSet was absent fails
+// validation; once the DaemonSet runs, the agent of that node writes the pod's rules through the
+// runtime's CRI without deleting it, records why, and the validator's next run passes.
+func testAgentHealsInPlace(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
-	const ns = "e2e-drift"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
-	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
-	netns := podNetNS(ctx, t, n, pod, "web")
-	if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
-		t.Fatalf("flush the pod's rules: %v: %s", err, out)
+	removeDaemonSet(ctx, t, c)
+	failed := make([]types.UID, len(c.Nodes))
+	for _, n := range c.Nodes {
+		ns := nodeNamespace("e2e-heal", n)
+		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		create(ctx, t, c.Client, cniWorkload(t, ns, 1, n)...)
 	}
-	if rules := ourRules(ctx, t, netns); len(rules) != 0 {
-		t.Fatalf("rules left after the flush: %v", rules)
+	for i, n := range c.Nodes {
+		failed[i] = waitValidatorFailed(ctx, t, c, nodeNamespace("e2e-heal", n))
+	}
+
+	ds := installDaemonSet(ctx, t, c)
+	for i, n := range c.Nodes {
+		ns := nodeNamespace("e2e-heal", n)
+		// The kubelet reruns the validator after its back-off (at most a few minutes here).
+		var pod *corev1.Pod
+		waitFor(ctx, t, 6*time.Minute, "the same pod on "+n.Name+" Ready, its validator passing", func(ctx context.Context) (bool, error) {
+			l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+			if err != nil {
+				return false, err
+			}
+			for j := range l.Items {
+				p := &l.Items[j]
+				if p.UID != failed[i] {
+					return false, fmt.Errorf("pod %s (%s) replaced the failed one: it was deleted", p.Name, p.UID)
+				}
+				pod = p
+				return podReady(p) && exitCode(p, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(p))
+			}
+			return false, fmt.Errorf("%d pods", len(l.Items))
+		})
+		if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
+			t.Errorf("no rules in the healed pod's network namespace on %s", n.Name)
+		}
+		checkRepairedBy(ctx, t, c, ns, failed[i], ds[i], 1, "missing")
+	}
+}
+
+// testAgentDrift: rules flushed by hand inside a running meshed pod on each node come back within
+// one audit period (the chart's default, one minute), with one Event from that node's agent, and
+// the pods keep running.
+func testAgentDrift(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ds := installDaemonSet(ctx, t, c)
+	for _, n := range c.Nodes {
+		ns := nodeNamespace("e2e-drift", n)
+		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		create(ctx, t, c.Client, cniWorkload(t, ns, 1, n)...)
+	}
+	pods := make([]*corev1.Pod, len(c.Nodes))
+	netns := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		pods[i] = &waitPods(ctx, t, c.Client, nodeNamespace("e2e-drift", n), "app=web", 1, 3*time.Minute)[0]
+		netns[i] = podNetNS(ctx, t, c, pods[i], "web")
 	}
 	flushed := time.Now()
-	waitFor(ctx, t, 2*time.Minute, "the rules to come back", func(ctx context.Context) (bool, error) {
-		return len(ourRules(ctx, t, netns)) > 0, nil
-	})
-	took := time.Since(flushed)
-	t.Logf("rules back %s after the flush", took.Round(time.Second))
-	if took > 75*time.Second {
-		t.Errorf("the rules came back after %s, more than one audit period (1m) and an audit", took)
+	for i, n := range c.Nodes {
+		if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns[i], "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+			t.Fatalf("flush the rules of the pod on %s: %v: %s", n.Name, err, out)
+		}
+		if rules := ourRules(ctx, t, netns[i]); len(rules) != 0 {
+			t.Fatalf("rules left after the flush on %s: %v", n.Name, rules)
+		}
 	}
-	evs := agentEvents(ctx, t, n, ns, pod.UID)
-	if len(evs) != 1 || !strings.HasPrefix(evs[0], "RedirectRepaired: ") {
-		t.Errorf("the agent's events on the pod: %q, want one RedirectRepaired", evs)
+	for i, n := range c.Nodes {
+		waitFor(ctx, t, 2*time.Minute, "the rules of the pod on "+n.Name+" to come back", func(ctx context.Context) (bool, error) {
+			return len(ourRules(ctx, t, netns[i])) > 0, nil
+		})
+		took := time.Since(flushed)
+		t.Logf("%s: rules back within %s of the flush", n.Name, took.Round(time.Second))
+		if took > 75*time.Second {
+			t.Errorf("%s: the rules came back after %s, more than one audit period (1m) and an audit", n.Name, took)
+		}
 	}
-	now, err := n.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil || now.UID != pod.UID || !podReady(now) {
-		t.Errorf("the pod after the repair: %v, %v", now, err)
+	for i, n := range c.Nodes {
+		checkRepairedBy(ctx, t, c, pods[i].Namespace, pods[i].UID, ds[i], 1, "missing")
+		now, err := c.Client.CoreV1().Pods(pods[i].Namespace).Get(ctx, pods[i].Name, metav1.GetOptions{})
+		if err != nil || now.UID != pods[i].UID || !podReady(now) {
+			t.Errorf("the pod on %s after the repair: %v, %v", n.Name, now, err)
+		}
 	}
 }
 
-// pluginGETs counts the plugin's GETs of pods and namespaces in ns, in the API server's audit
-// log: the linkerd-cni ServiceAccount's requests that are neither list nor watch (the agent's).
-func pluginGETs(t testing.TB, n *Node, ns string) int {
+// nodeSources maps each node to the addresses its requests reach the API server from: node A's
+// through the Service IP on its own lo (or its address), node B's from its address.
+func nodeSources(c *Cluster) map[string][]string {
+	return map[string][]string{c.A().Name: {serviceIP, c.A().IPv4}, c.B().Name: {c.B().IPv4}}
+}
+
+// pluginGETs counts the GETs of pods in ns and of namespace ns, in the API server's audit log, by
+// the linkerd-cni ServiceAccount (the agent only lists and watches), per node the requests came
+// from ("?" for an address of neither).
+func pluginGETs(t testing.TB, c *Cluster, ns string) map[string]int {
 	t.Helper()
-	evs, err := n.Cluster.AuditEvents(kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni"))
+	evs, err := c.Control.AuditEvents(kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	count := 0
+	count := map[string]int{}
 	for _, e := range evs {
-		if e.Verb == "get" && e.ObjectRef != nil && (e.ObjectRef.Namespace == ns || e.ObjectRef.Resource == "namespaces" && e.ObjectRef.Name == ns) {
-			count++
+		if e.Verb != "get" || e.ObjectRef == nil || (e.ObjectRef.Namespace != ns && (e.ObjectRef.Resource != "namespaces" || e.ObjectRef.Name != ns)) {
+			continue
 		}
+		from := "?"
+		for node, addrs := range nodeSources(c) {
+			if len(e.SourceIPs) > 0 && slices.Contains(addrs, e.SourceIPs[0]) {
+				from = node
+			}
+		}
+		count[from]++
 	}
 	return count
 }
 
-// testAgentLookup: with the agent, meshed pods start meshed with no GET from the plugin; with the
-// agent stopped (the DaemonSet without it), they still start meshed, through the API.
-func testAgentLookup(t *testing.T, n *Node) {
+// testAgentLookup: with the agent, meshed pods on both nodes start meshed with no GET from the
+// plugin on either node; with the agent stopped (the DaemonSet without it), a pod on each node
+// still starts meshed, through the API from its own node.
+func testAgentLookup(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
-	const ns, nsAPI = "e2e-lookup", "e2e-lookup-api"
-	t.Cleanup(func() {
-		deleteNamespace(ctx, t, n.Client, ns)
-		deleteNamespace(ctx, t, n.Client, nsAPI)
-	})
-	create(ctx, t, n.Client, cniWorkload(t, ns, 3)...)
-	for _, p := range waitPods(ctx, t, n.Client, ns, "app=web", 3, 3*time.Minute) {
-		if code := exitCode(&p, "linkerd-network-validator"); code != 0 {
-			t.Errorf("pod %s: validator exit code %d, want 0", p.Name, code)
+	installDaemonSet(ctx, t, c)
+	for _, n := range c.Nodes {
+		for _, prefix := range []string{"e2e-lookup", "e2e-lookup-api"} {
+			ns := nodeNamespace(prefix, n)
+			t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		}
+		create(ctx, t, c.Client, cniWorkload(t, nodeNamespace("e2e-lookup", n), 2, n)...)
+	}
+	for _, n := range c.Nodes {
+		for _, p := range waitPods(ctx, t, c.Client, nodeNamespace("e2e-lookup", n), "app=web", 2, 3*time.Minute) {
+			if code := exitCode(&p, "linkerd-network-validator"); code != 0 || p.Spec.NodeName != n.Name {
+				t.Errorf("pod %s on %s: validator exit code %d, want 0 on %s", p.Name, p.Spec.NodeName, code, n.Name)
+			}
 		}
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
-	if got := pluginGETs(t, n, ns); got != 0 {
-		t.Errorf("with the agent, the plugin made %d GETs for 3 meshed pods, want 0", got)
+	for _, n := range c.Nodes {
+		got := pluginGETs(t, c, nodeNamespace("e2e-lookup", n))
+		if len(got) != 0 {
+			t.Errorf("with the agent, the plugin made GETs for 2 meshed pods on %s: %v (by node), want none", n.Name, got)
+		}
 	}
 
-	removeDaemonSet(ctx, t, n)
-	installRendering(ctx, t, n, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}})
-	t.Cleanup(func() {
-		removeDaemonSet(ctx, t, n)
-		installDaemonSet(ctx, t, n)
-	})
-	create(ctx, t, n.Client, cniWorkload(t, nsAPI, 1)...)
-	pod := &waitPods(ctx, t, n.Client, nsAPI, "app=web", 1, 3*time.Minute)[0]
-	if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
-		t.Errorf("without the agent: validator exit code %d, want 0", code)
+	installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}})
+	for _, n := range c.Nodes {
+		create(ctx, t, c.Client, cniWorkload(t, nodeNamespace("e2e-lookup-api", n), 1, n)...)
+	}
+	for _, n := range c.Nodes {
+		ns := nodeNamespace("e2e-lookup-api", n)
+		pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
+		if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
+			t.Errorf("without the agent, on %s: validator exit code %d, want 0", n.Name, code)
+		}
 	}
 	time.Sleep(2 * time.Second)
-	if got := pluginGETs(t, n, nsAPI); got < 1 || got > 2 {
-		t.Errorf("without the agent, the plugin made %d GETs for a meshed pod, want 1 or 2", got)
-	}
-}
-
-// testPluginLogs: a plugin call's lines are in the DaemonSet pod's log (the agent container's),
-// with the pod, its namespace and the sandbox's container ID.
-func testPluginLogs(t *testing.T, n *Node) {
-	ctx := context.Background()
-	ds := installDaemonSet(ctx, t, n)
-	const ns = "e2e-logs"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
-	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
-	m := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=([0-9a-f]{64})`).
-		FindStringSubmatch(n.ContainerdLog(t))
-	if m == nil {
-		t.Fatalf("no ADD of the plugin for pod %s in containerd's log", pod.Name)
-	}
-	sandbox := m[1]
-	logFile := n.Path(filepath.Join("/var/lib/pod-logs", cniNamespace+"_"+ds.Name+"_"+string(ds.UID), agentContainer, "0.log"))
-	want := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=` + sandbox + ` .*apiRequests=0`)
-	waitFor(ctx, t, 30*time.Second, "the plugin's ADD in the agent's log", func(context.Context) (bool, error) {
-		b, err := os.ReadFile(logFile)
-		if err != nil {
-			return false, err
+	for _, n := range c.Nodes {
+		got := pluginGETs(t, c, nodeNamespace("e2e-lookup-api", n))
+		if len(got) != 1 || got[n.Name] < 1 || got[n.Name] > 2 {
+			t.Errorf("without the agent, the plugin's GETs for a meshed pod on %s, by node: %v; want 1 or 2, all from %s", n.Name, got, n.Name)
 		}
-		return want.Match(b), fmt.Errorf("%s has no line matching %s", logFile, want)
-	})
+	}
 }
 
-// installRendering removes nothing: it creates the chart's rendering with values (over the
-// default rendering's) and waits until the DaemonSet's pod is Ready. The DaemonSet must not exist.
-func installRendering(ctx context.Context, t testing.TB, n *Node, values map[string]any) *corev1.Pod {
-	t.Helper()
-	objs := renderObjects(t, values)
-	create(ctx, t, n.Client, objs...)
-	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
+// testPluginLogs: a plugin call's lines are in the log of its node's DaemonSet pod (the agent
+// container's), with the pod, its namespace and the sandbox's container ID, and not in the other
+// node's.
+func testPluginLogs(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ds := installDaemonSet(ctx, t, c)
+	for _, n := range c.Nodes {
+		ns := nodeNamespace("e2e-logs", n)
+		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		create(ctx, t, c.Client, cniWorkload(t, ns, 1, n)...)
+	}
+	for i, n := range c.Nodes {
+		ns := nodeNamespace("e2e-logs", n)
+		pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
+		added := `msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=`
+		m := regexp.MustCompile(added + `([0-9a-f]{64})`).FindStringSubmatch(n.ContainerdLog(t))
+		if m == nil {
+			t.Fatalf("no ADD of the plugin for pod %s in containerd's log on %s", pod.Name, n.Name)
+		}
+		want := regexp.MustCompile(added + m[1] + ` .*apiRequests=0`)
+		waitFor(ctx, t, 30*time.Second, "the plugin's ADD in the agent's log on "+n.Name, func(context.Context) (bool, error) {
+			return want.MatchString(podLog(t, c, ds[i], agentContainer)), fmt.Errorf("no line matching %s", want)
+		})
+		other := ds[(i+1)%len(ds)]
+		if strings.Contains(podLog(t, c, other, agentContainer), m[1]) {
+			t.Errorf("the agent of %s logged the sandbox %s of node %s", other.Spec.NodeName, m[1], n.Name)
+		}
+	}
 }

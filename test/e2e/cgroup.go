@@ -35,21 +35,21 @@ func cgroupMounts() ([]string, error) {
 	return mps, sc.Err()
 }
 
-// makeCgroups creates the kubelet's cgroup root in every hierarchy: the kubelet refuses a root
-// that does not exist. A new cpuset cgroup starts with no CPUs and no memory nodes, so it gets
-// its parent's.
-func (n *Node) makeCgroups() error {
+// makeCgroup creates a cgroup in every hierarchy, its parent already there: the kubelet refuses
+// a root that does not exist. A new cpuset cgroup starts with no CPUs and no memory nodes, so it
+// gets its parent's.
+func makeCgroup(path string) error {
 	mps, err := cgroupMounts()
 	if err != nil {
 		return err
 	}
 	for _, mp := range mps {
-		dir := filepath.Join(mp, n.CgroupRoot)
+		dir := filepath.Join(mp, path)
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return fmt.Errorf("create cgroup %s: %w", dir, err)
 		}
 		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			val, err := os.ReadFile(filepath.Join(mp, f))
+			val, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
 			if err != nil {
 				continue // not the cpuset hierarchy
 			}
@@ -61,16 +61,16 @@ func (n *Node) makeCgroups() error {
 	return nil
 }
 
-// removeCgroups removes the cgroup root and everything the kubelet and runc made under it,
-// deepest first, retrying while the kernel still counts a process that has just died.
-func (n *Node) removeCgroups() error {
+// removeCgroups removes a cgroup and everything the kubelets and runc made under it, deepest
+// first, retrying while the kernel still counts a process that has just died.
+func removeCgroups(path string) error {
 	mps, err := cgroupMounts()
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, mp := range mps {
-		root := filepath.Join(mp, n.CgroupRoot)
+		root := filepath.Join(mp, path)
 		var dirs []string
 		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {

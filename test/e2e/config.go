@@ -1,9 +1,13 @@
 package e2e
 
-// bridgeConflist is the node's primary CNI network, as a network add-on would install it: a
-// bridge with host-local addresses and port mappings. The linkerd-cni installer appends itself.
-const bridgeConflist = `{
-  "cniVersion": "1.0.0",
+import "fmt"
+
+// bridgeConflist is a node's primary CNI network, as a network add-on would install it: a
+// bridge with host-local addresses from the node's two pod ranges (IPv4 and IPv6) and port
+// mappings. The linkerd-cni installer appends itself.
+func bridgeConflist(cniVersion string, s nodeSpec) string {
+	return fmt.Sprintf(`{
+  "cniVersion": %q,
   "name": "e2e-bridge",
   "plugins": [
     {
@@ -13,22 +17,56 @@ const bridgeConflist = `{
       "ipMasq": false,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "` + podNet + `"}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
+        "ranges": [[{"subnet": %q}], [{"subnet": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
+`, cniVersion, s.PodNet4, s.PodNet6)
+}
+
+// containerd2Config runs containerd 2 inside a node (config version 3): root and state on the
+// node's tmpfs, the cached runc (@RUNC@) with cgroupfs (the kubelet's driver), the pause image
+// the harness imports, and the CNI directories the DaemonSet's hostPath volumes point at.
+// netns_mounts_under_state_dir keeps pod network namespaces in containerd's own state directory;
+// apparmor is off because profiles are loaded machine-wide; restrict_oom_score_adj keeps
+// containers' OOM scores no lower than containerd's own. NRI and the snapshotters the node does
+// not use are off.
+const containerd2Config = `version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = [
+  "io.containerd.nri.v1.nri",
+  "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.snapshotter.v1.zfs",
+]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "` + PauseImage + `"
+[plugins.'io.containerd.cri.v1.runtime']
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "@RUNC@"
+        SystemdCgroup = false
 `
 
-// containerdConfig runs containerd 1.6 inside the node: root and state on the node's tmpfs,
-// runc with cgroupfs (the kubelet's driver), the pause image the harness imports, and the CNI
-// directories the DaemonSet's hostPath volumes point at. netns_mounts_under_state_dir keeps pod
-// network namespaces in containerd's own state directory; apparmor is off because profiles are
-// loaded machine-wide; restrict_oom_score_adj keeps containers' OOM scores no lower than
-// containerd's own.
-const containerdConfig = `version = 2
+// containerd1Config is the same for Debian's containerd 1.6 (config version 2).
+const containerd1Config = `version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
 disabled_plugins = [
@@ -57,7 +95,7 @@ disabled_plugins = [
 // kubeletConfigTmpl is the kubelet's configuration; %s is the cgroup root.
 //   - failCgroupV1: false, because the machine runs cgroup v1 (hybrid), which kubelet 1.37
 //     refuses by default; cgroupfs, because containerd 1.6 lacks the RuntimeConfig call that
-//     would tell the kubelet the runtime's driver.
+//     would tell the kubelet the runtime's driver (containerd 2 reports cgroupfs, the same).
 //   - The API server reaches no kubelet port here, so the kubelet serves only loopback, allows
 //     every request on it, and nothing authenticates.
 //   - Eviction and image garbage collection are off: the node's disk is tmpfs, the machine's

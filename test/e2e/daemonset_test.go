@@ -29,70 +29,110 @@ const (
 	cniSelector   = "k8s-app=linkerd-cni"
 	conflistPath  = "/etc/cni/net.d/10-bridge.conflist"
 	pluginPath    = "/opt/cni/bin/linkerd-cni"
+	companionPath = "/opt/cni/bin/linkerd-cni-api" // the plugin's API client, which it runs beside itself
 	kubeconfigCNI = "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"
 )
 
-// installDaemonSet creates the objects of deploy/linkerd-cni, unchanged, and waits until the
-// installer's pod is Ready: the plugin is then in the node's conflist.
-func installDaemonSet(ctx context.Context, t testing.TB, n *Node) *corev1.Pod {
+// installed is the chart values the running DaemonSet was rendered with ("" for
+// deploy/linkerd-cni), or "none".
+var installed = "none"
+
+// installDaemonSet creates the objects of deploy/linkerd-cni, unchanged but for our images, and
+// waits until the installer's pod on every node is Ready: the plugin is then in every node's
+// conflist. The pods are returned in the order of c.Nodes.
+func installDaemonSet(ctx context.Context, t testing.TB, c *Cluster) []*corev1.Pod {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(repoRoot(t), "deploy/linkerd-cni/*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests in deploy/linkerd-cni (%v)", err)
-	}
-	for i, f := range files {
-		files[i], _ = filepath.Rel(repoRoot(t), f)
-	}
-	objs := loadObjects(t, files...)
-	ourDaemonSet(objs)
-	create(ctx, t, n.Client, objs...)
-	return &waitPods(ctx, t, n.Client, cniNamespace, cniSelector, 1, 3*time.Minute)[0]
+	return installDaemonSetWith(ctx, t, c, nil)
 }
 
-// ourDaemonSet points the DaemonSet among objs at this build's images.
-func ourDaemonSet(objs []runtime.Object) {
+// installDaemonSetWith is installDaemonSet with the linkerd2-cni chart rendered with values
+// (over make manifests' own, createNamespace: true) instead of deploy/linkerd-cni. A DaemonSet
+// running with other values is removed first.
+func installDaemonSetWith(ctx context.Context, t testing.TB, c *Cluster, values map[string]any) []*corev1.Pod {
+	t.Helper()
+	key := ""
+	var objs []runtime.Object
+	if values == nil {
+		files, err := filepath.Glob(filepath.Join(repoRoot(t), "deploy/linkerd-cni/*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no manifests in deploy/linkerd-cni (%v)", err)
+		}
+		for i, f := range files {
+			files[i], _ = filepath.Rel(repoRoot(t), f)
+		}
+		objs = loadObjects(t, files...)
+	} else {
+		all := maps.Clone(helmchart.ManifestValues)
+		maps.Copy(all, values)
+		raw, _ := json.Marshal(all)
+		key = string(raw)
+		ch, err := helmchart.Load(repoRoot(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := helmchart.Render(ch, all)
+		if err != nil {
+			t.Fatalf("render the chart with %s: %v", key, err)
+		}
+		for _, name := range helmchart.Names(files) {
+			if filepath.Dir(name) == "." { // not optional/ nor the chart's tests/
+				objs = append(objs, decodeObjects(t, name, []byte(files[name]))...)
+			}
+		}
+	}
+	if installed != key && installed != "none" {
+		removeDaemonSet(ctx, t, c)
+	}
 	for _, obj := range objs {
 		if ds, ok := obj.(*appsv1.DaemonSet); ok {
 			for i := range ds.Spec.Template.Spec.Containers {
 				useOurImages(&ds.Spec.Template.Spec.Containers[i])
 			}
 		}
-	}
-}
-
-// renderObjects renders the chart with values over the default rendering's (as deploy/ is
-// made), pointed at this build's images.
-func renderObjects(t testing.TB, values map[string]any) []runtime.Object {
-	t.Helper()
-	ch, err := helmchart.Load(repoRoot(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := maps.Clone(helmchart.ManifestValues)
-	maps.Copy(all, values)
-	files, err := helmchart.Render(ch, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var objs []runtime.Object
-	for _, name := range helmchart.Names(files) {
-		if filepath.Dir(name) == "." {
-			objs = append(objs, decodeObjects(t, name, []byte(files[name]))...)
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			// The ConfigMap may be left from other values: the installer reads it at start.
+			_, err := c.Client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("update ConfigMap %s: %v", cm.Name, err)
+			}
 		}
 	}
-	ourDaemonSet(objs)
-	return objs
+	create(ctx, t, c.Client, objs...)
+	installed = key
+	return daemonSetPods(ctx, t, c)
 }
 
-// removeDaemonSet deletes the DaemonSet and waits until its pod is gone, which is when the
-// installer has taken the plugin out of the node's configuration.
-func removeDaemonSet(ctx context.Context, t testing.TB, n *Node) {
+// daemonSetPods waits until the DaemonSet runs a Ready pod on every node and returns them in the
+// order of c.Nodes.
+func daemonSetPods(ctx context.Context, t testing.TB, c *Cluster) []*corev1.Pod {
 	t.Helper()
-	err := n.Client.AppsV1().DaemonSets(cniNamespace).Delete(ctx, cniDaemonSet, metav1.DeleteOptions{})
+	pods := waitPods(ctx, t, c.Client, cniNamespace, cniSelector, len(c.Nodes), 3*time.Minute)
+	byNode := make([]*corev1.Pod, len(c.Nodes))
+	for i := range pods {
+		for j, n := range c.Nodes {
+			if pods[i].Spec.NodeName == n.Name {
+				byNode[j] = &pods[i]
+			}
+		}
+	}
+	for j, p := range byNode {
+		if p == nil {
+			t.Fatalf("no DaemonSet pod on node %s", c.Nodes[j].Name)
+		}
+	}
+	return byNode
+}
+
+// removeDaemonSet deletes the DaemonSet and waits until its pods are gone, which is when the
+// installers have taken the plugin out of the nodes' configuration.
+func removeDaemonSet(ctx context.Context, t testing.TB, c *Cluster) {
+	t.Helper()
+	err := c.Client.AppsV1().DaemonSets(cniNamespace).Delete(ctx, cniDaemonSet, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatalf("delete DaemonSet: %v", err)
 	}
-	waitGone(ctx, t, n.Client, cniNamespace, cniSelector, 2*time.Minute)
+	waitGone(ctx, t, c.Client, cniNamespace, cniSelector, 2*time.Minute)
+	installed = "none"
 }
 
 // conflistPlugins returns the types of the plugins in the node's bridge conflist.
@@ -119,44 +159,50 @@ func conflistPlugins(t testing.TB, n *Node) ([]string, map[string]any) {
 	return types, ours
 }
 
-// testDaemonSet is scenario 1: the chart's default rendering runs from our image, copies the
-// plugin and appends it to the conflist containerd reads, and its pod becomes Ready.
-func testDaemonSet(t *testing.T, n *Node) {
+// testDaemonSet: the chart's default rendering runs from our image on every node, copies the
+// plugin and appends it to the conflist containerd reads, and its pods become Ready.
+func testDaemonSet(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	removeDaemonSet(ctx, t, n)
-	if types, _ := conflistPlugins(t, n); strings.Join(types, ",") != "bridge,portmap" {
-		t.Fatalf("conflist before the DaemonSet: plugins %v, want bridge,portmap", types)
-	}
-	pod := installDaemonSet(ctx, t, n)
-	t.Logf("installer pod %s Ready: %s", pod.Name, describePod(pod))
-	for _, c := range pod.Spec.Containers {
-		if want := ourImages["ghcr.io/kubemesh/linkerd-cni"]; c.Image != want {
-			t.Errorf("container %s runs %s, want %s", c.Name, c.Image, want)
+	removeDaemonSet(ctx, t, c)
+	for _, n := range c.Nodes {
+		if types, _ := conflistPlugins(t, n); strings.Join(types, ",") != "bridge,portmap" {
+			t.Fatalf("node %s: conflist before the DaemonSet: plugins %v, want bridge,portmap", n.Name, types)
 		}
 	}
-
-	types, ours := conflistPlugins(t, n)
-	if strings.Join(types, ",") != "bridge,portmap,linkerd-cni" {
-		t.Errorf("conflist plugins %v, want bridge,portmap,linkerd-cni", types)
+	pods := installDaemonSet(ctx, t, c)
+	for i, n := range c.Nodes {
+		pod := pods[i]
+		t.Logf("installer pod %s on %s Ready: %s", pod.Name, n.Name, describePod(pod))
+		for _, ctr := range pod.Spec.Containers {
+			if want := ourImages["ghcr.io/kubemesh/linkerd-cni"]; ctr.Image != want {
+				t.Errorf("container %s runs %s, want %s", ctr.Name, ctr.Image, want)
+			}
+		}
+		types, ours := conflistPlugins(t, n)
+		if strings.Join(types, ",") != "bridge,portmap,linkerd-cni" {
+			t.Errorf("node %s: conflist plugins %v, want bridge,portmap,linkerd-cni", n.Name, types)
+		}
+		if kube, _ := ours["kubernetes"].(map[string]any); kube["kubeconfig"] != kubeconfigCNI {
+			t.Errorf("node %s: linkerd-cni kubernetes config %v, want kubeconfig %s", n.Name, ours["kubernetes"], kubeconfigCNI)
+		}
+		for _, bin := range []string{pluginPath, companionPath} {
+			if fi, err := os.Stat(n.Path(bin)); err != nil || fi.Mode().Perm()&0o111 == 0 {
+				t.Errorf("node %s: %s: %v, want an executable", n.Name, bin, err)
+			}
+		}
+		fi, err := os.Stat(n.Path(kubeconfigCNI))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("node %s: kubeconfig %s: %v, want mode 0600", n.Name, kubeconfigCNI, err)
+		}
+		if data, err := os.ReadFile(n.Path(kubeconfigCNI)); err != nil || !strings.Contains(string(data), "https://"+serviceIP+":443") {
+			t.Errorf("node %s: kubeconfig %s (%v) does not point at the kubernetes Service https://%s:443:\n%s", n.Name, kubeconfigCNI, err, serviceIP, data)
+		}
 	}
-	if kube, _ := ours["kubernetes"].(map[string]any); kube["kubeconfig"] != kubeconfigCNI {
-		t.Errorf("linkerd-cni kubernetes config %v, want kubeconfig %s", ours["kubernetes"], kubeconfigCNI)
-	}
-	if fi, err := os.Stat(n.Path(pluginPath)); err != nil || fi.Mode().Perm()&0o111 == 0 {
-		t.Errorf("plugin %s on the node: %v, want an executable", pluginPath, err)
-	}
-	fi, err := os.Stat(n.Path(kubeconfigCNI))
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("kubeconfig %s: %v, want mode 0600", kubeconfigCNI, err)
-	}
-	if data, err := os.ReadFile(n.Path(kubeconfigCNI)); err != nil || !strings.Contains(string(data), "https://"+serviceIP+":443") {
-		t.Errorf("kubeconfig %s (%v) does not point at the kubernetes Service https://%s:443:\n%s", kubeconfigCNI, err, serviceIP, data)
-	}
-	waitFor(ctx, t, time.Minute, "the DaemonSet to count its pod ready", func(ctx context.Context) (bool, error) {
-		ds, err := n.Client.AppsV1().DaemonSets(cniNamespace).Get(ctx, cniDaemonSet, metav1.GetOptions{})
+	waitFor(ctx, t, time.Minute, "the DaemonSet to count its pods ready", func(ctx context.Context) (bool, error) {
+		ds, err := c.Client.AppsV1().DaemonSets(cniNamespace).Get(ctx, cniDaemonSet, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		return ds.Status.NumberReady == 1, fmt.Errorf("status %+v", ds.Status)
+		return ds.Status.NumberReady == int32(len(c.Nodes)), fmt.Errorf("status %+v", ds.Status)
 	})
 }

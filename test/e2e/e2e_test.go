@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,6 +45,10 @@ func kubeNodeBinary(t testing.TB) string {
 	return filepath.Join(strings.TrimSpace(string(dir)), "kube-node")
 }
 
+// nextImage is the linkerd-cni image of a second build, with another tag: RollingUpgrade's
+// image B.
+var nextImage string
+
 // ourImages maps the repositories of the project's images to the names `make images` gave them
 // (the build's tag), for the manifests in deploy/, which name a release.
 var ourImages = map[string]string{}
@@ -54,9 +60,9 @@ func useOurImages(c *corev1.Container) {
 	}
 }
 
-// TestE2E starts one node and runs every scenario on it as a subtest, then stops the node and
-// checks that nothing of it is left on the machine. Run one scenario alone with
-// -run 'TestE2E/<Name>$'.
+// TestE2E starts the cluster (E2E_RUNTIME picks its runtime) and runs every scenario on it as
+// a subtest, then stops it and checks that nothing of it is left on the machine. Run one
+// scenario alone with -run 'TestE2E/<Name>$'.
 func TestE2E(t *testing.T) {
 	netnstest.RequireRoot(t)
 	root := repoRoot(t)
@@ -78,53 +84,55 @@ func TestE2E(t *testing.T) {
 		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
 		images = append(images, archive)
 	}
-	opts := Options{KubeNode: kubeNodeBinary(t), Images: images}
+	next, nextRef, err := BuildNextImage(root, t.TempDir(), ourImages["ghcr.io/kubemesh/linkerd-cni"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, nextImage = append(images, next), nextRef
+	rt, err := RuntimeFromEnv(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{KubeNode: kubeNodeBinary(t), Runtime: rt, Images: images}
 	if dir := os.Getenv("E2E_LOGS"); dir != "" {
-		if opts.Dir, err = os.MkdirTemp(dir, "node-"); err != nil {
+		if opts.Dir, err = os.MkdirTemp(dir, "cluster-"); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("node configuration and logs kept in %s", opts.Dir)
+		t.Logf("cluster configuration and logs kept in %s", opts.Dir)
 	}
-	n := StartNode(t, opts)
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *Node)
-	}{
-		{"DaemonSet", testDaemonSet},
-		{"MeshedPod", testMeshedPod},
-		{"InitContainerPod", testInitContainerPod},
-		{"UnmeshedPods", testUnmeshedPods},
-		{"Repair", testRepair},
-		{"AgentHealsInPlace", testAgentHealsInPlace},
-		{"AgentDrift", testAgentDrift},
-		{"AgentLookup", testAgentLookup},
-		{"PluginLogs", testPluginLogs},
-		{"Teardown", testTeardown},
-		{"Load", testLoad},
-		{"APIUnreachable", testAPIUnreachable},
-	} {
-		t.Run(sc.name, func(t *testing.T) { sc.run(t, n) })
+	c := StartCluster(t, opts)
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) { sc.run(t, c) })
 	}
 
-	// What the checks below see of the running node, to show they would see a leak.
-	running, runErr := n.Leftovers()
-	sysctls, sysErr := n.Sysctls()
-	if err := n.Stop(); err != nil {
-		t.Errorf("stop the node: %v", err)
+	// What the checks below see of the running cluster, to show they would see a leak.
+	running, runErr := c.Leftovers()
+	var sysctls []map[string]string
+	var sysErr error
+	for _, n := range c.Nodes {
+		s, err := n.Sysctls()
+		sysctls, sysErr = append(sysctls, s), errors.Join(sysErr, err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Errorf("stop the cluster: %v", err)
 	}
 	check := func(t *testing.T) {
 		if runErr != nil || sysErr != nil {
 			t.Fatal(runErr, sysErr)
 		}
-		if len(running) == 0 {
-			t.Error("Leftovers found nothing of the running node: it would miss a leak")
-		}
-		for k, want := range KubeletSysctls {
-			if sysctls[k] != want {
-				t.Errorf("the node's %s is %q, want the kubelet's %q: the kubelet did not write into the node's cover", k, sysctls[k], want)
+		for _, n := range c.Nodes {
+			if !slices.ContainsFunc(running, func(l string) bool { return strings.Contains(l, n.Name) }) {
+				t.Errorf("Leftovers found nothing of running node %s: it would miss a leak", n.Name)
 			}
 		}
-		left, err := n.Leftovers()
+		for i, n := range c.Nodes {
+			for k, want := range KubeletSysctls {
+				if sysctls[i][k] != want {
+					t.Errorf("node %s's %s is %q, want the kubelet's %q: the kubelet did not write into the node's cover", n.Name, k, sysctls[i][k], want)
+				}
+			}
+		}
+		left, err := c.Leftovers()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +140,7 @@ func TestE2E(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range append(left, before.Diff(after)...) {
+		for _, l := range append(left, before.Diff(after, c.OursMount)...) {
 			t.Error(l)
 		}
 	}
@@ -141,4 +149,31 @@ func TestE2E(t *testing.T) {
 	if !checked { // -run left the subtest out; the machine is checked all the same
 		check(t)
 	}
+}
+
+// scenarios run in this order on one cluster, each a subtest of TestE2E; each sets up what it
+// needs, so any one runs alone.
+var scenarios = []struct {
+	name string
+	run  func(*testing.T, *Cluster)
+}{
+	{"DaemonSet", testDaemonSet},
+	{"MeshedPod", testMeshedPod},
+	{"InitContainerPod", testInitContainerPod},
+	{"UnmeshedPods", testUnmeshedPods},
+	{"Repair", testRepair},
+	{"AgentHealsInPlace", testAgentHealsInPlace},
+	{"AgentDrift", testAgentDrift},
+	{"AgentLookup", testAgentLookup},
+	{"PluginLogs", testPluginLogs},
+	{"Teardown", testTeardown},
+	{"DualStack", testDualStack},
+	{"CrossNode", testCrossNode},
+	{"RepairScope", testRepairScope},
+	{"UserNamespacePod", testUserNamespacePod},
+	{"LinkerdInjected", testLinkerdInjected},
+	{"Status", testStatus},
+	{"RollingUpgrade", testRollingUpgrade},
+	{"Load", testLoad},
+	{"APIUnreachable", testAPIUnreachable},
 }

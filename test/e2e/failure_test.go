@@ -15,26 +15,27 @@ import (
 // testAPIUnreachable is scenario 8: while the plugin cannot reach the API server, a meshed pod's
 // sandbox is not created, and the kubelet's events carry the plugin's message; once the API is
 // back, the kubelet's retry creates the sandbox and the pod is meshed.
-func testAPIUnreachable(t *testing.T, n *Node) {
+func testAPIUnreachable(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
+	n := c.A()
+	installDaemonSet(ctx, t, c)
 	const ns = "e2e-failure"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 
 	// The plugin's kubeconfig names the kubernetes Service's IP; the kubelet and the control
 	// plane use 127.0.0.1, so only pods and the plugin lose the API.
-	if err := n.SetServiceIP(false); err != nil {
+	if err := c.SetServiceIP(false); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := n.SetServiceIP(true); err != nil {
+		if err := c.SetServiceIP(true); err != nil {
 			t.Error(err)
 		}
 	})
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
+	create(ctx, t, c.Client, cniWorkload(t, ns, 1, n)...)
 	var msg string
 	waitFor(ctx, t, 3*time.Minute, "a FailedCreatePodSandBox event from the plugin", func(ctx context.Context) (bool, error) {
-		events, err := n.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -53,7 +54,7 @@ func testAPIUnreachable(t *testing.T, n *Node) {
 			t.Errorf("the event does not name %q: %s", want, msg)
 		}
 	}
-	l, err := n.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	l, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +64,10 @@ func testAPIUnreachable(t *testing.T, n *Node) {
 		}
 	}
 
-	if err := n.SetServiceIP(true); err != nil {
+	if err := c.SetServiceIP(true); err != nil {
 		t.Fatal(err)
 	}
-	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
+	pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
 	if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
 		t.Errorf("validator exit code %d once the API is back, want 0", code)
 	}

@@ -86,6 +86,10 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 			_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRoleBinding:
 			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *appsv1.DaemonSet:
 			_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *appsv1.Deployment:
@@ -195,6 +199,11 @@ func waitGone(ctx context.Context, t testing.TB, cs kubernetes.Interface, ns, se
 	})
 }
 
+// pin makes a pod (or a template's pods) run on node n.
+func pin(spec *corev1.PodSpec, n *Node) {
+	spec.NodeSelector = map[string]string{"kubernetes.io/hostname": n.Name}
+}
+
 // containerID returns the containerd ID of a pod's container.
 func containerID(t testing.TB, p *corev1.Pod, name string) string {
 	t.Helper()
@@ -211,8 +220,9 @@ var execSeq atomic.Int64
 
 // execIn runs args in a running container of a pod, as the container's own user, the way
 // `kubectl exec` would, and returns its output.
-func execIn(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container string, args ...string) (string, error) {
+func execIn(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, container string, args ...string) (string, error) {
 	t.Helper()
+	n := c.NodeOf(t, p)
 	id := containerID(t, p, container)
 	execID := fmt.Sprintf("e2e-%d-%d", os.Getpid(), execSeq.Add(1))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -222,8 +232,9 @@ func execIn(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container
 
 // podNetNS returns a path to a pod's network namespace, through the PID of one of its running
 // containers.
-func podNetNS(ctx context.Context, t testing.TB, n *Node, p *corev1.Pod, container string) string {
+func podNetNS(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, container string) string {
 	t.Helper()
+	n := c.NodeOf(t, p)
 	id := containerID(t, p, container)
 	out, err := n.Run(ctx, "ctr", "-n", "k8s.io", "tasks", "ls")
 	if err != nil {
@@ -261,4 +272,18 @@ func ourRules(ctx context.Context, t testing.TB, netns string) []string {
 		}
 	}
 	return lines
+}
+
+// podLog returns what a container of a pod logged so far (every restart), read from its node's
+// pod log directory: the kubelet here serves no `kubectl logs`.
+func podLog(t testing.TB, c *Cluster, p *corev1.Pod, container string) string {
+	t.Helper()
+	dir := c.NodeOf(t, p).Path(fmt.Sprintf("/var/lib/pod-logs/%s_%s_%s/%s", p.Namespace, p.Name, p.UID, container))
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		b.Write(data)
+	}
+	return b.String()
 }

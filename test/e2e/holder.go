@@ -19,14 +19,28 @@ import (
 // namespaces.
 const holderEnv = "E2E_NODE_HOLDER"
 
-// Addresses of the node. All are documentation ranges, and none is routed anywhere: the node's
-// network namespace has no link to any other.
+// Addresses of the cluster. All are documentation ranges, and none is routed anywhere but
+// between the nodes: their network namespaces are linked to each other and to nothing else.
 const (
-	nodeIP     = "192.0.2.1"       // eth0, the node's InternalIP, in 192.0.2.0/24
-	serviceIP  = "198.51.100.1"    // the "kubernetes" Service, on lo
-	serviceNet = "198.51.100.0/24" // --service-cluster-ip-range
-	podNet     = "203.0.113.0/24"  // the bridge's host-local range
+	serviceIP  = "198.51.100.1"    // the "kubernetes" Service, on node A's lo
+	serviceNet = "198.51.100.0/24" // --service-cluster-ip-range, routed to node A
 )
+
+// nodeSpec is one node's name and addresses: eth0 (IPv4 and IPv6, the node's InternalIPs, on
+// the link between the nodes) and its pods' ranges, from host-local.
+type nodeSpec struct {
+	Name             string
+	Suffix           string // its cgroup's and its files' name
+	IPv4, IPv6       string
+	PodNet4, PodNet6 string
+}
+
+// nodeSpecs are the cluster's nodes; the control plane runs in the first one's network
+// namespace.
+var nodeSpecs = []nodeSpec{
+	{Name: "e2e-node-a", Suffix: "a", IPv4: "192.0.2.1", IPv6: "2001:db8::1", PodNet4: "203.0.113.0/25", PodNet6: "2001:db8:1::/64"},
+	{Name: "e2e-node-b", Suffix: "b", IPv4: "192.0.2.2", IPv6: "2001:db8::2", PodNet4: "203.0.113.128/25", PodNet6: "2001:db8:2::/64"},
+}
 
 // stateDir is the node's own directory, on its tmpfs over /run.
 const stateDir = "/run/e2e-node"
@@ -44,6 +58,7 @@ type holderSpec struct {
 	HostNetNS, HostMntNS uint64 // the namespaces it must not be in
 	PluginsDir           string // the containernetworking plugins to install in /opt/cni/bin
 	Conflist             string // the primary CNI config, /etc/cni/net.d/10-bridge.conflist
+	ServiceIP            bool   // carry the kubernetes Service's IP on lo (the control plane's node)
 }
 
 // HolderMain belongs at the top of the e2e TestMain. In the re-executed holder it builds the node
@@ -148,10 +163,18 @@ func buildNode(spec holderSpec) error {
 	if err := coverSysctls(); err != nil {
 		return err
 	}
+	// The covers hide parts of /proc, and the kernel lets a container in a user namespace mount
+	// its own proc only where some proc mount is fully visible: this one, which nothing uses.
+	if err := os.MkdirAll(filepath.Join(stateDir, "proc"), 0o555); err != nil {
+		return err
+	}
+	if err := unix.Mount("proc", filepath.Join(stateDir, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount a fully visible proc for user-namespace pods: %w", err)
+	}
 	if err := installCNI(spec); err != nil {
 		return err
 	}
-	return nodeNetwork()
+	return nodeNetwork(spec.ServiceIP)
 }
 
 // coverSysctls bind-mounts a file holding each host-wide sysctl's current value over it, then
@@ -212,43 +235,40 @@ func installCNI(spec holderSpec) error {
 	return os.WriteFile("/etc/cni/net.d/10-bridge.conflist", []byte(spec.Conflist), 0o644)
 }
 
-// nodeNetwork brings lo up with the Service IP and gives the node its address on one end of a
-// veth pair whose other end stays in the same namespace (the kernel here has no dummy links).
-func nodeNetwork() error {
+// nodeNetwork brings lo up, with the Service IP on the control plane's node, and turns on
+// forwarding for both families (each network namespace has its own, off by default): the node
+// routes between its pods' bridge and the link to the other node. The link itself is made by
+// linkNodes, which needs both namespaces.
+func nodeNetwork(serviceIP bool) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
 	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-peer"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("add veth eth0: %w", err)
-	}
-	eth0, err := netlink.LinkByName("eth0")
-	if err != nil {
-		return err
-	}
-	peer, err := netlink.LinkByName("eth0-peer")
-	if err != nil {
-		return err
-	}
-	for _, a := range []struct {
-		link netlink.Link
-		cidr string
-	}{{lo, serviceIP + "/32"}, {eth0, nodeIP + "/24"}} {
-		addr, err := netlink.ParseAddr(a.cidr)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(a.link, addr); err != nil {
-			return fmt.Errorf("add %s to %s: %w", a.cidr, a.link.Attrs().Name, err)
+	if serviceIP {
+		if err := netlink.AddrAdd(lo, mustAddr(serviceIPCIDR)); err != nil {
+			return fmt.Errorf("add %s to lo: %w", serviceIPCIDR, err)
 		}
 	}
-	for _, l := range []netlink.Link{lo, peer, eth0} {
-		if err := netlink.LinkSetUp(l); err != nil {
-			return fmt.Errorf("set %s up: %w", l.Attrs().Name, err)
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile("/proc/sys/"+k, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable forwarding in the node: %w", err)
 		}
 	}
 	return nil
+}
+
+const serviceIPCIDR = serviceIP + "/32"
+
+// mustAddr parses a CIDR the harness itself spells.
+func mustAddr(cidr string) *netlink.Addr {
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		panic(err)
+	}
+	return a
 }
 
 // nsInode returns the inode of a namespace file such as /proc/PID/ns/net.

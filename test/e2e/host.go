@@ -23,7 +23,7 @@ type HostState struct {
 	Links   []string
 	Routing []string          // ip rule and ip route, both families, every table
 	Rules   map[string]string // ruleset per netfilter backend
-	Mounts  []string          // mount point, type and source of every mount
+	Mounts  []string          // mountLines of the machine's mount table
 	Cgroups []string          // the top-level cgroups of every hierarchy
 	Sysctls map[string]string
 }
@@ -64,13 +64,7 @@ func ReadHostState() (*HostState, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(mounts)), "\n") {
-		f := strings.Fields(line)
-		if sep := slices.Index(f, "-"); sep > 4 && sep+2 < len(f) {
-			s.Mounts = append(s.Mounts, f[4]+" "+f[sep+1]+" "+f[sep+2])
-		}
-	}
-	slices.Sort(s.Mounts)
+	s.Mounts = mountLines(string(mounts))
 	mps, err := cgroupMounts()
 	if err != nil {
 		return nil, err
@@ -116,8 +110,9 @@ func dropComments(dump string) string {
 	return b.String()
 }
 
-// Diff lists how now differs from s, one line per difference.
-func (s *HostState) Diff(now *HostState) []string {
+// Diff lists how now differs from s, one line per difference. ours tells whether a mount line
+// (mountLines) is the cluster's doing; the others are left to whoever else runs on the machine.
+func (s *HostState) Diff(now *HostState, ours func(mount string) bool) []string {
 	var d []string
 	list := func(what string, before, after []string) {
 		for _, x := range after {
@@ -133,12 +128,13 @@ func (s *HostState) Diff(now *HostState) []string {
 	}
 	list("link", s.Links, now.Links)
 	list("route or rule", s.Routing, now.Routing)
-	// Other tests on the machine bind-mount their namespaces under /run/netns while this one
-	// runs; the node mounts its pods' namespaces in its own /run, so none of those are its.
-	others := func(m string) bool {
-		return strings.HasPrefix(m, "/run/netns/") || strings.HasPrefix(m, "/var/run/netns/")
-	}
-	list("mount", slices.DeleteFunc(slices.Clone(s.Mounts), others), slices.DeleteFunc(slices.Clone(now.Mounts), others))
+	// Other tests on the machine mount things (their namespaces under /run/netns) while this
+	// one runs: a mount counts only when ours says the cluster made it. A namespace file
+	// mounted before the cluster existed is never the cluster's, even when one of its
+	// namespaces later got the same inode number.
+	theirs := func(m string) bool { return !ours(m) }
+	theirsBefore := func(m string) bool { return strings.Contains(m, " nsfs ") || !ours(m) }
+	list("mount", slices.DeleteFunc(slices.Clone(s.Mounts), theirsBefore), slices.DeleteFunc(slices.Clone(now.Mounts), theirs))
 	list("cgroup", s.Cgroups, now.Cgroups)
 	for _, k := range slices.Sorted(maps.Keys(s.Rules)) {
 		if s.Rules[k] != now.Rules[k] {
@@ -154,22 +150,63 @@ func (s *HostState) Diff(now *HostState) []string {
 	return d
 }
 
-// Leftovers lists what of the node is still on the machine after Stop: processes in its
-// namespaces or cgroups, its namespaces and those of its pods (held by a process or a bind
-// mount anywhere), and its cgroup root.
-func (n *Node) Leftovers() ([]string, error) {
+// mountLines lists the mounts of a mountinfo table, one "mount point, type, source" line each,
+// sorted; a namespace file's (nsfs) line also names the namespace, as "net:[inode]".
+func mountLines(mountinfo string) []string {
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(mountinfo), "\n") {
+		// mountinfo: ID parent major:minor root mountpoint options [optional...] - fstype source super
+		f := strings.Fields(line)
+		if sep := slices.Index(f, "-"); sep > 4 && sep+2 < len(f) {
+			m := f[4] + " " + f[sep+1] + " " + f[sep+2]
+			if f[sep+1] == "nsfs" {
+				m += " " + f[3]
+			}
+			lines = append(lines, m)
+		}
+	}
+	slices.Sort(lines)
+	return lines
+}
+
+// OursMount tells whether a line of the machine's mount table (mountLines) is the cluster's: a
+// namespace file of a node or of a pod, or a mount like one the nodes made in their own mount
+// namespaces (which must never propagate to the machine's). It is meant for after Stop.
+func (c *Cluster) OursMount(m string) bool {
+	f := strings.Fields(m)
+	if len(f) == 4 && f[1] == "nsfs" {
+		for _, n := range c.Nodes {
+			for _, ino := range append([]uint64{n.NetNS, n.MntNS}, n.podNetNS...) {
+				if strings.HasSuffix(f[3], fmt.Sprintf(":[%d]", ino)) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return c.nodeMounts[strings.Join(f[:min(len(f), 2)], " ")]
+}
+
+// Leftovers lists what of the cluster is still on the machine after Stop: processes of a node
+// (in its namespaces, its cgroups or marked as its), the nodes' namespaces and their pods' (held
+// by a process or a bind mount anywhere), and the cgroup root.
+func (c *Cluster) Leftovers() ([]string, error) {
 	var left []string
-	pids, err := n.processes()
-	if err != nil {
-		return nil, err
-	}
-	for _, pid := range pids {
-		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		left = append(left, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(cmd), "\x00", " ")))
-	}
-	nss := map[uint64]string{n.NetNS: "the node's network namespace", n.MntNS: "the node's mount namespace"}
-	for _, ino := range n.podNetNS {
-		nss[ino] = "a pod's network namespace"
+	nss := map[uint64]string{}
+	for _, n := range c.Nodes {
+		pids, err := n.processes()
+		if err != nil {
+			return nil, err
+		}
+		for _, pid := range pids {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			left = append(left, fmt.Sprintf("process %d of node %s: %s", pid, n.Name, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+		nss[n.NetNS] = "node " + n.Name + "'s network namespace"
+		nss[n.MntNS] = "node " + n.Name + "'s mount namespace"
+		for _, ino := range n.podNetNS {
+			nss[ino] = "a pod's network namespace on " + n.Name
+		}
 	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -201,9 +238,10 @@ func (n *Node) Leftovers() ([]string, error) {
 		return nil, err
 	}
 	for _, mp := range mps {
-		if _, err := os.Stat(filepath.Join(mp, n.CgroupRoot)); err == nil {
-			left = append(left, "cgroup "+filepath.Join(mp, n.CgroupRoot))
+		if _, err := os.Stat(filepath.Join(mp, c.CgroupRoot)); err == nil {
+			left = append(left, "cgroup "+filepath.Join(mp, c.CgroupRoot))
 		}
 	}
+	slices.Sort(left)
 	return slices.Compact(left), nil
 }

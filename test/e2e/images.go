@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,14 +25,35 @@ const (
 	// proxy that answers every connection with its original destination (SO_ORIGINAL_DST),
 	// `/agent serve` a plain server, `/agent dial HOST:PORT` a client that prints the reply.
 	AgentImage = "e2e.test/agent:1"
+	// ProxyStandIn stands in for Linkerd's proxy image (cr.l5d.io/linkerd/proxy) in the pods
+	// Linkerd's injector writes: our overlay's files (images.Overlay: proxy-init and the
+	// validator at Linkerd's paths) over a fake of the rest, the demo's fake proxy as
+	// /usr/lib/linkerd/linkerd2-proxy (the entrypoint, with the admin port's probes) and as
+	// /usr/lib/linkerd/linkerd-await.
+	ProxyStandIn = "e2e.test/linkerd-proxy:stand-in"
 )
 
-// BuildTestImages builds the pause and agent images as OCI archives in dir, laid out and written
-// like the project's own (internal/images), and returns their paths. root is the repository.
+// BuildTestImages builds the pause, agent and proxy stand-in images as OCI archives in dir,
+// laid out and written like the project's own (internal/images), and returns their paths. root
+// is the repository, whose bin/ holds `make build`'s binaries.
 func BuildTestImages(root, dir string) ([]string, error) {
 	in := images.Inputs{BinDir: filepath.Join(dir, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
 	if err := cnitest.GoBuild(in.BinDir, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "internal/demo")); err != nil {
 		return nil, err
+	}
+	proxyInit, err := os.ReadFile(filepath.Join(nodeBinDir(root), images.BinProxyInit))
+	if err != nil {
+		return nil, fmt.Errorf("%w (run `make images`)", err)
+	}
+	if err := os.WriteFile(filepath.Join(in.BinDir, images.BinProxyInit), proxyInit, 0o755); err != nil {
+		return nil, err
+	}
+	standIn := images.Image{
+		Name: "linkerd-proxy-stand-in",
+		Files: append(slices.Clone(images.Overlay.Files),
+			images.File{Path: "/usr/lib/linkerd/linkerd2-proxy", Bin: "demo"},
+			images.File{Path: "/usr/lib/linkerd/linkerd-await", Link: "/usr/lib/linkerd/linkerd2-proxy"}),
+		Entrypoint: []string{"/usr/lib/linkerd/linkerd2-proxy", "proxy", "-ports", "4140,4143", "-admin", "4191"},
 	}
 	var archives []string
 	for _, t := range []struct {
@@ -40,6 +62,7 @@ func BuildTestImages(root, dir string) ([]string, error) {
 	}{
 		{PauseImage, images.Image{Name: "pause", Files: []images.File{{Path: "/pause", Bin: "pause"}}, Entrypoint: []string{"/pause"}}},
 		{AgentImage, images.Image{Name: "agent", Files: []images.File{{Path: "/agent", Bin: "demo"}}, Entrypoint: []string{"/agent"}}},
+		{ProxyStandIn, standIn},
 	} {
 		layer, err := images.Layer(t.img, in)
 		if err != nil {
@@ -123,4 +146,30 @@ func ArchiveRef(archive string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: no image for this node's linux/%s (it has %v)", archive, runtime.GOARCH, have)
+}
+
+// BuildNextImage builds the linkerd-cni image again, for the node's platform from the same
+// binaries (`make images`'s), as ref's repository with ref's tag plus "-next": the image B a
+// rolling upgrade moves to. It returns the archive and the new reference.
+func BuildNextImage(root, dir, ref string) (string, string, error) {
+	img, err := images.Find("linkerd-cni")
+	if err != nil {
+		return "", "", err
+	}
+	tag := ref[strings.LastIndex(ref, ":")+1:] + "-next"
+	archive := filepath.Join(dir, "linkerd-cni-next.tar")
+	in := images.Inputs{BinDir: filepath.Join(root, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
+	if _, err := images.BuildOCI(archive, img, tag, []string{nodePlatform}, in); err != nil {
+		return "", "", err
+	}
+	return archive, img.Ref(tag), nil
+}
+
+// nodePlatform is the platform of the cluster's nodes (this machine's), the one of each
+// multi-arch image containerd unpacks.
+const nodePlatform = "linux/" + runtime.GOARCH
+
+// nodeBinDir is where `make images` (platform-bins) put the binaries of nodePlatform.
+func nodeBinDir(root string) string {
+	return images.PlatformBinDir(filepath.Join(root, "bin"), nodePlatform)
 }

@@ -22,25 +22,25 @@ const loadPods = 30
 // 0). It reports their times from creation to Ready against the same pods on the node without
 // the plugin, which must then run without the validator: it would fail by design. Speed is
 // reported, not asserted.
-func testLoad(t *testing.T, n *Node) {
+func testLoad(t *testing.T, c *Cluster) {
 	ctx := context.Background()
 	_, d := workload(t, "deploy/examples/cni-workload.yaml", "", 1)
 	spec := d.Spec.Template
 
-	installDaemonSet(ctx, t, n)
-	meshed := startBatch(ctx, t, n, "e2e-load-meshed", spec)
+	installDaemonSet(ctx, t, c)
+	meshed := startBatch(ctx, t, c, "e2e-load-meshed", spec)
 	for _, p := range meshed.pods {
 		if code := exitCode(p, "linkerd-network-validator"); code != 0 {
 			t.Errorf("pod %s: validator exit code %d, want 0", p.Name, code)
 		}
 	}
 
-	removeDaemonSet(ctx, t, n)
+	removeDaemonSet(ctx, t, c)
 	baseline := spec.DeepCopy()
 	baseline.Spec.InitContainers = slices.DeleteFunc(baseline.Spec.InitContainers, func(c corev1.Container) bool {
 		return c.Name == "linkerd-network-validator"
 	})
-	plain := startBatch(ctx, t, n, "e2e-load-baseline", *baseline)
+	plain := startBatch(ctx, t, c, "e2e-load-baseline", *baseline)
 
 	t.Logf("%d pods created at once, creation to Ready: with linkerd-cni %s; without (no validator) %s",
 		loadPods, meshed.summary(), plain.summary())
@@ -61,11 +61,11 @@ func (b batch) summary() string {
 
 // startBatch creates loadPods pods from tmpl in a new namespace, all at once, times each from its
 // creation to Ready, and deletes the namespace.
-func startBatch(ctx context.Context, t *testing.T, n *Node, ns string, tmpl corev1.PodTemplateSpec) batch {
+func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl corev1.PodTemplateSpec) batch {
 	t.Helper()
-	create(ctx, t, n.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	defer deleteNamespace(ctx, t, n.Client, ns)
-	w, err := n.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	defer deleteNamespace(ctx, t, c.Client, ns)
+	w, err := c.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func startBatch(ctx context.Context, t *testing.T, n *Node, ns string, tmpl core
 			p := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
 			p.Name, p.Namespace = fmt.Sprintf("load-%02d", i), ns
 			created[i] = time.Now()
-			if _, err := n.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 				errs <- err
 			}
 		}()

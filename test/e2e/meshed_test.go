@@ -12,14 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// peerNamespace holds the unmeshed pod the scenarios connect from and to.
+// peerNamespace holds the unmeshed pods the scenarios connect from and to, one per node.
 const peerNamespace = "e2e-peer"
 
-// peerPod returns the Ready unmeshed peer, creating it the first time.
+// peerPod returns the Ready unmeshed peer on node n, creating it the first time.
 func peerPod(ctx context.Context, t testing.TB, n *Node) *corev1.Pod {
 	t.Helper()
-	create(ctx, t, n.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: peerNamespace}}, plainPod(peerNamespace, "peer"))
-	return &waitPods(ctx, t, n.Client, peerNamespace, "app=peer", 1, 2*time.Minute)[0]
+	p := plainPod(peerNamespace, "peer-"+n.Suffix)
+	pin(&p.Spec, n)
+	create(ctx, t, n.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: peerNamespace}}, p)
+	return &waitPods(ctx, t, n.Client, peerNamespace, "app="+p.Name, 1, 2*time.Minute)[0]
 }
 
 // exitCode returns how a pod's init container terminated, -1 if it has not.
@@ -32,85 +34,90 @@ func exitCode(p *corev1.Pod, container string) int32 {
 	return -1
 }
 
-// testMeshedPod is scenario 2: deploy/examples' CNI workload starts with the plugin in place; its
+// testMeshedPod: deploy/examples' CNI workload starts on node A with the plugin in place; its
 // validator exits 0, and real TCP in both directions reaches the fake proxy with the original
 // destinations.
-func testMeshedPod(t *testing.T, n *Node) {
+func testMeshedPod(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
-	peer := peerPod(ctx, t, n)
+	installDaemonSet(ctx, t, c)
+	peer := peerPod(ctx, t, c.A())
 	const ns = "e2e-meshed"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, cniWorkload(t, ns, 1)...)
-	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+	create(ctx, t, c.Client, cniWorkload(t, ns, 1, c.A())...)
+	pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
 	if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
 		t.Errorf("validator exit code %d, want 0 (%s)", code, describePod(pod))
 	}
-	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "web")); len(rules) == 0 {
+	if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 		t.Error("no proxy-init rules in the meshed pod's network namespace")
 	}
-	checkMeshedTraffic(ctx, t, n, pod, peer)
+	checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+	checkProxyExempt(ctx, t, c, pod, peer)
 }
 
-// testInitContainerPod is scenario 3: deploy/examples' proxy-init workload, our image with the
-// chart's command line as an init container, writes its rules and the same traffic reaches the
-// fake proxy. The plugin is not in place, so the rules can only be proxy-init's.
-func testInitContainerPod(t *testing.T, n *Node) {
+// testInitContainerPod: deploy/examples' proxy-init workload, our image with the chart's command
+// line as an init container, writes its rules and the same traffic reaches the fake proxy. The
+// plugin is not in place, so the rules can only be proxy-init's.
+func testInitContainerPod(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	removeDaemonSet(ctx, t, n)
-	peer := peerPod(ctx, t, n)
+	removeDaemonSet(ctx, t, c)
+	peer := peerPod(ctx, t, c.A())
 	const ns = "e2e-init"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 	nsObj, d := workload(t, "deploy/examples/proxy-init-workload.yaml", ns, 1)
-	create(ctx, t, n.Client, nsObj, d)
-	pod := &waitPods(ctx, t, n.Client, ns, "app=web", 1, 3*time.Minute)[0]
+	pin(&d.Spec.Template.Spec, c.A())
+	create(ctx, t, c.Client, nsObj, d)
+	pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
 	if code := exitCode(pod, "linkerd-init"); code != 0 {
 		t.Errorf("linkerd-init exit code %d, want 0 (%s)", code, describePod(pod))
 	}
-	for _, c := range pod.Spec.InitContainers {
-		if want := ourImages["ghcr.io/kubemesh/proxy-init"]; c.Name == "linkerd-init" && c.Image != want {
-			t.Errorf("linkerd-init runs %s, want %s", c.Image, want)
+	for _, ctr := range pod.Spec.InitContainers {
+		if want := ourImages["ghcr.io/kubemesh/proxy-init"]; ctr.Name == "linkerd-init" && ctr.Image != want {
+			t.Errorf("linkerd-init runs %s, want %s", ctr.Image, want)
 		}
 	}
-	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "web")); len(rules) == 0 {
+	if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 		t.Error("no proxy-init rules in the pod's network namespace")
 	}
-	checkMeshedTraffic(ctx, t, n, pod, peer)
+	checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
 }
 
-// testUnmeshedPods is scenario 4: with the plugin in place, an unmeshed pod, and a pod with a
-// proxy in a namespace the plugin excludes (the DaemonSet's own, which the installer adds to
+// testUnmeshedPods: with the plugin in place, an unmeshed pod, and a pod with a proxy in a
+// namespace the plugin excludes (the DaemonSet's own, which the installer adds to
 // exclude-namespaces), get no rules, and traffic to and from them is direct.
-func testUnmeshedPods(t *testing.T, n *Node) {
+func testUnmeshedPods(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
-	peer := peerPod(ctx, t, n)
+	installDaemonSet(ctx, t, c)
+	peer := peerPod(ctx, t, c.A())
 	const ns = "e2e-plain"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
-	create(ctx, t, n.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, plainPod(ns, "plain"))
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+	plain := plainPod(ns, "plain")
+	pin(&plain.Spec, c.A())
+	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, plain)
 
 	excluded := plainPod(cniNamespace, "excluded")
+	pin(&excluded.Spec, c.A())
 	excluded.Spec.Containers = append(excluded.Spec.Containers, corev1.Container{
 		Name: "linkerd-proxy", Image: AgentImage,
 		Command: []string{"/agent", "proxy", "-ports", outboundPort + "," + inboundPort},
 	})
 	t.Cleanup(func() {
-		_ = n.Client.CoreV1().Pods(cniNamespace).Delete(ctx, excluded.Name, metav1.DeleteOptions{})
-		waitGone(ctx, t, n.Client, cniNamespace, "app=excluded", 2*time.Minute)
+		_ = c.Client.CoreV1().Pods(cniNamespace).Delete(ctx, excluded.Name, metav1.DeleteOptions{})
+		waitGone(ctx, t, c.Client, cniNamespace, "app=excluded", 2*time.Minute)
 	})
-	create(ctx, t, n.Client, excluded)
+	create(ctx, t, c.Client, excluded)
 
 	for _, p := range []struct{ ns, app string }{{ns, "plain"}, {cniNamespace, "excluded"}} {
-		pod := &waitPods(ctx, t, n.Client, p.ns, "app="+p.app, 1, 2*time.Minute)[0]
-		if rules := ourRules(ctx, t, podNetNS(ctx, t, n, pod, "app")); len(rules) != 0 {
+		pod := &waitPods(ctx, t, c.Client, p.ns, "app="+p.app, 1, 2*time.Minute)[0]
+		if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "app")); len(rules) != 0 {
 			t.Errorf("pod %s/%s has rules:\n%s", p.ns, pod.Name, strings.Join(rules, "\n"))
 		}
-		in, err := execIn(ctx, t, n, peer, "app", "/agent", "dial", pod.Status.PodIP+":"+appPort)
+		in, err := execIn(ctx, t, c, peer, "app", "/agent", "dial", pod.Status.PodIP+":"+appPort)
 		if err != nil || !strings.Contains(in, p.app+" at "+pod.Status.PodIP+":"+appPort+" answered directly") {
 			t.Errorf("inbound to %s/%s: %q, %v; want the app's own direct answer", p.ns, pod.Name, in, err)
 		}
-		out, err := execIn(ctx, t, n, pod, "app", "/agent", "dial", peer.Status.PodIP+":"+appPort)
-		if err != nil || !strings.Contains(out, "peer at "+peer.Status.PodIP+":"+appPort+" answered directly") {
+		out, err := execIn(ctx, t, c, pod, "app", "/agent", "dial", peer.Status.PodIP+":"+appPort)
+		if err != nil || !strings.Contains(out, peer.Name+" at "+peer.Status.PodIP+":"+appPort+" answered directly") {
 			t.Errorf("outbound from %s/%s: %q, %v; want the peer's direct answer", p.ns, pod.Name, out, err)
 		}
 	}

@@ -27,81 +27,126 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
-// NodeName is the name the kubelet registers.
-const NodeName = "e2e-node"
-
-// Options configures StartNode.
+// Options configures StartCluster.
 type Options struct {
 	// KubeNode is the kube-node binary (test/e2e/kube): kube-controller-manager, kube-scheduler
 	// and kubelet.
 	KubeNode string
-	// Images are OCI tarballs imported into containerd's k8s.io namespace before the kubelet
-	// starts; the pause image among them.
+	// Runtime is the nodes' container runtime.
+	Runtime Runtime
+	// Images are OCI tarballs imported into each node's containerd (namespace k8s.io) before
+	// its kubelet starts; the pause image among them.
 	Images []string
-	// ReadyTimeout bounds the wait for the Node to be Ready. Default 3 minutes.
+	// ReadyTimeout bounds the wait for the Nodes to be Ready. Default 3 minutes.
 	ReadyTimeout time.Duration
 	// Dir, when set, receives the configurations and logs, and is kept; by default they go to
 	// a temporary directory that is removed with the test.
 	Dir string
 }
 
-// Node is a running single-node cluster.
-type Node struct {
+// Cluster is the running cluster: one control plane, in the first node's network namespace,
+// and two nodes linked to each other.
+type Cluster struct {
 	// Dir holds the configurations and logs, on the machine's filesystem.
 	Dir string
-	// Cluster is the API server and etcd; Client is its admin client.
-	Cluster *kubetest.Cluster
+	// Runtime is the nodes' container runtime.
+	Runtime Runtime
+	// Control is the API server and etcd; Client is its admin client.
+	Control *kubetest.Cluster
 	Client  kubernetes.Interface
-	// CgroupRoot is the kubelet's cgroup root, the same path in every hierarchy.
+	// Nodes are the nodes, in nodeSpecs' order; A runs the control plane.
+	Nodes []*Node
+	// CgroupRoot holds every node's cgroups, the same path in every hierarchy.
+	CgroupRoot string
+
+	owner      int             // the test process's PID
+	procs      []*proc         // every component, in start order
+	nodeMounts map[string]bool // "mount point, type" of the nodes' own mounts, seen at Stop
+	// pins hold the nodes' and their pods' namespaces from Stop until ReleasePins: while held,
+	// no other namespace can take their inode numbers, so Leftovers and OursMount never
+	// mistake another test's namespace for one of the cluster's.
+	pins    []*os.File
+	stopped bool
+}
+
+// Node is one node of the cluster: its own network and mount namespaces, containerd and kubelet.
+type Node struct {
+	nodeSpec
+	// Client is the cluster's admin client.
+	Client kubernetes.Interface
+	// CgroupRoot is the kubelet's cgroup root, under the cluster's.
 	CgroupRoot string
 	// NetNS and MntNS are the inodes of the node's namespaces.
 	NetNS, MntNS uint64
 
-	owner    int // the test process's PID
+	c        *Cluster
 	holder   *exec.Cmd
 	holderIn io.Closer
-	procs    []*proc  // in start order
 	podNetNS []uint64 // pods' network namespaces seen at Stop, for Leftovers
-	stopped  bool
 }
 
-// proc is a process started in the node's namespaces.
+// proc is a process started in a node's namespaces.
 type proc struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
 }
 
-// StartNode builds the node, starts every component and waits until the Node is Ready. t.Cleanup
-// stops it, if Stop has not already.
-func StartNode(t testing.TB, opts Options) *Node {
+// StartCluster builds the nodes, links them, starts the control plane and every node's
+// components, and waits until every Node is Ready. t.Cleanup stops it, if Stop has not already.
+func StartCluster(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 3 * time.Minute
 	}
-	n := newNode(os.Getpid())
-	n.Dir = opts.Dir
-	if n.Dir == "" {
-		n.Dir = t.TempDir()
+	c := newCluster(os.Getpid())
+	c.Dir, c.Runtime = opts.Dir, opts.Runtime
+	if c.Dir == "" {
+		c.Dir = t.TempDir()
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			n.logTails(t)
+			c.logTails(t)
 		}
-		if err := n.Stop(); err != nil {
-			t.Errorf("stop node: %v", err)
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop cluster: %v", err)
 		}
+		c.ReleasePins()
 	})
-	if err := n.start(t, opts); err != nil {
-		t.Fatalf("start node: %v", err)
+	if err := c.start(t, opts); err != nil {
+		t.Fatalf("start cluster: %v", err)
 	}
-	return n
+	return c
 }
 
-func (n *Node) start(t testing.TB, opts Options) error {
+func newCluster(owner int) *Cluster {
+	c := &Cluster{owner: owner, CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", owner)}
+	for _, s := range nodeSpecs {
+		c.Nodes = append(c.Nodes, &Node{nodeSpec: s, c: c, CgroupRoot: c.CgroupRoot + "/" + s.Suffix})
+	}
+	return c
+}
+
+// A and B are the two nodes; A runs the control plane.
+func (c *Cluster) A() *Node { return c.Nodes[0] }
+func (c *Cluster) B() *Node { return c.Nodes[1] }
+
+// NodeOf returns the node a pod is bound to.
+func (c *Cluster) NodeOf(t testing.TB, p *corev1.Pod) *Node {
+	t.Helper()
+	for _, n := range c.Nodes {
+		if n.Name == p.Spec.NodeName {
+			return n
+		}
+	}
+	t.Fatalf("pod %s/%s is on no node of the cluster (nodeName %q)", p.Namespace, p.Name, p.Spec.NodeName)
+	return nil
+}
+
+func (c *Cluster) start(t testing.TB, opts Options) error {
 	began := time.Now()
 	for _, d := range []string{"logs", "etc"} {
-		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
 			return err
 		}
 	}
@@ -117,60 +162,82 @@ func (n *Node) start(t testing.TB, opts Options) error {
 	if err != nil {
 		return err
 	}
-	n.holder, n.holderIn, err = startHolder(holderSpec{
-		HostNetNS: hostNet, HostMntNS: hostMnt, PluginsDir: plugins, Conflist: bridgeConflist,
-	}, filepath.Join(n.Dir, "logs", "holder.log"))
-	if err != nil {
+	if err := makeCgroup(c.CgroupRoot); err != nil {
 		return err
 	}
-	if n.NetNS, err = nsInode(n.nsPath("net")); err != nil {
-		return err
+	for i, n := range c.Nodes {
+		n.holder, n.holderIn, err = startHolder(holderSpec{
+			HostNetNS: hostNet, HostMntNS: hostMnt, PluginsDir: plugins,
+			Conflist: bridgeConflist(c.Runtime.CNIVersion, n.nodeSpec), ServiceIP: i == 0,
+		}, filepath.Join(c.Dir, "logs", "holder-"+n.Suffix+".log"))
+		if err != nil {
+			return err
+		}
+		if n.NetNS, err = nsInode(n.nsPath("net")); err != nil {
+			return err
+		}
+		if n.MntNS, err = nsInode(n.nsPath("mnt")); err != nil {
+			return err
+		}
+		if err := makeCgroup(n.CgroupRoot); err != nil {
+			return err
+		}
 	}
-	if n.MntNS, err = nsInode(n.nsPath("mnt")); err != nil {
-		return err
-	}
-	if err := n.makeCgroups(); err != nil {
+	if err := linkNodes(c.A(), c.B()); err != nil {
 		return err
 	}
 
-	n.Cluster = kubetest.Start(t, kubetest.Options{
-		NetNSPath:               n.nsPath("net"),
+	a := c.A()
+	c.Control = kubetest.Start(t, kubetest.Options{
+		NetNSPath:               a.nsPath("net"),
 		BindAddress:             "0.0.0.0",
 		SecurePort:              443,
-		ServingIPs:              []net.IP{net.ParseIP(nodeIP), net.ParseIP(serviceIP)},
+		ServingIPs:              []net.IP{net.ParseIP(a.IPv4), net.ParseIP(serviceIP)},
 		ServiceAccountAdmission: true,
 		ExtraAPIServerArgs: []string{
 			"--service-cluster-ip-range=" + serviceNet,
-			"--advertise-address=" + nodeIP,
+			"--advertise-address=" + a.IPv4,
 		},
 	})
-	n.Client = n.Cluster.Clientset
-	kubeconfig := filepath.Join(n.Dir, "etc", "admin.kubeconfig")
-	if err := n.Cluster.WriteAdminKubeconfig(kubeconfig); err != nil {
+	c.Client = c.Control.Clientset
+	// The control plane and node A's kubelet reach the API on 127.0.0.1; node B's on A's address.
+	kubeconfig := filepath.Join(c.Dir, "etc", "admin.kubeconfig")
+	if err := c.Control.WriteAdminKubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(kubeconfig)
+	if err != nil {
+		return err
+	}
+	remote := filepath.Join(c.Dir, "etc", "admin-remote.kubeconfig")
+	data = bytes.ReplaceAll(data, []byte(c.Control.Host), []byte("https://"+a.IPv4+":443"))
+	if err := os.WriteFile(remote, data, 0o600); err != nil {
 		return err
 	}
 
-	if err := n.startContainerd(); err != nil {
-		return err
-	}
-	for _, img := range opts.Images {
-		if _, err := n.Run(context.Background(), "ctr", "-n", "k8s.io", "images", "import", img); err != nil {
-			return fmt.Errorf("import image %s: %w", img, err)
+	for _, n := range c.Nodes {
+		n.Client = c.Client
+		if err := n.startContainerd(); err != nil {
+			return err
+		}
+		for _, img := range opts.Images {
+			if _, err := n.Run(context.Background(), "ctr", "-n", "k8s.io", "images", "import", img); err != nil {
+				return fmt.Errorf("node %s: import image %s: %w", n.Name, img, err)
+			}
 		}
 	}
-
-	if _, err := n.startProc("kube-controller-manager", opts.KubeNode, "kube-controller-manager",
+	if _, err := c.startProc(a, "kube-controller-manager", opts.KubeNode, "kube-controller-manager",
 		"--kubeconfig="+kubeconfig,
 		"--authentication-kubeconfig="+kubeconfig,
 		"--authorization-kubeconfig="+kubeconfig,
-		"--root-ca-file="+n.Cluster.CAFile,
+		"--root-ca-file="+c.Control.CAFile,
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
 		"--use-service-account-credentials=false",
 	); err != nil {
 		return err
 	}
-	if _, err := n.startProc("kube-scheduler", opts.KubeNode, "kube-scheduler",
+	if _, err := c.startProc(a, "kube-scheduler", opts.KubeNode, "kube-scheduler",
 		"--kubeconfig="+kubeconfig,
 		"--authentication-kubeconfig="+kubeconfig,
 		"--authorization-kubeconfig="+kubeconfig,
@@ -179,26 +246,107 @@ func (n *Node) start(t testing.TB, opts Options) error {
 	); err != nil {
 		return err
 	}
-	kubeletConfig := filepath.Join(n.Dir, "etc", "kubelet.yaml")
-	if err := os.WriteFile(kubeletConfig, []byte(fmt.Sprintf(kubeletConfigTmpl, n.CgroupRoot)), 0o644); err != nil {
-		return err
+	var kubelets []*proc
+	for i, n := range c.Nodes {
+		kc := kubeconfig
+		if i > 0 {
+			kc = remote
+		}
+		cfg := filepath.Join(c.Dir, "etc", "kubelet-"+n.Suffix+".yaml")
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(kubeletConfigTmpl, n.CgroupRoot)), 0o644); err != nil {
+			return err
+		}
+		kubelet, err := c.startProc(n, "kubelet-"+n.Suffix, opts.KubeNode, "kubelet",
+			"--config="+cfg,
+			"--kubeconfig="+kc,
+			"--root-dir=/var/lib/kubelet",
+			"--hostname-override="+n.Name,
+			"--node-ip="+n.IPv4+","+n.IPv6,
+			"--v=2",
+		)
+		if err != nil {
+			return err
+		}
+		kubelets = append(kubelets, kubelet)
 	}
-	kubelet, err := n.startProc("kubelet", opts.KubeNode, "kubelet",
-		"--config="+kubeletConfig,
-		"--kubeconfig="+kubeconfig,
-		"--root-dir=/var/lib/kubelet",
-		"--hostname-override="+NodeName,
-		"--node-ip="+nodeIP,
-		"--v=2",
-	)
+	for i, n := range c.Nodes {
+		if err := n.waitReady(kubelets[i], opts.ReadyTimeout); err != nil {
+			return err
+		}
+	}
+	t.Logf("e2e: %d nodes on %s Ready in %v (dir %s, cgroup root %s)",
+		len(c.Nodes), c.Runtime.Name, time.Since(began).Round(time.Millisecond), c.Dir, c.CgroupRoot)
+	return nil
+}
+
+// linkNodes joins two nodes with a veth pair, eth0 in each, made inside a's network namespace
+// and moved into b's (never the machine's), and routes each node's pod ranges to the other.
+// Node b also routes the Service range to a, where the API server answers on the Service IP.
+func linkNodes(a, b *Node) error {
+	bns, err := os.Open(b.nsPath("net"))
 	if err != nil {
 		return err
 	}
-	if err := n.waitReady(kubelet, opts.ReadyTimeout); err != nil {
+	defer bns.Close()
+	err = netnsutil.Do(a.nsPath("net"), func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-" + b.Suffix}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth eth0 in node %s: %w", a.Name, err)
+		}
+		peer, err := netlink.LinkByName("eth0-" + b.Suffix)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetNsFd(peer, int(bns.Fd())); err != nil {
+			return fmt.Errorf("move the veth's peer into node %s: %w", b.Name, err)
+		}
+		return nodeLink("eth0", a, b, "")
+	})
+	if err != nil {
 		return err
 	}
-	t.Logf("e2e: node %s Ready in %v (dir %s, holder pid %d, cgroup root %s)",
-		NodeName, time.Since(began).Round(time.Millisecond), n.Dir, n.holder.Process.Pid, n.CgroupRoot)
+	return netnsutil.Do(b.nsPath("net"), func() error {
+		return nodeLink("eth0-"+b.Suffix, b, a, serviceNet)
+	})
+}
+
+// nodeLink runs in n's network namespace: it names the link eth0, gives it n's addresses (IPv6
+// without duplicate address detection, which would only delay the node) and routes the peer's
+// pod ranges, and extra, through the peer.
+func nodeLink(name string, n, peer *Node, extra string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if name != "eth0" {
+		if err := netlink.LinkSetName(link, "eth0"); err != nil {
+			return fmt.Errorf("node %s: rename %s to eth0: %w", n.Name, name, err)
+		}
+	}
+	v6 := mustAddr(n.IPv6 + "/64")
+	v6.Flags = syscall.IFA_F_NODAD
+	for _, addr := range []*netlink.Addr{mustAddr(n.IPv4 + "/24"), v6} {
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("node %s: add %s to eth0: %w", n.Name, addr, err)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("node %s: set eth0 up: %w", n.Name, err)
+	}
+	routes := map[string]string{peer.PodNet4: peer.IPv4, peer.PodNet6: peer.IPv6}
+	if extra != "" {
+		routes[extra] = peer.IPv4
+	}
+	for dst, via := range routes {
+		_, ipnet, err := net.ParseCIDR(dst)
+		if err != nil {
+			return err
+		}
+		r := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: ipnet, Gw: net.ParseIP(via)}
+		if err := netlink.RouteAdd(r); err != nil {
+			return fmt.Errorf("node %s: route %s via %s: %w", n.Name, dst, via, err)
+		}
+	}
 	return nil
 }
 
@@ -212,10 +360,13 @@ func (n *Node) Path(p string) string {
 	return fmt.Sprintf("/proc/%d/root%s", n.holder.Process.Pid, p)
 }
 
-// Command returns a command that runs inside the node's network and mount namespaces.
+// Command returns a command that runs inside the node's network and mount namespaces, with the
+// runtime's binaries first on its PATH.
 func (n *Node) Command(ctx context.Context, args ...string) *exec.Cmd {
 	ns := []string{"--target", strconv.Itoa(n.holder.Process.Pid), "--mount", "--net", "--"}
-	return exec.CommandContext(ctx, "nsenter", append(ns, args...)...)
+	cmd := exec.CommandContext(ctx, "nsenter", append(ns, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+n.c.Runtime.path())
+	return cmd
 }
 
 // Run runs a command inside the node and returns its standard output; an error carries its
@@ -226,20 +377,21 @@ func (n *Node) Run(ctx context.Context, args ...string) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return string(out), fmt.Errorf("node %s: %s: %w: %s", n.Name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return string(out), nil
 }
 
-func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
-	logf, err := os.Create(filepath.Join(n.Dir, "logs", name+".log"))
+// startProc starts a component in n's namespaces, logging to logs/<name>.log.
+func (c *Cluster) startProc(n *Node, name, bin string, args ...string) (*proc, error) {
+	logf, err := os.Create(filepath.Join(c.Dir, "logs", name+".log"))
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 	cmd := n.Command(context.Background(), append([]string{bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), strings.TrimSuffix(n.ownerMark(), "\x00"))
+	cmd.Env = append(cmd.Env, n.ownerMark())
 	// nsenter execs the component in place, so the component itself dies with the test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -250,16 +402,16 @@ func (n *Node) startProc(name, bin string, args ...string) (*proc, error) {
 		p.waitErr = cmd.Wait()
 		close(p.exited)
 	}()
-	n.procs = append(n.procs, p)
+	c.procs = append(c.procs, p)
 	return p, nil
 }
 
 func (n *Node) startContainerd() error {
-	config := filepath.Join(n.Dir, "etc", "containerd.toml")
-	if err := os.WriteFile(config, []byte(containerdConfig), 0o644); err != nil {
+	config := filepath.Join(n.c.Dir, "etc", "containerd-"+n.Suffix+".toml")
+	if err := os.WriteFile(config, []byte(n.c.Runtime.containerdConfig()), 0o644); err != nil {
 		return err
 	}
-	p, err := n.startProc("containerd", "containerd", "--config", config)
+	p, err := n.c.startProc(n, "containerd-"+n.Suffix, "containerd", "--config", config)
 	if err != nil {
 		return err
 	}
@@ -271,11 +423,11 @@ func (n *Node) startContainerd() error {
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("containerd exited: %v", p.waitErr)
+			return fmt.Errorf("node %s: containerd exited: %v", n.Name, p.waitErr)
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd not serving after 30s: %w", err)
+			return fmt.Errorf("node %s: containerd not serving after 30s: %w", n.Name, err)
 		}
 	}
 }
@@ -286,43 +438,70 @@ func (n *Node) waitReady(kubelet *proc, timeout time.Duration) error {
 	defer cancel()
 	var last string
 	for {
-		node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-		if err == nil {
-			last = "no Ready condition"
-			for _, c := range node.Status.Conditions {
-				if c.Type == corev1.NodeReady {
-					if c.Status == corev1.ConditionTrue {
-						return nil
-					}
-					last = fmt.Sprintf("Ready=%s: %s", c.Status, c.Message)
-				}
-			}
-		} else {
+		ready, msg, err := n.Ready(ctx)
+		if ready {
+			return nil
+		}
+		last = msg
+		if err != nil {
 			last = err.Error()
 		}
 		select {
 		case <-kubelet.exited:
-			return fmt.Errorf("kubelet exited: %v", kubelet.waitErr)
+			return fmt.Errorf("node %s: kubelet exited: %v", n.Name, kubelet.waitErr)
 		case <-ctx.Done():
-			return fmt.Errorf("node %s not Ready after %v: %s", NodeName, timeout, last)
+			return fmt.Errorf("node %s not Ready after %v: %s", n.Name, timeout, last)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
 
-// Stop stops the components, kills whatever the node still runs (pods included), releases its
-// namespaces and removes its cgroups. It is idempotent.
-func (n *Node) Stop() error {
-	if n.stopped {
+// Ready returns the Node's Ready condition and its message.
+func (n *Node) Ready(ctx context.Context) (bool, string, error) {
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return false, "", err
+	}
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue, fmt.Sprintf("Ready=%s: %s", cond.Status, cond.Message), nil
+		}
+	}
+	return false, "no Ready condition", nil
+}
+
+// Stop stops the components, kills whatever the nodes still run (pods included), releases their
+// namespaces and removes the cgroups. It is idempotent.
+func (c *Cluster) Stop() error {
+	if c.stopped {
 		return nil
 	}
-	n.stopped = true
+	c.stopped = true
 	var errs []error
-	if n.holder != nil {
-		n.podNetNS = n.podNamespaces()
+	c.nodeMounts = map[string]bool{}
+	host, _ := os.ReadFile("/proc/self/mountinfo")
+	hostMounts := mountLines(string(host))
+	for _, n := range c.Nodes {
+		if n.holder == nil {
+			continue
+		}
+		var pids []int
+		n.podNetNS, pids = n.podNamespaces()
+		for _, p := range append([]string{n.nsPath("net"), n.nsPath("mnt")}, nsPaths(pids)...) {
+			if f, err := os.Open(p); err == nil {
+				c.pins = append(c.pins, f)
+			}
+		}
+		mi, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.holder.Process.Pid))
+		for _, m := range mountLines(string(mi)) {
+			if !slices.Contains(hostMounts, m) {
+				f := strings.Fields(m)
+				c.nodeMounts[f[0]+" "+f[1]] = true
+			}
+		}
 	}
-	for i := len(n.procs) - 1; i >= 0; i-- {
-		p := n.procs[i]
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.exited:
@@ -331,10 +510,13 @@ func (n *Node) Stop() error {
 			<-p.exited
 		}
 	}
-	if n.Cluster != nil {
-		n.Cluster.Stop() // also releases its thread in the node's network namespace
+	if c.Control != nil {
+		c.Control.Stop() // also releases its thread in node A's network namespace
 	}
-	if n.holder != nil {
+	for _, n := range c.Nodes {
+		if n.holder == nil {
+			continue
+		}
 		// Shims, pause and container processes outlive containerd: every process in the node's
 		// namespaces or under its cgroup root was started for the node, and goes.
 		if err := n.killRemaining(); err != nil {
@@ -342,17 +524,17 @@ func (n *Node) Stop() error {
 		}
 		n.holderIn.Close()
 		if err := n.holder.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("node holder: %w", err))
+			errs = append(errs, fmt.Errorf("node %s holder: %w", n.Name, err))
 		}
 	}
-	if err := n.removeCgroups(); err != nil {
+	if err := removeCgroups(c.CgroupRoot); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// killRemaining SIGKILLs, by PID, every process other than the holder that is in the node's
-// namespaces or cgroups, until none is left.
+// killRemaining SIGKILLs, by PID, every process other than the holder that belongs to the node,
+// until none is left.
 func (n *Node) killRemaining() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -364,7 +546,7 @@ func (n *Node) killRemaining() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes of the node still running after SIGKILL: %v", pids)
+			return fmt.Errorf("processes of node %s still running after SIGKILL: %v", n.Name, pids)
 		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -393,24 +575,43 @@ func (n *Node) processes() ([]int, error) {
 }
 
 // podNamespaces returns the network namespaces of the node's processes other than the node's
-// (and the machine's, which none should be in).
-func (n *Node) podNamespaces() []uint64 {
+// (and the machine's, which none should be in), each with a process in it.
+func (n *Node) podNamespaces() ([]uint64, []int) {
 	pids, _ := n.processes()
 	host, _ := nsInode("/proc/self/ns/net")
 	var nss []uint64
+	var in []int
 	for _, pid := range pids {
 		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && ino != n.NetNS && ino != host && !slices.Contains(nss, ino) {
-			nss = append(nss, ino)
+			nss, in = append(nss, ino), append(in, pid)
 		}
 	}
-	return nss
+	return nss, in
+}
+
+func nsPaths(pids []int) []string {
+	var paths []string
+	for _, pid := range pids {
+		paths = append(paths, fmt.Sprintf("/proc/%d/ns/net", pid))
+	}
+	return paths
+}
+
+// ReleasePins lets the namespaces Stop pinned go; call it after the last Leftovers.
+func (c *Cluster) ReleasePins() {
+	for _, f := range c.pins {
+		f.Close()
+	}
+	c.pins = nil
 }
 
 // owns tells whether a process belongs to the node: in one of its namespaces, in a cgroup under
-// its cgroup root, or started with its owner's mark (containerd's shims inherit it).
+// its cgroup root, or started with its owner's mark (containerd's shims inherit it). A node of a
+// killed run (staleCluster) has no namespaces and no suffix: it owns what any of that run's nodes
+// did.
 func (n *Node) owns(pid int) bool {
 	for kind, ino := range map[string]uint64{"net": n.NetNS, "mnt": n.MntNS} {
-		if got, err := nsInode(fmt.Sprintf("/proc/%d/ns/%s", pid, kind)); err == nil && got == ino {
+		if got, err := nsInode(fmt.Sprintf("/proc/%d/ns/%s", pid, kind)); err == nil && ino != 0 && got == ino {
 			return true
 		}
 	}
@@ -422,32 +623,36 @@ func (n *Node) owns(pid int) bool {
 	return err == nil && strings.Contains("\x00"+string(env), "\x00"+n.ownerMark())
 }
 
-// ownerEnv marks the processes a node starts with the PID of the test process that owns it.
+// ownerEnv marks the processes a node starts with the PID of the test process that owns it and
+// the node's suffix: E2E_NODE_OWNER=<pid>/<suffix>.
 const ownerEnv = "E2E_NODE_OWNER"
 
-func (n *Node) ownerMark() string { return ownerEnv + "=" + strconv.Itoa(n.owner) + "\x00" }
-
-func newNode(owner int) *Node {
-	return &Node{owner: owner, CgroupRoot: fmt.Sprintf("/proxy-init-e2e-%d", owner)}
+func (n *Node) ownerMark() string {
+	if n.Suffix == "" {
+		return fmt.Sprintf("%s=%d/", ownerEnv, n.c.owner)
+	}
+	return fmt.Sprintf("%s=%d/%s", ownerEnv, n.c.owner, n.Suffix)
 }
 
-// RemoveStaleNodes ends the processes and removes the cgroups of nodes whose test process was
-// killed before it could stop them (see staleNodes). Call it before reading the machine's state.
+// RemoveStaleNodes ends the processes and removes the cgroups of clusters whose test process was
+// killed before it could stop them (see staleOwners). Call it before reading the machine's state.
 func RemoveStaleNodes(t testing.TB) {
 	t.Helper()
-	for _, stale := range staleNodes() {
-		t.Logf("e2e: removing what the node of killed test process %d left behind", stale.owner)
-		if err := errors.Join(stale.killRemaining(), stale.removeCgroups()); err != nil {
-			t.Fatalf("remove a killed run's node: %v", err)
+	for _, owner := range staleOwners() {
+		t.Logf("e2e: removing what the cluster of killed test process %d left behind", owner)
+		c := newCluster(owner)
+		any := &Node{c: c, CgroupRoot: c.CgroupRoot}
+		if err := errors.Join(any.killRemaining(), removeCgroups(c.CgroupRoot)); err != nil {
+			t.Fatalf("remove a killed run's cluster: %v", err)
 		}
 	}
 }
 
-// staleNodes finds nodes whose test process was killed before it could stop them (a go test
-// timeout, a SIGKILL): shims and containers outlive it, and so do the cgroups. They are known by
-// the owner PID in their cgroup root's name and in their processes' environment; a node counts
-// as stale only when that PID no longer runs.
-func staleNodes() []*Node {
+// staleOwners finds the test processes that were killed before they could stop their cluster (a
+// go test timeout, a SIGKILL): shims and containers outlive them, and so do the cgroups. They
+// are known by the owner PID in their cgroup root's name and in their processes' environment; a
+// run counts as stale only when that PID no longer runs.
+func staleOwners() []int {
 	owners := map[int]bool{}
 	mps, _ := cgroupMounts()
 	for _, mp := range mps {
@@ -462,40 +667,38 @@ func staleNodes() []*Node {
 	for _, p := range procs {
 		env, _ := os.ReadFile(p)
 		for _, kv := range strings.Split(string(env), "\x00") {
-			if pid, err := strconv.Atoi(strings.TrimPrefix(kv, ownerEnv+"=")); err == nil && strings.HasPrefix(kv, ownerEnv+"=") {
-				owners[pid] = true
+			if v, ok := strings.CutPrefix(kv, ownerEnv+"="); ok {
+				if pid, err := strconv.Atoi(strings.Split(v, "/")[0]); err == nil {
+					owners[pid] = true
+				}
 			}
 		}
 	}
-	var stale []*Node
+	var stale []int
 	for pid := range owners {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
-			stale = append(stale, newNode(pid))
+			stale = append(stale, pid)
 		}
 	}
 	return stale
 }
 
-// SetServiceIP adds or removes the "kubernetes" Service's IP on the node's lo: without it, pods
-// and the CNI plugin cannot reach the API server, while the kubelet and the control plane, which
-// use 127.0.0.1, still can.
-func (n *Node) SetServiceIP(present bool) error {
-	return netnsutil.Do(n.nsPath("net"), func() error {
+// SetServiceIP adds or removes the "kubernetes" Service's IP on node A's lo: without it, pods
+// and the CNI plugin on every node cannot reach the API server, while the kubelets and the
+// control plane, which use 127.0.0.1 and node A's address, still can.
+func (c *Cluster) SetServiceIP(present bool) error {
+	return netnsutil.Do(c.A().nsPath("net"), func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
 		}
-		addr, err := netlink.ParseAddr(serviceIP + "/32")
-		if err != nil {
-			return err
-		}
 		if present {
-			err = netlink.AddrReplace(lo, addr)
+			err = netlink.AddrReplace(lo, mustAddr(serviceIPCIDR))
 		} else {
-			err = netlink.AddrDel(lo, addr)
+			err = netlink.AddrDel(lo, mustAddr(serviceIPCIDR))
 		}
 		if err != nil {
-			return fmt.Errorf("set %s on the node's lo to present=%v: %w", serviceIP, present, err)
+			return fmt.Errorf("set %s on node A's lo to present=%v: %w", serviceIP, present, err)
 		}
 		return nil
 	})
@@ -514,10 +717,10 @@ func (n *Node) Sysctls() (map[string]string, error) {
 	return vals, nil
 }
 
-// ContainerdLog returns containerd's log so far; the CNI plugins' standard error is in it.
+// ContainerdLog returns the node's containerd log so far; the CNI plugins' standard error is in it.
 func (n *Node) ContainerdLog(t testing.TB) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(n.Dir, "logs", "containerd.log"))
+	data, err := os.ReadFile(filepath.Join(n.c.Dir, "logs", "containerd-"+n.Suffix+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,8 +728,8 @@ func (n *Node) ContainerdLog(t testing.TB) string {
 }
 
 // logTails prints the end of every component's log.
-func (n *Node) logTails(t testing.TB) {
-	logs, _ := filepath.Glob(filepath.Join(n.Dir, "logs", "*.log"))
+func (c *Cluster) logTails(t testing.TB) {
+	logs, _ := filepath.Glob(filepath.Join(c.Dir, "logs", "*.log"))
 	for _, l := range logs {
 		data, _ := os.ReadFile(l)
 		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")

@@ -51,14 +51,15 @@ func proxiedPod(ns, name string) *corev1.Pod {
 // netns, on removal without) without an error and leaves nothing of them on the node; deleting
 // the DaemonSet makes the installer restore the conflist byte for byte and remove its files, and
 // the next pod is not meshed.
-func testTeardown(t *testing.T, n *Node) {
+func testTeardown(t *testing.T, c *Cluster) {
 	ctx := context.Background()
-	installDaemonSet(ctx, t, n)
+	n := c.A()
+	installDaemonSet(ctx, t, c)
 	const ns = "e2e-teardown"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, ns) })
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 	before := cniState(t, n)
-	create(ctx, t, n.Client, cniWorkload(t, ns, 2)...)
-	pods := waitPods(ctx, t, n.Client, ns, "app=web", 2, 3*time.Minute)
+	create(ctx, t, c.Client, cniWorkload(t, ns, 2, n)...)
+	pods := waitPods(ctx, t, c.Client, ns, "app=web", 2, 3*time.Minute)
 	running := cniState(t, n)
 	// The plugin's standard error lands in containerd's log; its ADD names the sandbox.
 	var sandboxes []string
@@ -73,7 +74,7 @@ func testTeardown(t *testing.T, n *Node) {
 
 	// The kubelet stops a deleted pod's sandbox at once (DEL with the netns and the cached
 	// result) and removes it at its next garbage collection, within a minute (DEL again).
-	deleteNamespace(ctx, t, n.Client, ns)
+	deleteNamespace(ctx, t, c.Client, ns)
 	waitFor(ctx, t, 3*time.Minute, "the kubelet to remove the sandboxes", func(context.Context) (bool, error) {
 		log := n.ContainerdLog(t)
 		for _, id := range sandboxes {
@@ -105,21 +106,21 @@ func testTeardown(t *testing.T, n *Node) {
 		}
 	}
 
-	removeDaemonSet(ctx, t, n)
-	if got, err := os.ReadFile(n.Path(conflistPath)); err != nil || string(got) != bridgeConflist {
-		t.Errorf("conflist after the installer's SIGTERM (%v):\n%s\nwant the original, byte for byte:\n%s", err, got, bridgeConflist)
+	removeDaemonSet(ctx, t, c)
+	if got, err := os.ReadFile(n.Path(conflistPath)); err != nil || string(got) != bridgeConflist(c.Runtime.CNIVersion, n.nodeSpec) {
+		t.Errorf("conflist after the installer's SIGTERM (%v):\n%s\nwant the original, byte for byte:\n%s", err, got, bridgeConflist(c.Runtime.CNIVersion, n.nodeSpec))
 	}
-	for _, f := range []string{pluginPath, kubeconfigCNI} {
+	for _, f := range []string{pluginPath, companionPath, kubeconfigCNI} {
 		if _, err := os.Stat(n.Path(f)); !os.IsNotExist(err) {
 			t.Errorf("%s still on the node after the DaemonSet is gone (%v)", f, err)
 		}
 	}
 
 	const after = "e2e-after"
-	t.Cleanup(func() { deleteNamespace(ctx, t, n.Client, after) })
-	create(ctx, t, n.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: after}}, proxiedPod(after, "next"))
-	next := &waitPods(ctx, t, n.Client, after, "app=next", 1, 2*time.Minute)[0]
-	if rules := ourRules(ctx, t, podNetNS(ctx, t, n, next, "app")); len(rules) != 0 {
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, after) })
+	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: after}}, proxiedPod(after, "next"))
+	next := &waitPods(ctx, t, c.Client, after, "app=next", 1, 2*time.Minute)[0]
+	if rules := ourRules(ctx, t, podNetNS(ctx, t, c, next, "app")); len(rules) != 0 {
 		t.Errorf("a pod created after the DaemonSet's removal has rules:\n%s", strings.Join(rules, "\n"))
 	}
 }

@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -24,10 +26,13 @@ const (
 	appPort      = "8080"
 )
 
-// validatorTarget replaces the chart's --connect-addr (1.1.1.1:20001): the validator never
-// reaches it when the rules work, and without rules its SYN must not head for a public address
-// even inside the node.
-const validatorTarget = "192.0.2.2:20001"
+// validatorTarget and validatorTarget6 replace the chart's --connect-addr (1.1.1.1:20001) and
+// its IPv6 one: the validator never reaches them when the rules work, and without rules its SYN
+// must not head for a public address even inside the cluster. No host has them.
+const (
+	validatorTarget  = "192.0.2.200:20001"
+	validatorTarget6 = "[2001:db8::200]:20001"
+)
 
 // workload turns one of deploy/examples' workloads into a test workload in namespace ns: our
 // agent image as the proxy (a fake one that reports original destinations) and as the app, the
@@ -60,8 +65,11 @@ func workload(t testing.TB, file, ns string, replicas int32) (*corev1.Namespace,
 			c.Image, c.Command, c.Args = AgentImage, []string{"/agent", "proxy", "-ports", outboundPort + "," + inboundPort}, nil
 		case "linkerd-network-validator":
 			for i := 1; i < len(c.Args); i++ {
-				if c.Args[i-1] == "--connect-addr" {
+				switch c.Args[i-1] {
+				case "--connect-addr":
 					c.Args[i] = validatorTarget
+				case "--ipv6-connect-addr":
+					c.Args[i] = validatorTarget6
 				}
 			}
 		case "web":
@@ -77,9 +85,13 @@ func workload(t testing.TB, file, ns string, replicas int32) (*corev1.Namespace,
 	return nsObj, deploy
 }
 
-// cniWorkload is deploy/examples/cni-workload.yaml: validator, native sidecar proxy, app.
-func cniWorkload(t testing.TB, ns string, replicas int32) []runtime.Object {
+// cniWorkload is deploy/examples/cni-workload.yaml: validator, native sidecar proxy, app; its
+// pods on node n, or wherever the scheduler puts them when n is nil.
+func cniWorkload(t testing.TB, ns string, replicas int32, n *Node) []runtime.Object {
 	nsObj, d := workload(t, "deploy/examples/cni-workload.yaml", ns, replicas)
+	if n != nil {
+		pin(&d.Spec.Template.Spec, n)
+	}
 	return []runtime.Object{nsObj, d}
 }
 
@@ -115,22 +127,63 @@ func deleteNamespace(ctx context.Context, t testing.TB, cs kubernetes.Interface,
 	})
 }
 
-// checkMeshedTraffic proves the redirect with real TCP: the app's outbound connection lands on
-// the proxy's outbound port with its original destination, and a connection from another pod
-// lands on the inbound port with the meshed pod's address as its original destination.
-func checkMeshedTraffic(ctx context.Context, t testing.TB, n *Node, meshed, peer *corev1.Pod) {
+// family is an IP family the traffic checks use.
+type family string
+
+const (
+	ipv4 family = "IPv4"
+	ipv6 family = "IPv6"
+)
+
+// outboundTarget is where the checks dial out to, per family: no host has it, and the
+// redirect never lets the connection leave the pod.
+var outboundTarget = map[family]string{ipv4: "192.0.2.250:80", ipv6: "[2001:db8::250]:80"}
+
+// podIP returns a pod's address of one family.
+func podIP(t testing.TB, p *corev1.Pod, f family) string {
 	t.Helper()
-	out, err := execIn(ctx, t, n, meshed, "web", "/agent", "dial", "203.0.113.250:80")
-	want := "fake proxy (outbound port " + outboundPort + "): connection from "
-	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination 203.0.113.250:80") {
-		t.Errorf("outbound from the app of %s: %q, %v; want %q... original destination 203.0.113.250:80", meshed.Name, out, err, want)
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil && a.Is4() == (f == ipv4) {
+			return ip.IP
+		}
 	}
-	t.Logf("outbound from the app of %s: %s", meshed.Name, strings.TrimSpace(out))
-	target := meshed.Status.PodIP + ":" + appPort
-	out, err = execIn(ctx, t, n, peer, "app", "/agent", "dial", target)
-	want = fmt.Sprintf("fake proxy (inbound port %s): connection from %s:", inboundPort, peer.Status.PodIP)
-	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination "+target) {
-		t.Errorf("inbound from %s to %s: %q, %v; want %q... original destination %s", peer.Name, meshed.Name, out, err, want, target)
+	t.Fatalf("pod %s/%s has no %s address (%v)", p.Namespace, p.Name, f, p.Status.PodIPs)
+	return ""
+}
+
+// checkMeshedTraffic proves the redirect with real TCP, for each family: the app's outbound
+// connection lands on the proxy's outbound port with its original destination, and a connection
+// from the peer pod lands on the inbound port with the meshed pod's address as its original
+// destination.
+func checkMeshedTraffic(ctx context.Context, t testing.TB, c *Cluster, meshed, peer *corev1.Pod, families ...family) {
+	t.Helper()
+	for _, f := range families {
+		dst := outboundTarget[f]
+		out, err := execIn(ctx, t, c, meshed, "web", "/agent", "dial", dst)
+		want := "fake proxy (outbound port " + outboundPort + "): connection from "
+		if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination "+dst) {
+			t.Errorf("%s outbound from the app of %s: %q, %v; want %q... original destination %s", f, meshed.Name, out, err, want, dst)
+		}
+		t.Logf("%s outbound from the app of %s: %s", f, meshed.Name, strings.TrimSpace(out))
+		target := net.JoinHostPort(podIP(t, meshed, f), appPort)
+		out, err = execIn(ctx, t, c, peer, "app", "/agent", "dial", target)
+		want = fmt.Sprintf("fake proxy (inbound port %s): connection from %s", inboundPort, net.JoinHostPort(podIP(t, peer, f), ""))
+		if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "original destination "+target) {
+			t.Errorf("%s inbound from %s (%s) to %s (%s): %q, %v; want %q... original destination %s",
+				f, peer.Name, peer.Spec.NodeName, meshed.Name, meshed.Spec.NodeName, out, err, want, target)
+		}
+		t.Logf("%s inbound from %s (%s) to %s (%s): %s", f, peer.Name, peer.Spec.NodeName, meshed.Name, meshed.Spec.NodeName, strings.TrimSpace(out))
 	}
-	t.Logf("inbound from %s to %s: %s", peer.Name, meshed.Name, strings.TrimSpace(out))
+}
+
+// checkProxyExempt proves the proxy's own traffic is exempt: from the pod's linkerd-proxy
+// container, running as the proxy's UID, a connection to the peer reaches the peer itself.
+func checkProxyExempt(ctx context.Context, t testing.TB, c *Cluster, meshed, peer *corev1.Pod) {
+	t.Helper()
+	target := net.JoinHostPort(podIP(t, peer, ipv4), appPort)
+	out, err := execIn(ctx, t, c, meshed, "linkerd-proxy", "/agent", "dial", target)
+	if want := peer.Name + " at " + target + " answered directly"; err != nil || !strings.Contains(out, want) {
+		t.Errorf("from the proxy of %s (UID 2102) to %s: %q, %v; want %q: the proxy's own traffic must skip the redirect", meshed.Name, target, out, err, want)
+	}
+	t.Logf("from the proxy of %s: %s", meshed.Name, strings.TrimSpace(out))
 }

@@ -1,0 +1,155 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// inUserNamespace makes a pod's containers run in a user namespace of their own
+// (hostUsers: false): root in the pod is an unprivileged user of the node, and the pod's network
+// namespace is owned by that user namespace.
+func inUserNamespace(spec *corev1.PodSpec) {
+	no := false
+	spec.HostUsers = &no
+}
+
+// checkUserNamespace fails unless the pod's container runs in a user namespace that maps its
+// root to another user of the node.
+func checkUserNamespace(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, container string) {
+	t.Helper()
+	ns := podNetNS(ctx, t, c, p, container)
+	uidMap := strings.Replace(ns, "/ns/net", "/uid_map", 1)
+	out, err := c.NodeOf(t, p).Run(ctx, "cat", uidMap)
+	if f := strings.Fields(out); err != nil || len(f) != 3 || f[0] != "0" || f[1] == "0" {
+		t.Fatalf("pod %s: %s of container %s is %q (%v); want root mapped to another user of the node", p.Name, uidMap, container, out, err)
+	}
+	t.Logf("pod %s runs in a user namespace: uid_map %s", p.Name, strings.Join(strings.Fields(out), " "))
+}
+
+// testUserNamespacePod: pods with hostUsers: false, on containerd 2 with runc 1.5. A meshed pod
+// starts meshed under the plugin with the chart's default values (iptables-mode nft), its
+// validator exits 0 and its traffic passes through the proxy: with the agent writing the rules
+// (the default), whose heal after a flush writes through the same helper, and with the plugin
+// writing them itself (the agent serving no lookups). The same pod meshed by proxy-init as an
+// init container does too.
+func testUserNamespacePod(t *testing.T, c *Cluster) {
+	if !c.Runtime.UserNamespaces {
+		t.Skipf("E2E_RUNTIME=%s: containerd 1.6 cannot run pods with hostUsers: false", c.Runtime.Name)
+	}
+	ctx := context.Background()
+	peer := peerPod(ctx, t, c.A())
+	// meshedPod starts the CNI workload in a user namespace on node A and checks it.
+	meshedPod := func(t *testing.T, ns string) *corev1.Pod {
+		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		nsObj, d := workload(t, "deploy/examples/cni-workload.yaml", ns, 1)
+		pin(&d.Spec.Template.Spec, c.A())
+		inUserNamespace(&d.Spec.Template.Spec)
+		create(ctx, t, c.Client, nsObj, d)
+		pod := waitUserNamespacePod(ctx, t, c, ns)
+		checkUserNamespace(ctx, t, c, pod, "web")
+		if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
+			t.Errorf("validator exit code %d, want 0 (%s)", code, describePod(pod))
+		}
+		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
+		return pod
+	}
+
+	t.Run("Plugin", func(t *testing.T) {
+		ds := installDaemonSet(ctx, t, c)
+		pod := meshedPod(t, "e2e-userns")
+		added := addLine(t, c, pod)
+		if !strings.Contains(added, " apiRequests=0 ") {
+			t.Errorf("the ADD was not the agent's (it made no API request): %s", added)
+		}
+		// The agent's heal goes through the helper too: flush the rules, and change an annotation
+		// so that it audits the pod at once rather than within its period.
+		netns := podNetNS(ctx, t, c, pod, "web")
+		if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+			t.Fatalf("flush the pod's rules: %v: %s", err, out)
+		}
+		patch := []byte(`{"metadata":{"annotations":{"e2e.test/poke":"1"}}}`)
+		if _, err := c.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(ctx, t, time.Minute, "the agent to rewrite the flushed rules", func(ctx context.Context) (bool, error) {
+			return len(ourRules(ctx, t, netns)) > 0, nil
+		})
+		checkRepairedBy(ctx, t, c, pod.Namespace, pod.UID, ds[0], 1, "missing")
+		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
+	})
+
+	t.Run("PluginWithoutAgentLookups", func(t *testing.T) {
+		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
+		pod := meshedPod(t, "e2e-userns-fallback")
+		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
+			t.Errorf("the ADD made no API request: the agent did it, not the plugin: %s", added)
+		}
+		// The agent's audit reads what the plugin wrote, and finds it right.
+		if evs := agentEvents(ctx, t, c, pod.Namespace, pod.UID); len(evs) != 0 {
+			t.Errorf("the agent's events on the pod the plugin meshed: %v, want none", evs)
+		}
+	})
+
+	t.Run("InitContainer", func(t *testing.T) {
+		removeDaemonSet(ctx, t, c)
+		const ns = "e2e-userns-init"
+		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+		nsObj, d := workload(t, "deploy/examples/proxy-init-workload.yaml", ns, 1)
+		pin(&d.Spec.Template.Spec, c.A())
+		inUserNamespace(&d.Spec.Template.Spec)
+		create(ctx, t, c.Client, nsObj, d)
+		pod := waitUserNamespacePod(ctx, t, c, ns)
+		checkUserNamespace(ctx, t, c, pod, "web")
+		if code := exitCode(pod, "linkerd-init"); code != 0 {
+			t.Errorf("linkerd-init exit code %d, want 0 (%s)", code, describePod(pod))
+		}
+		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
+		checkProxyExempt(ctx, t, c, pod, peer)
+	})
+}
+
+// waitUserNamespacePod waits for the one app=web pod of ns to be Ready; when it does not start,
+// the failure names the kubelet's last events about it.
+func waitUserNamespacePod(ctx context.Context, t testing.TB, c *Cluster, ns string) *corev1.Pod {
+	t.Helper()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return
+		}
+		for _, e := range events.Items {
+			if e.Type == corev1.EventTypeWarning {
+				t.Logf("event %s %s: %s", e.InvolvedObject.Name, e.Reason, e.Message)
+			}
+		}
+	})
+	return &waitPods(ctx, t, c.Client, ns, "app=web", 1, 2*time.Minute)[0]
+}
+
+// addLine returns the plugin's "rules written" line of the pod's ADD, from containerd's log on
+// the pod's node.
+func addLine(t testing.TB, c *Cluster, p *corev1.Pod) string {
+	t.Helper()
+	re := regexp.MustCompile(`.*msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(p.Name) + ` namespace=` + regexp.QuoteMeta(p.Namespace) + ` .*`)
+	line := re.FindString(c.NodeOf(t, p).ContainerdLog(t))
+	if line == "" {
+		t.Fatalf("no ADD of the plugin for pod %s/%s in containerd's log", p.Namespace, p.Name)
+	}
+	t.Logf("ADD: %s", line)
+	return line
+}
