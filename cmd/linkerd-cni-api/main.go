@@ -7,17 +7,23 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/kubeapi"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 func main() {
-	if os.Getenv("CNI_COMMAND") == "" {
-		os.Exit(cniplugin.CompanionMain(os.Args[1:], os.Stdout, os.Stderr))
+	if os.Getenv("CNI_COMMAND") != "" {
+		p := cniplugin.New()
+		p.NewPodAPI, p.AskAgent = kubeapi.NewKubeClient, false
+		cniplugin.PluginMain(p)
 	}
-	p := cniplugin.New()
-	p.NewPodAPI, p.AskAgent = kubeapi.NewKubeClient, false
-	cniplugin.PluginMain(p)
+	if err := netnsutil.EntryHookError(); err != nil {
+		fmt.Fprintln(os.Stderr, cniplugin.CompanionName+": refusing to start: "+err.Error())
+		os.Exit(1)
+	}
+	os.Exit(cniplugin.CompanionMain(os.Args[1:], os.Stdout, os.Stderr))
 }
