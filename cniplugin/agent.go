@@ -17,8 +17,9 @@ package cniplugin
 // The plugin trusts the agent's answer, so it talks only to a socket that root owns in a
 // directory only root can write. When the agent is absent, not ready, slow, does not know the
 // pod, or could not write the rules itself, the plugin does the call as it always did: the API
-// lookup (or the agent's answer) and the write are its own, and ADD still fails closed. Only the
-// standard library and the CNI types are used here, so the node's plugin-only build stays lean.
+// lookup (through the companion binary in the node's plugin, companion.go; or the agent's
+// answer) and the write are its own, and ADD still fails closed. Only the standard library and
+// the CNI types are used here, so the node's plugin-only build stays lean.
 
 import (
 	"bytes"
@@ -172,6 +173,9 @@ func (p *Plugin) viaAgent(cmd string, local func(*Plugin, *skel.CmdArgs) error) 
 		}()
 
 		r := ex.reply
+		if r.Lookup != nil && (!present(r.Lookup.Pod) || !present(r.Lookup.Namespace)) {
+			r.Lookup = nil // the agent sends both or neither; half an answer is no answer
+		}
 		if r.Handled {
 			writeLog(p.Stderr, logFile, r.Log)
 			if cmd != "DEL" {
@@ -195,11 +199,11 @@ func (p *Plugin) viaAgent(cmd string, local func(*Plugin, *skel.CmdArgs) error) 
 		lp.Stderr = io.MultiWriter(p.Stderr, &own)
 		if r.Lookup != nil {
 			log.Info("the node agent looked the pod up; the plugin does the rest", "why", r.Reason)
-			lk := &agentLookup{l: r.Lookup, conf: nil, newAPI: p.newPodAPI()}
-			lp.NewPodAPI = func(conf *NetConf) (PodAPI, error) { lk.conf = conf; return lk, nil }
-			defer func() {
-				report.Lookup = lk.source()
-			}()
+			lk := &agentLookup{l: r.Lookup}
+			lp.NewPodAPI = func(*NetConf) (PodAPI, error) { return lk, nil }
+			if cmd != "DEL" {
+				report.Lookup = "agent"
+			}
 		} else {
 			log.Info("the node agent did not take the call; doing it here", "why", r.Reason)
 			if cmd != "DEL" {
@@ -213,13 +217,6 @@ func (p *Plugin) viaAgent(cmd string, local func(*Plugin, *skel.CmdArgs) error) 
 		}
 		return err
 	}
-}
-
-func (p *Plugin) newPodAPI() func(*NetConf) (PodAPI, error) {
-	if p.NewPodAPI != nil {
-		return p.NewPodAPI
-	}
-	return NewKubeClient
 }
 
 // exchange is one connection to the agent, after its reply.
@@ -378,73 +375,33 @@ func TruncateAgentLog(s string) string {
 	return cut + "(log truncated)\n"
 }
 
-// agentLookup serves a call's lookups from the agent's answer, and whatever the answer lacks
-// from the API.
-type agentLookup struct {
-	l       *AgentLookup
-	conf    *NetConf
-	newAPI  func(*NetConf) (PodAPI, error)
-	api     PodAPI
-	usedAPI bool
-}
+// agentLookup serves a call's lookups from the agent's answer, which holds the pod and its
+// namespace. Without default/kubernetes in it (the agent's watch has not delivered that Service),
+// a control-plane pod skips 443 and 6443, as when the agent writes the rules itself.
+type agentLookup struct{ l *AgentLookup }
 
-// Cached is true unless the agent's answer lacked something: then the plugin counts requests.
-func (a *agentLookup) Cached() bool { return a.l.Pod != nil && a.l.Namespace != nil }
+func (a *agentLookup) Cached() bool { return true }
 
-func (a *agentLookup) source() string {
-	if a.usedAPI {
-		return "api"
-	}
-	return "agent"
-}
-
-func (a *agentLookup) fromAPI() (PodAPI, error) {
-	a.usedAPI = true
-	if a.api == nil {
-		api, err := a.newAPI(a.conf)
-		if err != nil {
-			return nil, err
-		}
-		a.api = api
-	}
-	return a.api, nil
-}
-
-func (a *agentLookup) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
-	if a.l.Pod == nil {
-		api, err := a.fromAPI()
-		if err != nil {
-			return nil, err
-		}
-		return api.Pod(ctx, namespace, name)
-	}
+func (a *agentLookup) Pod(_ context.Context, namespace, name string) (*Pod, error) {
 	var pod Pod
 	return &pod, decodeAgentObject("pod "+namespace+"/"+name, a.l.Pod, &pod)
 }
 
-func (a *agentLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {
-	if a.l.Namespace == nil {
-		api, err := a.fromAPI()
-		if err != nil {
-			return nil, err
-		}
-		return api.Namespace(ctx, name)
-	}
+func (a *agentLookup) Namespace(_ context.Context, name string) (*Namespace, error) {
 	var ns Namespace
 	return &ns, decodeAgentObject("namespace "+name, a.l.Namespace, &ns)
 }
 
-func (a *agentLookup) Service(ctx context.Context, namespace, name string) (*Service, error) {
-	if a.l.Service == nil {
-		api, err := a.fromAPI()
-		if err != nil {
-			return nil, err
-		}
-		return api.Service(ctx, namespace, name)
+func (a *agentLookup) Service(_ context.Context, namespace, name string) (*Service, error) {
+	if !present(a.l.Service) {
+		return nil, fmt.Errorf("service %s/%s: not in the node agent's answer", namespace, name)
 	}
 	var svc Service
 	return &svc, decodeAgentObject("service "+namespace+"/"+name, a.l.Service, &svc)
 }
+
+// present tells an object in the agent's answer from an absent or null one.
+func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 func decodeAgentObject(what string, raw json.RawMessage, into any) error {
 	if err := json.Unmarshal(raw, into); err != nil {

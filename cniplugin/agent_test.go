@@ -273,3 +273,44 @@ func TestAgentClientLookupOnly(t *testing.T) {
 		t.Errorf("report %+v", rep)
 	}
 }
+
+// TestAgentClientLookupWithoutService: the agent's answer without default/kubernetes (its watch
+// has not delivered it) makes a control-plane pod skip 443 and 6443, with a warning and no API
+// request, as when the agent writes the rules itself; an answer with the pod but not its
+// namespace is no answer, and the plugin reads both from the API.
+func TestAgentClientLookupWithoutService(t *testing.T) {
+	cp := mustJSONBytes(t, meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, nil))
+	nsJSON := []byte(`{"metadata":{"name":"web"}}`)
+	noService := startFakeAgent(t, func(AgentRequest) []byte {
+		return mustJSONBytes(t, AgentReply{V: 1, Reason: "a test", Lookup: &AgentLookup{Pod: cp, Namespace: nsJSON}})
+	})
+	half := startFakeAgent(t, func(AgentRequest) []byte {
+		return mustJSONBytes(t, AgentReply{V: 1, Reason: "a test", Lookup: &AgentLookup{Pod: cp}})
+	})
+
+	r := viaAgentRig(t)
+	if err := r.plugin.Funcs().Add(agentArgs(t, r, noService.socket, "2s", "")); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.api.requests) != 0 {
+		t.Errorf("API lookups %v, want none", r.api.requests)
+	}
+	if d := r.fake.Dump(); !strings.Contains(d, "443") || !strings.Contains(d, "6443") {
+		t.Errorf("the control-plane pod does not skip 443 and 6443:\n%s", d)
+	}
+	if want := `level=WARN msg="control-plane pod: cannot read the ports of Service default/kubernetes; skipping 443 and 6443"`; !strings.Contains(r.logs.String(), want) ||
+		!strings.Contains(r.logs.String(), "service default/kubernetes: not in the node agent's answer") {
+		t.Errorf("log lacks %s naming the agent's answer:\n%s", want, r.logs.String())
+	}
+
+	r = viaAgentRig(t)
+	if err := r.plugin.Funcs().Add(agentArgs(t, r, half.socket, "2s", "")); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.api.requests; len(got) != 2 {
+		t.Errorf("API lookups %v, want the pod and its namespace", got)
+	}
+	if rep := <-half.reports; rep.Lookup != "api" {
+		t.Errorf("report %+v, want lookup api", rep)
+	}
+}

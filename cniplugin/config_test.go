@@ -454,5 +454,3 @@ func TestAddFailsOnAPIErrorsAndLogsThem(t *testing.T) {
 		}
 	}
 }
-
-func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o600) }

@@ -86,9 +86,8 @@ func buildBinaries() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// linkerd-cni as the node runs it: without the DaemonSet subcommands (-tags pluginonly; the
-	// tag means nothing to noopcni).
-	if err := cnitest.GoBuild(ownDir, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni", "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni"); err != nil {
+	// linkerd-cni and its companion as the node runs them (the tag means nothing to noopcni).
+	if err := cnitest.GoBuild(ownDir, append(cnitest.NodeBinaries, "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni")...); err != nil {
 		return nil, err
 	}
 	return []string{ownDir, plugins}, nil

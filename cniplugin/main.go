@@ -13,7 +13,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
-// PluginMain is the plugin as the container runtime runs it (CNI_COMMAND set), and exits. It is
+// PluginMain runs p as the container runtime runs the plugin (CNI_COMMAND set), and exits. It is
 // skel's main, except that DEL never fails: skel refuses a config it cannot read (empty, not
 // JSON, an unknown cniVersion) before our Del runs, and a failing DEL blocks the sandbox's
 // teardown forever, while our rules die with the pod's namespace anyway.
@@ -21,12 +21,12 @@ import (
 // A binary linked without netnsutil's entry hook fails every command but DEL, naming the build
 // flag: it could not write into pods with their own user namespace, and failing them all at once
 // shows a bad build on the first pod instead of the first such pod.
-func PluginMain() {
+func PluginMain(p *Plugin) {
 	var err *types.Error
 	if herr := netnsutil.EntryHookError(); herr != nil && os.Getenv("CNI_COMMAND") != "DEL" {
 		err = types.NewError(types.ErrPluginNotAvailable, "linkerd-cni: "+herr.Error(), "")
 	} else {
-		err = skel.PluginMainFuncsWithError(New().Funcs(), version.All, About)
+		err = skel.PluginMainFuncsWithError(p.Funcs(), version.All, About)
 	}
 	if err == nil {
 		os.Exit(0)
@@ -69,5 +69,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintf(stderr, "linkerd-cni: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+// CompanionMain is the companion binary without CNI_COMMAND: only `version`; the plugin runs it
+// with CNI_COMMAND set.
+func CompanionMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "version" || args[0] == "--version") {
+		fmt.Fprintln(stdout, CompanionName+" "+buildinfo.Get().String())
+		return 0
+	}
+	fmt.Fprintf(stderr, "%s is the linkerd-cni plugin's Kubernetes API client: the plugin runs it, with CNI_COMMAND set, for the calls that read the API\nusage: %s version\n", CompanionName, CompanionName)
 	return 2
 }

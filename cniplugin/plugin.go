@@ -31,7 +31,9 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives the log lines (and log_file, when configured, a copy).
 	Stderr io.Writer
-	// NewPodAPI builds the Kubernetes client for a config; NewKubeClient by default.
+	// NewPodAPI builds the Kubernetes client for a config (package kubeapi's NewKubeClient, or
+	// a cache). Without one, a call that needs the API runs in the companion binary
+	// (companion.go): that is the node's plugin, which links no client.
 	NewPodAPI func(*NetConf) (PodAPI, error)
 	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
 	// real one, the same path proxy-init takes.
@@ -43,9 +45,10 @@ type Plugin struct {
 	NoLogFile bool
 }
 
-// New returns the plugin wired to the process's stdout and stderr and the real Kubernetes API.
+// New returns the plugin wired to the process's stdout and stderr, asking the node agent first,
+// with no API client of its own: set NewPodAPI, or the companion reads the API.
 func New() *Plugin {
-	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient, AskAgent: true}
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, AskAgent: true}
 }
 
 // Funcs returns the CNI command table for skel.PluginMainFuncs.
@@ -93,6 +96,7 @@ func ParseCNIArgs(s string) (PodArgs, error) {
 
 // call is one plugin invocation: its parsed inputs and its logger.
 type call struct {
+	cmd  string
 	args *skel.CmdArgs
 	conf *NetConf
 	pod  PodArgs
@@ -116,7 +120,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	}
 	log, done := newLogger(p.Stderr, level, logFile,
 		"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)
-	return &call{args: args, conf: conf, pod: pod, log: log, done: done}, argErr
+	return &call{cmd: cmd, args: args, conf: conf, pod: pod, log: log, done: done}, argErr
 }
 
 // begin starts an ADD or CHECK, which both need a valid config and valid CNI_ARGS. A prevResult
@@ -164,6 +168,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	lookupStart := time.Now()
 	pl, err := p.plan(c)
 	lookupTook := time.Since(lookupStart)
+	if errors.Is(err, errNoAPIClient) {
+		return p.companion(c)
+	}
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
@@ -207,6 +214,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return nil
 	}
 	pl, err := p.plan(c)
+	if errors.Is(err, errNoAPIClient) {
+		return p.companion(c)
+	}
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
@@ -263,7 +273,8 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 // Status reports whether the plugin can work: the config must be valid and the kubeconfig
-// readable, with a linkerd-cni-context. It sends nothing to the API.
+// readable, with a linkerd-cni-context (in the node's plugin, the companion binary must run and
+// say so). It sends nothing to the API.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, _ := p.start("STATUS", args, conf)
@@ -271,7 +282,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if confErr != nil {
 		return c.fail(types.ErrInvalidNetworkConfig, confErr)
 	}
-	if _, err := LoadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot); err != nil {
+	if p.NewPodAPI == nil {
+		return p.companion(c)
+	}
+	if _, err := p.NewPodAPI(conf); err != nil {
 		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
 	}
 	c.log.Debug("ready: config valid, kubeconfig readable (the API server is not contacted)")
@@ -369,12 +383,11 @@ func planCode(err error) uint {
 // (at most one GET), and default/kubernetes only for control-plane pods, all within the config's
 // API timeout. An API failure is an error: the pod might be meshed, and must not start unmeshed.
 func (p *Plugin) plan(c *call) (*plan, error) {
-	newAPI := p.NewPodAPI
-	if newAPI == nil {
-		newAPI = NewKubeClient
+	if p.NewPodAPI == nil {
+		return nil, errNoAPIClient
 	}
 	t0 := time.Now()
-	api, err := newAPI(c.conf)
+	api, err := p.NewPodAPI(c.conf)
 	clientTook := time.Since(t0)
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up: %w", c.podName(), err)}

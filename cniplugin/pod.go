@@ -1,13 +1,13 @@
 package cniplugin
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -47,10 +47,29 @@ var Annotations = []string{
 // cannot be read.
 var FallbackAPIServerPorts = []string{"443", "6443"}
 
+// PodAPI is what the plugin reads from Kubernetes: package kubeapi's client over the kubeconfig
+// (in the companion binary and the DaemonSet's), the node agent's watch cache, or what the agent
+// sent; tests may substitute their own.
+type PodAPI interface {
+	Pod(ctx context.Context, namespace, name string) (*Pod, error)
+	Namespace(ctx context.Context, name string) (*Namespace, error)
+	Service(ctx context.Context, namespace, name string) (*Service, error)
+}
+
+// Cached is implemented by a PodAPI that answers from memory (the node agent's watch cache, or
+// what the agent sent): its lookups are not API requests, and the plugin does not count them as such.
+type Cached interface{ Cached() bool }
+
+func cached(api PodAPI) bool {
+	c, ok := api.(Cached)
+	return ok && c.Cached()
+}
+
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
 // core/v1, decoded from the API server's JSON. Importing k8s.io/api/core/v1 instead links its
 // scheme and protobuf code, which make the binary larger and every plugin start slower (the
-// figures are in docs/performance.md).
+// figures are in docs/performance.md); even apimachinery's small packages link klog and a CBOR
+// codec, whose initialisation the node's plugin would pay on every start.
 
 // ObjectMeta is the part of an object's metadata the plugin reads.
 type ObjectMeta struct {
@@ -98,8 +117,25 @@ type ServiceSpec struct {
 
 // ServicePort is one port of a Service and the port it targets on the pods.
 type ServicePort struct {
-	Port       int32              `json:"port"`
-	TargetPort intstr.IntOrString `json:"targetPort"`
+	Port       int32      `json:"port"`
+	TargetPort TargetPort `json:"targetPort"`
+}
+
+// TargetPort is a Service port's targetPort: core/v1's IntOrString, a port number or the name of a
+// container port, decoded as apimachinery's intstr decodes it (a JSON string is a name, anything
+// else a number).
+type TargetPort struct {
+	Number int32
+	Name   string
+}
+
+// UnmarshalJSON reads a number or a name.
+func (t *TargetPort) UnmarshalJSON(b []byte) error {
+	*t = TargetPort{}
+	if len(b) > 0 && b[0] == '"' {
+		return json.Unmarshal(b, &t.Name)
+	}
+	return json.Unmarshal(b, &t.Number)
 }
 
 // Kind is what the plugin makes of a pod.
@@ -374,9 +410,7 @@ func APIServerPorts(svc *Service) []string {
 	}
 	for _, p := range svc.Spec.Ports {
 		add(p.Port)
-		if p.TargetPort.Type == intstr.Int {
-			add(p.TargetPort.IntVal)
-		}
+		add(p.TargetPort.Number)
 	}
 	return out
 }

@@ -310,9 +310,9 @@ func TestMergeSubnetAnnotations(t *testing.T) {
 
 func TestAPIServerPorts(t *testing.T) {
 	svc := &Service{Spec: ServiceSpec{Ports: []ServicePort{
-		{Port: 443, TargetPort: intstr.FromInt32(6443)},
-		{Port: 8443, TargetPort: intstr.FromString("https")},
-		{Port: 6443, TargetPort: intstr.FromInt32(443)},
+		{Port: 443, TargetPort: TargetPort{Number: 6443}},
+		{Port: 8443, TargetPort: TargetPort{Name: "https"}},
+		{Port: 6443, TargetPort: TargetPort{Number: 443}},
 	}}}
 	if got, want := APIServerPorts(svc), []string{"443", "6443", "8443"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("APIServerPorts = %v, want %v", got, want)
@@ -339,7 +339,7 @@ func TestPlanAPIRequests(t *testing.T) {
 	every[AnnotationSkipSubnets] = "192.0.2.0/24"
 	every[AnnotationSkipInboundSubnets] = "203.0.113.0/24"
 	every[AnnotationSkipOutboundSubnets] = "198.51.100.0/24"
-	kubeSvc := &Service{Spec: ServiceSpec{Ports: []ServicePort{{Port: 443, TargetPort: intstr.FromInt32(16443)}}}}
+	kubeSvc := &Service{Spec: ServiceSpec{Ports: []ServicePort{{Port: 443, TargetPort: TargetPort{Number: 16443}}}}}
 	tests := []struct {
 		name         string
 		api          *fakeAPI
@@ -456,56 +456,6 @@ func TestDelNeverFails(t *testing.T) {
 	}
 }
 
-func TestStatus(t *testing.T) {
-	dir := t.TempDir()
-	good := dir + "/kubeconfig"
-	kc := `apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "https://[2001:db8::1]:6443", insecure-skip-tls-verify: true}}]
-users: [{name: linkerd-cni, user: {token: abc}}]
-contexts: [{name: linkerd-cni-context, context: {cluster: local, user: linkerd-cni}}]
-current-context: linkerd-cni-context
-`
-	if err := writeFile(good, kc); err != nil {
-		t.Fatal(err)
-	}
-	noContext := dir + "/other"
-	if err := writeFile(noContext, strings.ReplaceAll(kc, "linkerd-cni-context", "other")); err != nil {
-		t.Fatal(err)
-	}
-	conf := func(path string) []byte {
-		return []byte(strings.Replace(`{"cniVersion":"1.1.0","name":"n","type":"linkerd-cni","kubernetes":{"kubeconfig":"KC"},
-			"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140}}`, "KC", path, 1))
-	}
-	tests := []struct {
-		name, path, want string
-	}{
-		{"readable", good, ""},
-		{"missing", dir + "/missing", "linkerd-cni cannot look pods up: read kubeconfig " + dir + "/missing: open " + dir + "/missing: no such file or directory"},
-		{"no linkerd-cni-context", noContext, "linkerd-cni cannot look pods up: kubeconfig " + noContext + ", context linkerd-cni-context: invalid configuration: [context was not found for specified context: linkerd-cni-context"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var logs bytes.Buffer
-			p := &Plugin{Stderr: &logs}
-			err := p.Status(&skel.CmdArgs{StdinData: conf(tt.path)})
-			if tt.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			var ce *types.Error
-			if !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
-				t.Fatalf("err = %#v, want code %d", err, types.ErrPluginNotAvailable)
-			}
-			if !strings.HasPrefix(ce.Msg, tt.want) {
-				t.Errorf("message\n got %q\nwant prefix %q", ce.Msg, tt.want)
-			}
-		})
-	}
-}
-
 func TestMain_Subcommands(t *testing.T) {
 	tests := []struct {
 		args     []string
@@ -594,8 +544,22 @@ func TestObjectsDecodeCoreV1JSON(t *testing.T) {
 	roundTrip(&corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
 		{Name: "https", Port: 443, TargetPort: intstr.FromInt32(6443)},
 		{Name: "alt", Port: 8443, TargetPort: intstr.FromString("https")},
+		{Name: "none", Port: 9443},
 	}}}, &svc)
-	if got, want := APIServerPorts(&svc), []string{"443", "6443", "8443"}; !reflect.DeepEqual(got, want) {
+	wantPorts := []ServicePort{{443, TargetPort{Number: 6443}}, {8443, TargetPort{Name: "https"}}, {9443, TargetPort{}}}
+	if !reflect.DeepEqual(svc.Spec.Ports, wantPorts) {
+		t.Errorf("service ports decoded as %+v, want %+v", svc.Spec.Ports, wantPorts)
+	}
+	if got, want := APIServerPorts(&svc), []string{"443", "6443", "8443", "9443"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("decoded service gives ports %v, want %v", got, want)
+	}
+	// A targetPort that is neither a number nor a name is refused, as apimachinery refuses it.
+	for _, bad := range []string{`{"port":443,"targetPort":true}`, `{"port":443,"targetPort":1.5}`} {
+		var p ServicePort
+		var ip corev1.ServicePort
+		ours, theirs := json.Unmarshal([]byte(bad), &p), json.Unmarshal([]byte(bad), &ip)
+		if (ours == nil) != (theirs == nil) || ours == nil {
+			t.Errorf("%s: ours %v, apimachinery's %v; want both to refuse it", bad, ours, theirs)
+		}
 	}
 }

@@ -8,7 +8,8 @@
 // installer copies onto the node. Go runs the package initialisers of everything linked in on
 // every start, and the installer's, agent's and repair controller's dependencies (client-go's full
 // clientset, informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox
-// set-up.
+// set-up. That build links no Kubernetes client at all: a call that must read the API runs in
+// the companion binary beside it (cmd/linkerd-cni-api). The full build reads the API itself.
 package main
 
 import (
@@ -22,7 +23,7 @@ import (
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
-		cniplugin.PluginMain()
+		cniplugin.PluginMain(newPlugin())
 	}
 	if err := netnsutil.EntryHookError(); err != nil {
 		fmt.Fprintln(os.Stderr, "linkerd-cni: refusing to start: "+err.Error())

@@ -61,8 +61,8 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build CNI plugins: %v", err)
 	}
-	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
-	goBuild(t, image, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build and its companion
+	goBuild(t, image, cnitest.NodeBinaries...)
 
 	node := netnstest.NewNS(t)
 	cluster := kubetest.Start(t, kubetest.Options{NetNSPath: node.Path()})

@@ -112,7 +112,7 @@ type Config struct {
 	PluginLogMaxSize int64
 
 	// Test hooks.
-	onWrite         func(path string)
+	onWrite         func(path string) // files written (and binaries removed), in order
 	onAdminListen   func(addr net.Addr)
 	taintBackoff    time.Duration // first retry delay of the taint removal
 	taintBackoffMax time.Duration

@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 )
@@ -182,8 +183,8 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Skip("skipping: builds linkerd-cni and starts kube-apiserver")
 	}
 	netnstest.RequireRoot(t)
-	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
-	goBuild(t, image, "-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build and its companion
+	goBuild(t, image, cnitest.NodeBinaries...)
 	full := t.TempDir() // the image's /usr/local/bin: install and repair
 	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")
 	bin := filepath.Join(full, "linkerd-cni")

@@ -81,31 +81,31 @@ func syncDir(dir string) {
 func copyFileAtomic(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
-		return fmt.Errorf("copy plugin binary: %w", err)
+		return fmt.Errorf("copy: %w", err)
 	}
 	defer in.Close()
 	fi, err := in.Stat()
 	if err != nil {
-		return fmt.Errorf("copy plugin binary: %w", err)
+		return fmt.Errorf("copy: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("copy plugin binary: %s is not a regular file", src)
+		return fmt.Errorf("copy: %s is not a regular file", src)
 	}
 	f, err := os.CreateTemp(filepath.Dir(dst), tmpPrefix+"*")
 	if err != nil {
-		return fmt.Errorf("copy plugin binary to %s: %w", dst, err)
+		return fmt.Errorf("copy to %s: %w", dst, err)
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp)
 	if _, err := io.Copy(f, in); err != nil {
 		f.Close()
-		return fmt.Errorf("copy plugin binary %s to %s: %w", src, dst, err)
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
 	if err := finishTemp(f, dst, fi.Mode().Perm()); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("copy plugin binary to %s: %w", dst, err)
+		return fmt.Errorf("copy to %s: %w", dst, err)
 	}
 	syncDir(filepath.Dir(dst))
 	return nil

@@ -2,7 +2,8 @@
 // `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
 // configuration, keeps it there, and takes it out again.
 //
-// Run copies the plugin binary into the node's CNI bin dir, writes the
+// Run copies the plugin binary and its companion (linkerd-cni-api, which the
+// plugin runs to read the API) into the node's CNI bin dir, writes the
 // plugin's kubeconfig from the pod's service account (and rewrites it when
 // the kubelet rotates the token), waits for the primary CNI's
 // configuration, and appends the plugin to every *.conflist, *.conf and
@@ -11,9 +12,9 @@
 // directories with inotify and re-adds the plugin within a second when the
 // primary CNI rewrites its file. When its context ends (SIGTERM on pod
 // deletion) it removes its entry from every file, leaving every other byte
-// as it was, then the kubeconfig and the binary; unless its DaemonSet stays
-// (an upgrade: see successorComing), when it leaves all of it to the next
-// installer pod.
+// as it was, then the kubeconfig and the binaries; unless its DaemonSet
+// stays (an upgrade: see successorComing), when it leaves all of it to the
+// next installer pod.
 //
 // Files are edited as bytes, not decoded and re-encoded: other plugins'
 // keys, order, numbers and whitespace survive exactly, and removal is the
@@ -77,11 +78,12 @@ type installer struct {
 
 	files    map[string]*fileState
 	reported map[string][32]byte // problems logged, by file, for the content they were about
-	binID    fileID
-	binOK    bool
-	kubeOK   bool
-	waiting  bool          // the "waiting for the primary CNI" line was logged
-	taint    *taintRemover // nil without --node-taint
+	// bins are the binaries copied into the node's CNI bin dir, in the order they are copied:
+	// the companion first, so that no plugin on the node ever lacks the companion it runs.
+	bins    []*nodeBinary
+	kubeOK  bool
+	waiting bool          // the "waiting for the primary CNI" line was logged
+	taint   *taintRemover // nil without --node-taint
 	// entryErr is set when the rendered entry is not a config the plugin accepts: it is then
 	// added nowhere, since every ADD on the node, unmeshed pods' included, would fail.
 	entryErr error
@@ -156,7 +158,11 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 		entry:    entry,
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
-		reason:   "starting",
+		bins: []*nodeBinary{
+			{name: cniplugin.CompanionName, what: "the plugin's companion (its Kubernetes API client)"},
+			{name: entry.typ, what: "plugin binary"},
+		},
+		reason: "starting",
 	}
 	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
 	if _, err := cniplugin.ParseConfig(entry.raw); err != nil {
@@ -214,10 +220,10 @@ func (in *installer) run(ctx context.Context) error {
 		}
 	}
 
-	// The binary and the kubeconfig come first, so no config file ever
+	// The binaries and the kubeconfig come first, so no config file ever
 	// names a plugin that is not there yet. Failing here is fatal: the
 	// kubelet shows the error and retries.
-	if err := in.syncBinary(); err != nil {
+	if err := in.syncBinaries(); err != nil {
 		return err
 	}
 	if err := in.syncKubeconfig(); err != nil {
@@ -279,7 +285,7 @@ func (in *installer) run(ctx context.Context) error {
 			}
 			keep, why := in.successorComing(context.WithoutCancel(ctx))
 			if keep {
-				in.log.Info("leaving linkerd-cni, its kubeconfig and binary in place for the next installer", "reason", why)
+				in.log.Info("leaving linkerd-cni, its kubeconfig and binaries in place for the next installer", "reason", why)
 				return nil
 			}
 			in.log.Info("uninstalling", "reason", why)
@@ -323,8 +329,8 @@ func (in *installer) run(ctx context.Context) error {
 // Problems are logged, not returned: the next event or resync retries.
 func (in *installer) syncAll() bool {
 	var problems []string
-	if err := in.syncBinary(); err != nil {
-		in.log.Error("plugin binary", "error", err)
+	if err := in.syncBinaries(); err != nil {
+		in.log.Error("plugin binaries", "error", err)
 		problems = append(problems, err.Error())
 	}
 	if err := in.syncKubeconfig(); err != nil {
@@ -369,32 +375,50 @@ func (in *installer) syncAll() bool {
 	return len(problems) == 0
 }
 
-// syncBinary copies the plugin binary unless the copy we made is still
-// there untouched.
-func (in *installer) syncBinary() error {
-	src := filepath.Join(in.cfg.ContainerBinDir, in.entry.typ)
-	dst := filepath.Join(in.cfg.binDir(), in.entry.typ)
-	if in.binOK {
-		if id, err := statID(dst); err == nil && id == in.binID {
+// nodeBinary is one binary the installer keeps in the node's CNI bin dir.
+type nodeBinary struct {
+	name, what string
+	id         fileID // of the copy we made
+	ok         bool
+}
+
+// syncBinaries copies each binary, in order, unless the copy we made is
+// still there untouched. It stops at the first failure, so a plugin is
+// never put on the node before its companion.
+func (in *installer) syncBinaries() error {
+	for _, b := range in.bins {
+		if err := in.syncBinary(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (in *installer) syncBinary(b *nodeBinary) error {
+	src := filepath.Join(in.cfg.ContainerBinDir, b.name)
+	dst := filepath.Join(in.cfg.binDir(), b.name)
+	if b.ok {
+		if id, err := statID(dst); err == nil && id == b.id {
 			return nil
 		}
 	}
-	in.binOK = false
+	b.ok = false
 	if si, err := os.Stat(src); err == nil {
 		if di, err := os.Stat(dst); err == nil && os.SameFile(si, di) {
-			in.binOK = true // the image's bin dir is the node's
+			b.ok = true // the image's bin dir is the node's
 			return nil
 		}
 	}
 	if err := copyFileAtomic(src, dst); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", b.what, err)
 	}
+	in.noteWrite(dst)
 	id, err := statID(dst)
 	if err != nil {
-		return fmt.Errorf("copy plugin binary: %w", err)
+		return fmt.Errorf("%s: copy to %s: %w", b.what, dst, err)
 	}
-	in.binID, in.binOK = id, true
-	in.log.Info("installed plugin binary", "path", dst)
+	b.id, b.ok = id, true
+	in.log.Info("installed "+b.what, "path", dst)
 	return nil
 }
 
@@ -716,9 +740,10 @@ func (in *installer) convert(name, path string, data []byte) error {
 	return nil
 }
 
-// uninstall removes our entry from every config file, then the kubeconfig
-// and the binary, in that order, so that no config ever names a missing
-// plugin or kubeconfig. It carries on past errors and returns them all.
+// uninstall removes our entry from every config file, then the kubeconfig,
+// the plugin and its companion, in that order, so that no config ever names
+// a missing plugin or kubeconfig, nor a plugin lacks its companion. It
+// carries on past errors and returns them all.
 func (in *installer) uninstall() error {
 	dir := in.cfg.netDir()
 	var errs []error
@@ -743,11 +768,15 @@ func (in *installer) uninstall() error {
 	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeIfExists(filepath.Join(in.cfg.binDir(), in.entry.typ)); err != nil {
-		errs = append(errs, err)
+	for _, b := range slices.Backward(in.bins) {
+		path := filepath.Join(in.cfg.binDir(), b.name)
+		if err := removeIfExists(path); err != nil {
+			errs = append(errs, err)
+		}
+		in.noteWrite(path)
 	}
 	if len(errs) == 0 {
-		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; kubeconfig and binary removed")
+		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; kubeconfig and binaries removed")
 	}
 	return errors.Join(errs...)
 }

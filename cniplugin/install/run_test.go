@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/kubemesh/proxy-init/cniplugin"
 )
 
 // testCA is a syntactically valid PEM block; the installer only embeds it.
@@ -28,11 +30,12 @@ const testCA = "-----BEGIN CERTIFICATE-----\nMIIBdummyCAforInstallerTests\n-----
 // volume written the way the kubelet's atomic writer writes it.
 type host struct {
 	root, netDir, binDir, imageBin, saDir string
-	binary                                []byte
+	binary, companion                     []byte // the image's plugin and its companion
 	cfg                                   Config
 
 	mu     sync.Mutex
 	writes map[string]int // by base name, from the installer's write hook
+	order  []string       // the hook's paths, in order
 	logBuf syncBuffer
 }
 
@@ -69,9 +72,13 @@ func newHost(t *testing.T) *host {
 			t.Fatal(err)
 		}
 	}
-	h.binary = make([]byte, 64*1024)
+	h.binary, h.companion = make([]byte, 64*1024), make([]byte, 32*1024)
 	_, _ = rand.Read(h.binary)
+	_, _ = rand.Read(h.companion)
 	if err := os.WriteFile(filepath.Join(h.imageBin, "linkerd-cni"), h.binary, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.imageBin, cniplugin.CompanionName), h.companion, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	// Another CNI's binary, which must survive.
@@ -96,6 +103,7 @@ func newHost(t *testing.T) *host {
 		onWrite: func(p string) {
 			h.mu.Lock()
 			h.writes[filepath.Base(p)]++
+			h.order = append(h.order, p)
 			h.mu.Unlock()
 		},
 	}

@@ -126,7 +126,8 @@ func TestValidatorImageRunsWithoutCapabilities(t *testing.T) {
 	}
 }
 
-// TestLinkerdCNIImageNames runs the linkerd-cni image's programs under Linkerd's paths.
+// TestLinkerdCNIImageNames runs the linkerd-cni image's programs under Linkerd's paths, and the
+// two the installer copies onto the node.
 func TestLinkerdCNIImageNames(t *testing.T) {
 	nt.RequireRoot(t)
 	root := unpackImage(t, "linkerd-cni")
@@ -139,6 +140,7 @@ func TestLinkerdCNIImageNames(t *testing.T) {
 		{"/usr/lib/linkerd/linkerd-cni-repair-controller", 65534, []string{"--help"}, "linkerd-cni repair deletes the pods"},
 		{"/usr/bin/linkerd2-cni-install", 0, []string{"--help"}, "Usage of linkerd-cni install"},
 		{"/opt/cni/bin/linkerd-cni", 0, []string{"version"}, "linkerd-cni "},
+		{"/opt/cni/bin/linkerd-cni-api", 0, []string{"version"}, "linkerd-cni-api "},
 	} {
 		code, out := runIn(t, nil, root, tc.uid, tc.path, tc.args...)
 		if code != 0 || !strings.Contains(out, tc.want) {

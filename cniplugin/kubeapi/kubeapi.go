@@ -1,4 +1,13 @@
-package cniplugin
+// Package kubeapi is the linkerd-cni plugin's Kubernetes API client: the pod lookup over the
+// plugin's kubeconfig (its linkerd-cni-context), with a lean client-go REST client that decodes
+// only the few fields the plugin reads (package cniplugin's own small types), in at most three
+// GETs per pod.
+//
+// Limits: it is linked only where the API is read directly: the companion binary
+// linkerd-cni-api, which the node's plugin runs for the calls the node agent does not take, and
+// the DaemonSet's full binary. The node's plugin itself (cmd/linkerd-cni built -tags pluginonly)
+// must not link it: client-go's package initialisation would run on every pod's sandbox set-up.
+package kubeapi
 
 import (
 	"context"
@@ -18,33 +27,17 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
-
-// PodAPI is what the plugin reads from Kubernetes. The production implementation is a REST
-// client over the kubeconfig; tests may substitute their own.
-type PodAPI interface {
-	Pod(ctx context.Context, namespace, name string) (*Pod, error)
-	Namespace(ctx context.Context, name string) (*Namespace, error)
-	Service(ctx context.Context, namespace, name string) (*Service, error)
-}
-
-// Cached is implemented by a PodAPI that answers from memory (the node agent's watch cache, or
-// what the agent sent): its lookups are not API requests, and the plugin does not count them as such.
-type Cached interface{ Cached() bool }
-
-func cached(api PodAPI) bool {
-	c, ok := api.(Cached)
-	return ok && c.Cached()
-}
 
 // coreV1 is the API group and version of pods, namespaces and services.
 var coreV1 = schema.GroupVersion{Version: "v1"}
 
 // statusCodecs decodes only metav1.Status, the body of an API error, so that client-go can turn a
 // failed request into a typed error (unauthorized, not found...). The objects themselves are
-// decoded with encoding/json into the plugin's own small types (pod.go). Building it lazily keeps
+// decoded with encoding/json into the plugin's own small types (cniplugin/pod.go). Building it lazily keeps
 // it off the path of VERSION, DEL and pass-through ADDs.
 var statusCodecs = sync.OnceValue(func() serializer.CodecFactory {
 	s := runtime.NewScheme()
@@ -52,10 +45,10 @@ var statusCodecs = sync.OnceValue(func() serializer.CodecFactory {
 	return serializer.NewCodecFactory(s)
 })
 
-// LoadKubeconfig reads the kubeconfig at path and returns the REST config of its
+// loadKubeconfig reads the kubeconfig at path and returns the REST config of its
 // linkerd-cni-context. apiRoot, when set (kubernetes.k8s_api_root), replaces the server URL.
 // Nothing is sent to the API.
-func LoadKubeconfig(path, apiRoot string) (*rest.Config, error) {
+func loadKubeconfig(path, apiRoot string) (*rest.Config, error) {
 	if path == "" {
 		return nil, errors.New("no kubeconfig: set kubernetes.kubeconfig in the network config")
 	}
@@ -74,7 +67,7 @@ func LoadKubeconfig(path, apiRoot string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// kubeClient is the production PodAPI: plain GETs on a core/v1 REST client.
+// kubeClient is the plugin's PodAPI over the API: plain GETs on a core/v1 REST client.
 type kubeClient struct {
 	rc         *rest.RESTClient
 	kubeconfig string
@@ -84,8 +77,8 @@ type kubeClient struct {
 // NewKubeClient returns a PodAPI that reads through the kubeconfig's linkerd-cni-context. Its
 // errors say plainly when the API is unreachable, timed out or refused the credentials, and name
 // the kubeconfig.
-func NewKubeClient(conf *NetConf) (PodAPI, error) {
-	cfg, err := LoadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot)
+func NewKubeClient(conf *cniplugin.NetConf) (cniplugin.PodAPI, error) {
+	cfg, err := loadKubeconfig(conf.Kubernetes.Kubeconfig, conf.Kubernetes.APIRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +87,7 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	cfg.GroupVersion = &coreV1
 	cfg.NegotiatedSerializer = statusCodecs().WithoutConversion()
 	// JSON into the few fields the plugin reads costs microseconds. Decoding into core/v1's
-	// types would need their scheme, whose size slows every plugin start (see pod.go).
+	// types would need their scheme, whose size slows every start (see cniplugin/pod.go).
 	cfg.ContentType = runtime.ContentTypeJSON
 	cfg.AcceptContentTypes = runtime.ContentTypeJSON
 	cfg.UserAgent = "linkerd-cni/" + buildinfo.Version
@@ -108,18 +101,18 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	return &kubeClient{rc: rc, kubeconfig: conf.Kubernetes.Kubeconfig, host: cfg.Host}, nil
 }
 
-func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
-	var pod Pod
+func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*cniplugin.Pod, error) {
+	var pod cniplugin.Pod
 	return &pod, k.get(ctx, "get pod "+namespace+"/"+name, &pod, namespace, "pods", name)
 }
 
-func (k *kubeClient) Namespace(ctx context.Context, name string) (*Namespace, error) {
-	var ns Namespace
+func (k *kubeClient) Namespace(ctx context.Context, name string) (*cniplugin.Namespace, error) {
+	var ns cniplugin.Namespace
 	return &ns, k.get(ctx, "get namespace "+name, &ns, "", "namespaces", name)
 }
 
-func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*Service, error) {
-	var svc Service
+func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*cniplugin.Service, error) {
+	var svc cniplugin.Service
 	return &svc, k.get(ctx, "get service "+namespace+"/"+name, &svc, namespace, "services", name)
 }
 
