@@ -163,21 +163,7 @@ func (n *node) startAPI(t testing.TB) {
 // ClusterRole and returns a token for it.
 func (n *node) serviceAccountToken(t testing.TB, name string) string {
 	t.Helper()
-	ctx := context.Background()
-	cs := n.kube.Clientset
-	mustCreate(t, "serviceaccount", func() error {
-		_, err := cs.CoreV1().ServiceAccounts(cniNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-		return err
-	})
-	mustCreate(t, "clusterrolebinding", func() error {
-		_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "linkerd-cni"},
-			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: cniNamespace}},
-		}, metav1.CreateOptions{})
-		return err
-	})
-	token, err := n.kube.TokenFor(ctx, cniNamespace, name)
+	token, err := n.kube.ServiceAccountToken(context.Background(), cniNamespace, name, "linkerd-cni", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

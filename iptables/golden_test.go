@@ -2,7 +2,6 @@ package iptables_test
 
 import (
 	"flag"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -15,23 +14,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/ f
 // checkGolden compares got with testdata/<name>, or rewrites it under -update.
 func checkGolden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./iptables -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from the golden file (run go test ./iptables -update if intended):\ngot:\n%s\nwant:\n%s", path, got, want)
-	}
+	iptablestest.CheckGolden(t, filepath.Join("testdata", name), got, *update, "iptables")
 }
 
 func TestGoldenRestorePayloads(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -134,19 +135,7 @@ func TestSimulateGolden(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			got := simulateMain(t, chartArgs("--simulate", "--iptables-mode", mode)...)
 			path := filepath.Join("testdata", "simulate-"+mode+".txt")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (go test ./proxyinit -update writes it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("proxy-init --simulate --iptables-mode %s differs from %s (go test ./proxyinit -update if intended):\n%s", mode, path, got)
-			}
+			iptablestest.CheckGolden(t, path, got, *update, "proxyinit")
 		})
 	}
 }

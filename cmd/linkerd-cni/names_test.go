@@ -18,9 +18,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
@@ -107,31 +105,12 @@ func TestLinkerdRepairControllerCommandLine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ns, sa = "linkerd-cni", "linkerd-cni"
-	if _, err := c.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clientset.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	// Linkerd's ClusterRole with the repair controller enabled.
-	if _, err := c.Clientset.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: sa},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods", "nodes", "namespaces", "services"}, Verbs: []string{"list", "get", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"delete"}},
-			{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clientset.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: sa},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: sa},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	token, err := c.TokenFor(ctx, ns, sa)
+	token, err := c.ServiceAccountToken(ctx, ns, sa, sa, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "nodes", "namespaces", "services"}, Verbs: []string{"list", "get", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"delete"}},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,22 +86,7 @@ func chartRules(t testing.TB, values map[string]any) []rbacv1.PolicyRule {
 // authenticated as it, and its audit-log user name.
 func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
 	t.Helper()
-	ctx := context.Background()
-	admin := c.Clientset
-	if _, err := admin.CoreV1().ServiceAccounts(cniNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: cniNS, Name: name}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	token, err := c.TokenFor(ctx, cniNS, name)
+	token, err := c.ServiceAccountToken(context.Background(), cniNS, name, name, rules)
 	if err != nil {
 		t.Fatal(err)
 	}

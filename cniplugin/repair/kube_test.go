@@ -89,25 +89,7 @@ func serviceAccountClient(t *testing.T, c *kubetest.Cluster, sa, role string, ru
 // serviceAccount is serviceAccountClient that also returns the token.
 func serviceAccount(t *testing.T, c *kubetest.Cluster, sa, role string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
 	t.Helper()
-	ctx := ctxFor(t, waitLong)
-	admin := c.Clientset
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cniNS}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	if _, err := admin.CoreV1().ServiceAccounts(cniNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: rules}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: cniNS, Name: sa}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	token, err := c.TokenFor(ctx, cniNS, sa)
+	token, err := c.ServiceAccountToken(ctxFor(t, waitLong), cniNS, sa, role, rules)
 	if err != nil {
 		t.Fatal(err)
 	}

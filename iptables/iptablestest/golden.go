@@ -6,6 +6,8 @@
 package iptablestest
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
@@ -142,4 +144,27 @@ func Build(t testing.TB, c iptables.Config) *iptables.Ruleset {
 		t.Fatal(err)
 	}
 	return rs
+}
+
+// CheckGolden compares got with the golden file at path (below the test's package), or rewrites
+// the file when update is set: each package with golden files has an -update flag, and pkg is
+// the package path its hint names (go test ./pkg -update).
+func CheckGolden(t testing.TB, path, got string, update bool, pkg string) {
+	t.Helper()
+	if update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./%s -update writes it)", err, pkg)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from the golden file (go test ./%s -update if intended):\ngot:\n%s\nwant:\n%s", path, pkg, got, want)
+	}
 }

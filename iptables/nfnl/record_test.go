@@ -178,23 +178,7 @@ func TestPlanFromRecordedStates(t *testing.T) {
 // checkGolden compares got with testdata/<name>, or rewrites it under -update.
 func checkGolden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test ./iptables/nfnl -update writes it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs (go test ./iptables/nfnl -update if intended):\n%s", path, got)
-	}
+	iptablestest.CheckGolden(t, filepath.Join("testdata", name), got, *update, "iptables/nfnl")
 }
 
 // recorder passes requests to src and writes the answers down.
