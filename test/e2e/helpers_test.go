@@ -24,8 +24,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // loadObjects decodes every YAML document of files (relative to the repository's root).
@@ -286,4 +289,23 @@ func podLog(t testing.TB, c *Cluster, p *corev1.Pod, container string) string {
 		b.Write(data)
 	}
 	return b.String()
+}
+
+// watchPods watches the pods of ns from now on. The watch resumes where it was when the API
+// server ends it (a loaded API server closes watches it finds slow), so no event is missed; its
+// channel closes only when it is stopped or cannot resume.
+func watchPods(ctx context.Context, t *testing.T, c *Cluster, ns string) watch.Interface {
+	t.Helper()
+	pods := c.Client.CoreV1().Pods(ns)
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return pods.Watch(ctx, o) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

@@ -65,10 +65,8 @@ func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl c
 	t.Helper()
 	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	defer deleteNamespace(ctx, t, c.Client, ns)
-	w, err := c.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pods := c.Client.CoreV1().Pods(ns)
+	w := watchPods(ctx, t, c, ns)
 	defer w.Stop()
 
 	created := make([]time.Time, loadPods)
@@ -81,7 +79,7 @@ func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl c
 			p := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
 			p.Name, p.Namespace = fmt.Sprintf("load-%02d", i), ns
 			created[i] = time.Now()
-			if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 				errs <- err
 			}
 		}()

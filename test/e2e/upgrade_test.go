@@ -29,10 +29,7 @@ func testRollingUpgrade(t *testing.T, c *Cluster) {
 	_, d := workload(t, "deploy/examples/cni-workload.yaml", ns, 1)
 	tmpl := d.Spec.Template
 
-	w, err := c.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := watchPods(ctx, t, c, ns)
 	defer w.Stop()
 	// Every validator exit and restart the watch sees: a 95 is a pod that started unmeshed.
 	var mu sync.Mutex
