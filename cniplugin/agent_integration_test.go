@@ -1,7 +1,6 @@
 package cniplugin_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -81,7 +81,7 @@ func TestCNIWithAgent(t *testing.T) {
 // ClusterRole has the reads the agent watches with), serving a socket in a root-only directory of
 // its own, lookups only. It returns the socket, the agent's plugin log and a function that stops
 // it (also run at cleanup).
-func (n *node) startAgent(t testing.TB) (string, *syncWriter, func()) {
+func (n *node) startAgent(t testing.TB) (string, *cnitest.SyncBuffer, func()) {
 	t.Helper()
 	token, err := n.kube.TokenFor(context.Background(), cniNamespace, cniServiceAccount)
 	if err != nil {
@@ -97,7 +97,7 @@ func (n *node) startAgent(t testing.TB) (string, *syncWriter, func()) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	socket := filepath.Join(dir, "run", "agent.sock")
-	pluginLog := &syncWriter{}
+	pluginLog := &cnitest.SyncBuffer{}
 	a, err := agent.New(client, agent.Options{NodeName: nodeName, Socket: socket, PluginLog: pluginLog,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -124,21 +124,4 @@ func (n *node) startAgent(t testing.TB) (string, *syncWriter, func()) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return socket, pluginLog, stop
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
@@ -97,24 +98,6 @@ func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbac
 	return client, kubetest.ServiceAccountUser(cniNS, name)
 }
 
-// syncBuffer collects log output written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // sandboxes is the test's SandboxFinder: the pods' namespaces by UID.
 type sandboxes struct {
 	mu sync.Mutex
@@ -158,8 +141,8 @@ type rig struct {
 	conf      []byte // the plugin's network config (stdin, with prevResult)
 	netDir    string
 	sandboxes *sandboxes
-	log       *syncBuffer
-	pluginLog *syncBuffer
+	log       *cnitest.SyncBuffer
+	pluginLog *cnitest.SyncBuffer
 }
 
 var rigs atomic.Int64
@@ -177,7 +160,7 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 		o.iptablesMode = iptables.ModeNFT
 	}
 	r := &rig{t: t, c: c, admin: c.Clientset, node: fmt.Sprintf("node-%d", n), ns: fmt.Sprintf("app-%d", n),
-		sandboxes: &sandboxes{m: map[string]agent.Sandbox{}}, log: &syncBuffer{}, pluginLog: &syncBuffer{}}
+		sandboxes: &sandboxes{m: map[string]agent.Sandbox{}}, log: &cnitest.SyncBuffer{}, pluginLog: &cnitest.SyncBuffer{}}
 	client, user := serviceAccount(t, c, fmt.Sprintf("agent-%d", n), chartRules(t, map[string]any{"agent": map[string]any{"mode": string(mode)}}))
 	r.user = user
 	if _, err := r.admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {

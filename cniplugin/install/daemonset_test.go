@@ -114,7 +114,7 @@ func daemonSetContainers(t *testing.T, ms []manifest, node string) map[string]*p
 // nodeProcess is a container's process running in the node's namespace.
 type nodeProcess struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *cnitest.SyncBuffer
 	exited chan struct{}
 	err    error
 }
@@ -123,7 +123,7 @@ type nodeProcess struct {
 // container gets nothing else); the process is SIGKILLed by t.Cleanup if still running.
 func startIn(t *testing.T, node *netnstest.NS, bin string, argv []string, env map[string]string) *nodeProcess {
 	t.Helper()
-	p := &nodeProcess{out: &syncBuffer{}, exited: make(chan struct{})}
+	p := &nodeProcess{out: &cnitest.SyncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, argv...)
 	for k, v := range env {
 		p.cmd.Env = append(p.cmd.Env, k+"="+v)

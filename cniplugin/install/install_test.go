@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
@@ -628,7 +629,7 @@ func TestNotReadyWithoutCompanion(t *testing.T) {
 // withPluginLog starts an installer whose network config sets log_file, on a host where that file
 // holds existing (content unless empty) and the streamed lines go to out; maxSize is the rotation
 // size (0: the default). appendLog writes as the plugin does: a fresh O_APPEND open per call.
-func withPluginLog(t *testing.T, existing string, maxSize int64) (logPath string, out *syncBuffer, appendLog func(string)) {
+func withPluginLog(t *testing.T, existing string, maxSize int64) (logPath string, out *cnitest.SyncBuffer, appendLog func(string)) {
 	h := newHost(t)
 	h.write(t, "10-calico.conflist", calicoConflist)
 	logDir := filepath.Join(h.root, "host/var/log/linkerd-cni")
@@ -644,7 +645,7 @@ func withPluginLog(t *testing.T, existing string, maxSize int64) (logPath string
 	h.cfg.NetworkConfig = strings.Replace(DefaultNetworkConfig, `"log_level":"info",`,
 		`"log_level":"info","log_file":"/var/log/linkerd-cni/plugin.log",`, 1)
 	h.cfg.PluginLogMaxSize = maxSize
-	out = &syncBuffer{}
+	out = &cnitest.SyncBuffer{}
 	h.cfg.PluginLogOutput = out
 	h.start(t).waitReady(t)
 	appendLog = func(s string) {

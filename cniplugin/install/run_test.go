@@ -1,7 +1,6 @@
 package install
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 )
 
 // testCA is a syntactically valid PEM block; the installer only embeds it.
@@ -36,24 +36,7 @@ type host struct {
 	mu     sync.Mutex
 	writes map[string]int // by base name, from the installer's write hook
 	order  []string       // the hook's paths, in order
-	logBuf syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logBuf cnitest.SyncBuffer
 }
 
 func newHost(t *testing.T) *host {
@@ -190,13 +173,13 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	admin  string
-	logs   *syncBuffer
+	logs   *cnitest.SyncBuffer
 }
 
 // start runs the installer until the test stops it or ends.
 func (h *host) start(t *testing.T) *running {
 	t.Helper()
-	r := &running{done: make(chan error, 1), logs: &syncBuffer{}}
+	r := &running{done: make(chan error, 1), logs: &cnitest.SyncBuffer{}}
 	addrCh := make(chan string, 1)
 	cfg := h.cfg
 	cfg.onAdminListen = func(a net.Addr) { addrCh <- a.String() }

@@ -51,7 +51,7 @@ func TestSIGTERMRemovesEverything(t *testing.T) {
 		"KUBERNETES_SERVICE_PORT=443",
 		"POD_NAMESPACE=linkerd-cni",
 	}
-	var stderr syncBuffer // read while the process writes
+	var stderr cnitest.SyncBuffer // read while the process writes
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

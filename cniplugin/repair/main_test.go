@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
@@ -35,24 +35,6 @@ func TestMain(m *testing.M) {
 		return repair.Main(ctx, os.Args[1:], io.Discard, os.Stderr)
 	})
 	os.Exit(m.Run())
-}
-
-// lockedBuffer collects the child's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestMainEndToEnd runs the real command: KUBECONFIG in the installer's shape with the
@@ -80,7 +62,7 @@ func TestMainEndToEnd(t *testing.T) {
 	const adminAddr = "127.0.0.1:9990"
 	cmd := exec.Command(self, "--admin-addr", adminAddr, "--log-format", "json")
 	cmd.Env = append(os.Environ(), nt.ChildEnv(t, c.NetNSPath), "KUBECONFIG="+kubeconfig, repair.EnvNodeName+"="+nodeA)
-	var stderr lockedBuffer
+	var stderr cnitest.SyncBuffer
 	cmd.Stderr = &stderr
 	if err := netnsutil.Do(c.NetNSPath, cmd.Start); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 // Package cnitest builds the CNI plugin binaries the linkerd-cni tests run through libcni and
 // the end-to-end node runs under containerd: the real containernetworking bridge, host-local,
-// loopback and portmap plugins at the version go.mod pins, and this checkout's own commands.
+// loopback and portmap plugins at the version go.mod pins, and this checkout's own commands. It
+// also holds SyncBuffer, the log sink the linkerd-cni components' tests read while they write.
 //
 // Limits: test support only (it runs `go build`, so it needs the Go toolchain and the module
 // cache, never the network once the cache holds the modules). The containernetworking plugins
