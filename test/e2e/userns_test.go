@@ -48,26 +48,29 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 	}
 	ctx := context.Background()
 	peer := peerPod(ctx, t, c.A())
-	// meshedPod starts the CNI workload in a user namespace on node A and checks it.
-	meshedPod := func(t *testing.T, ns string) *corev1.Pod {
+	// meshedPod starts the example workload in a user namespace on node A and checks it: the
+	// init container that set the redirect up (the validator after the plugin, or linkerd-init)
+	// exited 0 and the traffic goes through the proxy.
+	meshedPod := func(t *testing.T, ns, example, initContainer string) *corev1.Pod {
 		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
-		nsObj, d := workload(t, "deploy/examples/cni-workload.yaml", ns, 1)
+		nsObj, d := workload(t, example, ns, 1)
 		pin(&d.Spec.Template.Spec, c.A())
 		inUserNamespace(&d.Spec.Template.Spec)
 		create(ctx, t, c.Client, nsObj, d)
 		pod := waitUserNamespacePod(ctx, t, c, ns)
 		checkUserNamespace(ctx, t, c, pod, "web")
-		if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
-			t.Errorf("validator exit code %d, want 0 (%s)", code, describePod(pod))
+		if code := exitCode(pod, initContainer); code != 0 {
+			t.Errorf("%s exit code %d, want 0 (%s)", initContainer, code, describePod(pod))
 		}
 		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
 		checkProxyExempt(ctx, t, c, pod, peer)
 		return pod
 	}
+	const cniWorkload, initWorkload = "deploy/examples/cni-workload.yaml", "deploy/examples/proxy-init-workload.yaml"
 
 	t.Run("Plugin", func(t *testing.T) {
 		ds := installDaemonSet(ctx, t, c)
-		pod := meshedPod(t, "e2e-userns")
+		pod := meshedPod(t, "e2e-userns", cniWorkload, "linkerd-network-validator")
 		added := addLine(t, c, pod)
 		if !strings.Contains(added, " apiRequests=0 ") {
 			t.Errorf("the ADD was not the agent's (it made no API request): %s", added)
@@ -92,7 +95,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 
 	t.Run("PluginWithoutAgentLookups", func(t *testing.T) {
 		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
-		pod := meshedPod(t, "e2e-userns-fallback")
+		pod := meshedPod(t, "e2e-userns-fallback", cniWorkload, "linkerd-network-validator")
 		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
 			t.Errorf("the ADD made no API request: the agent did it, not the plugin: %s", added)
 		}
@@ -104,19 +107,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 
 	t.Run("InitContainer", func(t *testing.T) {
 		removeDaemonSet(ctx, t, c)
-		const ns = "e2e-userns-init"
-		t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
-		nsObj, d := workload(t, "deploy/examples/proxy-init-workload.yaml", ns, 1)
-		pin(&d.Spec.Template.Spec, c.A())
-		inUserNamespace(&d.Spec.Template.Spec)
-		create(ctx, t, c.Client, nsObj, d)
-		pod := waitUserNamespacePod(ctx, t, c, ns)
-		checkUserNamespace(ctx, t, c, pod, "web")
-		if code := exitCode(pod, "linkerd-init"); code != 0 {
-			t.Errorf("linkerd-init exit code %d, want 0 (%s)", code, describePod(pod))
-		}
-		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
-		checkProxyExempt(ctx, t, c, pod, peer)
+		meshedPod(t, "e2e-userns-init", initWorkload, "linkerd-init")
 	})
 }
 
