@@ -1,0 +1,13 @@
+// Package hygiene holds the repository's tracked files to what a source tree should hold: no
+// compiled binary (a build output committed by mistake stays in the history for good), and no
+// file over MaxFileSize outside a testdata directory.
+//
+// It is all test: the check lives in its test file, so no program links it.
+//
+// Limits: it reads `git ls-files` of the checkout it runs in, so it sees what is committed or
+// staged, not untracked files (.gitignore keeps the usual build outputs out).
+package hygiene
+
+// MaxFileSize is the largest file tracked outside testdata. Real sources and manifests are a few
+// dozen KiB; anything near this bound is data that belongs in testdata, or a build output.
+const MaxFileSize = 1 << 20
