@@ -32,8 +32,10 @@ type NetConf struct {
 	LogLevel string
 	// LogFile is log_file: when set, log lines are also appended to this file (new key).
 	LogFile string
-	// ExcludeNamespaces is exclude-namespaces: pods there are passed through without any API
-	// call (new key; the installer puts the DaemonSet's own namespace there).
+	// ExcludeNamespaces is exclude-namespaces, at the top level and in the kubernetes block
+	// together: pods there are passed through without any API call (new key). The installer puts
+	// the DaemonSet's own namespace in the kubernetes block, which Linkerd's schema leaves open,
+	// so that the entry it writes carries Linkerd's top-level keys only.
 	ExcludeNamespaces []string
 
 	Kubernetes Kubernetes
@@ -200,6 +202,10 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	k8s := d.object(top, "", "kubernetes")
 	d.get(k8s, "kubernetes.", "kubeconfig", &conf.Kubernetes.Kubeconfig, "a string")
 	d.get(k8s, "kubernetes.", "k8s_api_root", &conf.Kubernetes.APIRoot, "a string")
+	var k8sExcluded []string
+	if d.get(k8s, "kubernetes.", "exclude-namespaces", &k8sExcluded, "a list of namespace names") {
+		conf.ExcludeNamespaces = append(conf.ExcludeNamespaces, k8sExcluded...)
+	}
 	d.duration(k8s, "kubernetes.", "timeout", &conf.Kubernetes.Timeout, "5s")
 
 	conf.Agent.Socket = DefaultAgentSocket

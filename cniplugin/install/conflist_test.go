@@ -249,6 +249,13 @@ func TestRenderEntry(t *testing.T) {
 			wantExclude: []string{"kube-system", "linkerd-cni"}},
 		{name: "no duplicate", tmpl: `{"type":"linkerd-cni","exclude-namespaces":["linkerd-cni"]}`, ns: "linkerd-cni",
 			wantExclude: []string{"linkerd-cni"}},
+		{name: "merges the kubernetes block's list", tmpl: `{"type":"linkerd-cni","kubernetes":{"exclude-namespaces":["kube-system"],"kubeconfig":"k"}}`, ns: "linkerd-cni",
+			wantExclude: []string{"kube-system", "linkerd-cni"}},
+		{name: "no duplicate in the kubernetes block", tmpl: `{"type":"linkerd-cni","kubernetes":{"exclude-namespaces":["linkerd-cni"]}}`, ns: "linkerd-cni",
+			wantExclude: []string{"linkerd-cni"}},
+		{name: "creates the kubernetes block", tmpl: `{"type":"linkerd-cni"}`, ns: "linkerd-cni", wantExclude: []string{"linkerd-cni"}},
+		{name: "kubernetes not an object", tmpl: `{"type":"linkerd-cni","kubernetes":[]}`, ns: "x", wantErr: `"kubernetes" must be an object`},
+		{name: "bad kubernetes exclude list", tmpl: `{"type":"linkerd-cni","kubernetes":{"exclude-namespaces":{}}}`, ns: "x", wantErr: `"kubernetes.exclude-namespaces" must be a list of strings`},
 		{name: "token placeholder warns and is emptied", tmpl: `{"type":"linkerd-cni","kubernetes":{"token":"__SERVICEACCOUNT_TOKEN__"}}`, wantWarn: true},
 		{name: "invalid JSON", tmpl: `{"type":"linkerd-cni",}`, wantErr: "CNI_NETWORK_CONFIG: invalid JSON at offset"},
 		{name: "no type", tmpl: `{"name":"linkerd-cni"}`, wantErr: `"type" must be a non-empty string`},
@@ -274,7 +281,8 @@ func TestRenderEntry(t *testing.T) {
 				Type       string   `json:"type"`
 				Exclude    []string `json:"exclude-namespaces"`
 				Kubernetes struct {
-					Kubeconfig string `json:"kubeconfig"`
+					Kubeconfig string   `json:"kubeconfig"`
+					Exclude    []string `json:"exclude-namespaces"`
 					Token      *string
 				} `json:"kubernetes"`
 			}
@@ -284,8 +292,8 @@ func TestRenderEntry(t *testing.T) {
 			if strings.Contains(string(e.raw), "__") {
 				t.Errorf("placeholder left in %s", e.raw)
 			}
-			if strings.Join(got.Exclude, ",") != strings.Join(tt.wantExclude, ",") {
-				t.Errorf("exclude-namespaces = %v, want %v", got.Exclude, tt.wantExclude)
+			if all := append(got.Exclude, got.Kubernetes.Exclude...); strings.Join(all, ",") != strings.Join(tt.wantExclude, ",") {
+				t.Errorf("exclude-namespaces (top level, then kubernetes block) = %v, want %v", all, tt.wantExclude)
 			}
 			if e.typ != "linkerd-cni" {
 				t.Errorf("type = %q", e.typ)
@@ -297,7 +305,7 @@ func TestRenderEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"},"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"proxy-gid":-1,"ports-to-redirect":[],"inbound-ports-to-ignore":["4191","4190"],"outbound-ports-to-ignore":[],"subnets-to-ignore":[],"simulate":false,"use-wait-flag":false,"iptables-mode":"nft","ipv6":false},"exclude-namespaces":["linkerd-cni"]}`
+	want := `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info","kubernetes":{"kubeconfig":"/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig","exclude-namespaces":["linkerd-cni"]},"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"proxy-gid":-1,"ports-to-redirect":[],"inbound-ports-to-ignore":["4191","4190"],"outbound-ports-to-ignore":[],"subnets-to-ignore":[],"simulate":false,"use-wait-flag":false,"iptables-mode":"nft","ipv6":false}}`
 	if string(e.raw) != want {
 		t.Errorf("rendered default config:\n got %s\nwant %s", e.raw, want)
 	}

@@ -85,8 +85,8 @@ func TestInstallAndUninstall(t *testing.T) {
 			if kc := last["kubernetes"].(map[string]any)["kubeconfig"]; kc != "/etc/cni/net.d/"+kubeconfigName {
 				t.Errorf("kubernetes.kubeconfig = %v, want the node's path /etc/cni/net.d/%s", kc, kubeconfigName)
 			}
-			if ex, _ := last["exclude-namespaces"].([]any); len(ex) != 1 || ex[0] != "linkerd-cni" {
-				t.Errorf("exclude-namespaces = %v, want [linkerd-cni]", last["exclude-namespaces"])
+			if ex, _ := last["kubernetes"].(map[string]any)["exclude-namespaces"].([]any); len(ex) != 1 || ex[0] != "linkerd-cni" {
+				t.Errorf("kubernetes.exclude-namespaces = %v, want [linkerd-cni]", last["kubernetes"])
 			}
 			// Every config file carries exactly one entry, last.
 			for _, name := range dirNames(t, h.netDir) {

@@ -23,7 +23,7 @@ const tokenPlaceholder = "__SERVICEACCOUNT_TOKEN__"
 
 // renderEntry fills the template's placeholders the way Linkerd's
 // install-cni.sh does, checks the result and adds namespace to
-// "exclude-namespaces". source names the template in errors. It returns
+// "kubernetes.exclude-namespaces". source names the template in errors. It returns
 // warnings for the caller to log.
 func renderEntry(source, tmpl string, vars map[string]string, namespace string) (*pluginEntry, []string, error) {
 	var warnings []string
@@ -46,7 +46,7 @@ func renderEntry(source, tmpl string, vars map[string]string, namespace string) 
 	if !json.Valid(data) {
 		return nil, nil, fmt.Errorf("%s: %w", source, jsonError(data))
 	}
-	members, open, closeAt, err := scanObject(data, 0)
+	members, open, _, err := scanObject(data, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", source, err)
 	}
@@ -64,7 +64,7 @@ func renderEntry(source, tmpl string, vars map[string]string, namespace string) 
 		return nil, nil, fmt.Errorf(`%s: "type" %q must be a plain file name`, source, top.Type)
 	}
 	if namespace != "" {
-		data, err = addExcludedNamespace(data, members, open, closeAt, namespace)
+		data, err = addExcludedNamespace(data, members, open, namespace)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", source, err)
 		}
@@ -76,28 +76,56 @@ func renderEntry(source, tmpl string, vars map[string]string, namespace string) 
 	return &pluginEntry{raw: compact.Bytes(), typ: top.Type, logFile: top.LogFile}, warnings, nil
 }
 
-// addExcludedNamespace adds ns to the object's "exclude-namespaces" list,
-// creating the list when missing and keeping every other key in place.
-func addExcludedNamespace(data []byte, members []member, open, closeAt int, ns string) ([]byte, error) {
+// addExcludedNamespace adds ns to the "exclude-namespaces" list of the object's "kubernetes"
+// block, creating the list (and the block) when missing and keeping every other key in place.
+// The kubernetes block is where Linkerd's own schema for the entry accepts any key: its
+// integration tests decode the rest of the entry strictly, so a new top-level key would fail
+// them. A namespace a top-level "exclude-namespaces" (a user's) already lists is left there.
+func addExcludedNamespace(data []byte, members []member, open int, ns string) ([]byte, error) {
 	if s, ok := lookup(members, "exclude-namespaces"); ok {
-		var list []string
-		if err := json.Unmarshal(data[s.start:s.end], &list); err != nil {
-			return nil, fmt.Errorf(`"exclude-namespaces" must be a list of strings: %w`, err)
+		list, err := namespaceList(data[s.start:s.end], "exclude-namespaces")
+		if err != nil || slices.Contains(list, ns) {
+			return data, err
 		}
-		if slices.Contains(list, ns) {
-			return data, nil
+	}
+	k8s, ok := lookup(members, "kubernetes")
+	if !ok {
+		enc, _ := json.Marshal(map[string][]string{"exclude-namespaces": {ns}})
+		return appendMember(data, members, open, "kubernetes", enc), nil
+	}
+	inner, innerOpen, _, err := scanObject(data, k8s.start)
+	if err != nil {
+		return nil, fmt.Errorf(`"kubernetes" must be an object: %w`, err)
+	}
+	if s, ok := lookup(inner, "exclude-namespaces"); ok {
+		list, err := namespaceList(data[s.start:s.end], "kubernetes.exclude-namespaces")
+		if err != nil || slices.Contains(list, ns) {
+			return data, err
 		}
-		list = append(list, ns)
-		enc, _ := json.Marshal(list)
+		enc, _ := json.Marshal(append(list, ns))
 		return splice(data, s, enc), nil
 	}
 	enc, _ := json.Marshal([]string{ns})
-	ins := []byte(`"exclude-namespaces":` + string(enc))
+	return appendMember(data, inner, innerOpen, "exclude-namespaces", enc), nil
+}
+
+// namespaceList decodes an exclude-namespaces value; key names it in the error.
+func namespaceList(raw []byte, key string) ([]string, error) {
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("%q must be a list of strings: %w", key, err)
+	}
+	return list, nil
+}
+
+// appendMember adds "key":value after the last of members, the object whose brace is at open.
+func appendMember(data []byte, members []member, open int, key string, value []byte) []byte {
+	ins := []byte(`"` + key + `":` + string(value))
 	if len(members) == 0 {
-		return splice(data, span{open + 1, open + 1}, ins), nil
+		return splice(data, span{open + 1, open + 1}, ins)
 	}
 	last := members[len(members)-1].val.end
-	return splice(data, span{last, last}, append([]byte{','}, ins...)), nil
+	return splice(data, span{last, last}, append([]byte{','}, ins...))
 }
 
 // pluginHasKey reports whether the JSON object data has key at its top level.

@@ -241,9 +241,9 @@ func TestChartOurValues(t *testing.T) {
 	if err := json.Unmarshal([]byte(configMapConfig(t, ms)), &conf); err != nil {
 		t.Fatal(err)
 	}
-	if conf["log_file"] != "/var/log/linkerd-cni.log" || !reflect.DeepEqual(conf["exclude-namespaces"], []any{"kube-system", "monitoring"}) ||
+	if conf["log_file"] != "/var/log/linkerd-cni.log" || !reflect.DeepEqual(conf["kubernetes"].(map[string]any)["exclude-namespaces"], []any{"kube-system", "monitoring"}) ||
 		conf["linkerd"].(map[string]any)["iptables-mode"] != "auto" {
-		t.Errorf("config %v lacks log_file, exclude-namespaces or iptables-mode auto", conf)
+		t.Errorf("config %v lacks log_file, kubernetes.exclude-namespaces or iptables-mode auto", conf)
 	}
 	kinds := map[string]bool{}
 	for _, m := range ms {

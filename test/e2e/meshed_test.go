@@ -84,7 +84,7 @@ func testInitContainerPod(t *testing.T, c *Cluster) {
 
 // testUnmeshedPods: with the plugin in place, an unmeshed pod, and a pod with a proxy in a
 // namespace the plugin excludes (the DaemonSet's own, which the installer adds to
-// exclude-namespaces), get no rules, and traffic to and from them is direct.
+// kubernetes.exclude-namespaces), get no rules, and traffic to and from them is direct.
 func testUnmeshedPods(t *testing.T, c *Cluster) {
 	ctx := context.Background()
 	installDaemonSet(ctx, t, c)
