@@ -38,6 +38,10 @@ type NetConf struct {
 	// so that the entry it writes carries Linkerd's top-level keys only.
 	ExcludeNamespaces []string
 
+	// Ceilings are max-close-wait-timeout-secs and max-annotation-list-entries (new keys): the
+	// bounds on what pods' annotations may ask; absent keys take DefaultCeilings.
+	Ceilings Ceilings
+
 	Kubernetes Kubernetes
 	Linkerd    Linkerd
 	Agent      Agent
@@ -197,6 +201,9 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	d.get(top, "", "log_level", &conf.LogLevel, "a string")
 	d.get(top, "", "log_file", &conf.LogFile, "a string")
 	d.get(top, "", "exclude-namespaces", &conf.ExcludeNamespaces, "a list of namespace names")
+	conf.Ceilings = DefaultCeilings
+	d.get(top, "", "max-close-wait-timeout-secs", &conf.Ceilings.MaxCloseWaitSecs, "an integer")
+	d.get(top, "", "max-annotation-list-entries", &conf.Ceilings.MaxListEntries, "an integer")
 	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
 
 	k8s := d.object(top, "", "kubernetes")
@@ -284,6 +291,12 @@ func (c *NetConf) validate() []badinput.Problem {
 		if strings.TrimSpace(ns) == "" {
 			bad("exclude-namespaces", ns, "empty namespace name")
 		}
+	}
+	if c.Ceilings.MaxCloseWaitSecs < 1 {
+		bad("max-close-wait-timeout-secs", strconv.FormatInt(c.Ceilings.MaxCloseWaitSecs, 10), "must be at least 1")
+	}
+	if c.Ceilings.MaxListEntries < 1 {
+		bad("max-annotation-list-entries", strconv.Itoa(c.Ceilings.MaxListEntries), "must be at least 1")
 	}
 	if s := c.Agent.Socket; s != "" && !filepath.IsAbs(s) {
 		bad("agent.socket", s, "not an absolute path")

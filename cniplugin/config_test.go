@@ -136,6 +136,7 @@ func noAPI(t *testing.T) func(*NetConf) (PodAPI, error) {
 func TestParseConfigKeys(t *testing.T) {
 	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni",
 		"log_level":"debug","log_file":"/var/log/linkerd-cni.log","exclude-namespaces":["linkerd-cni","kube-system"],
+		"max-close-wait-timeout-secs":600,"max-annotation-list-entries":64,
 		"kubernetes":{"kubeconfig":"/k","k8s_api_root":"https://203.0.113.10:6443","timeout":"2500ms","exclude-namespaces":["monitoring"]},
 		"agent":{"socket":"/run/linkerd-cni/agent.sock","timeout":"1500ms"},
 		"policy":{"type":"k8s","k8s_api_root":"https://x","k8s_auth_token":"t"},
@@ -148,6 +149,7 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 	want := &NetConf{
 		LogLevel: "debug", LogFile: "/var/log/linkerd-cni.log", ExcludeNamespaces: []string{"linkerd-cni", "kube-system", "monitoring"},
+		Ceilings:   Ceilings{MaxCloseWaitSecs: 600, MaxListEntries: 64},
 		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond},
 		Agent:      Agent{Socket: "/run/linkerd-cni/agent.sock", Timeout: 1500 * time.Millisecond},
 		Linkerd: Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
@@ -261,6 +263,8 @@ func TestParseConfigErrors(t *testing.T) {
 			`invalid linkerd-cni network config: agent.timeout "0s": must be positive; agent.socket "agent.sock": not an absolute path`},
 		{"exclude-namespaces not a list", `{"cniVersion":"1.0.0","exclude-namespaces":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: exclude-namespaces "linkerd-cni": want a list of namespace names`},
+		{"ceilings zero and not a number", `{"cniVersion":"1.0.0","max-close-wait-timeout-secs":0,"max-annotation-list-entries":"many","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
+			`invalid linkerd-cni network config: max-annotation-list-entries "many": want an integer; max-close-wait-timeout-secs "0": must be at least 1`},
 		{"kubernetes.exclude-namespaces not a list", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k","exclude-namespaces":{"a":1}},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: kubernetes.exclude-namespaces "{\"a\":1}": want a list of namespace names`},
 		{"bad prevResult", `{"cniVersion":"1.0.0","prevResult":{"ips":[{"address":"nope"}]},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,

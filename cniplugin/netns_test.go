@@ -205,3 +205,73 @@ func TestFeatureKeysInNetns(t *testing.T) {
 		})
 	}
 }
+
+// TestCeilingsInNetns: an ADD whose pod or namespace asks beyond the node's ceilings fails with an
+// error naming the annotation, the value (or a list's length) and the ceiling, and writes nothing:
+// no rule in any backend, and the namespace's close-wait sysctl as the kernel left it.
+func TestCeilingsInNetns(t *testing.T) {
+	many := strings.TrimSuffix(strings.Repeat("192.0.2.1/32,", 1025), ",")
+	tests := []struct {
+		name      string
+		pod, ns   map[string]string
+		config    string // replaces `"log_level":"info",` in the chart's config
+		wantError string
+	}{
+		{"close-wait on the pod", map[string]string{AnnotationCloseWaitTimeout: "24h"}, nil, `"log_level":"info",`,
+			`invalid annotation: annotation config.linkerd.io/close-wait-timeout="24h" on pod web/api-0: 86400s is more than max-close-wait-timeout-secs allows (3600)`},
+		{"close-wait on the namespace, lower ceiling", nil, map[string]string{AnnotationCloseWaitTimeout: "120"},
+			`"log_level":"info","max-close-wait-timeout-secs":60,`,
+			`invalid annotation: annotation config.linkerd.io/close-wait-timeout="120" on namespace web: 120s is more than max-close-wait-timeout-secs allows (60)`},
+		{"subnets on the namespace", nil, map[string]string{AnnotationSkipOutboundSubnets: many}, `"log_level":"info",`,
+			`invalid annotation: annotation config.linkerd.io/skip-outbound-subnets="(1025 entries)" on namespace web: more entries than max-annotation-list-entries allows (1024)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := netnstest.NewNS(t)
+			var before string
+			if err := n.Do(func() (err error) { before, err = readFileString(iptables.CloseWaitSysctl); return err }); err != nil {
+				t.Fatal(err)
+			}
+			conf := strings.Replace(linkerdChartConfig, `"log_level":"info",`, tt.config, 1)
+			api := &fakeAPI{pod: meshedPod(nil, tt.pod), ns: &Namespace{ObjectMeta: ObjectMeta{Name: "web", Annotations: tt.ns}}}
+			var out, logs bytes.Buffer
+			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
+			args := &skel.CmdArgs{ContainerID: "ctr", Netns: n.Path(), IfName: "eth0",
+				Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: withVersion(t, conf, "1.0.0")}
+			err := p.Add(args)
+			if err == nil || err.Error() != tt.wantError {
+				t.Fatalf("ADD: %v\nwant %s", err, tt.wantError)
+			}
+			if strings.Contains(logs.String(), "192.0.2.1/32,192.0.2.1/32") {
+				t.Errorf("the log echoes the whole list:\n%.300s", logs.String())
+			}
+			rs, err := iptables.Build((Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, IPTablesMode: iptables.ModeNFT}).Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var after string
+			if err := n.Do(func() error {
+				for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeNFTables, iptables.ModeLegacy} {
+					a, _, err := backend.New(backend.Options{Mode: mode})
+					if err != nil {
+						return err
+					}
+					st, err := a.Show(context.Background(), rs)
+					if err != nil {
+						return err
+					}
+					if !stateEmpty(st) {
+						t.Errorf("%s holds rules after the refused ADD: %+v", mode, st)
+					}
+				}
+				after, err = readFileString(iptables.CloseWaitSysctl)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if after != before {
+				t.Errorf("close-wait sysctl %s after the refused ADD, was %s", after, before)
+			}
+		})
+	}
+}

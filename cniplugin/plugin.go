@@ -435,7 +435,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 			apiPorts = FallbackAPIServerPorts
 		}
 	}
-	pl.settings, err = Merge(c.conf.Linkerd.Config(), podObj, nsObj, apiPorts)
+	pl.settings, err = Merge(c.conf.Linkerd.Config(), c.conf.Ceilings, podObj, nsObj, apiPorts)
 	if err != nil {
 		return nil, err
 	}

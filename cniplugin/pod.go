@@ -217,6 +217,12 @@ type Settings struct {
 	Sources map[string]string
 }
 
+// listAnnotations are the annotations holding lists, which max-annotation-list-entries bounds.
+var listAnnotations = map[string]bool{
+	AnnotationSkipOutboundPorts: true, AnnotationSkipInboundPorts: true, AnnotationSkipSubnets: true,
+	AnnotationSkipInboundSubnets: true, AnnotationSkipOutboundSubnets: true,
+}
+
 // annotationFields maps each annotation to the rule builder's field it sets, so that the
 // builder's own validation of that field is reported as a problem with the annotation.
 var annotationFields = map[string]string{
@@ -231,6 +237,27 @@ var annotationFields = map[string]string{
 	AnnotationOutboundPort:        iptables.FieldOutboundProxyPort,
 	AnnotationCloseWaitTimeout:    iptables.FieldCloseWait,
 }
+
+// Ceilings bound what a pod's (or its namespace's) annotations may ask of the node. A pod author
+// controls annotations, while the plugin and the agent run as root: without a bound, one pod could
+// hold node-wide conntrack slots for weeks, or make every audit of it cost seconds and megabytes.
+// They are keys of the node's network config; proxy-init's flags, which cluster admins set, have none.
+type Ceilings struct {
+	// MaxCloseWaitSecs is max-close-wait-timeout-secs: the largest close-wait-timeout accepted.
+	MaxCloseWaitSecs int64
+	// MaxListEntries is max-annotation-list-entries: the most entries one list annotation
+	// (ports, subnets) may hold.
+	MaxListEntries int
+}
+
+// The ceilings when the network config sets none.
+const (
+	DefaultMaxCloseWaitSecs         = 3600
+	DefaultMaxAnnotationListEntries = 1024
+)
+
+// DefaultCeilings are the ceilings of a network config that sets none.
+var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxListEntries: DefaultMaxAnnotationListEntries}
 
 // Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
 // not needed), to base, with Linkerd's semantics:
@@ -248,8 +275,9 @@ var annotationFields = map[string]string{
 // namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
 // ignore after the annotations. The result is validated by the rule builder, like every other
 // input; every malformed value is reported at once in a *badinput.Error whose problems name the
-// annotation, the object it is on and its whole value.
-func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
+// annotation, the object it is on and its whole value. A value beyond one of lim's ceilings is
+// refused too; a list over its ceiling is reported by its length, not echoed.
+func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
 	s := Settings{Config: base, Sources: map[string]string{}}
 	s.Config.PortsToRedirect = clone(base.PortsToRedirect)
 	s.Config.InboundPortsToIgnore = clone(base.InboundPortsToIgnore)
@@ -273,6 +301,12 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 			return
 		}
 		src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
+		if n := len(splitList(v)); listAnnotations[key] && n > lim.MaxListEntries {
+			src.Value = fmt.Sprintf("(%d entries)", n)
+			src.Reason = fmt.Sprintf("more entries than max-annotation-list-entries allows (%d)", lim.MaxListEntries)
+			probs = append(probs, src)
+			return
+		}
 		if reason := set(strings.TrimSpace(v)); reason != "" {
 			src.Reason = reason
 			probs = append(probs, src)
@@ -323,6 +357,9 @@ func Merge(base iptables.Config, pod Object, ns *Object, apiServerPorts []string
 	each(AnnotationOutboundPort, integer(&s.Config.OutboundProxyPort, "port"))
 	each(AnnotationCloseWaitTimeout, func(v string) string {
 		secs, reason := parseCloseWait(v)
+		if reason == "" && secs > lim.MaxCloseWaitSecs {
+			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, lim.MaxCloseWaitSecs)
+		}
 		s.Config.CloseWaitSecs = secs
 		return reason
 	})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -159,7 +160,7 @@ func TestMerge(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			base := baseConfig()
-			got, err := Merge(base, tt.pod, tt.ns, tt.apiPorts)
+			got, err := Merge(base, DefaultCeilings, tt.pod, tt.ns, tt.apiPorts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -186,6 +187,50 @@ func TestMerge(t *testing.T) {
 	}
 }
 
+// kernelBoundsOnly lifts the network config's ceilings above what the kernel takes, so that the
+// rule builder's own bounds are what a test meets.
+var kernelBoundsOnly = Ceilings{MaxCloseWaitSecs: math.MaxInt64, MaxListEntries: math.MaxInt}
+
+// TestMergeCeilings: a pod author's values beyond the node's ceilings are refused, on the pod and
+// on its namespace alike, naming the annotation and the ceiling; a list is not echoed back.
+func TestMergeCeilings(t *testing.T) {
+	many := strings.TrimSuffix(strings.Repeat("192.0.2.1/32,", 1025), ",")
+	lim := Ceilings{MaxCloseWaitSecs: 3600, MaxListEntries: 1024}
+	tests := []struct {
+		name    string
+		pod, ns map[string]string
+		want    string
+	}{
+		{"close-wait over the ceiling", map[string]string{AnnotationCloseWaitTimeout: "3601"}, nil,
+			`annotation config.linkerd.io/close-wait-timeout="3601" on pod web/api-0: 3601s is more than max-close-wait-timeout-secs allows (3600)`},
+		{"close-wait duration over the ceiling", map[string]string{AnnotationCloseWaitTimeout: "24h"}, nil,
+			`annotation config.linkerd.io/close-wait-timeout="24h" on pod web/api-0: 86400s is more than max-close-wait-timeout-secs allows (3600)`},
+		{"close-wait on the namespace", nil, map[string]string{AnnotationCloseWaitTimeout: "2147483"},
+			`annotation config.linkerd.io/close-wait-timeout="2147483" on namespace web: 2147483s is more than max-close-wait-timeout-secs allows (3600)`},
+		{"subnets over the ceiling", map[string]string{AnnotationSkipSubnets: many}, nil,
+			`annotation config.linkerd.io/skip-subnets="(1025 entries)" on pod web/api-0: more entries than max-annotation-list-entries allows (1024)`},
+		{"ports on the namespace", nil, map[string]string{AnnotationSkipOutboundPorts: strings.TrimSuffix(strings.Repeat("80,", 1025), ",")},
+			`annotation config.linkerd.io/skip-outbound-ports="(1025 entries)" on namespace web: more entries than max-annotation-list-entries allows (1024)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := Object{Kind: "pod", Name: "web/api-0", Annotations: tt.pod}
+			ns := &Object{Kind: "namespace", Name: "web", Annotations: tt.ns}
+			_, err := Merge(baseConfig(), lim, pod, ns, nil)
+			if err == nil || err.Error() != "invalid annotation: "+tt.want {
+				t.Fatalf("err = %v\nwant invalid annotation: %s", err, tt.want)
+			}
+		})
+	}
+	// At the ceilings, accepted.
+	atMost := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{
+		AnnotationCloseWaitTimeout: "1h", AnnotationSkipSubnets: strings.TrimSuffix(strings.Repeat("192.0.2.1/32,", 1024), ","),
+	}}
+	if s, err := Merge(baseConfig(), lim, atMost, nil, nil); err != nil || s.Config.CloseWaitSecs != 3600 {
+		t.Errorf("at the ceilings: %+v, %v", s.Config.CloseWaitSecs, err)
+	}
+}
+
 // Numbers that once passed: a UID above 2^32-2 became root's exemption in the nftables rules,
 // and close-wait values overflowed (18446744074 s wrapped to 290 ms and wrote 0) or were dropped.
 func TestMergeNumericBounds(t *testing.T) {
@@ -202,7 +247,7 @@ func TestMergeNumericBounds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.annotation+"="+tt.value, func(t *testing.T) {
 			pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{tt.annotation: tt.value}}
-			_, err := Merge(baseConfig(), pod, nil, nil)
+			_, err := Merge(baseConfig(), kernelBoundsOnly, pod, nil, nil)
 			var ae *badinput.Error
 			if !errors.As(err, &ae) || len(ae.Problems) != 1 || !strings.HasPrefix(ae.Problems[0].String(), tt.want) {
 				t.Fatalf("err = %v\nwant one problem starting %s", err, tt.want)
@@ -211,7 +256,7 @@ func TestMergeNumericBounds(t *testing.T) {
 	}
 	// The largest values the kernel and the ID space take are accepted.
 	ok := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{AnnotationProxyUID: "4294967294", AnnotationCloseWaitTimeout: "2147483"}}
-	if s, err := Merge(baseConfig(), ok, nil, nil); err != nil || s.Config.ProxyUID != 4294967294 || s.Config.CloseWaitSecs != 2147483 {
+	if s, err := Merge(baseConfig(), kernelBoundsOnly, ok, nil, nil); err != nil || s.Config.ProxyUID != 4294967294 || s.Config.CloseWaitSecs != 2147483 {
 		t.Errorf("Merge = %+v, %v", s.Config, err)
 	}
 }
@@ -229,7 +274,7 @@ func TestMergeMalformed(t *testing.T) {
 		AnnotationProxyGID:     "-5",
 		AnnotationOutboundPort: "x",
 	}}
-	_, err := Merge(baseConfig(), pod, ns, nil)
+	_, err := Merge(baseConfig(), DefaultCeilings, pod, ns, nil)
 	var ae *badinput.Error
 	if !errors.As(err, &ae) {
 		t.Fatalf("err = %v, want *badinput.Error", err)
@@ -267,7 +312,7 @@ func TestMergeSubnetAnnotations(t *testing.T) {
 		AnnotationSkipOutboundSubnets: "198.51.100.0/24,2001:db8:1::/48",
 		AnnotationSkipInboundSubnets:  "2001:db8:2::/48",
 	}}
-	s, err := Merge(base, pod, nil, nil)
+	s, err := Merge(base, DefaultCeilings, pod, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +334,7 @@ func TestMergeSubnetAnnotations(t *testing.T) {
 		AnnotationSkipInboundSubnets:  "203.0.113.0/24,nope",
 		AnnotationSkipOutboundSubnets: "198.51.100.0/33",
 	}}
-	_, err = Merge(base, bad, nil, nil)
+	_, err = Merge(base, DefaultCeilings, bad, nil, nil)
 	var ae *badinput.Error
 	if !errors.As(err, &ae) {
 		t.Fatalf("err = %v, want *badinput.Error", err)
