@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -18,10 +19,13 @@ import (
 const tmpPrefix = ".linkerd-cni-tmp-"
 
 // writeAtomic replaces path with data: a temporary file in the same
-// directory is written, synced, given mode (and the replaced file's owner)
-// and renamed over path, so a reader sees the old or the new content, never
-// a mix. The directory is synced so the rename survives a crash.
-func writeAtomic(path string, data []byte, mode fs.FileMode) error {
+// directory is written, synced, given mode and an owner, and renamed over
+// path, so a reader sees the old or the new content, never a mix. The
+// directory is synced so the rename survives a crash. ownerOf names the file
+// whose owner the result keeps (the primary CNI's config, which is theirs);
+// "" makes it root's, as every file of ours is, whoever owned the one it
+// replaces.
+func writeAtomic(path string, data []byte, mode fs.FileMode, ownerOf string) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, tmpPrefix+"*")
 	if err != nil {
@@ -33,7 +37,7 @@ func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := finishTemp(f, path, mode); err != nil {
+	if err := finishTemp(f, path, mode, ownerOf); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
@@ -44,18 +48,24 @@ func writeAtomic(path string, data []byte, mode fs.FileMode) error {
 }
 
 // finishTemp syncs, chmods (CreateTemp's 0600 and the umask are not what we
-// want), copies the owner of the file it will replace, and closes f.
-func finishTemp(f *os.File, target string, mode fs.FileMode) error {
+// want), gives f the owner of ownerOf (root's when "" or when ownerOf is
+// gone), and closes f.
+func finishTemp(f *os.File, target string, mode fs.FileMode, ownerOf string) error {
 	err := f.Sync()
 	if err == nil {
 		err = f.Chmod(mode)
 	}
 	if err == nil {
-		if fi, serr := os.Stat(target); serr == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				// Best effort: an unprivileged test cannot chown.
-				_ = f.Chown(int(st.Uid), int(st.Gid))
+		uid, gid := 0, 0
+		if ownerOf != "" {
+			if fi, serr := os.Stat(ownerOf); serr == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					uid, gid = int(st.Uid), int(st.Gid)
+				}
 			}
+		}
+		if cerr := f.Chown(uid, gid); cerr != nil && os.Geteuid() == 0 {
+			err = cerr // only root can chown: an unprivileged test's files stay its own
 		}
 	}
 	if cerr := f.Close(); err == nil {
@@ -67,6 +77,42 @@ func finishTemp(f *os.File, target string, mode fs.FileMode) error {
 	return nil
 }
 
+// inPlace reports whether path is already a file of ours holding want: root's, with mode.
+func inPlace(path string, want []byte, mode fs.FileMode) bool {
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != mode {
+		return false
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || (st.Uid != 0 && os.Geteuid() == 0) {
+		return false
+	}
+	have, err := os.ReadFile(path)
+	return err == nil && bytes.Equal(have, want)
+}
+
+// sweepTemps removes the temporary files an installer killed mid-write left in dirs (a
+// kubeconfig's holds a token) and returns their paths. Only one installer runs per node, so none
+// is in use.
+func sweepTemps(dirs ...string) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, d := range dirs {
+		matches, err := filepath.Glob(filepath.Join(d, tmpPrefix+"*"))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, m := range matches {
+			if err := removeIfExists(m); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, m)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
 func syncDir(dir string) {
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
@@ -75,7 +121,7 @@ func syncDir(dir string) {
 }
 
 // copyFileAtomic copies src to dst through a temporary file and a rename,
-// keeping src's permission bits. A runtime executing dst meanwhile sees the
+// keeping src's permission bits, owned by root. A runtime executing dst meanwhile sees the
 // old or the new binary, never a half-written one ("text file busy" cannot
 // happen either: the old inode is left alone).
 func copyFileAtomic(src, dst string) error {
@@ -101,7 +147,7 @@ func copyFileAtomic(src, dst string) error {
 		f.Close()
 		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
-	if err := finishTemp(f, dst, fi.Mode().Perm()); err != nil {
+	if err := finishTemp(f, dst, fi.Mode().Perm(), ""); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {

@@ -219,6 +219,7 @@ func (in *installer) run(ctx context.Context) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	in.sweepTemps()
 
 	// The binaries and the kubeconfig come first, so no config file ever
 	// names a plugin that is not there yet. Failing here is fatal: the
@@ -432,14 +433,12 @@ func (in *installer) syncKubeconfig() error {
 	}
 	want := renderKubeconfig(&in.cfg, cr)
 	path := in.cfg.kubeconfigPath()
-	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
-		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() == kubeconfigMode {
-			in.kubeOK = true
-			return nil
-		}
+	if inPlace(path, want, kubeconfigMode) {
+		in.kubeOK = true
+		return nil
 	}
 	existed := in.kubeOK
-	if err := writeAtomic(path, want, kubeconfigMode); err != nil {
+	if err := writeAtomic(path, want, kubeconfigMode, ""); err != nil {
 		in.kubeOK = false
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
@@ -657,7 +656,7 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 	if fi, err := os.Stat(path); err == nil {
 		mode = fi.Mode().Perm()
 	}
-	if err := writeAtomic(path, out, mode); err != nil {
+	if err := writeAtomic(path, out, mode, path); err != nil {
 		return err
 	}
 	in.noteWrite(path)
@@ -681,14 +680,18 @@ func (in *installer) standalone() []byte {
 	return append(out, '\n')
 }
 
+// standaloneMode is the standalone config's: root's alone, as Istio writes its Multus file for the
+// CIS benchmark. Multus, the one reader, runs as root.
+const standaloneMode fs.FileMode = 0o600
+
 // syncStandalone writes the standalone config file unless it is in place already.
 func (in *installer) syncStandalone() error {
 	path := filepath.Join(in.cfg.netDir(), in.cfg.StandaloneConf)
 	want := in.standalone()
-	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, want) {
+	if inPlace(path, want, standaloneMode) {
 		return nil
 	}
-	if err := writeAtomic(path, want, 0o644); err != nil {
+	if err := writeAtomic(path, want, standaloneMode, ""); err != nil {
 		return err
 	}
 	in.noteWrite(path)
@@ -726,7 +729,7 @@ func (in *installer) convert(name, path string, data []byte) error {
 	if fi, err := os.Stat(path); err == nil {
 		mode = fi.Mode().Perm()
 	}
-	if err := writeAtomic(tpath, out, mode); err != nil {
+	if err := writeAtomic(tpath, out, mode, path); err != nil {
 		return err
 	}
 	in.noteWrite(tpath)
@@ -744,6 +747,17 @@ func (in *installer) convert(name, path string, data []byte) error {
 // the plugin and its companion, in that order, so that no config ever names
 // a missing plugin or kubeconfig, nor a plugin lacks its companion. It
 // carries on past errors and returns them all.
+// sweepTemps removes the temporary files a killed installer left, and logs each.
+func (in *installer) sweepTemps() {
+	removed, err := sweepTemps(in.cfg.netDir(), in.cfg.binDir())
+	for _, p := range removed {
+		in.log.Info("removed a temporary file an earlier installer left", "path", p)
+	}
+	if err != nil {
+		in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+	}
+}
+
 func (in *installer) uninstall() error {
 	dir := in.cfg.netDir()
 	var errs []error
@@ -775,6 +789,7 @@ func (in *installer) uninstall() error {
 		}
 		in.noteWrite(path)
 	}
+	in.sweepTemps()
 	if len(errs) == 0 {
 		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; kubeconfig and binaries removed")
 	}
@@ -798,7 +813,7 @@ func (in *installer) uninstallFile(name string) error {
 	if st := in.files[name]; st != nil && st.orig != nil && st.written == hashOf(data) {
 		// Unchanged since our write: put the original back, byte for byte.
 		if st.origName == "" {
-			if err := writeAtomic(path, st.orig, mode); err != nil {
+			if err := writeAtomic(path, st.orig, mode, path); err != nil {
 				return err
 			}
 			in.log.Info("restored CNI config", "path", path)
@@ -806,7 +821,7 @@ func (in *installer) uninstallFile(name string) error {
 		}
 		opath := filepath.Join(dir, st.origName)
 		if _, err := os.Lstat(opath); errors.Is(err, fs.ErrNotExist) {
-			if err := writeAtomic(opath, st.orig, mode); err != nil {
+			if err := writeAtomic(opath, st.orig, mode, path); err != nil {
 				return err
 			}
 		}
@@ -835,7 +850,7 @@ func (in *installer) uninstallFile(name string) error {
 	if n == 0 {
 		return nil
 	}
-	if err := writeAtomic(path, out, mode); err != nil {
+	if err := writeAtomic(path, out, mode, path); err != nil {
 		return err
 	}
 	in.log.Info("removed linkerd-cni from CNI config", "path", path)

@@ -289,6 +289,9 @@ func TestStandaloneConf(t *testing.T) {
 	if h.read(t, "10-ovn-kubernetes.conf") != ovn {
 		t.Error("the installer chained into another config")
 	}
+	if os.Geteuid() == 0 {
+		checkOwner(t, "written", filepath.Join(h.netDir, "linkerd-cni.conf"), 0, 0, 0o600)
+	}
 	// Removed by someone: put back.
 	if err := os.Remove(filepath.Join(h.netDir, "linkerd-cni.conf")); err != nil {
 		t.Fatal(err)
