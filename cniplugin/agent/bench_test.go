@@ -103,9 +103,9 @@ func BenchmarkFootprint(b *testing.B) {
 	if err := cnitest.GoBuild(filepath.Dir(bin), "github.com/kubemesh/proxy-init/cmd/linkerd-cni"); err != nil {
 		b.Fatal(err)
 	}
-	builds := []struct{ what, bin string }{{"this build", bin}}
+	bins := []string{bin}
 	if old := os.Getenv("PROXY_INIT_BENCH_BASELINE"); old != "" {
-		builds = append(builds, struct{ what, bin string }{"baseline " + old, filepath.Join(filepath.Dir(old), "linkerd-cni")})
+		bins = append(bins, filepath.Join(filepath.Dir(old), "linkerd-cni"))
 	}
 
 	c := startCluster(b)
@@ -126,19 +126,34 @@ func BenchmarkFootprint(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Printf("\nlinkerd-cni DaemonSet binary and `linkerd-cni agent` (%s/%s), %d meshed pods on its node, local kube-apiserver (load average %s):\n",
-		runtime.GOOS, runtime.GOARCH, pods, strings.Join(strings.Fields(string(load))[:3], " "))
-	for _, bd := range builds {
-		fi, err := os.Stat(bd.bin)
+	type footprint struct{ size, rss, hwm int64 }
+	var got []footprint
+	for _, bin := range bins {
+		fi, err := os.Stat(bin)
 		if err != nil {
 			b.Fatal(err)
 		}
-		rss, hwm := agentMemory(b, c, bd.bin, kubeconfig, node)
-		fmt.Printf("  %-48s %6.1fMB  (static, stripped; target <= 30MB: %s)\n", bd.what+": binary size", float64(fi.Size())/1e6,
-			map[bool]string{true: "met", false: "MISSED"}[fi.Size() <= 30e6])
-		fmt.Printf("  %-48s %6.1fMB  (peak VmHWM %.1fMB)\n", bd.what+": agent's steady RSS (VmRSS)", float64(rss)/1e6, float64(hwm)/1e6)
+		rss, hwm := agentMemory(b, c, bin, kubeconfig, node)
+		got = append(got, footprint{fi.Size(), rss, hwm})
 	}
+	mb := func(n int64) string { return fmt.Sprintf("%.1fMB", float64(n)/1e6) }
+	against := func(f func(footprint) int64) string {
+		if len(got) == 1 {
+			return ""
+		}
+		return fmt.Sprintf("  baseline %s: %.2fx", mb(f(got[1])), float64(f(got[0]))/float64(f(got[1])))
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("\nlinkerd-cni DaemonSet binary (%s/%s) and its agent, %d meshed pods on the node, local kube-apiserver (load average %s):\n",
+		runtime.GOOS, runtime.GOARCH, pods, strings.Join(strings.Fields(string(load))[:3], " "))
+	if len(bins) > 1 {
+		fmt.Printf("  (baseline: %s)\n", bins[1])
+	}
+	size := func(f footprint) int64 { return f.size }
+	fmt.Printf("  %-48s %8s  (target <= 30MB: %s)%s\n", "binary size (static, stripped)", mb(got[0].size),
+		map[bool]string{true: "met", false: "MISSED"}[got[0].size <= 30e6], against(size))
+	rss := func(f footprint) int64 { return f.rss }
+	fmt.Printf("  %-48s %8s  (peak VmHWM %s)%s\n", "agent's steady RSS (VmRSS, ready + 5s)", mb(got[0].rss), mb(got[0].hwm), against(rss))
 }
 
 // createMeshedPod creates a meshed pod on node, reported running as a kubelet would.
