@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -87,7 +86,7 @@ func (n *node) startAgent(t testing.TB) (string, *cnitest.SyncBuffer, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubernetes.NewForConfig(n.kube.ConfigForToken(token))
+	client, err := kubeclient.New(n.kube.ConfigForToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,3 +69,41 @@ func TestNodeBinariesStayLean(t *testing.T) {
 		})
 	}
 }
+
+// TestDaemonSetLinksItsAPIGroupsOnly guards the DaemonSet binary's size (install, agent,
+// repair): it links the three API groups it uses, through cniplugin/internal/kubeclient, and
+// none of client-go's parts that register or generate code for every group (the Clientset and
+// its scheme, the informer factory, the apply configurations, the fake clients behind client-go's
+// generic typed client) or fetch OpenAPI documents.
+func TestDaemonSetLinksItsAPIGroupsOnly(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	groups := []string{"k8s.io/api/core/v1", "k8s.io/api/apps/v1", "k8s.io/api/events/v1"}
+	for _, want := range append([]string{"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"}, groups...) {
+		if !slices.Contains(deps, want) {
+			t.Errorf("the DaemonSet build does not link %s", want)
+		}
+	}
+	forbidden := []string{
+		"k8s.io/client-go/kubernetes", // the Clientset, its typed clients and scheme
+		"k8s.io/client-go/informers",
+		"k8s.io/client-go/applyconfigurations",
+		"k8s.io/client-go/gentype",
+		"k8s.io/client-go/testing",
+		"k8s.io/client-go/discovery",
+		"github.com/google/gnostic-models",
+	}
+	for _, dep := range deps {
+		if strings.HasPrefix(dep, "k8s.io/api/") && !slices.Contains(groups, dep) {
+			t.Errorf("the DaemonSet build links the API group %s", dep)
+		}
+		for _, f := range forbidden {
+			if dep == f || strings.HasPrefix(dep, f+"/") {
+				t.Errorf("the DaemonSet build links %s", dep)
+			}
+		}
+	}
+}

@@ -16,12 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
@@ -106,7 +105,7 @@ func (k podKey) String() string { return k.namespace + "/" + k.name }
 // Agent is the node agent. Create it with New, serve its Handler, then Run it.
 type Agent struct {
 	opts     Options
-	client   kubernetes.Interface
+	client   *kubeclient.Client
 	node     string
 	mode     Mode
 	instance string
@@ -114,15 +113,13 @@ type Agent struct {
 	metrics  *metrics
 	events   *eventRecorder
 
-	podFactory informers.SharedInformerFactory
-	podInf     cache.SharedIndexInformer
-	pods       listersv1.PodLister
+	podInf cache.SharedIndexInformer
+	pods   listersv1.PodLister
 	// nsInf and svcInf exist when lookups or audits do (nil for Linkerd's repair controller).
-	nsFactory, svcFactory informers.SharedInformerFactory
-	nsInf, svcInf         cache.SharedIndexInformer
-	namespaces            listersv1.NamespaceLister
-	services              listersv1.ServiceLister
-	arrived               *notifier // pods and namespaces the watch delivers
+	nsInf, svcInf cache.SharedIndexInformer
+	namespaces    listersv1.NamespaceLister
+	services      listersv1.ServiceLister
+	arrived       *notifier // pods and namespaces the watch delivers
 
 	queue workqueue.TypedRateLimitingInterface[podKey]
 
@@ -138,7 +135,7 @@ type Agent struct {
 }
 
 // New returns an agent for opts.NodeName using client. It starts nothing.
-func New(client kubernetes.Interface, opts Options) (*Agent, error) {
+func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	if opts.NodeName == "" {
 		return nil, errors.New("node name is empty: set --node-name")
 	}
@@ -174,13 +171,11 @@ func New(client kubernetes.Interface, opts Options) (*Agent, error) {
 	if !a.lookups() && opts.AuditPeriod <= 0 {
 		label = ControlPlaneNSLabel
 	}
-	a.podFactory = informers.NewSharedInformerFactoryWithOptions(client, opts.ResyncPeriod,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
-			o.LabelSelector = label
-		}))
-	pods := a.podFactory.Core().V1().Pods()
-	a.podInf, a.pods = pods.Informer(), pods.Lister()
+	a.podInf = client.Pods(metav1.NamespaceAll).Informer(opts.ResyncPeriod, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", opts.NodeName).String()
+		o.LabelSelector = label
+	})
+	a.pods = listersv1.NewPodLister(a.podInf.GetIndexer())
 	if _, err := a.podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { a.arrived.notify(); a.podChanged(nil, obj) },
 		UpdateFunc: func(old, obj any) { a.arrived.notify(); a.podChanged(old, obj) },
@@ -189,9 +184,8 @@ func New(client kubernetes.Interface, opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("watch pods: %w", err)
 	}
 	if a.lookups() || opts.AuditPeriod > 0 {
-		a.nsFactory = informers.NewSharedInformerFactory(client, 0)
-		nss := a.nsFactory.Core().V1().Namespaces()
-		a.nsInf, a.namespaces = nss.Informer(), nss.Lister()
+		a.nsInf = client.Namespaces().Informer(0, nil)
+		a.namespaces = listersv1.NewNamespaceLister(a.nsInf.GetIndexer())
 		if _, err := a.nsInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { a.arrived.notify() },
 			UpdateFunc: a.namespaceChanged,
@@ -199,12 +193,10 @@ func New(client kubernetes.Interface, opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("watch namespaces: %w", err)
 		}
 		// One object: the ports control-plane pods skip.
-		a.svcFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", "kubernetes").String()
-			}))
-		svcs := a.svcFactory.Core().V1().Services()
-		a.svcInf, a.services = svcs.Informer(), svcs.Lister()
+		a.svcInf = client.Services("default").Informer(0, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", "kubernetes").String()
+		})
+		a.services = listersv1.NewServiceLister(a.svcInf.GetIndexer())
 	}
 	return a, nil
 }
@@ -272,15 +264,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.running.Store(true)
 	defer a.running.Store(false)
 	defer a.queue.ShutDown()
-	a.podFactory.Start(ctx.Done())
-	defer a.podFactory.Shutdown()
-	synced := []cache.InformerSynced{a.podInf.HasSynced}
-	if a.nsFactory != nil {
-		a.nsFactory.Start(ctx.Done())
-		a.svcFactory.Start(ctx.Done())
-		defer a.nsFactory.Shutdown()
-		defer a.svcFactory.Shutdown()
-		synced = append(synced, a.nsInf.HasSynced, a.svcInf.HasSynced)
+	// The watches stop, and are waited for, whenever Run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	var watches sync.WaitGroup
+	defer watches.Wait()
+	defer cancel()
+	informers := []cache.SharedIndexInformer{a.podInf}
+	if a.nsInf != nil {
+		informers = append(informers, a.nsInf, a.svcInf)
+	}
+	var synced []cache.InformerSynced
+	for _, inf := range informers {
+		watches.Go(func() { inf.RunWithContext(ctx) })
+		synced = append(synced, inf.HasSynced)
 	}
 	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "auditPeriod", a.opts.AuditPeriod.String())
 

@@ -4,12 +4,23 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/internal/kubetest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
@@ -78,6 +89,136 @@ func BenchmarkAudit(b *testing.B) {
 		float64(cleanRequests)/passes)
 	fmt.Printf("  %-48s %8s  (%.2fms per pod)  API requests %d (%d Events, one per healed pod)\n", "one pass healing every pod",
 		msec(heal), float64(heal.Microseconds())/1000/pods, healRequests, pods)
+}
+
+// BenchmarkFootprint prints, for `make bench`, the size of the DaemonSet binary (linkerd-cni
+// built as `make build` builds it: static and stripped) and the steady memory of a real
+// `linkerd-cni agent` process watching a node with 110 meshed pods (the kubelet's default pod
+// limit), with the chart's RBAC, lookups served, audits off (they would need a CRI). With
+// $PROXY_INIT_BENCH_BASELINE naming another build's proxy-init, that build's linkerd-cni beside it
+// (as `make build` puts them) is measured in the same run.
+func BenchmarkFootprint(b *testing.B) {
+	const pods = 110
+	bin := filepath.Join(b.TempDir(), "linkerd-cni")
+	if err := cnitest.GoBuild(filepath.Dir(bin), "github.com/kubemesh/proxy-init/cmd/linkerd-cni"); err != nil {
+		b.Fatal(err)
+	}
+	bins := []string{bin}
+	if old := os.Getenv("PROXY_INIT_BENCH_BASELINE"); old != "" {
+		bins = append(bins, filepath.Join(filepath.Dir(old), "linkerd-cni"))
+	}
+
+	c := startCluster(b)
+	const node, ns = "node-footprint", "footprint"
+	ctx := context.Background()
+	if _, err := c.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	for i := range pods {
+		createMeshedPod(b, c, ns, fmt.Sprintf("web-%03d", i), node)
+	}
+	token, err := c.ServiceAccountToken(ctx, cniNS, "footprint", "footprint", chartRules(b, nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, token); err != nil {
+		b.Fatal(err)
+	}
+
+	type footprint struct{ size, rss, hwm int64 }
+	var got []footprint
+	for _, bin := range bins {
+		fi, err := os.Stat(bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rss, hwm := agentMemory(b, c, bin, kubeconfig, node)
+		got = append(got, footprint{fi.Size(), rss, hwm})
+	}
+	mb := func(n int64) string { return fmt.Sprintf("%.1fMB", float64(n)/1e6) }
+	against := func(f func(footprint) int64) string {
+		if len(got) == 1 {
+			return ""
+		}
+		return fmt.Sprintf("  baseline %s: %.2fx", mb(f(got[1])), float64(f(got[0]))/float64(f(got[1])))
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("\nlinkerd-cni DaemonSet binary (%s/%s) and its agent, %d meshed pods on the node, local kube-apiserver (load average %s):\n",
+		runtime.GOOS, runtime.GOARCH, pods, strings.Join(strings.Fields(string(load))[:3], " "))
+	if len(bins) > 1 {
+		fmt.Printf("  (baseline: %s)\n", bins[1])
+	}
+	size := func(f footprint) int64 { return f.size }
+	fmt.Printf("  %-48s %8s  (target <= 30MB: %s)%s\n", "binary size (static, stripped)", mb(got[0].size),
+		map[bool]string{true: "met", false: "MISSED"}[got[0].size <= 30e6], against(size))
+	rss := func(f footprint) int64 { return f.rss }
+	fmt.Printf("  %-48s %8s  (peak VmHWM %s)%s\n", "agent's steady RSS (VmRSS, ready + 5s)", mb(got[0].rss), mb(got[0].hwm), against(rss))
+}
+
+// createMeshedPod creates a meshed pod on node, reported running as a kubelet would.
+func createMeshedPod(b *testing.B, c *kubetest.Cluster, ns, name, node string) {
+	b.Helper()
+	ctx := context.Background()
+	pod, err := c.Clientset.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{agent.ControlPlaneNSLabel: "linkerd"},
+			Annotations: map[string]string{"linkerd.io/inject": "enabled", "linkerd.io/proxy-version": "edge-26.1.1"}},
+		Spec: corev1.PodSpec{NodeName: node,
+			InitContainers: []corev1.Container{{Name: agent.ValidatorContainer, Image: "proxy-init:test"}},
+			Containers:     []corev1.Container{{Name: "app", Image: "app:test"}, {Name: "linkerd-proxy", Image: "proxy:test"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue}}
+	if _, err := c.Clientset.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// agentMemory runs bin's agent in the cluster's network namespace until it is ready and has
+// settled, and returns its VmRSS and VmHWM in bytes.
+func agentMemory(b *testing.B, c *kubetest.Cluster, bin, kubeconfig, node string) (rss, hwm int64) {
+	b.Helper()
+	dir := b.TempDir()
+	cmd := exec.Command(bin, "agent", "--node-name", node, "--kubeconfig", kubeconfig, "--audit-period", "0",
+		"--socket", filepath.Join(dir, "run", "agent.sock"), "--plugin-logs=false", "--admin-addr", "127.0.0.1:0")
+	var stderr cnitest.SyncBuffer
+	cmd.Stderr = &stderr
+	if err := netnsutil.Do(c.NetNSPath, cmd.Start); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	deadline := time.Now().Add(waitLong)
+	for !strings.Contains(stderr.String(), "agent ready") {
+		if time.Now().After(deadline) {
+			b.Fatalf("%s agent not ready:\n%s", bin, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(5 * time.Second) // past the start-up's garbage
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	field := func(name string) int64 {
+		for line := range strings.Lines(string(status)) {
+			if f := strings.Fields(line); len(f) == 3 && f[0] == name+":" && f[2] == "kB" {
+				kb, err := strconv.ParseInt(f[1], 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return kb << 10
+			}
+		}
+		b.Fatalf("no %s in /proc/%d/status", name, cmd.Process.Pid)
+		return 0
+	}
+	return field("VmRSS"), field("VmHWM")
 }
 
 func msec(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }

@@ -42,7 +42,7 @@ func (a *Agent) deletePod(ctx context.Context, pod *corev1.Pod, why, logMsg, det
 	}
 	zero := int64(0)
 	uid := pod.UID
-	err := a.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+	err := a.client.Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: &zero,
 		// Only this incarnation: a pod recreated under the same name has its own status.
 		Preconditions: &metav1.Preconditions{UID: &uid},

@@ -12,7 +12,8 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // maxNote is the API server's limit on an Event's note.
@@ -21,7 +22,7 @@ const maxNote = 1024
 // eventRecorder records events.k8s.io/v1 Events on pods. A note marked once is recorded once per
 // pod UID (a drift left in place, an invalid annotation): the audit finds it again every period.
 type eventRecorder struct {
-	client     kubernetes.Interface
+	client     *kubeclient.Client
 	controller string
 	instance   string
 	metrics    *metrics
@@ -31,7 +32,7 @@ type eventRecorder struct {
 	seen map[types.UID]map[string]bool
 }
 
-func newEventRecorder(client kubernetes.Interface, controller, instance string, m *metrics, log *slog.Logger) *eventRecorder {
+func newEventRecorder(client *kubeclient.Client, controller, instance string, m *metrics, log *slog.Logger) *eventRecorder {
 	return &eventRecorder{client: client, controller: controller, instance: instance, metrics: m, log: log,
 		seen: map[types.UID]map[string]bool{}}
 }
@@ -79,7 +80,7 @@ func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason
 		},
 		Note: note,
 	}
-	if _, err := r.client.EventsV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := r.client.Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		r.metrics.eventErrors.Inc()
 		r.log.Warn("could not record the event", "pod", pod.Namespace+"/"+pod.Name, "reason", reason, "error", err.Error())
 	}

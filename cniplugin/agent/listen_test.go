@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // The socket's directory becomes root-only and the socket owner-only; a stale socket (a killed
@@ -25,7 +27,12 @@ func TestListen(t *testing.T) {
 	}
 	stale.SetUnlinkOnClose(false)
 	stale.Close() // the file stays, as after a SIGKILL
-	a, err := New(fake.NewClientset(), Options{NodeName: "n", Socket: path})
+	// Listening sends nothing to the API.
+	client, err := kubeclient.New(&rest.Config{Host: "https://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(client, Options{NodeName: "n", Socket: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
@@ -185,9 +185,9 @@ func Run(ctx context.Context, opts Options, kubeconfig, adminAddr, userAgent str
 		return err
 	}
 	restCfg.UserAgent = userAgent
-	client, err := kubernetes.NewForConfig(restCfg)
+	client, err := kubeclient.New(restCfg)
 	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
+		return err
 	}
 	a, err := New(client, opts)
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
@@ -85,13 +86,13 @@ func chartRules(t testing.TB, values map[string]any) []rbacv1.PolicyRule {
 
 // serviceAccount creates a ServiceAccount bound to a ClusterRole with rules and returns a client
 // authenticated as it, and its audit-log user name.
-func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
+func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (*kubeclient.Client, string) {
 	t.Helper()
 	token, err := c.ServiceAccountToken(context.Background(), cniNS, name, name, rules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubernetes.NewForConfig(c.ConfigForToken(token))
+	client, err := kubeclient.New(c.ConfigForToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // successorTimeout bounds the API requests that decide, at SIGTERM, between an upgrade and an
@@ -25,9 +26,9 @@ func (in *installer) successorComing(ctx context.Context) (keep bool, why string
 	if in.cfg.PodName == "" {
 		return false, "POD_NAME not set: cannot tell an upgrade from an uninstall"
 	}
-	client, err := kubernetes.NewForConfig(in.cfg.restConfig())
+	client, err := kubeclient.New(in.cfg.restConfig())
 	if err != nil {
-		return false, fmt.Sprintf("kubernetes client: %v", err)
+		return false, err.Error()
 	}
 	ctx, cancel := context.WithTimeout(ctx, successorTimeout)
 	defer cancel()
@@ -36,8 +37,8 @@ func (in *installer) successorComing(ctx context.Context) (keep bool, why string
 
 // daemonSetStays looks up the pod's controlling DaemonSet: it stays unless it is gone or has a
 // deletion timestamp.
-func daemonSetStays(ctx context.Context, client kubernetes.Interface, ns, podName string) (bool, string) {
-	pod, err := client.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName string) (bool, string) {
+	pod, err := client.Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 	if err != nil {
 		return false, fmt.Sprintf("get pod %s/%s: %v", ns, podName, err)
 	}
@@ -45,7 +46,7 @@ func daemonSetStays(ctx context.Context, client kubernetes.Interface, ns, podNam
 	if owner == nil || owner.Kind != "DaemonSet" {
 		return false, fmt.Sprintf("pod %s/%s is not controlled by a DaemonSet", ns, podName)
 	}
-	ds, err := client.AppsV1().DaemonSets(ns).Get(ctx, owner.Name, metav1.GetOptions{})
+	ds, err := client.DaemonSets(ns).Get(ctx, owner.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return false, fmt.Sprintf("DaemonSet %s/%s is gone: uninstall", ns, owner.Name)

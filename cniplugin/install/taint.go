@@ -10,9 +10,9 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 )
 
@@ -57,7 +57,7 @@ func (c *Config) restConfig() *rest.Config {
 // in place. It runs in its own goroutine so that API latency and retries
 // never delay the file watch loop.
 type taintRemover struct {
-	client     kubernetes.Interface
+	client     *kubeclient.Client
 	node, key  string
 	backoff    time.Duration
 	backoffMax time.Duration
@@ -68,9 +68,9 @@ type taintRemover struct {
 
 // newTaintRemover builds the API client; nothing is sent yet.
 func (in *installer) newTaintRemover() (*taintRemover, error) {
-	client, err := kubernetes.NewForConfig(in.cfg.restConfig())
+	client, err := kubeclient.New(in.cfg.restConfig())
 	if err != nil {
-		return nil, fmt.Errorf("--node-taint: kubernetes client: %w", err)
+		return nil, fmt.Errorf("--node-taint: %w", err)
 	}
 	tr := &taintRemover{
 		client:     client,

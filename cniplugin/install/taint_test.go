@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 )
@@ -358,6 +359,10 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		installerClient, err := kubeclient.New(w.cluster.ConfigForToken(token))
+		if err != nil {
+			t.Fatal(err)
+		}
 		// The mechanism the policy relies on: the API server names the pod's node in the
 		// token's user extra.
 		review, err := sa.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
@@ -443,13 +448,13 @@ func TestNodeTaintAgainstAPIServer(t *testing.T) {
 		}
 
 		// What the installer sends passes, for real, on its own node only.
-		if removed, err := repair.RemoveNodeTaint(ctx, sa, own.Name, startupTaint); err != nil || !removed {
+		if removed, err := repair.RemoveNodeTaint(ctx, installerClient, own.Name, startupTaint); err != nil || !removed {
 			t.Errorf("RemoveNodeTaint on its own node = %v, %v; want true, nil", removed, err)
 		}
 		if tn := w.taints(t, ctx, own.Name); hasTaint(tn, startupTaint) || !reflect.DeepEqual(tn, without(own)) {
 			t.Errorf("taints after RemoveNodeTaint = %v, want %v", taintList(tn), taintList(without(own)))
 		}
-		if _, err := repair.RemoveNodeTaint(ctx, sa, other.Name, startupTaint); !apierrors.IsForbidden(err) {
+		if _, err := repair.RemoveNodeTaint(ctx, installerClient, other.Name, startupTaint); !apierrors.IsForbidden(err) {
 			t.Errorf("RemoveNodeTaint on another node = %v, want Forbidden", err)
 		}
 		if !hasTaint(w.taints(t, ctx, other.Name), startupTaint) {

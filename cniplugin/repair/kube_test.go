@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 	"github.com/kubemesh/proxy-init/internal/helmchart"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
@@ -80,20 +81,20 @@ func deployClusterRole(t *testing.T) ([]rbacv1.PolicyRule, string) {
 
 // serviceAccountClient creates a ServiceAccount bound to a ClusterRole with rules, and returns a
 // client authenticated as it.
-func serviceAccountClient(t *testing.T, c *kubetest.Cluster, sa, role string, rules []rbacv1.PolicyRule) kubernetes.Interface {
+func serviceAccountClient(t *testing.T, c *kubetest.Cluster, sa, role string, rules []rbacv1.PolicyRule) *kubeclient.Client {
 	t.Helper()
 	client, _ := serviceAccount(t, c, sa, role, rules)
 	return client
 }
 
 // serviceAccount is serviceAccountClient that also returns the token.
-func serviceAccount(t *testing.T, c *kubetest.Cluster, sa, role string, rules []rbacv1.PolicyRule) (kubernetes.Interface, string) {
+func serviceAccount(t *testing.T, c *kubetest.Cluster, sa, role string, rules []rbacv1.PolicyRule) (*kubeclient.Client, string) {
 	t.Helper()
 	token, err := c.ServiceAccountToken(ctxFor(t, waitLong), cniNS, sa, role, rules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubernetes.NewForConfig(c.ConfigForToken(token))
+	client, err := kubeclient.New(c.ConfigForToken(token))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func setStatus(t *testing.T, admin kubernetes.Interface, name string, state, las
 
 // runController starts a controller and stops it at cleanup, returning a function that stops it
 // earlier and waits for it.
-func runController(t *testing.T, client kubernetes.Interface, node string) (*agent.Agent, func()) {
+func runController(t *testing.T, client *kubeclient.Client, node string) (*agent.Agent, func()) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctrl, err := agent.New(client, repair.AgentOptions(repair.Config{NodeName: node}, log))

@@ -8,8 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // RemoveNodeTaint removes every taint with key (whatever its effect) from node and reports
@@ -22,14 +23,14 @@ import (
 // resourceVersion it read, retrying on conflict, so a taint another actor adds meanwhile is never
 // lost. Removing an absent taint is not an error (the installer may restart). RBAC: nodes get and
 // patch.
-func RemoveNodeTaint(ctx context.Context, client kubernetes.Interface, node, key string) (bool, error) {
+func RemoveNodeTaint(ctx context.Context, client *kubeclient.Client, node, key string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("remove taint from node %s: empty taint key", node)
 	}
 	removed := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		removed = false
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		n, err := client.Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -52,7 +53,7 @@ func RemoveNodeTaint(ctx context.Context, client kubernetes.Interface, node, key
 		if err != nil {
 			return err
 		}
-		if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body,
+		if _, err := client.Nodes().Patch(ctx, node, types.MergePatchType, body,
 			metav1.PatchOptions{FieldManager: "linkerd-cni"}); err != nil {
 			return err
 		}
