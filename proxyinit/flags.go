@@ -122,7 +122,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
 	fs.Var(v.inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
 	fs.Var(v.outSubnets, iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
-	fs.Var(v.simulate, flagSimulate, "print what would be written (the iptables-restore payloads and, in nftables and auto modes, the nft script), and change nothing")
+	fs.Var(v.simulate, flagSimulate, "print what would be written and change nothing: the iptables-restore payloads (legacy, plain), the nf_tables batch for the namespace's current rules (nft, nftables), or each of auto's choices in turn")
 	fs.StringVar(&v.netns, flagNetNS, "", "path of the network namespace to work in (e.g. /run/netns/pod), entered in-process")
 	fs.VarP(v.wait, flagUseWait, "w", "wait for the xtables lock (bounded) instead of failing when it is held")
 	fs.Var(v.closeWait, flagCloseWait, "set nf_conntrack_tcp_timeout_close_wait in the namespace to this many seconds (0: leave alone)")
@@ -177,6 +177,7 @@ Usage:
   proxy-init cleanup [flags]    remove our chains and jumps, and nothing else
   proxy-init show [flags]       print the rules in place; exit 1 if they do not match the flags
   proxy-init version            print build information
+  proxy-init help               print this help (also -h, --help)
   proxy-init validate ...       the network validator, with its own flags (see proxy-init validate --help)
 
 Every subcommand but validate accepts the same flags, so an apply command line works with a
