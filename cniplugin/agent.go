@@ -355,9 +355,9 @@ func writeLog(stderr io.Writer, logFile, text string) {
 	if logFile == "" {
 		return
 	}
-	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	f, err := OpenLogFile(logFile)
 	if err != nil {
-		return // the plugin's own logger has said so, or will
+		return // the plugin's own logger has said why, or will
 	}
 	_, _ = io.WriteString(f, text)
 	_ = f.Close()
