@@ -1,6 +1,10 @@
 # proxy-init and linkerd-cni. Run as root on Debian: `make demo`, `make test`, `make bench`, `make e2e`.
 SHELL := /bin/bash
 GO ?= go
+# The toolchain every target builds and tests with is go.mod's toolchain line (a patched Go; see
+# docs/security.md). A machine whose Go is older fetches it from the module proxy once; exporting
+# it here also overrides a GOTOOLCHAIN=local in the machine's go env.
+export GOTOOLCHAIN := $(shell sed -n 's/^toolchain //p' go.mod)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # -E makes the entry hook in internal/netnsutil the binaries' entry point: it lets them enter a
 # pod's user namespace (hostUsers: false) before the Go runtime starts, and without it they refuse
