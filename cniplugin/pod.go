@@ -129,6 +129,14 @@ type TargetPort struct {
 	Name   string
 }
 
+// MarshalJSON writes a name as a string and a number as a number, as the API server does.
+func (t TargetPort) MarshalJSON() ([]byte, error) {
+	if t.Name != "" {
+		return json.Marshal(t.Name)
+	}
+	return json.Marshal(t.Number)
+}
+
 // UnmarshalJSON reads a number or a name.
 func (t *TargetPort) UnmarshalJSON(b []byte) error {
 	*t = TargetPort{}

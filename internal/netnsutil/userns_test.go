@@ -90,15 +90,14 @@ func runBin(t *testing.T, env []string, bin string, args ...string) (code int, s
 }
 
 // A binary linked without the entry hook refuses to start, naming the flag: a bad build shows on
-// its first run, not on the first pod with its own user namespace. The CNI plugin and its
-// companion fail every command but DEL, which never fails.
+// its first run, not on the first pod with its own user namespace. The CNI plugin fails every
+// command but DEL, which never fails.
 func TestBuildWithoutTheHookRefusesToStart(t *testing.T) {
 	const why = "this binary was linked without its entry hook (go build -ldflags=-E=github.com/kubemesh/proxy-init/internal/netnsutil.entry; make build passes it)"
 	pi := "github.com/kubemesh/proxy-init/cmd/proxy-init"
 	cni := "github.com/kubemesh/proxy-init/cmd/linkerd-cni"
-	api := "github.com/kubemesh/proxy-init/cmd/linkerd-cni-api"
-	without := build(t, false, "", pi, cni, api)
-	with := build(t, true, "", pi, cni, api)
+	without := build(t, false, "", pi, cni)
+	with := build(t, true, "", pi, cni)
 	for _, c := range []struct {
 		bin  string
 		args []string
@@ -111,9 +110,6 @@ func TestBuildWithoutTheHookRefusesToStart(t *testing.T) {
 		{"linkerd-cni", []string{"version"}, nil, 1, "", "linkerd-cni: refusing to start: " + why + "\n"},
 		{"linkerd-cni", nil, []string{"CNI_COMMAND=ADD"}, 1, `"code": 50`, ""},
 		{"linkerd-cni", nil, []string{"CNI_COMMAND=DEL"}, 0, "", ""},
-		{"linkerd-cni-api", []string{"version"}, nil, 1, "", "linkerd-cni-api: refusing to start: " + why + "\n"},
-		{"linkerd-cni-api", nil, []string{"CNI_COMMAND=ADD"}, 1, `"code": 50`, ""},
-		{"linkerd-cni-api", nil, []string{"CNI_COMMAND=DEL"}, 0, "", ""},
 	} {
 		code, stdout, stderr := runBin(t, c.env, filepath.Join(without, c.bin), c.args...)
 		if code != c.code || !strings.Contains(stdout, c.out) || (c.err != "" && stderr != c.err) || (c.out != "" && !strings.Contains(stdout, why)) {
@@ -121,7 +117,7 @@ func TestBuildWithoutTheHookRefusesToStart(t *testing.T) {
 				c.bin, c.env, c.args, code, stdout, stderr, c.code, c.out, c.err)
 		}
 	}
-	for _, bin := range []string{"proxy-init", "linkerd-cni", "linkerd-cni-api"} {
+	for _, bin := range []string{"proxy-init", "linkerd-cni"} {
 		if code, _, stderr := runBin(t, nil, filepath.Join(with, bin), "version"); code != 0 {
 			t.Errorf("%s version with the hook: exit %d: %s", bin, code, stderr)
 		}
