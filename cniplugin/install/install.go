@@ -158,7 +158,7 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
 		bin:      nodeBinary{name: entry.typ},
-		reason: "starting",
+		reason:   "starting",
 	}
 	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
 	if _, err := cniplugin.ParseConfig(entry.raw); err != nil {
