@@ -794,6 +794,7 @@ func (in *installer) uninstall() error {
 	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
 		errs = append(errs, err)
 	}
+	in.noteWrite(in.cfg.kubeconfigPath())
 	in.sweepTemps()
 	if len(errs) == 0 {
 		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")

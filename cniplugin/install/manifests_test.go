@@ -334,7 +334,7 @@ func checkContract(t *testing.T, r rendering) {
 	if (agentC != nil) != (r.second == "agent") || (rc != nil) != (r.second == "repair") || len(containers) != map[bool]int{true: 2, false: 1}[r.second != ""] {
 		t.Fatalf("containers %v, want install-cni and %q", slices.Collect(maps.Keys(byName)), r.second)
 	}
-	checkHardened(t, containers, r.privileged)
+	checkHardened(t, containers, r.privileged, !r.lookupsOnly)
 	if agentC != nil {
 		checkAgent(t, r, agentC, args, volumes)
 	}
@@ -397,7 +397,7 @@ func checkAdmin(t *testing.T, name string, c map[string]any, addr string, instal
 }
 
 // checkAgent: the agent's command and flags parse; its socket is the plugin's default path, in a
-// hostPath directory of the same path; what it audits through (the CRI socket itself, not the
+// hostPath directory of the same path; it polls the installer's /ready; what it audits through (the CRI socket itself, not the
 // runtime's state directory; the node's /proc; the CNI config directory; read-only but /proc) is
 // mounted from the node where its flags say.
 func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []string, volumes []any) {
@@ -416,6 +416,11 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 	checkAdmin(t, "agent", c, cfg.AdminAddr, installArgs)
 	if cfg.Socket != cniplugin.DefaultAgentSocket {
 		t.Errorf("agent --socket %q, but the plugin asks %s", cfg.Socket, cniplugin.DefaultAgentSocket)
+	}
+	for _, arg := range installArgs {
+		if addr, ok := strings.CutPrefix(arg, "--admin-addr="); ok && cfg.InstallerReadyURL != "http://"+addr+"/ready" {
+			t.Errorf("agent --installer-ready-url %q, but the installer serves /ready on %s", cfg.InstallerReadyURL, addr)
+		}
 	}
 	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
 	hostPaths := map[string]string{}
@@ -439,6 +444,10 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 		cri:                      {strings.TrimPrefix(cri, "/host"), "ro"},
 		cfg.CNINetDir:            {r.netDir, "ro"},
 	}
+	if r.lookupsOnly {
+		// The peer checks read the node's /proc; nothing else of the node is needed.
+		want = map[string][2]string{filepath.Dir(cfg.Socket): {filepath.Dir(cniplugin.DefaultAgentSocket), "rw"}, cfg.HostProc: {"/proc", "ro"}}
+	}
 	if !maps.Equal(mounted, want) || "/host"+r.netDir != cfg.CNINetDir {
 		t.Errorf("agent mounts %v, want %v (net dir %s)", mounted, want, r.netDir)
 	}
@@ -448,11 +457,12 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 }
 
 // checkHardened: every container drops every capability, cannot escalate, has a read-only root
-// and RuntimeDefault seccomp; only the agent adds capabilities, exactly the three it needs
-// (write rules, enter a namespace, open another user's /proc/<pid>/ns/net); install-cni and the
-// agent are privileged only where the rendering asks for it (and then may not forbid escalation,
-// which the API refuses with privileged).
-func checkHardened(t *testing.T, containers []any, privileged bool) {
+// and RuntimeDefault seccomp; only an auditing agent adds capabilities, exactly the three its
+// audits need (write rules, enter a namespace, open another user's /proc/<pid>/ns/net), and an
+// agent serving lookups alone adds none; install-cni and the agent are privileged only where the
+// rendering asks for it (and then may not forbid escalation, which the API refuses with
+// privileged).
+func checkHardened(t *testing.T, containers []any, privileged, audits bool) {
 	t.Helper()
 	for _, c := range containers {
 		c := c.(map[string]any)
@@ -462,7 +472,7 @@ func checkHardened(t *testing.T, containers []any, privileged bool) {
 		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
 		priv := privileged && c["name"] != "repair-controller"
 		var wantAdd []string
-		if c["name"] == "linkerd-cni-agent" {
+		if c["name"] == "linkerd-cni-agent" && audits {
 			wantAdd = []string{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
 		}
 		if sc["privileged"] != priv || (!priv && sc["allowPrivilegeEscalation"] != false) || sc["readOnlyRootFilesystem"] != true ||

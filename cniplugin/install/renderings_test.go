@@ -41,6 +41,8 @@ type rendering struct {
 	deletes bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
+	// lookupsOnly: the agent serves lookups and audits nothing (agent.auditPeriod 0s).
+	lookupsOnly bool
 	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
 	standalone string
 	// netDir and binDir are the node's CNI directories the rendering uses.
@@ -143,6 +145,8 @@ func renderings(t testing.TB) []rendering {
 		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), second: "agent", privileged: true,
 			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
 		{name: "agent-delete-mode", values: merge(withNS, map[string]any{"agent": map[string]any{"mode": "delete"}}), second: "agent", deletes: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "agent-lookups-only", values: merge(withNS, map[string]any{"agent": map[string]any{"auditPeriod": "0s"}}), second: "agent", lookupsOnly: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "repair-controller-only", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}}), second: "repair", deletes: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
