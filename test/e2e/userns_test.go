@@ -73,7 +73,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		pod := meshedPod(t, "e2e-userns", cniWorkload, "linkerd-network-validator")
 		added := addLine(t, c, pod)
 		if !strings.Contains(added, " apiRequests=0 ") {
-			t.Errorf("the ADD was not the agent's (it made no API request): %s", added)
+			t.Errorf("the ADD did not take the pod from the agent (it made API requests): %s", added)
 		}
 		// The agent's heal goes through the helper too: flush the rules, and change an annotation
 		// so that it audits the pod at once rather than within its period.
@@ -97,7 +97,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
 		pod := meshedPod(t, "e2e-userns-fallback", cniWorkload, "linkerd-network-validator")
 		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
-			t.Errorf("the ADD made no API request: the agent did it, not the plugin: %s", added)
+			t.Errorf("the ADD made no API request: the agent looked the pod up, though lookups are off: %s", added)
 		}
 		// The agent's audit reads what the plugin wrote, and finds it right.
 		if evs := agentEvents(ctx, t, c, pod.Namespace, pod.UID); len(evs) != 0 {
