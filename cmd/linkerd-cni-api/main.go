@@ -7,12 +7,10 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/kubeapi"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 func main() {
@@ -20,10 +18,6 @@ func main() {
 		p := cniplugin.New()
 		p.NewPodAPI, p.AskAgent = kubeapi.NewKubeClient, false
 		cniplugin.PluginMain(p)
-	}
-	if err := netnsutil.EntryHookError(); err != nil {
-		fmt.Fprintln(os.Stderr, cniplugin.CompanionName+": refusing to start: "+err.Error())
-		os.Exit(1)
 	}
 	os.Exit(cniplugin.CompanionMain(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -36,8 +36,6 @@ type Target struct {
 	// discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
-
-	label string // NetNSLabel, when NetNS is not how the caller named the namespace (the helper)
 }
 
 func (t Target) log() *slog.Logger {
@@ -48,12 +46,7 @@ func (t Target) log() *slog.Logger {
 }
 
 // NetNSLabel names the target namespace in messages.
-func (t Target) NetNSLabel() string {
-	if t.label != "" {
-		return t.label
-	}
-	return netnsutil.Label(t.NetNS)
-}
+func (t Target) NetNSLabel() string { return netnsutil.Label(t.NetNS) }
 
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
@@ -76,9 +69,6 @@ type Runner struct {
 	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
 	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
 	CloseWaitFile string
-	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
-	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
-	Helper string
 	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
 	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
 	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
@@ -104,9 +94,6 @@ type Routing interface {
 // the new ones are in place, so redirection never stops), and sets the close-wait timeout when
 // rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opApply, rs); ok {
-		return resp.Outcome, err
-	}
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		// The policy routing goes in first, so that the first packet TPROXY marks has its
@@ -156,9 +143,6 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 // Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
 // that other backends hold (which should be none), and the close-wait timeout when rs sets one.
 func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opShow, rs); ok {
-		return resp.State, err
-	}
 	var st iptables.State
 	err := r.in(t, false, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		var err error
@@ -194,9 +178,6 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 // Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
 // nothing else. It succeeds when there is nothing to remove.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opCleanup, nil); ok {
-		return resp.Outcome, err
-	}
 	var out Outcome
 	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
 		if err := a.Cleanup(ctx); err != nil {
@@ -214,19 +195,28 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	return out, err
 }
 
-// in enters the target, takes its lock and chooses the backend, logging the choice, and decides
-// rs's IPv6 where it is left to the namespace (ipv6=auto), logging why.
+// in enters the target, takes its lock and chooses the backend (the native table in a network
+// namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
+// IPv6 where it is left to the namespace (ipv6=auto), logging why.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
 	return r.enter()(t.NetNS, exclusive, xtables.WaitTimeout, t.log(), func() error {
 		choose := r.Choose
 		if choose == nil {
 			choose = New
 		}
-		a, reason, err := choose(t.Options)
+		opts, log := t.Options, t.log()
+		userns := ownerUserNS("")
+		if userns != "" {
+			opts.Mode, log = iptables.ModeNFTables, log.With("userns", userns)
+		}
+		a, reason, err := choose(opts)
 		if err != nil {
 			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
 		}
-		t.log().Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
+		if userns != "" {
+			reason = fmt.Sprintf(userNSReason, userns)
+		}
+		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
 		return fn(a, r.decideIPv6(t, rs))
 	})
 }
