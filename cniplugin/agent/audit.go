@@ -134,16 +134,16 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 	if res.Skipped != "" {
 		return false
 	}
-	if _, bad := badinput.As(err); err != nil && !bad && sb.Where != "" {
-		// Messages name the namespace as the runtime did, not by the descriptor entered.
-		err = errors.New(strings.ReplaceAll(err.Error(), sb.NetNS, sb.Where))
-	}
 	if bad, ok := badinput.As(err); ok {
 		a.metrics.auditErrors.Inc()
 		note := fmt.Sprintf("The annotations are invalid, so the linkerd-cni agent cannot tell which rules this pod needs; its rules are left as they are: %s", bad.Error())
 		log.Warn("not audited: invalid annotation; the rules are left as they are", "error", bad.Error())
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonInvalid, ActionLeaveRules, note, true)
 		return false
+	}
+	if err != nil && sb.Where != "" {
+		// Messages name the namespace as the runtime did, not by the descriptor entered.
+		err = errors.New(strings.ReplaceAll(err.Error(), sb.NetNS, sb.Where))
 	}
 	a.metrics.audited.Inc()
 	if res.Drifted() {
