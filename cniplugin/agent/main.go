@@ -21,8 +21,6 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/badinput"
-	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
 // The agent's environment, set by the DaemonSet.
@@ -40,6 +38,7 @@ const (
 	DefaultAuditPeriod = time.Minute
 	DefaultCRI         = "unix:///run/containerd/containerd.sock"
 	DefaultHostProc    = "/host/proc"
+	DefaultNetNSDir    = "/var/run/netns"
 	DefaultCNINetDir   = "/host/etc/cni/net.d"
 )
 
@@ -55,6 +54,8 @@ type Config struct {
 	AuditPeriod       time.Duration
 	CRI               string
 	HostProc          string
+	NetNSDir          string
+	PIDFallback       bool
 	CNINetDir         string
 	PluginLogs        bool
 	AdminAddr         string
@@ -71,6 +72,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.AuditPeriod, "audit-period", c.AuditPeriod, "audit every meshed pod of the node this often, besides on pod events (0 disables audits)")
 	fs.StringVar(&c.CRI, "cri-socket", c.CRI, "the container runtime's CRI endpoint, to find each pod's network namespace")
 	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc as this container sees it")
+	fs.StringVar(&c.NetNSDir, "netns-dir", c.NetNSDir, "the node's /var/run/netns as this container sees it, where the runtime keeps the pods' network namespaces")
+	fs.BoolVar(&c.PIDFallback, "pid-fallback", c.PIDFallback, "find the network namespace of a sandbox whose runtime names none under /var/run/netns through its process, in --host-proc (needs SYS_PTRACE)")
 	fs.StringVar(&c.CNINetDir, "cni-net-dir", c.CNINetDir, "the node's CNI config directory as this container sees it (the plugin's config is read there)")
 	fs.BoolVar(&c.PluginLogs, "plugin-logs", c.PluginLogs, "print the log lines of every plugin call on standard output (kubectl logs)")
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "address serving /live, /ready and /metrics")
@@ -85,7 +88,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), Mode: ModeRepair,
 		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
-		CRI: DefaultCRI, HostProc: DefaultHostProc, CNINetDir: DefaultCNINetDir, PluginLogs: true,
+		CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	if err := command.Parse(args, c.AddFlags); err != nil {
 		return c, err
@@ -113,6 +116,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 		if !filepath.IsAbs(c.HostProc) {
 			bad("--host-proc", c.HostProc, "not an absolute path")
 		}
+		if !filepath.IsAbs(c.NetNSDir) {
+			bad("--netns-dir", c.NetNSDir, "not an absolute path")
+		}
 		if !filepath.IsAbs(c.CNINetDir) {
 			bad("--cni-net-dir", c.CNINetDir, "not an absolute path")
 		}
@@ -129,15 +135,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
 	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket,
-		LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log,
-		// The node's close-wait sysctl through the node's /proc: the container's own /proc/sys
-		// is read-only. It is written after entering the pod's namespace, whose value it is.
-		Runner: backend.Runner{CloseWaitFile: filepath.Join(c.HostProc, "sys", iptablesCloseWait)}}
+		LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
 	if c.PluginLogs {
 		opts.PluginLog = stdout
 	}
 	if c.AuditPeriod > 0 {
-		cri, err := NewCRI(c.CRI, c.HostProc)
+		criOpts := CRIOptions{Endpoint: c.CRI, NetNSDir: c.NetNSDir, Log: log}
+		if c.PIDFallback {
+			criOpts.HostProc = c.HostProc
+		}
+		cri, err := NewCRI(criOpts)
 		if err != nil {
 			fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
 			return 2
@@ -151,9 +158,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
-
-// iptablesCloseWait is the close-wait sysctl below /proc/sys.
-var iptablesCloseWait = strings.TrimPrefix(iptables.CloseWaitSysctl, "/proc/sys/")
 
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may
 // list several files) if set, else the in-cluster service account.

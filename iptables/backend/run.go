@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/conntrack"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
 	"github.com/kubemesh/proxy-init/iptables/routing"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
@@ -67,7 +68,9 @@ type Runner struct {
 	// shared or exclusive, and logs to log what it must; nil means the real one (netnsutil.Do
 	// and Lock).
 	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
-	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
+	// CloseWaitFile, when set, is where the close-wait timeout is written and read (tests); empty
+	// means over netlink (iptables/conntrack), or iptables.CloseWaitSysctl where the kernel
+	// refuses that.
 	CloseWaitFile string
 	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
 	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
@@ -129,11 +132,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 			return fmt.Errorf("remove the policy routing the rules no longer need: %w", err)
 		}
 		if rs.CloseWaitSecs > 0 {
-			v := strconv.FormatInt(rs.CloseWaitSecs, 10)
-			if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
-				return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
-			}
-			t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", rs.CloseWaitSecs)
+			return r.setCloseWait(t, rs.CloseWaitSecs)
 		}
 		return nil
 	})
@@ -162,13 +161,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 			st.Elsewhere = append(st.Elsewhere, es...)
 		}
 		if rs.CloseWaitSecs > 0 {
-			s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(rs.CloseWaitSecs, 10)}
-			if have, err := os.ReadFile(s.File); err != nil {
-				s.Have = "unreadable: " + err.Error()
-			} else {
-				s.Have = strings.TrimSpace(string(have))
-			}
-			st.Sysctls = append(st.Sysctls, s)
+			st.Sysctls = append(st.Sysctls, r.readCloseWait(t, rs.CloseWaitSecs))
 		}
 		return nil
 	})
@@ -266,6 +259,53 @@ func (r Runner) closeWaitFile() string {
 		return r.CloseWaitFile
 	}
 	return iptables.CloseWaitSysctl
+}
+
+// setCloseWait sets the namespace's conntrack close-wait timeout over netlink (CAP_NET_ADMIN is
+// enough: the sysctl file needs a writable /proc/sys, which a container rarely has), or, with
+// CloseWaitFile set or a kernel refusing netlink, through the sysctl file.
+func (r Runner) setCloseWait(t Target, secs int64) error {
+	if r.CloseWaitFile == "" {
+		err := conntrack.SetCloseWait(uint32(secs))
+		switch {
+		case err == nil:
+			t.log().Debug("conntrack close-wait timeout set", "seconds", secs)
+			return nil
+		case !errors.Is(err, conntrack.ErrUnsupported):
+			return err
+		}
+		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", r.closeWaitFile(), "error", err.Error())
+	}
+	v := strconv.FormatInt(secs, 10)
+	if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
+		return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
+	}
+	t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", secs)
+	return nil
+}
+
+// readCloseWait reads the namespace's close-wait timeout back the way setCloseWait writes it. The
+// setting is named by its sysctl, whose value netlink reads too.
+func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
+	s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(want, 10)}
+	if r.CloseWaitFile == "" {
+		v, err := conntrack.CloseWait()
+		if err == nil {
+			s.Have = strconv.FormatUint(uint64(v), 10)
+			return s
+		}
+		if !errors.Is(err, conntrack.ErrUnsupported) {
+			s.Have = "unreadable: " + err.Error()
+			return s
+		}
+		t.log().Warn("conntrack timeouts over netlink refused; reading the sysctl file instead", "file", s.File, "error", err.Error())
+	}
+	if have, err := os.ReadFile(s.File); err != nil {
+		s.Have = "unreadable: " + err.Error()
+	} else {
+		s.Have = strings.TrimSpace(string(have))
+	}
+	return s
 }
 
 // others are what looks at the backends not covered.
