@@ -48,7 +48,7 @@ const (
 	flagCloseWait           = "timeout-close-wait-secs"
 	flagLogFormat           = "log-format"
 	flagLogLevel            = "log-level"
-	flagIPv6                = "ipv6"
+	flagIPv6                = iptables.FieldIPv6
 	flagFirewallBin         = "firewall-bin-path"
 	flagFirewallSave        = "firewall-save-bin-path"
 	flagOutput              = "output"
