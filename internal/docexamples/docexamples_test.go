@@ -86,6 +86,12 @@ func examples(file, text string) ([]example, error) {
 				ex.steps[len(ex.steps)-1].output += l + "\n"
 			}
 		}
+		// A blank line between one command's output and the next command is the page's layout.
+		for i := range ex.steps {
+			if o := strings.TrimRight(ex.steps[i].output, "\n"); o != "" {
+				ex.steps[i].output = o + "\n"
+			}
+		}
 		out = append(out, ex)
 	}
 	return out, nil
