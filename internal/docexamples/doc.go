@@ -12,7 +12,8 @@
 // are compared as "...". Each block runs in a fresh network namespace the test creates (the
 // netns path, as the page writes it, names it in the commands and the output), after its setup
 // commands, not shown; every command must exit 0, or the code exit gives. Commands run proxy-init
-// as `make build` builds it.
+// as `make build` builds it. A block marked `<!-- run: of="make demo" -->` is an excerpt of what
+// `make demo` (hack/demo.sh) prints instead, found in its output.
 //
 // It is all test, and runs as root (it writes rules), skipping otherwise.
 package docexamples

@@ -24,6 +24,9 @@ type example struct {
 	setup []string // commands run first, not shown
 	exit  int
 	steps []step
+	// of names the program whose output the block is an excerpt of ("make demo"); the block
+	// then holds no commands.
+	of string
 }
 
 type step struct {
@@ -53,6 +56,11 @@ func examples(file, text string) ([]example, error) {
 				ex.netns = v
 			case "setup":
 				ex.setup = append(ex.setup, v)
+			case "of":
+				if v != "make demo" {
+					return nil, fmt.Errorf("%s:%d: of=%q: only an excerpt of make demo runs", file, i+1, v)
+				}
+				ex.of = v
 			case "exit":
 				n, err := strconv.Atoi(v)
 				if err != nil {
@@ -69,6 +77,11 @@ func examples(file, text string) ([]example, error) {
 		var body []string
 		for i += 2; i < len(lines) && !strings.HasPrefix(lines[i], "```"); i++ {
 			body = append(body, lines[i])
+		}
+		if ex.of != "" {
+			ex.steps = []step{{command: ex.of, output: strings.Join(body, "\n") + "\n"}}
+			out = append(out, ex)
+			continue
 		}
 		for j := 0; j < len(body); j++ {
 			l := body[j]
@@ -177,7 +190,26 @@ func TestDocExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ex := range all {
-		t.Run(fmt.Sprintf("%s:%d", ex.file, ex.line), func(t *testing.T) { ex.run(t, bin) })
+		t.Run(fmt.Sprintf("%s:%d", ex.file, ex.line), func(t *testing.T) {
+			if ex.of != "" {
+				ex.excerpt(t, root)
+				return
+			}
+			ex.run(t, bin)
+		})
+	}
+}
+
+// excerpt runs make demo's script and finds the block in its output.
+func (ex example) excerpt(t *testing.T, root string) {
+	cmd := exec.Command("bash", filepath.Join("hack", "demo.sh"))
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make demo: %v\n%s", err, out)
+	}
+	if want := ex.steps[0].output; !pattern(normalize("...\n" + want + "...\n")).MatchString(normalize(string(out))) {
+		t.Errorf("make demo printed:\n%s\nwhich holds no %s:%d:\n%s", out, ex.file, ex.line, want)
 	}
 }
 
