@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // documentedMetrics reads a page's metric table: each row's metric names ("name{label,...}") and
@@ -54,7 +53,7 @@ func exported(t *testing.T, m *metrics, prefix string, described bool) map[strin
 		for _, lp := range f.GetMetric()[0].GetLabel() {
 			labels = append(labels, lp.GetName())
 		}
-		out[withLabels(f.GetName(), labels)] = strings.ToLower(dto.MetricType_name[int32(f.GetType())])
+		out[withLabels(f.GetName(), labels)] = strings.ToLower(f.GetType().String())
 	}
 	if !described {
 		return out
