@@ -140,9 +140,9 @@ func (f *Found) inspectXT(h Holding) {
 		f.Notes = append(f.Notes, fmt.Sprintf("ipv6 holds none of our rules: written with --ipv6=false, or a run was stopped between the two families' transactions (%s writes one per family); if the pod should have IPv6 rules, apply again", h.Backend))
 	case v4 && !v6:
 		f.Notes = append(f.Notes, fmt.Sprintf("ipv6 holds none of our rules: written with --ipv6=false (%s's rules are written in one transaction for both families, so no run was cut short)", h.Backend))
-	case !v4 && h.PerFamily:
+	case !v4 && v6 && h.PerFamily:
 		f.Problems = append(f.Problems, fmt.Sprintf("ipv4 holds none of our rules but ipv6 does: a run was stopped between the two families' transactions (%s writes one per family; cleanup removes ipv4 first): apply again, or clean up", h.Backend))
-	case !v4:
+	case !v4 && v6:
 		f.Problems = append(f.Problems, fmt.Sprintf("ipv4 holds none of our rules but ipv6 does: they were removed by something else (%s's rules are written and removed in one transaction for both families)", h.Backend))
 	}
 }

@@ -134,3 +134,18 @@ func TestArgs(t *testing.T) {
 		t.Errorf("Args = %s\nwant   %s", got, want)
 	}
 }
+
+// Chains of ours without a rule (what an interrupted tool might leave) make no configuration,
+// and no family is said to hold rules.
+func TestInspectEmptyChains(t *testing.T) {
+	h := iptables.Holding{Backend: iptables.BackendLegacy, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{
+		iptables.IPv4: {Chains: []string{iptables.OutputChain, iptables.RedirectChain}}}}
+	f := iptables.Inspect(iptables.InPlace{Holdings: []iptables.Holding{h}})
+	want := []string{
+		`the rules in place make no whole configuration: incoming-proxy-port "-1": must be set`,
+		`the rules in place make no whole configuration: outgoing-proxy-port "-1": must be set`,
+	}
+	if f.Whole() || f.Backend != iptables.BackendLegacy || !slices.Equal(f.Problems, want) || len(f.Notes) > 0 {
+		t.Errorf("whole %t, backend %s, problems %q, notes %q; want problems %q", f.Whole(), f.Backend, f.Problems, f.Notes, want)
+	}
+}
