@@ -178,8 +178,8 @@ func Usage() string {
 Usage:
   proxy-init [flags]            apply the rules (idempotent; a changed config replaces them atomically)
   proxy-init cleanup [flags]    remove our chains and jumps, and nothing else
-  proxy-init show [flags]       print the rules in place; exit 1 if they do not match the flags
-                                (without rule flags: and the command line that wrote them; exit 1 unless whole)
+  proxy-init show [flags]       print the rules in place and the command line that wrote them; exit 1
+                                unless they are whole (given rule flags: unless they match them)
   proxy-init version            print build information
   proxy-init help               print this help (also -h, --help)
   proxy-init validate ...       the network validator, with its own flags (see proxy-init validate --help)
