@@ -153,10 +153,12 @@ say "Ignored inbound ports (here the admin port 4190) bypass the proxy:"
 run "peer> dial $POD4:4190"
 dial "$PEER" "$POD4:4190"
 
-bold "6. The rules in place (proxy-init show, same arguments)"
-run "proxy-init show --netns /run/netns/$POD ${ARGS[*]}"
-"$PI" show --log-level warn --netns "/run/netns/$POD" "${ARGS[@]}" | sed 's/^/    /'
-say "show exits 1 when the rules differ from the arguments: a health check for the pod's redirect."
+bold "6. The rules in place (proxy-init show, which needs no arguments)"
+run "proxy-init show --netns /run/netns/$POD"
+"$PI" show --netns "/run/netns/$POD" | sed 's/^/    /'
+say "show reads the command line back from the rules and exits 1 unless they are whole (every rule"
+say "and jump of that command line, both families agreeing, no other backend holding rules of ours):"
+say "a health check for the pod's redirect."
 
 bold "7. Clean up (proxy-init cleanup removes our chains and jumps, nothing else)"
 run "proxy-init cleanup --netns /run/netns/$POD"
