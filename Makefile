@@ -6,11 +6,7 @@ GO ?= go
 # it here also overrides a GOTOOLCHAIN=local in the machine's go env.
 export GOTOOLCHAIN := $(shell sed -n 's/^toolchain //p' go.mod)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-# -E makes the entry hook in internal/netnsutil the binaries' entry point: it lets them enter a
-# pod's user namespace (hostUsers: false) before the Go runtime starts, and without it they refuse
-# to start (netnsutil.EntryHookFlag; a test holds the two equal).
-ENTRY_HOOK := -E=github.com/kubemesh/proxy-init/internal/netnsutil.entry
-LDFLAGS := -s -w $(ENTRY_HOOK) -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(VERSION)
 BIN := bin
 # Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
 # that the nft mode executes no program).

@@ -113,8 +113,8 @@ func BenchmarkADD(b *testing.B) {
 		{"meshed pod, legacy, agent ready", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
 		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", none, false, 40 * time.Millisecond},
 		{"unmeshed pod, agent ready", iptables.ModeNFTables, "plain", withAgent, false, 4 * time.Millisecond},
-		{"hostUsers: false, nft (through the helper)", iptables.ModeNFT, "web", none, true, 40 * time.Millisecond},
-		{"hostUsers: false, auto (native, in place)", iptables.ModeAuto, "web", none, true, 40 * time.Millisecond},
+		{"hostUsers: false, nft (native table)", iptables.ModeNFT, "web", none, true, 40 * time.Millisecond},
+		{"hostUsers: false, auto (native table)", iptables.ModeAuto, "web", none, true, 40 * time.Millisecond},
 	} {
 		rows = append(rows, &addRow{what: c.what, list: n.conflist(b, netOpts{mode: c.mode, top: c.top}), pod: c.pod, userns: c.userns, limit: c.limit})
 	}

@@ -199,9 +199,10 @@ func testAlone(t *testing.T, n *node, ver string) {
 }
 
 // testUserNamespacePod: a meshed pod with hostUsers: false, whose network namespace belongs to a
-// user namespace of its own (root there is host UID netnstest.UserNSHostRoot). In nft mode (Linkerd's
-// chart default) and legacy the plugin writes from a helper inside that user namespace, and auto
-// writes native nftables in place: ADD redirects, the proxy's UID inside the pod is exempt, CHECK
+// user namespace of its own (root there is host UID netnstest.UserNSHostRoot). In every mode (nft,
+// Linkerd's chart default, legacy and auto) the plugin writes the native nftables table, since
+// the kernel refuses iptables' owner match there from outside that user namespace, and says so at
+// each operation's backend choice: ADD redirects, the proxy's UID inside the pod is exempt, CHECK
 // passes and DEL removes everything.
 func testUserNamespacePod(t *testing.T, n *node, srv *netnstest.Server, mode iptables.Mode) {
 	ns := "userns-" + string(mode)
@@ -214,10 +215,11 @@ func testUserNamespacePod(t *testing.T, n *node, srv *netnstest.Server, mode ipt
 	sb := n.newUserNSSandbox(t, ns, "web")
 	n.mustAdd(t, list, sb)
 	want := baseConfig(mode)
-	if mode == iptables.ModeAuto {
-		want.Mode = iptables.ModeNFTables // the kernel refuses owner matches written from outside
-	}
+	want.Mode = iptables.ModeNFTables
 	expectRules(t, sb, want)
+	if out, _ := netnstest.RunIn(t, sb.ns, "iptables-nft-save", "-t", "nat"); strings.Contains(out, "PROXY_INIT") {
+		t.Errorf("iptables-nft holds rules of ours besides the native table:\n%s", out)
+	}
 
 	proxy := netnstest.StartProxy(t, sb.ns, 4140, 4143)
 	target := netnstest.HostPort(gatewayIP, 18080)
@@ -238,8 +240,18 @@ func testUserNamespacePod(t *testing.T, n *node, srv *netnstest.Server, mode ipt
 	}
 	expectNoRules(t, sb)
 	log := n.logTail(sb.rt.ContainerID)
-	if helped := strings.Contains(log, "writing from a helper inside it"); helped == (mode == iptables.ModeAuto) {
-		t.Errorf("helper used: %v, want %v:\n%s", helped, mode != iptables.ModeAuto, log)
+	const why = "(a pod with hostUsers: false): iptables' owner match is refused there from outside it; writing the native nftables table instead"
+	var choices int
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `msg="backend chosen"`) {
+			choices++
+			if !strings.Contains(l, "backend=nftables") || !strings.Contains(l, why) || !strings.Contains(l, "userns=user:[") {
+				t.Errorf("a backend choice that is not the native table for the pod's user namespace: %s", l)
+			}
+		}
+	}
+	if choices < 3 {
+		t.Errorf("%d backend choices logged, want one for each of ADD, CHECK and DEL:\n%s", choices, log)
 	}
 }
 

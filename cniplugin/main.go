@@ -6,28 +6,17 @@ import (
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 // PluginMain runs p as the container runtime runs the plugin (CNI_COMMAND set), and exits. It is
 // skel's main, except that DEL never fails: skel refuses a config it cannot read (empty, not
 // JSON, an unknown cniVersion) before our Del runs, and a failing DEL blocks the sandbox's
 // teardown forever, while our rules die with the pod's namespace anyway.
-//
-// A binary linked without netnsutil's entry hook fails every command but DEL, naming the build
-// flag: it could not write into pods with their own user namespace, and failing them all at once
-// shows a bad build on the first pod instead of the first such pod.
 func PluginMain(p *Plugin) {
-	var err *types.Error
-	if herr := netnsutil.EntryHookError(); herr != nil && os.Getenv("CNI_COMMAND") != "DEL" {
-		err = types.NewError(types.ErrPluginNotAvailable, "linkerd-cni: "+herr.Error(), "")
-	} else {
-		err = skel.PluginMainFuncsWithError(p.Funcs(), version.All, About)
-	}
+	err := skel.PluginMainFuncsWithError(p.Funcs(), version.All, About)
 	if err == nil {
 		os.Exit(0)
 	}

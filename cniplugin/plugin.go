@@ -335,8 +335,10 @@ func (c *call) target(netns string) backend.Target {
 // pod, and none of ours in any backend for an unmeshed one.
 func checkState(st iptables.State, kind Kind) error {
 	var problems []string
-	if h := st.HalfApplied(); h != "" && kind.NeedsRules() {
-		problems = append(problems, h)
+	for _, h := range []string{st.HalfApplied(), st.WrittenWithout()} {
+		if h != "" && kind.NeedsRules() {
+			problems = append(problems, h)
+		}
 	}
 	for _, f := range st.Families {
 		switch {

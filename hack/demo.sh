@@ -86,10 +86,8 @@ say "the proxy's port 4143 and outbound TCP to its port 4140. The proxy learns w
 say "connection was really going from the kernel (SO_ORIGINAL_DST)."
 
 bold "1. Build proxy-init and a small helper (fake proxy, servers, client)"
-# -E: proxy-init's entry hook (see the Makefile); without it proxy-init refuses to start.
-HOOK=./cmd/proxy-init=-E=github.com/kubemesh/proxy-init/internal/netnsutil.entry
-run "go build -ldflags=$HOOK -o $WORK/ ./cmd/proxy-init ./internal/demo"
-go build -ldflags="$HOOK" -o "$WORK/" ./cmd/proxy-init ./internal/demo
+run "go build -o $WORK/ ./cmd/proxy-init ./internal/demo"
+go build -o "$WORK/" ./cmd/proxy-init ./internal/demo
 PI=$WORK/proxy-init
 
 bold "2. Create a \"pod\" and a \"peer\" network namespace joined by a veth pair"
@@ -155,10 +153,12 @@ say "Ignored inbound ports (here the admin port 4190) bypass the proxy:"
 run "peer> dial $POD4:4190"
 dial "$PEER" "$POD4:4190"
 
-bold "6. The rules in place (proxy-init show, same arguments)"
-run "proxy-init show --netns /run/netns/$POD ${ARGS[*]}"
-"$PI" show --log-level warn --netns "/run/netns/$POD" "${ARGS[@]}" | sed 's/^/    /'
-say "show exits 1 when the rules differ from the arguments: a health check for the pod's redirect."
+bold "6. The rules in place (proxy-init show, which needs no arguments)"
+run "proxy-init show --netns /run/netns/$POD"
+"$PI" show --netns "/run/netns/$POD" | sed 's/^/    /'
+say "show reads the command line back from the rules and exits 1 unless they are whole (every rule"
+say "and jump of that command line, both families agreeing, no other backend holding rules of ours):"
+say "a health check for the pod's redirect."
 
 bold "7. Clean up (proxy-init cleanup removes our chains and jumps, nothing else)"
 run "proxy-init cleanup --netns /run/netns/$POD"

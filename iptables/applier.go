@@ -60,8 +60,11 @@ type Result struct {
 
 // State is the rules of ours in place, per family, and how they differ from the expected ones.
 type State struct {
-	Backend  string
-	Families []FamilyState
+	Backend string
+	// PerFamily is set when the backend writes one transaction per family (the iptables
+	// binaries): only then can a run cut short leave one family without the other.
+	PerFamily bool
+	Families  []FamilyState
 	// Elsewhere lists rules of ours that backends other than Backend hold: leftovers of an
 	// earlier run in another mode, which should not exist.
 	Elsewhere []Elsewhere
@@ -106,24 +109,47 @@ type SysctlState struct {
 func (s SysctlState) Match() bool { return s.Have == s.Want }
 
 // HalfApplied describes a state where some family has every expected rule and another, also
-// expected, has none of ours: what a writer killed between the two families' transactions leaves
-// (only the iptables binaries write the families separately). It is "" otherwise. Re-running
-// the apply completes it.
+// expected, has none of ours, in a backend written one transaction per family (PerFamily): what
+// a writer killed between the two transactions leaves. Re-running the apply completes it. It is
+// "" otherwise; WrittenWithout explains the same state in a backend that writes both families
+// at once.
 func (s State) HalfApplied() string {
-	var complete, empty []string
+	complete, empty := s.familyGap()
+	if !s.PerFamily || complete == "" {
+		return ""
+	}
+	return fmt.Sprintf("half-applied: %s has every rule but %s has none; a run was stopped between the two families' transactions: apply again to complete it", complete, empty)
+}
+
+// WrittenWithout explains a state where some family has every expected rule and another, also
+// expected, has none of ours, in a backend that writes both families in one transaction: no run
+// was cut short; the rules were written without that family, or removed since. It is ""
+// otherwise.
+func (s State) WrittenWithout() string {
+	complete, empty := s.familyGap()
+	if s.PerFamily || complete == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s has every rule but %s has none: no run was cut short (%s writes both families in one transaction): they were written without %s, or removed since; apply again to write them",
+		complete, empty, s.Backend, empty)
+}
+
+// familyGap names the families with every expected rule and the expected ones with none of
+// ours, when there are both.
+func (s State) familyGap() (complete, empty string) {
+	var c, e []string
 	for _, f := range s.Families {
 		switch {
 		case f.Diff.Empty() && len(f.Rules) > 0:
-			complete = append(complete, string(f.Family))
+			c = append(c, string(f.Family))
 		case len(f.Rules) == 0 && len(f.Diff.Missing) > 0:
-			empty = append(empty, string(f.Family))
+			e = append(e, string(f.Family))
 		}
 	}
-	if len(complete) == 0 || len(empty) == 0 {
-		return ""
+	if len(c) == 0 || len(e) == 0 {
+		return "", ""
 	}
-	return fmt.Sprintf("half-applied: %s has every rule but %s has none; a run was stopped between the two families' transactions: apply again to complete it",
-		strings.Join(complete, ", "), strings.Join(empty, ", "))
+	return strings.Join(c, ", "), strings.Join(e, ", ")
 }
 
 // FamilyState is one family's rules in the backend's own syntax (iptables-save lines, or nft

@@ -55,6 +55,7 @@ const (
 	FieldOutboundSubnetsToIgnore = "outbound-subnets-to-ignore"
 	FieldMode                    = "iptables-mode"
 	FieldCloseWait               = "timeout-close-wait-secs"
+	FieldIPv6                    = "ipv6"
 
 	// The redirect features beyond Linkerd's (the other meshes' features).
 	FieldRedirectDNS               = "redirect-dns-to-port"

@@ -4,7 +4,8 @@
 // It is pure: a Config goes in, is validated as a whole (every problem reported at once), and
 // Build turns it into a Ruleset. The Ruleset renders the Linkerd-compatible iptables rules
 // (chain names, rule order and "proxy-init/<name>" comments) as iptables-restore payloads per
-// address family, and the equivalent nftables table. The package runs no binaries, enters no
-// namespaces and logs nothing: appliers in the sub-packages do that, and decide nothing about
-// which rules exist.
+// address family, and the equivalent nftables table. Inspect goes the other way: from the rules
+// read back, it rebuilds the configuration that wrote them and says whether they are whole
+// (proxy-init show without rule flags). The package runs no binaries, enters no namespaces and
+// logs nothing: appliers in the sub-packages do that, and decide nothing about which rules exist.
 package iptables

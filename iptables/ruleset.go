@@ -531,17 +531,41 @@ func (r *Ruleset) Hash() string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
 		r.ProxyUID, r.ProxyGID, r.RedirectPorts, r.InboundIgnorePorts, r.OutboundIgnorePorts)
-	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
-		for _, p := range list {
-			h.Write([]byte(p.String() + ","))
+	// Subnets are hashed IPv4 first, and only those of the families written: each family's rules
+	// keep only their own, in order, so how the two families' items interleave in a list, or a
+	// family not written, changes no rule and must not change the plan (show rebuilds it from
+	// the rules, family by family).
+	subnets := func(list []netip.Prefix, sep string) {
+		for _, f := range r.Families {
+			for _, p := range list {
+				if f.Contains(p) {
+					h.Write([]byte(p.String() + ","))
+				}
+			}
 		}
-		h.Write([]byte("|"))
+		h.Write([]byte(sep))
 	}
+	subnets(r.InboundIgnoreSubnets, "|")
+	subnets(r.OutboundIgnoreSubnets, "|")
 	if r.beyondLinkerd() {
-		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, r.DNSServers, r.TPROXY, r.OutboundRedirectPorts,
-			r.OutboundRedirectSubnets, r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
+		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
+			byFamily(r.Families, r.OutboundRedirectSubnets, func(p netip.Prefix) bool { return p.Addr().Is4() }), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
 	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// byFamily returns the items of list in the families written, IPv4's first, each family's in
+// order, as Hash wants them.
+func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
+	var out []T
+	for _, f := range fams {
+		for _, v := range list {
+			if is4(v) == (f == IPv4) {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 // beyondLinkerd reports whether any feature Linkerd does not have is on.

@@ -48,7 +48,7 @@ const (
 	flagCloseWait           = "timeout-close-wait-secs"
 	flagLogFormat           = "log-format"
 	flagLogLevel            = "log-level"
-	flagIPv6                = "ipv6"
+	flagIPv6                = iptables.FieldIPv6
 	flagFirewallBin         = "firewall-bin-path"
 	flagFirewallSave        = "firewall-save-bin-path"
 	flagOutput              = "output"
@@ -70,6 +70,9 @@ type Options struct {
 	LogFormat   string // "plain" or "json"
 	LogLevel    slog.Level
 	Output      string // "text" or "json": how show and version print
+	// Inspect is set for show without rule flags: it reads the rules in place, tells the
+	// configuration they were written from and whether they are whole, and compares with none.
+	Inspect bool
 	// Warnings are accepted but ignored inputs, logged once the logger exists.
 	Warnings []string
 	// rules is Config built while it was validated (nil if it was not valid), so that a thousand
@@ -175,7 +178,8 @@ func Usage() string {
 Usage:
   proxy-init [flags]            apply the rules (idempotent; a changed config replaces them atomically)
   proxy-init cleanup [flags]    remove our chains and jumps, and nothing else
-  proxy-init show [flags]       print the rules in place; exit 1 if they do not match the flags
+  proxy-init show [flags]       print the rules in place and the command line that wrote them; exit 1
+                                unless they are whole (given rule flags: unless they match them)
   proxy-init version            print build information
   proxy-init help               print this help (also -h, --help)
   proxy-init validate ...       the network validator, with its own flags (see proxy-init validate --help)
@@ -303,8 +307,9 @@ func Parse(args []string) (*Options, error) {
 				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+err.Error())
 			}
 		}
+		o.Inspect = o.Command == CommandShow && !ruleFlagSet(fs)
 		var cp []badinput.Problem
-		cp, o.rules = configProblems(o.Command, c, badFields, fs)
+		cp, o.rules = configProblems(o, c, badFields, fs)
 		probs = append(probs, cp...)
 	}
 	if len(probs) > 0 {
@@ -326,10 +331,25 @@ func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order[a.Field] - order[b.Field] })
 }
 
+// ruleFlagSet reports whether the command line sets a flag that configures the rules (every one
+// but those saying where, how and what to print).
+func ruleFlagSet(fs *pflag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case flagSimulate, flagNetNS, flagUseWait, flagLogFormat, flagLogLevel, flagOutput, iptables.FieldMode, flagFirewallBin, flagFirewallSave:
+		default:
+			set = true
+		}
+	})
+	return set
+}
+
 // configProblems validates the rule configuration, and returns the rules when it is valid.
-// Cleanup needs no ports, so it accepts them unset (but still refuses bad values). Problems about
-// the inbound subnets name the alias when that is the flag the user typed.
-func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
+// Cleanup and show without rule flags need no ports, so they accept them unset (but still refuse
+// bad values). Problems about the inbound subnets name the alias when that is the flag the user
+// typed.
+func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
 	rs, err := iptables.Build(c)
 	verr, ok := badinput.As(err)
 	if !ok {
@@ -341,7 +361,7 @@ func configProblems(cmd Command, c iptables.Config, skip map[string]bool, fs *pf
 			continue
 		}
 		unsetPort := (p.Field == iptables.FieldInboundProxyPort || p.Field == iptables.FieldOutboundProxyPort) && p.Value == "-1"
-		if cmd == CommandCleanup && unsetPort {
+		if (o.Command == CommandCleanup || o.Inspect) && unsetPort {
 			continue
 		}
 		if p.Field == iptables.FieldInboundSubnetsToIgnore && fs.Changed(flagInboundSubnetsAlias) && !fs.Changed(iptables.FieldInboundSubnetsToIgnore) {

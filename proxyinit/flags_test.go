@@ -452,3 +452,30 @@ func TestDNSServersOnlyResolvConf(t *testing.T) {
 		}
 	}
 }
+
+// show without rule flags inspects, whatever the mode, output and log flags say; any rule flag
+// makes it compare, which needs the proxy ports.
+func TestShowInspectsWithoutRuleFlags(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		inspect bool
+		err     string
+	}{
+		{[]string{"show"}, true, ""},
+		{[]string{"show", "--iptables-mode", "legacy", "--output", "json", "--log-level", "debug", "-w"}, true, ""},
+		{[]string{"show", "--firewall-bin-path", "iptables-nft"}, true, ""},
+		{chartArgs("show"), false, ""},
+		{[]string{"show", "--ipv6=false"}, false, "--incoming-proxy-port \"-1\": must be set"},
+		{[]string{"show", "--iptables-mode", "ebpf"}, false, "--iptables-mode \"ebpf\": unknown mode"},
+	} {
+		o, err := Parse(c.args)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("Parse(%q) = %v, want an error with %q", c.args, err, c.err)
+		case c.err == "" && err != nil:
+			t.Errorf("Parse(%q): %v", c.args, err)
+		case err == nil && o.Inspect != c.inspect:
+			t.Errorf("Parse(%q).Inspect = %t, want %t", c.args, o.Inspect, c.inspect)
+		}
+	}
+}

@@ -96,6 +96,9 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 		}
 		return apply(ctx, o, log, r)
 	case CommandShow:
+		if o.Inspect {
+			return inspect(ctx, o, stdout, log, r)
+		}
 		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
@@ -152,8 +155,11 @@ type ShowReport struct {
 	Match    bool            `json:"match"`
 	Families []FamilyReport  `json:"families"`
 	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
-	// HalfApplied explains a state with one family complete and the other empty.
-	HalfApplied string `json:"half_applied,omitempty"`
+	// HalfApplied explains a state with one family complete and the other empty, in a backend
+	// written one transaction per family; WrittenWithout explains it in one that writes both
+	// families at once.
+	HalfApplied    string `json:"half_applied,omitempty"`
+	WrittenWithout string `json:"written_without,omitempty"`
 	// Elsewhere holds rules of ours in backends other than Backend, which should hold none.
 	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
 	// Sysctls are settings the configuration asks for, read back.
@@ -183,27 +189,34 @@ type FamilyReport struct {
 
 // NewShowReport converts a backend's State into the report show prints.
 func NewShowReport(st iptables.State, rs *iptables.Ruleset) ShowReport {
-	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{},
-		HalfApplied: st.HalfApplied(), Elsewhere: st.Elsewhere, Sysctls: st.Sysctls}
-	if st.Routes != nil {
-		r.Routes = &RouteReport{Match: st.Routes.Diff.Empty(), Lines: st.Routes.Lines, Missing: st.Routes.Diff.Missing, Extra: st.Routes.Diff.Extra}
-		if r.Routes.Lines == nil {
-			r.Routes.Lines = []string{}
-		}
-	}
+	r := ShowReport{Backend: st.Backend, Match: st.Match(), Expected: map[string]bool{}, HalfApplied: st.HalfApplied(),
+		WrittenWithout: st.WrittenWithout(), Elsewhere: st.Elsewhere, Sysctls: st.Sysctls, Routes: routeReport(st.Routes)}
 	for _, f := range st.Families {
 		// nftables reports one "inet" family for both; rules are always expected in it.
 		r.Expected[string(f.Family)] = f.Family == iptables.FamilyInet || rs.HasFamily(f.Family)
-		rules := f.Rules
-		if rules == nil {
-			rules = []string{}
-		}
-		r.Families = append(r.Families, FamilyReport{
-			Family: string(f.Family), Match: f.Diff.Empty(), Rules: rules,
-			Missing: f.Diff.Missing, Extra: f.Diff.Extra, Reordered: f.Diff.Reordered,
-		})
+		r.Families = append(r.Families, familyReport(f))
 	}
 	return r
+}
+
+func routeReport(rt *iptables.RouteState) *RouteReport {
+	if rt == nil {
+		return nil
+	}
+	r := &RouteReport{Match: rt.Diff.Empty(), Lines: rt.Lines, Missing: rt.Diff.Missing, Extra: rt.Diff.Extra}
+	if r.Lines == nil {
+		r.Lines = []string{}
+	}
+	return r
+}
+
+func familyReport(f iptables.FamilyState) FamilyReport {
+	rules := f.Rules
+	if rules == nil {
+		rules = []string{}
+	}
+	return FamilyReport{Family: string(f.Family), Match: f.Diff.Empty(), Rules: rules,
+		Missing: f.Diff.Missing, Extra: f.Diff.Extra, Reordered: f.Diff.Reordered}
 }
 
 // WriteText renders the report for people.
@@ -211,59 +224,22 @@ func (r ShowReport) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "backend: %s\n", r.Backend)
 	for _, f := range r.Families {
-		verdict := "match"
-		if !f.Match {
-			verdict = "DO NOT MATCH"
-		}
 		want := "expected"
 		if !r.Expected[f.Family] {
 			want = "none expected"
 		}
-		fmt.Fprintf(&b, "%s (%s): %d lines in place, %s\n", f.Family, want, len(f.Rules), verdict)
-		for _, l := range f.Rules {
-			fmt.Fprintf(&b, "  %s\n", l)
-		}
-		for _, l := range f.Missing {
-			fmt.Fprintf(&b, "  missing: %s\n", l)
-		}
-		for _, l := range f.Extra {
-			fmt.Fprintf(&b, "  unexpected: %s\n", l)
-		}
-		if f.Reordered {
-			fmt.Fprintf(&b, "  the rules are in the wrong order\n")
-		}
+		fmt.Fprintf(&b, "%s (%s): %d lines in place, %s\n", f.Family, want, len(f.Rules), verdict(f.Match))
+		writeFamilyLines(&b, f)
 	}
-	for _, e := range r.Elsewhere {
-		fmt.Fprintf(&b, "%s also holds rules of ours (left by a run in another mode; apply or cleanup removes them):\n", e.Backend)
-		for _, l := range e.Rules {
-			fmt.Fprintf(&b, "  unexpected: %s\n", l)
-		}
-	}
+	writeElsewhere(&b, r.Elsewhere)
 	for _, c := range r.Sysctls {
-		verdict := "match"
-		if !c.Match() {
-			verdict = "DO NOT MATCH"
-		}
-		fmt.Fprintf(&b, "%s: %s, want %s: %s\n", c.File, c.Have, c.Want, verdict)
+		fmt.Fprintf(&b, "%s: %s, want %s: %s\n", c.File, c.Have, c.Want, verdict(c.Match()))
 	}
-	if rt := r.Routes; rt != nil {
-		verdict := "match"
-		if !rt.Match {
-			verdict = "DO NOT MATCH"
+	writeRoutes(&b, r.Routes)
+	for _, s := range []string{r.HalfApplied, r.WrittenWithout} {
+		if s != "" {
+			b.WriteString(s + "\n")
 		}
-		fmt.Fprintf(&b, "policy routing: %d lines in place, %s\n", len(rt.Lines), verdict)
-		for _, l := range rt.Lines {
-			fmt.Fprintf(&b, "  %s\n", l)
-		}
-		for _, l := range rt.Missing {
-			fmt.Fprintf(&b, "  missing: %s\n", l)
-		}
-		for _, l := range rt.Extra {
-			fmt.Fprintf(&b, "  unexpected: %s\n", l)
-		}
-	}
-	if r.HalfApplied != "" {
-		b.WriteString(r.HalfApplied + "\n")
 	}
 	if r.Match {
 		b.WriteString("rules match the configuration\n")
@@ -272,6 +248,46 @@ func (r ShowReport) WriteText(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func verdict(match bool) string {
+	if match {
+		return "match"
+	}
+	return "DO NOT MATCH"
+}
+
+// writeFamilyLines writes a family's rules in place, indented, and how they differ.
+func writeFamilyLines(b *strings.Builder, f FamilyReport) {
+	for _, l := range f.Rules {
+		fmt.Fprintf(b, "  %s\n", l)
+	}
+	for _, l := range f.Missing {
+		fmt.Fprintf(b, "  missing: %s\n", l)
+	}
+	for _, l := range f.Extra {
+		fmt.Fprintf(b, "  unexpected: %s\n", l)
+	}
+	if f.Reordered {
+		fmt.Fprintf(b, "  the rules are in the wrong order\n")
+	}
+}
+
+func writeElsewhere(b *strings.Builder, es []iptables.Elsewhere) {
+	for _, e := range es {
+		fmt.Fprintf(b, "%s also holds rules of ours (left by a run in another mode; apply or cleanup removes them):\n", e.Backend)
+		for _, l := range e.Rules {
+			fmt.Fprintf(b, "  unexpected: %s\n", l)
+		}
+	}
+}
+
+func writeRoutes(b *strings.Builder, rt *RouteReport) {
+	if rt == nil {
+		return
+	}
+	fmt.Fprintf(b, "policy routing: %d lines in place, %s\n", len(rt.Lines), verdict(rt.Match))
+	writeFamilyLines(b, FamilyReport{Rules: rt.Lines, Missing: rt.Missing, Extra: rt.Extra})
 }
 
 func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {

@@ -17,16 +17,11 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/multicall"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
 		cniplugin.PluginMain(cniplugin.NewNodePlugin())
-	}
-	if err := netnsutil.EntryHookError(); err != nil {
-		fmt.Fprintln(os.Stderr, "linkerd-cni: refusing to start: "+err.Error())
-		os.Exit(1)
 	}
 	args, err := multicall.Args(multicall.LinkerdCNI, os.Args)
 	if err != nil {

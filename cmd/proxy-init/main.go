@@ -14,15 +14,10 @@ import (
 	"syscall"
 
 	"github.com/kubemesh/proxy-init/internal/multicall"
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/proxyinit"
 )
 
 func main() {
-	if err := netnsutil.EntryHookError(); err != nil {
-		fmt.Fprintln(os.Stderr, "proxy-init: refusing to start: "+err.Error())
-		os.Exit(proxyinit.ExitFailure)
-	}
 	args, err := multicall.Args(multicall.ProxyInit, os.Args)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "proxy-init: "+err.Error())

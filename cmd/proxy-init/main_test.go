@@ -280,15 +280,31 @@ func TestLinkerdChartNFT(t *testing.T) {
 
 // TestUserNamespacePod runs the Linkerd chart's command lines (nft, legacy, the default auto)
 // against a pod with hostUsers: false, from the host's user namespace: --netns names a network
-// namespace that a user namespace of its own owns. Apply, show and cleanup work in every mode.
+// namespace that a user namespace of its own owns. Every mode writes the native table there, and
+// says why; apply, show and cleanup work.
 func TestUserNamespacePod(t *testing.T) {
 	for _, mode := range []string{"nft", "legacy", "auto"} {
 		t.Run(mode, func(t *testing.T) {
 			ns := nt.NewUserNS(t).Path()
 			flags := args(chart, []string{"--netns", ns, "--iptables-mode", mode})
+			sim := mustRun(t, 0, args(flags, []string{"--simulate"})...)
+			if !strings.Contains(sim.stdout, "# network namespace owned by user namespace user:[") || !strings.Contains(sim.stdout, "# nftables: the native table") {
+				t.Errorf("--simulate does not show the native table and why:\n%s", sim.stdout)
+			}
 			r := mustRun(t, 0, flags...)
-			if !strings.Contains(r.stderr, "changed=true") {
-				t.Errorf("apply log lacks changed=true:\n%s", r.stderr)
+			for _, want := range []string{"changed=true", "backend=nftables", " userns=user:[",
+				"(a pod with hostUsers: false): iptables' owner match is refused there from outside it; writing the native nftables table instead"} {
+				if !strings.Contains(r.stderr, want) {
+					t.Errorf("apply log lacks %q:\n%s", want, r.stderr)
+				}
+			}
+			if out := inNS(t, ns, "nft", "list", "table", "inet", iptables.NFTTableName); !strings.Contains(out, "skuid 2102") {
+				t.Errorf("the native table lacks the proxy's exemption:\n%s", out)
+			}
+			for _, bin := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+				if out := saveNat(t, ns, bin); strings.Contains(out, "PROXY_INIT") {
+					t.Errorf("%s shows rules of ours besides the native table:\n%s", bin, out)
+				}
 			}
 			if r := mustRun(t, 0, args([]string{"show"}, flags)...); !strings.Contains(r.stdout, "rules match the configuration") {
 				t.Errorf("show:\n%s", r.stdout)

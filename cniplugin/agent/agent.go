@@ -262,6 +262,9 @@ func (a *Agent) forget(obj any) {
 		delete(a.deleted, pod.UID)
 		a.mu.Unlock()
 		a.events.forget(pod.UID)
+		if a.opts.Sandboxes != nil {
+			a.opts.Sandboxes.Forget(string(pod.UID), "")
+		}
 	}
 }
 
@@ -353,10 +356,13 @@ func (a *Agent) process(ctx context.Context, key podKey) error {
 }
 
 // sandboxGone records that the plugin's DEL went through sandbox id, so an audit never "heals"
-// rules the DEL removed while the sandbox is being torn down.
+// rules the DEL removed while the sandbox is being torn down, and lets its namespace go.
 func (a *Agent) sandboxGone(id string) {
 	if id == "" {
 		return
+	}
+	if a.opts.Sandboxes != nil {
+		a.opts.Sandboxes.Forget("", id)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -109,14 +110,21 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 	case errors.Is(err, ErrNoSandbox):
 		log.Debug("not audited: no ready sandbox")
 		return false
+	case errors.Is(err, ErrNoNetNS):
+		// The finder said why, once per sandbox.
+		a.metrics.auditErrors.Inc()
+		log.Debug("not audited: " + err.Error())
+		return false
 	case err != nil:
 		a.metrics.auditErrors.Inc()
 		log.Warn("not audited: cannot find the pod's network namespace", "error", err.Error())
 		return false
-	case a.isGone(sb.ID):
+	}
+	defer sb.Close()
+	if a.isGone(sb.ID) {
 		return false
 	}
-	log = log.With("sandbox", sb.ID)
+	log = log.With("sandbox", sb.ID, "netns", sb.Where)
 	p := cniplugin.NewStandalone(&cacheAPI{a: a, uid: pod.UID})
 	p.Runner = a.opts.Runner
 	args := cniplugin.PodArgs{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), InfraContainerID: sb.ID}
@@ -132,6 +140,10 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 		log.Warn("not audited: invalid annotation; the rules are left as they are", "error", bad.Error())
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonInvalid, ActionLeaveRules, note, true)
 		return false
+	}
+	if err != nil && sb.Where != "" {
+		// Messages name the namespace as the runtime did, not by the descriptor entered.
+		err = errors.New(strings.ReplaceAll(err.Error(), sb.NetNS, sb.Where))
 	}
 	a.metrics.audited.Inc()
 	if res.Drifted() {

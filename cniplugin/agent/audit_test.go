@@ -38,7 +38,7 @@ var drifts = []drift{
 		if _, err := nt.RunInWithInput(t, p.netns, iptables.TransitionPayload(iptables.SavedState{}, rs.rs.Saved(iptables.IPv4)), "iptables-nft-restore", "--noflush"); err != nil {
 			t.Fatal(err)
 		}
-	}, "half-applied: ipv4 has every rule but ipv6 has none"},
+	}, "ipv4 has every rule but ipv6 has none"},
 	{"a rule deleted by hand", func(t *testing.T, p *pod, rs rules) {
 		apply(t, p, rs)
 		if _, err := nt.RunIn(t, p.netns, "iptables-nft", "-t", "nat", "-D", "PROXY_INIT_OUTPUT", "1"); err != nil {

@@ -22,8 +22,6 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/badinput"
-	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
 // The agent's environment, set by the DaemonSet.
@@ -41,6 +39,7 @@ const (
 	DefaultAuditPeriod = time.Minute
 	DefaultCRI         = "unix:///run/containerd/containerd.sock"
 	DefaultHostProc    = "/host/proc"
+	DefaultNetNSDir    = "/var/run/netns"
 	DefaultCNINetDir   = "/host/etc/cni/net.d"
 	// DefaultInstallerReadyURL is the installer's /ready at its default admin address
 	// (install.DefaultAdminAddr), on the node's loopback.
@@ -59,6 +58,8 @@ type Config struct {
 	AuditPeriod       time.Duration
 	CRI               string
 	HostProc          string
+	NetNSDir          string
+	PIDFallback       bool
 	CNINetDir         string
 	PluginLogs        bool
 	InstallerReadyURL string
@@ -76,6 +77,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.AuditPeriod, "audit-period", c.AuditPeriod, "audit every meshed pod of the node this often, besides on pod events (0 disables audits)")
 	fs.StringVar(&c.CRI, "cri-socket", c.CRI, "the container runtime's CRI endpoint, to find each pod's network namespace")
 	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc as this container sees it (the socket's peers are checked there)")
+	fs.StringVar(&c.NetNSDir, "netns-dir", c.NetNSDir, "the node's /var/run/netns as this container sees it, where the runtime keeps the pods' network namespaces")
+	fs.BoolVar(&c.PIDFallback, "pid-fallback", c.PIDFallback, "find the network namespace of a sandbox whose runtime names none under /var/run/netns through its process, in --host-proc (needs SYS_PTRACE)")
 	fs.StringVar(&c.CNINetDir, "cni-net-dir", c.CNINetDir, "the node's CNI config directory as this container sees it (the plugin's config is read there)")
 	fs.BoolVar(&c.PluginLogs, "plugin-logs", c.PluginLogs, "print the log lines of every plugin call on standard output (kubectl logs)")
 	fs.StringVar(&c.InstallerReadyURL, "installer-ready-url", c.InstallerReadyURL, `the installer's /ready, for the installer_ready metric ("" disables it)`)
@@ -91,7 +94,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), Mode: ModeRepair,
 		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
-		CRI: DefaultCRI, HostProc: DefaultHostProc, CNINetDir: DefaultCNINetDir, PluginLogs: true,
+		CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	if err := command.Parse(args, c.AddFlags); err != nil {
 		return c, err
@@ -122,6 +125,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 		if !strings.HasPrefix(c.CRI, "unix://") && !strings.HasPrefix(c.CRI, "/") {
 			bad("--cri-socket", c.CRI, "want unix:///path/to/socket")
 		}
+		if !filepath.IsAbs(c.NetNSDir) {
+			bad("--netns-dir", c.NetNSDir, "not an absolute path")
+		}
 		if !filepath.IsAbs(c.CNINetDir) {
 			bad("--cni-net-dir", c.CNINetDir, "not an absolute path")
 		}
@@ -138,15 +144,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
 	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, HostProc: c.HostProc,
-		InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log,
-		// The node's close-wait sysctl through the node's /proc: the container's own /proc/sys
-		// is read-only. It is written after entering the pod's namespace, whose value it is.
-		Runner: backend.Runner{CloseWaitFile: filepath.Join(c.HostProc, "sys", iptablesCloseWait)}}
+		InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
 	if c.PluginLogs {
 		opts.PluginLog = stdout
 	}
 	if c.AuditPeriod > 0 {
-		cri, err := NewCRI(c.CRI, c.HostProc)
+		criOpts := CRIOptions{Endpoint: c.CRI, NetNSDir: c.NetNSDir, Log: log}
+		if c.PIDFallback {
+			criOpts.HostProc = c.HostProc
+		}
+		cri, err := NewCRI(criOpts)
 		if err != nil {
 			fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
 			return 2
@@ -160,9 +167,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
-
-// iptablesCloseWait is the close-wait sysctl below /proc/sys.
-var iptablesCloseWait = strings.TrimPrefix(iptables.CloseWaitSysctl, "/proc/sys/")
 
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may
 // list several files) if set, else the in-cluster service account.

@@ -14,7 +14,7 @@ import (
 func TestParseArgs(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	defaults := Config{NodeName: "node-a", Mode: ModeRepair, Socket: cniplugin.DefaultAgentSocket, LookupWait: time.Second,
-		AuditPeriod: time.Minute, CRI: DefaultCRI, HostProc: DefaultHostProc, CNINetDir: DefaultCNINetDir, PluginLogs: true,
+		AuditPeriod: time.Minute, CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	tests := []struct {
 		name    string
@@ -27,13 +27,13 @@ func TestParseArgs(t *testing.T) {
 		{
 			name: "the chart's command line",
 			args: []string{"--mode=delete", "--socket=/var/run/linkerd-cni/agent.sock", "--lookup-wait=2s", "--audit-period=30s",
-				"--cri-socket=unix:///host/run/k3s/containerd/containerd.sock", "--host-proc=/host/proc", "--cni-net-dir=/host/etc/cni/net.d",
+				"--cri-socket=unix:///host/run/k3s/containerd/containerd.sock", "--host-proc=/host/proc", "--netns-dir=/var/run/netns", "--pid-fallback", "--cni-net-dir=/host/etc/cni/net.d",
 				"--plugin-logs=false", "--installer-ready-url=http://127.0.0.1:9992/ready", "--admin-addr=127.0.0.1:9993", "--log-format=json", "--log-level=linkerd_cni_agent=debug,info"},
 			env: map[string]string{EnvNodeName: "node-a", EnvPodName: "linkerd-cni-x7k2p"},
 			want: func(c *Config) {
 				c.Mode, c.LookupWait, c.AuditPeriod, c.CRI, c.PluginLogs, c.LogFormat = ModeDelete, 2*time.Second, 30*time.Second,
 					"unix:///host/run/k3s/containerd/containerd.sock", false, "json"
-				c.PodName, c.LogLevel = "linkerd-cni-x7k2p", "linkerd_cni_agent=debug,info"
+				c.PodName, c.LogLevel, c.PIDFallback = "linkerd-cni-x7k2p", "linkerd_cni_agent=debug,info", true
 			},
 		},
 		{name: "lookups, audits and the installer's readiness off", env: map[string]string{EnvNodeName: "node-a"},
@@ -48,8 +48,8 @@ func TestParseArgs(t *testing.T) {
 				`--socket "agent.sock": not an absolute path`, `--lookup-wait "0s": must be positive`,
 				`--audit-period "-1s": must be 0 (no audits) or positive`, `--admin-addr "9993": want host:port`, `--log-format "xml"`},
 		},
-		{name: "audit paths", env: map[string]string{EnvNodeName: "n"}, args: []string{"--cri-socket=tcp://x", "--host-proc=proc", "--cni-net-dir=net.d"},
-			wantErr: []string{`--cri-socket "tcp://x": want unix:///path/to/socket`, `--host-proc "proc": not an absolute path`, `--cni-net-dir "net.d": not an absolute path`}},
+		{name: "audit paths", env: map[string]string{EnvNodeName: "n"}, args: []string{"--cri-socket=tcp://x", "--host-proc=proc", "--netns-dir=netns", "--cni-net-dir=net.d"},
+			wantErr: []string{`--cri-socket "tcp://x": want unix:///path/to/socket`, `--host-proc "proc": not an absolute path`, `--netns-dir "netns": not an absolute path`, `--cni-net-dir "net.d": not an absolute path`}},
 		{name: "lookups need the node's /proc", env: map[string]string{EnvNodeName: "n"}, args: []string{"--audit-period=0", "--host-proc=proc", "--installer-ready-url=127.0.0.1:9992"},
 			wantErr: []string{`--host-proc "proc": not an absolute path`, `--installer-ready-url "127.0.0.1:9992": want an http:// URL`}},
 		{name: "stray argument", env: map[string]string{EnvNodeName: "n"}, args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},

@@ -3,70 +3,129 @@ package agent
 // Finding a running pod's network namespace.
 //
 // Through the CRI, the container runtime's own API for the kubelet (containerd, CRI-O): it lists
-// every ready sandbox of a pod by the pod's UID, whenever and however the sandbox was created,
-// including before linkerd-cni was chained, and its verbose status names the sandbox process's
-// PID, in containerd 1.6 and 2.x alike. The namespace is then /proc/<pid>/ns/net in the node's
-// /proc (mounted into the agent's container), which works wherever the runtime keeps its
-// namespace files (netns_mounts_under_state_dir, CRI-O's). The alternatives fall short: libcni's
-// cache records the namespace only since CNI 1.2 (containerd 1.6 links an older libcni), the
-// runtime's state files are private and differ per runtime and version, and what the plugin
-// reports at ADD misses every pod that started before the plugin was chained, or before an
-// agent restart.
+// every ready sandbox of a pod by the pod's UID, whenever and however the sandbox was created
+// (before linkerd-cni was chained, before the agent restarted), and its verbose status names the
+// sandbox's network namespace by path: the sandbox spec's network namespace
+// (runtimeSpec.linux.namespaces) in containerd 1.6 and 2.x and in CRI-O, including CRI-O's
+// sandboxes without an infra process (drop_infra_ctr, its default), and containerd 2's
+// sandboxMetadata too (testdata/cri holds each runtime's). The runtimes keep it under the node's
+// /var/run/netns, which the DaemonSet mounts read-only at the same path, with HostToContainer
+// propagation so that namespaces made after the agent started appear.
 //
-// A PID can be reused once the sandbox is gone, so before a namespace is used the process's
-// cgroup must still name the sandbox, and the namespace must not be the agent's own (the node's:
-// the agent runs in the host network namespace).
+// Each sandbox's namespace is opened once, checked (a network namespace, and not the agent's
+// own: the node's) and the descriptor kept while the runtime reports the sandbox ready: audits
+// enter it through that descriptor, never by path again, so nothing put at the path later is ever
+// entered. It is closed once the sandbox is gone: its pod deleted, its DEL reported, or the
+// runtime no longer reporting it ready.
+//
+// Where the status names no namespace under /var/run/netns (another runtime, or containerd's
+// netns_mounts_under_state_dir), the sandbox's process is the fallback, and only when asked for
+// (--pid-fallback): /proc/<pid>/ns/net in the node's /proc, which needs SYS_PTRACE for a process
+// of another user; the process's cgroup must name the sandbox (a PID can be reused), read through
+// the same descriptor of /proc/<pid> as the namespace. Without it such a pod is not audited, and
+// the agent says so once per sandbox.
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 // Sandbox is a pod's running sandbox, as the agent reaches it.
 type Sandbox struct {
 	ID     string
 	PodUID string
-	// NetNS is the path the agent opens for the pod's network namespace.
+	// NetNS is the path the agent enters the pod's network namespace by: /proc/self/fd/N, a
+	// descriptor held for this one use (Close releases it), or a plain path (tests).
 	NetNS string
+	// Where names the namespace in messages: the runtime's path, or the sandbox's process.
+	Where string
+
+	file *os.File
+}
+
+// Close releases the descriptor NetNS names.
+func (s Sandbox) Close() error {
+	if s.file == nil {
+		return nil
+	}
+	return s.file.Close()
 }
 
 // ErrNoSandbox means the pod has no ready sandbox (not started yet, or stopping).
 var ErrNoSandbox = errors.New("no ready sandbox")
 
+// ErrNoNetNS means the runtime names no network namespace the agent can open for the sandbox
+// (a hostNetwork pod, a namespace kept outside /var/run/netns), and the PID fallback is off.
+var ErrNoNetNS = errors.New("the runtime names no network namespace under /var/run/netns for the sandbox")
+
 // SandboxFinder finds the ready sandbox of a pod by its UID.
 type SandboxFinder interface {
 	Find(ctx context.Context, podUID string) (Sandbox, error)
+	// Forget drops what is held for the pod's sandboxes (podUID) or for one sandbox (id); either
+	// may be empty.
+	Forget(podUID, id string)
 }
 
 // podUIDLabel is the label the kubelet puts on every sandbox it asks the runtime for.
 const podUIDLabel = "io.kubernetes.pod.uid"
 
+// CRIOptions configure NewCRI.
+type CRIOptions struct {
+	// Endpoint is the runtime's CRI socket: unix:///run/containerd/containerd.sock, or a path.
+	Endpoint string
+	// NetNSDir is the node's /var/run/netns as this process sees it.
+	NetNSDir string
+	// HostProc, when set, is the node's /proc as this process sees it, and turns the PID fallback
+	// on.
+	HostProc string
+	// Log receives what is said once per sandbox; nil discards it.
+	Log *slog.Logger
+}
+
 // CRI finds sandboxes through the container runtime's CRI socket.
 type CRI struct {
-	endpoint string
-	proc     string
-	conn     *grpc.ClientConn
-	rt       runtimeapi.RuntimeServiceClient
+	opts   CRIOptions
+	socket string
+	conn   *grpc.ClientConn
+	rt     runtimeapi.RuntimeServiceClient
 
 	mu   sync.Mutex
-	pids map[string]int // by sandbox ID: a sandbox's process does not change
+	held map[string]*heldNS // by sandbox ID
 	// down is when the runtime began refusing every call (zero while it answers).
-	down time.Time
+	down    time.Time
+	missing sync.Once
+}
+
+// heldNS is a sandbox's namespace, open; f is nil when none can be opened (said once).
+type heldNS struct {
+	f      *os.File
+	podUID string
+	where  string
+}
+
+func (h *heldNS) close() {
+	if h.f != nil {
+		h.f.Close()
+	}
 }
 
 // criDownFor is how long the runtime may refuse every call before Healthy fails: the DaemonSet's
@@ -74,18 +133,32 @@ type CRI struct {
 // new container reaches the runtime again.
 const criDownFor = 2 * time.Minute
 
-// Healthy fails when the runtime has refused every call for criDownFor.
+// Healthy fails when the runtime has refused every call for criDownFor while its socket is there
+// (a stale one: a new container sees the new socket). A socket that is not there at all (a node
+// whose runtime keeps it elsewhere) stays missing however often the container restarts: that is
+// logged, not failed on.
 func (c *CRI) Healthy() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.down.IsZero() && time.Since(c.down) > criDownFor {
-		return fmt.Errorf("the CRI at %s has refused every call since %s", c.endpoint, c.down.Format(time.RFC3339))
+	if c.down.IsZero() || time.Since(c.down) <= criDownFor || !c.socketThere() {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("the CRI at %s has refused every call since %s", c.opts.Endpoint, c.down.Format(time.RFC3339))
+}
+
+func (c *CRI) socketThere() bool {
+	fi, err := os.Stat(c.socket)
+	return err == nil && fi.Mode().Type() == os.ModeSocket
 }
 
 // note records whether a call reached the runtime.
 func (c *CRI) note(err error) {
+	if status.Code(err) == codes.Unavailable && !c.socketThere() {
+		c.missing.Do(func() {
+			c.opts.Log.Error("the CRI socket is missing: no pod's network namespace can be found, so nothing is audited; set agent.criSocket to the runtime's socket",
+				"socket", c.socket, "error", err.Error())
+		})
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -96,28 +169,42 @@ func (c *CRI) note(err error) {
 	}
 }
 
-// NewCRI connects (lazily) to the runtime at endpoint (unix:///run/containerd/containerd.sock,
-// or a plain path); proc is the node's /proc as this process sees it (/host/proc in the
-// DaemonSet, /proc on the node itself).
-func NewCRI(endpoint, proc string) (*CRI, error) {
-	target := endpoint
-	if strings.HasPrefix(target, "/") {
-		target = "unix://" + target
+// NewCRI connects (lazily) to the runtime at opts.Endpoint.
+func NewCRI(opts CRIOptions) (*CRI, error) {
+	socket := strings.TrimPrefix(opts.Endpoint, "unix://")
+	if !strings.HasPrefix(socket, "/") {
+		return nil, fmt.Errorf("CRI endpoint %q: want unix:///path/to/socket", opts.Endpoint)
 	}
-	if !strings.HasPrefix(target, "unix://") {
-		return nil, fmt.Errorf("CRI endpoint %q: want unix:///path/to/socket", endpoint)
-	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, fmt.Errorf("CRI endpoint %s: %w", endpoint, err)
+		return nil, fmt.Errorf("CRI endpoint %s: %w", opts.Endpoint, err)
 	}
-	return &CRI{endpoint: endpoint, proc: proc, conn: conn, rt: runtimeapi.NewRuntimeServiceClient(conn), pids: map[string]int{}}, nil
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &CRI{opts: opts, socket: socket, conn: conn, rt: runtimeapi.NewRuntimeServiceClient(conn), held: map[string]*heldNS{}}, nil
 }
 
-// Close closes the connection.
-func (c *CRI) Close() error { return c.conn.Close() }
+// Close closes the connection and every namespace held.
+func (c *CRI) Close() error {
+	c.Forget("", "")
+	return c.conn.Close()
+}
 
-// Find returns the newest ready sandbox of the pod with podUID.
+// Forget closes the namespaces held for the pod with podUID, or for sandbox id; with both empty,
+// every one.
+func (c *CRI) Forget(podUID, id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, h := range c.held {
+		if (podUID == "" && id == "") || (podUID != "" && h.podUID == podUID) || k == id {
+			h.close()
+			delete(c.held, k)
+		}
+	}
+}
+
+// Find returns the newest ready sandbox of the pod with podUID; Close the Sandbox once done.
 func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 	resp, err := c.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
@@ -125,7 +212,7 @@ func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 	}})
 	c.note(err)
 	if err != nil {
-		return Sandbox{}, fmt.Errorf("list the sandboxes of pod uid %s from the CRI at %s: %w", podUID, c.endpoint, err)
+		return Sandbox{}, fmt.Errorf("list the sandboxes of pod uid %s from the CRI at %s: %w", podUID, c.opts.Endpoint, err)
 	}
 	var newest *runtimeapi.PodSandbox
 	for _, s := range resp.Items {
@@ -134,87 +221,203 @@ func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 		}
 	}
 	if newest == nil {
+		c.Forget(podUID, "")
 		return Sandbox{}, ErrNoSandbox
 	}
-	pid, err := c.pid(ctx, newest.Id)
+	if sb, ok, err := c.take(podUID, newest.Id); ok {
+		return sb, err
+	}
+	h, err := c.open(ctx, podUID, newest.Id)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	path, err := SandboxNetNS(c.proc, pid, newest.Id)
-	if err != nil {
-		c.mu.Lock()
-		delete(c.pids, newest.Id)
-		c.mu.Unlock()
-		return Sandbox{}, err
+	c.mu.Lock()
+	if _, raced := c.held[newest.Id]; raced {
+		h.close()
+	} else {
+		c.held[newest.Id] = h
 	}
-	return Sandbox{ID: newest.Id, PodUID: podUID, NetNS: path}, nil
+	c.mu.Unlock()
+	sb, _, err := c.take(podUID, newest.Id)
+	return sb, err
 }
 
-func (c *CRI) pid(ctx context.Context, id string) (int, error) {
+// take returns sandbox id with a descriptor of its own for its namespace, if it is held, after
+// dropping the pod's other sandboxes (no longer the newest ready one).
+func (c *CRI) take(podUID, id string) (Sandbox, bool, error) {
 	c.mu.Lock()
-	pid, ok := c.pids[id]
-	c.mu.Unlock()
-	if ok {
-		return pid, nil
+	defer c.mu.Unlock()
+	for k, h := range c.held {
+		if h.podUID == podUID && k != id {
+			h.close()
+			delete(c.held, k)
+		}
 	}
+	h, ok := c.held[id]
+	switch {
+	case !ok:
+		return Sandbox{}, false, nil
+	case h.f == nil:
+		return Sandbox{}, true, fmt.Errorf("sandbox %s: %w", id, ErrNoNetNS)
+	}
+	fd, err := unix.FcntlInt(h.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return Sandbox{}, true, fmt.Errorf("sandbox %s: duplicate the descriptor of its network namespace: %w", id, err)
+	}
+	f := os.NewFile(uintptr(fd), h.where)
+	return Sandbox{ID: id, PodUID: podUID, NetNS: "/proc/self/fd/" + strconv.Itoa(fd), Where: h.where, file: f}, true, nil
+}
+
+// open asks the runtime where sandbox id's network namespace is, and opens it.
+func (c *CRI) open(ctx context.Context, podUID, id string) (*heldNS, error) {
 	st, err := c.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
 	if err != nil {
-		return 0, fmt.Errorf("status of sandbox %s from the CRI at %s: %w", id, c.endpoint, err)
+		return nil, fmt.Errorf("status of sandbox %s from the CRI at %s: %w", id, c.opts.Endpoint, err)
 	}
-	pid, err = SandboxPID(st.GetInfo())
+	ref, err := parseSandboxInfo(st.GetInfo())
 	if err != nil {
-		return 0, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	c.mu.Lock()
-	if len(c.pids) > 4096 { // sandboxes long gone: start over
-		clear(c.pids)
+	log := c.opts.Log.With("sandbox", id, "uid", podUID, "runtimePath", ref.path, "pid", ref.pid)
+	switch name, ok := netnsName(ref.path); {
+	case ok:
+		f, err := openNetNS(filepath.Join(c.opts.NetNSDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		return &heldNS{f: f, podUID: podUID, where: ref.path}, nil
+	case c.opts.HostProc != "" && ref.pid > 0:
+		f, err := openByPID(c.opts.HostProc, ref.pid, id)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		log.Info("found the sandbox's network namespace through its process (--pid-fallback)")
+		return &heldNS{f: f, podUID: podUID, where: "the network namespace of pid " + strconv.Itoa(ref.pid)}, nil
+	default:
+		log.Warn("not auditing this sandbox: " + ErrNoNetNS.Error() + " (a hostNetwork pod, or a runtime keeping it elsewhere: see agent.pidFallback)")
+		return &heldNS{podUID: podUID, where: ref.path}, nil
 	}
-	c.pids[id] = pid
-	c.mu.Unlock()
-	return pid, nil
 }
 
-// SandboxPID reads the sandbox process's PID from a verbose PodSandboxStatus's info: its "info"
-// key holds JSON with "pid" in containerd 1.6 and 2.x (and CRI-O).
-func SandboxPID(info map[string]string) (int, error) {
+// nsRef is where a runtime says a sandbox's network namespace is.
+type nsRef struct {
+	path string // "" when none is named
+	pid  int    // the sandbox's process; 0 without one (CRI-O's drop_infra_ctr)
+}
+
+// sandboxInfo is what the agent reads of the "info" JSON of a verbose PodSandboxStatus:
+// containerd's SandboxInfo (1.6 and 2.x; 2.x adds sandboxMetadata) and CRI-O's (image, pid and
+// runtimeSpec; only runtimeSpec for a sandbox without infra container).
+type sandboxInfo struct {
+	Pid         int `json:"pid"`
+	RuntimeSpec struct {
+		Linux struct {
+			Namespaces []struct {
+				Type string `json:"type"`
+				Path string `json:"path"`
+			} `json:"namespaces"`
+		} `json:"linux"`
+	} `json:"runtimeSpec"`
+	SandboxMetadata struct {
+		Metadata struct {
+			NetNSPath string `json:"NetNSPath"`
+		} `json:"Metadata"`
+	} `json:"sandboxMetadata"`
+}
+
+// parseSandboxInfo reads where the sandbox's network namespace is from a verbose
+// PodSandboxStatus's info.
+func parseSandboxInfo(info map[string]string) (nsRef, error) {
 	raw, ok := info["info"]
 	if !ok {
-		return 0, errors.New(`the runtime's verbose sandbox status has no "info"`)
+		return nsRef{}, errors.New(`the runtime's verbose sandbox status has no "info"`)
 	}
-	var v struct {
-		Pid int `json:"pid"`
-	}
+	var v sandboxInfo
 	if err := json.Unmarshal([]byte(raw), &v); err != nil {
-		return 0, fmt.Errorf("the runtime's sandbox info: %w", err)
+		return nsRef{}, fmt.Errorf("the runtime's sandbox info: %w", err)
 	}
-	if v.Pid <= 0 {
-		return 0, fmt.Errorf("the runtime's sandbox info has no process (pid %d)", v.Pid)
+	ref := nsRef{path: v.SandboxMetadata.Metadata.NetNSPath, pid: max(v.Pid, 0)}
+	for _, ns := range v.RuntimeSpec.Linux.Namespaces {
+		if ns.Type == "network" && ns.Path != "" {
+			ref.path = ns.Path
+		}
 	}
-	return v.Pid, nil
+	return ref, nil
 }
 
-// SandboxNetNS returns the network namespace of sandbox id's process pid, under proc, after
-// checking that the process is still the sandbox's (its cgroup names the sandbox) and that the
-// namespace is not this process's own.
-func SandboxNetNS(proc string, pid int, id string) (string, error) {
-	dir := filepath.Join(proc, strconv.Itoa(pid))
-	cg, err := os.ReadFile(filepath.Join(dir, "cgroup"))
+// netnsName returns the name of a namespace the runtime keeps in the node's /var/run/netns (or
+// /run/netns, the same directory), the directory mounted into the agent's container.
+func netnsName(path string) (string, bool) {
+	if path == "" {
+		return "", false
+	}
+	dir, name := filepath.Split(filepath.Clean(path))
+	dir = filepath.Clean(dir)
+	return name, (dir == "/var/run/netns" || dir == "/run/netns") && name != ""
+}
+
+// openNetNS opens the network namespace at path and checks it.
+func openNetNS(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return "", fmt.Errorf("sandbox %s, pid %d: %w", id, pid, err)
+		return nil, err
+	}
+	if err := checkPodNetNS(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+// openByPID opens the network namespace of process pid under proc, after checking that the
+// process is still sandbox id's: both are read through one descriptor of /proc/<pid>, which a
+// reused PID would not reach.
+func openByPID(proc string, pid int, id string) (*os.File, error) {
+	dir, err := os.Open(filepath.Join(proc, strconv.Itoa(pid)))
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	fd, err := unix.Openat(int(dir.Fd()), "cgroup", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: open its cgroup: %w", pid, err)
+	}
+	cgf := os.NewFile(uintptr(fd), "cgroup")
+	cg, err := io.ReadAll(cgf)
+	cgf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: read its cgroup: %w", pid, err)
 	}
 	if !strings.Contains(string(cg), id) {
-		return "", fmt.Errorf("sandbox %s: pid %d is no longer its process (its cgroup does not name it)", id, pid)
+		return nil, fmt.Errorf("pid %d is no longer its process (its cgroup does not name it)", pid)
 	}
-	path := filepath.Join(dir, "ns", "net")
-	var theirs, ours syscall.Stat_t
-	if err := syscall.Stat(path, &theirs); err != nil {
-		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	fd, err = unix.Openat(int(dir.Fd()), "ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: open its network namespace: %w", pid, err)
 	}
-	if err := syscall.Stat("/proc/self/ns/net", &ours); err != nil {
-		return "", fmt.Errorf("own network namespace: %w", err)
+	f := os.NewFile(uintptr(fd), filepath.Join(dir.Name(), "ns", "net"))
+	if err := checkPodNetNS(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return f, nil
+}
+
+// checkPodNetNS refuses what is not a network namespace, and the agent's own (the node's: the
+// agent runs in the host network namespace), whatever the runtime said.
+func checkPodNetNS(f *os.File) error {
+	if err := netnsutil.CheckNetNSFile(f); err != nil {
+		return err
+	}
+	var theirs, ours unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &theirs); err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	if err := unix.Stat("/proc/self/ns/net", &ours); err != nil {
+		return fmt.Errorf("own network namespace: %w", err)
 	}
 	if theirs.Ino == ours.Ino && theirs.Dev == ours.Dev {
-		return "", fmt.Errorf("sandbox %s: pid %d is in the agent's own network namespace (the node's); refusing it", id, pid)
+		return errors.New("the agent's own network namespace (the node's); refusing it")
 	}
-	return path, nil
+	return nil
 }

@@ -334,7 +334,7 @@ func checkContract(t *testing.T, r rendering) {
 	if (agentC != nil) != (r.second == "agent") || (rc != nil) != (r.second == "repair") || len(containers) != map[bool]int{true: 2, false: 1}[r.second != ""] {
 		t.Fatalf("containers %v, want install-cni and %q", slices.Collect(maps.Keys(byName)), r.second)
 	}
-	checkHardened(t, containers, r.privileged, !r.lookupsOnly)
+	checkHardened(t, containers, r)
 	if agentC != nil {
 		checkAgent(t, r, agentC, args, volumes)
 	}
@@ -414,7 +414,11 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 		t.Fatalf("agent args %q: %v", argv, err)
 	}
 	checkAdmin(t, "agent", c, cfg.AdminAddr, installArgs)
-	if cfg.Socket != cniplugin.DefaultAgentSocket {
+	if (cfg.Socket != "") == r.noLookups || (cfg.AuditPeriod > 0) == r.noAudits || cfg.PIDFallback != r.pidFallback {
+		t.Errorf("agent --socket %q, --audit-period %s, --pid-fallback %t; want lookups %t, audits %t, PID fallback %t",
+			cfg.Socket, cfg.AuditPeriod, cfg.PIDFallback, !r.noLookups, !r.noAudits, r.pidFallback)
+	}
+	if cfg.Socket != "" && cfg.Socket != cniplugin.DefaultAgentSocket {
 		t.Errorf("agent --socket %q, but the plugin asks %s", cfg.Socket, cniplugin.DefaultAgentSocket)
 	}
 	for _, arg := range installArgs {
@@ -423,33 +427,46 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 		}
 	}
 	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
-	hostPaths := map[string]string{}
+	hostPaths, types := map[string]string{}, map[string]string{}
 	for _, v := range volumes {
 		v := v.(map[string]any)
 		hostPaths[v["name"].(string)], _, _ = unstructured.NestedString(v, "hostPath", "path")
+		types[v["name"].(string)], _, _ = unstructured.NestedString(v, "hostPath", "type")
 	}
-	mounted := map[string][2]string{} // mount path -> host path, read-only
+	mounted := map[string][3]string{} // mount path -> host path, read-only, propagation
 	for _, m := range mounts {
 		m := m.(map[string]any)
 		ro := "rw"
 		if m["readOnly"] == true {
 			ro = "ro"
 		}
-		mounted[m["mountPath"].(string)] = [2]string{hostPaths[m["name"].(string)], ro}
+		prop, _ := m["mountPropagation"].(string)
+		mounted[m["mountPath"].(string)] = [3]string{hostPaths[m["name"].(string)], ro, prop}
+	}
+	// Nothing is mounted read-write but the socket's directory; the node's /proc only for the
+	// socket's peer check and the PID fallback.
+	want := map[string][3]string{}
+	if !r.noLookups {
+		want[filepath.Dir(cfg.Socket)] = [3]string{filepath.Dir(cniplugin.DefaultAgentSocket), "rw", ""}
+	}
+	if !r.noLookups || r.pidFallback {
+		want[cfg.HostProc] = [3]string{"/proc", "ro", ""}
 	}
 	cri := strings.TrimPrefix(cfg.CRI, "unix://")
-	want := map[string][2]string{
-		filepath.Dir(cfg.Socket): {filepath.Dir(cniplugin.DefaultAgentSocket), "rw"},
-		cfg.HostProc:             {"/proc", "rw"},
-		cri:                      {strings.TrimPrefix(cri, "/host"), "ro"},
-		cfg.CNINetDir:            {r.netDir, "ro"},
+	if !r.noAudits {
+		want[cri] = [3]string{strings.TrimPrefix(cri, "/host"), "ro", ""}
+		want[cfg.NetNSDir] = [3]string{"/var/run/netns", "ro", "HostToContainer"}
+		want[cfg.CNINetDir] = [3]string{r.netDir, "ro", ""}
+		if "/host"+r.netDir != cfg.CNINetDir || cfg.NetNSDir != "/var/run/netns" {
+			t.Errorf("agent --cni-net-dir %s, --netns-dir %s; want /host%s, /var/run/netns", cfg.CNINetDir, cfg.NetNSDir, r.netDir)
+		}
+		// A missing socket must not keep the pod from starting.
+		if types["cri-socket"] != "" {
+			t.Errorf("the CRI socket's hostPath has type %q, want none", types["cri-socket"])
+		}
 	}
-	if r.lookupsOnly {
-		// The peer checks read the node's /proc; nothing else of the node is needed.
-		want = map[string][2]string{filepath.Dir(cfg.Socket): {filepath.Dir(cniplugin.DefaultAgentSocket), "rw"}, cfg.HostProc: {"/proc", "ro"}}
-	}
-	if !maps.Equal(mounted, want) || "/host"+r.netDir != cfg.CNINetDir {
-		t.Errorf("agent mounts %v, want %v (net dir %s)", mounted, want, r.netDir)
+	if !maps.Equal(mounted, want) {
+		t.Errorf("agent mounts %v, want %v", mounted, want)
 	}
 	if r.name == "k3s" && cfg.CRI != "unix:///host/run/k3s/containerd/containerd.sock" || r.name == "openshift" && cfg.CRI != "unix:///host/var/run/crio/crio.sock" {
 		t.Errorf("%s: --cri-socket %s is not the distribution's", r.name, cfg.CRI)
@@ -457,12 +474,12 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 }
 
 // checkHardened: every container drops every capability, cannot escalate, has a read-only root
-// and RuntimeDefault seccomp; only an auditing agent adds capabilities, exactly the three its
-// audits need (write rules, enter a namespace, open another user's /proc/<pid>/ns/net), and an
-// agent serving lookups alone adds none; install-cni and the agent are privileged only where the
-// rendering asks for it (and then may not forbid escalation, which the API refuses with
-// privileged).
-func checkHardened(t *testing.T, containers []any, privileged, audits bool) {
+// and RuntimeDefault seccomp; only the agent adds capabilities, exactly those its audits need
+// (write rules, enter a namespace; open another user's /proc/<pid>/ns/net only with the PID
+// fallback), and none for lookups alone, which the plugin writes; install-cni and the
+// agent are privileged only where the rendering asks for it (and then may not forbid escalation,
+// which the API refuses with privileged).
+func checkHardened(t *testing.T, containers []any, r rendering) {
 	t.Helper()
 	for _, c := range containers {
 		c := c.(map[string]any)
@@ -470,14 +487,17 @@ func checkHardened(t *testing.T, containers []any, privileged, audits bool) {
 		drop, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "drop")
 		add, _, _ := unstructured.NestedStringSlice(sc, "capabilities", "add")
 		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
-		priv := privileged && c["name"] != "repair-controller"
+		priv := r.privileged && c["name"] != "repair-controller"
 		var wantAdd []string
-		if c["name"] == "linkerd-cni-agent" && audits {
-			wantAdd = []string{"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+		if c["name"] == "linkerd-cni-agent" && !r.noAudits {
+			wantAdd = []string{"NET_ADMIN", "SYS_ADMIN"}
+			if r.pidFallback {
+				wantAdd = append(wantAdd, "SYS_PTRACE")
+			}
 		}
 		if sc["privileged"] != priv || (!priv && sc["allowPrivilegeEscalation"] != false) || sc["readOnlyRootFilesystem"] != true ||
 			!slices.Equal(drop, []string{"ALL"}) || !slices.Equal(add, wantAdd) || seccomp != "RuntimeDefault" {
-			t.Errorf("container %s: securityContext %v is not hardened (privileged %v)", c["name"], sc, priv)
+			t.Errorf("container %s: securityContext %v is not hardened (privileged %v, capabilities %v)", c["name"], sc, priv, wantAdd)
 		}
 	}
 }
@@ -711,9 +731,6 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 	if _, err := sa.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("get service default/kubernetes: %v", err)
 	}
-	if _, err := sa.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("list nodes: %v", err)
-	}
 	// A real pod to get and delete.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "default"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/c:1"}}}}
@@ -788,7 +805,7 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 
 	// The matrix: every write on these resources is denied except delete pods (the repair
 	// controller, the agent's delete mode), create events (the agent, the repair controller) and
-	// patch nodes (with the optional RBAC); no read outside the four resources.
+	// get and patch nodes (with the optional RBAC); no read outside the three resources.
 	type res struct{ group, resource string }
 	resources := []res{{"", "pods"}, {"", "namespaces"}, {"", "services"}, {"", "nodes"}, {"", "secrets"},
 		{"", "configmaps"}, {"", "serviceaccounts"}, {"", "events"}, {"events.k8s.io", "events"},
@@ -803,9 +820,10 @@ func checkServiceAccountAccess(ctx context.Context, t *testing.T, admin, sa kube
 			want := false
 			switch {
 			case sub != "":
-			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services", "nodes"}, base):
-				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete" && deletes) ||
-					(base == "nodes" && v == "patch" && nodeTaint)
+			case r.group == "" && slices.Contains([]string{"pods", "namespaces", "services"}, base):
+				want = slices.Contains([]string{"get", "list", "watch"}, v) || (base == "pods" && v == "delete" && deletes)
+			case r.group == "" && base == "nodes":
+				want = (v == "get" || v == "patch") && nodeTaint
 			case r.group == "events.k8s.io":
 				want = v == "create" && events
 			}

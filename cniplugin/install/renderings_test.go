@@ -41,14 +41,15 @@ type rendering struct {
 	deletes bool
 	// privileged: install-cni runs privileged (openshift).
 	privileged bool
-	// lookupsOnly: the agent serves lookups and audits nothing (agent.auditPeriod 0s).
-	lookupsOnly bool
 	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
 	standalone string
 	// netDir and binDir are the node's CNI directories the rendering uses.
 	netDir, binDir string
 	// config is what its cni_network_config must mean (parsed by the plugin's own parser).
 	config string
+	// noLookups and noAudits: the agent serves no socket, audits nothing; pidFallback: it finds
+	// namespaces through sandbox processes too.
+	noLookups, noAudits, pidFallback bool
 }
 
 // ourImage is the image override a Linkerd values file needs (Linkerd's own is refused).
@@ -146,7 +147,11 @@ func renderings(t testing.TB) []rendering {
 			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
 		{name: "agent-delete-mode", values: merge(withNS, map[string]any{"agent": map[string]any{"mode": "delete"}}), second: "agent", deletes: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
-		{name: "agent-lookups-only", values: merge(withNS, map[string]any{"agent": map[string]any{"auditPeriod": "0s"}}), second: "agent", lookupsOnly: true,
+		{name: "agent-pid-fallback", values: merge(withNS, map[string]any{"agent": map[string]any{"pidFallback": true}}), second: "agent", pidFallback: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "agent-no-audits", values: merge(withNS, map[string]any{"agent": map[string]any{"auditPeriod": "0s", "pidFallback": true}}), second: "agent", noAudits: true,
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
+		{name: "agent-events-only", values: merge(withNS, map[string]any{"agent": map[string]any{"auditPeriod": "0m", "lookups": false}}), second: "agent", noAudits: true, noLookups: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "repair-controller-only", values: merge(withNS, map[string]any{"agent": map[string]any{"enabled": false}}), second: "repair", deletes: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},

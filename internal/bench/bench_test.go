@@ -184,16 +184,11 @@ func (r row) String() string {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
 
-// goBuild builds pkg, run from dir, as `make build` builds binaries: static, no cgo, and our
-// commands with their entry hook. A cgo build starts glibc threads and the dynamic loader, which
-// costs several milliseconds per run.
+// goBuild builds pkg, run from dir, as `make build` builds binaries: static, no cgo. A cgo build
+// starts glibc threads and the dynamic loader, which costs several milliseconds per run.
 func goBuild(b *testing.B, dir, pkg, name string) string {
 	bin := filepath.Join(b.TempDir(), name)
-	ldflags := "-s -w"
-	if strings.HasPrefix(pkg, "github.com/kubemesh/proxy-init/cmd/") {
-		ldflags += " " + netnsutil.EntryHookFlag
-	}
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", ldflags, "-o", bin, pkg)
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, pkg)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()

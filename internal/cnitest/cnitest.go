@@ -16,12 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
-
-// CommandsPattern matches our commands, the packages linked with the entry hook.
-const CommandsPattern = "github.com/kubemesh/proxy-init/cmd/..."
 
 // PluginsModule is the module the real CNI plugins are built from.
 const PluginsModule = "github.com/containernetworking/plugins"
@@ -45,13 +40,10 @@ var pluginPkgs = map[string]string{
 var NodeBinaries = []string{"-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni"}
 
 // GoBuild builds into dir as `make build` builds the node's plugin: static (CGO_ENABLED=0),
-// stripped and with trimmed paths, and our commands linked with the entry hook that enters pods'
-// user namespaces (netnsutil.EntryHookFlag; without it they refuse to start). args are further go
-// build flags (such as -tags=pluginonly, which builds linkerd-cni without the DaemonSet
-// subcommands), then the packages.
+// stripped and with trimmed paths. args are further go build flags (such as -tags=pluginonly,
+// which builds linkerd-cni without the DaemonSet subcommands), then the packages.
 func GoBuild(dir string, args ...string) error {
-	args = append([]string{"build", "-trimpath", "-ldflags", "-s -w",
-		"-ldflags", CommandsPattern + "=-s -w " + netnsutil.EntryHookFlag, "-o", dir + "/"}, args...)
+	args = append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, args...)
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {

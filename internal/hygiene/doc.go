@@ -1,11 +1,13 @@
 // Package hygiene holds the repository's tracked files to what a source tree should hold: no
 // compiled binary (a build output committed by mistake stays in the history for good), and no
-// file over MaxFileSize outside a testdata directory.
+// file over MaxFileSize outside a testdata directory. It also holds every command to a plain
+// `go build` (no flags, no tags, no cgo) giving a working binary.
 //
-// It is all test: the check lives in its test file, so no program links it.
+// It is all test: the checks live in its test files, so no program links it.
 //
 // Limits: it reads `git ls-files` of the checkout it runs in, so it sees what is committed or
-// staged, not untracked files (.gitignore keeps the usual build outputs out).
+// staged, not untracked files (.gitignore keeps the usual build outputs out). The plain-build
+// check needs the Go toolchain, and root for its one real write.
 package hygiene
 
 // MaxFileSize is the largest file tracked outside testdata. Real sources and manifests are a few

@@ -88,6 +88,12 @@ func CheckNetNS(path string) error {
 		return err
 	}
 	defer f.Close()
+	return CheckNetNSFile(f)
+}
+
+// CheckNetNSFile is CheckNetNS for a namespace already open, so that what is checked is what is
+// then used: no path is looked up again.
+func CheckNetNSFile(f *os.File) error {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
 		return fmt.Errorf("statfs: %w", err)

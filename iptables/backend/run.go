@@ -21,6 +21,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/conntrack"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
 	"github.com/kubemesh/proxy-init/iptables/routing"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
@@ -36,8 +37,6 @@ type Target struct {
 	// discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
-
-	label string // NetNSLabel, when NetNS is not how the caller named the namespace (the helper)
 }
 
 func (t Target) log() *slog.Logger {
@@ -48,12 +47,7 @@ func (t Target) log() *slog.Logger {
 }
 
 // NetNSLabel names the target namespace in messages.
-func (t Target) NetNSLabel() string {
-	if t.label != "" {
-		return t.label
-	}
-	return netnsutil.Label(t.NetNS)
-}
+func (t Target) NetNSLabel() string { return netnsutil.Label(t.NetNS) }
 
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
@@ -74,11 +68,10 @@ type Runner struct {
 	// shared or exclusive, and logs to log what it must; nil means the real one (netnsutil.Do
 	// and Lock).
 	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
-	// CloseWaitFile is the close-wait sysctl; empty means iptables.CloseWaitSysctl.
+	// CloseWaitFile, when set, is where the close-wait timeout is written and read (tests); empty
+	// means over netlink (iptables/conntrack), or iptables.CloseWaitSysctl where the kernel
+	// refuses that.
 	CloseWaitFile string
-	// Helper is the executable, linked with netnsutil's entry hook, that writes into a network
-	// namespace another user namespace owns (userns.go); empty means this one, /proc/self/exe.
-	Helper string
 	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
 	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
 	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
@@ -104,9 +97,6 @@ type Routing interface {
 // the new ones are in place, so redirection never stops), and sets the close-wait timeout when
 // rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opApply, rs); ok {
-		return resp.Outcome, err
-	}
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		// The policy routing goes in first, so that the first packet TPROXY marks has its
@@ -142,11 +132,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 			return fmt.Errorf("remove the policy routing the rules no longer need: %w", err)
 		}
 		if rs.CloseWaitSecs > 0 {
-			v := strconv.FormatInt(rs.CloseWaitSecs, 10)
-			if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
-				return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
-			}
-			t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", rs.CloseWaitSecs)
+			return r.setCloseWait(t, rs.CloseWaitSecs)
 		}
 		return nil
 	})
@@ -156,9 +142,6 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 // Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
 // that other backends hold (which should be none), and the close-wait timeout when rs sets one.
 func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opShow, rs); ok {
-		return resp.State, err
-	}
 	var st iptables.State
 	err := r.in(t, false, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		var err error
@@ -178,13 +161,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 			st.Elsewhere = append(st.Elsewhere, es...)
 		}
 		if rs.CloseWaitSecs > 0 {
-			s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(rs.CloseWaitSecs, 10)}
-			if have, err := os.ReadFile(s.File); err != nil {
-				s.Have = "unreadable: " + err.Error()
-			} else {
-				s.Have = strings.TrimSpace(string(have))
-			}
-			st.Sysctls = append(st.Sysctls, s)
+			st.Sysctls = append(st.Sysctls, r.readCloseWait(t, rs.CloseWaitSecs))
 		}
 		return nil
 	})
@@ -194,9 +171,6 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 // Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
 // nothing else. It succeeds when there is nothing to remove.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
-	if resp, ok, err := r.viaHelper(ctx, t, opCleanup, nil); ok {
-		return resp.Outcome, err
-	}
 	var out Outcome
 	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
 		if err := a.Cleanup(ctx); err != nil {
@@ -214,19 +188,28 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	return out, err
 }
 
-// in enters the target, takes its lock and chooses the backend, logging the choice, and decides
-// rs's IPv6 where it is left to the namespace (ipv6=auto), logging why.
+// in enters the target, takes its lock and chooses the backend (the native table in a network
+// namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
+// IPv6 where it is left to the namespace (ipv6=auto), logging why.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
 	return r.enter()(t.NetNS, exclusive, xtables.WaitTimeout, t.log(), func() error {
 		choose := r.Choose
 		if choose == nil {
 			choose = New
 		}
-		a, reason, err := choose(t.Options)
+		opts, log := t.Options, t.log()
+		userns := ownerUserNS("")
+		if userns != "" {
+			opts.Mode, log = iptables.ModeNFTables, log.With("userns", userns)
+		}
+		a, reason, err := choose(opts)
 		if err != nil {
 			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
 		}
-		t.log().Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
+		if userns != "" {
+			reason = fmt.Sprintf(userNSReason, userns)
+		}
+		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
 		return fn(a, r.decideIPv6(t, rs))
 	})
 }
@@ -276,6 +259,53 @@ func (r Runner) closeWaitFile() string {
 		return r.CloseWaitFile
 	}
 	return iptables.CloseWaitSysctl
+}
+
+// setCloseWait sets the namespace's conntrack close-wait timeout over netlink (CAP_NET_ADMIN is
+// enough: the sysctl file needs a writable /proc/sys, which a container rarely has), or, with
+// CloseWaitFile set or a kernel refusing netlink, through the sysctl file.
+func (r Runner) setCloseWait(t Target, secs int64) error {
+	if r.CloseWaitFile == "" {
+		err := conntrack.SetCloseWait(uint32(secs))
+		switch {
+		case err == nil:
+			t.log().Debug("conntrack close-wait timeout set", "seconds", secs)
+			return nil
+		case !errors.Is(err, conntrack.ErrUnsupported):
+			return err
+		}
+		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", r.closeWaitFile(), "error", err.Error())
+	}
+	v := strconv.FormatInt(secs, 10)
+	if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
+		return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
+	}
+	t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", secs)
+	return nil
+}
+
+// readCloseWait reads the namespace's close-wait timeout back the way setCloseWait writes it. The
+// setting is named by its sysctl, whose value netlink reads too.
+func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
+	s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(want, 10)}
+	if r.CloseWaitFile == "" {
+		v, err := conntrack.CloseWait()
+		if err == nil {
+			s.Have = strconv.FormatUint(uint64(v), 10)
+			return s
+		}
+		if !errors.Is(err, conntrack.ErrUnsupported) {
+			s.Have = "unreadable: " + err.Error()
+			return s
+		}
+		t.log().Warn("conntrack timeouts over netlink refused; reading the sysctl file instead", "file", s.File, "error", err.Error())
+	}
+	if have, err := os.ReadFile(s.File); err != nil {
+		s.Have = "unreadable: " + err.Error()
+	} else {
+		s.Have = strings.TrimSpace(string(have))
+	}
+	return s
 }
 
 // others are what looks at the backends not covered.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
@@ -72,13 +73,39 @@ func New(opts Options) (iptables.Applier, string, error) {
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
 }
 
+// userNSReason is the backend choice's reason in a network namespace another user namespace
+// owns (%s): a pod with hostUsers: false, seen from the host. The kernel checks an xtables owner
+// match (iptables --uid-owner, --gid-owner: the proxy's exemption, over nft_compat or
+// iptables-legacy) against the writer's user namespace and refuses it with EINVAL unless that is
+// the network namespace's owner, and a Go process cannot join another user namespace (setns(2)
+// refuses CLONE_NEWUSER to a threaded process). Native nftables' meta skuid has no such check and
+// maps the UID in the namespace's owner, so it is written in every mode there; proxy-init in the
+// pod's own init container runs inside that user namespace, finds no foreign owner, and keeps its
+// mode.
+const userNSReason = "network namespace owned by user namespace %s (a pod with hostUsers: false): iptables' owner match is refused there from outside it; writing the native nftables table instead"
+
+// ownerUserNS names the user namespace that owns the network namespace at path (the calling
+// thread's for "") when it is not ours, and is "" otherwise. Where that cannot be told (no /proc)
+// it is "", and the mode's own backend writes: in a pod's user namespace the kernel then refuses
+// its owner match with EINVAL.
+func ownerUserNS(path string) string {
+	userns, _ := netnsutil.ForeignUserNS(path)
+	return userns
+}
+
 // Simulate renders what Apply (rs non-nil) or Cleanup (rs nil) would do in the target namespace
 // in its mode, and changes nothing. The netlink writers show the batch they would send, one
 // message a line, planned from the state in place, read under the namespace's shared lock; where
 // the namespace cannot be entered or its state read (without privileges, say), the batch for a
 // namespace holding nothing, which says why. The iptables binaries show their restore payloads
-// for a namespace holding none of our rules. Auto shows each of its choices, in order.
+// for a namespace holding none of our rules. Auto shows each of its choices, in order. In a
+// network namespace another user namespace owns, every mode shows the native table, as Apply
+// writes it there.
 func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) string {
+	var pre string
+	if userns := ownerUserNS(t.NetNS); userns != "" {
+		t.Mode, pre = iptables.ModeNFTables, "# "+fmt.Sprintf(userNSReason, userns)+"\n"
+	}
 	binaries := t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain
 	if binaries && (rs == nil || !rs.IPv6Auto) {
 		return simulation(t.Mode, rs, nil)
@@ -100,7 +127,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 		}
 		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).PlanFresh(rs, why).String() })
 	}
-	return out
+	return pre + out
 }
 
 // simulation renders Simulate's text for mode; plan renders the batch of the netlink writer

@@ -281,6 +281,27 @@ func (s *State) present(backends []iptables.Backend) []iptables.Elsewhere {
 	return out
 }
 
+// Read returns what of ours nf_tables holds, for show to inspect without a configuration:
+// iptables-nft's rules per family, and the native table when it exists. Both are written over
+// netlink in one transaction for both families; the iptables-nft binaries, which write one per
+// family, leave the same rules, and cannot be told apart.
+func Read(ctx context.Context) ([]iptables.Holding, error) {
+	s, err := readOnce(ctx, func(*State) detail { return detail{xt: true, native: true} })
+	if err != nil {
+		return nil, errclass.Netlink("read the nf_tables ruleset", err)
+	}
+	xt := iptables.Holding{Backend: iptables.BackendNFT, Saved: map[iptables.Family]iptables.SavedState{}}
+	for _, f := range families {
+		xt.Saved[f] = s.saved(f)
+	}
+	out := []iptables.Holding{xt}
+	if t := s.findTable(famInet, iptables.NFTTableName); t != nil && s.native != nil {
+		have := nativeTable(s.native, t.comment)
+		out = append(out, iptables.Holding{Backend: iptables.BackendNFTables, Table: have, Other: max(0, int(t.use)-len(have.Chains)-len(have.Sets))})
+	}
+	return out, nil
+}
+
 // OurXTTables lists the tables of iptables-nft's family f that hold one of our chains, in
 // iptables.XTTables order, as the iptables-nft binaries' applier asks before running
 // iptables-nft-save.

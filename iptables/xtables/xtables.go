@@ -240,7 +240,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
 		return iptables.State{}, err
 	}
-	st := iptables.State{Backend: a.name}
+	st := iptables.State{Backend: a.name, PerFamily: true}
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cur, err := a.read(ctx, f)
 		if err != nil {
@@ -249,6 +249,23 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 		st.Families = append(st.Families, rs.FamilyState(f, cur))
 	}
 	return st, nil
+}
+
+// Holding reads what of ours the binaries' backend holds, per family, for show to inspect
+// without a configuration.
+func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
+	h := iptables.Holding{Backend: a.Covers()[0], PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
+	if err := a.capable("read the " + a.name + " rules"); err != nil {
+		return h, err
+	}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return h, err
+		}
+		h.Saved[f] = cur
+	}
+	return h, nil
 }
 
 // Present lists our rules and chains in place, prefixed with their family, and someone else's

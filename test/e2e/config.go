@@ -29,11 +29,11 @@ func bridgeConflist(cniVersion string, s nodeSpec) string {
 
 // containerd2Config runs containerd 2 inside a node (config version 3): root and state on the
 // node's tmpfs, the cached runc (@RUNC@) with cgroupfs (the kubelet's driver), the pause image
-// the harness imports, and the CNI directories the DaemonSet's hostPath volumes point at.
-// netns_mounts_under_state_dir keeps pod network namespaces in containerd's own state directory;
-// apparmor is off because profiles are loaded machine-wide; restrict_oom_score_adj keeps
-// containers' OOM scores no lower than containerd's own. NRI and the snapshotters the node does
-// not use are off.
+// the harness imports, and the CNI directories the DaemonSet's hostPath volumes point at. Pod
+// network namespaces stay where containerd keeps them by default, /var/run/netns (the node's own
+// /run), which the agent mounts; apparmor is off because profiles are loaded machine-wide;
+// restrict_oom_score_adj keeps containers' OOM scores no lower than containerd's own. NRI and the
+// snapshotters the node does not use are off.
 const containerd2Config = `version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -50,7 +50,6 @@ disabled_plugins = [
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "` + PauseImage + `"
 [plugins.'io.containerd.cri.v1.runtime']
-  netns_mounts_under_state_dir = true
   restrict_oom_score_adj = true
   disable_apparmor = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
@@ -77,7 +76,6 @@ disabled_plugins = [
   address = "/run/containerd/containerd.sock"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "` + PauseImage + `"
-  netns_mounts_under_state_dir = true
   restrict_oom_score_adj = true
   disable_apparmor = true
   [plugins."io.containerd.grpc.v1.cri".cni]

@@ -147,6 +147,12 @@ func buildNode(spec holderSpec) error {
 			return fmt.Errorf("mount tmpfs on %s: %w", m, err)
 		}
 	}
+	// Shared, as a systemd host's /run is: the agent mounts the pods' namespaces from
+	// /var/run/netns with HostToContainer propagation, which the runtime allows only from a
+	// shared or slave mount. The peer group is the node's alone (/ was made private above it).
+	if err := unix.Mount("", "/run", "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make /run shared: %w", err)
+	}
 	// Overlays, not tmpfs: the node still sees the machine's /etc (resolv.conf, passwd) and /opt.
 	for _, d := range []string{"/etc", "/opt"} {
 		upper, work := filepath.Join(stateDir, d, "upper"), filepath.Join(stateDir, d, "work")

@@ -36,12 +36,46 @@ func checkUserNamespace(ctx context.Context, t testing.TB, c *Cluster, p *corev1
 	t.Logf("pod %s runs in a user namespace: uid_map %s", p.Name, strings.Join(strings.Fields(out), " "))
 }
 
+// ruleBackends returns the backends that hold rules of ours in a network namespace: nftables (the
+// native table), iptables-nft, iptables-legacy.
+func ruleBackends(ctx context.Context, t testing.TB, netns string) []string {
+	t.Helper()
+	var have []string
+	for _, b := range []struct {
+		name, mark string
+		cmd        []string
+	}{
+		{"nftables", "table inet proxy_init", []string{"nft", "list", "tables"}},
+		{"iptables-nft", "PROXY_INIT", []string{"iptables-nft-save", "-t", "nat"}},
+		{"iptables-legacy", "PROXY_INIT", []string{"iptables-legacy-save"}},
+	} {
+		out, err := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netns, "--"}, b.cmd...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s in %s: %v: %s", b.cmd[0], netns, err, out)
+		}
+		if strings.Contains(string(out), b.mark) {
+			have = append(have, b.name)
+		}
+	}
+	return have
+}
+
+// checkRuleBackend fails unless the pod's rules are in want's backend, and in no other.
+func checkRuleBackend(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, want string) {
+	t.Helper()
+	if have := ruleBackends(ctx, t, podNetNS(ctx, t, c, p, "web")); len(have) != 1 || have[0] != want {
+		t.Errorf("pod %s holds rules of ours in %v, want %s alone", p.Name, have, want)
+	}
+}
+
 // testUserNamespacePod: pods with hostUsers: false, on containerd 2 with runc 1.5. A meshed pod
 // starts meshed under the plugin with the chart's default values (iptables-mode nft), its
-// validator exits 0 and its traffic passes through the proxy: with the agent writing the rules
-// (the default), whose heal after a flush writes through the same helper, and with the plugin
-// writing them itself (the agent serving no lookups). The same pod meshed by proxy-init as an
-// init container does too.
+// validator exits 0 and its traffic passes through the proxy, its rules in the native nftables
+// table (the kernel refuses iptables' owner match from outside the pod's user namespace): with
+// the agent writing the rules (the default), whose heal after a flush writes the native table
+// again, and with the plugin writing them itself (the agent serving no lookups). The same pod
+// meshed by proxy-init as an init container, inside the pod's user namespace, does too, in its
+// own mode (auto: iptables-nft's rules).
 func testUserNamespacePod(t *testing.T, c *Cluster) {
 	if !c.Runtime.UserNamespaces {
 		t.Skipf("E2E_RUNTIME=%s: containerd 1.6 cannot run pods with hostUsers: false", c.Runtime.Name)
@@ -75,7 +109,11 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		if !strings.Contains(added, " apiRequests=0 ") {
 			t.Errorf("the ADD did not take the pod from the agent (it made API requests): %s", added)
 		}
-		// The agent's heal goes through the helper too: flush the rules, and change an annotation
+		if !strings.Contains(added, " backend=nftables ") {
+			t.Errorf("the ADD in iptables-mode nft did not write the native table: %s", added)
+		}
+		checkRuleBackend(ctx, t, c, pod, "nftables")
+		// The agent's heal writes the native table too: flush the rules, and change an annotation
 		// so that it audits the pod at once rather than within its period.
 		netns := podNetNS(ctx, t, c, pod, "web")
 		if out, err := exec.CommandContext(ctx, "nsenter", "--net="+netns, "--", "nft", "flush", "ruleset").CombinedOutput(); err != nil {
@@ -89,6 +127,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 			return len(ourRules(ctx, t, netns)) > 0, nil
 		})
 		checkRepairedBy(ctx, t, c, pod.Namespace, pod.UID, ds[0], 1, "missing")
+		checkRuleBackend(ctx, t, c, pod, "nftables")
 		checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
 		checkProxyExempt(ctx, t, c, pod, peer)
 	})
@@ -99,6 +138,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
 			t.Errorf("the ADD made no API request: the agent looked the pod up, though lookups are off: %s", added)
 		}
+		checkRuleBackend(ctx, t, c, pod, "nftables")
 		// The agent's audit reads what the plugin wrote, and finds it right.
 		if evs := agentEvents(ctx, t, c, pod.Namespace, pod.UID); len(evs) != 0 {
 			t.Errorf("the agent's events on the pod the plugin meshed: %v, want none", evs)
@@ -107,7 +147,8 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 
 	t.Run("InitContainer", func(t *testing.T) {
 		removeDaemonSet(ctx, t, c)
-		meshedPod(t, "e2e-userns-init", initWorkload, "linkerd-init")
+		pod := meshedPod(t, "e2e-userns-init", initWorkload, "linkerd-init")
+		checkRuleBackend(ctx, t, c, pod, "iptables-nft")
 	})
 }
 

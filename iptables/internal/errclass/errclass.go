@@ -38,14 +38,6 @@ func Netlink(op string, err error) error {
 		errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EINVAL):
 		// ENOENT: an expression, match or target the kernel cannot load; EOPNOTSUPP and EINVAL:
 		// one it has but refuses here; the other two: no nf_tables netlink at all.
-		if errors.Is(err, unix.EINVAL) {
-			if owner, _ := netnsutil.ForeignUserNS(""); owner != nil {
-				// The owner match's own check: the writer is not in the namespace's user namespace.
-				err = fmt.Errorf("%w (network namespace %s belongs to user namespace %s, and the kernel accepts owner-match rules there only from inside it)",
-					err, netnsutil.Current(), netnsutil.NSLabel(owner))
-				owner.Close()
-			}
-		}
 		return fmt.Errorf("%s: %w: %w", op, iptables.ErrUnsupported, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)

@@ -1,0 +1,42 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
+)
+
+// Read reads what of ours the target namespace holds in every backend, and its policy routing,
+// under the namespace's shared lock: what show inspects when it is not told the configuration
+// (iptables.Inspect). It chooses no backend. A kernel without nf_tables holds nothing there, and
+// iptables-legacy's tables are read only where /proc lists one.
+func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
+	var in iptables.InPlace
+	err := r.enter()(t.NetNS, false, xtables.WaitTimeout, t.log(), func() error {
+		hs, err := nfnl.Read(ctx)
+		if err != nil && (iptables.IsCapabilityError(err) || !errors.Is(err, iptables.ErrUnsupported)) {
+			return err
+		}
+		in.Holdings = hs
+		if len(xtables.LegacyTables(iptables.IPv4)) > 0 || len(xtables.LegacyTables(iptables.IPv6)) > 0 {
+			a, err := xtables.New(iptables.ModeLegacy, xtables.Options{Wait: t.Wait})
+			if err != nil {
+				return fmt.Errorf("this namespace has iptables-legacy tables, which cannot be read: %w", err)
+			}
+			h, err := a.Holding(ctx)
+			if err != nil {
+				return err
+			}
+			in.Holdings = append(in.Holdings, h)
+		}
+		if in.Routes, err = r.routing().Read(); err != nil {
+			return fmt.Errorf("read the policy routing: %w", err)
+		}
+		return nil
+	})
+	return in, err
+}

@@ -1,0 +1,511 @@
+package iptables
+
+// Reading the rules in place without being told the configuration: what `proxy-init show`
+// reports when no rule flag is given. Every rule of ours names its step in its comment and holds
+// the step's values in its matches; the native table's sets hold whole lists and its rule
+// comments the lists' order. So the configuration that wrote the rules can be rebuilt from them.
+// Building and rendering that configuration again and comparing with what is in place then says
+// whether the rules are whole: a rule or a jump missing, a family that disagrees with the other,
+// or a native table whose recorded plan hash is not that of its rules all show as a difference.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kubemesh/proxy-init/internal/badinput"
+)
+
+// Holding is what of ours one backend holds, as read back.
+type Holding struct {
+	Backend Backend
+	// PerFamily is set when the backend is written one transaction per family (the iptables
+	// binaries): only then can a run stopped midway leave one family without the other.
+	PerFamily bool
+	// Saved is an iptables backend's rules of ours, per family.
+	Saved map[Family]SavedState
+	// Table is the native table, nil when absent; Other counts its objects that are neither
+	// chains nor sets.
+	Table *NFTTable
+	Other int
+}
+
+func (h Holding) empty() bool {
+	return h.Table == nil && h.Saved[IPv4].Empty() && h.Saved[IPv6].Empty()
+}
+
+// lines lists what of ours the holding has, as Present does.
+func (h Holding) lines() []string {
+	if h.Table != nil {
+		return h.Table.Statements()
+	}
+	return append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
+}
+
+// InPlace is what of ours a namespace holds: each backend's rules, and the policy routing
+// (PolicyRoute.Lines).
+type InPlace struct {
+	Holdings []Holding
+	Routes   []string
+}
+
+// Found is what Inspect makes of the rules in place.
+type Found struct {
+	// Backend holds the rules; empty when no backend holds anything of ours.
+	Backend   Backend
+	PerFamily bool
+	// Families are the rules in place and their difference from what Rules writes: ipv4 and
+	// ipv6 for an iptables backend, inet for the native table.
+	Families []FamilyState
+	// Rules is the configuration the rules were written from; nil when none can be told.
+	Rules     *Ruleset
+	Elsewhere []Elsewhere
+	Routes    *RouteState
+	// Notes explain what is whole but may surprise (a family without rules, and why).
+	Notes []string
+	// Problems say why the rules are not whole; none when they are.
+	Problems []string
+}
+
+// Whole reports whether rules of ours are in place, exactly as the configuration they name
+// writes them, and nowhere else.
+func (f Found) Whole() bool { return f.Backend != "" && len(f.Problems) == 0 }
+
+// inspectOrder is auto's order: a namespace holding rules in several backends is reported as
+// held by the first, the others as leftovers.
+var inspectOrder = []Backend{BackendNFT, BackendNFTables, BackendLegacy}
+
+// Inspect tells, from what a namespace holds, which backend holds our rules, the configuration
+// they were written from, and whether they are whole. It never names a cause the backend makes
+// impossible: a family missing from a backend written in one transaction was never written,
+// while in a backend written per family it may also be a run stopped midway.
+func Inspect(in InPlace) Found {
+	var f Found
+	hs := slices.Clone(in.Holdings)
+	slices.SortStableFunc(hs, func(a, b Holding) int {
+		return slices.Index(inspectOrder, a.Backend) - slices.Index(inspectOrder, b.Backend)
+	})
+	var main Holding
+	for _, h := range hs {
+		switch {
+		case h.empty():
+		case f.Backend == "":
+			f.Backend, f.PerFamily, main = h.Backend, h.PerFamily, h
+		default:
+			f.Elsewhere = append(f.Elsewhere, Elsewhere{Backend: h.Backend, Rules: h.lines()})
+			f.Problems = append(f.Problems, fmt.Sprintf("%s also holds rules of ours, left by a run in another mode (apply or cleanup removes them)", h.Backend))
+		}
+	}
+	if f.Backend == "" {
+		f.Problems = append(f.Problems, "no backend holds rules of ours: nothing redirects this namespace's traffic")
+	} else if main.Table != nil {
+		f.inspectNative(main)
+	} else {
+		f.inspectXT(main)
+	}
+	var want []PolicyRoute
+	if f.Rules != nil {
+		want = f.Rules.PolicyRoutes()
+	}
+	if f.Routes = CompareRoutes(want, in.Routes); f.Routes != nil && !f.Routes.Diff.Empty() {
+		f.Problems = append(f.Problems, "the policy routing differs from what the configuration needs (TPROXY's)")
+	}
+	return f
+}
+
+func (f *Found) inspectXT(h Holding) {
+	c := NewConfig()
+	v4, v6 := len(h.Saved[IPv4].Rules) > 0, len(h.Saved[IPv6].Rules) > 0
+	c.IPv6 = v6
+	for _, fam := range []Family{IPv4, IPv6} {
+		for _, l := range h.Saved[fam].Rules {
+			c.absorb(xtFacts(parseXT(l)))
+		}
+	}
+	rs := f.build(c)
+	for _, fam := range []Family{IPv4, IPv6} {
+		st := FamilyState{Family: fam, Rules: h.Saved[fam].Rules}
+		if rs != nil {
+			st.Diff = rs.Compare(fam, h.Saved[fam])
+		}
+		f.Families = append(f.Families, st)
+		if len(st.Rules) > 0 {
+			f.diffProblems(st)
+		}
+	}
+	switch {
+	case v4 && !v6 && h.PerFamily:
+		f.Notes = append(f.Notes, fmt.Sprintf("ipv6 holds none of our rules: written with --ipv6=false, or a run was stopped between the two families' transactions (%s writes one per family); if the pod should have IPv6 rules, apply again", h.Backend))
+	case v4 && !v6:
+		f.Notes = append(f.Notes, fmt.Sprintf("ipv6 holds none of our rules: written with --ipv6=false (%s's rules are written in one transaction for both families, so no run was cut short)", h.Backend))
+	case !v4 && v6 && h.PerFamily:
+		f.Problems = append(f.Problems, fmt.Sprintf("ipv4 holds none of our rules but ipv6 does: a run was stopped between the two families' transactions (%s writes one per family; cleanup removes ipv4 first): apply again, or clean up", h.Backend))
+	case !v4 && v6:
+		f.Problems = append(f.Problems, fmt.Sprintf("ipv4 holds none of our rules but ipv6 does: they were removed by something else (%s's rules are written and removed in one transaction for both families)", h.Backend))
+	}
+}
+
+func (f *Found) inspectNative(h Holding) {
+	t := h.Table
+	c, unordered := nftConfig(t)
+	rs := f.build(c)
+	st := FamilyState{Family: FamilyInet, Rules: t.Statements()}
+	tableLine := ""
+	if rs != nil {
+		want := rs.NFT()
+		if unordered && want.Comment != t.Comment {
+			want.Comment = t.Comment
+			f.Notes = append(f.Notes, "the table's recorded plan cannot be checked: a list too long for its rule comment is held in a set, which keeps no order")
+		}
+		st.Diff = CompareNFT(want, t)
+		if want.Comment != t.Comment {
+			tableLine = want.Statements()[0]
+			f.Problems = append(f.Problems, fmt.Sprintf("the table records the plan %q, but its rules are those of %q: it was changed after it was written", t.Comment, want.Comment))
+		}
+	}
+	if h.Other > 0 {
+		st.Diff.Extra = append(st.Diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)", h.Other, NFTFamily, NFTTableName))
+	}
+	f.Families = append(f.Families, st)
+	d := st.Diff
+	if tableLine != "" { // reported above
+		d.Missing = slices.DeleteFunc(slices.Clone(d.Missing), func(l string) bool { return l == tableLine })
+		d.Extra = slices.DeleteFunc(slices.Clone(d.Extra), func(l string) bool { return l == st.Rules[0] })
+	}
+	f.diffProblems(FamilyState{Family: FamilyInet, Diff: d})
+	if !c.IPv6 {
+		f.Notes = append(f.Notes, "the table acts on ipv4 only: written with --ipv6=false (the native table is written whole in one transaction, so no run was cut short)")
+	}
+}
+
+// build builds the configuration read from the rules, or says why they make none.
+func (f *Found) build(c Config) *Ruleset {
+	rs, err := Build(c)
+	if e, ok := badinput.As(err); ok {
+		for _, p := range e.Problems {
+			f.Problems = append(f.Problems, fmt.Sprintf("the rules in place make no whole configuration: %s %q: %s", p.Field, p.Value, p.Reason))
+		}
+		return nil
+	}
+	f.Rules = rs
+	return rs
+}
+
+// diffProblems says how a family's rules differ from what the configuration writes.
+func (f *Found) diffProblems(st FamilyState) {
+	var jumps, rules int
+	for _, l := range st.Diff.Missing {
+		if r := savedRule(l); strings.HasPrefix(l, "-") && !IsOurChain(r.Chain) {
+			jumps++
+		} else {
+			rules++
+		}
+	}
+	if jumps > 0 {
+		f.Problems = append(f.Problems, fmt.Sprintf("%s lacks %d of the jumps into our chains: packets never reach their rules", st.Family, jumps))
+	}
+	if rules > 0 {
+		f.Problems = append(f.Problems, fmt.Sprintf("%s lacks %d of the lines that configuration writes", st.Family, rules))
+	}
+	if n := len(st.Diff.Extra); n > 0 {
+		f.Problems = append(f.Problems, fmt.Sprintf("%s holds %d lines that configuration does not write", st.Family, n))
+	}
+	if st.Diff.Reordered {
+		f.Problems = append(f.Problems, fmt.Sprintf("%s holds the rules out of order", st.Family))
+	}
+}
+
+// ruleFacts is what one rule of ours says about the configuration it was written from.
+type ruleFacts struct {
+	chain string
+	// name is the rule's name: its comment without the prefix, or for a rule over a list the
+	// part before the items (listNames).
+	name    string
+	ports   []string // as the user writes them: "80", "1000-2000"
+	subnets []string
+	id      uint32
+	iface   string
+	toPort  int
+}
+
+// listNames are the names of the rules over a list, each before and after the items its comment
+// lists.
+var listNames = [][2]string{
+	{"ignore-port-", ""}, {"ignore-subnet-", ""},
+	{"redirect-port-", "-to-proxy-port"}, {"tproxy-port-", "-to-proxy-port"},
+	{"redirect-outbound-port-", "-to-proxy-port"}, {"redirect-outbound-subnet-", "-to-proxy-port"},
+	{"redirect-dns-udp-", ""}, {"redirect-dns-tcp-", ""}, {"dns-zone-captured-", ""},
+}
+
+// splitName splits a rule comment into its name and, for a rule over a list, the items it
+// names; cut is set when the comment was too long for every item (NFT's listComment).
+func splitName(comment string) (name string, items []string, cut bool) {
+	name = strings.TrimPrefix(comment, CommentPrefix)
+	for _, n := range listNames {
+		mid, ok := strings.CutPrefix(name, n[0])
+		if mid, ok2 := strings.CutSuffix(mid, n[1]); ok && ok2 && mid != "" {
+			cut = strings.Contains(mid, ",...+") || strings.HasSuffix(mid, "-items")
+			return n[0], strings.Split(mid, ","), cut
+		}
+	}
+	return name, nil, false
+}
+
+// absorb adds what one rule says to c. Lists may be absorbed more than once (one rule per
+// family, per group of ports): Build drops the repeats.
+func (c *Config) absorb(r ruleFacts) {
+	switch r.chain {
+	case RedirectChain, MangleChain:
+		switch r.name {
+		case "ignore-port-":
+			c.InboundPortsToIgnore = append(c.InboundPortsToIgnore, r.ports...)
+		case "ignore-subnet-":
+			c.InboundSubnetsToIgnore = append(c.InboundSubnetsToIgnore, r.subnets...)
+		case "redirect-all-incoming-to-proxy-port", "redirect-port-":
+			c.InboundProxyPort = r.toPort
+			c.PortsToRedirect = append(c.PortsToRedirect, r.ports...)
+		case "tproxy-all-incoming-to-proxy-port", "tproxy-port-":
+			c.InboundProxyPort, c.InboundMode = r.toPort, InboundTPROXY
+			c.PortsToRedirect = append(c.PortsToRedirect, r.ports...)
+		case "drop-invalid":
+			c.DropInvalid = true
+		}
+	case OutputChain:
+		switch {
+		case r.name == "ignore-proxy-user-id":
+			c.ProxyUID = int(r.id)
+		case r.name == "ignore-proxy-group-id":
+			c.ProxyGID = int(r.id)
+		case strings.HasPrefix(r.name, "ignore-user-id-"):
+			c.UIDsToIgnore = append(c.UIDsToIgnore, strconv.FormatUint(uint64(r.id), 10))
+		case strings.HasPrefix(r.name, "ignore-group-id-"):
+			c.GIDsToIgnore = append(c.GIDsToIgnore, strconv.FormatUint(uint64(r.id), 10))
+		case strings.HasPrefix(r.name, "redirect-dns-"):
+			c.RedirectDNSToPort = r.toPort
+			for _, s := range r.subnets {
+				c.DNSServersOnly = true
+				c.DNSServers = append(c.DNSServers, strings.TrimSuffix(strings.TrimSuffix(s, "/32"), "/128"))
+			}
+		case r.name == "ignore-port-":
+			c.OutboundPortsToIgnore = append(c.OutboundPortsToIgnore, r.ports...)
+		case r.name == "ignore-subnet-":
+			c.OutboundSubnetsToIgnore = append(c.OutboundSubnetsToIgnore, r.subnets...)
+		case r.name == "redirect-all-outgoing-to-proxy-port":
+			c.OutboundProxyPort = r.toPort
+		case r.name == "redirect-outbound-port-", r.name == "redirect-outbound-subnet-":
+			c.OutboundProxyPort = r.toPort
+			c.OutboundPortsToRedirect = append(c.OutboundPortsToRedirect, r.ports...)
+			c.OutboundSubnetsToRedirect = append(c.OutboundSubnetsToRedirect, r.subnets...)
+		}
+	}
+	if strings.HasPrefix(r.name, "ignore-interface-") {
+		c.InterfacesToIgnore = append(c.InterfacesToIgnore, r.iface)
+	}
+}
+
+// parseXT parses a line as XTRule.Rule renders it back into the fields ruleFacts needs.
+func parseXT(line string) XTRule {
+	r := savedRule(line)
+	x := XTRule{Table: r.Table, Chain: r.Chain}
+	f := strings.Fields(r.Spec)
+	for i := 0; i < len(f); i++ {
+		arg := ""
+		if i+1 < len(f) {
+			arg = f[i+1]
+		}
+		switch f[i] {
+		case "-s":
+			x.Source, _ = netip.ParsePrefix(arg)
+		case "-d":
+			x.Destination, _ = netip.ParsePrefix(arg)
+		case "-i":
+			x.InInterface = arg
+		case "-o":
+			x.OutInterface = arg
+		case "--uid-owner", "--gid-owner":
+			n, _ := strconv.ParseUint(arg, 10, 32)
+			id := uint32(n)
+			if f[i] == "--uid-owner" {
+				x.UIDOwner = &id
+			} else {
+				x.GIDOwner = &id
+			}
+		case "--dports":
+			for _, p := range strings.Split(arg, ",") {
+				pr, _ := ParsePort(strings.Replace(p, ":", "-", 1))
+				x.MultiportDPorts = append(x.MultiportDPorts, pr)
+			}
+		case "--dport":
+			x.DPort, _ = ParsePort(strings.Replace(arg, ":", "-", 1))
+		case "--comment":
+			x.Comment = strings.Trim(arg, `"`)
+		case "--to-ports", "--on-port":
+			n, _ := strconv.ParseUint(arg, 10, 16)
+			x.ToPort = uint16(n)
+		default:
+			continue
+		}
+		i++
+	}
+	return x
+}
+
+func xtFacts(x XTRule) ruleFacts {
+	r := ruleFacts{chain: x.Chain, toPort: int(x.ToPort), iface: x.InInterface + x.OutInterface}
+	r.name, _, _ = splitName(x.Comment)
+	for _, p := range x.MultiportDPorts {
+		r.ports = append(r.ports, p.String())
+	}
+	if x.DPort.First != 0 {
+		r.ports = append(r.ports, x.DPort.String())
+	}
+	for _, p := range []netip.Prefix{x.Source, x.Destination} {
+		if p.IsValid() {
+			r.subnets = append(r.subnets, p.String())
+		}
+	}
+	for _, id := range []*uint32{x.UIDOwner, x.GIDOwner} {
+		if id != nil {
+			r.id = *id
+		}
+	}
+	return r
+}
+
+// nftConfig reads the configuration back from the native table. Lists come from the rule
+// comments, which keep their order, or from the sets where a comment was too long to name every
+// item; unordered is then set, as a set keeps no order and the recorded plan hash covers it.
+func nftConfig(t *NFTTable) (c Config, unordered bool) {
+	c = NewConfig()
+	c.IPv6 = true
+	sets := map[string]NFTSet{}
+	for _, s := range t.Sets {
+		sets[s.Name] = s
+	}
+	for _, ch := range t.Chains {
+		for _, rl := range ch.Rules {
+			r := ruleFacts{chain: ch.Name, toPort: int(rl.RedirectPort)}
+			var items []string
+			var cut bool
+			r.name, items, cut = splitName(rl.Comment)
+			var portSet, addrSet []string
+			for _, m := range rl.Matches {
+				switch m.Kind {
+				case NFTMatchNFProto:
+					c.IPv6 = c.IPv6 && m.Family != IPv4
+				case NFTMatchDPortSet:
+					portSet = sets[m.Set].ElementStrings()
+				case NFTMatchSAddrSet, NFTMatchDAddrSet:
+					addrSet = setPrefixes(sets[m.Set])
+				case NFTMatchSkUID, NFTMatchSkGID:
+					r.id = m.ID
+				case NFTMatchIIFName, NFTMatchOIFName:
+					r.iface = m.Name
+				}
+			}
+			// The comment names the ports when the rule matches a port set, else the addresses;
+			// what it does not name comes from the sets.
+			r.ports, r.subnets = portSet, addrSet
+			ordered := items != nil && !cut
+			if ordered && portSet != nil {
+				r.ports = items
+			} else if len(portSet) > 1 {
+				unordered = true
+			}
+			if ordered && portSet == nil {
+				r.subnets = items
+			} else if len(addrSet) > 1 {
+				unordered = true
+			}
+			for i, p := range r.ports {
+				r.ports[i] = strings.Replace(p, ":", "-", 1)
+			}
+			c.absorb(r)
+		}
+	}
+	return c, unordered
+}
+
+// setPrefixes lists an address set's elements as the fewest prefixes covering each.
+func setPrefixes(s NFTSet) []string {
+	var out []string
+	for _, iv := range s.Elements {
+		first, ok1 := netip.AddrFromSlice(iv.First)
+		last, ok2 := netip.AddrFromSlice(iv.Last)
+		for ok1 && ok2 && first.Compare(last) <= 0 {
+			bits := first.BitLen()
+			for bits > 0 {
+				p := netip.PrefixFrom(first, bits-1)
+				if p.Masked().Addr() != first || lastAddr(p).Compare(last) > 0 {
+					break
+				}
+				bits--
+			}
+			p := netip.PrefixFrom(first, bits)
+			out = append(out, p.String())
+			first = lastAddr(p).Next()
+			ok1 = first.IsValid()
+		}
+	}
+	return out
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a, _ := netip.AddrFromSlice(prefixIntervals([]netip.Prefix{p})[0].Last)
+	return a
+}
+
+// Args renders the ruleset as the proxy-init flags that write it, leaving out defaults; the
+// nameservers of --dns-servers-only are read from /etc/resolv.conf, so they are not among them.
+func (r *Ruleset) Args() []string {
+	a := []string{"--" + FieldInboundProxyPort, strconv.Itoa(int(r.InboundProxyPort)), "--" + FieldOutboundProxyPort, strconv.Itoa(int(r.OutboundProxyPort))}
+	for _, id := range []struct {
+		field string
+		v     int
+	}{{FieldProxyUID, r.ProxyUID}, {FieldProxyGID, r.ProxyGID}} {
+		if id.v >= 0 {
+			a = append(a, "--"+id.field, strconv.Itoa(id.v))
+		}
+	}
+	list := func(field string, items []string) {
+		if len(items) > 0 {
+			a = append(a, "--"+field, strings.Join(items, ","))
+		}
+	}
+	list(FieldPortsToRedirect, strs(r.RedirectPorts))
+	list(FieldInboundPortsToIgnore, strs(r.InboundIgnorePorts))
+	list(FieldOutboundPortsToIgnore, strs(r.OutboundIgnorePorts))
+	list(FieldInboundSubnetsToIgnore, strs(r.InboundIgnoreSubnets))
+	list(FieldOutboundSubnetsToIgnore, strs(r.OutboundIgnoreSubnets))
+	if !r.HasFamily(IPv6) {
+		a = append(a, "--"+FieldIPv6+"=false")
+	}
+	if r.DNSPort != 0 {
+		a = append(a, "--"+FieldRedirectDNS, strconv.Itoa(int(r.DNSPort)))
+	}
+	if len(r.DNSServers) > 0 {
+		a = append(a, "--"+FieldDNSServersOnly)
+	}
+	if r.TPROXY {
+		a = append(a, "--"+FieldInboundMode, string(InboundTPROXY))
+	}
+	list(FieldOutboundPortsToRedirect, strs(r.OutboundRedirectPorts))
+	list(FieldOutboundSubnetsToRedirect, strs(r.OutboundRedirectSubnets))
+	list(FieldInterfacesToIgnore, r.IgnoreInterfaces)
+	list(FieldUIDsToIgnore, strs(r.IgnoreUIDs))
+	list(FieldGIDsToIgnore, strs(r.IgnoreGIDs))
+	if r.DropInvalid {
+		a = append(a, "--"+FieldDropInvalid)
+	}
+	return a
+}
+
+func strs[T any](items []T) []string {
+	out := make([]string, len(items))
+	for i, v := range items {
+		out[i] = fmt.Sprint(v)
+	}
+	return out
+}
