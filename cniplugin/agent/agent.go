@@ -169,7 +169,7 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	}
 	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
 		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
-	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) })
+	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) }, opts.InstallerReadyURL != "")
 	a.events = newEventRecorder(client, controller, a.instance, a.metrics, a.log)
 
 	// Linkerd's repair controller watches only meshed pods (they carry this label); the agent

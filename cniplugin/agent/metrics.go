@@ -38,7 +38,9 @@ type metrics struct {
 	lookups     *prometheus.CounterVec
 }
 
-func newMetrics(prefix string, queueLen func() float64) *metrics {
+// newMetrics registers the metrics with prefix; installer_ready only with installer (an agent that
+// polls the installer's /ready).
+func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + name, Help: help})
 	}
@@ -70,12 +72,15 @@ func newMetrics(prefix string, queueLen func() float64) *metrics {
 			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache) or api."}, []string{"source"}),
 	}
 	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
-		m.auditErrors, m.auditSeconds, m.chained, m.installerReady, m.requests, m.calls, m.callSeconds, m.lookups,
+		m.auditErrors, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
 			Help: "Pods waiting for the worker (audit or deletion), including retries."}, queueLen),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if installer {
+		m.registry.MustRegister(m.installerReady)
+	}
 	return m
 }
 

@@ -31,7 +31,7 @@ func TestInstallerReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(client, Options{NodeName: "n"})
+	a, err := New(client, Options{NodeName: "n", InstallerReadyURL: installer.URL + "/ready"})
 	if err != nil {
 		t.Fatal(err)
 	}
