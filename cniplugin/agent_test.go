@@ -150,7 +150,7 @@ func TestAgentClientFallsBack(t *testing.T) {
 		want         string // the error it names
 	}{
 		{"no agent on the node", filepath.Join(dir, "absent.sock"), "", ""},
-		{"the socket replaced by a regular file", file, warn, `error="` + file + ` is not a socket but a regular file"`},
+		{"the socket replaced by a regular file", file, warn, `error="` + file + ` is not a socket (mode -rw-------)"`},
 		{"a directory others may write", filepath.Join(open, "agent.sock"), warn, `error="` + open + ` is writable by others than root (mode 777)"`},
 		{"an agent that never answers", startFakeAgent(t, nil).socket, warn, `error="no answer within 300ms: `},
 		{"a garbled answer", startFakeAgent(t, func(wire.Request) []byte { return []byte("nonsense") }).socket, warn,

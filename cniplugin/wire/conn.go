@@ -97,7 +97,7 @@ func CheckSocket(path string) error {
 			return err
 		}
 		if fi.Mode().Type() != c.typ {
-			return fmt.Errorf("%s is not %s but %s", c.path, c.what, fileKind(fi.Mode()))
+			return fmt.Errorf("%s is not %s (mode %s)", c.path, c.what, fi.Mode())
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
 			return fmt.Errorf("%s is not owned by root", c.path)
@@ -107,22 +107,6 @@ func CheckSocket(path string) error {
 		}
 	}
 	return nil
-}
-
-func fileKind(m fs.FileMode) string {
-	switch m.Type() {
-	case 0:
-		return "a regular file"
-	case fs.ModeDir:
-		return "a directory"
-	case fs.ModeSymlink:
-		return "a symbolic link"
-	case fs.ModeSocket:
-		return "a socket"
-	case fs.ModeNamedPipe:
-		return "a named pipe"
-	}
-	return "a special file"
 }
 
 // ReadRequest reads the plugin's request. Its errors are *Error (refused: descriptors attached;
