@@ -148,8 +148,11 @@ func (a *Agent) refuse(conn *net.UnixConn, peer wire.Peer, what string, err erro
 		return
 	}
 	a.metrics.requests.WithLabelValues(string(werr.Code)).Inc()
-	a.log.Warn("refused a "+what+" on the plugin socket; the plugin reads the pod itself", "pid", peer.PID, "uid", peer.UID,
-		"code", string(werr.Code), "error", werr.Message)
+	msg := "refused a " + what + " on the plugin socket"
+	if conn != nil {
+		msg += "; the plugin reads the pod itself"
+	}
+	a.log.Warn(msg, "pid", peer.PID, "uid", peer.UID, "code", string(werr.Code), "error", werr.Message)
 	if conn != nil {
 		_ = wire.Answer(conn, wire.Reply{Error: werr})
 	}
