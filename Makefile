@@ -76,7 +76,7 @@ chart:
 # the binaries of every platform (bin/release/bin), the images' archives and SBOMs
 # (bin/release/images), the chart package, images.txt (each image's digest) and SHA256SUMS.
 # REGISTRY=host[:port]/namespace pushes the images (with their SBOMs as referrers) and the chart
-# there; SIGNING_KEY (and COSIGN_PASSWORD) signs every image digest.
+# there; SIGNING_KEY (and COSIGN_PASSWORD) signs every image, SBOM and chart digest.
 #   make release VERSION=v0.2.0 REGISTRY=ghcr.io/kubemesh SIGNING_KEY=cosign.key
 RELEASE_DIR := $(BIN)/release
 release:
