@@ -21,14 +21,13 @@ E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 all: build
 
 # bin/linkerd-cni runs the DaemonSet (install, agent, repair); bin/plugin/ holds what the
-# installer copies onto each node: linkerd-cni, the lean plugin-only build that links no
-# Kubernetes client (see cmd/linkerd-cni), and linkerd-cni-api, its companion with the API client,
-# which the plugin runs for the calls that read the API. These two lines are the one place the
+# installer copies onto each node: linkerd-cni, the lean plugin-only build without the
+# DaemonSet's subcommands (see cmd/linkerd-cni). These two lines are the one place the
 # binaries' build flags live: platform-bins, the images, the release and the image tests all build
 # through them (GOOS and GOARCH come from the environment).
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/proxy-init ./cmd/linkerd-cni
-	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/ ./cmd/linkerd-cni ./cmd/linkerd-cni-api
+	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/ ./cmd/linkerd-cni
 
 # platform-bins cross-compiles `build` for every platform of the images, into bin/linux-amd64/,
 # bin/linux-arm64/ (internal/images.PlatformBinDir). Go's build cache makes a second run cheap.

@@ -37,4 +37,4 @@ govulncheck() {
 }
 echo "govulncheck@$GOVULNCHECK_VERSION, database golang.org/x/vulndb@$VULNDB_VERSION"
 govulncheck ./...
-govulncheck -tags pluginonly ./cmd/linkerd-cni ./cmd/linkerd-cni-api
+govulncheck -tags pluginonly ./cmd/linkerd-cni
