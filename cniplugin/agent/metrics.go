@@ -50,7 +50,7 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		deleted:      counter("deleted_total", "Pods deleted (delete mode): their linkerd-network-validator exited 95, or an audit found their rules differ."),
 		deleteErrors: counter("delete_errors_total", "Failed attempts to delete such a pod (each is retried)."),
 		eventErrors:  counter("event_errors_total", "Events that could not be recorded."),
-		audited:      counter("pods_audited_total", "Audits of a meshed pod's rules (CHECK's logic against its current annotations)."),
+		audited:      counter("pods_audited_total", "Audits of a meshed pod's rules (CHECK's logic against the settings its sandbox was set up with)."),
 		drifted:      counter("pods_drifted_total", "Audits that found a meshed pod's rules missing or different."),
 		healed:       counter("pods_healed_total", "Drifted pods whose rules were rewritten in place (repair mode)."),
 		healErrors:   counter("heal_errors_total", "Drifted pods whose rules could not be rewritten."),
@@ -77,7 +77,7 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
 		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
-			Help: "Pods waiting for the worker (audit or deletion), including retries."}, queueLen),
+			Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
