@@ -89,7 +89,10 @@ func (t Target) lock(exclusive bool) (unlock func(), err error) {
 			return unlock, nil
 		}
 	}
-	inPod, err := lockNS(t.NetNS, exclusive, wait, deadline)
+	inPod, err := Lock(t.NetNS, exclusive, time.Until(deadline))
+	if busy := (*BusyError)(nil); errors.As(err, &busy) {
+		busy.Wait = wait // both locks' wait
+	}
 	if errors.Is(err, fs.ErrNotExist) && t.NetNS == "" {
 		t.log().Warn("no /proc: writing without the namespace lock, so a concurrent writer in this namespace is not waited for", "error", err)
 		inPod, err = func() {}, nil
@@ -106,10 +109,7 @@ func (t Target) lock(exclusive bool) (unlock func(), err error) {
 // path is empty (callers enter it first), shared for reading or exclusive for writing, waiting at
 // most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
-	return lockNS(path, exclusive, wait, time.Now().Add(wait))
-}
-
-func lockNS(path string, exclusive bool, wait time.Duration, deadline time.Time) (unlock func(), err error) {
+	deadline := time.Now().Add(wait)
 	if path == "" {
 		path = "/proc/thread-self/ns/net"
 	}
