@@ -17,7 +17,9 @@ import (
 func TestCheckKernelLegacy(t *testing.T) {
 	rs := iptablestest.Build(t, iptablestest.ChartConfig())
 	noLegacy := func(f iptables.Family) error { return syscall.ENOPROTOOPT }
-	tproxyOK := func(context.Context) (nfnl.TPROXYSupport, error) { return nfnl.TPROXYSupport{XT: true, Native: true}, nil }
+	tproxyOK := func(context.Context) (nfnl.TPROXYSupport, error) {
+		return nfnl.TPROXYSupport{XT: true, Native: true}, nil
+	}
 	for _, c := range []struct {
 		mode    iptables.Mode
 		rs      *iptables.Ruleset
