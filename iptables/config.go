@@ -403,7 +403,7 @@ func rerouteInterfaces(bad func(field, value, reason string), values, ignored []
 		switch {
 		case name == "lo":
 			// The pod's own connections, the proxy's included, arrive on lo.
-			bad(FieldRerouteVirtualInterfaces, name, "the loopback interface carries the pod's own traffic, not a virtual machine's")
+			bad(FieldRerouteVirtualInterfaces, name, "the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's")
 		case slices.Contains(ignored, name):
 			bad(FieldRerouteVirtualInterfaces, name, "also in "+FieldInterfacesToIgnore+": its traffic cannot both skip the proxy and reach it")
 		default:

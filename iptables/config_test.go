@@ -202,7 +202,7 @@ func TestRerouteVirtualInterfacesRefused(t *testing.T) {
 			`reroute-virtual-interfaces "tap+": a trailing '+' is iptables' wildcard; name each interface in full`,
 		}},
 		{"loopback", []string{"lo"}, nil, []string{
-			`reroute-virtual-interfaces "lo": the loopback interface carries the pod's own traffic, not a virtual machine's`,
+			`reroute-virtual-interfaces "lo": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's`,
 		}},
 		{"also ignored", []string{"tap0,k6t-eth0"}, []string{"k6t-eth0"}, []string{
 			`reroute-virtual-interfaces "k6t-eth0": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it`,

@@ -289,7 +289,7 @@ func TestBadInput(t *testing.T) {
 			"proxy-init: invalid input:\n" +
 				"  --reroute-virtual-interfaces \"eth0/1\": holds '/', which the kernel refuses in an interface name\n" +
 				"  --reroute-virtual-interfaces \"k6t-eth0-too-long\": longer than 15 bytes, the kernel's limit for an interface name\n" +
-				"  --reroute-virtual-interfaces \"lo\": the loopback interface carries the pod's own traffic, not a virtual machine's\n" +
+				"  --reroute-virtual-interfaces \"lo\": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's\n" +
 				"  --reroute-virtual-interfaces \"net1\": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it\n"},
 		{"UIDs and GIDs to ignore past 2^32-2, root, negative, not numbers", chartArgs("--uids-to-ignore", "1000,4294967295,0", "--gids-to-ignore", "-3,wheel"),
 			"proxy-init: invalid input:\n" +
