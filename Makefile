@@ -9,8 +9,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kubemesh/proxy-init/internal/buildinfo.Version=$(VERSION)
 BIN := bin
 # Packages the tests and the demo need from Debian (strace: a test traces proxy-init to show
-# that the nft mode executes no program).
-APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace
+# that the nft mode executes no program, another stands in for a kernel without legacy iptables;
+# qemu-user-static: the arm64 binaries run under qemu-aarch64-static in internal/hygiene).
+APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace qemu-user-static
 # Packages the end-to-end cluster needs besides those: Debian's containerd 1.6 and runc (the second
 # runtime, E2E_RUNTIME=containerd1), and what runc's seccomp support builds against (make
 # e2e-runtime).
@@ -97,7 +98,7 @@ manifests:
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:
 	@missing=""; \
-	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap strace; do \
+	for c in iptables-legacy-restore iptables-nft-restore nft ip setcap strace qemu-aarch64-static; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$c >/dev/null || missing=1; \
 	done; \
 	if [ -n "$$missing" ]; then \

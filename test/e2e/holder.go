@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -143,6 +144,9 @@ func buildNode(spec holderSpec) error {
 		}
 	}
 	for _, m := range []string{"/run", "/var/lib"} {
+		if err := detachMountsUnder(m); err != nil {
+			return err
+		}
 		if err := unix.Mount("tmpfs", m, "tmpfs", 0, "mode=0755"); err != nil {
 			return fmt.Errorf("mount tmpfs on %s: %w", m, err)
 		}
@@ -284,4 +288,31 @@ func nsInode(path string) (uint64, error) {
 		return 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return st.Ino, nil
+}
+
+// detachMountsUnder lazily unmounts, in the node's own (private) mount namespace, what the
+// machine had mounted below dir, deepest first. The node's tmpfs over dir hides them but
+// mountinfo still lists them, and containerd resolves a hostPath's mount from mountinfo: the
+// machine's /run/netns (other tests' `ip netns add`) would be taken for the node's, which is
+// not shared, and the agent's HostToContainer mount of /var/run/netns refused.
+func detachMountsUnder(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var under []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			under = append(under, f[4])
+		}
+	}
+	// Deeper paths are longer: unmount them before their parents.
+	slices.SortFunc(under, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range under {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			return fmt.Errorf("detach the machine's mount %s in the node: %w", m, err)
+		}
+	}
+	return nil
 }
