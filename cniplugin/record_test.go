@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
 // stateDirOf is the state-dir withVersion gave a call.
@@ -221,5 +222,12 @@ func TestSweepRecords(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); (err == nil) != f.kept {
 			t.Errorf("%s: kept %v, want %v", name, err == nil, f.kept)
 		}
+	}
+}
+
+// proxy-init --netns looks for the host locks where the plugin keeps them by default.
+func TestDefaultLockDirIsProxyInits(t *testing.T) {
+	if got := filepath.Join(DefaultStateDir, LocksDir); got != backend.DefaultHostLockDir {
+		t.Errorf("the plugin's lock directory %s, proxy-init's %s", got, backend.DefaultHostLockDir)
 	}
 }

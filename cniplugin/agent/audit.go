@@ -230,6 +230,12 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		// Messages name the namespace as the runtime did, not by the descriptor entered.
 		err = errors.New(strings.ReplaceAll(err.Error(), sb.NetNS, sb.Where))
 	}
+	a.act(ctx, pod, res, err, log)
+	return audited
+}
+
+// act counts an audit that looked at the pod's rules, and acts on what it found by mode.
+func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditResult, err error, log *slog.Logger) {
 	a.metrics.audited.Inc()
 	if res.Drifted() {
 		a.metrics.drifted.Inc()
@@ -258,7 +264,6 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonDrift, ActionReport,
 			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.node, res.Problem), true)
 	}
-	return audited
 }
 
 // reportSettings reports, once per distinct edit, annotations changed since the pod's sandbox was
