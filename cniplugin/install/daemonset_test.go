@@ -215,9 +215,7 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 	// The base objects the pod needs, and the node-taint RBAC and admission policy, as the
 	// docs/install.md says to apply with --node-taint.
 	for _, m := range ms {
-		switch m.obj.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+		if m.obj.GetKind() == "Namespace" || isAccess(m) {
 			if _, err := api.apply(ctx, m.obj, false); err != nil {
 				t.Fatalf("apply %s: %v", m, err)
 			}
