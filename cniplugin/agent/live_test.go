@@ -21,8 +21,10 @@ type runtimeHealth struct {
 	err error
 }
 
-func (h *runtimeHealth) Find(context.Context, string) (Sandbox, error) { return Sandbox{}, ErrNoSandbox }
-func (h *runtimeHealth) Forget(string, string)                         {}
+func (h *runtimeHealth) Find(context.Context, string) (Sandbox, error) {
+	return Sandbox{}, ErrNoSandbox
+}
+func (h *runtimeHealth) Forget(string, string) {}
 
 func (h *runtimeHealth) Healthy() error {
 	h.mu.Lock()
