@@ -55,7 +55,7 @@ func meshedJob(t testing.TB, ns, name string, n *Node) *batchv1.Job {
 	pin(&tmpl.Spec, n)
 	for i := range tmpl.Spec.InitContainers {
 		if c := &tmpl.Spec.InitContainers[i]; c.Name == "linkerd-proxy" {
-			c.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(inboundPort)}},
+			c.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.Parse(inboundPort)}},
 				PeriodSeconds: 1, FailureThreshold: 60}
 		}
 	}
