@@ -7,6 +7,7 @@ package install
 // lies beside it (another Service, another DaemonSet, a pod on another node) is refused.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -104,13 +105,13 @@ type accessWorld struct {
 	sa    kubernetes.Interface // the token's, with client-go's typed clients
 	kc    *kubeclient.Client   // the token's, with the DaemonSet's own client
 	// unbound is a TokenRequest token bound to no pod, hence to no node.
-	unbound  kubernetes.Interface
-	installr string // the installer pod's name
+	unbound      kubernetes.Interface
+	installerPod string // the installer pod's name
 }
 
 func newAccessWorld(ctx context.Context, t *testing.T, cluster *kubetest.Cluster, admin kubernetes.Interface) *accessWorld {
 	t.Helper()
-	w := &accessWorld{admin: admin, installr: "linkerd-cni-installer"}
+	w := &accessWorld{admin: admin, installerPod: "linkerd-cni-installer"}
 	for _, n := range []string{ownNode, otherNode} {
 		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
@@ -134,11 +135,11 @@ func newAccessWorld(ctx context.Context, t *testing.T, cluster *kubetest.Cluster
 		if err != nil {
 			t.Fatal(err)
 		}
-		owner = cmpOr(owner, ds)
+		owner = cmp.Or(owner, ds)
 		t.Cleanup(func() { _ = admin.AppsV1().DaemonSets("linkerd-cni").Delete(ctx, name, metav1.DeleteOptions{}) })
 	}
 	yes := true
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: w.installr, Namespace: "linkerd-cni", Labels: labels,
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: w.installerPod, Namespace: "linkerd-cni", Labels: labels,
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: owner.Name, UID: owner.UID, Controller: &yes}}},
 		Spec: tmpl.Spec}
 	pod.Spec.NodeName = ownNode
@@ -159,13 +160,6 @@ func newAccessWorld(ctx context.Context, t *testing.T, cluster *kubetest.Cluster
 		t.Fatal(err)
 	}
 	return w
-}
-
-func cmpOr[T any](a, b *T) *T {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // tokenBoundTo creates pod and mints a token for its ServiceAccount bound to it, like the
@@ -221,7 +215,7 @@ func (w *accessWorld) check(ctx context.Context, t *testing.T, run string, a acc
 // checkReads makes the plugin's and the agent's reads, as they make them.
 func (w *accessWorld) checkReads(ctx context.Context, t *testing.T, a access) {
 	// The plugin: the pod, its namespace, default/kubernetes.
-	_, err := w.kc.Pods("linkerd-cni").Get(ctx, w.installr, metav1.GetOptions{})
+	_, err := w.kc.Pods("linkerd-cni").Get(ctx, w.installerPod, metav1.GetOptions{})
 	allowed(t, "get pod", err, false)
 	_, err = w.kc.Namespaces().Get(ctx, "linkerd-cni", metav1.GetOptions{})
 	allowed(t, "get namespace", err, false)
@@ -276,7 +270,7 @@ func (l lw[T, L]) watch(ctx context.Context, o metav1.ListOptions) error {
 
 // checkInstaller makes the installer's SIGTERM reads: its pod, then its DaemonSet, which stays.
 func (w *accessWorld) checkInstaller(ctx context.Context, t *testing.T) {
-	if keep, why := daemonSetStays(ctx, w.kc, "linkerd-cni", w.installr); !keep {
+	if keep, why := daemonSetStays(ctx, w.kc, "linkerd-cni", w.installerPod); !keep {
 		t.Errorf("the installer's SIGTERM check: %s; want its DaemonSet read", why)
 	}
 	_, err := w.kc.DaemonSets("linkerd-cni").Get(ctx, "other", metav1.GetOptions{})
@@ -378,7 +372,7 @@ func (w *accessWorld) checkRefusals(ctx context.Context, t *testing.T, a access)
 	_, err = w.sa.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}, metav1.CreateOptions{})
 	forbidden(t, "create pod", err)
-	_, err = w.kc.Pods("linkerd-cni").Patch(ctx, w.installr, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+	_, err = w.kc.Pods("linkerd-cni").Patch(ctx, w.installerPod, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
 	forbidden(t, "patch pod", err)
 	err = w.sa.CoreV1().Namespaces().Delete(ctx, "default", metav1.DeleteOptions{})
 	forbidden(t, "delete namespace", err)
