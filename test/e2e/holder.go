@@ -3,11 +3,13 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 
@@ -127,6 +129,32 @@ func startHolder(spec holderSpec, logPath string) (*exec.Cmd, io.Closer, error) 
 	return cmd, stdin, nil
 }
 
+// detachUnder detaches the mounts below dir that the new mount namespace copied from the
+// machine's (a /run/netns that network-namespace tests bind-mount, say). The tmpfs mounted on dir
+// would hide them but leave them in mountinfo, where the runtime's mount lookups still find them:
+// a hidden, private /run/netns makes containerd refuse the agent's HostToContainer mount of
+// /var/run/netns. / is private here, so the machine keeps its own.
+func detachUnder(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	// Deepest first; a mount already gone with its parent is no error.
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach the machine's %s from the node: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // buildNode runs in the holder, inside the new namespaces.
 func buildNode(spec holderSpec) error {
 	// Nothing is mounted or linked until the namespaces are known to be new ones.
@@ -143,6 +171,9 @@ func buildNode(spec holderSpec) error {
 		}
 	}
 	for _, m := range []string{"/run", "/var/lib"} {
+		if err := detachUnder(m); err != nil {
+			return err
+		}
 		if err := unix.Mount("tmpfs", m, "tmpfs", 0, "mode=0755"); err != nil {
 			return fmt.Errorf("mount tmpfs on %s: %w", m, err)
 		}
