@@ -72,8 +72,8 @@ func decodeObjects(t testing.TB, source string, data []byte) []runtime.Object {
 	return objs
 }
 
-// create creates each object; one that already exists is left as it is, except a ClusterRole,
-// which is updated (the chart's renderings grant different rules).
+// create creates each object; one that already exists is left as it is, except a ClusterRole or
+// a Role, which is updated (the chart's renderings grant different rules).
 func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...runtime.Object) {
 	t.Helper()
 	for _, obj := range objs {
@@ -117,6 +117,13 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 			if cur, err = cs.RbacV1().ClusterRoles().Get(ctx, cr.Name, metav1.GetOptions{}); err == nil {
 				cr.ResourceVersion = cur.ResourceVersion
 				_, err = cs.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{})
+			}
+		}
+		if r, ok := obj.(*rbacv1.Role); ok && apierrors.IsAlreadyExists(err) {
+			var cur *rbacv1.Role
+			if cur, err = cs.RbacV1().Roles(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{}); err == nil {
+				r.ResourceVersion = cur.ResourceVersion
+				_, err = cs.RbacV1().Roles(r.Namespace).Update(ctx, r, metav1.UpdateOptions{})
 			}
 		}
 		if apierrors.IsAlreadyExists(err) {
