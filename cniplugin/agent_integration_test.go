@@ -18,10 +18,10 @@ import (
 )
 
 // TestCNIWithAgent runs the plugin binary through libcni with the node agent serving its socket:
-// a meshed pod is meshed with no API request from the plugin (the API server's audit log), its
-// call's lines are in the agent's log, and the plugin never runs its companion (it is absent, and
-// in legacy mode, where the plugin writes with the agent's lookup, too); with the agent stopped,
-// the same ADD reads the API itself through the companion (two requests, as without an agent).
+// a meshed pod is meshed with no API request (the API server's audit log), the plugin writing with
+// the agent's lookup in every mode (legacy too, with the node's binaries), and the call's lines are
+// in the agent's log (the plugin's report); with the agent stopped, the same ADD reads the API
+// itself (two requests, as without an agent).
 func TestCNIWithAgent(t *testing.T) {
 	n := newNode(t, true)
 	const ns = "with-agent"
@@ -30,35 +30,29 @@ func TestCNIWithAgent(t *testing.T) {
 	n.createPod(t, ns, "api", shapeClassic, nil, nil)
 
 	socket, pluginLog, stop := n.startAgent(t)
-	list := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: map[string]any{"agent": map[string]any{"socket": socket}}})
-	legacy := n.conflist(t, netOpts{mode: iptables.ModeLegacy, top: map[string]any{"agent": map[string]any{"socket": socket}}})
-	noCompanion := t.TempDir()
-	copyFile(t, filepath.Join(binDirs[0], "linkerd-cni"), filepath.Join(noCompanion, "linkerd-cni"), 0o755)
-	n.withPluginDir(t, noCompanion, func() {
+	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeLegacy} {
+		list := n.conflist(t, netOpts{mode: mode, top: map[string]any{"agent": map[string]any{"socket": socket}}})
 		sb := n.newSandbox(t, ns, "web")
 		n.mustAdd(t, list, sb)
-		expectRules(t, sb, baseConfig(iptables.ModeNFT))
-		if l := pluginLog.String(); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "containerID="+sb.rt.ContainerID) || !strings.Contains(l, "apiRequests=0") {
-			t.Errorf("the agent's plugin log lacks the ADD:\n%s", l)
+		expectRules(t, sb, baseConfig(mode))
+		if l := n.logTail(sb.rt.ContainerID); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "source=agent apiRequests=0") {
+			t.Errorf("%s: the plugin did not write with the agent's lookup:\n%s", mode, l)
 		}
 		if err := n.check(list, sb); err != nil {
-			t.Errorf("CHECK through the agent: %v", err)
+			t.Errorf("%s: CHECK with the agent: %v", mode, err)
 		}
 		if err := n.del(list, sb); err != nil {
-			t.Errorf("DEL through the agent: %v", err)
+			t.Errorf("%s: DEL with the agent: %v", mode, err)
 		}
 		expectNoRules(t, sb)
-
-		sb = n.newSandbox(t, ns, "web")
-		n.mustAdd(t, legacy, sb)
-		expectRules(t, sb, baseConfig(iptables.ModeLegacy))
-		if l := n.logTail(sb.rt.ContainerID); !strings.Contains(l, "the node agent looked the pod up; the plugin does the rest") {
-			t.Errorf("legacy mode: the plugin did not write with the agent's lookup:\n%s", l)
-		}
-		if err := n.del(legacy, sb); err != nil {
-			t.Errorf("DEL: %v", err)
-		}
-	})
+		waitFor(t, "the reports in the agent's plugin log", func() bool {
+			l := pluginLog.String()
+			return strings.Contains(l, "containerID="+sb.rt.ContainerID) && strings.Contains(l, "cmd=DEL")
+		})
+	}
+	if l := pluginLog.String(); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "apiRequests=0") {
+		t.Errorf("the agent's plugin log lacks the ADDs:\n%s", l)
+	}
 	time.Sleep(time.Second) // the audit log is written asynchronously
 	if evs := n.apiEvents(t, ns); len(evs) != 0 {
 		t.Errorf("with the agent, the meshed pods cost %d API requests, want 0: %v", len(evs), eventURIs(evs))
@@ -68,11 +62,24 @@ func TestCNIWithAgent(t *testing.T) {
 	if _, err := os.Stat(socket); !os.IsNotExist(err) {
 		t.Errorf("the socket outlived the agent: %v", err)
 	}
+	list := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: map[string]any{"agent": map[string]any{"socket": socket}}})
 	sb := n.newSandbox(t, ns, "api")
 	n.mustAdd(t, list, sb)
 	expectRules(t, sb, baseConfig(iptables.ModeNFT))
 	if evs := n.waitAPIEvents(t, ns, 2); len(evs) != 2 {
 		t.Errorf("without the agent, the meshed pod cost %d API requests, want 2: %v", len(evs), eventURIs(evs))
+	}
+}
+
+// waitFor polls cond for up to 10 seconds.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

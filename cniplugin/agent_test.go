@@ -7,31 +7,30 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
 
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
-// The plugin's side of the node agent, against a fake agent on a real socket (the real agent is
-// tested in cniplugin/agent, and with the real binary in TestCNI): the fallbacks, the bound on a
-// slow agent, and that a handled answer is final.
+// The node's plugin and the node agent, against a fake agent on a real socket (the real agent is
+// tested in cniplugin/agent, and with the real binary in TestCNIWithAgent): what the plugin asks,
+// the fallbacks and their log lines, the agent's answer used in place of the API, and the report.
 
-// fakeAgent answers each request with reply (nil: never answers) and records what it received.
+// fakeAgent answers each request with reply (nil: never answers) and records the requests and
+// reports it received.
 type fakeAgent struct {
 	socket  string
-	reply   func(AgentRequest) []byte
-	reqs    chan AgentRequest
-	fdInos  chan uint64
-	reports chan AgentReport
+	reply   func(wire.Request) []byte
+	reqs    chan wire.Request
+	reports chan wire.Report
 }
 
-func startFakeAgent(t *testing.T, reply func(AgentRequest) []byte) *fakeAgent {
+func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
 	t.Helper()
 	nt.RequireRoot(t, "the plugin talks only to a socket root owns")
 	dir, err := os.MkdirTemp("", "fake-agent-")
@@ -40,7 +39,7 @@ func startFakeAgent(t *testing.T, reply func(AgentRequest) []byte) *fakeAgent {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	f := &fakeAgent{socket: filepath.Join(dir, "agent.sock"), reply: reply,
-		reqs: make(chan AgentRequest, 8), fdInos: make(chan uint64, 8), reports: make(chan AgentReport, 8)}
+		reqs: make(chan wire.Request, 8), reports: make(chan wire.Report, 8)}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: f.socket, Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
@@ -60,25 +59,11 @@ func startFakeAgent(t *testing.T, reply func(AgentRequest) []byte) *fakeAgent {
 
 func (f *fakeAgent) serve(conn *net.UnixConn) {
 	defer conn.Close()
-	buf, oob := make([]byte, MaxAgentMessage), make([]byte, 64)
-	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	req, err := wire.ReadRequest(conn)
 	if err != nil {
 		return
 	}
-	var req AgentRequest
-	_ = json.Unmarshal(buf[:n], &req)
 	f.reqs <- req
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-		for _, m := range msgs {
-			fds, _ := unix.ParseUnixRights(&m)
-			for _, fd := range fds {
-				var st unix.Stat_t
-				_ = unix.Fstat(fd, &st)
-				f.fdInos <- st.Ino
-				unix.Close(fd)
-			}
-		}
-	}
 	if f.reply == nil {
 		time.Sleep(time.Minute)
 		return
@@ -87,11 +72,8 @@ func (f *fakeAgent) serve(conn *net.UnixConn) {
 		return
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err = conn.Read(buf); err == nil {
-		var rep AgentReport
-		if json.Unmarshal(buf[:n], &rep) == nil {
-			f.reports <- rep
-		}
+	if rep, err := wire.ReadReport(conn); err == nil {
+		f.reports <- rep
 	}
 }
 
@@ -104,25 +86,42 @@ func mustJSONBytes(t *testing.T, v any) []byte {
 	return b
 }
 
+// answer is the agent's reply with these objects.
+func answer(t *testing.T, pod *Pod, ns *Namespace) func(wire.Request) []byte {
+	return func(wire.Request) []byte {
+		r := wire.Reply{V: wire.Version, Pod: mustJSONBytes(t, pod)}
+		if ns != nil {
+			r.Namespace = mustJSONBytes(t, ns)
+		}
+		return mustJSONBytes(t, r)
+	}
+}
+
+// refusal is the agent's reply with a typed error.
+func refusal(t *testing.T, code wire.Code, msg string) func(wire.Request) []byte {
+	return func(wire.Request) []byte {
+		return mustJSONBytes(t, wire.Reply{V: wire.Version, Error: &wire.Error{Code: code, Message: msg}})
+	}
+}
+
 // agentArgs is the policy rig's call with an agent block.
-func agentArgs(t *testing.T, r *policyRig, socket, timeout, logFile string) *skel.CmdArgs {
+func agentArgs(t *testing.T, r *policyRig, socket, timeout string) *skel.CmdArgs {
 	args := r.args(t)
 	var conf map[string]any
 	if err := json.Unmarshal(args.StdinData, &conf); err != nil {
 		t.Fatal(err)
 	}
 	conf["agent"] = map[string]any{"socket": socket, "timeout": timeout}
-	if logFile != "" {
-		conf["log_file"] = logFile
-	}
 	args.StdinData = mustJSONBytes(t, conf)
 	return args
 }
 
-// viaAgentRig is the policy rig with the agent client on.
-func viaAgentRig(t *testing.T) *policyRig {
-	r := newPolicyRig(t, meshedPod(nil, nil))
-	r.plugin.AskAgent = true
+// nodeRig is the policy rig with the node's plugin: the agent first, then the rig's API.
+func nodeRig(t *testing.T, pod *Pod) *policyRig {
+	r := newPolicyRig(t, pod)
+	p := NewNodePlugin()
+	p.Stdout, p.Stderr, p.Runner, p.NewPodAPI = r.plugin.Stdout, r.plugin.Stderr, r.plugin.Runner, r.plugin.NewPodAPI
+	r.plugin = p
 	return r
 }
 
@@ -144,32 +143,37 @@ func TestAgentClientFallsBack(t *testing.T) {
 	if err := os.Chmod(open, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	slow := startFakeAgent(t, nil)
-	garbled := startFakeAgent(t, func(AgentRequest) []byte { return []byte("nonsense") })
-	oldProtocol := startFakeAgent(t, func(AgentRequest) []byte { return []byte(`{"v":0,"handled":true}`) })
+	const warn, info = `level=WARN msg="the node agent did not look the pod up; reading it from the API"`, `level=INFO msg="the node agent did not look the pod up; reading it from the API"`
 	tests := []struct {
 		name, socket string
-		want         string // the warning naming the socket; "" for none
-		maxTook      time.Duration
+		level        string // the log line's start, "" for none above debug
+		want         string // the error it names
 	}{
-		{"no agent on the node", filepath.Join(dir, "absent.sock"), "", time.Second},
-		{"the socket replaced by a regular file", file, `socket=` + file + ` error="` + file + ` is not a socket but a regular file"`, time.Second},
-		{"a directory others may write", filepath.Join(open, "agent.sock"), `error="` + open + ` is writable by others than root (mode 777)"`, time.Second},
-		{"an agent that never answers", slow.socket, `error="no answer within 300ms: `, 2 * time.Second},
-		{"a garbled answer", garbled.socket, `error="malformed answer: invalid character`, time.Second},
-		{"another protocol", oldProtocol.socket, `error="the agent speaks protocol version 0, the plugin 1"`, time.Second},
+		{"no agent on the node", filepath.Join(dir, "absent.sock"), "", ""},
+		{"the socket replaced by a regular file", file, warn, `error="` + file + ` is not a socket (mode -rw-------)"`},
+		{"a directory others may write", filepath.Join(open, "agent.sock"), warn, `error="` + open + ` is writable by others than root (mode 777)"`},
+		{"an agent that never answers", startFakeAgent(t, nil).socket, warn, `error="no answer within 300ms: `},
+		{"a garbled answer", startFakeAgent(t, func(wire.Request) []byte { return []byte("nonsense") }).socket, warn,
+			`error="the agent's answer: node agent: malformed: invalid character 'o' in literal null (expecting 'u')"`},
+		{"another protocol", startFakeAgent(t, func(wire.Request) []byte { return []byte(`{"v":1,"handled":true}`) }).socket, warn,
+			`error="the agent's answer: node agent: version: protocol version 1, want 2"`},
+		{"a pod the agent has not seen", startFakeAgent(t, refusal(t, wire.CodeNotSeen, "pod web/api-0 is not among the pods of node n1 after 1s")).socket, info,
+			`error="node agent: not-seen: pod web/api-0 is not among the pods of node n1 after 1s"`},
+		{"an agent that refuses the plugin", startFakeAgent(t, refusal(t, wire.CodeRefused, "the peer does not hold CAP_SYS_ADMIN")).socket, warn,
+			`error="node agent: refused: the peer does not hold CAP_SYS_ADMIN"`},
+		{"an answer without the namespace", startFakeAgent(t, answer(t, meshedPod(nil, nil), nil)).socket, warn,
+			`error="the node agent's answer: its namespace: unexpected end of JSON input"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := viaAgentRig(t)
+			r := nodeRig(t, meshedPod(nil, nil))
 			start := time.Now()
-			err := r.plugin.Funcs().Add(agentArgs(t, r, tt.socket, "300ms", ""))
-			took := time.Since(start)
+			err := r.plugin.Add(agentArgs(t, r, tt.socket, "300ms"))
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("ADD took %s, want the fallback within the agent's timeout", took)
+			}
 			if err != nil {
 				t.Fatalf("ADD: %v\n%s", err, r.logs.String())
-			}
-			if took > tt.maxTook {
-				t.Errorf("ADD took %s, want the fallback within %s", took, tt.maxTook)
 			}
 			if got := r.api.requests; len(got) != 2 {
 				t.Errorf("API lookups %v, want the pod and its namespace", got)
@@ -179,117 +183,59 @@ func TestAgentClientFallsBack(t *testing.T) {
 			}
 			logs := r.logs.String()
 			switch {
-			case tt.want == "" && strings.Contains(logs, "node agent not used"):
-				t.Errorf("a node without the agent logs about it at info:\n%s", logs)
-			case tt.want != "" && (!strings.Contains(logs, `level=WARN msg="node agent not used; doing the call here"`) || !strings.Contains(logs, tt.want)):
-				t.Errorf("log lacks the warning with %s:\n%s", tt.want, logs)
+			case tt.level == "" && strings.Contains(logs, "node agent"):
+				t.Errorf("a node without the agent logs about it above debug:\n%s", logs)
+			case tt.level != "" && (!strings.Contains(logs, tt.level) || !strings.Contains(logs, tt.want)):
+				t.Errorf("log lacks %s with %s:\n%s", tt.level, tt.want, logs)
+			case !strings.Contains(logs, "source=api"):
+				t.Errorf("log does not say the pod came from the API:\n%s", logs)
 			}
 		})
 	}
 }
 
-func TestAgentClientHandled(t *testing.T) {
-	prev := prevResults["1.0.0"]
-	ok := startFakeAgent(t, func(AgentRequest) []byte {
-		return []byte(`{"v":1,"handled":true,"result":` + prev + `,"log":"level=INFO msg=\"rules written\" by=agent\n"}`)
-	})
-	refused := startFakeAgent(t, func(AgentRequest) []byte {
-		return []byte(`{"v":1,"handled":true,"error":{"code":7,"msg":"invalid annotation: config.linkerd.io/skip-outbound-ports"},"log":"level=ERROR msg=failed\n"}`)
-	})
-
-	t.Run("the agent's result and lines, and the namespace passed", func(t *testing.T) {
-		r := viaAgentRig(t)
-		logFile := filepath.Join(t.TempDir(), "plugin.log")
-		args := agentArgs(t, r, ok.socket, "2s", logFile)
-		if err := r.plugin.Funcs().Add(args); err != nil {
-			t.Fatal(err)
-		}
-		jsonEqual(t, r.out.String(), prev)
-		if len(r.api.requests) != 0 || r.fake.Dump() != "# ipv4\n# ipv6\n" {
-			t.Errorf("the plugin did the call itself too: lookups %v, rules %s", r.api.requests, r.fake.Dump())
-		}
-		b, _ := os.ReadFile(logFile)
-		for where, text := range map[string]string{"stderr": r.logs.String(), "log_file": string(b)} {
-			if !strings.Contains(text, `msg="rules written" by=agent`) {
-				t.Errorf("%s lacks the agent's line:\n%s", where, text)
-			}
-		}
-		req := <-ok.reqs
-		if req.Command != "ADD" || req.ContainerID != "c1" || req.Netns != args.Netns || !req.NetnsFD || string(req.Config) != string(args.StdinData) {
-			t.Errorf("request %+v", req)
-		}
-		var st syscall.Stat_t
-		if err := syscall.Stat(args.Netns, &st); err != nil {
-			t.Fatal(err)
-		}
-		if ino := <-ok.fdInos; ino != st.Ino {
-			t.Errorf("descriptor passed is inode %d, the netns %d", ino, st.Ino)
-		}
-		select {
-		case rep := <-ok.reports:
-			if rep.Command != "ADD" || rep.Result != "ok" || rep.Lookup != "agent" || rep.Seconds <= 0 {
-				t.Errorf("report %+v", rep)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("no report")
-		}
-	})
-
-	t.Run("a handled failure is final", func(t *testing.T) {
-		r := viaAgentRig(t)
-		err := r.plugin.Funcs().Add(agentArgs(t, r, refused.socket, "2s", ""))
-		var ce *types.Error
-		if !errors.As(err, &ce) || ce.Code != types.ErrInvalidNetworkConfig || ce.Msg != "invalid annotation: config.linkerd.io/skip-outbound-ports" {
-			t.Errorf("ADD = %v, want the agent's error", err)
-		}
-		if r.out.Len() != 0 || len(r.api.requests) != 0 || r.fake.Dump() != "# ipv4\n# ipv6\n" {
-			t.Errorf("after the agent's failure: stdout %q, lookups %v, rules %s", r.out.String(), r.api.requests, r.fake.Dump())
-		}
-		if rep := <-refused.reports; rep.Result != "error" {
-			t.Errorf("report %+v", rep)
-		}
-	})
-}
-
-func TestAgentClientLookupOnly(t *testing.T) {
-	pod := mustJSONBytes(t, meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "3306"}))
-	a := startFakeAgent(t, func(AgentRequest) []byte {
-		return mustJSONBytes(t, AgentReply{V: 1, Reason: "a test", Lookup: &AgentLookup{Pod: pod, Namespace: []byte(`{"metadata":{"name":"web"}}`)}})
-	})
-	r := viaAgentRig(t)
-	if err := r.plugin.Funcs().Add(agentArgs(t, r, a.socket, "2s", "")); err != nil {
+// TestAgentClientLookup: the agent's answer replaces the API: the pod's annotation from it is
+// applied with no API request; the request carries the pod and nothing else; the report names the
+// agent as the source and carries the call's lines.
+func TestAgentClientLookup(t *testing.T) {
+	pod := meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "3306"})
+	a := startFakeAgent(t, answer(t, pod, &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}))
+	r := nodeRig(t, nil)
+	args := agentArgs(t, r, a.socket, "2s")
+	args.Args += ";K8S_POD_UID=u-1"
+	if err := r.plugin.Add(args); err != nil {
 		t.Fatal(err)
 	}
 	if len(r.api.requests) != 0 {
 		t.Errorf("API lookups %v, want the agent's answer", r.api.requests)
 	}
-	if d := r.fake.Dump(); !strings.Contains(d, "--dport 3306") && !strings.Contains(d, "3306") {
+	if d := r.fake.Dump(); !strings.Contains(d, "3306") {
 		t.Errorf("the pod's annotation from the agent was not applied:\n%s", d)
 	}
-	if !strings.Contains(r.logs.String(), "apiRequests=0") {
-		t.Errorf("log:\n%s", r.logs.String())
+	if l := r.logs.String(); !strings.Contains(l, "source=agent apiRequests=0") {
+		t.Errorf("log:\n%s", l)
 	}
-	if rep := <-a.reports; rep.Lookup != "agent" || rep.Result != "ok" || !strings.Contains(rep.Log, `msg="rules written"`) {
-		t.Errorf("report %+v", rep)
+	if req := <-a.reqs; req != (wire.Request{V: wire.Version, Command: "ADD", Namespace: "web", Name: "api-0", UID: "u-1", ContainerID: "c1"}) {
+		t.Errorf("request %+v", req)
+	}
+	select {
+	case rep := <-a.reports:
+		if rep.Command != "ADD" || rep.Result != "ok" || rep.Lookup != "agent" || rep.Seconds <= 0 || !strings.Contains(rep.Log, `msg="rules written"`) {
+			t.Errorf("report %+v", rep)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("no report")
 	}
 }
 
 // TestAgentClientLookupWithoutService: the agent's answer without default/kubernetes (its watch
 // has not delivered it) makes a control-plane pod skip 443 and 6443, with a warning and no API
-// request, as when the agent writes the rules itself; an answer with the pod but not its
-// namespace is no answer, and the plugin reads both from the API.
+// request.
 func TestAgentClientLookupWithoutService(t *testing.T) {
-	cp := mustJSONBytes(t, meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, nil))
-	nsJSON := []byte(`{"metadata":{"name":"web"}}`)
-	noService := startFakeAgent(t, func(AgentRequest) []byte {
-		return mustJSONBytes(t, AgentReply{V: 1, Reason: "a test", Lookup: &AgentLookup{Pod: cp, Namespace: nsJSON}})
-	})
-	half := startFakeAgent(t, func(AgentRequest) []byte {
-		return mustJSONBytes(t, AgentReply{V: 1, Reason: "a test", Lookup: &AgentLookup{Pod: cp}})
-	})
-
-	r := viaAgentRig(t)
-	if err := r.plugin.Funcs().Add(agentArgs(t, r, noService.socket, "2s", "")); err != nil {
+	cp := meshedPod(map[string]string{LabelControlPlaneComponent: "destination"}, nil)
+	a := startFakeAgent(t, answer(t, cp, &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}))
+	r := nodeRig(t, nil)
+	if err := r.plugin.Add(agentArgs(t, r, a.socket, "2s")); err != nil {
 		t.Fatal(err)
 	}
 	if len(r.api.requests) != 0 {
@@ -302,15 +248,77 @@ func TestAgentClientLookupWithoutService(t *testing.T) {
 		!strings.Contains(r.logs.String(), "service default/kubernetes: not in the node agent's answer") {
 		t.Errorf("log lacks %s naming the agent's answer:\n%s", want, r.logs.String())
 	}
+}
 
-	r = viaAgentRig(t)
-	if err := r.plugin.Funcs().Add(agentArgs(t, r, half.socket, "2s", "")); err != nil {
+// TestAgentClientDel: DEL tells the agent (its audits must leave the sandbox alone), removes the
+// rules itself, and reports.
+func TestAgentClientDel(t *testing.T) {
+	a := startFakeAgent(t, func(wire.Request) []byte { return mustJSONBytes(t, wire.Reply{V: wire.Version}) })
+	r := nodeRig(t, meshedPod(nil, nil))
+	args := agentArgs(t, r, a.socket, "2s")
+	if err := r.plugin.Add(args); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.api.requests; len(got) != 2 {
-		t.Errorf("API lookups %v, want the pod and its namespace", got)
+	<-a.reqs
+	<-a.reports
+	if err := r.plugin.Del(args); err != nil {
+		t.Fatal(err)
 	}
-	if rep := <-half.reports; rep.Lookup != "api" {
-		t.Errorf("report %+v, want lookup api", rep)
+	if req := <-a.reqs; req.Command != "DEL" || req.ContainerID != "c1" {
+		t.Errorf("request %+v, want the DEL of c1", req)
+	}
+	if d := r.fake.Dump(); d != "# ipv4\n# ipv6\n" {
+		t.Errorf("rules left after DEL:\n%s", d)
+	}
+	if rep := <-a.reports; rep.Command != "DEL" || rep.Result != "ok" || rep.Lookup != "none" {
+		t.Errorf("report %+v", rep)
+	}
+}
+
+// TestErrorCodesBothRoutes: a failure has the same CNI error code and message whether the pod
+// came from the agent or from the API: an invalid annotation is the config's error (7), nothing
+// written; a pod that cannot be looked up (the agent has not seen it, the API fails) is "try again
+// later" (11).
+func TestErrorCodesBothRoutes(t *testing.T) {
+	bad := meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "99999"})
+	ns := &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}
+	byAgent := startFakeAgent(t, answer(t, bad, ns))
+	notSeen := startFakeAgent(t, refusal(t, wire.CodeNotSeen, "pod web/api-0 is not among the pods of node n1 after 1s"))
+	apiDown := errors.New("dial tcp 192.0.2.1:443: connect: connection refused")
+	for _, tc := range []struct {
+		name     string
+		pod      *Pod
+		routes   map[string]string // route: the agent's socket
+		wantCode uint
+		wantMsg  string
+	}{
+		{"invalid annotation", bad, map[string]string{"agent": byAgent.socket, "api": ""}, types.ErrInvalidNetworkConfig,
+			`invalid annotation: annotation config.linkerd.io/skip-outbound-ports="99999" on pod web/api-0: port 99999 is outside 1-65535`},
+		{"pod not found", nil, map[string]string{"agent not seen, then api": notSeen.socket, "api": ""}, types.ErrTryAgainLater,
+			"pod web/api-0 might be meshed and cannot be looked up (timeout 10s): " + apiDown.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msgs := map[string]string{}
+			for route, socket := range tc.routes {
+				r := nodeRig(t, tc.pod)
+				r.api.ns, r.api.err = ns, apiDown
+				err := r.plugin.Add(agentArgs(t, r, socket, "2s"))
+				code, msg := cniCode(t, err)
+				if code != tc.wantCode || !strings.HasPrefix(msg, tc.wantMsg) {
+					t.Errorf("%s: code %d %q, want %d %q", route, code, msg, tc.wantCode, tc.wantMsg)
+				}
+				if d := r.fake.Dump(); d != "# ipv4\n# ipv6\n" {
+					t.Errorf("%s: rules written:\n%s", route, d)
+				}
+				msgs[route] = msg
+			}
+			var first string
+			for _, m := range msgs {
+				if first != "" && m != first {
+					t.Errorf("the routes' messages differ: %q", msgs)
+				}
+				first = m
+			}
+		})
 	}
 }

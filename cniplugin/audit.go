@@ -53,7 +53,7 @@ func (p *Plugin) Audit(ctx context.Context, conf *NetConf, pod PodArgs, netns st
 	case netns == "":
 		return res, errors.New("no network namespace")
 	}
-	c := &call{args: &skel.CmdArgs{Netns: netns}, conf: conf, pod: pod, log: log, done: func() {}}
+	c := &call{args: &skel.CmdArgs{Netns: netns}, conf: conf, pod: pod, log: log}
 	pl, err := p.plan(c)
 	if err != nil {
 		if _, bad := badinput.As(err); bad {

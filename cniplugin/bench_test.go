@@ -18,7 +18,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -36,12 +35,11 @@ func msec(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Micro
 
 // BenchmarkADD prints linkerd-cni's figures for `make bench` (-benchtime 1x: it repeats by itself):
 // the median ADD latency of a meshed pod through libcni with the local kube-apiserver, beside the
-// same chain with a no-op plugin in linkerd-cni's place, with the node agent and without it (then
-// the plugin runs its companion, which reads the API); the agent's ADD with the binaries run
-// directly, without libcni and the bridge, beside the no-op plugin run the same way; the start-up time (CNI_COMMAND=VERSION) of
-// the plugin and of its companion beside start-up floors (the no-op plugin alone, with Go's HTTPS
-// stack, and with the client-go packages the companion uses); the binaries' sizes; and the peak
-// memory of an ADD.
+// same chain with a no-op plugin in linkerd-cni's place, with the node agent ready (the plugin
+// writes with its lookup) and without one (the plugin reads the API itself); the ADD with the agent
+// with the binaries run directly, without libcni and the bridge, beside the no-op plugin run the
+// same way; the start-up time (CNI_COMMAND=VERSION) of the plugin beside start-up floors (the no-op
+// plugin alone, and with Go's HTTPS stack); the binary's size; and the peak memory of an ADD.
 func BenchmarkADD(b *testing.B) {
 	n := newNode(b, true)
 	n.createNamespace(b, "bench", nil)
@@ -112,7 +110,7 @@ func BenchmarkADD(b *testing.B) {
 		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", none, false, 30 * time.Millisecond},
 		{"meshed pod, auto, agent ready", iptables.ModeAuto, "web", withAgent, false, 4 * time.Millisecond},
 		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", none, false, 40 * time.Millisecond},
-		{"meshed pod, legacy, agent looks up", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
+		{"meshed pod, legacy, agent ready", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
 		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", none, false, 40 * time.Millisecond},
 		{"unmeshed pod, agent ready", iptables.ModeNFTables, "plain", withAgent, false, 4 * time.Millisecond},
 		{"hostUsers: false, nft (native table)", iptables.ModeNFT, "web", none, true, 40 * time.Millisecond},
@@ -147,10 +145,9 @@ func BenchmarkADD(b *testing.B) {
 	}
 
 	bin := filepath.Join(binDirs[0], "linkerd-cni")
-	companion := filepath.Join(binDirs[0], cniplugin.CompanionName)
 	// The start-ups take turns too, many more of them: they differ by a fraction of a millisecond.
-	starts := startups(b, bin, companion, filepath.Join(binDirs[0], "noopcni"), floorPlugin(b, "linkhttps"), floorPlugin(b, "linkclientgo"))
-	startup, companionStartup, noopStartup, httpsStartup, clientgoStartup := starts[0], starts[1], starts[2], starts[3], starts[4]
+	starts := startups(b, bin, filepath.Join(binDirs[0], "noopcni"), floorPlugin(b, "linkhttps"))
+	startup, noopStartup, httpsStartup := starts[0], starts[1], starts[2]
 
 	// The agent's path without libcni and the bridge, whose share of an ADD moves by milliseconds
 	// on a busy machine: each binary run directly as the runtime runs it, on a fresh sandbox with
@@ -223,15 +220,13 @@ func BenchmarkADD(b *testing.B) {
 	for _, d := range direct[2:] {
 		over := median(d.times) - noopDirect
 		fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 4ms: %s)\n", d.what, msec(median(d.times)), ms(over), meets(over, 4*time.Millisecond))
-		fmt.Printf("    %-46s %s\n", "", n.insideTimes(b, d.ids)+" (the agent's, which the plugin logs); the rest is the plugin's process")
+		fmt.Printf("    %-46s %s\n", "", n.insideTimes(b, d.ids)+"; the rest is the plugin's process")
 	}
 	fmt.Printf("  start-up, CNI_COMMAND=VERSION, median of %d, the binaries taking turns:\n", startupRuns)
-	fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 10ms: %s)\n", "linkerd-cni, the plugin (no API client)", msec(startup), ms(startup-noopStartup), meets(startup, 10*time.Millisecond))
-	fmt.Printf("    %-46s %8s  %+.2fms (run only when the plugin reads the API)\n", "linkerd-cni-api, its companion (client-go)", msec(companionStartup), ms(companionStartup-noopStartup))
+	fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 10ms: %s)\n", "linkerd-cni, the plugin", msec(startup), ms(startup-noopStartup), meets(startup, 10*time.Millisecond))
 	fmt.Printf("    %-46s %8s\n", "floor: the no-op plugin", msec(noopStartup))
 	fmt.Printf("    %-46s %8s  (what any plugin that reads the API links)\n", "floor: no-op plugin + net/http and crypto/tls", msec(httpsStartup))
-	fmt.Printf("    %-46s %8s  (the least a plugin using client-go can reach here)\n", "floor: no-op plugin + client-go rest, clientcmd", msec(clientgoStartup))
-	fmt.Printf("  %-48s %6.1fMB  (its companion: %.1fMB)\n", "binary size (static, stripped)", size(bin), size(companion))
+	fmt.Printf("  %-48s %6.1fMB\n", "binary size (static, stripped)", size(bin))
 	fmt.Printf("  %-48s %6.1fMB  (VERSION: %.1fMB)\n", "peak RSS of a meshed ADD read from the API", float64(addRSS)/1024, float64(versionRSS)/1024)
 }
 
@@ -260,7 +255,7 @@ func echoServer(b *testing.B) string {
 				defer c.Close()
 				buf := make([]byte, 64<<10)
 				if _, err := c.Read(buf); err == nil {
-					_, _ = c.Write([]byte(`{"v":1,"handled":false}`))
+					_, _ = c.Write([]byte(`{"v":2}`))
 				}
 			}()
 		}

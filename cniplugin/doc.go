@@ -8,13 +8,16 @@
 //   - config.go: the network config JSON, validated as a whole before anything happens;
 //   - pod.go: the few fields of pods, namespaces and services the plugin reads; which pods are
 //     meshed, and how annotations override the config (pure, no I/O);
-//   - plugin.go: the CNI commands, the failure policy and the logging;
-//   - agent.go: the node agent, asked first;
-//   - companion.go: a call that must read the API, run in the companion binary. This package
-//     links no Kubernetes client (package kubeapi is the plugin's, in the companion), so that
-//     the node's plugin starts as fast as a bare Go program.
+//   - plugin.go: the CNI commands, the failure policy and the logging, in two roles, one per
+//     constructor: NewNodePlugin (the runtime's) and NewStandalone (a given PodAPI: tests, audits);
+//   - agent.go: the pod from the node agent (protocol: package wire), asked first;
+//   - kubeapi.go: the pod from the API server, with the standard library's HTTPS client over the
+//     installer's JSON kubeconfig, so that the node's plugin starts as a small Go program does;
+//   - audit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits.
 //
-// Limits: the plugin only ever writes its CNI result to stdout; logs go to stderr and optionally
-// to log_file. It enters namespaces only through internal/netnsutil and never decides which rules
-// exist: the iptables package does. DEL never fails, so it can never block sandbox teardown.
+// Limits: whatever the route to the pod, this process writes the rules; the agent never does it
+// for a plugin. The plugin only ever writes its CNI result to stdout; logs go to stderr and
+// optionally to log_file. It enters namespaces only through internal/netnsutil and never decides
+// which rules exist: the iptables package does. DEL never fails, so it can never block sandbox
+// teardown.
 package cniplugin

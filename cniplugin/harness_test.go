@@ -86,7 +86,7 @@ func buildBinaries() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// linkerd-cni and its companion as the node runs them (the tag means nothing to noopcni).
+	// linkerd-cni as the node runs it (the tag means nothing to noopcni).
 	if err := cnitest.GoBuild(ownDir, append(cnitest.NodeBinaries, "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni")...); err != nil {
 		return nil, err
 	}

@@ -61,7 +61,6 @@ func TestCNI(t *testing.T) {
 	t.Run("credentials", func(t *testing.T) { testCredentials(t, n) })
 	t.Run("hung API", func(t *testing.T) { testHungAPI(t, n) })
 	t.Run("STATUS", func(t *testing.T) { testStatus(t, n) })
-	t.Run("companion broken", func(t *testing.T) { testCompanionBroken(t, n) })
 	t.Run("50 concurrent ADDs", func(t *testing.T) { testConcurrentAdds(t, n, 50) })
 	t.Run("log lines", func(t *testing.T) { testLogLines(t, n) })
 	t.Run("API gone", func(t *testing.T) { testAPIGone(t, n) })

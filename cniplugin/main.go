@@ -60,14 +60,3 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "linkerd-cni: unknown command %q\n\n%s", args[0], usage)
 	return 2
 }
-
-// CompanionMain is the companion binary without CNI_COMMAND: only `version`; the plugin runs it
-// with CNI_COMMAND set.
-func CompanionMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 1 && (args[0] == "version" || args[0] == "--version") {
-		fmt.Fprintln(stdout, CompanionName+" "+buildinfo.Get().String())
-		return 0
-	}
-	fmt.Fprintf(stderr, "%s is the linkerd-cni plugin's Kubernetes API client: the plugin runs it, with CNI_COMMAND set, for the calls that read the API\nusage: %s version\n", CompanionName, CompanionName)
-	return 2
-}

@@ -1,6 +1,7 @@
 package cniplugin
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
@@ -25,36 +27,41 @@ var About = "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transpare
 // applyTimeout bounds writing, reading back or removing the rules in one namespace.
 const applyTimeout = 60 * time.Second
 
-// Plugin runs the CNI commands. Use New; the fields are seams for tests.
+// Plugin runs the CNI commands in one of two roles, each made by its constructor: NewNodePlugin,
+// the plugin the container runtime runs, which looks the pod up in the node agent first and reads
+// the API itself when the agent does not answer; and NewStandalone, which reads pods from the
+// PodAPI it is given, and nothing else (tests, the node agent's audits). Whatever the route to
+// the pod, this process writes, checks and removes the rules. The fields are seams for tests.
 type Plugin struct {
 	// Stdout receives the CNI result and nothing else.
 	Stdout io.Writer
 	// Stderr receives the log lines (and log_file, when configured, a copy).
 	Stderr io.Writer
-	// NewPodAPI builds the Kubernetes client for a config (package kubeapi's NewKubeClient, or
-	// a cache). Without one, a call that needs the API runs in the companion binary
-	// (companion.go): that is the node's plugin, which links no client.
+	// NewPodAPI builds the client of the API server, for the pods the node agent does not serve.
 	NewPodAPI func(*NetConf) (PodAPI, error)
 	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
 	// real one, the same path proxy-init takes.
 	Runner backend.Runner
-	// AskAgent sends each ADD, CHECK and DEL to the node agent first (agent.go); New sets it.
-	AskAgent bool
-	// NoLogFile ignores log_file: the node agent, which runs calls for the plugin, returns their
-	// lines to the plugin, which writes them there.
-	NoLogFile bool
+	// nodeAgent is NewNodePlugin's: ADD and CHECK ask the node agent for the pod, DEL tells it.
+	nodeAgent bool
 }
 
-// New returns the plugin wired to the process's stdout and stderr, asking the node agent first,
-// with no API client of its own: set NewPodAPI, or the companion reads the API.
-func New() *Plugin {
-	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, AskAgent: true}
+// NewNodePlugin returns the plugin the container runtime runs, on the process's stdout and
+// stderr: the pod from the node agent (agent.go), else from the API server through the config's
+// kubeconfig (kubeapi.go).
+func NewNodePlugin() *Plugin {
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient, nodeAgent: true}
+}
+
+// NewStandalone returns a plugin that reads pods from api alone and never asks a node agent, on
+// the process's stdout and stderr.
+func NewStandalone(api PodAPI) *Plugin {
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
 }
 
 // Funcs returns the CNI command table for skel.PluginMainFuncs.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.viaAgent("ADD", (*Plugin).Add), Check: p.viaAgent("CHECK", (*Plugin).Check),
-		Del: p.viaAgent("DEL", (*Plugin).Del), Status: p.Status, GC: p.GC}
+	return skel.CNIFuncs{Add: p.Add, Check: p.Check, Del: p.Del, Status: p.Status, GC: p.GC}
 }
 
 // PodArgs are the Kubernetes keys of CNI_ARGS.
@@ -94,14 +101,21 @@ func ParseCNIArgs(s string) (PodArgs, error) {
 	return a, nil
 }
 
-// call is one plugin invocation: its parsed inputs and its logger.
+// call is one plugin invocation: its inputs, parsed once, its logger and, in the node's plugin,
+// its exchange with the node agent.
 type call struct {
 	cmd  string
 	args *skel.CmdArgs
 	conf *NetConf
 	pod  PodArgs
 	log  *slog.Logger
-	done func()
+	// own holds the call's log lines, for the report to the node agent.
+	own      *bytes.Buffer
+	closeLog func()
+	// ex is the open exchange with the node agent (nil without one); lookup is where the pod came
+	// from: "agent", "api" or "none".
+	ex     *wire.Exchange
+	lookup string
 }
 
 func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
@@ -115,18 +129,33 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 		level, _ = parseLevel(conf.LogLevel)
 		logFile = conf.LogFile
 	}
-	if p.NoLogFile {
-		logFile = ""
-	}
-	log, done := newLogger(p.Stderr, level, logFile,
+	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none"}
+	c.log, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
 		"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)
-	return &call{cmd: cmd, args: args, conf: conf, pod: pod, log: log, done: done}, argErr
+	return c, argErr
+}
+
+// end reports the call to the node agent when one was asked (its result, CNI error code, where
+// the pod came from, its duration and its log lines), and closes the log file.
+func (c *call) end(err error) {
+	if c.ex != nil {
+		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Seconds: time.Since(started).Seconds(), Log: c.own.String()}
+		if err != nil {
+			r.Result = "error"
+			var ce *types.Error
+			if errors.As(err, &ce) {
+				r.Code = ce.Code
+			}
+		}
+		c.ex.Report(r)
+	}
+	c.closeLog()
 }
 
 // begin starts an ADD or CHECK, which both need a valid config and valid CNI_ARGS. A prevResult
 // is not needed: without one the plugin runs alone, as a NetworkAttachmentDefinition that Multus
 // (OpenShift, RKE2) calls after the pod's default network. The returned call is usable (and must
-// be closed) even on error.
+// be ended) even on error.
 func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, argErr := p.start(cmd, args, conf)
@@ -148,10 +177,10 @@ func (c *call) fail(code uint, err error) error {
 // Add writes the rules into a meshed pod's namespace and passes prevResult through (or prints an
 // empty result when it runs alone). See the package documentation and docs/cni-plugin.md for the
 // decisions and the failure policy.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
+func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	began := time.Now()
 	c, err := p.begin("ADD", args)
-	defer c.done()
+	defer func() { c.end(err) }()
 	if err != nil {
 		return err
 	}
@@ -168,14 +197,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	lookupStart := time.Now()
 	pl, err := p.plan(c)
 	lookupTook := time.Since(lookupStart)
-	if errors.Is(err, errNoAPIClient) {
-		return p.companion(c)
-	}
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
 	if !pl.kind.NeedsRules() {
-		c.log.Info("no rules needed", "kind", pl.kind, "apiRequests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
+		c.log.Info("no rules needed", "kind", pl.kind, "source", c.lookup, "apiRequests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
 		return p.printPrev(c)
 	}
 	if args.Netns == "" {
@@ -194,7 +220,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
 	}
 	c.log.Info("rules written", "kind", pl.kind, "backend", out.Backend, "changed", out.Changed,
-		"apiRequests", pl.requests, "closeWaitSecs", pl.rules.CloseWaitSecs,
+		"source", c.lookup, "apiRequests", pl.requests, "closeWaitSecs", pl.rules.CloseWaitSecs,
 		"lookup", lookupTook, "apply", time.Since(applyStart), "elapsed", time.Since(began))
 	return p.printPrev(c)
 }
@@ -202,9 +228,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // Check verifies that the rules in the pod's namespace are exactly the expected ones: those of
 // the current config and annotations for a meshed pod, none at all for an unmeshed one. A pod
 // with linkerd-init, an excluded namespace or a simulated config is not checked.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
+func (p *Plugin) Check(args *skel.CmdArgs) (err error) {
 	c, err := p.begin("CHECK", args)
-	defer c.done()
+	defer func() { c.end(err) }()
 	if err != nil {
 		return err
 	}
@@ -214,9 +240,6 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return nil
 	}
 	pl, err := p.plan(c)
-	if errors.Is(err, errNoAPIClient) {
-		return p.companion(c)
-	}
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
@@ -242,15 +265,20 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 // Del removes our rules from the pod's namespace if it still exists. It never fails: the rules
 // live in the pod's namespace and die with it, and a failing DEL would block sandbox teardown.
-// Problems are logged. It makes no API call.
+// Problems are logged. It makes no API call; the node agent, when there is one, hears of it first,
+// so that its audits leave the sandbox alone.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfigLenient(args.StdinData)
 	c, _ := p.start("DEL", args, conf)
-	defer c.done()
-	switch {
-	case confErr != nil:
+	defer c.end(nil)
+	if confErr != nil {
 		c.log.Error("cannot parse the network config; nothing removed", "error", confErr)
 		return nil
+	}
+	if p.nodeAgent {
+		c.tellAgent()
+	}
+	switch {
 	case args.Netns == "":
 		c.log.Debug("no netns; nothing to remove")
 		return nil
@@ -273,17 +301,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 // Status reports whether the plugin can work: the config must be valid and the kubeconfig
-// readable, with a linkerd-cni-context (in the node's plugin, the companion binary must run and
-// say so). It sends nothing to the API.
+// readable, with a linkerd-cni-context the API client accepts. It sends nothing to the API.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, _ := p.start("STATUS", args, conf)
-	defer c.done()
+	defer c.closeLog()
 	if confErr != nil {
 		return c.fail(types.ErrInvalidNetworkConfig, confErr)
-	}
-	if p.NewPodAPI == nil {
-		return p.companion(c)
 	}
 	if _, err := p.NewPodAPI(conf); err != nil {
 		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
@@ -383,13 +407,11 @@ func planCode(err error) uint {
 
 // plan looks the pod up (one GET), its namespace only if an annotation may have to be inherited
 // (at most one GET), and default/kubernetes only for control-plane pods, all within the config's
-// API timeout. An API failure is an error: the pod might be meshed, and must not start unmeshed.
+// API timeout; in the node's plugin, the node agent's answer replaces the three. An API failure is
+// an error: the pod might be meshed, and must not start unmeshed.
 func (p *Plugin) plan(c *call) (*plan, error) {
-	if p.NewPodAPI == nil {
-		return nil, errNoAPIClient
-	}
 	t0 := time.Now()
-	api, err := p.NewPodAPI(c.conf)
+	api, err := p.podAPI(c)
 	clientTook := time.Since(t0)
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up: %w", c.podName(), err)}
@@ -404,7 +426,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	}
 	t1 := time.Now()
 	pod, err := api.Pod(ctx, c.pod.Namespace, c.pod.Name)
-	c.log.Debug("pod looked up", "client", clientTook, "podGET", time.Since(t1))
+	c.log.Debug("pod looked up", "source", c.lookup, "client", clientTook, "podGET", time.Since(t1))
 	count()
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
@@ -446,6 +468,18 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 		c.log.Debug("annotations applied", "overrides", describeSources(pl.settings.Sources))
 	}
 	return pl, nil
+}
+
+// podAPI is where the call reads the pod: the node agent's answer, else the API server.
+func (p *Plugin) podAPI(c *call) (PodAPI, error) {
+	if p.nodeAgent {
+		if api := c.askAgent(); api != nil {
+			c.lookup = "agent"
+			return api, nil
+		}
+	}
+	c.lookup = "api"
+	return p.NewPodAPI(c.conf)
 }
 
 func describeSources(src map[string]string) string {

@@ -47,9 +47,9 @@ var Annotations = []string{
 // cannot be read.
 var FallbackAPIServerPorts = []string{"443", "6443"}
 
-// PodAPI is what the plugin reads from Kubernetes: package kubeapi's client over the kubeconfig
-// (in the companion binary and the DaemonSet's), the node agent's watch cache, or what the agent
-// sent; tests may substitute their own.
+// PodAPI is what the plugin reads from Kubernetes: the API server over the kubeconfig
+// (kubeapi.go), what the node agent sent (agent.go), or the agent's own watch cache (its audits);
+// tests may substitute their own.
 type PodAPI interface {
 	Pod(ctx context.Context, namespace, name string) (*Pod, error)
 	Namespace(ctx context.Context, name string) (*Namespace, error)
@@ -127,6 +127,14 @@ type ServicePort struct {
 type TargetPort struct {
 	Number int32
 	Name   string
+}
+
+// MarshalJSON writes a name as a string and a number as a number, as the API server does.
+func (t TargetPort) MarshalJSON() ([]byte, error) {
+	if t.Name != "" {
+		return json.Marshal(t.Name)
+	}
+	return json.Marshal(t.Number)
 }
 
 // UnmarshalJSON reads a number or a name.

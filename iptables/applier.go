@@ -184,6 +184,18 @@ func (s State) Match() bool {
 // failure: the one case where another backend may work where this one cannot.
 var ErrUnsupported = errors.New("the kernel does not support this backend")
 
+// ErrNotInKernel marks a backend whose kernel interface is refused outright: the nf_tables netlink
+// socket cannot be opened (a kernel without nf_tables, a sandbox runtime, qemu-user, which opens
+// no netlink protocol it does not translate). It is an ErrUnsupported too; and since nothing could
+// have written such a backend's rules here, it holds nothing of ours, so reading and removing ours
+// there find nothing rather than fail.
+var ErrNotInKernel error = notInKernel{}
+
+type notInKernel struct{}
+
+func (notInKernel) Error() string        { return "the kernel offers no interface for this backend" }
+func (notInKernel) Is(target error) bool { return target == ErrUnsupported }
+
 // CapabilityError is a backend refused by the kernel for want of a capability in the network
 // namespace. Backends return it instead of their own permission errors, so callers can say what
 // to grant, and the selector never takes it for a kernel without the backend's features.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,7 +38,7 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 	lacking := func(context.Context) (nfnl.TPROXYSupport, error) {
 		return nfnl.TPROXYSupport{XTErr: syscall.ENOENT, NativeErr: syscall.ENOENT}, nil
 	}
-	r := backend.Runner{Kernel: backend.CheckKernelWith(lacking), Choose: func(o backend.Options) (iptables.Applier, string, error) {
+	r := backend.Runner{Kernel: backend.CheckKernelWith(backend.Probes{TPROXY: lacking}), Choose: func(o backend.Options) (iptables.Applier, string, error) {
 		a, why, err := backend.New(o)
 		return refusing{a}, why, err
 	}}
@@ -143,4 +145,78 @@ func written(t *testing.T, n *nt.NS) string {
 		out = append(out, fmt.Sprintf("nft list ruleset: %s %v", s, err))
 	}
 	return strings.Join(out, "\n")
+}
+
+// A kernel without the legacy ip_tables (Linux 6.17 and later unless built with
+// CONFIG_NETFILTER_XTABLES_LEGACY: Talos 1.12, Alpine): --iptables-mode legacy stays legacy and
+// fails, exit 1, with an error that names the kernel options and the modes that work, and writes
+// nothing. The real iptables-legacy-restore meets such a kernel through strace, which refuses its
+// socket option with ENOPROTOOPT as that kernel does, and says only "unable to initialize table
+// 'nat'"; the probe's answer (no /proc/net/ip_tables_names, the same refusal) is stood in for.
+// The control runs the same command line against the real kernel.
+func TestLegacyWithoutKernelSupport(t *testing.T) {
+	nt.RequireRoot(t)
+	dir := t.TempDir()
+	for _, bin := range []string{"iptables-legacy-restore", "ip6tables-legacy-restore"} {
+		real, err := exec.LookPath(bin)
+		if err != nil {
+			t.Fatalf("%v (make deps installs iptables)", err)
+		}
+		script := "#!/bin/sh\nexec strace -qq -o /dev/null -e trace=getsockopt -e inject=getsockopt:error=ENOPROTOOPT " + real + " \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(dir, bin), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Fatalf("%v (make deps installs strace)", err)
+	}
+	missing := func(f iptables.Family) error {
+		file, opt := "/proc/net/ip_tables_names", "IPT_SO_GET_INFO"
+		if f == iptables.IPv6 {
+			file, opt = "/proc/net/ip6_tables_names", "IP6T_SO_GET_INFO"
+		}
+		return fmt.Errorf("no %s, and the socket option %s is refused: %w", file, opt, syscall.ENOPROTOOPT)
+	}
+	r := backend.Runner{Kernel: backend.CheckKernelWith(backend.Probes{Legacy: missing})}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"dual-stack", nil, "ipv4: no /proc/net/ip_tables_names, and the socket option IPT_SO_GET_INFO is refused: protocol not available; " +
+			"ipv6: no /proc/net/ip6_tables_names, and the socket option IP6T_SO_GET_INFO is refused: protocol not available"},
+		{"ipv4 only", []string{"--ipv6=false"}, "ipv4: no /proc/net/ip_tables_names, and the socket option IPT_SO_GET_INFO is refused: protocol not available"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := nt.NewNS(t)
+			args := chartArgs(append([]string{"--iptables-mode", "legacy", "--netns", n.Path()}, c.args...)...)
+			var stdout, stderr bytes.Buffer
+			t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+			code := run(context.Background(), args, &stdout, &stderr, r)
+			for _, want := range []string{
+				"iptables mode legacy: the kernel lacks support for iptables-legacy (" + c.want + "): kernels from Linux 6.17 have the legacy " +
+					"ip_tables and ip6_tables only when built with CONFIG_NETFILTER_XTABLES_LEGACY and CONFIG_IP_NF_IPTABLES_LEGACY / " +
+					"CONFIG_IP6_NF_IPTABLES_LEGACY, and elsewhere their modules may not be loaded; iptables mode auto or nft writes the " +
+					"same rules over nf_tables; nothing was written",
+				"unable to initialize table 'nat'", // the binary's own words, kept after ours
+			} {
+				if code != ExitFailure || !strings.Contains(stderr.String(), want) {
+					t.Errorf("exit %d, want %d; stderr lacks %q:\n%s", code, ExitFailure, want, stderr.String())
+				}
+			}
+			if left := written(t, n); left != "" {
+				t.Errorf("written:\n%s", left)
+			}
+			// The control: the real kernel's answer, whatever the restore said, is that legacy is
+			// there, so the binary's error stands alone; with the real binaries the rules go in.
+			stderr.Reset()
+			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitFailure || strings.Contains(stderr.String(), "lacks support") {
+				t.Errorf("the real kernel's answer: exit %d\n%s", code, stderr.String())
+			}
+			t.Setenv("PATH", strings.TrimPrefix(os.Getenv("PATH"), dir+":"))
+			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+				t.Fatalf("with the real binaries: exit %d\n%s", code, stderr.String())
+			}
+		})
+	}
 }

@@ -6,10 +6,9 @@
 //
 // Built with -tags pluginonly it is only the plugin (plus `version`): that is the binary the
 // installer copies onto the node. Go runs the package initialisers of everything linked in on
-// every start, and the installer's, agent's and repair controller's dependencies (client-go's full
-// clientset, informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox
-// set-up. That build links no Kubernetes client at all: a call that must read the API runs in
-// the companion binary beside it (cmd/linkerd-cni-api). The full build reads the API itself.
+// every start, and the installer's, agent's and repair controller's dependencies (client-go,
+// informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox set-up. Both
+// builds run the same plugin, whose API client is the standard library's.
 package main
 
 import (
@@ -22,7 +21,7 @@ import (
 
 func main() {
 	if os.Getenv("CNI_COMMAND") != "" {
-		cniplugin.PluginMain(newPlugin())
+		cniplugin.PluginMain(cniplugin.NewNodePlugin())
 	}
 	args, err := multicall.Args(multicall.LinkerdCNI, os.Args)
 	if err != nil {

@@ -8,19 +8,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/install"
-	"github.com/kubemesh/proxy-init/cniplugin/kubeapi"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
 )
-
-// newPlugin is the plugin with its API client: this build links client-go anyway.
-func newPlugin() *cniplugin.Plugin {
-	p := cniplugin.New()
-	p.NewPodAPI = kubeapi.NewKubeClient
-	return p
-}
 
 // subcommands are the long-running DaemonSet processes, left out of the pluginonly build.
 var subcommands = map[string]func(args []string) int{

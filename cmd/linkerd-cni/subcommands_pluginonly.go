@@ -5,13 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
-
-	"github.com/kubemesh/proxy-init/cniplugin"
 )
-
-// newPlugin is the node's plugin: without an API client, it runs the companion binary for the
-// calls that need one.
-func newPlugin() *cniplugin.Plugin { return cniplugin.New() }
 
 // The node's copy of the plugin leaves the DaemonSet processes out; say where they are rather
 // than calling them unknown.

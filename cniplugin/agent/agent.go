@@ -72,6 +72,12 @@ type Options struct {
 	Mode Mode
 	// Socket, when set, is the UNIX socket the plugin asks; its directory is made root-only.
 	Socket string
+	// HostProc is the node's /proc, where the socket's peers are checked (wire.CheckPeer); empty
+	// is this process's /proc, for an agent in the node's PID namespace.
+	HostProc string
+	// InstallerReadyURL, when set, is the installer's /ready, polled for the installer_ready
+	// metric.
+	InstallerReadyURL string
 	// LookupWait bounds how long a lookup waits for a pod (or namespace) the watch has not
 	// delivered yet; 0 means one second.
 	LookupWait time.Duration
@@ -143,6 +149,7 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	}
 	opts.Mode = cmp.Or(opts.Mode, ModeRepair)
 	opts.LookupWait = cmp.Or(opts.LookupWait, defaultLookupWait)
+	opts.HostProc = cmp.Or(opts.HostProc, "/proc")
 	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
 		return nil, errors.New("audits need a sandbox finder and the node's network config")
 	}
@@ -164,7 +171,7 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	}
 	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
 		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
-	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) })
+	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) }, opts.InstallerReadyURL != "")
 	a.events = newEventRecorder(client, controller, a.instance, a.metrics, a.log)
 
 	// Linkerd's repair controller watches only meshed pods (they carry this label); the agent
@@ -285,6 +292,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "auditPeriod", a.opts.AuditPeriod.String())
 
+	if u := a.opts.InstallerReadyURL; u != "" {
+		go a.watchInstaller(ctx, u)
+	}
 	var srv *server
 	if a.lookups() {
 		var err error

@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,8 +18,6 @@ import (
 	"github.com/kubemesh/proxy-init/internal/kubetest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 // TestAgent runs every scenario against one kube-apiserver, each with an agent of its own (a node
@@ -36,9 +31,9 @@ func TestAgent(t *testing.T) {
 		{"calls through the socket", testCallsThroughSocket},
 		{"a pod of another node", testOtherNode},
 		{"a pod the watch delivers during the wait", testLateP},
-		{"malformed requests", testMalformedRequests},
-		{"mode legacy: the agent looks up, the plugin writes", testLookupOnly},
-		{"a write that fails in the agent", testAgentWriteFails},
+		{"refused and malformed messages", testRefusedMessages},
+		{"peers without CAP_SYS_ADMIN in the initial user namespace", testUnprivilegedPeers},
+		{"mode legacy", testLegacy},
 		{"audit and heal modes", testAudit},
 		{"annotations invalid after start", testInvalidAnnotation},
 		{"a failed validator is healed in place", testValidatorHealed},
@@ -48,10 +43,11 @@ func TestAgent(t *testing.T) {
 	}
 }
 
-// testCallsThroughSocket: a meshed pod's ADD, CHECK and DEL are run by the agent, with the pod from
-// its watch (no lookup on the plugin's API path, and no GET by the agent), the rules written in
-// the namespace the plugin passed; its log lines reach both the plugin's stderr and the agent's
-// plugin log, naming the runtime's netns path; the plugin's reports become metrics.
+// testCallsThroughSocket: a meshed pod's ADD, CHECK and DEL take the pod from the agent's watch
+// (no lookup on the plugin's API path, and no GET by the agent); the plugin writes exactly the
+// node config's rules in the namespace the runtime named; its log lines reach its stderr and,
+// through its report, the agent's plugin log; the reports become metrics; the DEL keeps the
+// agent's audits off the sandbox.
 func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 	r := newRig(t, c, rigOpts{})
 	p := r.createPod("web", nil, nil)
@@ -70,14 +66,12 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 		t.Errorf("ADD printed %q, want prevResult", add.stdout)
 	}
 	expectRules(t, p, rs)
+	waitFor(t, "the ADD's report", func() bool { return strings.Contains(r.pluginLog.String(), `msg="rules written"`) })
 	for where, text := range map[string]string{"stderr": add.stderr, "the agent's plugin log": r.pluginLog.String()} {
-		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "containerID=" + p.id, "apiRequests=0"} {
+		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "containerID=" + p.id, "source=agent apiRequests=0"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s lacks %s:\n%s", where, want, text)
 			}
-		}
-		if strings.Contains(text, "/proc/self/fd/") {
-			t.Errorf("%s names the agent's descriptor instead of the runtime's netns path:\n%s", where, text)
 		}
 	}
 
@@ -110,7 +104,8 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 		`plugin_calls_total{command="CHECK",result="ok"}`:    "1",
 		`plugin_calls_total{command="CHECK",result="error"}`: "1",
 		`plugin_lookups_total{source="agent"}`:               "3",
-		`socket_requests_total{outcome="handled"}`:           "4",
+		`socket_requests_total{outcome="lookup"}`:            "3",
+		`socket_requests_total{outcome="del"}`:               "1",
 		`plugin_call_duration_seconds_count{command="ADD"}`:  "1",
 	} {
 		if got := r.metric(name); got != want {
@@ -146,11 +141,11 @@ func testOtherNode(t *testing.T, c *kubetest.Cluster) {
 	}
 	expectRules(t, p, expected(t, iptables.ModeNFT, nil))
 	waitFor(t, "the report", func() bool { return r.metric(`plugin_lookups_total{source="api"}`) == "1" })
-	if got := r.metric(`socket_requests_total{outcome="fallback"}`); got != "1" {
-		t.Errorf("fallbacks = %q, want 1", got)
+	if got := r.metric(`socket_requests_total{outcome="not-seen"}`); got != "1" {
+		t.Errorf("not-seen = %q, want 1", got)
 	}
 	// The plugin's own lines, sent with its report, are in the agent's plugin log.
-	if !strings.Contains(r.pluginLog.String(), `msg="rules written"`) || !strings.Contains(r.pluginLog.String(), "apiRequests=") {
+	if !strings.Contains(r.pluginLog.String(), `msg="rules written"`) || !strings.Contains(r.pluginLog.String(), "source=api apiRequests=2") {
 		t.Errorf("the agent's plugin log lacks the plugin's lines:\n%s", r.pluginLog.String())
 	}
 }
@@ -176,121 +171,17 @@ func testLateP(t *testing.T, c *kubetest.Cluster) {
 	expectRules(t, args, expected(t, iptables.ModeNFT, nil))
 }
 
-// testMalformedRequests: each bad request is logged and answered with a refusal; the agent keeps
-// serving.
-func testMalformedRequests(t *testing.T, c *kubetest.Cluster) {
-	r := newRig(t, c, rigOpts{})
-	good := func(cmd string) []byte {
-		b, _ := json.Marshal(cniplugin.AgentRequest{V: cniplugin.AgentProtocol, Command: cmd, ContainerID: "x",
-			Args: "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b", Config: r.conf})
-		return b
-	}
-	netns, err := os.Open(nt.NewNS(t).Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Close()
-	for _, tc := range []struct {
-		name string
-		body []byte
-		fds  []int
-		want string
-	}{
-		{"not JSON", []byte("GET / HTTP/1.1\r\n"), nil, "malformed request: invalid character"},
-		{"another protocol version", []byte(`{"v":7,"command":"ADD","config":{}}`), nil, "malformed request: protocol version 7, want 1"},
-		{"unknown command", good("VERSION"), nil, `malformed request: command "VERSION", want ADD, CHECK or DEL`},
-		{"a descriptor it does not announce", good("ADD"), []int{int(netns.Fd())}, "malformed request: 1 file descriptors attached, netnsFD is false"},
-		{"no config", []byte(`{"v":1,"command":"DEL"}`), nil, "malformed request: no config"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			conn, err := net.Dial("unixpacket", r.socket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			uc := conn.(*net.UnixConn)
-			var oob []byte
-			if tc.fds != nil {
-				oob = syscall.UnixRights(tc.fds...)
-			}
-			if _, _, err := uc.WriteMsgUnix(tc.body, oob, nil); err != nil {
-				t.Fatal(err)
-			}
-			_ = uc.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf := make([]byte, cniplugin.MaxAgentMessage)
-			n, err := uc.Read(buf)
-			if err != nil {
-				t.Fatalf("no reply: %v", err)
-			}
-			var reply cniplugin.AgentReply
-			if err := json.Unmarshal(buf[:n], &reply); err != nil || reply.Handled || !strings.HasPrefix(reply.Reason, tc.want) {
-				t.Errorf("reply %s, want not handled, reason %q", buf[:n], tc.want)
-			}
-		})
-	}
-	if !strings.Contains(r.log.String(), "malformed request; told the plugin to do the call itself") {
-		t.Errorf("the agent did not log the malformed requests:\n%s", r.log.String())
-	}
-	if got := r.metric(`socket_requests_total{outcome="malformed"}`); got != "5" {
-		t.Errorf("malformed = %q, want 5", got)
-	}
-	// Still serving.
-	p := r.createPod("after", nil, nil)
-	if add := r.run("ADD", r.args(p, r.conf)); add.err != nil || len(add.api.Calls()) != 0 {
-		t.Errorf("ADD after the bad requests: %v, API lookups %v", add.err, add.api.Calls())
-	}
-}
-
-// testLookupOnly: in legacy mode the agent's image has no binaries to write with: it sends the
-// pod, and the plugin writes with the node's iptables-legacy, still with no API lookup.
-func testLookupOnly(t *testing.T, c *kubetest.Cluster) {
+// testLegacy: in legacy mode the plugin writes with the node's iptables-legacy, the pod from the
+// agent's watch, with no API lookup.
+func testLegacy(t *testing.T, c *kubetest.Cluster) {
 	r := newRig(t, c, rigOpts{iptablesMode: iptables.ModeLegacy})
 	p := r.createPod("legacy", map[string]string{cniplugin.AnnotationSkipOutboundPorts: "3306"}, nil)
 	add := r.run("ADD", r.args(p, r.conf))
 	if add.err != nil {
 		t.Fatalf("ADD: %v\n%s", add.err, add.stderr)
 	}
-	if len(add.api.Calls()) != 0 {
-		t.Errorf("API lookups %v, want none", add.api.Calls())
-	}
-	for _, want := range []string{`msg="the node agent looked the pod up; the plugin does the rest"`, `why="iptables-mode \"legacy\" is written by the node's iptables binaries"`} {
-		if !strings.Contains(add.stderr, want) {
-			t.Errorf("stderr lacks %s:\n%s", want, add.stderr)
-		}
+	if len(add.api.Calls()) != 0 || !strings.Contains(add.stderr, "source=agent") {
+		t.Errorf("API lookups %v, want none:\n%s", add.api.Calls(), add.stderr)
 	}
 	expectRules(t, p, expected(t, iptables.ModeLegacy, func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306"} }))
-	waitFor(t, "the report", func() bool { return r.metric(`socket_requests_total{outcome="lookup"}`) == "1" })
-	if got := r.metric(`plugin_lookups_total{source="agent"}`); got != "1" {
-		t.Errorf("agent lookups = %q, want 1", got)
-	}
-}
-
-// failing is an applier that refuses every write, as a kernel that needs binaries the agent's
-// image lacks would.
-type failing struct{ iptables.Applier }
-
-func (failing) Name() string { return "refusing" }
-func (failing) Apply(context.Context, *iptables.Ruleset) (iptables.Result, error) {
-	return iptables.Result{}, errors.New("iptables-nft-restore not found in PATH")
-}
-
-// testAgentWriteFails: when the agent cannot write the rules, the plugin writes them itself with
-// the agent's lookup, and ADD succeeds.
-func testAgentWriteFails(t *testing.T, c *kubetest.Cluster) {
-	refuse := backend.Runner{Choose: func(backend.Options) (iptables.Applier, string, error) {
-		return failing{iptablestest.NewFake()}, "a test asks for it", nil
-	}, Others: func([]iptables.Backend) []iptables.Applier { return nil }}
-	r := newRig(t, c, rigOpts{runner: refuse})
-	p := r.createPod("refused", nil, nil)
-	add := r.run("ADD", r.args(p, r.conf))
-	if add.err != nil {
-		t.Fatalf("ADD: %v\n%s", add.err, add.stderr)
-	}
-	if len(add.api.Calls()) != 0 {
-		t.Errorf("API lookups %v, want none", add.api.Calls())
-	}
-	if want := "the agent could not do it: pod " + r.ns + "/refused, netns " + p.netns.Path() + ": apply rules with refusing: iptables-nft-restore not found"; !strings.Contains(add.stderr, want) {
-		t.Errorf("stderr lacks %q:\n%s", want, add.stderr)
-	}
-	expectRules(t, p, expected(t, iptables.ModeNFT, nil))
 }

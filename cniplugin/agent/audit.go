@@ -125,8 +125,8 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 		return false
 	}
 	log = log.With("sandbox", sb.ID, "netns", sb.Where)
-	p := &cniplugin.Plugin{Runner: a.opts.Runner,
-		NewPodAPI: func(*cniplugin.NetConf) (cniplugin.PodAPI, error) { return &cacheAPI{a: a, uid: pod.UID}, nil }}
+	p := cniplugin.NewStandalone(&cacheAPI{a: a, uid: pod.UID})
+	p.Runner = a.opts.Runner
 	args := cniplugin.PodArgs{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), InfraContainerID: sb.ID}
 	start := time.Now()
 	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.mode == ModeRepair, log)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 )
 
 var everything = labels.Everything()
@@ -20,14 +21,13 @@ var everything = labels.Everything()
 var errNotSeen = errors.New("not seen by the agent's watch")
 
 // cacheAPI is the plugin's PodAPI over the agent's watch caches. It answers only for pods of the
-// agent's node (the pod watch holds no other), waits at most the lookup wait for a pod or
-// namespace the watch has not delivered yet, and remembers when one never came.
+// agent's node (the pod watch holds no other), and waits at most the lookup wait for a pod or
+// namespace the watch has not delivered yet.
 type cacheAPI struct {
 	a *Agent
 	// uid, when set (K8S_POD_UID), is the pod incarnation asked about: an older pod of the same
 	// name still in the cache does not answer for it.
-	uid     types.UID
-	notSeen error
+	uid types.UID
 }
 
 func (c *cacheAPI) Cached() bool { return true }
@@ -52,8 +52,7 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 		return false
 	}
 	if !c.wait(ctx, found) {
-		c.notSeen = fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.node, c.a.opts.LookupWait, errNotSeen)
-		return nil, c.notSeen
+		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.node, c.a.opts.LookupWait, errNotSeen)
 	}
 	return pod, nil
 }
@@ -74,8 +73,7 @@ func (c *cacheAPI) namespace(ctx context.Context, name string) (*corev1.Namespac
 		ns = n
 		return err == nil
 	}) {
-		c.notSeen = fmt.Errorf("namespace %s is not in the agent's watch after %s: %w", name, c.a.opts.LookupWait, errNotSeen)
-		return nil, c.notSeen
+		return nil, fmt.Errorf("namespace %s is not in the agent's watch after %s: %w", name, c.a.opts.LookupWait, errNotSeen)
 	}
 	return ns, nil
 }
@@ -97,22 +95,27 @@ func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
 	return c.a.arrived.wait(ctx, found)
 }
 
-// lookup is what the agent knows of the pod a request names, for a plugin that does the rest
-// itself: nil when the pod (or its namespace) is not known within the lookup wait.
-func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) *cniplugin.AgentLookup {
-	pod, err := c.pod(ctx, namespace, name)
+// lookup is the answer to a plugin's ADD or CHECK: the pod, its namespace and, when the watch
+// holds it, default/kubernetes, as the plugin reads them (its own small types: nothing else of
+// the objects crosses the socket); an error when the pod or its namespace is not known within the
+// lookup wait.
+func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
+	pod, err := c.Pod(ctx, namespace, name)
 	if err != nil {
-		return nil
+		return wire.Reply{}, err
 	}
-	ns, err := c.namespace(ctx, namespace)
+	ns, err := c.Namespace(ctx, namespace)
 	if err != nil {
-		return nil
+		return wire.Reply{}, err
 	}
-	l := &cniplugin.AgentLookup{Pod: marshal(pod), Namespace: marshal(ns)}
-	if svc, err := c.a.services.Services("default").Get("kubernetes"); err == nil {
-		l.Service = marshal(svc)
+	r := wire.Reply{}
+	if r.Pod, err = json.Marshal(pod); err == nil {
+		r.Namespace, err = json.Marshal(ns)
 	}
-	return l
+	if svc, serr := c.Service(ctx, "default", "kubernetes"); serr == nil && err == nil {
+		r.Service, err = json.Marshal(svc)
+	}
+	return r, err
 }
 
 // recode turns a core/v1 object into the plugin's own small type through its JSON, the way the
@@ -123,28 +126,4 @@ func recode(from, into any) error {
 		return err
 	}
 	return json.Unmarshal(b, into)
-}
-
-// marshal is an object's JSON without its managed fields, which nobody reads. The cache's
-// objects are shared: only a shallow copy is changed.
-func marshal(obj any) json.RawMessage {
-	switch o := obj.(type) {
-	case *corev1.Pod:
-		c := *o
-		c.ManagedFields = nil
-		obj = &c
-	case *corev1.Namespace:
-		c := *o
-		c.ManagedFields = nil
-		obj = &c
-	case *corev1.Service:
-		c := *o
-		c.ManagedFields = nil
-		obj = &c
-	}
-	b, err := json.Marshal(obj)
-	if err != nil {
-		return nil
-	}
-	return b
 }

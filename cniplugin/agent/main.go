@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,6 +41,9 @@ const (
 	DefaultHostProc    = "/host/proc"
 	DefaultNetNSDir    = "/var/run/netns"
 	DefaultCNINetDir   = "/host/etc/cni/net.d"
+	// DefaultInstallerReadyURL is the installer's /ready at its default admin address
+	// (install.DefaultAdminAddr), on the node's loopback.
+	DefaultInstallerReadyURL = "http://127.0.0.1:9992/ready"
 )
 
 var command = Command{Name: "agent", NodeEnv: EnvNodeName, Target: Target,
@@ -58,6 +62,7 @@ type Config struct {
 	PIDFallback       bool
 	CNINetDir         string
 	PluginLogs        bool
+	InstallerReadyURL string
 	AdminAddr         string
 	Kubeconfig        string
 	LogFormat         string
@@ -71,11 +76,12 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LookupWait, "lookup-wait", c.LookupWait, "how long a plugin call waits for a pod the watch has not delivered yet, before the plugin asks the API")
 	fs.DurationVar(&c.AuditPeriod, "audit-period", c.AuditPeriod, "audit every meshed pod of the node this often, besides on pod events (0 disables audits)")
 	fs.StringVar(&c.CRI, "cri-socket", c.CRI, "the container runtime's CRI endpoint, to find each pod's network namespace")
-	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc as this container sees it")
+	fs.StringVar(&c.HostProc, "host-proc", c.HostProc, "the node's /proc as this container sees it (the socket's peers are checked there)")
 	fs.StringVar(&c.NetNSDir, "netns-dir", c.NetNSDir, "the node's /var/run/netns as this container sees it, where the runtime keeps the pods' network namespaces")
 	fs.BoolVar(&c.PIDFallback, "pid-fallback", c.PIDFallback, "find the network namespace of a sandbox whose runtime names none under /var/run/netns through its process, in --host-proc (needs SYS_PTRACE)")
 	fs.StringVar(&c.CNINetDir, "cni-net-dir", c.CNINetDir, "the node's CNI config directory as this container sees it (the plugin's config is read there)")
 	fs.BoolVar(&c.PluginLogs, "plugin-logs", c.PluginLogs, "print the log lines of every plugin call on standard output (kubectl logs)")
+	fs.StringVar(&c.InstallerReadyURL, "installer-ready-url", c.InstallerReadyURL, `the installer's /ready, for the installer_ready metric ("" disables it)`)
 	fs.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "address serving /live, /ready and /metrics")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig to use outside a cluster (default $KUBECONFIG, else the in-cluster service account)")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node whose pods are served and audited (default $"+EnvNodeName+")")
@@ -89,7 +95,7 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), Mode: ModeRepair,
 		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
 		CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
-		AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
+		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	if err := command.Parse(args, c.AddFlags); err != nil {
 		return c, err
 	}
@@ -109,12 +115,15 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	if c.AuditPeriod < 0 {
 		bad("--audit-period", c.AuditPeriod.String(), "must be 0 (no audits) or positive")
 	}
+	if (c.AuditPeriod > 0 || c.Socket != "") && !filepath.IsAbs(c.HostProc) {
+		bad("--host-proc", c.HostProc, "not an absolute path")
+	}
+	if u, err := url.Parse(c.InstallerReadyURL); c.InstallerReadyURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		bad("--installer-ready-url", c.InstallerReadyURL, "want an http:// URL")
+	}
 	if c.AuditPeriod > 0 {
 		if !strings.HasPrefix(c.CRI, "unix://") && !strings.HasPrefix(c.CRI, "/") {
 			bad("--cri-socket", c.CRI, "want unix:///path/to/socket")
-		}
-		if !filepath.IsAbs(c.HostProc) {
-			bad("--host-proc", c.HostProc, "not an absolute path")
 		}
 		if !filepath.IsAbs(c.NetNSDir) {
 			bad("--netns-dir", c.NetNSDir, "not an absolute path")
@@ -134,8 +143,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
-	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket,
-		LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
+	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, HostProc: c.HostProc,
+		InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
 	if c.PluginLogs {
 		opts.PluginLog = stdout
 	}

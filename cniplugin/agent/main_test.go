@@ -15,7 +15,7 @@ func TestParseArgs(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	defaults := Config{NodeName: "node-a", Mode: ModeRepair, Socket: cniplugin.DefaultAgentSocket, LookupWait: time.Second,
 		AuditPeriod: time.Minute, CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
-		AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
+		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	tests := []struct {
 		name    string
 		args    []string
@@ -28,7 +28,7 @@ func TestParseArgs(t *testing.T) {
 			name: "the chart's command line",
 			args: []string{"--mode=delete", "--socket=/var/run/linkerd-cni/agent.sock", "--lookup-wait=2s", "--audit-period=30s",
 				"--cri-socket=unix:///host/run/k3s/containerd/containerd.sock", "--host-proc=/host/proc", "--netns-dir=/var/run/netns", "--pid-fallback", "--cni-net-dir=/host/etc/cni/net.d",
-				"--plugin-logs=false", "--admin-addr=127.0.0.1:9993", "--log-format=json", "--log-level=linkerd_cni_agent=debug,info"},
+				"--plugin-logs=false", "--installer-ready-url=http://127.0.0.1:9992/ready", "--admin-addr=127.0.0.1:9993", "--log-format=json", "--log-level=linkerd_cni_agent=debug,info"},
 			env: map[string]string{EnvNodeName: "node-a", EnvPodName: "linkerd-cni-x7k2p"},
 			want: func(c *Config) {
 				c.Mode, c.LookupWait, c.AuditPeriod, c.CRI, c.PluginLogs, c.LogFormat = ModeDelete, 2*time.Second, 30*time.Second,
@@ -36,8 +36,11 @@ func TestParseArgs(t *testing.T) {
 				c.PodName, c.LogLevel, c.PIDFallback = "linkerd-cni-x7k2p", "linkerd_cni_agent=debug,info", true
 			},
 		},
-		{name: "lookups and audits off", env: map[string]string{EnvNodeName: "node-a"}, args: []string{"--socket=", "--audit-period=0", "--cri-socket=nonsense"},
-			want: func(c *Config) { c.Socket, c.AuditPeriod, c.CRI = "", 0, "nonsense" }},
+		{name: "lookups, audits and the installer's readiness off", env: map[string]string{EnvNodeName: "node-a"},
+			args: []string{"--socket=", "--audit-period=0", "--cri-socket=nonsense", "--host-proc=proc", "--installer-ready-url="},
+			want: func(c *Config) {
+				c.Socket, c.AuditPeriod, c.CRI, c.HostProc, c.InstallerReadyURL = "", 0, "nonsense", "proc", ""
+			}},
 		{
 			name: "every problem at once",
 			args: []string{"--mode=heal", "--socket=agent.sock", "--lookup-wait=0s", "--audit-period=-1s", "--admin-addr=9993", "--log-format=xml"},
@@ -47,6 +50,8 @@ func TestParseArgs(t *testing.T) {
 		},
 		{name: "audit paths", env: map[string]string{EnvNodeName: "n"}, args: []string{"--cri-socket=tcp://x", "--host-proc=proc", "--netns-dir=netns", "--cni-net-dir=net.d"},
 			wantErr: []string{`--cri-socket "tcp://x": want unix:///path/to/socket`, `--host-proc "proc": not an absolute path`, `--netns-dir "netns": not an absolute path`, `--cni-net-dir "net.d": not an absolute path`}},
+		{name: "lookups need the node's /proc", env: map[string]string{EnvNodeName: "n"}, args: []string{"--audit-period=0", "--host-proc=proc", "--installer-ready-url=127.0.0.1:9992"},
+			wantErr: []string{`--host-proc "proc": not an absolute path`, `--installer-ready-url "127.0.0.1:9992": want an http:// URL`}},
 		{name: "stray argument", env: map[string]string{EnvNodeName: "n"}, args: []string{"now"}, wantErr: []string{`unexpected arguments ["now"]`}},
 	}
 	for _, tc := range tests {

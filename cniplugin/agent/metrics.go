@@ -1,14 +1,17 @@
 package agent
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 )
 
 // MetricsPrefix starts the agent's metric names; RepairMetricsPrefix those of `linkerd-cni
@@ -27,7 +30,7 @@ type metrics struct {
 	// Audits.
 	audited, drifted, healed, healErrors, auditErrors prometheus.Counter
 	auditSeconds                                      prometheus.Histogram
-	chained                                           prometheus.Gauge
+	chained, installerReady                           prometheus.Gauge
 	// The socket and the plugin's reports.
 	requests    *prometheus.CounterVec
 	calls       *prometheus.CounterVec
@@ -35,7 +38,9 @@ type metrics struct {
 	lookups     *prometheus.CounterVec
 }
 
-func newMetrics(prefix string, queueLen func() float64) *metrics {
+// newMetrics registers the metrics with prefix; installer_ready only with installer (an agent that
+// polls the installer's /ready).
+func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + name, Help: help})
 	}
@@ -53,8 +58,10 @@ func newMetrics(prefix string, queueLen func() float64) *metrics {
 			Help: "Time to audit (and heal) one pod.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		chained: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "cni_config_chained",
 			Help: "1 when the node's CNI config the runtime reads chains linkerd-cni (the installer's state), else 0."}),
+		installerReady: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "installer_ready",
+			Help: "1 while the installer's /ready answers 200 (linkerd-cni is in every CNI config of the node), else 0."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "socket_requests_total",
-			Help: "Plugin requests on the socket by outcome: handled (the agent ran the call), lookup (the agent looked the pod up, the plugin wrote), fallback (the plugin did it all), malformed, refused."},
+			Help: "Messages on the plugin socket by outcome: lookup (the pod sent), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
 			[]string{"outcome"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_calls_total",
 			Help: "CNI plugin calls the plugin reported, by command and result."}, []string{"command", "result"}),
@@ -71,11 +78,14 @@ func newMetrics(prefix string, queueLen func() float64) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if installer {
+		m.registry.MustRegister(m.installerReady)
+	}
 	return m
 }
 
 // plugin counts one call the plugin reported.
-func (m *metrics) plugin(r cniplugin.AgentReport) {
+func (m *metrics) plugin(r wire.Report) {
 	cmd := r.Command
 	if cmd != "ADD" && cmd != "CHECK" && cmd != "DEL" {
 		return
@@ -91,6 +101,40 @@ func (m *metrics) plugin(r cniplugin.AgentReport) {
 	if r.Lookup == "agent" || r.Lookup == "api" {
 		m.lookups.WithLabelValues(r.Lookup).Inc()
 	}
+}
+
+// installerPoll is how often the agent asks the installer's /ready, as its readiness probe does.
+const installerPoll = 5 * time.Second
+
+// watchInstaller sets installer_ready from the installer's /ready at url until ctx ends: the
+// installer serves it on the node's loopback only, which the agent (in the node's network
+// namespace, like the installer) reaches and Prometheus does not.
+func (a *Agent) watchInstaller(ctx context.Context, url string) {
+	client := &http.Client{Timeout: 2 * time.Second}
+	t := time.NewTicker(installerPoll)
+	defer t.Stop()
+	for {
+		a.metrics.installerReady.Set(boolGauge(installerReady(ctx, client, url)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func installerReady(ctx context.Context, client *http.Client, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode == http.StatusOK
 }
 
 // errNotRunning is reported by /live before Run starts and after it returns.

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // PluginType is linkerd-cni's type in the node's conflist.
@@ -84,3 +85,6 @@ func parseNetConf(path string) (*cniplugin.NetConf, error) {
 	}
 	return nil, fmt.Errorf("%s does not chain %s yet", path, PluginType)
 }
+
+// needsBinaries tells the modes whose rules only the iptables binaries write and read.
+func needsBinaries(m iptables.Mode) bool { return m == iptables.ModeLegacy || m == iptables.ModePlain }

@@ -4,7 +4,8 @@ package agent_test
 // this process, authenticated as a ServiceAccount bound to the chart's ClusterRole for its mode;
 // its socket in a root-only temporary directory; pods' network namespaces created by the test,
 // found by a SandboxFinder over them (the CRI's part is sandbox_test.go and make e2e); and the CNI
-// plugin's own code in this process (cniplugin.New), whose API path is a recording PodAPI.
+// plugin's own code in this process (cniplugin.NewNodePlugin), whose API path is a recording
+// PodAPI.
 
 import (
 	"bytes"
@@ -147,9 +148,8 @@ func (s *sandboxes) add(uid, id, netns string) {
 }
 
 type rigOpts struct {
-	mode   agent.Mode
-	audit  time.Duration // the audit period; 0: audits only through AuditAll
-	runner backend.Runner
+	mode  agent.Mode
+	audit time.Duration // the audit period; 0: audits only through AuditAll
 	// iptablesMode is the node's network config's (default nft).
 	iptablesMode iptables.Mode
 }
@@ -215,9 +215,9 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 	if period == 0 {
 		period = time.Hour // tests drive audits with AuditAll and pod events
 	}
-	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, LookupWait: 300 * time.Millisecond,
+	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
 		AuditPeriod: period, Sandboxes: r.sandboxes, NetConf: &agent.NetConfSource{Dir: r.netDir},
-		Runner: o.runner, Log: log, PluginLog: r.pluginLog})
+		Log: log, PluginLog: r.pluginLog})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +383,7 @@ func (r *rig) run(cmd string, args *skel.CmdArgs) call {
 	r.t.Helper()
 	var out, errOut bytes.Buffer
 	api := &recordingAPI{cs: r.admin}
-	p := cniplugin.New()
+	p := cniplugin.NewNodePlugin()
 	p.Stdout, p.Stderr = &out, &errOut
 	p.NewPodAPI = func(*cniplugin.NetConf) (cniplugin.PodAPI, error) { return api, nil }
 	f := p.Funcs()

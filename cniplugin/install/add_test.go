@@ -61,7 +61,7 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build CNI plugins: %v", err)
 	}
-	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build and its companion
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
 	goBuild(t, image, cnitest.NodeBinaries...)
 
 	node := netnstest.NewNS(t)

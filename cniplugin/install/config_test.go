@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kubemesh/proxy-init/cniplugin"
 )
 
 func envFrom(m map[string]string) func(string) string {
@@ -92,8 +90,9 @@ func TestRunRefusesBadConfig(t *testing.T) {
 		{"network config file missing", func(h *host) { h.cfg.NetworkConfigFile = h.root + "/nope.json" }, "CNI_NETWORK_CONFIG_FILE: open " + "%ROOT%/nope.json"},
 		{"network config invalid", func(h *host) { h.cfg.NetworkConfig = `{"type":` }, "CNI_NETWORK_CONFIG: invalid JSON"},
 		{"plugin binary missing from the image", func(h *host) { os.Remove(h.imageBin + "/linkerd-cni") }, "plugin binary: copy: open %ROOT%/image/opt/cni/bin/linkerd-cni: no such file or directory"},
-		{"companion missing from the image", func(h *host) { os.Remove(h.imageBin + "/" + cniplugin.CompanionName) },
-			"the plugin's companion (its Kubernetes API client): copy: open %ROOT%/image/opt/cni/bin/linkerd-cni-api: no such file or directory"},
+		// The kubeconfig comes before the binary: no plugin on the node without it.
+		{"service account token missing", func(h *host) { os.Remove(h.saDir + "/token") },
+			"service account token %ROOT%/sa/token does not exist: is automountServiceAccountToken disabled for the DaemonSet's pods?"},
 		{"port not numeric", func(h *host) { h.cfg.ServicePort = "https" }, `KUBERNETES_SERVICE_PORT "https": not a port number`},
 	}
 	for _, tt := range tests {
@@ -112,7 +111,7 @@ func TestRunRefusesBadConfig(t *testing.T) {
 			if got := h.read(t, "10-calico.conflist"); got != calicoConflist {
 				t.Error("config changed although the installer refused to start")
 			}
-			// Without its companion, no plugin is put on the node.
+			// No plugin is put on the node.
 			if _, err := os.Stat(filepath.Join(h.binDir, "linkerd-cni")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the plugin was copied to the node (err %v)", err)
 			}

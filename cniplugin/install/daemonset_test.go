@@ -183,7 +183,7 @@ func TestDaemonSetPodAgainstAPIServer(t *testing.T) {
 		t.Skip("skipping: builds linkerd-cni and starts kube-apiserver")
 	}
 	netnstest.RequireRoot(t)
-	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build and its companion
+	image := t.TempDir() // the image's /opt/cni/bin: the node's plugin-only build
 	goBuild(t, image, cnitest.NodeBinaries...)
 	full := t.TempDir() // the image's /usr/local/bin: install and repair
 	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")

@@ -2,17 +2,17 @@
 // `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
 // configuration, keeps it there, and takes it out again.
 //
-// Run copies the plugin binary and its companion (linkerd-cni-api, which the
-// plugin runs to read the API) into the node's CNI bin dir, writes the
-// plugin's kubeconfig from the pod's service account (and rewrites it when
-// the kubelet rotates the token), waits for the primary CNI's
+// Run writes the plugin's kubeconfig from the pod's service account (and
+// rewrites it when the kubelet rotates the token), then copies the plugin
+// binary into the node's CNI bin dir (removing the companion binary
+// linkerd-cni-api an older release put there), waits for the primary CNI's
 // configuration, and appends the plugin to every *.conflist, *.conf and
 // *.json in the node's CNI net dir (a .conf or .json becomes a .conflist: the
 // runtimes read all three, the first by name). It watches the
 // directories with inotify and re-adds the plugin within a second when the
 // primary CNI rewrites its file. When its context ends (SIGTERM on pod
 // deletion) it removes its entry from every file, leaving every other byte
-// as it was, then the kubeconfig and the binaries; unless its DaemonSet
+// as it was, then the binary and the kubeconfig; unless its DaemonSet
 // stays (an upgrade: see successorComing), when it leaves all of it to the
 // next installer pod.
 //
@@ -78,9 +78,8 @@ type installer struct {
 
 	files    map[string]*fileState
 	reported map[string][32]byte // problems logged, by file, for the content they were about
-	// bins are the binaries copied into the node's CNI bin dir, in the order they are copied:
-	// the companion first, so that no plugin on the node ever lacks the companion it runs.
-	bins    []*nodeBinary
+	// bin is the plugin binary copied into the node's CNI bin dir.
+	bin     nodeBinary
 	kubeOK  bool
 	waiting bool          // the "waiting for the primary CNI" line was logged
 	taint   *taintRemover // nil without --node-taint
@@ -158,11 +157,8 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 		entry:    entry,
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
-		bins: []*nodeBinary{
-			{name: cniplugin.CompanionName, what: "the plugin's companion (its Kubernetes API client)"},
-			{name: entry.typ, what: "plugin binary"},
-		},
-		reason: "starting",
+		bin:      nodeBinary{name: entry.typ},
+		reason:   "starting",
 	}
 	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
 	if _, err := cniplugin.ParseConfig(entry.raw); err != nil {
@@ -221,15 +217,17 @@ func (in *installer) run(ctx context.Context) error {
 	}
 	in.sweepTemps()
 
-	// The binaries and the kubeconfig come first, so no config file ever
-	// names a plugin that is not there yet. Failing here is fatal: the
-	// kubelet shows the error and retries.
-	if err := in.syncBinaries(); err != nil {
-		return err
-	}
+	// The kubeconfig, then the binary, come first, so no plugin runs
+	// without its kubeconfig and no config file ever names a plugin that
+	// is not there yet. Failing here is fatal: the kubelet shows the error
+	// and retries.
 	if err := in.syncKubeconfig(); err != nil {
 		return err
 	}
+	if err := in.syncBinary(); err != nil {
+		return err
+	}
+	in.removeCompanion()
 	// Watches start after those checks (so a missing service account
 	// directory is reported as such) and before the first full sync below,
 	// so no change after that sync goes unseen.
@@ -286,7 +284,7 @@ func (in *installer) run(ctx context.Context) error {
 			}
 			keep, why := in.successorComing(context.WithoutCancel(ctx))
 			if keep {
-				in.log.Info("leaving linkerd-cni, its kubeconfig and binaries in place for the next installer", "reason", why)
+				in.log.Info("leaving linkerd-cni, its binary and kubeconfig in place for the next installer", "reason", why)
 				return nil
 			}
 			in.log.Info("uninstalling", "reason", why)
@@ -330,12 +328,11 @@ func (in *installer) run(ctx context.Context) error {
 // Problems are logged, not returned: the next event or resync retries.
 func (in *installer) syncAll() bool {
 	var problems []string
-	if err := in.syncBinaries(); err != nil {
-		in.log.Error("plugin binaries", "error", err)
-		problems = append(problems, err.Error())
-	}
 	if err := in.syncKubeconfig(); err != nil {
 		in.log.Error("kubeconfig", "error", err)
+		problems = append(problems, err.Error())
+	} else if err := in.syncBinary(); err != nil {
+		in.log.Error("plugin binary", "error", err)
 		problems = append(problems, err.Error())
 	}
 	waiting := false
@@ -376,26 +373,17 @@ func (in *installer) syncAll() bool {
 	return len(problems) == 0
 }
 
-// nodeBinary is one binary the installer keeps in the node's CNI bin dir.
+// nodeBinary is the binary the installer keeps in the node's CNI bin dir.
 type nodeBinary struct {
-	name, what string
-	id         fileID // of the copy we made
-	ok         bool
+	name string
+	id   fileID // of the copy we made
+	ok   bool
 }
 
-// syncBinaries copies each binary, in order, unless the copy we made is
-// still there untouched. It stops at the first failure, so a plugin is
-// never put on the node before its companion.
-func (in *installer) syncBinaries() error {
-	for _, b := range in.bins {
-		if err := in.syncBinary(b); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (in *installer) syncBinary(b *nodeBinary) error {
+// syncBinary copies the plugin binary unless the copy we made is still
+// there untouched.
+func (in *installer) syncBinary() error {
+	b := &in.bin
 	src := filepath.Join(in.cfg.ContainerBinDir, b.name)
 	dst := filepath.Join(in.cfg.binDir(), b.name)
 	if b.ok {
@@ -411,16 +399,35 @@ func (in *installer) syncBinary(b *nodeBinary) error {
 		}
 	}
 	if err := copyFileAtomic(src, dst); err != nil {
-		return fmt.Errorf("%s: %w", b.what, err)
+		return fmt.Errorf("plugin binary: %w", err)
 	}
 	in.noteWrite(dst)
 	id, err := statID(dst)
 	if err != nil {
-		return fmt.Errorf("%s: copy to %s: %w", b.what, dst, err)
+		return fmt.Errorf("plugin binary: copy to %s: %w", dst, err)
 	}
 	b.id, b.ok = id, true
-	in.log.Info("installed "+b.what, "path", dst)
+	in.log.Info("installed plugin binary", "path", dst)
 	return nil
+}
+
+// staleCompanion is the companion binary of releases whose plugin ran a
+// second binary to read the API; the plugin now reads it itself.
+const staleCompanion = "linkerd-cni-api"
+
+// removeCompanion removes the companion an older release left in the node's
+// CNI bin dir, once the plugin that no longer runs it is in place.
+func (in *installer) removeCompanion() {
+	path := filepath.Join(in.cfg.binDir(), staleCompanion)
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err := removeIfExists(path); err != nil {
+		in.log.Warn("cannot remove the companion binary of an older linkerd-cni", "path", path, "error", err)
+		return
+	}
+	in.noteWrite(path)
+	in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
 }
 
 // syncKubeconfig writes the kubeconfig when it is missing or differs from
@@ -743,10 +750,6 @@ func (in *installer) convert(name, path string, data []byte) error {
 	return nil
 }
 
-// uninstall removes our entry from every config file, then the kubeconfig,
-// the plugin and its companion, in that order, so that no config ever names
-// a missing plugin or kubeconfig, nor a plugin lacks its companion. It
-// carries on past errors and returns them all.
 // sweepTemps removes the temporary files a killed installer left, and logs each.
 func (in *installer) sweepTemps() {
 	removed, err := sweepTemps(in.cfg.netDir(), in.cfg.binDir())
@@ -758,6 +761,10 @@ func (in *installer) sweepTemps() {
 	}
 }
 
+// uninstall removes our entry from every config file, then the plugin, then
+// its kubeconfig, in that order, so that no config ever names a missing
+// plugin, nor a plugin runs without its kubeconfig. It carries on past
+// errors and returns them all.
 func (in *installer) uninstall() error {
 	dir := in.cfg.netDir()
 	var errs []error
@@ -779,19 +786,18 @@ func (in *installer) uninstall() error {
 			errs = append(errs, err)
 		}
 	}
+	bin := filepath.Join(in.cfg.binDir(), in.bin.name)
+	if err := removeIfExists(bin); err != nil {
+		errs = append(errs, err)
+	}
+	in.noteWrite(bin)
 	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
 		errs = append(errs, err)
 	}
-	for _, b := range slices.Backward(in.bins) {
-		path := filepath.Join(in.cfg.binDir(), b.name)
-		if err := removeIfExists(path); err != nil {
-			errs = append(errs, err)
-		}
-		in.noteWrite(path)
-	}
+	in.noteWrite(in.cfg.kubeconfigPath())
 	in.sweepTemps()
 	if len(errs) == 0 {
-		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; kubeconfig and binaries removed")
+		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")
 	}
 	return errors.Join(errs...)
 }

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/netnstest"
 )
@@ -99,16 +98,13 @@ func TestInstallAndUninstall(t *testing.T) {
 					t.Errorf("%s still exists after conversion (err %v)", tt.gone, err)
 				}
 			}
-			// The plugin and its companion: same bytes, mode kept.
-			for name, want := range map[string][]byte{"linkerd-cni": h.binary, cniplugin.CompanionName: h.companion} {
-				bin := filepath.Join(h.binDir, name)
-				got, err := os.ReadFile(bin)
-				if err != nil || !bytes.Equal(got, want) {
-					t.Errorf("%s not copied intact (err %v)", name, err)
-				}
-				if fi, err := os.Stat(bin); err != nil || fi.Mode().Perm() != 0o755 {
-					t.Errorf("%s mode = %v (err %v), want 0755", name, fi.Mode(), err)
-				}
+			// The plugin: same bytes, mode kept.
+			bin := filepath.Join(h.binDir, "linkerd-cni")
+			if got, err := os.ReadFile(bin); err != nil || !bytes.Equal(got, h.binary) {
+				t.Errorf("the plugin was not copied intact (err %v)", err)
+			}
+			if fi, err := os.Stat(bin); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("the plugin's mode = %v (err %v), want 0755", fi.Mode(), err)
 			}
 			// The kubeconfig: 0600.
 			if fi, err := os.Stat(filepath.Join(h.netDir, kubeconfigName)); err != nil || fi.Mode().Perm() != 0o600 {
@@ -515,23 +511,21 @@ func TestWatchLossIsFatal(t *testing.T) {
 	}
 }
 
-// TestBinaryRestoredWhenRemoved: the plugin, its companion and the kubeconfig removed from the
-// node are put back within a second, the watch seeing it.
+// TestBinaryRestoredWhenRemoved: the plugin and the kubeconfig removed from the node are put back
+// within a second, the watch seeing it.
 func TestBinaryRestoredWhenRemoved(t *testing.T) {
 	h := newHost(t)
 	h.write(t, "10-calico.conflist", calicoConflist)
 	r := h.start(t)
 	r.waitReady(t)
-	for name, want := range map[string][]byte{"linkerd-cni": h.binary, cniplugin.CompanionName: h.companion} {
-		bin := filepath.Join(h.binDir, name)
-		if err := os.Remove(bin); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, time.Second, name+" to be copied again", func() (bool, string) {
-			b, err := os.ReadFile(bin)
-			return err == nil && bytes.Equal(b, want), "missing"
-		})
+	bin := filepath.Join(h.binDir, "linkerd-cni")
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
 	}
+	waitFor(t, time.Second, "the plugin to be copied again", func() (bool, string) {
+		b, err := os.ReadFile(bin)
+		return err == nil && bytes.Equal(b, h.binary), "missing"
+	})
 	// Kubeconfig too.
 	if err := os.Remove(filepath.Join(h.netDir, kubeconfigName)); err != nil {
 		t.Fatal(err)
@@ -542,14 +536,16 @@ func TestBinaryRestoredWhenRemoved(t *testing.T) {
 	})
 }
 
-// TestBinariesReplacedCompanionFirst: over an older installation (an upgrade), the installer
-// replaces the companion first, then the plugin, each by a rename, before it writes any config; it
-// removes them in the reverse order, after every config. At no moment does the node hold a plugin
-// without its companion.
-func TestBinariesReplacedCompanionFirst(t *testing.T) {
+// TestUpgradeFromCompanionLayout: over an older installation (an upgrade) whose plugin ran a
+// companion binary, the installer writes the kubeconfig, then replaces the plugin by a rename,
+// then removes the stale companion (and says so), before it writes any config; it removes the
+// plugin, then the kubeconfig, after every config. At no moment does the node hold a plugin
+// without its kubeconfig.
+func TestUpgradeFromCompanionLayout(t *testing.T) {
 	h := newHost(t)
 	h.write(t, "10-calico.conflist", calicoConflist)
-	plugin, companion := filepath.Join(h.binDir, "linkerd-cni"), filepath.Join(h.binDir, cniplugin.CompanionName)
+	plugin, companion := filepath.Join(h.binDir, "linkerd-cni"), filepath.Join(h.binDir, "linkerd-cni-api")
+	kubeconfig := filepath.Join(h.netDir, kubeconfigName)
 	for _, p := range []string{plugin, companion} {
 		if err := os.WriteFile(p, []byte("the previous release"), 0o755); err != nil {
 			t.Fatal(err)
@@ -561,13 +557,17 @@ func TestBinariesReplacedCompanionFirst(t *testing.T) {
 	}
 	r := h.start(t)
 	r.waitReady(t)
-	for p, want := range map[string][]byte{plugin: h.binary, companion: h.companion} {
-		if b, err := os.ReadFile(p); err != nil || !bytes.Equal(b, want) {
-			t.Errorf("%s not replaced (err %v)", p, err)
-		}
+	if b, err := os.ReadFile(plugin); err != nil || !bytes.Equal(b, h.binary) {
+		t.Errorf("%s not replaced (err %v)", plugin, err)
 	}
 	if fi, err := os.Stat(plugin); err == nil && os.SameFile(fi, oldPlugin) {
 		t.Error("the plugin was rewritten in place, not replaced by a rename (a runtime running it would see a mix)")
+	}
+	if _, err := os.Stat(companion); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the stale companion is still on the node (err %v)", err)
+	}
+	if want := `msg="removed the companion binary of an older linkerd-cni: the plugin reads the API itself" path=` + companion; !strings.Contains(r.logs.String(), want) {
+		t.Errorf("the log lacks %s:\n%s", want, r.logs.String())
 	}
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -575,54 +575,17 @@ func TestBinariesReplacedCompanionFirst(t *testing.T) {
 	h.mu.Lock()
 	order := slices.Clone(h.order)
 	h.mu.Unlock()
-	binaries := slices.DeleteFunc(slices.Clone(order), func(p string) bool { return p != plugin && p != companion })
-	if want := []string{companion, plugin, plugin, companion}; !slices.Equal(binaries, want) {
-		t.Errorf("binaries written and removed in the order %v, want %v", binaries, want)
+	ours := slices.DeleteFunc(slices.Clone(order), func(p string) bool { return p != plugin && p != companion && p != kubeconfig })
+	if want := []string{kubeconfig, plugin, companion, plugin, kubeconfig}; !slices.Equal(ours, want) {
+		t.Errorf("kubeconfig and binaries written and removed in the order %v, want %v", ours, want)
 	}
-	if i := slices.Index(order, plugin); i != 1 {
-		t.Errorf("writes in order %v: want the companion, then the plugin, first", order)
+	if len(order) < 3 || !slices.Equal(order[:3], []string{kubeconfig, plugin, companion}) {
+		t.Errorf("writes in order %v: want the kubeconfig, the plugin, the companion's removal first", order)
 	}
-	for _, p := range []string{plugin, companion} {
+	for _, p := range []string{plugin, kubeconfig} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left after uninstall (err %v)", p, err)
 		}
-	}
-}
-
-// TestNotReadyWithoutCompanion: a companion the installer cannot put on the node (gone from the
-// node and from the image) makes /ready fail naming it; once the image holds it again, the
-// installer copies it and is ready.
-func TestNotReadyWithoutCompanion(t *testing.T) {
-	h := newHost(t)
-	h.write(t, "10-calico.conflist", calicoConflist)
-	r := h.start(t)
-	r.waitReady(t)
-	src := filepath.Join(h.imageBin, cniplugin.CompanionName)
-	if err := os.Remove(src); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(filepath.Join(h.binDir, cniplugin.CompanionName)); err != nil {
-		t.Fatal(err)
-	}
-	want := "the plugin's companion (its Kubernetes API client): copy: open " + src + ": no such file or directory"
-	waitFor(t, 2*time.Second, "/ready to fail naming the companion", func() (bool, string) {
-		code, body := r.ready(t)
-		return code == http.StatusServiceUnavailable && strings.Contains(body, want), fmt.Sprintf("%d %s", code, body)
-	})
-	if !strings.Contains(r.logs.String(), want) {
-		t.Errorf("the log does not say %q:\n%s", want, r.logs.String())
-	}
-	if err := os.WriteFile(src, h.companion, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The image's directory is not watched (it does not change in a container): the next event
-	// in the node's bin dir, or the resync, copies it.
-	if err := os.WriteFile(filepath.Join(h.binDir, "other-plugin"), nil, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r.waitReady(t)
-	if b, err := os.ReadFile(filepath.Join(h.binDir, cniplugin.CompanionName)); err != nil || !bytes.Equal(b, h.companion) {
-		t.Errorf("companion not copied back (err %v)", err)
 	}
 }
 

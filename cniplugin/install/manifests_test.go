@@ -394,7 +394,7 @@ func checkAdmin(t *testing.T, name string, c map[string]any, addr string, instal
 }
 
 // checkAgent: the agent's command and flags parse; its socket is the plugin's default path, in a
-// hostPath directory of the same path; what it audits through (the CRI socket itself, not the
+// hostPath directory of the same path; it polls the installer's /ready; what it audits through (the CRI socket itself, not the
 // runtime's state directory; the node's /proc; the CNI config directory; read-only but /proc) is
 // mounted from the node where its flags say.
 func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []string, volumes []any) {
@@ -417,6 +417,11 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 	}
 	if cfg.Socket != "" && cfg.Socket != cniplugin.DefaultAgentSocket {
 		t.Errorf("agent --socket %q, but the plugin asks %s", cfg.Socket, cniplugin.DefaultAgentSocket)
+	}
+	for _, arg := range installArgs {
+		if addr, ok := strings.CutPrefix(arg, "--admin-addr="); ok && cfg.InstallerReadyURL != "http://"+addr+"/ready" {
+			t.Errorf("agent --installer-ready-url %q, but the installer serves /ready on %s", cfg.InstallerReadyURL, addr)
+		}
 	}
 	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
 	hostPaths, types := map[string]string{}, map[string]string{}
@@ -466,9 +471,9 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 }
 
 // checkHardened: every container drops every capability, cannot escalate, has a read-only root
-// and RuntimeDefault seccomp; only the agent adds capabilities, exactly those it needs (write
-// rules, enter a namespace; open another user's /proc/<pid>/ns/net only with the PID fallback;
-// none without lookups and audits); install-cni and the
+// and RuntimeDefault seccomp; only the agent adds capabilities, exactly those its audits need
+// (write rules, enter a namespace; open another user's /proc/<pid>/ns/net only with the PID
+// fallback), and none for lookups alone, which the plugin writes; install-cni and the
 // agent are privileged only where the rendering asks for it (and then may not forbid escalation,
 // which the API refuses with privileged).
 func checkHardened(t *testing.T, containers []any, r rendering) {
@@ -481,7 +486,7 @@ func checkHardened(t *testing.T, containers []any, r rendering) {
 		seccomp, _, _ := unstructured.NestedString(sc, "seccompProfile", "type")
 		priv := r.privileged && c["name"] != "repair-controller"
 		var wantAdd []string
-		if c["name"] == "linkerd-cni-agent" && !(r.noLookups && r.noAudits) {
+		if c["name"] == "linkerd-cni-agent" && !r.noAudits {
 			wantAdd = []string{"NET_ADMIN", "SYS_ADMIN"}
 			if r.pidFallback {
 				wantAdd = append(wantAdd, "SYS_PTRACE")

@@ -291,6 +291,52 @@ func container(t testing.TB, ms []manifest, name string) map[string]any {
 	return nil
 }
 
+// TestChartImageDigests: with digests set, every image the chart renders (the DaemonSet's
+// containers in each of its shapes, and the socket-LB check pod) is name@digest, its tag left
+// out; without, name:tag.
+func TestChartImageDigests(t *testing.T) {
+	ch := loadChart(t)
+	cniDigest, checkDigest := "sha256:"+strings.Repeat("0123456789abcdef", 4), "sha256:"+strings.Repeat("fedcba9876543210", 4)
+	digests := map[string]any{"image": map[string]any{"digest": cniDigest}, "socketLBCheck": map[string]any{"enabled": true, "imageDigest": checkDigest}}
+	pinned, check := "ghcr.io/kubemesh/linkerd-cni@"+cniDigest, "ghcr.io/kubemesh/proxy-init@"+checkDigest
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   map[string]string // container name -> image, every container of every pod spec
+	}{
+		{"digests, with the agent", digests,
+			map[string]string{"install-cni": pinned, "linkerd-cni-agent": pinned, "linkerd-proxy": check}},
+		{"digests, with the repair controller", merge(digests, map[string]any{"agent": map[string]any{"enabled": false}}),
+			map[string]string{"install-cni": pinned, "repair-controller": pinned, "linkerd-proxy": check}},
+		{"a registry with a port", merge(digests, map[string]any{"image": map[string]any{"name": "registry.example:5000/linkerd-cni"},
+			"socketLBCheck": map[string]any{"image": "registry.example:5000/proxy-init:v0.1.0"}}),
+			map[string]string{"install-cni": "registry.example:5000/linkerd-cni@" + cniDigest, "linkerd-cni-agent": "registry.example:5000/linkerd-cni@" + cniDigest,
+				"linkerd-proxy": "registry.example:5000/proxy-init@" + checkDigest}},
+		{"no digests", map[string]any{"socketLBCheck": map[string]any{"enabled": true}},
+			map[string]string{"install-cni": "ghcr.io/kubemesh/linkerd-cni:v0.1.0", "linkerd-cni-agent": "ghcr.io/kubemesh/linkerd-cni:v0.1.0",
+				"linkerd-proxy": "ghcr.io/kubemesh/proxy-init:v0.1.0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := map[string]string{}
+			for _, m := range renderChart(t, ch, tc.values) {
+				spec := []string{"spec"}
+				if m.obj.GetKind() == "DaemonSet" {
+					spec = []string{"spec", "template", "spec"}
+				}
+				for _, field := range []string{"initContainers", "containers"} {
+					cs, _, _ := unstructured.NestedSlice(m.obj.Object, append(spec, field)...)
+					for _, c := range cs {
+						got[c.(map[string]any)["name"].(string)] = c.(map[string]any)["image"].(string)
+					}
+				}
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("images (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
 // TestChartRefusesBadValues: bad values fail at render time (values.schema.json, or the chart's
 // own checks) with a message naming the key and the value, and render nothing.
 func TestChartRefusesBadValues(t *testing.T) {
@@ -312,6 +358,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
 			[]string{`image.name "cr.l5d.io/linkerd/cni-plugin" is Linkerd's image, which does not hold this chart's programs`}},
+		{"image digest without its algorithm", map[string]any{"image": map[string]any{"digest": strings.Repeat("ab", 32)}},
+			[]string{"at '/image/digest': '" + strings.Repeat("ab", 32) + "' does not match pattern '^$|^sha256:[0-9a-f]{64}$'"}},
+		{"image digest in upper case", map[string]any{"socketLBCheck": map[string]any{"imageDigest": "sha256:" + strings.Repeat("AB", 32)}},
+			[]string{"at '/socketLBCheck/imageDigest': 'sha256:" + strings.Repeat("AB", 32) + "' does not match pattern '^$|^sha256:[0-9a-f]{64}$'"}},
 		{"PodSecurityPolicy", map[string]any{"enablePSP": true}, []string{"enablePSP true: PodSecurityPolicy was removed in Kubernetes 1.25"}},
 		{"shared admin address", map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"adminAddr": "127.0.0.1:9992"}},
 			[]string{`installer.adminAddr and repairController.adminAddr are both "127.0.0.1:9992"`}},

@@ -18,7 +18,6 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 )
 
@@ -30,7 +29,7 @@ const testCA = "-----BEGIN CERTIFICATE-----\nMIIBdummyCAforInstallerTests\n-----
 // volume written the way the kubelet's atomic writer writes it.
 type host struct {
 	root, netDir, binDir, imageBin, saDir string
-	binary, companion                     []byte // the image's plugin and its companion
+	binary                                []byte // the image's plugin
 	cfg                                   Config
 
 	mu     sync.Mutex
@@ -55,13 +54,9 @@ func newHost(t *testing.T) *host {
 			t.Fatal(err)
 		}
 	}
-	h.binary, h.companion = make([]byte, 64*1024), make([]byte, 32*1024)
+	h.binary = make([]byte, 64*1024)
 	_, _ = rand.Read(h.binary)
-	_, _ = rand.Read(h.companion)
 	if err := os.WriteFile(filepath.Join(h.imageBin, "linkerd-cni"), h.binary, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.imageBin, cniplugin.CompanionName), h.companion, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	// Another CNI's binary, which must survive.

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 )
 
@@ -22,14 +21,11 @@ func TestSIGTERMRemovesEverything(t *testing.T) {
 		t.Skip("skipping: builds cmd/linkerd-cni")
 	}
 	h := newHost(t)
-	// The real binaries replace newHost's random stand-ins.
-	for _, name := range []string{"linkerd-cni", cniplugin.CompanionName} {
-		if err := os.Remove(filepath.Join(h.imageBin, name)); err != nil {
-			t.Fatal(err)
-		}
+	// The real binary replaces newHost's random stand-in.
+	if err := os.Remove(filepath.Join(h.imageBin, "linkerd-cni")); err != nil {
+		t.Fatal(err)
 	}
-	// As in the image: the node's plugin-only build and its companion in /opt/cni/bin, the full
-	// binary elsewhere.
+	// As in the image: the node's plugin-only build in /opt/cni/bin, the full binary elsewhere.
 	goBuild(t, h.imageBin, cnitest.NodeBinaries...)
 	full := t.TempDir()
 	goBuild(t, full, "github.com/kubemesh/proxy-init/cmd/linkerd-cni")

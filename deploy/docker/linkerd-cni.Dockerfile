@@ -2,13 +2,12 @@
 # Generated from internal/images (layout.go) by `make dockerfiles`: edit that, not this file.
 #
 # The linkerd-cni image: the DaemonSet's binary (install, agent, repair) and what the installer
-# copies onto the node: the plugin-only build and its companion linkerd-cni-api (the Kubernetes API
-# client the plugin runs when the node agent does not take a call). Linkerd's paths are links to
-# the DaemonSet's binary: Linkerd's linkerd2-cni chart runs the repair controller as
+# copies onto the node: the plugin-only build. Linkerd's paths are links to the DaemonSet's binary:
+# Linkerd's linkerd2-cni chart runs the repair controller as
 # /usr/lib/linkerd/linkerd-cni-repair-controller, and its image's CMD is
 # /usr/bin/linkerd2-cni-install. The installer runs as root (the node's CNI directories are
-# root-owned) with no capability; the node agent as root with NET_ADMIN, SYS_ADMIN
-# and SYS_PTRACE (it writes rules inside pods' namespaces); the repair controller as 65534.
+# root-owned) with no capability; the node agent as root, with NET_ADMIN, SYS_ADMIN and SYS_PTRACE
+# for its audits (it heals rules inside pods' namespaces); the repair controller as 65534.
 #
 # Build from the repository root with BuildKit (Docker 23 or later, which keeps file
 # capabilities on COPY):

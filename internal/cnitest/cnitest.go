@@ -34,10 +34,10 @@ var pluginPkgs = map[string]string{
 	"portmap":    PluginsModule + "/plugins/meta/portmap",
 }
 
-// NodeBinaries are the go build arguments of the binaries the installer puts on the node, as
-// `make build` builds them into bin/plugin: the plugin-only linkerd-cni (-tags pluginonly, no
-// Kubernetes client) and its companion linkerd-cni-api, which the plugin runs to read the API.
-var NodeBinaries = []string{"-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni", "github.com/kubemesh/proxy-init/cmd/linkerd-cni-api"}
+// NodeBinaries are the go build arguments of the binary the installer puts on the node, as
+// `make build` builds it into bin/plugin: the plugin-only linkerd-cni (-tags pluginonly: none of
+// the DaemonSet's subcommands).
+var NodeBinaries = []string{"-tags=pluginonly", "github.com/kubemesh/proxy-init/cmd/linkerd-cni"}
 
 // GoBuild builds into dir as `make build` builds the node's plugin: static (CGO_ENABLED=0),
 // stripped and with trimmed paths. args are further go build flags (such as -tags=pluginonly,

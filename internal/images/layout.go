@@ -21,9 +21,6 @@ const (
 	BinProxyInit  = "proxy-init"
 	BinLinkerdCNI = "linkerd-cni"
 	BinPlugin     = "plugin/linkerd-cni"
-	// BinCompanion is the plugin's companion, its Kubernetes API client, which it runs from its
-	// own directory.
-	BinCompanion = "plugin/linkerd-cni-api"
 )
 
 // NetCaps are the file capabilities proxy-init and the xtables binaries carry, in setcap's
@@ -97,16 +94,14 @@ var Images = []Image{
 		Name:       "linkerd-cni",
 		Repository: "ghcr.io/kubemesh/linkerd-cni",
 		About: `The linkerd-cni image: the DaemonSet's binary (install, agent, repair) and what the installer
-copies onto the node: the plugin-only build and its companion linkerd-cni-api (the Kubernetes API
-client the plugin runs when the node agent does not take a call). Linkerd's paths are links to
-the DaemonSet's binary: Linkerd's linkerd2-cni chart runs the repair controller as
+copies onto the node: the plugin-only build. Linkerd's paths are links to the DaemonSet's binary:
+Linkerd's linkerd2-cni chart runs the repair controller as
 /usr/lib/linkerd/linkerd-cni-repair-controller, and its image's CMD is
 /usr/bin/linkerd2-cni-install. The installer runs as root (the node's CNI directories are
-root-owned) with no capability; the node agent as root with NET_ADMIN, SYS_ADMIN
-and SYS_PTRACE (it writes rules inside pods' namespaces); the repair controller as 65534.`,
+root-owned) with no capability; the node agent as root, with NET_ADMIN, SYS_ADMIN and SYS_PTRACE
+for its audits (it heals rules inside pods' namespaces); the repair controller as 65534.`,
 		Files: []File{
 			{Path: "/opt/cni/bin/linkerd-cni", Bin: BinPlugin},
-			{Path: "/opt/cni/bin/linkerd-cni-api", Bin: BinCompanion},
 			{Path: "/usr/local/bin/linkerd-cni", Bin: BinLinkerdCNI},
 			{Path: "/usr/lib/linkerd/linkerd-cni-repair-controller", Link: "/usr/local/bin/linkerd-cni"},
 			{Path: "/usr/bin/linkerd2-cni-install", Link: "/usr/local/bin/linkerd-cni"},

@@ -140,7 +140,6 @@ func TestLinkerdCNIImageNames(t *testing.T) {
 		{"/usr/lib/linkerd/linkerd-cni-repair-controller", 65534, []string{"--help"}, "linkerd-cni repair deletes the pods"},
 		{"/usr/bin/linkerd2-cni-install", 0, []string{"--help"}, "Usage of linkerd-cni install"},
 		{"/opt/cni/bin/linkerd-cni", 0, []string{"version"}, "linkerd-cni "},
-		{"/opt/cni/bin/linkerd-cni-api", 0, []string{"version"}, "linkerd-cni-api "},
 	} {
 		code, out := runIn(t, nil, root, tc.uid, tc.path, tc.args...)
 		if code != 0 || !strings.Contains(out, tc.want) {

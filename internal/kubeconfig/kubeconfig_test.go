@@ -2,13 +2,15 @@ package kubeconfig
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// TestRender loads the rendered file with client-go, as the plugin does, and checks that every
-// value survives, including ones that would break a naively quoted YAML document.
+// TestRender loads the rendered file with client-go, as kubectl does, and checks that every value
+// survives, including ones that would break a naively quoted document.
 func TestRender(t *testing.T) {
 	ca := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
 	tests := []struct {
@@ -46,6 +48,39 @@ func TestRender(t *testing.T) {
 				}
 			} else if cl.InsecureSkipTLSVerify || !bytes.Equal(cl.CertificateAuthorityData, tc.p.CA) {
 				t.Fatalf("insecure %v, CA %q; want the CA embedded", cl.InsecureSkipTLSVerify, cl.CertificateAuthorityData)
+			}
+		})
+	}
+}
+
+// TestRead reads what Render writes, and what an operator may write instead (the CA and the
+// token in files), into the same Params.
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	ca := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	caFile, tokenFile := write("ca.crt", string(ca)), write("token", "tok\n")
+	want := Params{Server: "https://[2001:db8::1]:6443", Token: "tok", CA: ca}
+	for name, content := range map[string]string{
+		"rendered": string(Render(want)),
+		"files": `{"apiVersion":"v1","kind":"Config","preferences":{},"current-context":"other",
+ "clusters":[{"name":"other","cluster":{"server":"https://192.0.2.9"}},{"name":"local","cluster":{"server":"https://[2001:db8::1]:6443","certificate-authority":"` + caFile + `"}}],
+ "users":[{"name":"linkerd-cni","user":{"tokenFile":"` + tokenFile + `"}}],
+ "contexts":[{"name":"linkerd-cni-context","context":{"cluster":"local","user":"linkerd-cni","namespace":"x"}}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := Read(write(name, content))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Server != want.Server || got.Token != want.Token || !bytes.Equal(got.CA, want.CA) || got.InsecureSkipTLSVerify {
+				t.Errorf("Read = %+v, want %+v", got, want)
 			}
 		})
 	}

@@ -1,13 +1,15 @@
 // Package release builds and publishes what a user pulls: the images for every platform (OCI
 // archives, and pushed as indexes), one SPDX SBOM per platform image (written beside the
 // archives, and pushed as an OCI referrer of that image), cosign-compatible key-based
-// signatures of every image digest, the linkerd2-cni chart as a Helm package (and pushed as an
-// OCI artifact with Helm's library, its manifest signed too), and a SHA256SUMS of it all (`make release`). It also puts
-// our binaries over Linkerd's proxy image without a container daemon (Overlay, `make overlay`).
+// signatures of every image and SBOM digest, the linkerd2-cni chart as a Helm package (and
+// pushed as an OCI artifact with Helm's library, its manifest signed too), and a SHA256SUMS of
+// it all (`make release`). It also puts our binaries over Linkerd's proxy image without a
+// container daemon (Overlay, `make overlay`).
 //
 // Limits: signatures are cosign's key-based format, not keyless, and are not recorded in a
 // transparency log (`cosign verify` needs --insecure-ignore-tlog); a release replaces the
-// signatures an image digest had. SBOMs list Go modules and Debian packages, not licenses.
+// signatures a digest had; the files of the release directory (binaries, SHA256SUMS) are not
+// signed. SBOMs list Go modules and Debian packages, not licenses.
 package release
 
 import (
@@ -46,8 +48,8 @@ type Options struct {
 	Epoch    time.Time
 	// Registry is host[:port]/namespace to push to; "" pushes nothing.
 	Registry string
-	// KeyFile signs every image digest when set (it needs Registry); Password decrypts a cosign
-	// key.
+	// KeyFile signs every image, SBOM and chart digest when set (it needs Registry); Password
+	// decrypts a cosign key.
 	KeyFile  string
 	Password []byte
 	// Remote are go-containerregistry's options for the registry (authentication, transport).
@@ -251,7 +253,7 @@ func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) 
 }
 
 // push pushes one image's index, each platform's SBOM as its referrer, and the signatures of
-// the index and of each platform's image.
+// the index, of each platform's image and of each SBOM.
 func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
 	tag, err := name.NewTag(r.Ref)
 	if err != nil {
@@ -289,7 +291,9 @@ func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts
 			return fmt.Errorf("push the SBOM of %s (%s): %w", r.Ref, rp.Platform, err)
 		}
 		logf("pushed the SBOM of %s %s as a referrer of %s", r.Ref, rp.Platform, rp.Digest)
-		signed = append(signed, rp.Digest)
+		// The SBOM's manifest is signed too: its digest covers the document, so `cosign verify
+		// --key` on it proves the SBOM is the release's, as it does for the image.
+		signed = append(signed, rp.Digest, ad)
 	}
 	if signer == nil {
 		return nil
@@ -299,7 +303,7 @@ func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts
 			return err
 		}
 	}
-	logf("signed %s: the index and %d platform images", r.Ref, len(b.Platforms))
+	logf("signed %s: the index, %d platform images and their SBOMs", r.Ref, len(b.Platforms))
 	return nil
 }
 

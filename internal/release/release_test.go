@@ -63,8 +63,8 @@ func releaseOptions(t *testing.T, bin, host string) Options {
 // API and one without (the sha256-<digest> tag fallback), and checks what a user pulls: the
 // files and their SHA256SUMS, each image's index and platforms, each platform's SBOM as its
 // referrer (the same document as the file beside the archive) listing the Go modules and Debian
-// packages at their versions, the signature of every digest (and none for a changed one), and
-// the chart at the release's version, defaulting to the release's image.
+// packages at their versions, the signature of every image and SBOM digest (and none for a
+// changed one), and the chart at the release's version, defaulting to the release's image.
 func TestRelease(t *testing.T) {
 	bin := buildBins(t)
 	key, pubFile := writeKey(t, "s3cret")
@@ -222,7 +222,11 @@ func checkPushedImage(t *testing.T, img images.Image, r Released, verifier signa
 		if len(rm.Manifests) != 1 || (rm.Manifests[0].ArtifactType != SBOMArtifactType && rm.Manifests[0].ArtifactType != string(types.OCIEmptyJSON)) {
 			t.Fatalf("%s %s: referrers %+v, want one %s", r.Ref, rp.Platform, rm.Manifests, SBOMArtifactType)
 		}
-		art, err := remote.Image(repo.Digest(rm.Manifests[0].Digest.String()), loopbackOnly...)
+		sbom := repo.Digest(rm.Manifests[0].Digest.String())
+		if err := Verify(ctx, sbom, verifier, loopbackOnly...); err != nil {
+			t.Errorf("%s SBOM: %v", rp.Platform, err)
+		}
+		art, err := remote.Image(sbom, loopbackOnly...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/cniplugin"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 )
 
@@ -109,7 +108,6 @@ func TestStressInstallerChurn(t *testing.T) {
 		}
 	}
 	mustWrite(filepath.Join(root, "image/linkerd-cni"), "plugin binary")
-	mustWrite(filepath.Join(root, "image/"+cniplugin.CompanionName), "companion binary")
 	mustWrite(filepath.Join(root, "sa/token"), "token")
 	conf := filepath.Join(netDir, "10-flannel.conf")
 	generation := 0

@@ -1,7 +1,8 @@
 package backend
 
 // What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
-// run TPROXY, when a write failed, and whether the namespace has IPv6, for ipv6=auto.
+// run iptables-legacy and TPROXY, when a write failed, and whether the namespace has IPv6, for
+// ipv6=auto.
 
 import (
 	"context"
@@ -15,34 +16,87 @@ import (
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-// ErrKernelLacks marks an apply refused because the kernel cannot run a feature the
+// ErrKernelLacks marks an apply refused because the kernel cannot run a feature or backend the
 // configuration asks for; nothing was written.
 var ErrKernelLacks = errors.New("the kernel lacks support")
 
-// CheckKernel says whether the kernel cannot run rs in mode: TPROXY without iptables' TPROXY
-// target (legacy, nft and plain modes), without nftables' tproxy expression (nftables mode), or
-// without either (auto, which falls back from one to the other). The Runner asks it after a
-// write failed, which wrote nothing, to name what is missing; where the kernel cannot be asked
-// (no nf_tables netlink, no privilege), the write's own error stands.
+// CheckKernel says whether the kernel cannot run rs in mode: iptables-legacy without the legacy
+// ip_tables (legacy mode, and plain where the host's iptables is legacy); TPROXY without
+// iptables' TPROXY target (legacy, nft and plain modes), without nftables' tproxy expression
+// (nftables mode), or without either (auto, which falls back from one to the other). The Runner
+// asks it after a write failed, which wrote nothing, to name what is missing; where the kernel
+// cannot be asked (no nf_tables netlink, no privilege), the write's own error stands.
 func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
-	return CheckKernelWith(nfnl.ProbeTPROXY)(ctx, mode, rs)
+	return CheckKernelWith(Probes{})(ctx, mode, rs)
 }
 
-// CheckKernelWith is CheckKernel asking probe what the kernel has, the Runner's Kernel: a test
-// stands a kernel without TPROXY in for one that has it.
-func CheckKernelWith(probe func(context.Context) (nfnl.TPROXYSupport, error)) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
+// Probes are what CheckKernelWith asks the kernel; a nil one asks the real kernel.
+type Probes struct {
+	// TPROXY says which TPROXYs the kernel has (nfnl.ProbeTPROXY).
+	TPROXY func(context.Context) (nfnl.TPROXYSupport, error)
+	// Legacy says why family f has no iptables-legacy, nil if it has (xtables.LegacyMissing).
+	Legacy func(f iptables.Family) error
+}
+
+// CheckKernelWith is CheckKernel asking p what the kernel has, the Runner's Kernel: a test
+// stands a kernel that lacks something in for one that has it.
+func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
+	if p.TPROXY == nil {
+		p.TPROXY = nfnl.ProbeTPROXY
+	}
+	if p.Legacy == nil {
+		p.Legacy = xtables.LegacyMissing
+	}
 	return func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
-		if rs == nil || !rs.TPROXY {
+		if rs == nil {
 			return nil
 		}
-		s, err := probe(ctx)
+		if writesLegacy(mode) {
+			if err := legacyVerdict(mode, rs.Families, p.Legacy); err != nil {
+				return err
+			}
+		}
+		if !rs.TPROXY {
+			return nil
+		}
+		s, err := p.TPROXY(ctx)
 		if err != nil {
 			return nil
 		}
 		return tproxyVerdict(mode, s)
 	}
+}
+
+// writesLegacy reports whether mode writes with iptables-legacy alone: auto reaches it only
+// after nf_tables refused, and says so in its own error.
+func writesLegacy(mode iptables.Mode) bool {
+	if mode == iptables.ModePlain {
+		f, err := xtables.DetectPlain()
+		return err == nil && f == xtables.Legacy
+	}
+	return mode == iptables.ModeLegacy
+}
+
+// legacyVerdict is CheckKernel's answer for iptables-legacy's families: the mode stays what it
+// was asked to be (the rules are not moved to nf_tables behind the operator's back), and the
+// error says what the kernel lacks and which modes work without it.
+func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(iptables.Family) error) error {
+	var why []string
+	for _, f := range families {
+		if err := missing(f); err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", f, err))
+		}
+	}
+	if len(why) == 0 {
+		return nil
+	}
+	return fmt.Errorf("iptables mode %s: %w for iptables-legacy (%s): kernels from Linux 6.17 have the legacy ip_tables and ip6_tables only "+
+		"when built with CONFIG_NETFILTER_XTABLES_LEGACY and CONFIG_IP_NF_IPTABLES_LEGACY / CONFIG_IP6_NF_IPTABLES_LEGACY, and elsewhere "+
+		"their modules may not be loaded; iptables mode auto or nft writes the same rules over nf_tables; nothing was written",
+		mode, ErrKernelLacks, strings.Join(why, "; "))
 }
 
 // tproxyVerdict is CheckKernel's answer for what the probe found.

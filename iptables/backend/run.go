@@ -124,7 +124,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		if res.Note != "" {
 			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
 		}
-		if err := r.removeOthers(ctx, a); err != nil {
+		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
 		// After the rules: policy routing an earlier TPROXY configuration needed.
@@ -155,6 +155,9 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		st.Routes = iptables.CompareRoutes(rs.PolicyRoutes(), have)
 		for _, o := range r.others(a.Covers()) {
 			es, err := o.Present(ctx)
+			if notInKernel(t, o, err) {
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("look for rules of ours in %s: %w", o.Name(), err)
 			}
@@ -173,11 +176,11 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	var out Outcome
 	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
-		if err := a.Cleanup(ctx); err != nil {
+		if err := a.Cleanup(ctx); err != nil && !notInKernel(t, a, err) {
 			return fmt.Errorf("remove rules with %s: %w", a.Name(), err)
 		}
 		out.Backend = a.Name()
-		if err := r.removeOthers(ctx, a); err != nil {
+		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
 		if err := r.routing().Prune(nil); err != nil {
@@ -319,14 +322,26 @@ func (r Runner) others(covered []iptables.Backend) []iptables.Applier {
 // removeOthers removes our rules from every backend the chosen applier does not cover. Each
 // first checks, without exec, whether there is anything to remove, so this costs no process in
 // the common case.
-func (r Runner) removeOthers(ctx context.Context, chosen iptables.Applier) error {
+func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Applier) error {
 	var errs []error
 	for _, o := range r.others(chosen.Covers()) {
-		if err := o.Cleanup(ctx); err != nil {
+		if err := o.Cleanup(ctx); err != nil && !notInKernel(t, o, err) {
 			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name(), err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// notInKernel reports whether err says the kernel offers no interface for backend a, where
+// nothing of ours can be, and says so at debug level: the iptables-legacy fallback under qemu-user
+// or on a kernel without nf_tables then neither fails on nor hides behind the netlink backends.
+func notInKernel(t Target, a iptables.Applier, err error) bool {
+	if !errors.Is(err, iptables.ErrNotInKernel) {
+		return false
+	}
+	t.log().Debug("backend skipped: the kernel offers no interface for it, so it holds nothing of ours",
+		"backend", a.Name(), "why", err.Error(), "netns", t.NetNSLabel())
+	return true
 }
 
 // realOthers looks at the backends not covered: iptables-nft's rules and the native table

@@ -7,11 +7,14 @@ package nfnl
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 // source answers requests: the kernel, or, in tests, a recording of it (record_test.go).
@@ -42,7 +45,11 @@ func dial(ctx context.Context) (*conn, error) {
 	}
 	// A fixed receive buffer instead of peeking at each datagram's size first (which doubles the
 	// system calls): the kernel sends no datagram larger than 32 KiB on this socket.
-	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{MessageBufferSize: 32 << 10})
+	nl, err := dialNetlink(unix.NETLINK_NETFILTER, &netlink.Config{MessageBufferSize: 32 << 10})
+	if errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT) {
+		// Refused at the socket itself, before any message: no nf_tables here at all.
+		return nil, fmt.Errorf("open the nf_tables netlink socket: %w: %w", iptables.ErrNotInKernel, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open the nf_tables netlink socket: %w", err)
 	}
@@ -58,6 +65,10 @@ func dial(ctx context.Context) (*conn, error) {
 	}
 	return &conn{nl: nl}, nil
 }
+
+// dialNetlink opens the socket; a test replaces it to stand in for a kernel or sandbox that
+// refuses NETLINK_NETFILTER.
+var dialNetlink = netlink.Dial
 
 func (c *conn) close() { _ = c.nl.Close() }
 

@@ -137,6 +137,12 @@ func familyOf(nl int) iptables.Family {
 func readOurs() (*current, error) {
 	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
 	rules, err := netlink.RuleList(netlink.FAMILY_ALL)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		// qemu-user translates rtnetlink's links, addresses and routes, not its ip rules: where
+		// they cannot be listed they cannot have been written either, so none is ours (and
+		// TPROXY, which adds one, fails there with this error).
+		rules, err = nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}

@@ -513,6 +513,34 @@ func LegacyTables(f iptables.Family) []string {
 	return out
 }
 
+// LegacyMissing says why the kernel offers no iptables-legacy for family f in the calling thread's
+// network namespace, or is nil where it does or cannot tell. Without the legacy ip_tables (or
+// ip6_tables), which kernels from 6.17 build only with CONFIG_NETFILTER_XTABLES_LEGACY, the
+// binaries fail with "unable to initialize table 'nat'", which names nothing. Both signs are
+// asked: no table list in /proc (which the module creates in every namespace), and the
+// iptables' socket option refused with ENOPROTOOPT, as with no handler registered at all. The
+// option is asked with a buffer of the wrong size, which a kernel with the handler refuses with
+// EINVAL before it looks at, or loads, any table.
+func LegacyMissing(f iptables.Family) error {
+	file, domain, level, opt := "/proc/thread-self/net/ip_tables_names", unix.AF_INET, unix.IPPROTO_IP, "IPT_SO_GET_INFO"
+	if f == iptables.IPv6 {
+		file, domain, level, opt = "/proc/thread-self/net/ip6_tables_names", unix.AF_INET6, unix.IPPROTO_IPV6, "IP6T_SO_GET_INFO"
+	}
+	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	fd, err := unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	const soGetInfo = 64 // IPT_SO_GET_INFO and IP6T_SO_GET_INFO
+	if _, err := unix.GetsockoptString(fd, level, soGetInfo); !errors.Is(err, unix.ENOPROTOOPT) {
+		return nil
+	}
+	return fmt.Errorf("no %s, and the socket option %s is refused: %w", strings.TrimPrefix(file, "/proc/thread-self"), opt, unix.ENOPROTOOPT)
+}
+
 // lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
 // (iptables-nft) or "line 5 failed" (iptables-legacy). Plain string scanning, because linking
 // package regexp alone added to every run of proxy-init's start-up (docs/performance.md).

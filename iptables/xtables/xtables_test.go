@@ -236,3 +236,24 @@ func TestFallbackWithinFlavor(t *testing.T) {
 		t.Errorf("legacy mode without legacy binaries: got %v, want %q", err, want)
 	}
 }
+
+// This kernel has the legacy ip_tables and ip6_tables, so a fresh namespace (whose table lists in
+// /proc are empty, not absent) is not taken for one without them, and asking creates no table.
+// (A kernel without them is stood in for in proxyinit's TestLegacyWithoutKernelSupport.)
+func TestLegacyMissingOnAKernelWithIt(t *testing.T) {
+	netnstest.RequireRoot(t)
+	n := netnstest.NewNS(t)
+	if err := n.Do(func() error {
+		for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+			if err := xtables.LegacyMissing(f); err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
+			if got := xtables.LegacyTables(f); len(got) != 0 {
+				t.Errorf("%s: asking created the tables %v", f, got)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

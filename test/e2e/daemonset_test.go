@@ -29,7 +29,6 @@ const (
 	cniSelector   = "k8s-app=linkerd-cni"
 	conflistPath  = "/etc/cni/net.d/10-bridge.conflist"
 	pluginPath    = "/opt/cni/bin/linkerd-cni"
-	companionPath = "/opt/cni/bin/linkerd-cni-api" // the plugin's API client, which it runs beside itself
 	kubeconfigCNI = "/etc/cni/net.d/ZZZ-linkerd-cni-kubeconfig"
 )
 
@@ -185,10 +184,8 @@ func testDaemonSet(t *testing.T, c *Cluster) {
 		if kube, _ := ours["kubernetes"].(map[string]any); kube["kubeconfig"] != kubeconfigCNI {
 			t.Errorf("node %s: linkerd-cni kubernetes config %v, want kubeconfig %s", n.Name, ours["kubernetes"], kubeconfigCNI)
 		}
-		for _, bin := range []string{pluginPath, companionPath} {
-			if fi, err := os.Stat(n.Path(bin)); err != nil || fi.Mode().Perm()&0o111 == 0 {
-				t.Errorf("node %s: %s: %v, want an executable", n.Name, bin, err)
-			}
+		if fi, err := os.Stat(n.Path(pluginPath)); err != nil || fi.Mode().Perm()&0o111 == 0 {
+			t.Errorf("node %s: %s: %v, want an executable", n.Name, pluginPath, err)
 		}
 		fi, err := os.Stat(n.Path(kubeconfigCNI))
 		if err != nil || fi.Mode().Perm() != 0o600 {

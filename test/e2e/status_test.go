@@ -18,8 +18,8 @@ var statusValues = map[string]any{"disableIPv6": false, "logLevel": "debug"}
 // STATUS every few seconds (the kubelet's runtime status check). While the API server is
 // unreachable from the plugin, STATUS still passes and both nodes stay Ready. With the plugin's
 // kubeconfig missing, STATUS fails and node B (only) reports NotReady with the plugin's
-// message; with the plugin's companion missing, the plugin's message naming it; with the binary
-// missing, containerd's own message; each back to Ready once the file is back.
+// message naming the kubeconfig; with the binary missing, containerd's own message; each back to
+// Ready once the file is back.
 func testStatus(t *testing.T, c *Cluster) {
 	if c.Runtime.Name != Containerd2 {
 		t.Skipf("E2E_RUNTIME=%s: containerd 1.6's libcni predates CNI 1.1.0 and never calls STATUS", c.Runtime.Name)
@@ -65,7 +65,7 @@ func testStatus(t *testing.T, c *Cluster) {
 	// The files as the installer leaves them, kept in place by hand after the DaemonSet is
 	// gone, so that each can be taken away without an installer putting it back.
 	files := map[string][]byte{}
-	for _, f := range []string{conflistPath, kubeconfigCNI, pluginPath, companionPath} {
+	for _, f := range []string{conflistPath, kubeconfigCNI, pluginPath} {
 		data, err := os.ReadFile(b.Path(f))
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +77,7 @@ func testStatus(t *testing.T, c *Cluster) {
 		t.Helper()
 		mode := os.FileMode(0o644)
 		switch f {
-		case pluginPath, companionPath:
+		case pluginPath:
 			mode = 0o755
 		case kubeconfigCNI:
 			mode = 0o600
@@ -90,9 +90,8 @@ func testStatus(t *testing.T, c *Cluster) {
 		_ = os.WriteFile(b.Path(conflistPath), []byte(bridgeConflist(c.Runtime.CNIVersion, b.nodeSpec)), 0o644)
 		_ = os.Remove(b.Path(kubeconfigCNI))
 		_ = os.Remove(b.Path(pluginPath))
-		_ = os.Remove(b.Path(companionPath))
 	})
-	for _, f := range []string{kubeconfigCNI, companionPath, pluginPath, conflistPath} {
+	for _, f := range []string{kubeconfigCNI, pluginPath, conflistPath} {
 		restore(f)
 	}
 	waitNodeReady(ctx, t, b, true, "")
@@ -100,8 +99,7 @@ func testStatus(t *testing.T, c *Cluster) {
 	for _, tc := range []struct {
 		file, want string
 	}{
-		{kubeconfigCNI, "linkerd-cni cannot look pods up"},
-		{companionPath, "linkerd-cni cannot look pods up: the plugin's API fallback " + companionPath + " failed"},
+		{kubeconfigCNI, "linkerd-cni cannot look pods up: kubeconfig " + kubeconfigCNI},
 		{pluginPath, `failed to find plugin "linkerd-cni"`},
 	} {
 		if err := os.Remove(b.Path(tc.file)); err != nil {

@@ -110,7 +110,7 @@ func testTeardown(t *testing.T, c *Cluster) {
 	if got, err := os.ReadFile(n.Path(conflistPath)); err != nil || string(got) != bridgeConflist(c.Runtime.CNIVersion, n.nodeSpec) {
 		t.Errorf("conflist after the installer's SIGTERM (%v):\n%s\nwant the original, byte for byte:\n%s", err, got, bridgeConflist(c.Runtime.CNIVersion, n.nodeSpec))
 	}
-	for _, f := range []string{pluginPath, companionPath, kubeconfigCNI} {
+	for _, f := range []string{pluginPath, kubeconfigCNI} {
 		if _, err := os.Stat(n.Path(f)); !os.IsNotExist(err) {
 			t.Errorf("%s still on the node after the DaemonSet is gone (%v)", f, err)
 		}

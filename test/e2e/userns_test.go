@@ -107,7 +107,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		pod := meshedPod(t, "e2e-userns", cniWorkload, "linkerd-network-validator")
 		added := addLine(t, c, pod)
 		if !strings.Contains(added, " apiRequests=0 ") {
-			t.Errorf("the ADD was not the agent's (it made no API request): %s", added)
+			t.Errorf("the ADD did not take the pod from the agent (it made API requests): %s", added)
 		}
 		if !strings.Contains(added, " backend=nftables ") {
 			t.Errorf("the ADD in iptables-mode nft did not write the native table: %s", added)
@@ -136,7 +136,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
 		pod := meshedPod(t, "e2e-userns-fallback", cniWorkload, "linkerd-network-validator")
 		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
-			t.Errorf("the ADD made no API request: the agent did it, not the plugin: %s", added)
+			t.Errorf("the ADD made no API request: the agent looked the pod up, though lookups are off: %s", added)
 		}
 		checkRuleBackend(ctx, t, c, pod, "nftables")
 		// The agent's audit reads what the plugin wrote, and finds it right.

@@ -32,6 +32,8 @@ func Netlink(op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, iptables.ErrNotInKernel):
+		return fmt.Errorf("%s: %w", op, err)
 	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
 		return Denied(op, err, NetAdmin)
 	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EAFNOSUPPORT) ||

@@ -29,6 +29,9 @@ func TestNetlink(t *testing.T) {
 		{fmt.Errorf("add rule: %w", unix.ENOENT), false, true, "write: the kernel does not support this backend: add rule: no such file or directory"},
 		{unix.EPROTONOSUPPORT, false, true, "write: the kernel does not support this backend: protocol not supported"},
 		{unix.EBUSY, false, false, "write: device or resource busy"},
+		// Marked at the socket by nfnl: kept as it is, and still unsupported.
+		{fmt.Errorf("open the nf_tables netlink socket: %w: %w", iptables.ErrNotInKernel, unix.EPROTONOSUPPORT), false, true,
+			"write: open the nf_tables netlink socket: the kernel offers no interface for this backend: protocol not supported"},
 	} {
 		got := Netlink("write", c.err)
 		if got.Error() != c.want || iptables.IsCapabilityError(got) != c.capability || errors.Is(got, iptables.ErrUnsupported) != c.unsupported {

@@ -46,6 +46,19 @@ linkerd-cni.conf
 {{- end -}}
 {{- end -}}
 
+{{/* An image reference from a dict of name, version (none when name holds its tag already) and
+digest: name:version, or, given a digest, name@digest with any tag left out, so that what runs is
+exactly the digest and no tag can be read as if it mattered. */}}
+{{- define "linkerd-cni.image" -}}
+{{- if .digest -}}
+{{- regexReplaceAll ":[^:/]+$" .name "" }}@{{ .digest }}
+{{- else if .version -}}
+{{- .name }}:{{ .version }}
+{{- else -}}
+{{- .name }}
+{{- end -}}
+{{- end -}}
+
 {{/* Whether the agent audits: an auditPeriod other than zero ("0s", "0m", "0"). */}}
 {{- define "linkerd-cni.auditing" -}}
 {{- not (regexMatch "^[0.]+[a-zµ]*$" (toString .Values.agent.auditPeriod)) -}}

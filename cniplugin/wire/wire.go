@@ -1,0 +1,135 @@
+// Package wire is the protocol between the linkerd-cni plugin and the node agent over the agent's
+// UNIX socket (SOCK_SEQPACKET, one JSON message per datagram), imported by both sides: the
+// messages, the typed errors, the plugin's client and the agent's helpers (one bounded message at
+// a time, descriptors refused, the peer checked).
+//
+// One plugin call is one connection: the plugin sends a Request (the command and the pod it
+// concerns, nothing else: no network config, no file descriptor), the agent answers with a Reply
+// (the pod, its namespace and default/kubernetes from its watch cache, or an *Error saying why
+// not), and once the call is done the plugin sends a Report. The agent never acts for the caller:
+// the plugin, which the runtime ran with the pod's namespace and the node's config, writes.
+//
+// Limits: standard library and golang.org/x/sys only, because the plugin links this package and
+// starts on every pod's sandbox set-up. Linux only.
+package wire
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+const (
+	// Version is the protocol version; either side refuses another one.
+	Version = 2
+	// MaxMessage bounds one message (one datagram) either way.
+	MaxMessage = 128 << 10
+	// MaxLog bounds the log text a Report carries.
+	MaxLog = 32 << 10
+)
+
+// The commands a Request may carry.
+const (
+	CommandAdd   = "ADD"
+	CommandCheck = "CHECK"
+	CommandDel   = "DEL"
+)
+
+// Request is the plugin's question: the pod of a CNI call, from its CNI_ARGS and
+// CNI_CONTAINERID. For ADD and CHECK the agent answers with the pod; for DEL it only learns that
+// the sandbox is going (its audits leave it alone).
+type Request struct {
+	V           int    `json:"v"`
+	Command     string `json:"command"`
+	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
+	UID         string `json:"uid,omitempty"`
+	ContainerID string `json:"containerID"`
+}
+
+// Reply is the agent's answer: the core/v1 JSON of the pod, its namespace and, when the agent's
+// watch holds it, the Service default/kubernetes (for control-plane pods); or Error. A DEL's
+// reply is empty.
+type Reply struct {
+	V         int             `json:"v"`
+	Pod       json.RawMessage `json:"pod,omitempty"`
+	Namespace json.RawMessage `json:"namespace,omitempty"`
+	Service   json.RawMessage `json:"service,omitempty"`
+	Error     *Error          `json:"error,omitempty"`
+}
+
+// Report is the plugin's account of the call, sent once it is done, for the agent's metrics and
+// log.
+type Report struct {
+	V       int    `json:"v"`
+	Command string `json:"command"`
+	// Result is "ok" or "error"; Code is the CNI error code of an error.
+	Result string `json:"result"`
+	Code   uint   `json:"code,omitempty"`
+	// Lookup is where the pod came from: "agent", "api", or "none" (DEL, pass-through).
+	Lookup string `json:"lookup"`
+	// Seconds is the call's duration, from the plugin's start.
+	Seconds float64 `json:"seconds"`
+	// Log is the plugin's log lines for the call, truncated to MaxLog.
+	Log string `json:"log,omitempty"`
+}
+
+// Code says why the agent did not answer with a pod.
+type Code string
+
+const (
+	// CodeNotSynced: the agent's watches have not synced yet.
+	CodeNotSynced Code = "not-synced"
+	// CodeNotSeen: the pod (or its namespace) is not in the agent's watch within its wait: not
+	// of this node, or not delivered yet.
+	CodeNotSeen Code = "not-seen"
+	// CodeRefused: the peer failed the agent's checks, or attached file descriptors.
+	CodeRefused Code = "refused"
+	// CodeMalformed: the message did not decode, or named an unknown command or field.
+	CodeMalformed Code = "malformed"
+	// CodeTooLarge: a message larger than MaxMessage.
+	CodeTooLarge Code = "too-large"
+	// CodeVersion: another protocol version.
+	CodeVersion Code = "version"
+)
+
+// Error is a typed refusal, sent in a Reply and returned by both sides' helpers.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return "node agent: " + string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error of code.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the code of the *Error in err's chain, or "".
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// IsNotSynced reports whether err is the agent's CodeNotSynced.
+func IsNotSynced(err error) bool { return CodeOf(err) == CodeNotSynced }
+
+// IsNotSeen reports whether err is the agent's CodeNotSeen.
+func IsNotSeen(err error) bool { return CodeOf(err) == CodeNotSeen }
+
+// TruncateLog bounds log text to MaxLog, keeping whole lines from the start.
+func TruncateLog(s string) string {
+	if len(s) <= MaxLog {
+		return s
+	}
+	cut := s[:MaxLog]
+	if i := strings.LastIndexByte(cut, '\n'); i >= 0 {
+		cut = cut[:i+1]
+	}
+	return cut + "(log truncated)\n"
+}
