@@ -18,6 +18,7 @@ require (
 	github.com/spdx/tools-golang v0.5.7
 	github.com/spf13/pflag v1.1.0
 	github.com/vishvananda/netlink v1.3.1
+	go.opentelemetry.io/otel/trace v1.47.0
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.85.0
 	helm.sh/helm/v3 v3.22.0
@@ -126,7 +127,6 @@ require (
 	github.com/x448/float16 v0.8.4 // indirect
 	github.com/xlab/treeprint v1.2.0 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
-	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.59.0 // indirect

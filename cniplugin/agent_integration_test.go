@@ -4,12 +4,16 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
@@ -89,6 +93,13 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 // it (also run at cleanup).
 func (n *node) startAgent(t testing.TB) (string, *cnitest.SyncBuffer, func()) {
 	t.Helper()
+	_, socket, pluginLog, stop := n.runAgent(t)
+	return socket, pluginLog, stop
+}
+
+// runAgent is startAgent, with the agent.
+func (n *node) runAgent(t testing.TB) (*agent.Agent, string, *cnitest.SyncBuffer, func()) {
+	t.Helper()
 	token, err := n.kube.TokenFor(context.Background(), cniNamespace, cniServiceAccount)
 	if err != nil {
 		t.Fatal(err)
@@ -129,5 +140,102 @@ func (n *node) startAgent(t testing.TB) (string, *cnitest.SyncBuffer, func()) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return socket, pluginLog, stop
+	return a, socket, pluginLog, stop
+}
+
+// TestTraceContextThroughLibcni: libcni passes the runtime's span to the plugin binary
+// (TRACEPARENT, TRACESTATE), as containerd's tracing calls it. Every line of the traced ADD,
+// CHECK and DEL carries the trace ID, in the plugin's log_file and in the node agent's log of the
+// calls (their reports); the agent links the calls' durations to the trace with an exemplar, not
+// a label; TRACESTATE is not logged. An untraced call's lines name no trace.
+func TestTraceContextThroughLibcni(t *testing.T) {
+	n := newNode(t, true)
+	const ns, traceID = "traced", "4bf92f3577b34da6a3ce929d0e0e4736"
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	n.createPod(t, ns, "api", shapeClassic, nil, nil)
+	a, socket, pluginLog, _ := n.runAgent(t)
+	list := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: map[string]any{"agent": map[string]any{"socket": socket}}})
+
+	tid, err := trace.TraceIDFromHex(traceID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	state, _ := trace.ParseTraceState("congo=t61rcWkgMzE")
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, TraceState: state, Remote: true}))
+	traced := n.newSandbox(t, ns, "web")
+	for _, cmd := range []struct {
+		name string
+		run  func() error
+	}{
+		{"ADD", func() error { _, err := n.cni.AddNetworkList(ctx, list, traced.rt); return err }},
+		{"CHECK", func() error { return n.cni.CheckNetworkList(ctx, list, traced.rt) }},
+		{"DEL", func() error { return n.cni.DelNetworkList(ctx, list, traced.rt) }},
+	} {
+		if err := n.ns.Do(cmd.run); err != nil {
+			t.Fatalf("%s: %v\n%s", cmd.name, err, n.logTail(traced.rt.ContainerID))
+		}
+		if cmd.name == "ADD" {
+			expectRules(t, traced, baseConfig(iptables.ModeNFT))
+		}
+	}
+	untraced := n.newSandbox(t, ns, "api")
+	n.mustAdd(t, list, untraced)
+	waitFor(t, "the reports in the agent's plugin log", func() bool {
+		l := pluginLog.String()
+		return strings.Contains(l, "cmd=DEL pod=web") && strings.Contains(l, "containerID="+untraced.rt.ContainerID)
+	})
+
+	linesOf := func(log, containerID string) []string {
+		var out []string
+		for _, l := range strings.Split(log, "\n") {
+			if strings.Contains(l, "containerID="+containerID) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	file, err := os.ReadFile(n.logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for where, log := range map[string]string{"log_file": string(file), "the agent's log": pluginLog.String()} {
+		lines := linesOf(log, traced.rt.ContainerID)
+		all := strings.Join(lines, "\n")
+		for _, cmd := range []string{"cmd=ADD", "cmd=CHECK", "cmd=DEL"} {
+			if !strings.Contains(all, cmd) {
+				t.Errorf("%s has no %s line of the traced sandbox:\n%s", where, cmd, all)
+			}
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, " traceID="+traceID) {
+				t.Errorf("%s: a traced call's line without the trace ID: %s", where, l)
+			}
+		}
+		if strings.Contains(log, "t61rcWkgMzE") {
+			t.Errorf("%s holds TRACESTATE", where)
+		}
+		if l := strings.Join(linesOf(log, untraced.rt.ContainerID), "\n"); l == "" || strings.Contains(l, "traceID") {
+			t.Errorf("%s: the untraced call's lines:\n%s", where, l)
+		}
+	}
+
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	a.Handler().ServeHTTP(rec, req)
+	var exemplars []string
+	for _, l := range strings.Split(rec.Body.String(), "\n") {
+		if strings.HasPrefix(l, agent.MetricsPrefix+"plugin_call_duration_seconds_bucket") && strings.Contains(l, "# {") {
+			exemplars = append(exemplars, l)
+		}
+		if strings.HasPrefix(l, agent.MetricsPrefix) && strings.Contains(l, traceID) && !strings.Contains(l, "# {") {
+			t.Errorf("the trace ID in a series' labels: %s", l)
+		}
+	}
+	if len(exemplars) == 0 || !strings.Contains(strings.Join(exemplars, "\n"), `# {trace_id="`+traceID+`"}`) {
+		t.Errorf("no exemplar of the trace on the calls' durations:\n%s", strings.Join(exemplars, "\n"))
+	}
 }

@@ -101,6 +101,7 @@ type Linkerd struct {
 	UIDsToIgnore              []string
 	GIDsToIgnore              []string
 	DropInvalid               bool
+	RerouteVirtualInterfaces  []string
 }
 
 // Config returns the rule builder's config for this block, before any annotation.
@@ -127,6 +128,7 @@ func (l Linkerd) Config() iptables.Config {
 		UIDsToIgnore:              clone(l.UIDsToIgnore),
 		GIDsToIgnore:              clone(l.GIDsToIgnore),
 		DropInvalid:               l.DropInvalid,
+		RerouteVirtualInterfaces:  clone(l.RerouteVirtualInterfaces),
 	}
 }
 
@@ -258,6 +260,7 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	d.ids(ld, lp, iptables.FieldUIDsToIgnore, &l.UIDsToIgnore)
 	d.ids(ld, lp, iptables.FieldGIDsToIgnore, &l.GIDsToIgnore)
 	d.get(ld, lp, iptables.FieldDropInvalid, &l.DropInvalid, "true or false")
+	d.get(ld, lp, iptables.FieldRerouteVirtualInterfaces, &l.RerouteVirtualInterfaces, "a list of interface names")
 	return conf, d.probs, nil
 }
 

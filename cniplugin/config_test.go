@@ -177,20 +177,21 @@ func TestParseConfigFeatureKeys(t *testing.T) {
 		"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"ipv6":"auto",
 		  "redirect-dns-to-port":5353,"dns-servers-only":false,"inbound-mode":"tproxy","outbound-ports-to-redirect":[80,"443","8000-8100"],
 		  "outbound-subnets-to-redirect":["10.0.0.0/8","2001:db8::/32"],"interfaces-to-ignore":["net1","eth1"],
-		  "uids-to-ignore":[1000,"1001"],"gids-to-ignore":"3000,3001","drop-invalid":true}}`))
+		  "uids-to-ignore":[1000,"1001"],"gids-to-ignore":"3000,3001","drop-invalid":true,"reroute-virtual-interfaces":["k6t-eth0","tap0"]}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, IPTablesMode: iptables.ModeLegacy,
 		IPv6Auto: true, RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY,
 		OutboundPortsToRedirect: []string{"80", "443", "8000-8100"}, OutboundSubnetsToRedirect: []string{"10.0.0.0/8", "2001:db8::/32"},
-		InterfacesToIgnore: []string{"net1", "eth1"}, UIDsToIgnore: []string{"1000", "1001"}, GIDsToIgnore: []string{"3000,3001"}, DropInvalid: true}
+		InterfacesToIgnore: []string{"net1", "eth1"}, UIDsToIgnore: []string{"1000", "1001"}, GIDsToIgnore: []string{"3000,3001"}, DropInvalid: true,
+		RerouteVirtualInterfaces: []string{"k6t-eth0", "tap0"}}
 	if !reflect.DeepEqual(conf.Linkerd, want) {
 		t.Errorf("\n got %+v\nwant %+v", conf.Linkerd, want)
 	}
 	rs := conf.baseRules
 	if rs == nil || !rs.IPv6Auto || rs.DNSPort != 5353 || !rs.TPROXY || len(rs.OutboundRedirectPorts) != 3 || len(rs.IgnoreInterfaces) != 2 ||
-		len(rs.IgnoreUIDs) != 2 || len(rs.IgnoreGIDs) != 2 || !rs.DropInvalid {
+		len(rs.IgnoreUIDs) != 2 || len(rs.IgnoreGIDs) != 2 || !rs.DropInvalid || len(rs.RerouteInterfaces) != 2 {
 		t.Errorf("the rules built from the keys: %+v", rs)
 	}
 }
@@ -253,6 +254,12 @@ func TestParseConfigErrors(t *testing.T) {
 				`linkerd.interfaces-to-ignore "eth0/1": holds '/', which the kernel refuses in an interface name; ` +
 				`linkerd.interfaces-to-ignore "a-very-long-name0": longer than 15 bytes, the kernel's limit for an interface name; ` +
 				`linkerd.uids-to-ignore "4294967295": must be a UID from 1 to 4294967294`},
+		{"a virtual machine's interfaces not a list", base(ports + `,"reroute-virtual-interfaces":"tap0"`),
+			`invalid linkerd-cni network config: linkerd.reroute-virtual-interfaces "tap0": want a list of interface names`},
+		{"a virtual machine's interfaces refused", base(ports + `,"interfaces-to-ignore":["net1"],"reroute-virtual-interfaces":["tap0","net1","lo","tap:0"]`),
+			`invalid linkerd-cni network config: linkerd.reroute-virtual-interfaces "tap:0": holds ':', which the kernel refuses in an interface name; ` +
+				`linkerd.reroute-virtual-interfaces "net1": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it; ` +
+				`linkerd.reroute-virtual-interfaces "lo": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's`},
 		{"DNS port out of range", base(ports + `,"redirect-dns-to-port":65536`),
 			`invalid linkerd-cni network config: linkerd.redirect-dns-to-port "65536": port is outside 1-65535 (0: capture no DNS)`},
 		{"linkerd not an object", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k"},"linkerd":[1]}`,

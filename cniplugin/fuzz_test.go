@@ -35,11 +35,11 @@ func FuzzParseConfig(f *testing.F) {
 }
 
 func FuzzMerge(f *testing.F) {
-	f.Add("3306,5432-5440", "9090", "192.0.2.0/24", "203.0.113.0/24", "198.51.100.0/24,2001:db8::/32", "3000", "-1", "5143", "5140", "1h")
-	f.Add("80,,x", "9000-8000", "nope", "10.0.0.0/33", ",,", "0", "4294967296", "70000", "-5", "18446744074")
-	f.Add("", "", "", "", "", "", "", "", "", "")
-	f.Fuzz(func(t *testing.T, out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait string) {
-		values := []string{out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait}
+	f.Add("3306,5432-5440", "9090", "192.0.2.0/24", "203.0.113.0/24", "198.51.100.0/24,2001:db8::/32", "3000", "-1", "5143", "5140", "1h", "k6t-eth0,tap0")
+	f.Add("80,,x", "9000-8000", "nope", "10.0.0.0/33", ",,", "0", "4294967296", "70000", "-5", "18446744074", "lo,tap:0,net+")
+	f.Add("", "", "", "", "", "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait, reroute string) {
+		values := []string{out, in, subnets, inSubnets, outSubnets, uid, gid, inPort, outPort, closeWait, reroute}
 		if len(values) != len(Annotations) {
 			t.Fatalf("%d values for %d annotations", len(values), len(Annotations))
 		}

@@ -142,14 +142,16 @@ func readFileString(path string) (string, error) {
 func TestFeatureKeysInNetns(t *testing.T) {
 	const keys = `"redirect-dns-to-port":5353,"inbound-mode":"tproxy","outbound-ports-to-redirect":[80,443],` +
 		`"outbound-subnets-to-redirect":["192.0.2.0/24"],"interfaces-to-ignore":["net1"],"uids-to-ignore":[1000],` +
-		`"gids-to-ignore":["3000"],"drop-invalid":true,"ipv6":"auto"`
+		`"gids-to-ignore":["3000"],"drop-invalid":true,"ipv6":"auto","reroute-virtual-interfaces":["tap0"]`
 	for _, mode := range []iptables.Mode{iptables.ModeNFTables, iptables.ModeNFT, iptables.ModeLegacy} {
 		t.Run(string(mode), func(t *testing.T) {
 			n := netnstest.NewNS(t)
 			conf := strings.Replace(linkerdChartConfig, `"iptables-mode":"nft","ipv6":false`, `"iptables-mode":"`+string(mode)+`",`+keys, 1)
 			// At debug the plugin logs, with the backend's choice, what ipv6=auto decided.
 			conf = strings.Replace(conf, `"log_level":"info"`, `"log_level":"debug"`, 1)
-			api := &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}}
+			// The namespace's annotation replaces the key's virtual machine interfaces.
+			api := &fakeAPI{pod: meshedPod(nil, nil), ns: &Namespace{ObjectMeta: ObjectMeta{Name: "web",
+				Annotations: map[string]string{AnnotationRerouteVirtualInterfaces: "k6t-eth0"}}}}
 			var out, logs bytes.Buffer
 			p := &Plugin{Stdout: &out, Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
 			args := &skel.CmdArgs{ContainerID: "ctr", Netns: n.Path(), IfName: "eth0",
@@ -166,7 +168,8 @@ func TestFeatureKeysInNetns(t *testing.T) {
 				InboundPortsToIgnore: []string{"4191", "4190"}, IPTablesMode: mode, IPv6Auto: true,
 				RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY, OutboundPortsToRedirect: []string{"80", "443"},
 				OutboundSubnetsToRedirect: []string{"192.0.2.0/24"}, InterfacesToIgnore: []string{"net1"},
-				UIDsToIgnore: []string{"1000"}, GIDsToIgnore: []string{"3000"}, DropInvalid: true}).Config())
+				UIDsToIgnore: []string{"1000"}, GIDsToIgnore: []string{"3000"}, DropInvalid: true,
+				RerouteVirtualInterfaces: []string{"k6t-eth0"}}).Config())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -224,6 +227,11 @@ func TestCeilingsInNetns(t *testing.T) {
 			`invalid annotation: annotation config.linkerd.io/close-wait-timeout="120" on namespace web: 120s is more than max-close-wait-timeout-secs allows (60)`},
 		{"subnets on the namespace", nil, map[string]string{AnnotationSkipOutboundSubnets: many}, `"log_level":"info",`,
 			`invalid annotation: annotation config.linkerd.io/skip-outbound-subnets="(1025 entries)" on namespace web: more entries than max-annotation-list-entries allows (1024)`},
+		{"virtual machine interfaces on the pod, lower ceiling", map[string]string{AnnotationRerouteVirtualInterfaces: "tap0,tap1,tap2"}, nil,
+			`"log_level":"info","max-annotation-list-entries":2,`,
+			`invalid annotation: annotation config.linkerd.io/reroute-virtual-interfaces="(3 entries)" on pod web/api-0: more entries than max-annotation-list-entries allows (2)`},
+		{"loopback as a virtual machine interface", map[string]string{AnnotationRerouteVirtualInterfaces: "tap0,lo"}, nil, `"log_level":"info",`,
+			`invalid annotation: annotation config.linkerd.io/reroute-virtual-interfaces="tap0,lo" on pod web/api-0: "lo": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

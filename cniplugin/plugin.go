@@ -116,6 +116,8 @@ type call struct {
 	// from: "agent", "api" or "none".
 	ex     *wire.Exchange
 	lookup string
+	// trace is the runtime's trace context (trace.go).
+	trace traceContext
 }
 
 func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
@@ -129,9 +131,10 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 		level, _ = parseLevel(conf.LogLevel)
 		logFile = conf.LogFile
 	}
-	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none"}
+	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
 	c.log, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
-		"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)
+		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)...)
+	c.trace.logIgnored(c.log)
 	return c, argErr
 }
 
@@ -139,7 +142,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 // the pod came from, its duration and its log lines), and closes the log file.
 func (c *call) end(err error) {
 	if c.ex != nil {
-		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Seconds: time.Since(started).Seconds(), Log: c.own.String()}
+		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Seconds: time.Since(started).Seconds(), Log: c.own.String(), TraceID: c.trace.id}
 		if err != nil {
 			r.Result = "error"
 			var ce *types.Error

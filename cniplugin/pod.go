@@ -34,13 +34,16 @@ const (
 	AnnotationInboundPort         = "config.linkerd.io/inbound-port"
 	AnnotationOutboundPort        = "config.linkerd.io/outbound-port"
 	AnnotationCloseWaitTimeout    = "config.linkerd.io/close-wait-timeout"
+	// AnnotationRerouteVirtualInterfaces names a virtual machine's interfaces (KubeVirt's), as
+	// Istio's istio.io/reroute-virtual-interfaces does: a pod with a VM knows them, a node does not.
+	AnnotationRerouteVirtualInterfaces = "config.linkerd.io/reroute-virtual-interfaces"
 )
 
 // Annotations lists every annotation the plugin honours, in the order they are applied.
 var Annotations = []string{
 	AnnotationSkipOutboundPorts, AnnotationSkipInboundPorts, AnnotationSkipSubnets,
 	AnnotationSkipInboundSubnets, AnnotationSkipOutboundSubnets, AnnotationProxyUID, AnnotationProxyGID, AnnotationInboundPort, AnnotationOutboundPort,
-	AnnotationCloseWaitTimeout,
+	AnnotationCloseWaitTimeout, AnnotationRerouteVirtualInterfaces,
 }
 
 // FallbackAPIServerPorts are skipped by control-plane pods when the default/kubernetes Service
@@ -228,7 +231,7 @@ type Settings struct {
 // listAnnotations are the annotations holding lists, which max-annotation-list-entries bounds.
 var listAnnotations = map[string]bool{
 	AnnotationSkipOutboundPorts: true, AnnotationSkipInboundPorts: true, AnnotationSkipSubnets: true,
-	AnnotationSkipInboundSubnets: true, AnnotationSkipOutboundSubnets: true,
+	AnnotationSkipInboundSubnets: true, AnnotationSkipOutboundSubnets: true, AnnotationRerouteVirtualInterfaces: true,
 }
 
 // annotationFields maps each annotation to the rule builder's field it sets, so that the
@@ -244,6 +247,8 @@ var annotationFields = map[string]string{
 	AnnotationInboundPort:         iptables.FieldInboundProxyPort,
 	AnnotationOutboundPort:        iptables.FieldOutboundProxyPort,
 	AnnotationCloseWaitTimeout:    iptables.FieldCloseWait,
+
+	AnnotationRerouteVirtualInterfaces: iptables.FieldRerouteVirtualInterfaces,
 }
 
 // Ceilings bound what a pod's (or its namespace's) annotations may ask of the node. A pod author
@@ -277,7 +282,8 @@ var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxLis
 //   - skip-outbound-subnets replaces outbound-subnets-to-ignore (destinations), as
 //     skip-outbound-ports replaces the outbound ports;
 //   - proxy-uid, proxy-gid, inbound-port and outbound-port override;
-//   - close-wait-timeout (a duration such as "1h", or whole seconds) sets the conntrack timeout.
+//   - close-wait-timeout (a duration such as "1h", or whole seconds) sets the conntrack timeout;
+//   - reroute-virtual-interfaces replaces the configured reroute-virtual-interfaces.
 //
 // Each annotation is taken from the pod when it has a non-empty value there, else from the
 // namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
@@ -363,6 +369,10 @@ func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServer
 	each(AnnotationProxyGID, integer(&s.Config.ProxyGID, "GID"))
 	each(AnnotationInboundPort, integer(&s.Config.InboundProxyPort, "port"))
 	each(AnnotationOutboundPort, integer(&s.Config.OutboundProxyPort, "port"))
+	each(AnnotationRerouteVirtualInterfaces, func(v string) string {
+		s.Config.RerouteVirtualInterfaces = splitList(v)
+		return ""
+	})
 	each(AnnotationCloseWaitTimeout, func(v string) string {
 		secs, reason := parseCloseWait(v)
 		if reason == "" && secs > lim.MaxCloseWaitSecs {

@@ -154,6 +154,12 @@ func TestMerge(t *testing.T) {
 			sources: map[string]string{
 				"subnets-to-ignore":          "annotation config.linkerd.io/skip-subnets on pod web/api-0, annotation config.linkerd.io/skip-inbound-subnets on namespace web",
 				"outbound-subnets-to-ignore": "annotation config.linkerd.io/skip-outbound-subnets on namespace web"}},
+		{name: "reroute-virtual-interfaces replaces", pod: pod(map[string]string{AnnotationRerouteVirtualInterfaces: "k6t-eth0, tap0"}),
+			edit:    func(c *iptables.Config) { c.RerouteVirtualInterfaces = []string{"k6t-eth0", "tap0"} },
+			sources: map[string]string{"reroute-virtual-interfaces": "annotation config.linkerd.io/reroute-virtual-interfaces on pod web/api-0"}},
+		{name: "reroute-virtual-interfaces from the namespace", pod: pod(nil), ns: ns(map[string]string{AnnotationRerouteVirtualInterfaces: "tap0"}),
+			edit:    func(c *iptables.Config) { c.RerouteVirtualInterfaces = []string{"tap0"} },
+			sources: map[string]string{"reroute-virtual-interfaces": "annotation config.linkerd.io/reroute-virtual-interfaces on namespace web"}},
 		{name: "unrelated annotations ignored", pod: pod(map[string]string{"config.linkerd.io/skip-all-subnets": "junk", "linkerd.io/inject": "enabled"}),
 			edit: func(*iptables.Config) {}},
 	}
@@ -270,9 +276,10 @@ func TestMergeMalformed(t *testing.T) {
 		AnnotationCloseWaitTimeout:  "soon",
 	}}
 	ns := &Object{Kind: "namespace", Name: "web", Annotations: map[string]string{
-		AnnotationSkipSubnets:  "10.0.0.0/8,nope",
-		AnnotationProxyGID:     "-5",
-		AnnotationOutboundPort: "x",
+		AnnotationRerouteVirtualInterfaces: "tap0,eth0/1",
+		AnnotationSkipSubnets:              "10.0.0.0/8,nope",
+		AnnotationProxyGID:                 "-5",
+		AnnotationOutboundPort:             "x",
 	}}
 	_, err := Merge(baseConfig(), DefaultCeilings, pod, ns, nil)
 	var ae *badinput.Error
@@ -288,6 +295,7 @@ func TestMergeMalformed(t *testing.T) {
 		`annotation config.linkerd.io/inbound-port="70000" on pod web/api-0: port is outside 1-65535`,
 		`annotation config.linkerd.io/outbound-port="x" on namespace web: not an integer port`,
 		`annotation config.linkerd.io/close-wait-timeout="soon" on pod web/api-0: not a duration such as "1h" or "3600s"`,
+		`annotation config.linkerd.io/reroute-virtual-interfaces="tap0,eth0/1" on namespace web: "eth0/1": holds '/', which the kernel refuses in an interface name`,
 	}
 	if len(ae.Problems) != len(want) {
 		t.Fatalf("%d problems, want %d: %v", len(ae.Problems), len(want), err)
@@ -299,6 +307,18 @@ func TestMergeMalformed(t *testing.T) {
 	}
 	if !strings.HasPrefix(err.Error(), "invalid annotation: "+want[0]+"; ") {
 		t.Errorf("message %q", err.Error())
+	}
+}
+
+// A virtual machine's interface that the node's config ignores is refused, naming the annotation.
+func TestMergeRerouteIgnoredInterface(t *testing.T) {
+	base := baseConfig()
+	base.InterfacesToIgnore = []string{"net1"}
+	pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{AnnotationRerouteVirtualInterfaces: "tap0,net1"}}
+	_, err := Merge(base, DefaultCeilings, pod, nil, nil)
+	want := `invalid annotation: annotation config.linkerd.io/reroute-virtual-interfaces="tap0,net1" on pod web/api-0: "net1": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it`
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v\nwant %s", err, want)
 	}
 }
 

@@ -67,6 +67,7 @@ const (
 	FieldUIDsToIgnore              = "uids-to-ignore"
 	FieldGIDsToIgnore              = "gids-to-ignore"
 	FieldDropInvalid               = "drop-invalid"
+	FieldRerouteVirtualInterfaces  = "reroute-virtual-interfaces"
 )
 
 // InboundMode is how inbound TCP reaches the proxy: the values of --inbound-mode.
@@ -141,6 +142,10 @@ type Config struct {
 	GIDsToIgnore []string
 	// DropInvalid drops inbound TCP that conntrack marks INVALID.
 	DropInvalid bool
+	// RerouteVirtualInterfaces are the interfaces of a virtual machine the pod runs (KubeVirt's tap
+	// or bridge): TCP arriving on them is the VM's outbound traffic, so it goes to the outbound
+	// proxy port, with the outbound ignore and include lists, instead of the inbound one.
+	RerouteVirtualInterfaces []string
 }
 
 // NewConfig returns a Config with proxy-init's defaults: ports unset, no UID or GID exemption,
@@ -342,7 +347,8 @@ func Build(c Config) (*Ruleset, error) {
 	}
 	rs.OutboundRedirectPorts = ports(FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
 	rs.OutboundRedirectSubnets = subnets(FieldOutboundSubnetsToRedirect, c.OutboundSubnetsToRedirect)
-	rs.IgnoreInterfaces = interfaces(bad, c.InterfacesToIgnore)
+	rs.IgnoreInterfaces = interfaces(bad, FieldInterfacesToIgnore, c.InterfacesToIgnore)
+	rs.RerouteInterfaces = rerouteInterfaces(bad, c.RerouteVirtualInterfaces, rs.IgnoreInterfaces)
 	rs.IgnoreUIDs = ids(bad, FieldUIDsToIgnore, "UID", c.UIDsToIgnore, c.ProxyUID)
 	rs.IgnoreGIDs = ids(bad, FieldGIDsToIgnore, "GID", c.GIDsToIgnore, c.ProxyGID)
 	rs.DropInvalid = c.DropInvalid
@@ -367,9 +373,9 @@ func Build(c Config) (*Ruleset, error) {
 	return rs, nil
 }
 
-// interfaces checks interface names by the kernel's rules (dev_valid_name) and what iptables can
-// spell, keeping the first of each in order.
-func interfaces(bad func(field, value, reason string), values []string) []string {
+// interfaces checks the interface names of field by the kernel's rules (dev_valid_name) and what
+// iptables can spell, keeping the first of each in order.
+func interfaces(bad func(field, value, reason string), field string, values []string) []string {
 	var out []string
 	for _, v := range values {
 		for _, name := range strings.Split(v, ",") {
@@ -378,12 +384,30 @@ func interfaces(bad func(field, value, reason string), values []string) []string
 				continue
 			}
 			if reason := badInterfaceName(name); reason != "" {
-				bad(FieldInterfacesToIgnore, name, reason)
+				bad(field, name, reason)
 				continue
 			}
 			if !slices.Contains(out, name) {
 				out = append(out, name)
 			}
+		}
+	}
+	return out
+}
+
+// rerouteInterfaces checks the virtual machines' interfaces: names as interfaces checks them, and
+// neither loopback nor one of the interfaces ignored.
+func rerouteInterfaces(bad func(field, value, reason string), values, ignored []string) []string {
+	var out []string
+	for _, name := range interfaces(bad, FieldRerouteVirtualInterfaces, values) {
+		switch {
+		case name == "lo":
+			// The pod's own connections, the proxy's included, arrive on lo.
+			bad(FieldRerouteVirtualInterfaces, name, "the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's")
+		case slices.Contains(ignored, name):
+			bad(FieldRerouteVirtualInterfaces, name, "also in "+FieldInterfacesToIgnore+": its traffic cannot both skip the proxy and reach it")
+		default:
+			out = append(out, name)
 		}
 	}
 	return out

@@ -187,3 +187,49 @@ func TestCompareAndTransition(t *testing.T) {
 		t.Errorf("a bare rule is not restored as saved:\n%s", p)
 	}
 }
+
+// A virtual machine's interfaces are checked as interface names are, and refused where rerouting
+// would fight another setting; every problem names the field and the value.
+func TestRerouteVirtualInterfacesRefused(t *testing.T) {
+	tests := []struct {
+		name            string
+		reroute, ignore []string
+		want            []string
+	}{
+		{"names", []string{"tap0/1,a-very-long-name0", "tap+"}, nil, []string{
+			`reroute-virtual-interfaces "tap0/1": holds '/', which the kernel refuses in an interface name`,
+			`reroute-virtual-interfaces "a-very-long-name0": longer than 15 bytes, the kernel's limit for an interface name`,
+			`reroute-virtual-interfaces "tap+": a trailing '+' is iptables' wildcard; name each interface in full`,
+		}},
+		{"loopback", []string{"lo"}, nil, []string{
+			`reroute-virtual-interfaces "lo": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's`,
+		}},
+		{"also ignored", []string{"tap0,k6t-eth0"}, []string{"k6t-eth0"}, []string{
+			`reroute-virtual-interfaces "k6t-eth0": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := iptablestest.ChartConfig()
+			c.RerouteVirtualInterfaces, c.InterfacesToIgnore = tt.reroute, tt.ignore
+			rs, err := iptables.Build(c)
+			e, ok := badinput.As(err)
+			if !ok || rs != nil {
+				t.Fatalf("want a *badinput.Error and no rules, got %v, %v", rs, err)
+			}
+			var got []string
+			for _, p := range e.Problems {
+				got = append(got, p.String())
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("problems:\n%q\nwant:\n%q", got, tt.want)
+			}
+		})
+	}
+	// Repeats go, the first of each keeping its place.
+	c := iptablestest.ChartConfig()
+	c.RerouteVirtualInterfaces = []string{"tap0, k6t-eth0", "tap0"}
+	if rs := iptablestest.Build(t, c); !slices.Equal(rs.RerouteInterfaces, []string{"tap0", "k6t-eth0"}) {
+		t.Errorf("rerouted interfaces = %q", rs.RerouteInterfaces)
+	}
+}

@@ -237,6 +237,8 @@ var listNames = [][2]string{
 	{"redirect-port-", "-to-proxy-port"}, {"tproxy-port-", "-to-proxy-port"},
 	{"redirect-outbound-port-", "-to-proxy-port"}, {"redirect-outbound-subnet-", "-to-proxy-port"},
 	{"redirect-dns-udp-", ""}, {"redirect-dns-tcp-", ""}, {"dns-zone-captured-", ""},
+	{ReroutePrefix + "ignore-port-", ""}, {ReroutePrefix + "ignore-subnet-", ""},
+	{ReroutePrefix + "redirect-outbound-port-", "-to-proxy-port"}, {ReroutePrefix + "redirect-outbound-subnet-", "-to-proxy-port"},
 }
 
 // splitName splits a rule comment into its name and, for a rule over a list, the items it
@@ -256,6 +258,14 @@ func splitName(comment string) (name string, items []string, cut bool) {
 // absorb adds what one rule says to c. Lists may be absorbed more than once (one rule per
 // family, per group of ports): Build drops the repeats.
 func (c *Config) absorb(r ruleFacts) {
+	// A rerouted interface's rules name its interface, and repeat the outbound steps.
+	if name, ok := strings.CutPrefix(r.name, ReroutePrefix); ok && r.chain != OutputChain {
+		c.RerouteVirtualInterfaces = append(c.RerouteVirtualInterfaces, r.iface)
+		if strings.HasPrefix(r.name, RerouteInterfacePrefix) {
+			return
+		}
+		r.chain, r.name = OutputChain, name
+	}
 	switch r.chain {
 	case RedirectChain, MangleChain:
 		switch r.name {
@@ -494,6 +504,7 @@ func (r *Ruleset) Args() []string {
 	list(FieldOutboundPortsToRedirect, strs(r.OutboundRedirectPorts))
 	list(FieldOutboundSubnetsToRedirect, strs(r.OutboundRedirectSubnets))
 	list(FieldInterfacesToIgnore, r.IgnoreInterfaces)
+	list(FieldRerouteVirtualInterfaces, r.RerouteInterfaces)
 	list(FieldUIDsToIgnore, strs(r.IgnoreUIDs))
 	list(FieldGIDsToIgnore, strs(r.IgnoreGIDs))
 	if r.DropInvalid {

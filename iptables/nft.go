@@ -289,7 +289,7 @@ func (r *Ruleset) NFTComment() string {
 // NFT renders the plan as one nftables table. Each step is one rule, but a list of subnets or
 // nameservers (one rule per family) and TPROXY (a second rule drops what no transparent socket
 // took, as iptables' TPROXY does); lists live in sets, one per list and, for addresses, per
-// family (created only when non-empty), named after the chain's direction; two rules that use
+// family (created only when non-empty), named after the direction whose list it is; two rules that use
 // the same list share its set. Each chain sits where its iptables table does. When IPv6 is off,
 // every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
 // traffic passes untouched, as it does when iptables writes no IPv6 rules.
@@ -329,12 +329,26 @@ func (r *Ruleset) NFT() NFTTable {
 		if c.Table.ChainType != "nat" {
 			ch.Type = c.Table.ChainType
 		}
-		add := func(rl NFTRule) { ch.Rules = append(ch.Rules, rl) }
+		var iif []NFTMatch // the step's arriving interface, when it is limited to one
+		add := func(rl NFTRule) {
+			if len(iif) > 0 {
+				rl.Matches = append(slices.Clone(iif), rl.Matches...)
+			}
+			ch.Rules = append(ch.Rules, rl)
+		}
 		for _, s := range c.Steps {
 			rl := NFTRule{Comment: s.Comment("")}
+			dir := c.Direction
+			if s.Direction != "" {
+				dir = s.Direction
+			}
+			iif = nil
+			if s.In && s.Kind != StepIgnoreInterface {
+				iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: s.Interface}}
+			}
 			switch s.Kind {
 			case StepIgnorePorts:
-				set := addSet(c.Direction+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
+				set := addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
 				rl.Comment = portsComment(s)
 				rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}
 			case StepIgnoreSubnets:
@@ -342,7 +356,7 @@ func (r *Ruleset) NFT() NFTTable {
 				if s.Source {
 					kind = NFTMatchSAddrSet
 				}
-				perFamily(c.Direction+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+				perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
 					add(NFTRule{
 						Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
 						Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
@@ -363,7 +377,7 @@ func (r *Ruleset) NFT() NFTTable {
 				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
 				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
 				if len(s.Ports) > 0 {
-					set := addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
+					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
 					rl.Comment = portsComment(s)
 					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
 				}
@@ -371,14 +385,14 @@ func (r *Ruleset) NFT() NFTTable {
 				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
 				ports := NFTMatch{Kind: NFTMatchTCP}
 				if len(s.Ports) > 0 {
-					ports = NFTMatch{Kind: NFTMatchDPortSet, Set: addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
+					ports = NFTMatch{Kind: NFTMatchDPortSet, Set: addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
 					rl.Comment = portsComment(s)
 				}
 				if len(s.Subnets) == 0 {
 					rl.Matches = acting(ports)
 					break
 				}
-				perFamily(c.Direction+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+				perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
 					x := rl
 					x.Matches = []NFTMatch{daddr(f, set), ports}
 					if len(s.Ports) == 0 {
@@ -429,14 +443,14 @@ func (r *Ruleset) NFT() NFTTable {
 				}
 				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
 				if len(s.Ports) > 0 {
-					set := addSet(c.Direction+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
+					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
 					rl.Comment = portsComment(s)
 					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
 				}
 				add(rl)
 				rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
 			}
-			ch.Rules = append(ch.Rules, rl)
+			add(rl)
 		}
 		t.Chains = append(t.Chains, ch)
 	}

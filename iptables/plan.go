@@ -147,9 +147,15 @@ type Step struct {
 	Source    bool
 	ID        uint32
 	Interface string
-	// In matches Interface as the one a packet arrives on (-i) rather than leaves by (-o).
-	In   bool
-	Port uint16
+	// In matches Interface as the one a packet arrives on (-i) rather than leaves by (-o). On a
+	// step of another kind than StepIgnoreInterface, it limits the step to packets arriving on
+	// Interface (a rerouted interface's steps).
+	In bool
+	// Direction, when set, is the direction whose lists the step holds, if not its chain's: a
+	// rerouted interface's steps hold the outbound lists in the inbound chain (nftables shares
+	// their sets).
+	Direction string
+	Port      uint16
 	// Proto is udp or tcp (StepRedirectDNS).
 	Proto string
 	// Servers are addresses of both families (StepRedirectDNS, StepDNSZone).
@@ -263,6 +269,10 @@ func (r *Ruleset) Plan() []PlanChain {
 	if r.TPROXY {
 		// Connections between the pod's own sockets cross loopback, as with redirect.
 		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo", In: true})
+		// A virtual machine's outbound TCP is left to the nat chain, which reroutes it.
+		for _, name := range r.RerouteInterfaces {
+			mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreInterface, Name: RerouteInterfacePrefix + name, Interface: name, In: true})
+		}
 		inboundSkips(mangle)
 		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreEstablished, Name: "ignore-established"})
 		tp := Step{Kind: StepTPROXY, Name: "tproxy-all-incoming-to-proxy-port", Port: r.InboundProxyPort, Mark: TPROXYMark}
@@ -343,6 +353,8 @@ func (r *Ruleset) Plan() []PlanChain {
 		out.Steps = append(out.Steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
 	}
 
+	r.reroute(in, out.Steps)
+
 	chains := all[:2]
 	for _, c := range all[2:] {
 		if len(c.Steps) > 0 {
@@ -351,6 +363,32 @@ func (r *Ruleset) Plan() []PlanChain {
 	}
 	return chains
 }
+
+// ReroutePrefix starts the names of a rerouted interface's steps: the outbound step's name follows.
+const ReroutePrefix = "reroute-"
+
+// reroute puts first in the inbound chain, for each of the virtual machine's interfaces, the
+// outbound steps that apply to traffic from outside the pod's sockets (the ignore and include
+// lists and the redirect to the outbound port), limited to TCP arriving on the interface: the
+// VM's outbound traffic reaches the outbound proxy as the pod's own does, and never the inbound
+// steps.
+func (r *Ruleset) reroute(in *PlanChain, outbound []Step) {
+	var steps []Step
+	for _, name := range r.RerouteInterfaces {
+		for _, s := range outbound {
+			switch s.Kind {
+			case StepIgnorePorts, StepIgnoreSubnets, StepRedirect, StepRedirectOutbound:
+				s.Name, s.Interface, s.In, s.Direction = ReroutePrefix+s.Name, name, true, "outbound"
+				steps = append(steps, s)
+			}
+		}
+	}
+	in.Steps = append(steps, in.Steps...)
+}
+
+// RerouteInterfacePrefix names the rule that keeps TPROXY from a rerouted interface, before the
+// interface's name.
+const RerouteInterfacePrefix = "reroute-interface-"
 
 // PolicyRoute is what TPROXY needs beside its rules, per family: an ip rule that looks packets
 // marked Mark up in route table Table, where a local default route delivers them to this host.

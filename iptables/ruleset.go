@@ -81,6 +81,8 @@ type Ruleset struct {
 	IgnoreUIDs              []uint32       `json:",omitempty"`
 	IgnoreGIDs              []uint32       `json:",omitempty"`
 	DropInvalid             bool           `json:",omitempty"`
+	// RerouteInterfaces are a virtual machine's interfaces, whose TCP goes to the outbound port.
+	RerouteInterfaces []string `json:",omitempty"`
 
 	// saved caches Saved per family: apply, compare and payloads all need the same lines, and
 	// rendering a thousand rules more than once is a visible part of a one-shot run. Nil (a
@@ -316,6 +318,9 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 		}
 		for _, s := range c.Steps {
 			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn}
+			if s.In {
+				x.InInterface = s.Interface
+			}
 			switch s.Kind {
 			case StepIgnorePorts:
 				for _, g := range multiportGroups(s.Ports) {
@@ -343,9 +348,7 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 				x.GIDOwner, x.Comment = &s.ID, s.Comment("")
 				out = append(out, x)
 			case StepIgnoreInterface:
-				if s.In {
-					x.InInterface = s.Interface
-				} else {
+				if !s.In {
 					x.OutInterface = s.Interface
 				}
 				x.Comment = s.Comment("")
@@ -551,6 +554,10 @@ func (r *Ruleset) Hash() string {
 		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
 			byFamily(r.Families, r.OutboundRedirectSubnets, func(p netip.Prefix) bool { return p.Addr().Is4() }), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
+	// Hashed apart, so that a plan without them keeps the hash it had before they existed.
+	if len(r.RerouteInterfaces) > 0 {
+		fmt.Fprintf(h, "reroute|%q|", r.RerouteInterfaces)
+	}
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
@@ -568,7 +575,8 @@ func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 	return out
 }
 
-// beyondLinkerd reports whether any feature Linkerd does not have is on.
+// beyondLinkerd reports whether any of the features beyond Linkerd's that Hash hashes together
+// is on.
 func (r *Ruleset) beyondLinkerd() bool {
 	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
 		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0

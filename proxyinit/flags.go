@@ -99,6 +99,7 @@ type flagValues struct {
 	inboundMode                          string
 	outRedirectPorts, outRedirectSubnets *rawList
 	interfaces, uids, gids               *rawList
+	reroute                              *rawList
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
@@ -114,6 +115,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 		dnsPort: newInt(0), dnsServersOnly: newBool(false), dropInvalid: newBool(false),
 		outRedirectPorts: &rawList{typ: "ports"}, outRedirectSubnets: &rawList{typ: "cidrs"},
 		interfaces: &rawList{typ: "names"}, uids: &rawList{typ: "uids"}, gids: &rawList{typ: "gids"},
+		reroute: &rawList{typ: "names"},
 	}
 	fs.VarP(v.inPort, iptables.FieldInboundProxyPort, "p", "port the proxy accepts inbound traffic on; inbound TCP is redirected here (required)")
 	fs.VarP(v.outPort, iptables.FieldOutboundProxyPort, "o", "port the proxy accepts outbound traffic on; outbound TCP is redirected here (required)")
@@ -147,6 +149,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.uids, iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
 	fs.Var(v.gids, iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
 	fs.Var(v.dropInvalid, iptables.FieldDropInvalid, "drop inbound TCP that conntrack marks INVALID, instead of letting it reach the application unredirected")
+	fs.Var(v.reroute, iptables.FieldRerouteVirtualInterfaces, "a virtual machine's interfaces (KubeVirt's tap or bridge): TCP arriving on them is the VM's outbound traffic and goes to the outbound proxy port, with the outbound ignore lists; comma list, repeatable")
 	return fs, v
 }
 
@@ -277,6 +280,7 @@ func Parse(args []string) (*Options, error) {
 	c.UIDsToIgnore = v.uids.values
 	c.GIDsToIgnore = v.gids.values
 	c.DropInvalid = boolOf(iptables.FieldDropInvalid, v.dropInvalid)
+	c.RerouteVirtualInterfaces = v.reroute.values
 	o.Simulate = boolOf(flagSimulate, v.simulate)
 	o.UseWaitFlag = boolOf(flagUseWait, v.wait)
 	c.CloseWaitSecs = int64(intOf(flagCloseWait, v.closeWait))

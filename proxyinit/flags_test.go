@@ -284,6 +284,13 @@ func TestBadInput(t *testing.T) {
 				"  --interfaces-to-ignore \"net+\": a trailing '+' is iptables' wildcard; name each interface in full\n" +
 				"  --interfaces-to-ignore \"eth 1\": holds ' ', which the kernel refuses in an interface name\n" +
 				"  --interfaces-to-ignore \"bad\\\"quote\": holds '\"', which iptables cannot match in an interface name\n"},
+		{"virtual machine interfaces: bad names, loopback, an ignored one", chartArgs("--reroute-virtual-interfaces", "tap0,eth0/1", "--interfaces-to-ignore", "net1",
+			"--reroute-virtual-interfaces", "lo,net1", "--reroute-virtual-interfaces", "k6t-eth0-too-long"),
+			"proxy-init: invalid input:\n" +
+				"  --reroute-virtual-interfaces \"eth0/1\": holds '/', which the kernel refuses in an interface name\n" +
+				"  --reroute-virtual-interfaces \"k6t-eth0-too-long\": longer than 15 bytes, the kernel's limit for an interface name\n" +
+				"  --reroute-virtual-interfaces \"lo\": the pod's own traffic, the proxy's included, arrives on it, not a virtual machine's\n" +
+				"  --reroute-virtual-interfaces \"net1\": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it\n"},
 		{"UIDs and GIDs to ignore past 2^32-2, root, negative, not numbers", chartArgs("--uids-to-ignore", "1000,4294967295,0", "--gids-to-ignore", "-3,wheel"),
 			"proxy-init: invalid input:\n" +
 				"  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n" +
@@ -358,7 +365,7 @@ func TestDefaults(t *testing.T) {
 		// The features beyond Linkerd's (docs/proxy-init.md).
 		"redirect-dns-to-port": {"", "0"}, "dns-servers-only": {"", "false"}, "inbound-mode": {"", "redirect"},
 		"outbound-ports-to-redirect": {"", ""}, "outbound-subnets-to-redirect": {"", ""}, "interfaces-to-ignore": {"", ""},
-		"uids-to-ignore": {"", ""}, "gids-to-ignore": {"", ""}, "drop-invalid": {"", "false"},
+		"uids-to-ignore": {"", ""}, "gids-to-ignore": {"", ""}, "drop-invalid": {"", "false"}, "reroute-virtual-interfaces": {"", ""},
 	}
 	for name, w := range want {
 		f := fs.Lookup(name)
@@ -391,7 +398,8 @@ func TestParseFeatureFlags(t *testing.T) {
 
 	o, err := Parse(chartArgs("--redirect-dns-to-port", "5353", "--dns-servers-only", "--inbound-mode", "tproxy",
 		"--outbound-ports-to-redirect", "80,443", "--outbound-ports-to-redirect", "8000-8100", "--outbound-subnets-to-redirect", "10.0.0.0/8",
-		"--interfaces-to-ignore", "net1,net2", "--uids-to-ignore", "1000", "--gids-to-ignore", "3000,3001", "--drop-invalid", "--ipv6=auto"))
+		"--interfaces-to-ignore", "net1,net2", "--uids-to-ignore", "1000", "--gids-to-ignore", "3000,3001", "--drop-invalid", "--ipv6=auto",
+		"--reroute-virtual-interfaces", "tap0,k6t-eth0", "--reroute-virtual-interfaces", "tap1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,6 +411,7 @@ func TestParseFeatureFlags(t *testing.T) {
 		c.InterfacesToIgnore = []string{"net1,net2"}
 		c.UIDsToIgnore, c.GIDsToIgnore = []string{"1000"}, []string{"3000,3001"}
 		c.DropInvalid, c.IPv6Auto = true, true
+		c.RerouteVirtualInterfaces = []string{"tap0,k6t-eth0", "tap1"}
 	})
 	if !reflect.DeepEqual(o.Config, want) {
 		t.Errorf("config\n got %+v\nwant %+v", o.Config, want)

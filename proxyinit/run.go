@@ -380,6 +380,9 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	if rs.DropInvalid {
 		attrs = append(attrs, "drop_invalid", true)
 	}
+	if len(rs.RerouteInterfaces) > 0 {
+		attrs = append(attrs, "reroute_virtual_interfaces", strings.Join(rs.RerouteInterfaces, ","))
+	}
 	return attrs
 }
 

@@ -156,7 +156,7 @@ func assertPristine(t *testing.T, nsPath string) {
 var everyFeature = []string{
 	"--redirect-dns-to-port", "5353", "--inbound-mode", "tproxy", "--outbound-ports-to-redirect", "80,443",
 	"--outbound-subnets-to-redirect", "192.0.2.0/24", "--interfaces-to-ignore", "net1", "--uids-to-ignore", "1000",
-	"--gids-to-ignore", "3000", "--drop-invalid", "--ipv6=auto",
+	"--gids-to-ignore", "3000", "--drop-invalid", "--ipv6=auto", "--reroute-virtual-interfaces", "tap0",
 }
 
 var chart = []string{
@@ -425,6 +425,8 @@ func TestBadInputWritesNothing(t *testing.T) {
 			"proxy-init: invalid input:\n  --outbound-ports-to-redirect \"65536\": port 65536 is outside 1-65535\n"},
 		{"invalid interface name", args(chart, everyFeature, []string{"--interfaces-to-ignore", "net1,eth0:1/x"}),
 			"proxy-init: invalid input:\n  --interfaces-to-ignore \"eth0:1/x\": holds ':', which the kernel refuses in an interface name\n"},
+		{"virtual machine interface also ignored", args(chart, everyFeature, []string{"--reroute-virtual-interfaces", "k6t-eth0,net1"}),
+			"proxy-init: invalid input:\n  --reroute-virtual-interfaces \"net1\": also in interfaces-to-ignore: its traffic cannot both skip the proxy and reach it\n"},
 		{"UID over 2^32-2", args(chart, everyFeature, []string{"--uids-to-ignore", "1000,4294967295"}),
 			"proxy-init: invalid input:\n  --uids-to-ignore \"4294967295\": must be a UID from 1 to 4294967294\n"},
 		{"GID over 2^32-2", args(chart, everyFeature, []string{"--gids-to-ignore", "4294967295"}),

@@ -96,7 +96,14 @@ func (m *metrics) plugin(r wire.Report) {
 	}
 	m.calls.WithLabelValues(cmd, result).Inc()
 	if r.Seconds > 0 {
-		m.callSeconds.WithLabelValues(cmd).Observe(r.Seconds)
+		h := m.callSeconds.WithLabelValues(cmd)
+		// The runtime's trace is an exemplar of the duration, not a label: one series per trace
+		// would grow without bound.
+		if e, ok := h.(prometheus.ExemplarObserver); ok && wire.ValidTraceID(r.TraceID) {
+			e.ObserveWithExemplar(r.Seconds, prometheus.Labels{"trace_id": r.TraceID})
+		} else {
+			h.Observe(r.Seconds)
+		}
 	}
 	if r.Lookup == "agent" || r.Lookup == "api" {
 		m.lookups.WithLabelValues(r.Lookup).Inc()
@@ -174,6 +181,7 @@ func (a *Agent) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{}))
+	// OpenMetrics, for a scraper that asks for it, carries the calls' trace exemplars.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	return mux
 }

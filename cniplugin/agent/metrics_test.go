@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 )
 
 // TestInstallerReady: installer_ready follows the installer's /ready: 1 while it answers 200, 0
@@ -59,6 +60,46 @@ func TestInstallerReady(t *testing.T) {
 				t.Fatalf("installer_ready = %q with /ready answering %d, want %s", gauge(), step.code, step.want)
 			}
 			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestCallExemplars: a reported call's trace ID becomes its duration's exemplar when it is a W3C
+// trace ID; anything else the report claims is not one, and the duration is counted without it.
+func TestCallExemplars(t *testing.T) {
+	for _, tc := range []struct{ traceID, want string }{
+		{"4bf92f3577b34da6a3ce929d0e0e4736", "4bf92f3577b34da6a3ce929d0e0e4736"},
+		{"", ""},
+		{`4bf92f3577b34da6a3ce929d0e0e4736"} 1`, ""},
+		{"00000000000000000000000000000000", ""},
+	} {
+		m := newMetrics(MetricsPrefix, func() float64 { return 0 }, false)
+		m.plugin(wire.Report{Command: wire.CommandAdd, Result: "ok", Lookup: "agent", Seconds: 0.003, TraceID: tc.traceID})
+		fams, err := m.registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var count uint64
+		var got []string
+		for _, f := range fams {
+			if f.GetName() != MetricsPrefix+"plugin_call_duration_seconds" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				count += s.GetHistogram().GetSampleCount()
+				for _, b := range s.GetHistogram().GetBucket() {
+					for _, l := range b.GetExemplar().GetLabel() {
+						got = append(got, l.GetName()+"="+l.GetValue())
+					}
+				}
+			}
+		}
+		want := []string(nil)
+		if tc.want != "" {
+			want = []string{"trace_id=" + tc.want}
+		}
+		if count != 1 || strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("trace ID %q: %d samples, exemplars %q; want 1 and %q", tc.traceID, count, got, want)
 		}
 	}
 }

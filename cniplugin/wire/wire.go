@@ -73,6 +73,23 @@ type Report struct {
 	Seconds float64 `json:"seconds"`
 	// Log is the plugin's log lines for the call, truncated to MaxLog.
 	Log string `json:"log,omitempty"`
+	// TraceID is the W3C trace ID of the runtime's span the call ran in (ValidTraceID), when the
+	// runtime passed one: the agent links the call's duration to it (an exemplar), never a label.
+	// Absent, the report is what it was before the field existed.
+	TraceID string `json:"traceID,omitempty"`
+}
+
+// ValidTraceID reports whether s is a W3C trace ID: 32 lower-case hex digits, not all zero.
+func ValidTraceID(s string) bool {
+	if len(s) != 32 || s == strings.Repeat("0", 32) {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Code says why the agent did not answer with a pod.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -40,6 +41,17 @@ const (
 
 	LinkNetIPv4 = "192.0.2.0/24"
 	LinkNetIPv6 = "2001:db8::/64"
+
+	// A virtual machine's link (AddVM): the pod's end, the VM's, and their subnets, which the
+	// peer routes through the pod.
+	PodVMIPv4  = "203.0.113.65"
+	VMIPv4     = "203.0.113.66"
+	VMNetIPv4  = "203.0.113.64/26"
+	PodVMIPv6  = "2001:db8:6::1"
+	VMIPv6     = "2001:db8:6::2"
+	VMNetIPv6  = "2001:db8:6::/64"
+	vmIfIndex  = 30
+	vmLinkName = "eth0" // the VM's own end of its link
 )
 
 // HostPort joins an address constant and a port: HostPort(PodIPv6, 8080) is
@@ -104,18 +116,58 @@ func (p *Pair) AddLink(t testing.TB, name string, podAddrs, peerAddrs []string) 
 	p.addLink(t, name, podIfIndex+p.links, podAddrs, nil, peerAddrs)
 }
 
+// AddVM adds a virtual machine behind the pod, as KubeVirt runs one: a namespace of its own,
+// joined to the pod by the veth name (the VM's tap, as the pod sees it), with its default routes
+// through the pod. The pod forwards between the VM and the peer, and the peer routes the VM's
+// subnets back through the pod, so a connection the rules leave alone goes from the VM to the
+// peer's servers as the pod's own would. It all goes with the namespaces.
+func (p *Pair) AddVM(t testing.TB, name string) *NS {
+	t.Helper()
+	vm := newNS(t, "vm")
+	p.link(t, vm, name, vmLinkName, vmIfIndex, []string{PodVMIPv4 + "/26", PodVMIPv6 + "/64"}, nil,
+		[]string{VMIPv4 + "/26", VMIPv6 + "/64"}, []route{{"0.0.0.0/0", PodVMIPv4}, {"::/0", PodVMIPv6}})
+	if err := p.Pod.Do(func() error {
+		for _, f := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+			if err := os.WriteFile(filepath.Join("/proc/sys", f), []byte("1"), 0o644); err != nil {
+				return fmt.Errorf("write sysctl %s: %w", f, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("let the pod forward: %v", err)
+	}
+	if err := p.Peer.Do(func() error {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("open netlink: %w", err)
+		}
+		defer h.Close()
+		return addRoutes(h, IfName, []route{{VMNetIPv4, PodIPv4}, {VMNetIPv6, PodIPv6}})
+	}); err != nil {
+		t.Fatalf("route the VM's subnets on the peer: %v", err)
+	}
+	return vm
+}
+
 // addLink creates the veth name between pod and peer, the pod's end with ifindex index, and
 // configures both ends.
 func (p *Pair) addLink(t testing.TB, name string, index int, podAddrs []string, podRoutes []route, peerAddrs []string) {
 	t.Helper()
+	p.link(t, p.Peer, name, name, index, podAddrs, podRoutes, peerAddrs, nil)
+}
+
+// link creates a veth between the pod (its end named name, with ifindex index) and far (its end
+// named farName), and configures both ends.
+func (p *Pair) link(t testing.TB, far *NS, name, farName string, index int, podAddrs []string, podRoutes []route, farAddrs []string, farRoutes []route) {
+	t.Helper()
 	// The veth is created from a netlink socket opened inside the pod
-	// namespace, and its peer end is born directly in the peer namespace: no
+	// namespace, and its far end is born directly in the far namespace: no
 	// moment exists in which either end is in the root namespace.
-	peerFile, err := os.Open(p.Peer.Path())
+	farFile, err := os.Open(far.Path())
 	if err != nil {
-		t.Fatalf("open peer netns: %v", err)
+		t.Fatalf("open %s netns: %v", far.Name(), err)
 	}
-	defer peerFile.Close()
+	defer farFile.Close()
 
 	if err := p.Pod.Do(func() error {
 		h, err := netlink.NewHandle()
@@ -131,8 +183,8 @@ func (p *Pair) addLink(t testing.TB, name string, index int, podAddrs []string, 
 			// dropping the first neighbour solicitation. A distinct index
 			// makes link-up immediate.
 			LinkAttrs:     netlink.LinkAttrs{Name: name, Index: index},
-			PeerName:      name,
-			PeerNamespace: netlink.NsFd(int(peerFile.Fd())),
+			PeerName:      farName,
+			PeerNamespace: netlink.NsFd(int(farFile.Fd())),
 		}
 		if err := h.LinkAdd(veth); err != nil {
 			return fmt.Errorf("add veth %s: %w", name, err)
@@ -141,22 +193,25 @@ func (p *Pair) addLink(t testing.TB, name string, index int, podAddrs []string, 
 	}); err != nil {
 		t.Fatalf("set up pod side of %s: %v", name, err)
 	}
-	if err := p.Peer.Do(func() error {
+	if err := far.Do(func() error {
 		h, err := netlink.NewHandle()
 		if err != nil {
 			return fmt.Errorf("open netlink: %w", err)
 		}
 		defer h.Close()
-		return configure(h, name, peerAddrs, nil)
+		return configure(h, farName, farAddrs, farRoutes)
 	}); err != nil {
-		t.Fatalf("set up peer side of %s: %v", name, err)
+		t.Fatalf("set up %s side of %s: %v", far.Name(), name, err)
 	}
 	// Wait until both ends are operationally up: only then has IPv6 started
 	// on them (and the qdisc been activated), so the first packet of a test
 	// is not dropped.
-	for _, n := range []*NS{p.Pod, p.Peer} {
-		if err := n.Do(func() error { return waitOperUp(name) }); err != nil {
-			t.Fatalf("%s: %v", n, err)
+	for _, e := range []struct {
+		n    *NS
+		name string
+	}{{p.Pod, name}, {far, farName}} {
+		if err := e.n.Do(func() error { return waitOperUp(e.name) }); err != nil {
+			t.Fatalf("%s: %v", e.n, err)
 		}
 	}
 }
@@ -212,6 +267,15 @@ func configure(h *netlink.Handle, name string, addrs []string, routes []route) e
 	}
 	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	return addRoutes(h, name, routes)
+}
+
+// addRoutes adds gateway routes through link name.
+func addRoutes(h *netlink.Handle, name string, routes []route) error {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
 	}
 	for _, r := range routes {
 		rt := &netlink.Route{

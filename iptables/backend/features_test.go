@@ -22,6 +22,7 @@ import (
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 )
 
 const (
@@ -34,6 +35,8 @@ const (
 	peerNet1v4 = "203.0.113.130"
 	podNet1v6  = "2001:db8:5::10"
 	peerNet1v6 = "2001:db8:5::20"
+	// The pod's end of the link to its virtual machine, as KubeVirt names a VM's tap.
+	vmTap = "tap0"
 )
 
 // featureCase is one feature beyond Linkerd's, checked with real traffic after an apply, before
@@ -187,6 +190,44 @@ var featureCases = []featureCase{
 		},
 	},
 	{
+		name: "virtual machine interfaces rerouted",
+		config: func() iptables.Config {
+			c := suiteConfig()
+			c.RerouteVirtualInterfaces = []string{vmTap}
+			return c
+		},
+		setup: addVM,
+		check: func(t *testing.T, w *world) { expectVM(t, w, outboundProxy) },
+	},
+	{
+		name: "virtual machine interfaces rerouted, inbound by tproxy",
+		config: func() iptables.Config {
+			c := suiteConfig()
+			c.RerouteVirtualInterfaces, c.InboundMode = []string{vmTap}, iptables.InboundTPROXY
+			return c
+		},
+		transparent: true,
+		setup:       addVM,
+		check: func(t *testing.T, w *world) {
+			expectVM(t, w, outboundProxy)
+			for _, f := range families {
+				if reply, err := nt.Dial(t, w.Peer, "tcp", nt.HostPort(f.pod, appPort), root); err != nil || reply != "proxy "+itoa(inboundProxy) {
+					t.Errorf("inbound to %s: %q, %v; want the transparent proxy's answer", nt.HostPort(f.pod, appPort), reply, err)
+				} else if c := w.proxy.Expect(t, 2*time.Second); c.Local != nt.AddrPort(f.pod, appPort) {
+					t.Errorf("the transparent proxy saw %s, want a connection to %s", c, nt.HostPort(f.pod, appPort))
+				}
+			}
+		},
+	},
+	{
+		// The control of the cases above, and the problem they solve: without rerouting, the
+		// VM's outbound TCP, arriving on an interface of the pod, is taken for inbound.
+		name:   "virtual machine without rerouting",
+		config: suiteConfig,
+		setup:  addVM,
+		check:  func(t *testing.T, w *world) { expectVM(t, w, inboundProxy) },
+	},
+	{
 		name: "uids and gids to ignore",
 		config: func() iptables.Config {
 			c := suiteConfig()
@@ -252,6 +293,7 @@ func TestFeatureTraffic(t *testing.T) {
 					if st := show(t, w, mode, cfg); !st.Match() {
 						t.Errorf("show after apply: %+v", st)
 					}
+					inspect(t, w, mode, cfg)
 					if res := apply(t, w, mode, cfg); res.Changed {
 						t.Error("an identical re-run reported a change")
 					}
@@ -263,6 +305,20 @@ func TestFeatureTraffic(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// inspect checks what show without rule flags makes of the rules in place: the configuration
+// that wrote them (the same plan), whole, in the backend that holds them.
+func inspect(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) {
+	t.Helper()
+	in, err := backend.Runner{}.Read(context.Background(), target(w, mode))
+	if err != nil {
+		t.Fatalf("read the rules in place: %v", err)
+	}
+	f := iptables.Inspect(in)
+	if want := iptablestest.Build(t, c); !f.Whole() || f.Rules.Hash() != want.Hash() {
+		t.Errorf("show without rule flags: whole %t, problems %q, read back %v; want %v", f.Whole(), f.Problems, f.Rules.Args(), want.Args())
 	}
 }
 
@@ -278,6 +334,7 @@ func TestEveryFeatureSwitchesBackends(t *testing.T) {
 			cfg.RedirectDNSToPort, cfg.InboundMode, cfg.DropInvalid = dnsProxyPort, iptables.InboundTPROXY, true
 			cfg.OutboundPortsToRedirect, cfg.InterfacesToIgnore = []string{itoa(peerPort)}, []string{net1}
 			cfg.UIDsToIgnore, cfg.GIDsToIgnore = []string{"1000"}, []string{"3000"}
+			cfg.RerouteVirtualInterfaces = []string{vmTap}
 			apply(t, w, from, cfg)
 			// Before the switch, show in the other backend names every table of ours the first
 			// one holds (what CHECK and show report as rules elsewhere).
@@ -439,6 +496,44 @@ func net1Config(ignore bool) iptables.Config {
 // addNet1 joins pod and peer by a second link, net1, with servers behind it.
 func addNet1(t *testing.T, w *world) {
 	w.AddLink(t, net1, []string{podNet1v4 + "/25", podNet1v6 + "/64"}, []string{peerNet1v4 + "/25", peerNet1v6 + "/64"})
+}
+
+// addVM puts a virtual machine behind the pod, on its link vmTap.
+func addVM(t *testing.T, w *world) { w.vm = w.AddVM(t, vmTap) }
+
+// expectVM checks where the virtual machine's outbound TCP lands: on the proxy's port, with
+// SO_ORIGINAL_DST the destination the VM dialled and the VM's own address as the source. When
+// that is the outbound port (rerouted), the outbound ignore lists still let it go out as it is,
+// the inbound ones do not, and the pod's own traffic on eth0 is redirected as ever.
+func expectVM(t *testing.T, w *world, port int) {
+	t.Helper()
+	for _, f := range []struct {
+		family
+		vm string
+	}{{families[0], nt.VMIPv4}, {families[1], nt.VMIPv6}} {
+		dsts := []string{nt.HostPort(f.peer, peerPort)}
+		if port == outboundProxy {
+			// The inbound ignore list's port, which the VM's outbound TCP does not skip by.
+			dsts = append(dsts, nt.HostPort(f.peer, skipInPort))
+		}
+		for _, dst := range dsts {
+			reply, err := nt.Dial(t, w.vm, "tcp", dst, root)
+			if err != nil || reply != "proxy "+itoa(port) {
+				t.Errorf("from the VM to %s: %q, %v; want the proxy's answer on %d", dst, reply, err, port)
+				continue
+			}
+			if c := w.proxy.Expect(t, 2*time.Second); c.OriginalDst.String() != dst || c.Remote.Addr() != mustAddr(f.vm) {
+				t.Errorf("from the VM to %s: the proxy saw %s, want the original destination %s from %s", dst, c, dst, f.vm)
+			}
+		}
+		if port != outboundProxy {
+			continue
+		}
+		expectDirect(t, w.vm, nt.HostPort(f.peerSkip, peerPort), root)
+		expectDirect(t, w.vm, nt.HostPort(f.peer, skipOutPort), root)
+		w.expectProxy(t, w.Pod, nt.HostPort(f.peer, peerPort), outboundProxy, root)
+		w.expectProxy(t, w.Peer, nt.HostPort(f.pod, appPort), inboundProxy, root)
+	}
 }
 
 func removeAddr(t *testing.T, n *nt.NS, link, cidr string) {

@@ -49,6 +49,7 @@ type world struct {
 	*nt.Pair
 	proxy *nt.Proxy
 	dns   *nt.Proxy // the DNS proxy's TCP listener, when started
+	vm    *nt.NS    // the virtual machine behind the pod, when added
 }
 
 func newWorld(t *testing.T) *world { return newWorldWith(t, nt.StartProxy) }

@@ -109,6 +109,21 @@ func GoldenConfigs() map[string]iptables.Config {
 	c.DropInvalid = true
 	cases["drop-invalid"] = c
 
+	// A KubeVirt virtual machine's interfaces: its outbound TCP goes to the outbound port, with
+	// the outbound lists, and never the inbound ones.
+	c = chart()
+	c.RerouteVirtualInterfaces = []string{"k6t-eth0,tap0"}
+	c.OutboundSubnetsToIgnore = []string{"192.0.2.0/25", "2001:db8:2::/64"}
+	cases["reroute-virtual-interfaces"] = c
+
+	c = chart()
+	c.RerouteVirtualInterfaces = []string{"tap0"}
+	c.InboundMode = iptables.InboundTPROXY
+	c.OutboundPortsToRedirect = []string{"80,443"}
+	c.OutboundSubnetsToRedirect = []string{"10.0.0.0/8,2001:db8:5::/48"}
+	c.IPv6 = false
+	cases["reroute-virtual-interfaces-tproxy"] = c
+
 	cases["every-feature"] = EveryFeatureConfig()
 
 	c = EveryFeatureConfig()

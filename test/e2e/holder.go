@@ -3,13 +3,12 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -129,32 +128,6 @@ func startHolder(spec holderSpec, logPath string) (*exec.Cmd, io.Closer, error) 
 	return cmd, stdin, nil
 }
 
-// detachUnder detaches the mounts below dir that the new mount namespace copied from the
-// machine's (a /run/netns that network-namespace tests bind-mount, say). The tmpfs mounted on dir
-// would hide them but leave them in mountinfo, where the runtime's mount lookups still find them:
-// a hidden, private /run/netns makes containerd refuse the agent's HostToContainer mount of
-// /var/run/netns. / is private here, so the machine keeps its own.
-func detachUnder(dir string) error {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return err
-	}
-	var points []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			points = append(points, f[4])
-		}
-	}
-	// Deepest first; a mount already gone with its parent is no error.
-	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	for _, p := range points {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach the machine's %s from the node: %w", p, err)
-		}
-	}
-	return nil
-}
-
 // buildNode runs in the holder, inside the new namespaces.
 func buildNode(spec holderSpec) error {
 	// Nothing is mounted or linked until the namespaces are known to be new ones.
@@ -171,7 +144,7 @@ func buildNode(spec holderSpec) error {
 		}
 	}
 	for _, m := range []string{"/run", "/var/lib"} {
-		if err := detachUnder(m); err != nil {
+		if err := detachMountsUnder(m); err != nil {
 			return err
 		}
 		if err := unix.Mount("tmpfs", m, "tmpfs", 0, "mode=0755"); err != nil {
@@ -315,4 +288,31 @@ func nsInode(path string) (uint64, error) {
 		return 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	return st.Ino, nil
+}
+
+// detachMountsUnder lazily unmounts, in the node's own (private) mount namespace, what the
+// machine had mounted below dir, deepest first. The node's tmpfs over dir hides them but
+// mountinfo still lists them, and containerd resolves a hostPath's mount from mountinfo: the
+// machine's /run/netns (other tests' `ip netns add`) would be taken for the node's, which is
+// not shared, and the agent's HostToContainer mount of /var/run/netns refused.
+func detachMountsUnder(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var under []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			under = append(under, f[4])
+		}
+	}
+	// Deeper paths are longer: unmount them before their parents.
+	slices.SortFunc(under, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range under {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			return fmt.Errorf("detach the machine's mount %s in the node: %w", m, err)
+		}
+	}
+	return nil
 }
