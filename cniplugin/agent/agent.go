@@ -137,6 +137,8 @@ type Agent struct {
 	queue workqueue.TypedRateLimitingInterface[podKey]
 
 	running, synced atomic.Bool
+	// notLive is what /live answered last: its changes are logged.
+	notLive atomic.Bool
 
 	mu sync.Mutex
 	// deleted holds the UIDs this agent deleted, with why. A UID in it is never deleted again.

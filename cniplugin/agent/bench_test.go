@@ -139,10 +139,7 @@ func BenchmarkFootprint(b *testing.B) {
 	for i := range pods {
 		createMeshedPod(b, c, ns, fmt.Sprintf("web-%03d", i), node)
 	}
-	token, err := c.ServiceAccountToken(ctx, cniNS, "footprint", "footprint", chartRules(b, nil))
-	if err != nil {
-		b.Fatal(err)
-	}
+	token := chartServiceAccount(b, c, "footprint", nil)
 	kubeconfig := filepath.Join(b.TempDir(), "kubeconfig")
 	if err := c.WriteKubeconfig(kubeconfig, token); err != nil {
 		b.Fatal(err)

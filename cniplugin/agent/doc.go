@@ -24,11 +24,13 @@
 //     over the socket, the lookups' source, the audits and what they did, the node's CNI config),
 //     and prints every plugin call's log lines, so they appear in `kubectl logs`.
 //
-// RBAC: pods get, list, watch; namespaces and services list, watch (lookups, audit);
-// events.k8s.io events create; pods delete only in delete mode.
+// RBAC: pods get, list, watch; namespaces list, watch and the service default/kubernetes alone
+// (lookups, audit); events.k8s.io events create; pods delete only in delete mode, and only on its
+// own node (the chart's admission policy).
 //
 // Limits: it acts only on pods whose sandbox the CRI reports ready; a pod whose validator failed
-// with restartPolicy Never is not rerun by healing (its owner replaces it). In delete mode a
+// with restartPolicy Never is not rerun by healing, unless an admission policy (the chart's
+// validatorRestart) gave the validator a restart rule for exit code 95. In delete mode a
 // drifted pod without an owner is reported, not deleted (nothing would recreate it); a pod whose
 // validator failed is deleted whatever its owner, as Linkerd does.
 package agent

@@ -161,8 +161,16 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		if h, ok := a.opts.Sandboxes.(interface{ Healthy() error }); ok {
-			if err := h.Healthy(); err != nil {
-				a.log.Error("not live: restart me to reach the runtime again", "error", err.Error())
+			err := h.Healthy()
+			// The kubelet probes every few seconds: the change is logged, not each answer.
+			if a.notLive.Swap(err != nil) != (err != nil) {
+				if err != nil {
+					a.log.Error("not live: restart me to reach the runtime again", "error", err.Error())
+				} else {
+					a.log.Info("live again: the runtime answers")
+				}
+			}
+			if err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
 			}

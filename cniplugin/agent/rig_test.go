@@ -64,8 +64,10 @@ func startCluster(t testing.TB) *kubetest.Cluster {
 	return c
 }
 
-// chartRules returns the rules of the chart's ClusterRole linkerd-cni rendered with values.
-func chartRules(t testing.TB, values map[string]any) []rbacv1.PolicyRule {
+// chartServiceAccount creates the ServiceAccount name with the access the chart rendered with
+// values gives linkerd-cni: its ClusterRole's rules in a ClusterRole of its own, and each of its
+// Roles, named after it, in the Role's namespace. It returns a token for it.
+func chartServiceAccount(t testing.TB, c *kubetest.Cluster, name string, values map[string]any) string {
 	t.Helper()
 	ch, err := helmchart.Load("../..")
 	if err != nil {
@@ -75,25 +77,45 @@ func chartRules(t testing.TB, values map[string]any) []rbacv1.PolicyRule {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var rules []rbacv1.PolicyRule
+	var roles []*rbacv1.Role
 	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(files["10-rbac.yaml"], -1) {
-		var cr rbacv1.ClusterRole
-		if yaml.Unmarshal([]byte(doc), &cr) == nil && cr.Kind == "ClusterRole" && cr.Name == "linkerd-cni" {
-			return cr.Rules
+		var obj struct {
+			metav1.TypeMeta   `json:",inline"`
+			metav1.ObjectMeta `json:"metadata"`
+			Rules             []rbacv1.PolicyRule `json:"rules"`
+		}
+		if yaml.Unmarshal([]byte(doc), &obj) != nil || obj.Name != "linkerd-cni" {
+			continue
+		}
+		switch obj.Kind {
+		case "ClusterRole":
+			rules = obj.Rules
+		case "Role":
+			roles = append(roles, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: obj.Namespace}, Rules: obj.Rules})
 		}
 	}
-	t.Fatal("the chart renders no ClusterRole linkerd-cni")
-	return nil
-}
-
-// serviceAccount creates a ServiceAccount bound to a ClusterRole with rules and returns a client
-// authenticated as it, and its audit-log user name.
-func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, rules []rbacv1.PolicyRule) (*kubeclient.Client, string) {
-	t.Helper()
-	token, err := c.ServiceAccountToken(context.Background(), cniNS, name, name, rules)
+	if rules == nil || len(roles) == 0 {
+		t.Fatal("the chart renders no ClusterRole or no Role linkerd-cni")
+	}
+	ctx := context.Background()
+	token, err := c.ServiceAccountToken(ctx, cniNS, name, name, rules)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := kubeclient.New(c.ConfigForToken(token))
+	for _, role := range roles {
+		if err := c.BindRole(ctx, role, cniNS, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return token
+}
+
+// serviceAccount creates a ServiceAccount with the chart's access for values and returns a client
+// authenticated as it, and its audit-log user name.
+func serviceAccount(t testing.TB, c *kubetest.Cluster, name string, values map[string]any) (*kubeclient.Client, string) {
+	t.Helper()
+	client, err := kubeclient.New(c.ConfigForToken(chartServiceAccount(t, c, name, values)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +187,7 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 	}
 	r := &rig{t: t, c: c, admin: c.Clientset, node: fmt.Sprintf("node-%d", n), ns: fmt.Sprintf("app-%d", n),
 		sandboxes: &sandboxes{m: map[string]agent.Sandbox{}}, log: &cnitest.SyncBuffer{}, pluginLog: &cnitest.SyncBuffer{}}
-	client, user := serviceAccount(t, c, fmt.Sprintf("agent-%d", n), chartRules(t, map[string]any{"agent": map[string]any{"mode": string(mode)}}))
+	client, user := serviceAccount(t, c, fmt.Sprintf("agent-%d", n), map[string]any{"agent": map[string]any{"mode": string(mode)}})
 	r.user = user
 	if _, err := r.admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

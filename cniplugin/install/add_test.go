@@ -72,12 +72,12 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	api := newAPIClient(t, cluster.AdminConfig())
 	var cmData string
 	for _, m := range loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni")) {
-		switch m.obj.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+		switch {
+		case m.obj.GetKind() == "Namespace" || isAccess(m):
 			if _, err := api.apply(ctx, m.obj, false); err != nil {
 				t.Fatalf("apply %s: %v", m, err)
 			}
-		case "ConfigMap":
+		case m.obj.GetKind() == "ConfigMap":
 			cmData = m.obj.Object["data"].(map[string]any)["cni_network_config"].(string)
 		}
 	}

@@ -215,9 +215,7 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 	// The base objects the pod needs, and the node-taint RBAC and admission policy, as the
 	// docs/install.md says to apply with --node-taint.
 	for _, m := range ms {
-		switch m.obj.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+		if m.obj.GetKind() == "Namespace" || isAccess(m) {
 			if _, err := api.apply(ctx, m.obj, false); err != nil {
 				t.Fatalf("apply %s: %v", m, err)
 			}
@@ -298,8 +296,13 @@ func runDaemonSetPod(t *testing.T, r rendering, ms []manifest, extraArgs []strin
 		second.env["KUBECONFIG"] = kubeconfig
 		argv := second.argv
 		if r.second == "agent" {
-			argv = append(slices.Clone(argv), "--socket="+filepath.Join(root, "run", "agent.sock"), "--host-proc=/proc",
+			// The node's paths where this test keeps them; the socket only where the rendering
+			// serves one, so the agent watches what that rendering's RBAC lets it.
+			argv = append(slices.Clone(argv), "--host-proc=/proc",
 				"--cri-socket=unix://"+filepath.Join(root, "cri.sock"), "--cni-net-dir="+netDir)
+			if !r.noLookups {
+				argv = append(argv, "--socket="+filepath.Join(root, "run", "agent.sock"))
+			}
 		}
 		p := startIn(t, node, bin, argv, second.env)
 		for _, probe := range []string{"livenessProbe", "readinessProbe"} {

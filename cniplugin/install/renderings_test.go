@@ -370,6 +370,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown agent mode", map[string]any{"agent": map[string]any{"mode": "heal"}}, []string{"at '/agent/mode': 'heal' does not match pattern '^(repair|delete|report)$'"}},
 		{"agent audit period not a duration", map[string]any{"agent": map[string]any{"auditPeriod": "often"}}, []string{"/agent/auditPeriod", "often"}},
 		{"agent CRI socket not absolute", map[string]any{"agent": map[string]any{"criSocket": "run/containerd.sock"}}, []string{"/agent/criSocket", "run/containerd.sock"}},
+		{"validatorRestart not a boolean", map[string]any{"validatorRestart": map[string]any{"enabled": "yes"}},
+			[]string{"at '/validatorRestart/enabled': got string, want boolean"}},
 		{"a PodMonitor for a loopback address", map[string]any{"agent": map[string]any{"podMonitor": map[string]any{"enabled": true}}},
 			[]string{`agent.podMonitor.enabled: Prometheus cannot scrape agent.adminAddr "127.0.0.1:9993", which is the node's loopback`}},
 	}

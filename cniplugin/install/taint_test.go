@@ -133,8 +133,7 @@ func newTaintWorld(t *testing.T, ctx context.Context) *taintWorld {
 	w := &taintWorld{cluster: cluster, api: newAPIClient(t, cluster.AdminConfig()),
 		saUser: kubetest.ServiceAccountUser("linkerd-cni", "linkerd-cni")}
 	for _, m := range loadManifests(t, filepath.Join(deployDir(t), "linkerd-cni")) {
-		switch m.obj.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+		if m.obj.GetKind() == "Namespace" || isAccess(m) {
 			if _, err := w.api.apply(ctx, m.obj, false); err != nil {
 				t.Fatalf("apply %s: %v", m, err)
 			}
@@ -143,28 +142,15 @@ func newTaintWorld(t *testing.T, ctx context.Context) *taintWorld {
 	return w
 }
 
-// boundToken mints a token for the linkerd-cni ServiceAccount bound to a pod on node, like the
-// kubelet's projected token: the API server then names the node in the token's user extra
-// (authentication.kubernetes.io/node-name), which optional/node-taint-policy.yaml checks.
+// boundToken mints a token for the linkerd-cni ServiceAccount bound to a new pod on node
+// (tokenBoundTo), which optional/node-taint-policy.yaml checks.
 func boundToken(t *testing.T, ctx context.Context, cs kubernetes.Interface, node string) string {
 	t.Helper()
-	pod, err := cs.CoreV1().Pods("linkerd-cni").Create(ctx, &corev1.Pod{
+	return tokenBoundTo(ctx, t, cs, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "linkerd-cni-" + node, Namespace: "linkerd-cni"},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "linkerd-cni",
 			Containers: []corev1.Container{{Name: "install-cni", Image: "registry.invalid/linkerd-cni:1"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	exp := int64(3600)
-	tr, err := cs.CoreV1().ServiceAccounts("linkerd-cni").CreateToken(ctx, "linkerd-cni", &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp, BoundObjectRef: &authenticationv1.BoundObjectReference{
-			Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
-	}
-	return tr.Status.Token
+	})
 }
 
 // applyOptional applies deploy/linkerd-cni/optional, the RBAC and the admission policy

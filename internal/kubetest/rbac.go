@@ -36,3 +36,20 @@ func (c *Cluster) ServiceAccountToken(ctx context.Context, namespace, name, role
 	}
 	return c.TokenFor(ctx, namespace, name)
 }
+
+// BindRole creates role in its namespace and binds it to the service account
+// saNamespace/saName with a RoleBinding of the same name.
+func (c *Cluster) BindRole(ctx context.Context, role *rbacv1.Role, saNamespace, saName string) error {
+	cs := c.Clientset
+	if _, err := cs.RbacV1().Roles(role.Namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Role %s/%s: %w", role.Namespace, role.Name, err)
+	}
+	if _, err := cs.RbacV1().RoleBindings(role.Namespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: role.Namespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: saNamespace, Name: saName}},
+	}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create RoleBinding %s/%s: %w", role.Namespace, role.Name, err)
+	}
+	return nil
+}

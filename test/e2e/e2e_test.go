@@ -170,6 +170,7 @@ var scenarios = []struct {
 	{"DualStack", testDualStack},
 	{"CrossNode", testCrossNode},
 	{"RepairScope", testRepairScope},
+	{"JobValidatorRestart", testJobValidatorRestart},
 	{"UserNamespacePod", testUserNamespacePod},
 	{"LinkerdInjected", testLinkerdInjected},
 	{"Status", testStatus},

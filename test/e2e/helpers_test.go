@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -70,8 +72,8 @@ func decodeObjects(t testing.TB, source string, data []byte) []runtime.Object {
 	return objs
 }
 
-// create creates each object; one that already exists is left as it is, except a ClusterRole,
-// which is updated (the chart's renderings grant different rules).
+// create creates each object; one that already exists is left as it is, except a ClusterRole or
+// a Role, which is updated (the chart's renderings grant different rules).
 func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...runtime.Object) {
 	t.Helper()
 	for _, obj := range objs {
@@ -97,6 +99,16 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 			_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *appsv1.Deployment:
 			_, err = cs.AppsV1().Deployments(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *batchv1.Job:
+			_, err = cs.BatchV1().Jobs(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *admissionv1.ValidatingAdmissionPolicy:
+			_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionv1.MutatingAdmissionPolicy:
+			_, err = cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionv1.MutatingAdmissionPolicyBinding:
+			_, err = cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("create: unexpected %T", obj)
 		}
@@ -105,6 +117,13 @@ func create(ctx context.Context, t testing.TB, cs kubernetes.Interface, objs ...
 			if cur, err = cs.RbacV1().ClusterRoles().Get(ctx, cr.Name, metav1.GetOptions{}); err == nil {
 				cr.ResourceVersion = cur.ResourceVersion
 				_, err = cs.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{})
+			}
+		}
+		if r, ok := obj.(*rbacv1.Role); ok && apierrors.IsAlreadyExists(err) {
+			var cur *rbacv1.Role
+			if cur, err = cs.RbacV1().Roles(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{}); err == nil {
+				r.ResourceVersion = cur.ResourceVersion
+				_, err = cs.RbacV1().Roles(r.Namespace).Update(ctx, r, metav1.UpdateOptions{})
 			}
 		}
 		if apierrors.IsAlreadyExists(err) {

@@ -128,3 +128,15 @@ resources:
 {{- fail (printf "agent.podMonitor.enabled: Prometheus cannot scrape agent.adminAddr %q, which is the node's loopback; set agent.adminAddr to an address it reaches, e.g. 0.0.0.0:9993" .Values.agent.adminAddr) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Whether something in the DaemonSet deletes pods: the agent in delete mode, or the repair
+controller (which runs only without the agent). */}}
+{{- define "linkerd-cni.deletesPods" -}}
+{{- or (and .Values.agent.enabled (eq .Values.agent.mode "delete")) (and (not .Values.agent.enabled) .Values.repairController.enabled) -}}
+{{- end -}}
+
+{{/* Whether the agent watches the namespaces and default/kubernetes: it does for its lookups and
+its audits. */}}
+{{- define "linkerd-cni.watchesNamespaces" -}}
+{{- and .Values.agent.enabled (or .Values.agent.lookups (eq (include "linkerd-cni.auditing" .) "true")) -}}
+{{- end -}}
