@@ -42,6 +42,10 @@ type NetConf struct {
 	// bounds on what pods' annotations may ask; absent keys take DefaultCeilings.
 	Ceilings Ceilings
 
+	// StateDir is state-dir (new key): the node directory, root's alone, of the namespaces' lock
+	// files and the pods' records (record.go); absent means DefaultStateDir.
+	StateDir string
+
 	Kubernetes Kubernetes
 	Linkerd    Linkerd
 	Agent      Agent
@@ -206,6 +210,10 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	conf.Ceilings = DefaultCeilings
 	d.get(top, "", "max-close-wait-timeout-secs", &conf.Ceilings.MaxCloseWaitSecs, "an integer")
 	d.get(top, "", "max-annotation-list-entries", &conf.Ceilings.MaxListEntries, "an integer")
+	conf.StateDir = DefaultStateDir
+	if d.get(top, "", "state-dir", &conf.StateDir, "a string") && !strict && !filepath.IsAbs(conf.StateDir) {
+		conf.StateDir = DefaultStateDir // ADD refused it, so nothing of the pod's is elsewhere
+	}
 	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
 
 	k8s := d.object(top, "", "kubernetes")
@@ -300,6 +308,9 @@ func (c *NetConf) validate() []badinput.Problem {
 	}
 	if c.Ceilings.MaxListEntries < 1 {
 		bad("max-annotation-list-entries", strconv.Itoa(c.Ceilings.MaxListEntries), "must be at least 1")
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		bad("state-dir", c.StateDir, "not an absolute path")
 	}
 	if s := c.Agent.Socket; s != "" && !filepath.IsAbs(s) {
 		bad("agent.socket", s, "not an absolute path")

@@ -52,7 +52,7 @@ var prevResults = map[string]string{
 }
 
 // withVersion returns the chart config as the runtime hands it to the plugin: with cniVersion and
-// the previous plugin's result.
+// the previous plugin's result; and with a state-dir of the test's own unless it has one.
 func withVersion(t *testing.T, base, ver string) []byte {
 	t.Helper()
 	var m map[string]any
@@ -60,6 +60,9 @@ func withVersion(t *testing.T, base, ver string) []byte {
 		t.Fatal(err)
 	}
 	m["cniVersion"] = ver
+	if _, ok := m["state-dir"]; !ok {
+		m["state-dir"] = t.TempDir() // no test touches the node's /var/run/linkerd-cni
+	}
 	if prev, ok := prevResults[ver]; ok {
 		var pr map[string]any
 		if err := json.Unmarshal([]byte(prev), &pr); err != nil {
@@ -136,7 +139,7 @@ func noAPI(t *testing.T) func(*NetConf) (PodAPI, error) {
 func TestParseConfigKeys(t *testing.T) {
 	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni",
 		"log_level":"debug","log_file":"/var/log/linkerd-cni.log","exclude-namespaces":["linkerd-cni","kube-system"],
-		"max-close-wait-timeout-secs":600,"max-annotation-list-entries":64,
+		"max-close-wait-timeout-secs":600,"max-annotation-list-entries":64,"state-dir":"/run/lcni",
 		"kubernetes":{"kubeconfig":"/k","k8s_api_root":"https://203.0.113.10:6443","timeout":"2500ms","exclude-namespaces":["monitoring"]},
 		"agent":{"socket":"/run/linkerd-cni/agent.sock","timeout":"1500ms"},
 		"policy":{"type":"k8s","k8s_api_root":"https://x","k8s_auth_token":"t"},
@@ -149,7 +152,7 @@ func TestParseConfigKeys(t *testing.T) {
 	}
 	want := &NetConf{
 		LogLevel: "debug", LogFile: "/var/log/linkerd-cni.log", ExcludeNamespaces: []string{"linkerd-cni", "kube-system", "monitoring"},
-		Ceilings:   Ceilings{MaxCloseWaitSecs: 600, MaxListEntries: 64},
+		Ceilings: Ceilings{MaxCloseWaitSecs: 600, MaxListEntries: 64}, StateDir: "/run/lcni",
 		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond},
 		Agent:      Agent{Socket: "/run/linkerd-cni/agent.sock", Timeout: 1500 * time.Millisecond},
 		Linkerd: Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
@@ -268,6 +271,8 @@ func TestParseConfigErrors(t *testing.T) {
 			`invalid linkerd-cni network config: kubernetes.timeout "soon": want a duration such as "5s"; log_level "loud": want trace, debug, info, warn or error; kubernetes.kubeconfig "": must be set: the plugin reads the pod from the Kubernetes API with it`},
 		{"agent socket relative, timeout zero", `{"cniVersion":"1.0.0","agent":{"socket":"agent.sock","timeout":"0s"},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: agent.timeout "0s": must be positive; agent.socket "agent.sock": not an absolute path`},
+		{"state-dir relative", `{"cniVersion":"1.0.0","state-dir":"run/linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
+			`invalid linkerd-cni network config: state-dir "run/linkerd-cni": not an absolute path`},
 		{"exclude-namespaces not a list", `{"cniVersion":"1.0.0","exclude-namespaces":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: exclude-namespaces "linkerd-cni": want a list of namespace names`},
 		{"ceilings zero and not a number", `{"cniVersion":"1.0.0","max-close-wait-timeout-secs":0,"max-annotation-list-entries":"many","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,

@@ -13,7 +13,9 @@
 //   - agent.go: the pod from the node agent (protocol: package wire), asked first;
 //   - kubeapi.go: the pod from the API server, with the standard library's HTTPS client over the
 //     installer's JSON kubeconfig, so that the node's plugin starts as a small Go program does;
-//   - audit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits.
+//   - audit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
+//   - record.go: what ADD merged from annotations, recorded on the node, so that CHECK and the
+//     audits use the settings of the sandbox's set-up, not annotations edited since.
 //
 // Limits: whatever the route to the pod, this process writes the rules; the agent never does it
 // for a plugin. The plugin only ever writes its CNI result to stdout; logs go to stderr and

@@ -252,7 +252,8 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 	for k, v := range o.kubernetes {
 		kube[k] = v
 	}
-	plugin := map[string]any{"type": "linkerd-cni", "log_level": "debug", "log_file": n.logFile, "kubernetes": kube, "linkerd": linkerd}
+	plugin := map[string]any{"type": "linkerd-cni", "log_level": "debug", "log_file": n.logFile, "kubernetes": kube, "linkerd": linkerd,
+		"state-dir": filepath.Join(n.dir, "state")}
 	for k, v := range o.top {
 		plugin[k] = v
 	}

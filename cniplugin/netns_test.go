@@ -76,8 +76,19 @@ func TestCommandsInNetns(t *testing.T) {
 			if out.Len() != 0 {
 				t.Errorf("CHECK wrote %q to stdout", out.String())
 			}
-			// Change what the pod should have: CHECK must name the difference.
+			// An annotation edited after ADD changes nothing CHECK expects: annotations are read
+			// when the sandbox is set up (record.go).
 			api.ns.Annotations[AnnotationSkipOutboundPorts] = "5432"
+			if err := p.Check(args); err != nil {
+				t.Errorf("CHECK after an annotation edit: %v", err)
+			}
+			// An ADD (a new set-up) takes it: CHECK then names the rules of the old settings.
+			if err := p.Add(args); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := (backend.Runner{}).Apply(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: mode}}, rs); err != nil {
+				t.Fatal(err)
+			}
 			err = p.Check(args)
 			if err == nil {
 				t.Fatal("CHECK passed with rules for another config")

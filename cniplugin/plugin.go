@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -218,6 +219,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", p.Runner.Simulate(ctx, c.target(args.Netns), pl.rules))
 		return p.printPrev(c)
 	}
+	// The record first: rules are never in place without it (a failed ADD's DEL removes it).
+	if err := c.writeRecord(pl.inputs); err != nil {
+		return c.fail(types.ErrInternal, fmt.Errorf("pod %s: %w", c.podName(), err))
+	}
 	out, err := p.Runner.Apply(ctx, c.target(args.Netns), pl.rules)
 	if err != nil {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
@@ -242,7 +247,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) (err error) {
 		c.log.Debug("nothing of ours to check")
 		return nil
 	}
-	pl, err := p.plan(c)
+	pl, _, err := c.settle(p.plan(c))
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
@@ -281,6 +286,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if p.nodeAgent {
 		c.tellAgent()
 	}
+	c.removeRecord()
 	switch {
 	case args.Netns == "":
 		c.log.Debug("no netns; nothing to remove")
@@ -319,7 +325,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	return nil
 }
 
-// GC has nothing to collect: all state lives in the pods' namespaces.
+// GC collects nothing: the rules live in the pods' namespaces, and the node agent sweeps the
+// records and lock files of sandboxes gone without a DEL.
 func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 
 // target is the pod's namespace, with the config's backend; the backend choice is logged at
@@ -331,6 +338,9 @@ func (c *call) target(netns string) backend.Target {
 		NetNS:       netns,
 		Log:         c.log,
 		ChoiceLevel: slog.LevelDebug,
+		// The host lock: no process in the pod can hold it (backend's lock.go). DEL removes it.
+		HostLockDir:    filepath.Join(c.conf.StateDir, LocksDir),
+		RemoveHostLock: c.cmd == "DEL",
 	}
 }
 
@@ -393,6 +403,10 @@ type plan struct {
 	settings Settings
 	rules    *iptables.Ruleset
 	requests int
+	// inputs are what settings were merged from (record.go); unrecorded says that CHECK or an
+	// audit found no record of them, and used now's.
+	inputs     Inputs
+	unrecorded bool
 }
 
 // apiError marks failures to learn about the pod, which the runtime should retry.
@@ -440,18 +454,17 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 		pl.rules = c.conf.baseRules
 		return pl, nil
 	}
-	podObj := Object{Kind: "pod", Name: c.podName(), Annotations: pod.Annotations}
-	var nsObj *Object
+	pl.inputs = Inputs{Pod: honoured(pod.Annotations), ControlPlane: IsControlPlane(pod.Labels)}
 	if NeedsNamespace(pod.Annotations) {
 		ns, err := api.Namespace(ctx, c.pod.Namespace)
 		count()
 		if err != nil {
 			return nil, apiError{fmt.Errorf("meshed pod %s: its namespace's annotations cannot be read (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}
 		}
-		nsObj = &Object{Kind: "namespace", Name: ns.Name, Annotations: ns.Annotations}
+		pl.inputs.Namespace = honoured(ns.Annotations)
 	}
 	var apiPorts []string
-	if IsControlPlane(pod.Labels) {
+	if pl.inputs.ControlPlane {
 		svc, err := api.Service(ctx, "default", "kubernetes")
 		count()
 		if err == nil {
@@ -462,9 +475,9 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 			apiPorts = FallbackAPIServerPorts
 		}
 	}
-	pl.settings, err = Merge(c.conf.Linkerd.Config(), c.conf.Ceilings, podObj, nsObj, apiPorts)
-	if err != nil {
-		return nil, err
+	pl.inputs.APIServerPorts = apiPorts
+	if pl.settings, err = pl.inputs.merge(c); err != nil {
+		return pl, err // with its inputs: a record of the sandbox's may still settle it
 	}
 	pl.rules = pl.settings.Rules
 	if len(pl.settings.Sources) > 0 {

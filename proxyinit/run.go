@@ -113,14 +113,25 @@ func version(stdout io.Writer, output string) error {
 	return err
 }
 
-// target is where and how the command line asks to work.
+// target is where and how the command line asks to work. In its pod, proxy-init takes the
+// in-pod lock, which another proxy-init of that pod takes too. With --netns it runs on the node,
+// where the CNI plugin and the node agent may write the same namespace under their host lock: it
+// takes that one too, first, when the node has its directory (no linkerd-cni there: nobody else
+// takes it).
 func (o *Options) target(log *slog.Logger) backend.Target {
-	return backend.Target{
+	t := backend.Target{
 		Options: backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
 		NetNS:   o.NetNS,
 		Log:     log.With("mode_from", o.ModeSource),
 	}
+	if _, err := os.Lstat(hostLockDir); o.NetNS != "" && err == nil {
+		t.HostLockDir, t.InPodLock = hostLockDir, true
+	}
+	return t
 }
+
+// hostLockDir is where the node's host locks are (a variable for tests).
+var hostLockDir = backend.DefaultHostLockDir
 
 func apply(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
 	start := time.Now()

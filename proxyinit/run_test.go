@@ -14,7 +14,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -28,7 +27,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/ f
 // for a namespace holding nothing, as it does without privileges, whoever runs the test.
 func simulateMain(t *testing.T, args ...string) string {
 	t.Helper()
-	r := backend.Runner{Enter: func(string, bool, time.Duration, *slog.Logger, func() error) error {
+	r := backend.Runner{Enter: func(backend.Target, bool, func() error) error {
 		return errors.New("a unit test enters no namespace")
 	}}
 	var stdout, stderr bytes.Buffer
@@ -221,5 +220,31 @@ func TestMainLeavesTheProcessAlone(t *testing.T) {
 	}
 	if !OneShot(nil) || !OneShot(chartArgs()) || !OneShot([]string{"cleanup"}) || OneShot([]string{"validate", "--timeout", "1s"}) {
 		t.Error("OneShot: every command but validate is a one-shot run")
+	}
+}
+
+// In its pod proxy-init takes the in-pod lock alone; with --netns, on a node that has the host
+// locks' directory, the host lock first and then the in-pod one.
+func TestTargetLocks(t *testing.T) {
+	present := t.TempDir()
+	tests := []struct {
+		name, netns, dir string
+		host             string
+		inPod            bool
+	}{
+		{"in its pod", "", present, "", false},
+		{"--netns on a node with linkerd-cni", "/run/netns/pod", present, present, true},
+		{"--netns on a node without it", "/run/netns/pod", filepath.Join(present, "none"), "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer func(d string) { hostLockDir = d }(hostLockDir)
+			hostLockDir = tt.dir
+			o := &Options{NetNS: tt.netns}
+			got := o.target(slog.New(slog.DiscardHandler))
+			if got.HostLockDir != tt.host || got.InPodLock != tt.inPod {
+				t.Errorf("host lock %q, in-pod %v; want %q, %v", got.HostLockDir, got.InPodLock, tt.host, tt.inPod)
+			}
+		})
 	}
 }

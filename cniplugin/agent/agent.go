@@ -54,12 +54,19 @@ const (
 	ReasonRepairFailed = "RedirectRepairFailed"
 	ReasonDrift        = "RedirectDrift"
 	ReasonInvalid      = "InvalidAnnotation"
+	ReasonEdited       = "AnnotationsChangedAfterStart"
+	ReasonLockBusy     = "NamespaceLockBusy"
 	ActionRewrite      = "RewriteRules"
 	ActionReport       = "Report"
 	ActionLeaveRules   = "LeaveRules"
 )
 
 const defaultLookupWait = time.Second
+
+// workers is how many pods the agent audits (or deletes) at once. The queue never hands one pod
+// to two of them, so no pod is audited or deleted twice at the same time; a pod whose audit is
+// slow (its lock held: at most cniplugin.AuditLockWait) takes one worker, not the node's audits.
+const workers = 4
 
 // Options configure an Agent. Only NodeName is required; each part is off unless configured.
 type Options struct {
@@ -138,6 +145,8 @@ type Agent struct {
 	deleted map[types.UID]string
 	// gone holds the sandboxes the plugin's DEL went through: their rules are not audited.
 	gone map[string]time.Time
+	// unrecorded holds the pods said once to have no record of their sandbox's settings.
+	unrecorded map[types.UID]bool
 	// unauditable says once that the node's mode needs binaries this image lacks.
 	unauditable sync.Once
 }
@@ -168,6 +177,8 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 		arrived:  newNotifier(),
 		deleted:  map[types.UID]string{},
 		gone:     map[string]time.Time{},
+
+		unrecorded: map[types.UID]bool{},
 	}
 	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
 		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
@@ -262,6 +273,7 @@ func (a *Agent) forget(obj any) {
 	if pod, ok := obj.(*corev1.Pod); ok {
 		a.mu.Lock()
 		delete(a.deleted, pod.UID)
+		delete(a.unrecorded, pod.UID)
 		a.mu.Unlock()
 		a.events.forget(pod.UID)
 		if a.opts.Sandboxes != nil {
@@ -317,9 +329,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.auditWhenChained(ctx)
 		go a.auditEvery(ctx, a.opts.AuditPeriod)
 	}
-	// One worker: a node's worth of pods, and "never delete a pod twice" trivially true.
-	for a.processNext(ctx) {
+	var busy sync.WaitGroup
+	for range workers {
+		busy.Go(func() {
+			for a.processNext(ctx) {
+			}
+		})
 	}
+	busy.Wait()
 	return nil
 }
 

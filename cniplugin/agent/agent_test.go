@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -38,6 +40,9 @@ func TestAgent(t *testing.T) {
 		{"annotations invalid after start", testInvalidAnnotation},
 		{"a failed validator is healed in place", testValidatorHealed},
 		{"the periodic audit", testPeriodicAudit},
+		{"namespaces locked by their pods or on the node", testLockedNamespaces},
+		{"annotations edited after start", testAnnotationEdits},
+		{"the sweep of what DEL did not remove", testSweep},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, c) })
 	}
@@ -88,14 +93,22 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 	if !errors.As(chk.err, &ce) || !strings.Contains(ce.Msg, "missing") || !strings.Contains(ce.Msg, p.netns.Path()) {
 		t.Errorf("CHECK after a rule was deleted: %v; want the missing rule and %s", chk.err, p.netns.Path())
 	}
+	if _, err := os.Stat(filepath.Join(r.stateDir(), cniplugin.RecordsDir, p.id+".json")); err != nil {
+		t.Errorf("no record of the pod's settings after its ADD: %v", err)
+	}
 	if del := r.run("DEL", r.args(p, r.conf)); del.err != nil {
 		t.Errorf("DEL: %v", del.err)
+	}
+	for _, dir := range []string{cniplugin.RecordsDir, cniplugin.LocksDir} {
+		if left, err := os.ReadDir(filepath.Join(r.stateDir(), dir)); err != nil || len(left) > 0 {
+			t.Errorf("%s after the DEL: %v %v; want it empty", dir, left, err)
+		}
 	}
 	if st := show(t, p, rs); len(st.Families) > 0 && slices.ContainsFunc(st.Families, func(f iptables.FamilyState) bool { return len(f.Rules) > 0 }) {
 		t.Errorf("rules left after DEL: %+v", st)
 	}
 	// A sandbox the plugin's DEL went through is not audited (its rules are gone on purpose).
-	if n := r.a.AuditAll(context.Background()); n != 0 {
+	if n := r.a.AuditAll(context.Background()).Audited; n != 0 {
 		t.Errorf("audited %d pods after their DEL", n)
 	}
 	waitFor(t, "the reports", func() bool { return r.metric(`plugin_calls_total{command="DEL",result="ok"}`) == "1" })

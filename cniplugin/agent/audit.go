@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +17,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
 // auditWhenChained waits until the node's CNI config chains linkerd-cni (the installer, starting
@@ -50,8 +54,39 @@ func (a *Agent) auditEvery(ctx context.Context, period time.Duration) {
 			for _, k := range a.meshedPods() {
 				a.queue.Add(k)
 			}
+			a.sweep()
 		}
 	}
+}
+
+// sweepGrace is the age under which a record is never swept: ADD writes it once its pod exists,
+// but the agent's watch may deliver that pod a moment later.
+const sweepGrace = 5 * time.Minute
+
+// sweep removes what the plugin leaves on the node for sandboxes gone without a DEL: lock files
+// nobody holds (backend.SweepHostLocks says why that is always safe), and the records of pods no
+// longer on the node.
+func (a *Agent) sweep() {
+	conf, err := a.opts.NetConf.Load()
+	if err != nil {
+		return
+	}
+	locks, err := backend.SweepHostLocks(filepath.Join(conf.StateDir, cniplugin.LocksDir))
+	if err != nil {
+		a.log.Warn("could not sweep the namespaces' lock files", "error", err.Error())
+	}
+	records, err := cniplugin.SweepRecords(filepath.Join(conf.StateDir, cniplugin.RecordsDir), sweepGrace, a.onNode)
+	if err != nil {
+		a.log.Warn("could not sweep the records of the pods' settings", "error", err.Error())
+	}
+	a.log.Debug("swept", "lockFiles", locks, "records", records)
+}
+
+// onNode tells whether the pod named namespace/name, with uid when given, is one of the node's.
+func (a *Agent) onNode(pod, uid string) bool {
+	ns, name, _ := strings.Cut(pod, "/")
+	p, err := a.pods.Pods(ns).Get(name)
+	return err == nil && (uid == "" || string(p.UID) == uid)
 }
 
 func (a *Agent) meshedPods() []podKey {
@@ -68,61 +103,105 @@ func (a *Agent) meshedPods() []podKey {
 	return keys
 }
 
-// AuditAll audits every meshed pod of the node once, in this goroutine, and returns how many it
-// looked at; it is one period's pass without the queue (benchmarks, tests).
-func (a *Agent) AuditAll(ctx context.Context) int {
-	n := 0
-	for _, k := range a.meshedPods() {
-		if pod, err := a.pods.Pods(k.namespace).Get(k.name); err == nil && a.audit(ctx, pod) {
-			n++
-		}
-	}
-	return n
+// Pass is what one AuditAll did.
+type Pass struct {
+	// Audited counts the pods whose rules were looked at; Busy those whose namespace lock was not
+	// had.
+	Audited, Busy int
+	// Took is the whole pass; LastAudited is when the last pod counted in Audited was done.
+	Took, LastAudited time.Duration
 }
+
+// AuditAll audits every meshed pod of the node once, with as many goroutines as the queue has
+// workers: one period's pass without the queue (benchmarks, tests).
+func (a *Agent) AuditAll(ctx context.Context) Pass {
+	var (
+		mu    sync.Mutex
+		p     Pass
+		wg    sync.WaitGroup
+		keys  = make(chan podKey)
+		start = time.Now()
+	)
+	for range workers {
+		wg.Go(func() {
+			for k := range keys {
+				pod, err := a.pods.Pods(k.namespace).Get(k.name)
+				if err != nil {
+					continue
+				}
+				out := a.audit(ctx, pod)
+				mu.Lock()
+				switch out {
+				case audited:
+					p.Audited++
+					p.LastAudited = time.Since(start)
+				case lockBusy:
+					p.Busy++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, k := range a.meshedPods() {
+		keys <- k
+	}
+	close(keys)
+	wg.Wait()
+	p.Took = time.Since(start)
+	return p
+}
+
+// outcome is what became of one pod's audit.
+type outcome int
+
+const (
+	notAudited outcome = iota // not a pod to audit, or the audit could not run
+	audited                   // its rules were looked at
+	lockBusy                  // its namespace's lock was not had within cniplugin.AuditLockWait
+)
 
 // auditTimeout bounds one pod's audit: the runtime's answer, the namespace lock, the read and
 // the rewrite.
 const auditTimeout = 30 * time.Second
 
-// audit checks one pod with CHECK's logic and acts by mode. It reports whether the pod's rules
-// were looked at.
-func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
+// audit checks one pod with CHECK's logic and acts by mode.
+func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 	ctx, cancel := context.WithTimeout(ctx, auditTimeout)
 	defer cancel()
 	log := a.log.With("pod", pod.Namespace+"/"+pod.Name, "uid", string(pod.UID))
 	if !meshedSpec(pod) || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return false
+		return notAudited
 	}
 	conf, err := a.opts.NetConf.Load()
 	a.metrics.chained.Set(boolGauge(err == nil))
 	if err != nil {
 		log.Debug("not audited: no linkerd-cni network config on the node", "error", err.Error())
-		return false
+		return notAudited
 	}
 	if mode := conf.Linkerd.IPTablesMode; needsBinaries(mode) && !a.haveBinaries(mode) {
 		a.unauditable.Do(func() {
 			log.Warn("not auditing: iptables-mode " + string(mode) + " is read with the iptables binaries, which this image does not hold; the plugin still writes the rules at ADD")
 		})
-		return false
+		return notAudited
 	}
 	sb, err := a.opts.Sandboxes.Find(ctx, string(pod.UID))
 	switch {
 	case errors.Is(err, ErrNoSandbox):
 		log.Debug("not audited: no ready sandbox")
-		return false
+		return notAudited
 	case errors.Is(err, ErrNoNetNS):
 		// The finder said why, once per sandbox.
 		a.metrics.auditErrors.Inc()
 		log.Debug("not audited: " + err.Error())
-		return false
+		return notAudited
 	case err != nil:
 		a.metrics.auditErrors.Inc()
 		log.Warn("not audited: cannot find the pod's network namespace", "error", err.Error())
-		return false
+		return notAudited
 	}
 	defer sb.Close()
 	if a.isGone(sb.ID) {
-		return false
+		return notAudited
 	}
 	log = log.With("sandbox", sb.ID, "netns", sb.Where)
 	p := cniplugin.NewStandalone(&cacheAPI{a: a, uid: pod.UID})
@@ -132,19 +211,31 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.mode == ModeRepair, log)
 	a.metrics.auditSeconds.Observe(time.Since(start).Seconds())
 	if res.Skipped != "" {
-		return false
+		return notAudited
+	}
+	a.reportSettings(ctx, pod, res, log)
+	var busy *backend.BusyError
+	if errors.As(err, &busy) {
+		a.reportBusy(ctx, pod, busy, log)
+		return lockBusy
 	}
 	if bad, ok := badinput.As(err); ok {
 		a.metrics.auditErrors.Inc()
 		note := fmt.Sprintf("The annotations are invalid, so the linkerd-cni agent cannot tell which rules this pod needs; its rules are left as they are: %s", bad.Error())
 		log.Warn("not audited: invalid annotation; the rules are left as they are", "error", bad.Error())
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonInvalid, ActionLeaveRules, note, true)
-		return false
+		return notAudited
 	}
 	if err != nil && sb.Where != "" {
 		// Messages name the namespace as the runtime did, not by the descriptor entered.
 		err = errors.New(strings.ReplaceAll(err.Error(), sb.NetNS, sb.Where))
 	}
+	a.act(ctx, pod, res, err, log)
+	return audited
+}
+
+// act counts an audit that looked at the pod's rules, and acts on what it found by mode.
+func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditResult, err error, log *slog.Logger) {
 	a.metrics.audited.Inc()
 	if res.Drifted() {
 		a.metrics.drifted.Inc()
@@ -173,7 +264,40 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) bool {
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonDrift, ActionReport,
 			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.node, res.Problem), true)
 	}
-	return true
+}
+
+// reportSettings reports, once per distinct edit, annotations changed since the pod's sandbox was
+// set up (they were not applied), and says once per pod that its sandbox has no record.
+func (a *Agent) reportSettings(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditResult, log *slog.Logger) {
+	if len(res.Edited) > 0 {
+		edits := strings.Join(res.Edited, "; ")
+		note := fmt.Sprintf("Changed after the pod's sandbox was set up, so not applied (linkerd-cni reads them at set-up only, as Linkerd does; the rules keep the settings the pod started with, and a new pod gets the new ones): %s", edits)
+		if a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonEdited, ActionReport, note, true) {
+			a.metrics.edited.Inc()
+			log.Warn("annotations changed after the pod's sandbox was set up; not applied", "changed", edits)
+		}
+	}
+	if !res.Unrecorded {
+		return
+	}
+	a.mu.Lock()
+	said := a.unrecorded[pod.UID]
+	a.unrecorded[pod.UID] = true
+	a.mu.Unlock()
+	if !said {
+		log.Info("no record of the settings the pod's sandbox was set up with (set up before linkerd-cni kept them, or the record was lost): its rules are checked against its current annotations")
+	}
+}
+
+// reportBusy counts an audit whose namespace lock was not had, and says so once per pod and lock.
+func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *backend.BusyError, log *slog.Logger) {
+	a.metrics.lockBusy.Inc()
+	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.node, busy.Wait, busy.Lock)
+	if a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonLockBusy, ActionReport, note, true) {
+		log.Warn("not audited: the namespace's lock is held", "lock", busy.Lock, "wait", busy.Wait.String())
+		return
+	}
+	log.Debug("not audited: the namespace's lock is held", "lock", busy.Lock)
 }
 
 // meshedSpec tells, from the spec alone, whether the plugin writes rules for the pod; the spec

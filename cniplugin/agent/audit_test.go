@@ -79,7 +79,7 @@ func testAudit(t *testing.T, c *kubetest.Cluster) {
 			if mode == agent.ModeDelete {
 				least -= (len(drifts) + 1) / 2
 			}
-			if n := r.a.AuditAll(context.Background()); n < least || n > len(drifts)+1 {
+			if n := r.a.AuditAll(context.Background()).Audited; n < least || n > len(drifts)+1 {
 				t.Errorf("AuditAll looked at %d pods, want %d (at least %d in delete mode)", n, len(drifts)+1, least)
 			}
 			r.a.AuditAll(context.Background()) // a second pass: nothing new to say

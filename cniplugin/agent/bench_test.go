@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubetest"
@@ -27,19 +28,18 @@ import (
 // BenchmarkAudit prints, for `make bench` (-benchtime 1x: it repeats by itself), the time of one
 // audit pass over 110 meshed pods on one node (the kubelet's default pod limit) and the API
 // requests the pass makes, with every pod's rules in place, then with every pod's rules flushed
-// (the pass heals them all). The pods' namespaces are found by the test's finder: the CRI's part
-// (one list per pod, one status per new sandbox) is not in these figures.
+// (the pass heals them all); then with six more pods, each with a process of its own holding its
+// namespace's in-pod lock, and with three of those six held under the host lock (each audit gives
+// up after cniplugin.AuditLockWait). The pods' namespaces are found by the test's finder: the
+// CRI's part (one list per pod, one status per new sandbox) is not in these figures.
 func BenchmarkAudit(b *testing.B) {
-	const pods, passes = 110, 5
+	const pods, passes, locked, hostLocked = 110, 5, 6, 3
 	c := startCluster(b)
 	r := newRig(b, c, rigOpts{})
 	want := expected(b, iptables.ModeNFT, nil)
 	var all []*pod
 	for i := range pods {
-		p := r.createPod(fmt.Sprintf("web-%03d", i), nil, nil)
-		apply(b, p, want)
-		r.started(p)
-		all = append(all, p)
+		all = append(all, r.addPod(fmt.Sprintf("web-%03d", i), nil))
 	}
 	// Let the pod events' own audits drain first.
 	waitFor(b, "the agent's queue to drain", func() bool { return r.metric("queue_size") == "0" })
@@ -54,7 +54,7 @@ func BenchmarkAudit(b *testing.B) {
 	pass := func() (time.Duration, int) {
 		before := requests()
 		start := time.Now()
-		n := r.a.AuditAll(context.Background())
+		n := r.a.AuditAll(context.Background()).Audited
 		took := time.Since(start)
 		if n != pods {
 			b.Fatalf("the pass audited %d pods, want %d", n, pods)
@@ -89,6 +89,28 @@ func BenchmarkAudit(b *testing.B) {
 		float64(cleanRequests)/passes)
 	fmt.Printf("  %-48s %8s  (%.2fms per pod)  API requests %d (%d Events, one per healed pod)\n", "one pass healing every pod",
 		msec(heal), float64(heal.Microseconds())/1000/pods, healRequests, pods)
+
+	var held []*pod
+	for i := range locked {
+		p := r.addPod(fmt.Sprintf("locked-%d", i), nil)
+		holdInPodLock(b, p)
+		held = append(held, p)
+	}
+	inPod := r.a.AuditAll(context.Background())
+	if inPod.Audited != pods+locked || inPod.Busy != 0 {
+		b.Fatalf("with %d in-pod locks held: %+v", locked, inPod)
+	}
+	fmt.Printf("  %-48s %8s  (%d pods audited, %d busy)\n", fmt.Sprintf("one pass, +%d pods holding their in-pod lock", locked),
+		msec(inPod.Took), inPod.Audited, inPod.Busy)
+	for _, p := range held[:hostLocked] {
+		r.holdHostLock(p)
+	}
+	host := r.a.AuditAll(context.Background())
+	if host.Audited != pods+locked-hostLocked || host.Busy != hostLocked {
+		b.Fatalf("with %d host locks held: %+v", hostLocked, host)
+	}
+	fmt.Printf("  %-48s %8s  (the other %d pods audited within %s; %d busy, %s wait each)\n", fmt.Sprintf("one pass, %d of those under the host lock", hostLocked),
+		msec(host.Took), host.Audited, msec(host.LastAudited), host.Busy, cniplugin.AuditLockWait)
 }
 
 // BenchmarkFootprint prints, for `make bench`, the size of the DaemonSet binary (linkerd-cni

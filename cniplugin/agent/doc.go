@@ -12,8 +12,10 @@
 //     when it cannot (not synced, pod not seen within the lookup wait, a mode needing iptables
 //     binaries its image lacks, or a write that failed here);
 //   - audits every meshed pod of the node, on pod events and on a period, with CHECK's logic
-//     against the pod's current annotations, finding the pod's network namespace through the
-//     CRI (sandbox.go);
+//     against the settings the pod's sandbox was set up with (the plugin's record; edits since
+//     are reported, not applied), on a few workers that wait for a namespace's lock only briefly,
+//     finding the pod's network namespace through the CRI (sandbox.go), and sweeps the lock
+//     files and records the plugin left for sandboxes gone without a DEL;
 //   - acts on a pod whose rules are missing or differ, by mode: repair rewrites them in place
 //     (the same write as ADD, under the same lock), delete deletes the pod so its owner recreates
 //     it (Linkerd's behaviour, also for a failed linkerd-network-validator), report only records;

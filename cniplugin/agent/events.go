@@ -37,13 +37,14 @@ func newEventRecorder(client *kubeclient.Client, controller, instance string, m 
 		seen: map[types.UID]map[string]bool{}}
 }
 
-func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason, action, note string, once bool) {
+// record records an Event; false when once is set and the pod had it already.
+func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason, action, note string, once bool) bool {
 	if once {
 		r.mu.Lock()
 		key := reason + "\x00" + note
 		if r.seen[pod.UID][key] {
 			r.mu.Unlock()
-			return
+			return false
 		}
 		if r.seen[pod.UID] == nil {
 			r.seen[pod.UID] = map[string]bool{}
@@ -84,6 +85,7 @@ func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason
 		r.metrics.eventErrors.Inc()
 		r.log.Warn("could not record the event", "pod", pod.Namespace+"/"+pod.Name, "reason", reason, "error", err.Error())
 	}
+	return true
 }
 
 func (r *eventRecorder) forget(uid types.UID) {

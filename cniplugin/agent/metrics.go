@@ -29,6 +29,7 @@ type metrics struct {
 	deleted, deleteErrors, eventErrors prometheus.Counter
 	// Audits.
 	audited, drifted, healed, healErrors, auditErrors prometheus.Counter
+	lockBusy, edited                                  prometheus.Counter
 	auditSeconds                                      prometheus.Histogram
 	chained, installerReady                           prometheus.Gauge
 	// The socket and the plugin's reports.
@@ -49,11 +50,13 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		deleted:      counter("deleted_total", "Pods deleted (delete mode): their linkerd-network-validator exited 95, or an audit found their rules differ."),
 		deleteErrors: counter("delete_errors_total", "Failed attempts to delete such a pod (each is retried)."),
 		eventErrors:  counter("event_errors_total", "Events that could not be recorded."),
-		audited:      counter("pods_audited_total", "Audits of a meshed pod's rules (CHECK's logic against its current annotations)."),
+		audited:      counter("pods_audited_total", "Audits of a meshed pod's rules (CHECK's logic against the settings its sandbox was set up with)."),
 		drifted:      counter("pods_drifted_total", "Audits that found a meshed pod's rules missing or different."),
 		healed:       counter("pods_healed_total", "Drifted pods whose rules were rewritten in place (repair mode)."),
 		healErrors:   counter("heal_errors_total", "Drifted pods whose rules could not be rewritten."),
 		auditErrors:  counter("audit_errors_total", "Audits that could not run: no network namespace, an unreadable pod, an invalid annotation."),
+		lockBusy:     counter("audit_lock_busy_total", "Audits skipped because the pod's namespace lock was held longer than the audit waits (1s); retried next period."),
+		edited:       counter("annotation_edits_total", "Annotation (or control-plane label) edits found on running pods, each distinct edit once: reported, not applied (annotations are read at sandbox set-up)."),
 		auditSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: prefix + "audit_duration_seconds",
 			Help: "Time to audit (and heal) one pod.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		chained: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "cni_config_chained",
@@ -72,9 +75,9 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache) or api."}, []string{"source"}),
 	}
 	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
-		m.auditErrors, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
+		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
-			Help: "Pods waiting for the worker (audit or deletion), including retries."}, queueLen),
+			Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

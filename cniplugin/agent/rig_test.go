@@ -281,19 +281,20 @@ const linkerdBlock = `{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"pr
 
 const prevResult = `{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"address":"203.0.113.5/24","interface":0,"gateway":"203.0.113.1"}]}`
 
-// pluginConf is the plugin's stdin as libcni builds it from the node's conflist.
+// pluginConf is the plugin's stdin as libcni builds it from the node's conflist. The state
+// directory (lock files, records) is the socket's, root-only.
 func pluginConf(socket string, mode iptables.Mode, withPrev bool) []byte {
 	prev := ""
 	if withPrev {
 		prev = `,"prevResult":` + prevResult
 	}
 	return []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"linkerd-cni","log_level":"debug",
- "agent":{"socket":%q,"timeout":"2s"},"kubernetes":{"kubeconfig":"/nonexistent"},"linkerd":`+linkerdBlock+prev+`}`, socket, mode))
+ "state-dir":%q,"agent":{"socket":%q,"timeout":"2s"},"kubernetes":{"kubeconfig":"/nonexistent"},"linkerd":`+linkerdBlock+prev+`}`, filepath.Dir(socket), socket, mode))
 }
 
 func (r *rig) writeConflist(mode iptables.Mode) {
 	list := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"bridge","bridge":"cni0"},
- {"type":"linkerd-cni","log_level":"debug","agent":{"socket":%q},"kubernetes":{"kubeconfig":"/nonexistent"},"linkerd":`+linkerdBlock+`}]}`, r.socket, mode)
+ {"type":"linkerd-cni","log_level":"debug","state-dir":%q,"agent":{"socket":%q},"kubernetes":{"kubeconfig":"/nonexistent"},"linkerd":`+linkerdBlock+`}]}`, filepath.Dir(r.socket), r.socket, mode)
 	if err := os.WriteFile(filepath.Join(r.netDir, "10-bridge.conflist"), []byte(list), 0o644); err != nil {
 		r.t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ package install
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -97,6 +98,18 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	if err := os.MkdirAll(h.saDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The plugin's lock files and records go to a directory of the test's, not the machine's
+	// /var/run/linkerd-cni.
+	var netConf map[string]any
+	if err := json.Unmarshal([]byte(cmData), &netConf); err != nil {
+		t.Fatal(err)
+	}
+	netConf["state-dir"] = filepath.Join(root, "run", "linkerd-cni")
+	b, err := json.Marshal(netConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmData = string(b)
 	apiHost, apiPort := h.projectClusterSA(t, cluster, token)
 	primary := fmt.Sprintf(`{
   "cniVersion": "1.0.0",

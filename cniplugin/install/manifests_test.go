@@ -440,11 +440,15 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 		prop, _ := m["mountPropagation"].(string)
 		mounted[m["mountPath"].(string)] = [3]string{hostPaths[m["name"].(string)], ro, prop}
 	}
-	// Nothing is mounted read-write but the socket's directory; the node's /proc only for the
-	// socket's peer check and the PID fallback.
+	// Nothing is mounted read-write but the plugin's state directory, at the node's path (the
+	// socket; the lock files and records audits use as the plugin does); the node's /proc only
+	// for the socket's peer check and the PID fallback.
 	want := map[string][3]string{}
-	if !r.noLookups {
-		want[filepath.Dir(cfg.Socket)] = [3]string{filepath.Dir(cniplugin.DefaultAgentSocket), "rw", ""}
+	if !r.noLookups || !r.noAudits {
+		want[cniplugin.DefaultStateDir] = [3]string{cniplugin.DefaultStateDir, "rw", ""}
+	}
+	if cfg.Socket != "" && filepath.Dir(cfg.Socket) != cniplugin.DefaultStateDir {
+		t.Errorf("agent --socket %s is not in the state directory %s", cfg.Socket, cniplugin.DefaultStateDir)
 	}
 	if !r.noLookups || r.pidFallback {
 		want[cfg.HostProc] = [3]string{"/proc", "ro", ""}

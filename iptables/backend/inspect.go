@@ -16,7 +16,7 @@ import (
 // iptables-legacy's tables are read only where /proc lists one.
 func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 	var in iptables.InPlace
-	err := r.enter()(t.NetNS, false, xtables.WaitTimeout, t.log(), func() error {
+	err := r.enter()(t, false, func() error {
 		hs, err := nfnl.Read(ctx)
 		if err != nil && (iptables.IsCapabilityError(err) || !errors.Is(err, iptables.ErrUnsupported)) {
 			return err

@@ -9,15 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -37,6 +34,18 @@ type Target struct {
 	// discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
+	// HostLockDir, when set, is where the namespace's host lock lives: a file named after the
+	// namespace's nsfs device and inode in this directory, which must be the caller's alone
+	// (lock.go). No process in the pod can reach it. Empty means the in-pod lock alone.
+	HostLockDir string
+	// InPodLock, with HostLockDir set, also takes the in-pod lock (flock on the namespace's own
+	// nsfs file), after the host one; without HostLockDir the in-pod lock is always taken.
+	InPodLock bool
+	// LockWait bounds the wait for the locks; 0 means xtables.WaitTimeout.
+	LockWait time.Duration
+	// RemoveHostLock makes a Cleanup remove the host lock's file before releasing it: the
+	// namespace is going (the plugin's DEL).
+	RemoveHostLock bool
 }
 
 func (t Target) log() *slog.Logger {
@@ -64,10 +73,10 @@ type Runner struct {
 	// Others returns what looks for and removes rules of ours in every backend but the covered
 	// ones (those the chosen applier works on); nil means the real ones.
 	Others func(covered []iptables.Backend) []iptables.Applier
-	// Enter runs fn inside the namespace at path (the current one for "") holding its lock,
-	// shared or exclusive, and logs to log what it must; nil means the real one (netnsutil.Do
-	// and Lock).
-	Enter func(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error
+	// Enter runs fn inside the target's namespace holding the locks the target asks for, shared
+	// or exclusive, and logs to its logger what it must; nil means the real one (netnsutil.Do,
+	// then the locks of lock.go).
+	Enter func(t Target, exclusive bool, fn func() error) error
 	// CloseWaitFile, when set, is where the close-wait timeout is written and read (tests); empty
 	// means over netlink (iptables/conntrack), or iptables.CloseWaitSysctl where the kernel
 	// refuses that.
@@ -195,7 +204,7 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 // namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
 // IPv6 where it is left to the namespace (ipv6=auto), logging why.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
-	return r.enter()(t.NetNS, exclusive, xtables.WaitTimeout, t.log(), func() error {
+	return r.enter()(t, exclusive, func() error {
 		choose := r.Choose
 		if choose == nil {
 			choose = New
@@ -250,7 +259,7 @@ func (r Runner) routing() Routing {
 	return routing.Netlink{}
 }
 
-func (r Runner) enter() func(string, bool, time.Duration, *slog.Logger, func() error) error {
+func (r Runner) enter() func(Target, bool, func() error) error {
 	if r.Enter != nil {
 		return r.Enter
 	}
@@ -366,69 +375,4 @@ func realOthers(covered []iptables.Backend) []iptables.Applier {
 		}
 	}
 	return out
-}
-
-// enterLocked runs fn inside the namespace at path holding the namespace's lock. Without /proc
-// (a chroot, a container started without it) the current namespace cannot be named, so there is
-// nothing to lock: that is logged, and fn runs unlocked.
-func enterLocked(path string, exclusive bool, wait time.Duration, log *slog.Logger, fn func() error) error {
-	return netnsutil.Do(path, func() error {
-		unlock, err := Lock(path, exclusive, wait)
-		if errors.Is(err, fs.ErrNotExist) && path == "" {
-			log.Warn("no /proc: writing without the namespace lock, so a concurrent writer in this namespace is not waited for", "error", err)
-			unlock, err = func() {}, nil
-		}
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		return fn()
-	})
-}
-
-// Lock takes the lock of the network namespace at path, or of the calling thread's when path is
-// empty (callers enter it first), shared for reading or exclusive for writing, waiting at most
-// wait, and returns its release.
-//
-// Writing is read, then restore (per family), then maybe roll back: two runs interleaving those
-// steps duplicate jumps, mix families from different configs, or roll back over each other's
-// work. The lock is flock(2) on the namespace's own nsfs file: every process that opens the
-// namespace, from any container or mount namespace, locks the same inode, with no lock file to
-// create or clean up, and a process that dies releases it with its descriptors.
-func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
-	if path == "" {
-		path = "/proc/thread-self/ns/net"
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
-	}
-	// Not close-on-exec: an iptables-restore started under the lock inherits the descriptor, and
-	// with it the lock, so a writer killed while its restore runs keeps the namespace locked
-	// until that restore finishes, instead of letting the next writer read a state it is about
-	// to change.
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock the network namespace: %w", err)
-	}
-	how := unix.LOCK_SH
-	if exclusive {
-		how = unix.LOCK_EX
-	}
-	deadline := time.Now().Add(wait)
-	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
-		err = unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock the network namespace: %w", &fs.PathError{Op: "flock", Path: f.Name(), Err: err})
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting", wait)
-		}
-		time.Sleep(pause)
-	}
 }

@@ -111,7 +111,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 		return simulation(t.Mode, rs, nil)
 	}
 	var out string
-	err := r.enter()(t.NetNS, false, xtables.WaitTimeout, t.log(), func() error {
+	err := r.enter()(t, false, func() error {
 		rs := r.decideIPv6(t, rs)
 		if binaries {
 			out = simulation(t.Mode, rs, nil)

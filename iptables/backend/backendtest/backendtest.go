@@ -5,10 +5,8 @@ package backendtest
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
@@ -22,7 +20,7 @@ func Runner(a iptables.Applier, closeWaitFile string) backend.Runner {
 	return backend.Runner{
 		Choose:        func(backend.Options) (iptables.Applier, string, error) { return a, "a test asks for it", nil },
 		Others:        func([]iptables.Backend) []iptables.Applier { return nil },
-		Enter:         func(_ string, _ bool, _ time.Duration, _ *slog.Logger, fn func() error) error { return fn() },
+		Enter:         func(_ backend.Target, _ bool, fn func() error) error { return fn() },
 		CloseWaitFile: closeWaitFile,
 		Kernel:        func(context.Context, iptables.Mode, *iptables.Ruleset) error { return nil },
 		Routing:       &Routing{},

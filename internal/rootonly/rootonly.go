@@ -1,0 +1,58 @@
+// Package rootonly makes and checks the directories on the node where linkerd-cni keeps what
+// decides, as root, how it writes a pod's rules: the namespaces' lock files and the records of
+// each pod's settings at sandbox set-up. Only the user the plugin runs as (root on a node) may
+// reach them, so no pod and no unprivileged process on the node can hold, plant or remove what is
+// in them.
+//
+// Limits: standard library only (the node's plugin links it); a directory is checked where it
+// is used, not watched.
+package rootonly
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Make creates dir (and its missing parents) with mode 0700 and checks it (Check). An existing
+// directory is never loosened or tightened: one that fails the checks is refused.
+func Make(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("make the directory %s: %w", dir, err)
+	}
+	return Check(dir)
+}
+
+// Check refuses dir unless it is a directory (not a symbolic link) owned by this process's user
+// with no access for group or others, in a parent that only that user may write (so the directory
+// cannot be swapped for another). A missing dir is an fs.ErrNotExist error.
+func Check(dir string) error {
+	if err := check(dir, 0o077); err != nil {
+		return err
+	}
+	return check(filepath.Dir(filepath.Clean(dir)), 0o022)
+}
+
+func check(dir string, forbidden fs.FileMode) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("refusing %s: not a directory (mode %s)", dir, fi.Mode())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return errors.New("refusing " + dir + ": no owner")
+	}
+	if uid := os.Geteuid(); int(st.Uid) != uid {
+		return fmt.Errorf("refusing %s: owned by uid %d, not %d", dir, st.Uid, uid)
+	}
+	if perm := fi.Mode().Perm(); perm&forbidden != 0 {
+		return fmt.Errorf("refusing %s: mode %04o gives others access (want at most %04o)", dir, perm, 0o777&^forbidden)
+	}
+	return nil
+}

@@ -1,0 +1,300 @@
+package backend
+
+// The namespace locks. Writing is read, then restore (per family), then maybe roll back: two runs
+// interleaving those steps duplicate jumps, mix families from different configs, or roll back over
+// each other's work. So every writer of a namespace holds its lock, exclusive to write and shared
+// to read. There are two locks, both flock(2):
+//
+//   - The in-pod lock (Lock) is on the namespace's own nsfs file. Every process that opens the
+//     namespace, from any container or mount namespace, locks the same inode, and there is no file
+//     to create or remove. But any process in the pod, however unprivileged, can open its
+//     /proc/self/ns/net and hold that lock forever. proxy-init in its pod takes it, because it has
+//     to meet another proxy-init of the same pod.
+//   - The host lock (HostLock) is on a file named after the namespace's nsfs device and inode, in
+//     a directory only root reaches (rootonly). The CNI plugin and the node agent take it, so no
+//     process in a pod can hold them up. proxy-init --netns on the node takes it too, when the
+//     directory is there, and then the in-pod lock.
+//
+// A caller taking both takes the host lock first, so nobody waits for the host lock while holding
+// the in-pod one, and no two callers can wait for each other.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/internal/rootonly"
+	"github.com/kubemesh/proxy-init/iptables/xtables"
+)
+
+// DefaultHostLockDir is the host locks' directory on a node: the CNI plugin and the node agent
+// keep them there (in linkerd-cni's state directory), and proxy-init --netns looks there.
+const DefaultHostLockDir = "/var/run/linkerd-cni/locks"
+
+// BusyError is a lock that someone else still held when the wait ran out.
+type BusyError struct {
+	Wait time.Duration
+	// Lock names the lock: the host lock's file, or the in-pod lock.
+	Lock string
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting (lock: %s)", e.Wait, e.Lock)
+}
+
+// errStillHeld is flockUntil's deadline.
+var errStillHeld = errors.New("still held")
+
+// inPodLabel names the in-pod lock in messages.
+const inPodLabel = "the namespace's own file, which any process in the pod can hold too"
+
+// enterLocked runs fn inside the target's namespace holding the locks it asks for. Without /proc
+// (a chroot, a container started without it) the current namespace cannot be named, so there is
+// no in-pod lock to take: that is logged, and fn runs without it.
+func enterLocked(t Target, exclusive bool, fn func() error) error {
+	return netnsutil.Do(t.NetNS, func() error {
+		unlock, err := t.lock(exclusive)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		return fn()
+	})
+}
+
+// lock takes the target's locks, the host one first, within one wait, and returns their release.
+func (t Target) lock(exclusive bool) (unlock func(), err error) {
+	wait := cmp.Or(t.LockWait, xtables.WaitTimeout)
+	deadline := time.Now().Add(wait)
+	unlock = func() {}
+	if t.HostLockDir != "" {
+		l, err := HostLock(t.HostLockDir, t.NetNS, exclusive, wait)
+		if err != nil {
+			return nil, err
+		}
+		unlock = l.Release
+		if t.RemoveHostLock && exclusive {
+			unlock = func() { _ = l.Remove() }
+		}
+		if !t.InPodLock {
+			return unlock, nil
+		}
+	}
+	inPod, err := Lock(t.NetNS, exclusive, time.Until(deadline))
+	if busy := (*BusyError)(nil); errors.As(err, &busy) {
+		busy.Wait = wait // both locks' wait
+	}
+	if errors.Is(err, fs.ErrNotExist) && t.NetNS == "" {
+		t.log().Warn("no /proc: writing without the namespace lock, so a concurrent writer in this namespace is not waited for", "error", err)
+		inPod, err = func() {}, nil
+	}
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	hostUnlock := unlock
+	return func() { inPod(); hostUnlock() }, nil
+}
+
+// Lock takes the in-pod lock of the network namespace at path, or of the calling thread's when
+// path is empty (callers enter it first), shared for reading or exclusive for writing, waiting at
+// most wait, and returns its release.
+func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
+	deadline := time.Now().Add(wait)
+	if path == "" {
+		path = "/proc/thread-self/ns/net"
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
+	}
+	if err := flockUntil(f, exclusive, deadline); err != nil {
+		f.Close()
+		return nil, lockError(err, wait, inPodLabel)
+	}
+	return func() { f.Close() }, nil
+}
+
+// HostLockFile is a held host lock.
+type HostLockFile struct {
+	f    *os.File
+	path string
+}
+
+// HostLock takes the host lock of the network namespace at netns (the calling thread's for "")
+// in dir, shared or exclusive, waiting at most wait. dir is made mode 0700 when missing, and
+// refused when anyone but this process's user (root on a node) may reach it. The lock file is
+// created when missing, and is taken again when it was removed while this call waited for it,
+// so a removal (Remove, SweepHostLocks) never lets two holders in.
+func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockFile, error) {
+	if netns == "" {
+		netns = "/proc/thread-self/ns/net"
+	}
+	var ns unix.Stat_t
+	if err := unix.Stat(netns, &ns); err != nil {
+		return nil, fmt.Errorf("stat the network namespace %s to name its lock: %w", netns, err)
+	}
+	if err := rootonly.Make(dir); err != nil {
+		return nil, fmt.Errorf("the namespace locks' directory: %w", err)
+	}
+	path := filepath.Join(dir, hostLockName(ns.Dev, ns.Ino))
+	deadline := time.Now().Add(wait)
+	for {
+		f, err := openLockFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if err := flockUntil(f, exclusive, deadline); err != nil {
+			f.Close()
+			return nil, lockError(err, wait, path)
+		}
+		if same, err := stillAt(f, path); same || err != nil {
+			if err != nil {
+				f.Close()
+				return nil, err
+			}
+			return &HostLockFile{f: f, path: path}, nil
+		}
+		f.Close() // removed while we waited: take the new one
+	}
+}
+
+// Release releases the lock.
+func (l *HostLockFile) Release() { l.f.Close() }
+
+// Remove removes the lock's file, then releases the lock. The holder must hold it exclusively:
+// nobody else then holds the file, and whoever waits for it takes the next one.
+func (l *HostLockFile) Remove() error {
+	defer l.f.Close()
+	if err := os.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the lock file: %w", err)
+	}
+	return nil
+}
+
+// hostLockRE matches the names of host lock files.
+var hostLockRE = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+
+func hostLockName(dev, ino uint64) string {
+	return strconv.FormatUint(dev, 10) + "-" + strconv.FormatUint(ino, 10)
+}
+
+// SweepHostLocks removes from dir every lock file nobody holds, and returns how many. A lock file
+// holds no state, so one nobody holds can always go, whether its namespace still exists or not:
+// the next writer makes it again (HostLock), so nothing needs to tell the two apart. This is
+// how the lock files of namespaces gone without a DEL (a runtime that lost it, a plugin killed
+// first) are cleaned up. A missing dir holds nothing.
+func SweepHostLocks(dir string) (int, error) {
+	if err := rootonly.Check(dir); errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	} else if err != nil {
+		return 0, fmt.Errorf("the namespace locks' directory: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !hostLockRE.MatchString(e.Name()) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // gone since the listing
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			f.Close() // held: in use
+			continue
+		}
+		if same, _ := stillAt(f, path); same {
+			if err := os.Remove(path); err != nil {
+				errs = append(errs, err)
+			} else {
+				n++
+			}
+		}
+		f.Close()
+	}
+	return n, errors.Join(errs...)
+}
+
+// openLockFile opens (creating it when missing) the host lock file at path, not close-on-exec
+// (flockUntil says why), and refuses anything but a regular file of this process's user.
+func openLockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open the lock file: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat the lock file %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
+		f.Close()
+		return nil, fmt.Errorf("refusing the lock file %s: not a regular file of uid %d", path, os.Geteuid())
+	}
+	return f, nil
+}
+
+// stillAt reports whether path still names the file f has open.
+func stillAt(f *os.File, path string) (bool, error) {
+	var held, now unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		return false, fmt.Errorf("stat the lock file %s: %w", path, err)
+	}
+	if err := unix.Stat(path, &now); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("stat the lock file %s: %w", path, err)
+	}
+	return held.Dev == now.Dev && held.Ino == now.Ino, nil
+}
+
+// flockUntil takes flock on f, polling until deadline. The descriptor is made inheritable: an
+// iptables-restore started under the lock inherits it, and with it the lock, so a writer killed
+// while its restore runs keeps the namespace locked until that restore finishes, instead of
+// letting the next writer read a state it is about to change. A lock still held at the deadline
+// is errStillHeld.
+func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+		return err
+	}
+	how := unix.LOCK_SH
+	if exclusive {
+		how = unix.LOCK_EX
+	}
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			return &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
+		}
+		if time.Now().After(deadline) {
+			return errStillHeld
+		}
+		time.Sleep(pause)
+	}
+}
+
+func lockError(err error, wait time.Duration, lock string) error {
+	if errors.Is(err, errStillHeld) {
+		return &BusyError{Wait: wait, Lock: lock}
+	}
+	return fmt.Errorf("lock the network namespace: %w", err)
+}
