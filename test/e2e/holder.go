@@ -157,6 +157,12 @@ func buildNode(spec holderSpec) error {
 	if err := unix.Mount("", "/run", "", unix.MS_SHARED, ""); err != nil {
 		return fmt.Errorf("make /run shared: %w", err)
 	}
+	// And / too, as on a systemd host: containerd 1.6 looks the hostPath /var/run/netns up in
+	// mountinfo without following the /var/run symlink, so it finds /, not /run. Go's exec made
+	// / private in this namespace, so the new peer group is the node's alone.
+	if err := unix.Mount("", "/", "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make / shared: %w", err)
+	}
 	// Overlays, not tmpfs: the node still sees the machine's /etc (resolv.conf, passwd) and /opt.
 	for _, d := range []string{"/etc", "/opt"} {
 		upper, work := filepath.Join(stateDir, d, "upper"), filepath.Join(stateDir, d, "work")
