@@ -17,7 +17,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace qemu-user-static
 # e2e-runtime).
 E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-ci unit vet fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit vet fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
 
 all: build
 
@@ -130,11 +130,11 @@ e2e-deps: deps
 	fi
 
 # vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy, and
-# the end-to-end tests (-tags e2e).
+# the end-to-end tests (-tags e2e, and e2ebench for make e2e-bench).
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
-	$(GO) vet -tags e2e ./test/e2e/
+	$(GO) vet -tags e2e,e2ebench ./test/e2e/
 
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
@@ -187,6 +187,13 @@ e2e: export PATH := $(PATH):/usr/sbin:/sbin
 e2e: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e: e2e-deps e2e-runtime kube-bins kube-node images
 	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
+
+# e2e-bench fills one node to the kubelet's 110 pods, with and without the plugin, and prints
+# the figures docs/performance.md quotes (about 10 minutes; not part of make test or CI).
+e2e-bench: export PATH := $(PATH):/usr/sbin:/sbin
+e2e-bench: export E2E_RUNTIME := $(E2E_RUNTIME)
+e2e-bench: e2e-deps e2e-runtime kube-bins kube-node images
+	$(GO) test -tags e2e,e2ebench -count=1 -p 1 -timeout 60m -v -run '^TestE2EBench$$' ./test/e2e/
 
 e2e-ci:
 	$(MAKE) --no-print-directory e2e

@@ -98,8 +98,14 @@ type Cluster struct {
 
 	adminToken string
 	launcher   *launcher
-	procs      []*proc // in start order
-	stopOnce   sync.Once
+	// api, apiBin and apiArgs let StopAPIServer and StartAPIServer take the API away and bring
+	// it back as it was.
+	api          *proc
+	apiBin       string
+	apiArgs      []string
+	startTimeout time.Duration
+	procs        []*proc // in start order
+	stopOnce     sync.Once
 	// tailsReported is set when a start error already carried the logs.
 	tailsReported bool
 }
@@ -248,10 +254,12 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		args = append(args, "--disable-admission-plugins", "ServiceAccount")
 	}
 	args = append(args, opts.ExtraAPIServerArgs...)
-	api, err := c.startProc("kube-apiserver", filepath.Join(binDir, "kube-apiserver"), c.APIServerLogPath, args...)
+	c.apiBin, c.apiArgs, c.startTimeout = filepath.Join(binDir, "kube-apiserver"), args, timeout
+	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, args...)
 	if err != nil {
 		return c, err
 	}
+	c.api = api
 
 	cs, err := kubernetes.NewForConfig(c.AdminConfig())
 	if err != nil {
@@ -380,6 +388,40 @@ func (c *Cluster) Stop() {
 		}
 		c.launcher.close()
 	})
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, SIGKILL after 10s) and leaves etcd running, so
+// that a test can take the API away from its clients for a while; StartAPIServer brings it back.
+func (c *Cluster) StopAPIServer() error {
+	if c.api == nil {
+		return errors.New("kube-apiserver is not running")
+	}
+	api := c.api
+	c.api = nil
+	_ = api.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-api.exited:
+	case <-time.After(10 * time.Second):
+		_ = api.cmd.Process.Kill()
+		<-api.exited
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again, with the arguments, address and port it had, and
+// waits until it is ready.
+func (c *Cluster) StartAPIServer() error {
+	if c.api != nil {
+		return errors.New("kube-apiserver is already running")
+	}
+	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, c.apiArgs...)
+	if err != nil {
+		return err
+	}
+	c.api = api
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
+	defer cancel()
+	return c.waitReady(ctx, api)
 }
 
 // AdminConfig returns a new rest.Config for the admin user. When the cluster

@@ -56,6 +56,10 @@ func TestCluster(t *testing.T) {
 				}
 			}
 
+			if path == "" {
+				checkAPIServerRestart(t, c)
+			}
+
 			pids := make([]int, 0, len(c.procs))
 			for _, p := range c.procs {
 				pids = append(pids, p.cmd.Process.Pid)
@@ -68,6 +72,28 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkAPIServerRestart takes the API away and brings it back: requests fail meanwhile, and
+// what etcd holds is served again afterwards.
+func checkAPIServerRestart(t *testing.T, c *Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopAPIServer(); err == nil {
+		t.Error("a second StopAPIServer succeeded; want an error saying it is not running")
+	}
+	if _, err := c.Clientset.CoreV1().Namespaces().Get(ctx, "kubetest", metav1.GetOptions{}); err == nil {
+		t.Fatal("the API answered while stopped")
+	}
+	if err := c.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clientset.CoreV1().Namespaces().Get(ctx, "kubetest", metav1.GetOptions{}); err != nil {
+		t.Errorf("after StartAPIServer: %v", err)
 	}
 }
 

@@ -65,42 +65,12 @@ func useOurImages(c *corev1.Container) {
 // scenario alone with -run 'TestE2E/<Name>$'.
 func TestE2E(t *testing.T) {
 	netnstest.RequireRoot(t)
-	root := repoRoot(t)
 	RemoveStaleNodes(t)
 	before, err := ReadHostState()
 	if err != nil {
 		t.Fatal(err)
 	}
-	images, err := BuildTestImages(root, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"linkerd-cni", "proxy-init"} {
-		archive := filepath.Join(root, "bin/images", name+".tar")
-		ref, err := ArchiveRef(archive)
-		if err != nil {
-			t.Fatalf("%v (run `make images`)", err)
-		}
-		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
-		images = append(images, archive)
-	}
-	next, nextRef, err := BuildNextImage(root, t.TempDir(), ourImages["ghcr.io/kubemesh/linkerd-cni"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	images, nextImage = append(images, next), nextRef
-	rt, err := RuntimeFromEnv(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := Options{KubeNode: kubeNodeBinary(t), Runtime: rt, Images: images}
-	if dir := os.Getenv("E2E_LOGS"); dir != "" {
-		if opts.Dir, err = os.MkdirTemp(dir, "cluster-"); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("cluster configuration and logs kept in %s", opts.Dir)
-	}
-	c := StartCluster(t, opts)
+	c := startE2ECluster(t)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, c) })
 	}
@@ -151,6 +121,42 @@ func TestE2E(t *testing.T) {
 	}
 }
 
+// startE2ECluster builds the test images, starts the cluster on the runtime E2E_RUNTIME names
+// with our images imported, and keeps its logs under E2E_LOGS when that is set.
+func startE2ECluster(t *testing.T) *Cluster {
+	root := repoRoot(t)
+	images, err := BuildTestImages(root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"linkerd-cni", "proxy-init"} {
+		archive := filepath.Join(root, "bin/images", name+".tar")
+		ref, err := ArchiveRef(archive)
+		if err != nil {
+			t.Fatalf("%v (run `make images`)", err)
+		}
+		ourImages[ref[:strings.LastIndex(ref, ":")]] = ref
+		images = append(images, archive)
+	}
+	next, nextRef, err := BuildNextImage(root, t.TempDir(), ourImages["ghcr.io/kubemesh/linkerd-cni"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, nextImage = append(images, next), nextRef
+	rt, err := RuntimeFromEnv(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{KubeNode: kubeNodeBinary(t), Runtime: rt, Images: images}
+	if dir := os.Getenv("E2E_LOGS"); dir != "" {
+		if opts.Dir, err = os.MkdirTemp(dir, "cluster-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("cluster configuration and logs kept in %s", opts.Dir)
+	}
+	return StartCluster(t, opts)
+}
+
 // scenarios run in this order on one cluster, each a subtest of TestE2E; each sets up what it
 // needs, so any one runs alone.
 var scenarios = []struct {
@@ -176,5 +182,6 @@ var scenarios = []struct {
 	{"Status", testStatus},
 	{"RollingUpgrade", testRollingUpgrade},
 	{"Load", testLoad},
+	{"Chaos", testChaos},
 	{"APIUnreachable", testAPIUnreachable},
 }

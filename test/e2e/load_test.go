@@ -28,7 +28,8 @@ func testLoad(t *testing.T, c *Cluster) {
 	spec := d.Spec.Template
 
 	installDaemonSet(ctx, t, c)
-	meshed := startBatch(ctx, t, c, "e2e-load-meshed", spec)
+	meshed := startBatch(ctx, t, c, "e2e-load-meshed", spec, loadPods)
+	deleteNamespace(ctx, t, c.Client, "e2e-load-meshed")
 	for _, p := range meshed.pods {
 		if code := exitCode(p, "linkerd-network-validator"); code != 0 {
 			t.Errorf("pod %s: validator exit code %d, want 0", p.Name, code)
@@ -40,7 +41,8 @@ func testLoad(t *testing.T, c *Cluster) {
 	baseline.Spec.InitContainers = slices.DeleteFunc(baseline.Spec.InitContainers, func(c corev1.Container) bool {
 		return c.Name == "linkerd-network-validator"
 	})
-	plain := startBatch(ctx, t, c, "e2e-load-baseline", *baseline)
+	plain := startBatch(ctx, t, c, "e2e-load-baseline", *baseline, loadPods)
+	deleteNamespace(ctx, t, c.Client, "e2e-load-baseline")
 
 	t.Logf("%d pods created at once, creation to Ready: with linkerd-cni %s; without (no validator) %s",
 		loadPods, meshed.summary(), plain.summary())
@@ -59,25 +61,25 @@ func (b batch) summary() string {
 		s[len(s)*9/10].Round(10*time.Millisecond), s[len(s)-1].Round(10*time.Millisecond), b.all.Round(10*time.Millisecond))
 }
 
-// startBatch creates loadPods pods from tmpl in a new namespace, all at once, times each from its
-// creation to Ready, and deletes the namespace.
-func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl corev1.PodTemplateSpec) batch {
+// startBatch creates count pods from tmpl in a new namespace, all at once, and times each from
+// its creation to Ready. The namespace is deleted at the test's end, or earlier by the caller.
+func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl corev1.PodTemplateSpec, count int) batch {
 	t.Helper()
 	create(ctx, t, c.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	defer deleteNamespace(ctx, t, c.Client, ns)
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
 	pods := c.Client.CoreV1().Pods(ns)
 	w := watchPods(ctx, t, c, ns)
 	defer w.Stop()
 
-	created := make([]time.Time, loadPods)
+	created := make([]time.Time, count)
 	var wg sync.WaitGroup
-	errs := make(chan error, loadPods)
-	for i := range loadPods {
+	errs := make(chan error, count)
+	for i := range count {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
-			p.Name, p.Namespace = fmt.Sprintf("load-%02d", i), ns
+			p.Name, p.Namespace = fmt.Sprintf("load-%03d", i), ns
 			created[i] = time.Now()
 			if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 				errs <- err
@@ -94,11 +96,11 @@ func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl c
 	b := batch{}
 	ready := map[string]*corev1.Pod{}
 	timeout := time.After(8 * time.Minute)
-	for len(ready) < loadPods {
+	for len(ready) < count {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				t.Fatalf("pod watch closed with %d of %d pods Ready", len(ready), loadPods)
+				t.Fatalf("pod watch closed with %d of %d pods Ready", len(ready), count)
 			}
 			p, isPod := ev.Object.(*corev1.Pod)
 			if !isPod || ev.Type == watch.Deleted || ready[p.Name] != nil || !podReady(p) {
@@ -110,7 +112,7 @@ func startBatch(ctx context.Context, t *testing.T, c *Cluster, ns string, tmpl c
 			b.pods = append(b.pods, p)
 			b.ready = append(b.ready, time.Since(created[i]))
 		case <-timeout:
-			t.Fatalf("only %d of %d pods Ready after 8 minutes", len(ready), loadPods)
+			t.Fatalf("only %d of %d pods Ready after 8 minutes", len(ready), count)
 		}
 	}
 	b.all = time.Since(start)

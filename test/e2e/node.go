@@ -79,10 +79,11 @@ type Node struct {
 	// NetNS and MntNS are the inodes of the node's namespaces.
 	NetNS, MntNS uint64
 
-	c        *Cluster
-	holder   *exec.Cmd
-	holderIn io.Closer
-	podNetNS []uint64 // pods' network namespaces seen at Stop, for Leftovers
+	c          *Cluster
+	containerd *proc
+	holder     *exec.Cmd
+	holderIn   io.Closer
+	podNetNS   []uint64 // pods' network namespaces seen at Stop, for Leftovers
 }
 
 // proc is a process started in a node's namespaces.
@@ -415,6 +416,7 @@ func (n *Node) startContainerd() error {
 	if err != nil {
 		return err
 	}
+	n.containerd = p
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := n.Run(context.Background(), "ctr", "version")
@@ -430,6 +432,26 @@ func (n *Node) startContainerd() error {
 			return fmt.Errorf("node %s: containerd not serving after 30s: %w", n.Name, err)
 		}
 	}
+}
+
+// RestartContainerd stops the node's containerd (SIGTERM, SIGKILL after 15s) and starts it again
+// with its configuration. The shims, and so the pods' containers, keep running meanwhile, as on
+// a node whose containerd unit restarts.
+func (n *Node) RestartContainerd() error {
+	p := n.containerd
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	// startProc truncates the log: keep the first run's beside it.
+	log := filepath.Join(n.c.Dir, "logs", "containerd-"+n.Suffix+".log")
+	if err := os.Rename(log, log+".before-restart"); err != nil {
+		return err
+	}
+	return n.startContainerd()
 }
 
 // waitReady waits for the Node object to report Ready.
