@@ -86,9 +86,14 @@ func slicesContains(fs []iptables.Family, f iptables.Family) bool {
 	return false
 }
 
+// TestSimulateCloseWait: --simulate says how apply sets the close-wait timeout, over netlink
+// first and through the sysctl file only where the kernel refuses, not as a plain file write.
 func TestSimulateCloseWait(t *testing.T) {
-	if out := simulateMain(t, chartArgs("--simulate", "--timeout-close-wait-secs", "120")...); !strings.Contains(out, "# and write 120 to "+iptables.CloseWaitSysctl) {
-		t.Errorf("simulate does not mention the sysctl:\n%s", out)
+	out := simulateMain(t, chartArgs("--simulate", "--timeout-close-wait-secs", "120")...)
+	want := "# and set the namespace's conntrack close-wait timeout to 120 s over netlink (cttimeout),\n" +
+		"# or, where the kernel refuses that, write 120 to " + iptables.CloseWaitSysctl + "\n"
+	if !strings.Contains(out, want) {
+		t.Errorf("simulate does not say how the close-wait timeout is set; want\n%s\nin:\n%s", want, out)
 	}
 }
 

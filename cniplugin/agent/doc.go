@@ -4,13 +4,16 @@
 //
 //   - watches the node's pods (field selector spec.nodeName), and, for lookups and audits, the
 //     namespaces (their annotations count) and the Service default/kubernetes; no other watch;
-//   - serves the CNI plugin on a UNIX socket (root only, in a directory only root can enter):
-//     each ADD, CHECK and DEL arrives with the pod's network namespace as a descriptor, and the
-//     agent runs it with the plugin's own code (package cniplugin), the pod from its cache and
-//     the rules through the same backend.Runner and namespace lock, so a meshed ADD makes no API
-//     request; it answers only for pods of its node, and tells the plugin to do the call itself
-//     when it cannot (not synced, pod not seen within the lookup wait, a mode needing iptables
-//     binaries its image lacks, or a write that failed here);
+//   - serves the CNI plugin's lookups on a UNIX socket (root only, in a directory only root can
+//     enter; protocol version 2, package cniplugin/wire, socket.go): after checking the peer
+//     (CAP_SYS_ADMIN in the initial user namespace, as the runtime-run plugin has), it answers
+//     an ADD or CHECK with the pod, its namespace and default/kubernetes from its watch cache, so
+//     a meshed ADD makes no API request, hears of a DEL (its audits then leave that sandbox
+//     alone), and takes the plugin's report of the call (metrics, log lines). It answers only
+//     for pods of its node, and otherwise with a typed error (not synced, pod not seen within the
+//     lookup wait, a refused peer or message), on which the plugin reads the API itself. It
+//     never writes rules for a caller: the requests carry no network config and no namespace
+//     descriptor, and the plugin, which the runtime ran with both, always writes;
 //   - audits every meshed pod of the node, on pod events and on a period, with CHECK's logic
 //     against the settings the pod's sandbox was set up with (the plugin's record; edits since
 //     are reported, not applied), on a few workers that wait for a namespace's lock only briefly,
@@ -24,9 +27,10 @@
 //     over the socket, the lookups' source, the audits and what they did, the node's CNI config),
 //     and prints every plugin call's log lines, so they appear in `kubectl logs`.
 //
-// RBAC: pods get, list, watch; namespaces list, watch and the service default/kubernetes alone
-// (lookups, audit); events.k8s.io events create; pods delete only in delete mode, and only on its
-// own node (the chart's admission policy).
+// RBAC: pods list, watch (its node's); namespaces list, watch and the Service default/kubernetes
+// alone, by name (lookups, audit); events.k8s.io events create; pods delete only in delete mode,
+// and only on its own node (the chart's admission policy). docs/agent.md tables every privilege
+// and the code that needs it.
 //
 // Limits: it acts only on pods whose sandbox the CRI reports ready; a pod whose validator failed
 // with restartPolicy Never is not rerun by healing, unless an admission policy (the chart's

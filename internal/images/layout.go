@@ -98,8 +98,9 @@ copies onto the node: the plugin-only build. Linkerd's paths are links to the Da
 Linkerd's linkerd2-cni chart runs the repair controller as
 /usr/lib/linkerd/linkerd-cni-repair-controller, and its image's CMD is
 /usr/bin/linkerd2-cni-install. The installer runs as root (the node's CNI directories are
-root-owned) with no capability; the node agent as root, with NET_ADMIN, SYS_ADMIN and SYS_PTRACE
-for its audits (it heals rules inside pods' namespaces); the repair controller as 65534.`,
+root-owned) with no capability; the node agent as root, with NET_ADMIN and SYS_ADMIN for its
+audits (it heals rules inside pods' namespaces), SYS_PTRACE only with its PID fallback, and no
+capability for lookups alone; the repair controller as 65534.`,
 		Files: []File{
 			{Path: "/opt/cni/bin/linkerd-cni", Bin: BinPlugin},
 			{Path: "/usr/local/bin/linkerd-cni", Bin: BinLinkerdCNI},

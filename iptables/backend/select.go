@@ -186,7 +186,9 @@ func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...
 		}
 	}
 	if rs.CloseWaitSecs > 0 {
-		fmt.Fprintf(&b, "# and write %d to %s\n", rs.CloseWaitSecs, iptables.CloseWaitSysctl)
+		// As setCloseWait does it: netlink first, the sysctl file only where the kernel refuses.
+		fmt.Fprintf(&b, "# and set the namespace's conntrack close-wait timeout to %d s over netlink (cttimeout),\n", rs.CloseWaitSecs)
+		fmt.Fprintf(&b, "# or, where the kernel refuses that, write %d to %s\n", rs.CloseWaitSecs, iptables.CloseWaitSysctl)
 	}
 	return b.String()
 }
