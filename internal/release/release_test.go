@@ -338,7 +338,8 @@ func checkChart(t *testing.T, res *Result, host string) {
 // TestReleaseUnsigned: without a key a release pushes everything but signatures; without a
 // registry it only writes the release directory. These are the two ways docs/install.md installs
 // from a checkout (make release REGISTRY=..., make images and an import on each node): its
-// command blocks run against these releases and must render the images they made.
+// command blocks run against these releases and must render the images they made. The sizes
+// images.md and performance.md give must be within 10% of these binaries and images.
 func TestReleaseUnsigned(t *testing.T) {
 	bin := buildBins(t)
 	host := startRegistry(t, true)
@@ -365,6 +366,8 @@ func TestReleaseUnsigned(t *testing.T) {
 		}
 	}
 	checkInstallThroughRegistry(t, res, o.Out, host)
+	checkImageSizes(t, res)
+	checkBinarySizes(t, bin)
 	o = releaseOptions(t, bin, "")
 	res, err = Run(context.Background(), o)
 	if err != nil {
