@@ -469,8 +469,13 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 	if !maps.Equal(mounted, want) {
 		t.Errorf("agent mounts %v, want %v", mounted, want)
 	}
-	if r.name == "k3s" && cfg.CRI != "unix:///host/run/k3s/containerd/containerd.sock" || r.name == "openshift" && cfg.CRI != "unix:///host/var/run/crio/crio.sock" {
-		t.Errorf("%s: --cri-socket %s is not the distribution's", r.name, cfg.CRI)
+	distCRI := map[string]string{
+		"k3s": "unix:///host/run/k3s/containerd/containerd.sock", "k3s-custom-cni": "unix:///host/run/k3s/containerd/containerd.sock",
+		"rke2": "unix:///host/run/k3s/containerd/containerd.sock", "microk8s": "unix:///host/var/snap/microk8s/common/run/containerd.sock",
+		"openshift": "unix:///host/var/run/crio/crio.sock", "gke": "unix:///host/run/containerd/containerd.sock",
+	}
+	if want, ok := distCRI[r.name]; ok && cfg.CRI != want {
+		t.Errorf("%s: --cri-socket %s is not the distribution's, %s", r.name, cfg.CRI, want)
 	}
 }
 

@@ -134,6 +134,9 @@ func renderings(t testing.TB) []rendering {
 		// With the socket-LB check (k3s with Cilium is where socket-LB bites).
 		{name: "k3s", values: merge(withNS, map[string]any{"distribution": "k3s", "socketLBCheck": map[string]any{"enabled": true}}), second: "agent",
 			netDir: "/var/lib/rancher/k3s/agent/etc/cni/net.d", binDir: "/var/lib/rancher/k3s/data/cni", config: DefaultNetworkConfig},
+		// k3s with its own CNI: containerd's default directories, k3s's socket.
+		{name: "k3s-custom-cni", values: merge(withNS, map[string]any{"distribution": "k3s-custom-cni"}), second: "agent",
+			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "rke2", values: merge(withNS, map[string]any{"distribution": "rke2"}), second: "agent",
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
 		{name: "gke", values: merge(withNS, map[string]any{"distribution": "gke"}), second: "agent",

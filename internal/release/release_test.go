@@ -336,7 +336,10 @@ func checkChart(t *testing.T, res *Result, host string) {
 }
 
 // TestReleaseUnsigned: without a key a release pushes everything but signatures; without a
-// registry it only writes the release directory.
+// registry it only writes the release directory. These are the two ways docs/install.md installs
+// from a checkout (make release REGISTRY=..., make images and an import on each node): its
+// command blocks run against these releases and must render the images they made. The sizes
+// images.md and performance.md give must be within 10% of these binaries and images.
 func TestReleaseUnsigned(t *testing.T) {
 	bin := buildBins(t)
 	host := startRegistry(t, true)
@@ -362,6 +365,9 @@ func TestReleaseUnsigned(t *testing.T) {
 			t.Errorf("%s not pushed: %v", r.Ref, err)
 		}
 	}
+	checkInstallThroughRegistry(t, res, o.Out, host)
+	checkImageSizes(t, res)
+	checkBinarySizes(t, bin)
 	o = releaseOptions(t, bin, "")
 	res, err = Run(context.Background(), o)
 	if err != nil {
@@ -371,6 +377,7 @@ func TestReleaseUnsigned(t *testing.T) {
 		t.Errorf("without a registry: chart pushed to %q, image %s", res.ChartRef, res.Images[0].Ref)
 	}
 	checkSumsWithout(t, o.Out, PublicKeyFile)
+	checkInstallByImport(t, res)
 }
 
 // checkSumsWithout is checkSums for a release without the files named.

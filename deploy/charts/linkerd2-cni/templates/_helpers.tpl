@@ -7,9 +7,11 @@ linkerd.io/cni-resource: "true"
 {{- end -}}
 
 {{/* The node's directories: the value, or the distribution preset's when left at the default
-(docs/install.md, "Paths per distribution", says where each comes from). */}}
+(docs/install.md, "Paths per distribution", says where each comes from; docs/helm-chart.md's
+table of presets is checked against these renderings). k3s-custom-cni and rke2 keep the defaults:
+their containerd has no CNI section of its own, but their CRI socket is k3s's. */}}
 {{- define "linkerd-cni.netDir" -}}
-{{- $presets := dict "k3s" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "rke2" "/etc/cni/net.d" "gke" "/etc/cni/net.d" "microk8s" "/var/snap/microk8s/current/args/cni-network" "openshift" "/etc/cni/multus/net.d" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/agent/etc/cni/net.d" "k3s-custom-cni" "/etc/cni/net.d" "rke2" "/etc/cni/net.d" "gke" "/etc/cni/net.d" "microk8s" "/var/snap/microk8s/current/args/cni-network" "openshift" "/etc/cni/multus/net.d" -}}
 {{- if and .Values.distribution (eq .Values.destCNINetDir "/etc/cni/net.d") -}}
 {{- get $presets .Values.distribution -}}
 {{- else -}}
@@ -18,7 +20,7 @@ linkerd.io/cni-resource: "true"
 {{- end -}}
 
 {{- define "linkerd-cni.binDir" -}}
-{{- $presets := dict "k3s" "/var/lib/rancher/k3s/data/cni" "rke2" "/opt/cni/bin" "gke" "/home/kubernetes/bin" "microk8s" "/var/snap/microk8s/current/opt/cni/bin" "openshift" "/var/lib/cni/bin" -}}
+{{- $presets := dict "k3s" "/var/lib/rancher/k3s/data/cni" "k3s-custom-cni" "/opt/cni/bin" "rke2" "/opt/cni/bin" "gke" "/home/kubernetes/bin" "microk8s" "/var/snap/microk8s/current/opt/cni/bin" "openshift" "/var/lib/cni/bin" -}}
 {{- if and .Values.distribution (eq .Values.destCNIBinDir "/opt/cni/bin") -}}
 {{- get $presets .Values.distribution -}}
 {{- else -}}
@@ -36,9 +38,10 @@ linkerd-cni.conf
 {{- end -}}
 {{- end -}}
 
-{{/* The runtime's CRI socket: the value, or the distribution preset's when left at the default. */}}
+{{/* The runtime's CRI socket: the value, or the distribution preset's when left at the default.
+k3s runs its own containerd, with or without its flannel, and RKE2 the same one. */}}
 {{- define "linkerd-cni.criSocket" -}}
-{{- $presets := dict "k3s" "/run/k3s/containerd/containerd.sock" "rke2" "/run/k3s/containerd/containerd.sock" "microk8s" "/var/snap/microk8s/common/run/containerd.sock" "openshift" "/var/run/crio/crio.sock" -}}
+{{- $presets := dict "k3s" "/run/k3s/containerd/containerd.sock" "k3s-custom-cni" "/run/k3s/containerd/containerd.sock" "rke2" "/run/k3s/containerd/containerd.sock" "microk8s" "/var/snap/microk8s/common/run/containerd.sock" "openshift" "/var/run/crio/crio.sock" -}}
 {{- if and (hasKey $presets .Values.distribution) (eq .Values.agent.criSocket "/run/containerd/containerd.sock") -}}
 {{- get $presets .Values.distribution -}}
 {{- else -}}
