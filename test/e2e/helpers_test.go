@@ -273,8 +273,8 @@ func podNetNS(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, cont
 }
 
 // ourRules returns the lines of every netfilter backend in a network namespace that belong to
-// proxy-init or linkerd-cni: chains PROXY_INIT_* (iptables-legacy and iptables-nft) and the
-// native table proxy_init.
+// proxy-init or linkerd-cni: chains PROXY_INIT_* (iptables-legacy and iptables-nft), the rules
+// with our "proxy-init/..." comments, and the native table proxy_init.
 func ourRules(ctx context.Context, t testing.TB, netns string) []string {
 	t.Helper()
 	var lines []string
@@ -288,7 +288,7 @@ func ourRules(ctx context.Context, t testing.TB, netns string) []string {
 			t.Fatalf("%s in %s: %v: %s", cmd[0], netns, err, out)
 		}
 		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, "PROXY_INIT") || strings.Contains(l, "proxy_init") {
+			if strings.Contains(l, "PROXY_INIT") || strings.Contains(l, "proxy_init") || strings.Contains(l, "proxy-init/") {
 				lines = append(lines, strings.TrimSpace(l))
 			}
 		}
