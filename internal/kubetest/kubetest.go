@@ -376,15 +376,8 @@ func (c *Cluster) waitReady(ctx context.Context, api *proc) error {
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		for i := len(c.procs) - 1; i >= 0; i-- {
-			pr := c.procs[i]
-			_ = pr.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-pr.exited:
-			case <-time.After(10 * time.Second):
-				_ = pr.cmd.Process.Kill()
-				<-pr.exited
-			}
-			pr.log.Close()
+			c.procs[i].stop()
+			c.procs[i].log.Close()
 		}
 		c.launcher.close()
 	})
@@ -396,16 +389,20 @@ func (c *Cluster) StopAPIServer() error {
 	if c.api == nil {
 		return errors.New("kube-apiserver is not running")
 	}
-	api := c.api
+	c.api.stop()
 	c.api = nil
-	_ = api.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-api.exited:
-	case <-time.After(10 * time.Second):
-		_ = api.cmd.Process.Kill()
-		<-api.exited
-	}
 	return nil
+}
+
+// stop ends the process: SIGTERM, then SIGKILL after 10s. It returns once the process is reaped.
+func (pr *proc) stop() {
+	_ = pr.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-pr.exited:
+	case <-time.After(10 * time.Second):
+		_ = pr.cmd.Process.Kill()
+		<-pr.exited
+	}
 }
 
 // StartAPIServer starts kube-apiserver again, with the arguments, address and port it had, and

@@ -77,11 +77,7 @@ func TestE2EBench(t *testing.T) {
 	rss, cpu := agentUsage(ctx, t, c, ds)
 
 	removeDaemonSet(ctx, t, c)
-	baseline := spec.DeepCopy()
-	baseline.Spec.InitContainers = slices.DeleteFunc(baseline.Spec.InitContainers, func(c corev1.Container) bool {
-		return c.Name == "linkerd-network-validator"
-	})
-	plain := startBatch(ctx, t, c, "e2e-bench-baseline", *baseline, count)
+	plain := startBatch(ctx, t, c, "e2e-bench-baseline", withoutValidator(spec), count)
 	deleteNamespace(ctx, t, c.Client, "e2e-bench-baseline")
 
 	p := func(d []time.Duration, q float64) time.Duration {

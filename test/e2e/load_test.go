@@ -37,15 +37,21 @@ func testLoad(t *testing.T, c *Cluster) {
 	}
 
 	removeDaemonSet(ctx, t, c)
-	baseline := spec.DeepCopy()
-	baseline.Spec.InitContainers = slices.DeleteFunc(baseline.Spec.InitContainers, func(c corev1.Container) bool {
-		return c.Name == "linkerd-network-validator"
-	})
-	plain := startBatch(ctx, t, c, "e2e-load-baseline", *baseline, loadPods)
+	plain := startBatch(ctx, t, c, "e2e-load-baseline", withoutValidator(spec), loadPods)
 	deleteNamespace(ctx, t, c.Client, "e2e-load-baseline")
 
 	t.Logf("%d pods created at once, creation to Ready: with linkerd-cni %s; without (no validator) %s",
 		loadPods, meshed.summary(), plain.summary())
+}
+
+// withoutValidator is tmpl without the network validator, for pods that run without the plugin,
+// where the validator would fail by design.
+func withoutValidator(tmpl corev1.PodTemplateSpec) corev1.PodTemplateSpec {
+	out := *tmpl.DeepCopy()
+	out.Spec.InitContainers = slices.DeleteFunc(out.Spec.InitContainers, func(c corev1.Container) bool {
+		return c.Name == "linkerd-network-validator"
+	})
+	return out
 }
 
 type batch struct {

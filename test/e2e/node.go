@@ -407,6 +407,17 @@ func (c *Cluster) startProc(n *Node, name, bin string, args ...string) (*proc, e
 	return p, nil
 }
 
+// stop ends the process: SIGTERM, then SIGKILL after 15s. It returns once the process is reaped.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
 func (n *Node) startContainerd() error {
 	config := filepath.Join(n.c.Dir, "etc", "containerd-"+n.Suffix+".toml")
 	if err := os.WriteFile(config, []byte(n.c.Runtime.containerdConfig()), 0o644); err != nil {
@@ -438,14 +449,7 @@ func (n *Node) startContainerd() error {
 // with its configuration. The shims, and so the pods' containers, keep running meanwhile, as on
 // a node whose containerd unit restarts.
 func (n *Node) RestartContainerd() error {
-	p := n.containerd
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
+	n.containerd.stop()
 	// startProc truncates the log: keep the first run's beside it.
 	log := filepath.Join(n.c.Dir, "logs", "containerd-"+n.Suffix+".log")
 	if err := os.Rename(log, log+".before-restart"); err != nil {
@@ -523,14 +527,7 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		p := c.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
+		c.procs[i].stop()
 	}
 	if c.Control != nil {
 		c.Control.Stop() // also releases its thread in node A's network namespace
