@@ -337,6 +337,13 @@ func (in *installer) syncAll() bool {
 	}
 	waiting := false
 	var unlogged []string
+	if lf := in.entry.logFile; lf != "" {
+		// The entry goes in regardless: the plugin then logs to stderr only, and says why there.
+		if err := checkLogFile(in.cfg.MountPrefix, lf); err != nil {
+			problems = append(problems, err.Error())
+			unlogged = append(unlogged, err.Error())
+		}
+	}
 	if in.entryErr != nil {
 		problems = append(problems, in.entryErr.Error()) // logged once, at start
 	} else {
