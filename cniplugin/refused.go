@@ -9,7 +9,9 @@ package cniplugin
 // not ready once that is older than kubernetes.status-unauthorized-after, so the runtime reports
 // NetworkReady=false and the kubelet turns the node NotReady with a message naming linkerd-cni.
 // The bound keeps an upgrade's short gap (the old token is dead until the new installer writes
-// its kubeconfig) and API blips from turning a node NotReady.
+// its kubeconfig) and API blips from turning a node NotReady. Refusals count only against the
+// kubeconfig they were made with: once the installer has written a newer one (a new pod, a
+// rotated token), an older marker means nothing, even if no ADD has come since to clear it.
 
 import (
 	"errors"
@@ -67,6 +69,9 @@ func (c *call) noteLookup(err error) {
 			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "error", mkErr)
 			return
 		}
+		if fi, statErr := os.Lstat(path); statErr == nil && c.renewedSince(fi.ModTime()) {
+			_ = os.Remove(path) // refusals of an older kubeconfig: this one's clock starts now
+		}
 		fd, openErr := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		switch {
 		case errors.Is(openErr, unix.EEXIST):
@@ -92,7 +97,7 @@ func (c *call) refusedTooLong(now time.Time) error {
 	}
 	bound := c.conf.StatusUnauthorizedAfter()
 	since := fi.ModTime()
-	if now.Sub(since) <= bound {
+	if now.Sub(since) <= bound || c.renewedSince(since) {
 		return nil
 	}
 	return fmt.Errorf("linkerd-cni: the Kubernetes API has refused the plugin's credentials (kubeconfig %s) since %s, more than %s "+
@@ -100,4 +105,11 @@ func (c *call) refusedTooLong(now time.Time) error {
 		"no longer targeting the node or its update stuck), so every pod sandbox here fails; restore the linkerd-cni DaemonSet's pod on this node "+
 		"or remove linkerd-cni from the node's CNI config (marker %s)",
 		c.conf.Kubernetes.Kubeconfig, since.UTC().Format(time.RFC3339), bound, path)
+}
+
+// renewedSince tells whether the kubeconfig was written after t: the installer renewed the
+// credentials since, so refusals from before say nothing about them.
+func (c *call) renewedSince(t time.Time) bool {
+	fi, err := os.Stat(c.conf.Kubernetes.Kubeconfig)
+	return err == nil && fi.ModTime().After(t)
 }

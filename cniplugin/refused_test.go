@@ -22,8 +22,9 @@ import (
 // TestStatusAfterRefusedCredentials: an ADD the API server refuses (401, then 403) records when
 // the refusals began, and STATUS passes until they have lasted longer than
 // kubernetes.status-unauthorized-after, then fails with error 50 and a message naming
-// linkerd-cni; later refusals do not move the start, other API failures neither record nor clear
-// it, and the first ADD that succeeds clears it, so STATUS passes again.
+// linkerd-cni; later refusals do not move the start, a kubeconfig written since makes them void
+// (and the next refusal starts the clock again), other API failures neither record nor clear it,
+// and the first ADD that succeeds clears it, so STATUS passes again.
 func TestStatusAfterRefusedCredentials(t *testing.T) {
 	var answer atomic.Int32 // the HTTP status the pod lookups get
 	answer.Store(http.StatusUnauthorized)
@@ -42,6 +43,10 @@ func TestStatusAfterRefusedCredentials(t *testing.T) {
 	kc := filepath.Join(dir, "ZZZ-linkerd-cni-kubeconfig")
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	if err := os.WriteFile(kc, kubeconfig.Render(kubeconfig.Params{Server: srv.URL, Token: "dead", CA: ca}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Written by an installer an hour ago, before any refusal.
+	if err := os.Chtimes(kc, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	stateDir := filepath.Join(dir, "state")
@@ -97,6 +102,27 @@ func TestStatusAfterRefusedCredentials(t *testing.T) {
 	if code != types.ErrPluginNotAvailable || !strings.HasPrefix(msg, "linkerd-cni: the Kubernetes API has refused the plugin's credentials (kubeconfig "+kc+") since ") ||
 		!strings.Contains(msg, "more than 2m0s (kubernetes.status-unauthorized-after)") || !strings.Contains(msg, "linkerd-cni installer") {
 		t.Errorf("STATUS three minutes into the refusals: code %d, %q; want %d naming linkerd-cni and the bound", code, msg, types.ErrPluginNotAvailable)
+	}
+	// The installer writes a fresh kubeconfig (a new pod, a rotated token): refusals of the old
+	// one count no more, even with no ADD since to clear them.
+	if err := os.Chtimes(kc, time.Now().Add(-time.Minute), time.Now().Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := status(); err != nil {
+		t.Errorf("STATUS after the kubeconfig was renewed: %v, want success", err)
+	}
+	// A refusal of the new kubeconfig starts the clock again.
+	answer.Store(http.StatusUnauthorized)
+	_ = add()
+	if since := time.Since(mtime()); since > 30*time.Second {
+		t.Errorf("the refusal of a renewed kubeconfig did not restart the clock: it began %v ago", since)
+	}
+	age(3 * time.Minute)
+	if err := os.Chtimes(kc, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := cniCode(t, status()); code != types.ErrPluginNotAvailable {
+		t.Errorf("STATUS three minutes into the new kubeconfig's refusals: code %d, want %d", code, types.ErrPluginNotAvailable)
 	}
 	// An API server that fails otherwise says nothing about the credentials.
 	answer.Store(http.StatusServiceUnavailable)
