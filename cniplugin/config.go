@@ -64,6 +64,10 @@ type Kubernetes struct {
 	// Timeout is kubernetes.timeout (new key, a Go duration such as "5s"), the bound on all
 	// API requests of one ADD or CHECK. Zero means DefaultAPITimeout.
 	Timeout time.Duration
+	// StatusUnauthorizedAfter is kubernetes.status-unauthorized-after (new key, a Go duration):
+	// how long the API server may refuse the plugin's credentials before STATUS fails
+	// (refused.go). Zero means DefaultStatusUnauthorizedAfter.
+	StatusUnauthorizedAfter time.Duration
 }
 
 // Agent is the "agent" block (new): where the node agent answers (agent.go).
@@ -224,6 +228,7 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 		conf.ExcludeNamespaces = append(conf.ExcludeNamespaces, k8sExcluded...)
 	}
 	d.duration(k8s, "kubernetes.", "timeout", &conf.Kubernetes.Timeout, "5s")
+	d.duration(k8s, "kubernetes.", "status-unauthorized-after", &conf.Kubernetes.StatusUnauthorizedAfter, "5m")
 
 	conf.Agent.Socket = DefaultAgentSocket
 	ag := d.object(top, "", "agent")

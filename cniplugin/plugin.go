@@ -201,6 +201,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	lookupStart := time.Now()
 	pl, err := p.plan(c)
 	lookupTook := time.Since(lookupStart)
+	c.noteLookup(err)
 	if err != nil {
 		return c.fail(planCode(err), err)
 	}
@@ -310,7 +311,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 // Status reports whether the plugin can work: the config must be valid and the kubeconfig
-// readable, with a linkerd-cni-context the API client accepts. It sends nothing to the API.
+// readable, with a linkerd-cni-context the API client accepts, and the API server must not have
+// refused the plugin's credentials at every ADD for longer than
+// kubernetes.status-unauthorized-after (refused.go). It sends nothing to the API.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, _ := p.start("STATUS", args, conf)
@@ -320,6 +323,9 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	}
 	if _, err := p.NewPodAPI(conf); err != nil {
 		return c.fail(types.ErrPluginNotAvailable, fmt.Errorf("linkerd-cni cannot look pods up: %w", err))
+	}
+	if err := c.refusedTooLong(time.Now()); err != nil {
+		return c.fail(types.ErrPluginNotAvailable, err)
 	}
 	c.log.Debug("ready: config valid, kubeconfig readable (the API server is not contacted)")
 	return nil

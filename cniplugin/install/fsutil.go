@@ -186,3 +186,47 @@ func removeIfExists(path string) error {
 	}
 	return nil
 }
+
+// MaxConfigSize bounds a CNI config file the installer reads: real conflists are a few KB, and a
+// file read whole could otherwise exhaust the installer's memory limit (64 Mi in the chart) and
+// have it OOM-killed in a loop. A larger file is reported on /ready and left alone.
+const MaxConfigSize = 1 << 20
+
+// tooBigError is a config file over MaxConfigSize.
+type tooBigError struct {
+	path string
+	size int64
+}
+
+func (e *tooBigError) Error() string {
+	return fmt.Sprintf("%s is %d bytes, over the %d-byte (1 MiB) bound on a CNI config file: not read, left untouched", e.path, e.size, MaxConfigSize)
+}
+
+// readConfig reads a config file of the node's CNI dir, never more than MaxConfigSize+1 bytes
+// whatever its size (it may grow while read). It does not follow a symbolic link, does not block
+// on a FIFO, and refuses anything but a regular file.
+func readConfig(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (mode %s)", path, fi.Mode())
+	}
+	if fi.Size() > MaxConfigSize {
+		return nil, &tooBigError{path: path, size: fi.Size()}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxConfigSize {
+		return nil, &tooBigError{path: path, size: max(fi.Size(), int64(len(data)))}
+	}
+	return data, nil
+}

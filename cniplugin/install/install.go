@@ -337,6 +337,13 @@ func (in *installer) syncAll() bool {
 	}
 	waiting := false
 	var unlogged []string
+	if lf := in.entry.logFile; lf != "" {
+		// The entry goes in regardless: the plugin then logs to stderr only, and says why there.
+		if err := checkLogFile(in.cfg.MountPrefix, lf); err != nil {
+			problems = append(problems, err.Error())
+			unlogged = append(unlogged, err.Error())
+		}
+	}
 	if in.entryErr != nil {
 		problems = append(problems, in.entryErr.Error()) // logged once, at start
 	} else {
@@ -505,6 +512,10 @@ func (in *installer) problem(name string, content []byte, err error) error {
 	return loggedError{err}
 }
 
+// sizeKey stands for a file too big to read in problem's once-per-content log: a new size is
+// logged again.
+func sizeKey(e *tooBigError) []byte { return []byte(strconv.FormatInt(e.size, 10)) }
+
 // loggedError is a problem problem has logged already.
 type loggedError struct{ error }
 
@@ -575,7 +586,7 @@ func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 		if e.Type()&fs.ModeSymlink != 0 {
 			continue
 		}
-		if data, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+		if data, err := readConfig(filepath.Join(dir, e.Name())); err == nil { // a file too big is syncFile's to report
 			if m, ok := parseMultus(data); ok {
 				return m, e.Name()
 			}
@@ -592,11 +603,14 @@ func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
 		return nil // a network name, which Multus resolves itself
 	}
 	path := filepath.Join(in.cfg.netDir(), file)
-	data, err := os.ReadFile(path)
+	data, err := readConfig(path)
+	var big *tooBigError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return in.problem(name, nil, fmt.Errorf("the pods' default network that Multus (%s) runs, %s, is not in %s: linkerd-cni cannot be chained into it from here; "+
 			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
+	case errors.As(err, &big):
+		return in.problem(file, sizeKey(big), big)
 	case err != nil:
 		return fmt.Errorf("read %s: %w", path, err)
 	case !isList(data):
@@ -615,9 +629,12 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if e.Type()&fs.ModeSymlink != 0 {
 		return in.problem(name, nil, fmt.Errorf("%s is a symbolic link: not editing what it points to", path))
 	}
-	data, err := os.ReadFile(path)
+	data, err := readConfig(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // gone since the listing; its own event follows
+	}
+	if big := (*tooBigError)(nil); errors.As(err, &big) {
+		return in.problem(name, sizeKey(big), big)
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
@@ -718,7 +735,14 @@ func (in *installer) convert(name, path string, data []byte) error {
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
-	if have, err := os.ReadFile(tpath); err == nil {
+	have, err := readConfig(tpath)
+	if big := (*tooBigError)(nil); errors.As(err, &big) {
+		return in.problem(name, sizeKey(big), fmt.Errorf("%s cannot become %s: %w", path, target, big))
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file exists and cannot be read: %w", path, tpath, err))
+	}
+	if err == nil {
 		st := in.files[target]
 		ours := st != nil && st.origName == name && st.written == hashOf(have)
 		if !ours {
@@ -805,8 +829,13 @@ func (in *installer) uninstall() error {
 func (in *installer) uninstallFile(name string) error {
 	dir := in.cfg.netDir()
 	path := filepath.Join(dir, name)
-	data, err := os.ReadFile(path)
+	data, err := readConfig(path)
 	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if big := (*tooBigError)(nil); errors.As(err, &big) && in.files[name] == nil {
+		// Never read, so never edited: it holds nothing we added.
+		in.log.Warn("a CNI config file too big to read was left untouched; it holds no linkerd-cni entry of this installer's", "error", big)
 		return nil
 	}
 	if err != nil {

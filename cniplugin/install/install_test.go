@@ -830,3 +830,69 @@ func TestWriteErrorIsLogged(t *testing.T) {
 		t.Errorf("/ready = %d with a failing write", code)
 	}
 }
+
+// TestOversizedConfigLeftAlone: a file over MaxConfigSize (2 MiB here) in the net dir is never
+// read whole: /ready names it and its size, it is logged once and left byte for byte, and the
+// other files get the entry; uninstall leaves it alone too.
+func TestOversizedConfigLeftAlone(t *testing.T) {
+	h := newHost(t)
+	big := `{"cniVersion":"0.4.0","name":"big","plugins":[{"type":"bridge","pad":"` + strings.Repeat("x", 2<<20) + `"}]}`
+	h.write(t, "05-big.conflist", big)
+	h.write(t, "10-calico.conflist", calicoConflist)
+	bigPath := filepath.Join(h.netDir, "05-big.conflist")
+	before, _ := statID(bigPath)
+	r := h.start(t)
+	waitFor(t, 5*time.Second, "the good file to be patched", func() (bool, string) {
+		d := h.read(t, "10-calico.conflist")
+		return hasLinkerdLast(d), d
+	})
+	want := fmt.Sprintf("%s is %d bytes, over the 1048576-byte (1 MiB) bound on a CNI config file: not read, left untouched", bigPath, len(big))
+	waitFor(t, 5*time.Second, "/ready to name the big file", func() (bool, string) {
+		code, body := r.ready(t)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, want), fmt.Sprintf("%d %s", code, body)
+	})
+	if n := strings.Count(r.logs.String(), "over the 1048576-byte (1 MiB) bound"); n != 1 {
+		t.Errorf("the big file was logged %d times, want once", n)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatalf("uninstall: %v", err)
+	}
+	if now, _ := statID(bigPath); now != before || h.read(t, "05-big.conflist") != big {
+		t.Errorf("the big file was rewritten (%+v -> %+v)", before, now)
+	}
+	if hasLinkerdLast(h.read(t, "10-calico.conflist")) {
+		t.Error("the entry is still in 10-calico.conflist after uninstall")
+	}
+}
+
+// TestReadConfigIsBounded: readConfig reads a regular file up to MaxConfigSize and refuses more,
+// a FIFO without blocking, and a symbolic link.
+func TestReadConfigIsBounded(t *testing.T) {
+	dir := t.TempDir()
+	at := func(name string) string { return filepath.Join(dir, name) }
+	if err := os.WriteFile(at("max"), bytes.Repeat([]byte("a"), MaxConfigSize), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := readConfig(at("max")); err != nil || len(data) != MaxConfigSize {
+		t.Errorf("a file of exactly 1 MiB: %d bytes, %v", len(data), err)
+	}
+	if err := os.WriteFile(at("over"), bytes.Repeat([]byte("a"), MaxConfigSize+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var big *tooBigError
+	if _, err := readConfig(at("over")); !errors.As(err, &big) || big.size != MaxConfigSize+1 {
+		t.Errorf("a file of 1 MiB + 1: %v, want a tooBigError of its size", err)
+	}
+	if err := unix.Mkfifo(at("fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readConfig(at("fifo")); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a FIFO: %v, want a refusal", err)
+	}
+	if err := os.Symlink(at("max"), at("link")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readConfig(at("link")); !errors.Is(err, unix.ELOOP) {
+		t.Errorf("a symbolic link: %v, want ELOOP", err)
+	}
+}

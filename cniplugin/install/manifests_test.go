@@ -505,6 +505,16 @@ func checkHardened(t *testing.T, containers []any, r rendering) {
 			!slices.Equal(drop, []string{"ALL"}) || !slices.Equal(add, wantAdd) || seccomp != "RuntimeDefault" {
 			t.Errorf("container %s: securityContext %v is not hardened (privileged %v, capabilities %v)", c["name"], sc, priv, wantAdd)
 		}
+		// The SELinux type, where SELinux confines containers (openshift), replaces privileged:
+		// only install-cni and the agent touch the node's files, sockets and namespaces.
+		wantType := r.seLinuxType
+		if c["name"] == "repair-controller" {
+			wantType = ""
+		}
+		seType, _, _ := unstructured.NestedString(sc, "seLinuxOptions", "type")
+		if seLinux, _, _ := unstructured.NestedMap(sc, "seLinuxOptions"); seType != wantType || len(seLinux) > 1 {
+			t.Errorf("container %s: seLinuxOptions %v, want type %q alone", c["name"], seLinux, wantType)
+		}
 	}
 }
 

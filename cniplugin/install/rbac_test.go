@@ -268,10 +268,11 @@ func (l lw[T, L]) watch(ctx context.Context, o metav1.ListOptions) error {
 	return err
 }
 
-// checkInstaller makes the installer's SIGTERM reads: its pod, then its DaemonSet, which stays.
+// checkInstaller makes the installer's SIGTERM reads: its pod, its DaemonSet, which stays, and
+// its node, which the DaemonSet still targets.
 func (w *accessWorld) checkInstaller(ctx context.Context, t *testing.T) {
-	if keep, why := daemonSetStays(ctx, w.kc, "linkerd-cni", w.installerPod); !keep {
-		t.Errorf("the installer's SIGTERM check: %s; want its DaemonSet read", why)
+	if keep, why := daemonSetStays(ctx, w.kc, "linkerd-cni", w.installerPod, ""); !keep || !strings.Contains(why, "still targets node "+ownNode) {
+		t.Errorf("the installer's SIGTERM check: %v, %s; want its DaemonSet and its node read", keep, why)
 	}
 	_, err := w.kc.DaemonSets("linkerd-cni").Get(ctx, "other", metav1.GetOptions{})
 	forbidden(t, "get another DaemonSet", err)
@@ -376,8 +377,12 @@ func (w *accessWorld) checkRefusals(ctx context.Context, t *testing.T, a access)
 	forbidden(t, "patch pod", err)
 	err = w.sa.CoreV1().Namespaces().Delete(ctx, "default", metav1.DeleteOptions{})
 	forbidden(t, "delete namespace", err)
-	// Nodes: a patch (what --node-taint sends) only with the optional RBAC; never a delete, an
-	// update or a status write.
+	// Nodes: a get (the installer's SIGTERM check), a patch (what --node-taint sends) only with
+	// the optional RBAC; never a list, a delete, an update or a status write.
+	_, err = w.sa.CoreV1().Nodes().Get(ctx, ownNode, metav1.GetOptions{})
+	allowed(t, "get node", err, false)
+	_, err = w.sa.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	forbidden(t, "list nodes", err)
 	_, err = w.sa.CoreV1().Nodes().Patch(ctx, ownNode, types.MergePatchType, []byte(`{"spec":{"taints":null}}`), metav1.PatchOptions{})
 	if a.nodeTaint {
 		allowed(t, "patch node with the optional RBAC", err, false)
@@ -417,7 +422,8 @@ func (w *accessWorld) checkMatrix(ctx context.Context, t *testing.T, a access) {
 			case r.group == "" && base == "services":
 				want = r.namespace == "default" && r.name == "kubernetes" && (v == "get" || (listOrWatch && a.watchesNamespaces))
 			case r.group == "" && base == "nodes":
-				want = (v == "get" || v == "patch") && a.nodeTaint
+				// get: the installer's SIGTERM check (does the DaemonSet still target the node?).
+				want = v == "get" || (v == "patch" && a.nodeTaint)
 			case r.group == "events.k8s.io":
 				want = v == "create" && a.events
 			case r.group == "apps":

@@ -39,8 +39,10 @@ type rendering struct {
 	// deletes: the ClusterRole grants "delete pods" (the repair controller, the agent's delete
 	// mode).
 	deletes bool
-	// privileged: install-cni runs privileged (openshift).
+	// privileged: install-cni and the agent run privileged (the privileged value).
 	privileged bool
+	// seLinuxType: install-cni and the agent run in this SELinux type (spc_t with openshift).
+	seLinuxType string
 	// standalone is LINKERD_CNI_STANDALONE_CONF ("" for none: the plugin is chained).
 	standalone string
 	// netDir and binDir are the node's CNI directories the rendering uses.
@@ -146,7 +148,10 @@ func renderings(t testing.TB) []rendering {
 		// Multus's directory for NetworkAttachmentDefinitions, where the plugin's config is
 		// written alone: chaining into OVN-Kubernetes's 10-ovn-kubernetes.conf would rename the
 		// file Multus and ovnkube-node's readiness probe look for.
-		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), second: "agent", privileged: true,
+		{name: "openshift", values: merge(withNS, map[string]any{"distribution": "openshift"}), second: "agent", seLinuxType: "spc_t",
+			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
+		// The privileged value wins over the preset's SELinux type, which it makes needless.
+		{name: "openshift-privileged", values: merge(withNS, map[string]any{"distribution": "openshift", "privileged": true}), second: "agent", privileged: true,
 			netDir: "/etc/cni/multus/net.d", binDir: "/var/lib/cni/bin", config: DefaultNetworkConfig, standalone: "linkerd-cni.conf"},
 		{name: "agent-delete-mode", values: merge(withNS, map[string]any{"agent": map[string]any{"mode": "delete"}}), second: "agent", deletes: true,
 			netDir: "/etc/cni/net.d", binDir: "/opt/cni/bin", config: DefaultNetworkConfig},
@@ -354,6 +359,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown iptablesMode", map[string]any{"iptablesMode": "fast"}, []string{"at '/iptablesMode': 'fast' does not match pattern '^(nft|legacy|plain|nftables|auto)$'"}},
 		{"port list with a bad port", map[string]any{"ignoreInboundPorts": "80,70000"}, []string{"ignoreInboundPorts", "80,70000"}},
 		{"unknown distribution", map[string]any{"distribution": "eks"}, []string{"distribution", "eks"}},
+		{"SELinux type with a colon", map[string]any{"seLinuxType": "spc_t:s0"}, []string{"at '/seLinuxType': 'spc_t:s0' does not match pattern '^[a-z0-9_]*$'"}},
 		{"socket-LB check in a namespace the plugin leaves alone", map[string]any{"socketLBCheck": map[string]any{"enabled": true, "namespace": "linkerd-cni"}},
 			[]string{`socketLBCheck.namespace "linkerd-cni": the plugin leaves that namespace's pods alone`}},
 		{"standaloneConf not a .conf", map[string]any{"standaloneConf": "multus/linkerd-cni.conflist"}, []string{"standaloneConf", "multus/linkerd-cni.conflist"}},

@@ -5,8 +5,13 @@ import (
 	"fmt"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
@@ -16,12 +21,15 @@ import (
 const successorTimeout = 5 * time.Second
 
 // successorComing tells, at SIGTERM, whether another installer pod will take over this node:
-// the pod (Config.PodName) belongs to a DaemonSet that still exists and is not being deleted,
-// as in a rolling upgrade, a `rollout restart` or a deleted pod. The plugin, its kubeconfig and
-// its entries then stay where they are, so no pod on the node starts unmeshed in between; the
-// old pod's token dies with it, so ADDs fail closed (and the kubelet retries them) until the
-// next installer rewrites the kubeconfig. In every other case, an API error included, the
-// answer is no and the installer removes everything, as it always did. why says which.
+// the pod (Config.PodName) belongs to a DaemonSet that still exists, is not being deleted and
+// still targets this node, as in a rolling upgrade, a `rollout restart` or a deleted pod. The
+// plugin, its kubeconfig and its entries then stay where they are, so no pod on the node starts
+// unmeshed in between; the old pod's token dies with it, so ADDs fail closed (and the kubelet
+// retries them) until the next installer rewrites the kubeconfig. In every other case (the node
+// relabelled out of the DaemonSet's nodeSelector or required node affinity, or tainted with a
+// taint it does not tolerate, an API error on the pod or the DaemonSet) the answer is no and the
+// installer removes everything: no installer would come back, and the dead token would fail
+// every ADD on the node forever. why says which.
 func (in *installer) successorComing(ctx context.Context) (keep bool, why string) {
 	if in.cfg.PodName == "" {
 		return false, "POD_NAME not set: cannot tell an upgrade from an uninstall"
@@ -32,12 +40,13 @@ func (in *installer) successorComing(ctx context.Context) (keep bool, why string
 	}
 	ctx, cancel := context.WithTimeout(ctx, successorTimeout)
 	defer cancel()
-	return daemonSetStays(ctx, client, in.cfg.Namespace, in.cfg.PodName)
+	return daemonSetStays(ctx, client, in.cfg.Namespace, in.cfg.PodName, in.cfg.NodeName)
 }
 
-// daemonSetStays looks up the pod's controlling DaemonSet: it stays unless it is gone or has a
-// deletion timestamp.
-func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName string) (bool, string) {
+// daemonSetStays looks up the pod's controlling DaemonSet: it stays unless it is gone, has a
+// deletion timestamp or no longer targets the pod's node (the pod's spec.nodeName, else
+// nodeName). Only the node read may fail without an uninstall: see targetsNode.
+func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName, nodeName string) (bool, string) {
 	pod, err := client.Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 	if err != nil {
 		return false, fmt.Sprintf("get pod %s/%s: %v", ns, podName, err)
@@ -57,5 +66,69 @@ func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName 
 	case ds.DeletionTimestamp != nil:
 		return false, fmt.Sprintf("DaemonSet %s/%s is being deleted: uninstall", ns, owner.Name)
 	}
-	return true, fmt.Sprintf("DaemonSet %s/%s stays (an upgrade, a restart or a deleted pod): its next pod on this node takes over", ns, owner.Name)
+	if pod.Spec.NodeName != "" {
+		nodeName = pod.Spec.NodeName
+	}
+	if nodeName == "" {
+		return true, fmt.Sprintf("DaemonSet %s/%s stays; the pod names no node, so whether it still targets this one is unknown: kept, as for an upgrade", ns, owner.Name)
+	}
+	node, err := client.Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		// Kept: an upgrade is by far the commonest SIGTERM, and removing the plugin there would let
+		// pods start unmeshed until the next installer. If this was in fact a relabel, the
+		// plugin's STATUS turns the node NotReady once its token has been refused long enough
+		// (kubernetes.status-unauthorized-after), so the node is not wedged silently.
+		return true, fmt.Sprintf("DaemonSet %s/%s stays, but get node %s failed (%v): kept, as for an upgrade", ns, owner.Name, nodeName, err)
+	}
+	if ok, reason := targetsNode(ds, node); !ok {
+		return false, fmt.Sprintf("DaemonSet %s/%s no longer targets node %s (%s): uninstall", ns, owner.Name, nodeName, reason)
+	}
+	return true, fmt.Sprintf("DaemonSet %s/%s stays and still targets node %s (an upgrade, a restart or a deleted pod): its next pod on this node takes over", ns, owner.Name, nodeName)
+}
+
+// targetsNode tells whether the DaemonSet controller would run a pod of ds on node, as its
+// NodeShouldRunDaemonPod does: the template's nodeSelector and required node affinity must match,
+// and every NoSchedule or NoExecute taint of the node must be tolerated by the template's
+// tolerations plus those the controller adds to every daemon pod. The scheduling helpers are
+// Kubernetes' own, so the match is the controller's, operators and field selectors included.
+func targetsNode(ds *appsv1.DaemonSet, node *corev1.Node) (bool, string) {
+	spec := ds.Spec.Template.Spec
+	match, err := nodeaffinity.NewRequiredNodeAffinity(spec.NodeSelector, spec.Affinity).Match(node)
+	if err != nil {
+		return false, fmt.Sprintf("its node affinity does not parse: %v", err)
+	}
+	if !match {
+		return false, "its nodeSelector or required node affinity does not match the node (labels, name)"
+	}
+	tolerations := append(append([]corev1.Toleration(nil), spec.Tolerations...), daemonPodTolerations(spec.HostNetwork)...)
+	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, tolerations,
+		func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, true)
+	if untolerated {
+		return false, fmt.Sprintf("it does not tolerate the node's taint %s", taint.ToString())
+	}
+	return true, ""
+}
+
+// daemonPodTolerations are the tolerations the DaemonSet controller adds to every pod it creates
+// (pkg/controller/daemon/util.AddOrUpdateDaemonPodTolerations in Kubernetes), so a cordoned node
+// or one under pressure is still targeted; and, beyond those, the not-ready and unreachable taints
+// of any effect. The node's lifecycle puts these on while a node is down or starting (a new Node
+// is born with not-ready:NoSchedule) and takes them off when it is back, and the controller then
+// places its pod: they are no decision to leave the node, and an installer stopped meanwhile (a
+// node's shutdown) must not uninstall.
+func daemonPodTolerations(hostNetwork bool) []corev1.Toleration {
+	t := []corev1.Toleration{
+		{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists},
+		{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists},
+		{Key: corev1.TaintNodeDiskPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+		{Key: corev1.TaintNodeMemoryPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+		{Key: corev1.TaintNodePIDPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+		{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+	}
+	if hostNetwork {
+		t = append(t, corev1.Toleration{Key: corev1.TaintNodeNetworkUnavailable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	}
+	return t
 }

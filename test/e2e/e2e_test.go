@@ -164,6 +164,7 @@ var scenarios = []struct {
 	run  func(*testing.T, *Cluster)
 }{
 	{"DaemonSet", testDaemonSet},
+	{"NodeLeavesDaemonSet", testNodeLeavesDaemonSet},
 	{"MeshedPod", testMeshedPod},
 	{"InitContainerPod", testInitContainerPod},
 	{"UnmeshedPods", testUnmeshedPods},

@@ -68,7 +68,16 @@ exactly the digest and no tag can be read as if it mattered. */}}
 {{- end -}}
 
 {{- define "linkerd-cni.privileged" -}}
-{{- or .Values.privileged (eq .Values.distribution "openshift") -}}
+{{- .Values.privileged -}}
+{{- end -}}
+
+{{/* The SELinux type of install-cni and the agent: seLinuxType, or spc_t with the openshift
+preset (SELinux enforcing; container_t may not write the node's CNI directories nor reach CRI-O's
+socket or other pods' namespaces), unless privileged is set, which needs none. */}}
+{{- define "linkerd-cni.seLinuxType" -}}
+{{- if not .Values.privileged -}}
+{{- if .Values.seLinuxType -}}{{ .Values.seLinuxType }}{{- else if eq .Values.distribution "openshift" -}}spc_t{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A comma-separated list (a string or a number) as JSON strings: "a","b". */}}

@@ -1,0 +1,115 @@
+package cniplugin
+
+// A node whose installer never comes back (its pod evicted for good, its DaemonSet's update stuck)
+// keeps the plugin in its CNI config with a kubeconfig whose token died with the old pod: every
+// ADD is refused by the API server and fails closed, meshed pod or not. The kubelet retries those
+// sandboxes quietly, so nothing would tell anyone. The plugin therefore records when the API
+// server started refusing its credentials (401 or 403), in a file of its state directory created
+// by the first refused ADD and removed by the next ADD that succeeds; STATUS reports the plugin
+// not ready once that is older than kubernetes.status-unauthorized-after, so the runtime reports
+// NetworkReady=false and the kubelet turns the node NotReady with a message naming linkerd-cni.
+// The bound keeps an upgrade's short gap (the old token is dead until the new installer writes
+// its kubeconfig) and API blips from turning a node NotReady. Refusals count only against the
+// kubeconfig they were made with: once the installer has written a newer one (a new pod, a
+// rotated token), an older marker means nothing, even if no ADD has come since to clear it.
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/rootonly"
+)
+
+// DefaultStatusUnauthorizedAfter is how long the API server may refuse the plugin's credentials
+// before STATUS fails, when the config has no kubernetes.status-unauthorized-after: well past an
+// upgrade's gap, and as long as the kubelet's own grace before it evicts a NotReady node's pods.
+const DefaultStatusUnauthorizedAfter = 5 * time.Minute
+
+// RefusedFile is the file, in the state directory, whose modification time is when the API server
+// started refusing the plugin's credentials.
+const RefusedFile = "api-refused-since"
+
+// StatusUnauthorizedAfter is the effective bound.
+func (c *NetConf) StatusUnauthorizedAfter() time.Duration {
+	if c.Kubernetes.StatusUnauthorizedAfter > 0 {
+		return c.Kubernetes.StatusUnauthorizedAfter
+	}
+	return DefaultStatusUnauthorizedAfter
+}
+
+// credentialsRefused tells whether err is the API server refusing the plugin's token: 401, or 403
+// (an RBAC that no longer grants the reads).
+func credentialsRefused(err error) bool {
+	var se *statusError
+	return errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden)
+}
+
+// noteLookup keeps the refusal file after an ADD's lookup: created (if absent, so its time is the
+// first refusal's) when the API server refused the credentials, removed when the lookup worked.
+// Other failures (timeouts, an unreachable API server) leave it as it is: they say nothing about
+// the credentials. Problems are logged, never returned: the ADD's own answer matters more.
+func (c *call) noteLookup(err error) {
+	path := filepath.Join(c.conf.StateDir, RefusedFile)
+	switch {
+	case err == nil:
+		if rmErr := os.Remove(path); rmErr == nil {
+			c.log.Info("the Kubernetes API accepts the plugin's credentials again")
+		} else if !errors.Is(rmErr, fs.ErrNotExist) {
+			c.log.Warn("cannot remove the credentials-refused marker", "path", path, "error", rmErr)
+		}
+	case credentialsRefused(err):
+		if mkErr := rootonly.Make(c.conf.StateDir); mkErr != nil {
+			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "error", mkErr)
+			return
+		}
+		if fi, statErr := os.Lstat(path); statErr == nil && c.renewedSince(fi.ModTime()) {
+			_ = os.Remove(path) // refusals of an older kubeconfig: this one's clock starts now
+		}
+		fd, openErr := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		switch {
+		case errors.Is(openErr, unix.EEXIST):
+		case openErr != nil:
+			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "path", path, "error", openErr)
+		default:
+			f := os.NewFile(uintptr(fd), path)
+			_, _ = fmt.Fprintln(f, time.Now().UTC().Format(time.RFC3339)) // for people; the file's time is what counts
+			_ = f.Close()
+			c.log.Warn("the Kubernetes API refuses the plugin's credentials; STATUS fails if this lasts",
+				"after", c.conf.StatusUnauthorizedAfter(), "marker", path)
+		}
+	}
+}
+
+// refusedTooLong returns STATUS's error when the API server has refused the plugin's credentials
+// for longer than the bound, and nil otherwise (no marker, or a young one).
+func (c *call) refusedTooLong(now time.Time) error {
+	path := filepath.Join(c.conf.StateDir, RefusedFile)
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	bound := c.conf.StatusUnauthorizedAfter()
+	since := fi.ModTime()
+	if now.Sub(since) <= bound || c.renewedSince(since) {
+		return nil
+	}
+	return fmt.Errorf("linkerd-cni: the Kubernetes API has refused the plugin's credentials (kubeconfig %s) since %s, more than %s "+
+		"(kubernetes.status-unauthorized-after): the linkerd-cni installer has not renewed them on this node (its pod gone, its DaemonSet "+
+		"no longer targeting the node or its update stuck), so every pod sandbox here fails; restore the linkerd-cni DaemonSet's pod on this node "+
+		"or remove linkerd-cni from the node's CNI config (marker %s)",
+		c.conf.Kubernetes.Kubeconfig, since.UTC().Format(time.RFC3339), bound, path)
+}
+
+// renewedSince tells whether the kubeconfig was written after t: the installer renewed the
+// credentials since, so refusals from before say nothing about them.
+func (c *call) renewedSince(t time.Time) bool {
+	fi, err := os.Stat(c.conf.Kubernetes.Kubeconfig)
+	return err == nil && fi.ModTime().After(t)
+}
