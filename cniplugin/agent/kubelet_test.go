@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -171,7 +172,7 @@ func newKubeletRig(t *testing.T, api *deadAPI) *kubeletRig {
 	}
 	kubeletSock := serveKubelet(t, filepath.Join(dir, "kubelet"), r.kubelet)
 	r.conf = pluginConf(r.socket, iptables.ModeNFT, true)
-	log := slog.New(slog.NewTextHandler(&syncTee{r.log, testWriter{t}}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(r.log, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.a, err = agent.New(client, agent.Options{NodeName: "node-k", Socket: r.socket, KubeletPodsSocket: kubeletSock, HostProc: "/proc",
 		LookupWait: 300 * time.Millisecond, Log: log})
 	if err != nil {
@@ -191,10 +192,6 @@ func newKubeletRig(t *testing.T, api *deadAPI) *kubeletRig {
 	waitFor(t, "the agent's socket", func() bool { _, err := os.Stat(r.socket); return err == nil })
 	return r
 }
-
-type syncTee struct{ a, b interface{ Write([]byte) (int, error) } }
-
-func (s *syncTee) Write(p []byte) (int, error) { _, _ = s.a.Write(p); return s.b.Write(p) }
 
 // kubeletPod is a meshed pod of the node, known to the kubelet only.
 func (r *kubeletRig) kubeletPod(name string, annotations map[string]string) (*corev1.Pod, *nt.NS) {

@@ -165,6 +165,7 @@ var scenarios = []struct {
 	{"AgentHealsInPlace", testAgentHealsInPlace},
 	{"AgentDrift", testAgentDrift},
 	{"AgentLookup", testAgentLookup},
+	{"KubeletLookup", testKubeletLookup},
 	{"PluginLogs", testPluginLogs},
 	{"Teardown", testTeardown},
 	{"DualStack", testDualStack},
