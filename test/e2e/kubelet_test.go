@@ -67,8 +67,9 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 		}
 		return false, fmt.Errorf("agent container not running again: %s", describePod(p))
 	})
+	// The pod's log holds both containers' lines: the second start is the restarted agent's.
 	waitFor(ctx, t, time.Minute, "the restarted agent to serve the plugin", func(context.Context) (bool, error) {
-		return strings.Contains(podLog(t, c, agentPod, agentContainer), `msg="serving the CNI plugin"`), nil
+		return strings.Count(podLog(t, c, agentPod, agentContainer), `msg="serving the CNI plugin"`) >= 2, nil
 	})
 
 	d := objs[1].(*appsv1.Deployment)
