@@ -38,6 +38,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/internal/kubetest"
 	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -354,5 +355,47 @@ func TestKubeletSocketChecked(t *testing.T) {
 	}
 	if got := r.kubelet.Calls(); len(got) != 0 {
 		t.Errorf("the kubelet was asked %v through a socket anyone may replace", got)
+	}
+}
+
+// testKubeletOnlyPod: with its watches synced, the agent answers for a pod of its node that the
+// watch does not hold (here one the API server never had, as a static pod's) from the kubelet's
+// pods API at once, its namespace from the watch; the plugin sets it up with no API request.
+func testKubeletOnlyPod(t *testing.T, c *kubetest.Cluster) {
+	dir, err := os.MkdirTemp("", "kubelet-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	k := &fakeKubelet{}
+	r := newRig(t, c, rigOpts{kubeletPods: serveKubelet(t, dir, k)})
+	if _, err := r.admin.CoreV1().Namespaces().Patch(context.Background(), r.ns, k8stypes.MergePatchType,
+		fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"5555"}}}`, cniplugin.AnnotationSkipOutboundPorts), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "static-web", Namespace: r.ns, UID: "uid-static-web"},
+		Spec: corev1.PodSpec{NodeName: r.node, Containers: []corev1.Container{{Name: "app"}, {Name: cniplugin.ProxyContainerName}}}}
+	k.pods = []*corev1.Pod{obj}
+	p := &pod{obj: obj, netns: nt.NewNS(t), id: "sandbox-static-web"}
+	// CHECK writes nothing; until ADD, it fails naming the rules it expects, which hold the
+	// namespace's port once the agent's watch has delivered the annotation.
+	waitFor(t, "the namespace's annotation in the watch", func() bool {
+		return strings.Contains(r.run("CHECK", r.args(p, r.conf)).stderr, "5555")
+	})
+	add := r.run("ADD", r.args(p, r.conf))
+	if add.err != nil {
+		t.Fatalf("ADD: %v\n%s", add.err, add.stderr)
+	}
+	if calls := add.api.Calls(); len(calls) != 0 {
+		t.Errorf("ADD read %v from the API; want the kubelet's pod through the agent", calls)
+	}
+	if !strings.Contains(add.stderr, "source=kubelet apiRequests=0") {
+		t.Errorf("the plugin's log lacks source=kubelet:\n%s", add.stderr)
+	}
+	if out, err := nt.RunIn(t, p.netns, "iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, "proxy-init/ignore-port-5555") {
+		t.Errorf("the namespace's annotation is not in the rules: %v\n%s", err, out)
+	}
+	if !strings.Contains(r.log.String(), `msg="pod looked up from the kubelet's pods API" node=`+r.node+` pod=`+r.ns+`/static-web uid=uid-static-web command=ADD synced=true`) {
+		t.Errorf("the agent did not say the pod came from the kubelet:\n%s", r.log.String())
 	}
 }
