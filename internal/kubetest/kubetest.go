@@ -99,7 +99,12 @@ type Cluster struct {
 	adminToken string
 	launcher   *launcher
 	procs      []*proc // in start order
-	stopOnce   sync.Once
+	// apiBin and apiArgs start kube-apiserver again after StopAPIServer.
+	apiBin  string
+	apiArgs []string
+	// mu guards procs against StopAPIServer and StartAPIServer racing Stop.
+	mu       sync.Mutex
+	stopOnce sync.Once
 	// tailsReported is set when a start error already carried the logs.
 	tailsReported bool
 }
@@ -248,7 +253,8 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		args = append(args, "--disable-admission-plugins", "ServiceAccount")
 	}
 	args = append(args, opts.ExtraAPIServerArgs...)
-	api, err := c.startProc("kube-apiserver", filepath.Join(binDir, "kube-apiserver"), c.APIServerLogPath, args...)
+	c.apiBin, c.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
+	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, args...)
 	if err != nil {
 		return c, err
 	}
@@ -294,7 +300,9 @@ func (c *Cluster) startProc(name, bin, logPath string, args ...string) (*proc, e
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, startErr)
 	}
+	c.mu.Lock()
 	c.procs = append(c.procs, pr)
+	c.mu.Unlock()
 	go func() {
 		pr.waitErr = cmd.Wait()
 		close(pr.exited)
@@ -362,21 +370,67 @@ func (c *Cluster) waitReady(ctx context.Context, api *proc) error {
 	}
 }
 
+// StopAPIServer stops kube-apiserver alone (SIGTERM, SIGKILL after 10s) and waits for it, so
+// that a test sees the API server down while etcd keeps the cluster's state. StartAPIServer
+// brings it back.
+func (c *Cluster) StopAPIServer() error {
+	c.mu.Lock()
+	var api *proc
+	for i, pr := range c.procs {
+		if pr.name == "kube-apiserver" {
+			api = pr
+			c.procs = append(c.procs[:i:i], c.procs[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	if api == nil {
+		return errors.New("kube-apiserver is not running")
+	}
+	stopProc(api)
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again, with the flags it first had, after StopAPIServer,
+// and waits until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	for _, pr := range c.procs {
+		if pr.name == "kube-apiserver" {
+			c.mu.Unlock()
+			return errors.New("kube-apiserver is running already")
+		}
+	}
+	c.mu.Unlock()
+	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, c.apiArgs...)
+	if err != nil {
+		return err
+	}
+	return c.waitReady(ctx, api)
+}
+
+// stopProc terminates pr (SIGTERM, SIGKILL after 10s) and waits for it.
+func stopProc(pr *proc) {
+	_ = pr.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-pr.exited:
+	case <-time.After(10 * time.Second):
+		_ = pr.cmd.Process.Kill()
+		<-pr.exited
+	}
+	pr.log.Close()
+}
+
 // Stop terminates kube-apiserver and then etcd (SIGTERM, SIGKILL after 10s),
 // waits for them and releases the launcher thread. It is idempotent and is
 // registered with t.Cleanup by Start.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
-		for i := len(c.procs) - 1; i >= 0; i-- {
-			pr := c.procs[i]
-			_ = pr.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-pr.exited:
-			case <-time.After(10 * time.Second):
-				_ = pr.cmd.Process.Kill()
-				<-pr.exited
-			}
-			pr.log.Close()
+		c.mu.Lock()
+		procs := c.procs
+		c.mu.Unlock()
+		for i := len(procs) - 1; i >= 0; i-- {
+			stopProc(procs[i])
 		}
 		c.launcher.close()
 	})
