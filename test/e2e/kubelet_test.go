@@ -4,14 +4,18 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -31,6 +35,7 @@ var kubeletAnnotations = map[string]string{
 // a new meshed pod that carries every annotation the plugin reads starts meshed all the same,
 // because the agent read it from the kubelet's pods API: the agent says so, the plugin's ADD says
 // source=kubelet with no API request, and the API server saw no request for it from linkerd-cni.
+// Then, with the API server stopped altogether, a new static pod starts meshed the same way.
 func testKubeletLookup(t *testing.T, c *Cluster) {
 	ctx := context.Background()
 	n := c.A()
@@ -93,5 +98,59 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
 		t.Errorf("linkerd-cni made GETs for the pod started from the kubelet's answer: %v (by node), want none", got)
+	}
+
+	// And with the API server stopped: the one new pod a node starts then is a static pod, which
+	// no watch can deliver. The agent restarted above has still not synced.
+	if err := c.Control.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	t.Cleanup(func() {
+		if stopped {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			if err := c.Control.StartAPIServer(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	static := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "static-web", Namespace: ns, Labels: map[string]string{"app": "static-web"}, Annotations: d.Spec.Template.Annotations},
+		Spec:       *d.Spec.Template.Spec.DeepCopy()}
+	static.Spec.NodeSelector = nil
+	manifest := n.Path(StaticPodDir + "/static-web.json")
+	b, err := json.Marshal(static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Written beside and renamed: the kubelet ignores dot files, and never reads half a file.
+	if err := os.WriteFile(n.Path(StaticPodDir+"/.static-web.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(n.Path(StaticPodDir+"/.static-web.json"), manifest); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(manifest) }) // before the namespace goes: the kubelet tears the pod down
+	// The kubelet names a static pod after its node; its app container starts only once its
+	// validator has exited 0.
+	name := static.Name + "-" + n.Name
+	waitFor(ctx, t, 2*time.Minute, "the static pod's app container to start with the API server stopped", func(context.Context) (bool, error) {
+		logs, _ := filepath.Glob(n.Path(fmt.Sprintf("/var/lib/pod-logs/%s_%s_*/web/*.log", ns, name)))
+		return len(logs) > 0, fmt.Errorf("no log of container web of %s/%s on %s yet", ns, name, n.Name)
+	})
+	agentLog = podLog(t, c, agentPod, agentContainer)
+	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
+		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
+	}
+	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	if !added.MatchString(n.ContainerdLog(t)) {
+		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)
+	}
+	stopped = false
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := c.Control.StartAPIServer(sctx); err != nil {
+		t.Fatal(err)
 	}
 }
