@@ -38,7 +38,7 @@ var started = time.Now()
 
 // askAgent asks the node agent for the call's pod and keeps the exchange open for the report. It
 // returns nil when the agent does not answer with the pod; the plugin then reads the API.
-func (c *call) askAgent() PodAPI {
+func (c *call) askAgent() *agentLookup {
 	ex, err := c.exchange()
 	if err == nil {
 		var l *agentLookup
@@ -89,17 +89,29 @@ type agentLookup struct {
 	pod Pod
 	ns  Namespace
 	svc *Service
+	// nsErr, when set, is why the agent sent no namespace (wire.Reply.NamespaceError).
+	nsErr string
+	// source is where the agent read the pod: "agent" (its watch) or wire.SourceKubelet.
+	source string
 }
 
-// decodeReply reads the agent's answer; one without the pod or its namespace is no answer.
+// decodeReply reads the agent's answer; one without the pod, or without its namespace and a
+// reason for its absence, is no answer.
 func decodeReply(r *wire.Reply) (*agentLookup, error) {
-	l := &agentLookup{}
+	l := &agentLookup{nsErr: r.NamespaceError, source: "agent"}
+	switch r.Source {
+	case "":
+	case wire.SourceKubelet:
+		l.source = r.Source
+	default:
+		return nil, fmt.Errorf("the node agent's answer: unknown source %q", r.Source)
+	}
 	for _, o := range []struct {
 		what string
 		raw  json.RawMessage
 		into any
 	}{{"pod", r.Pod, &l.pod}, {"namespace", r.Namespace, &l.ns}, {"service", r.Service, &l.svc}} {
-		if len(o.raw) == 0 && o.what == "service" {
+		if len(o.raw) == 0 && (o.what == "service" || (o.what == "namespace" && l.nsErr != "")) {
 			continue
 		}
 		err := json.Unmarshal(o.raw, o.into)
@@ -117,7 +129,15 @@ func (a *agentLookup) Cached() bool { return true }
 
 func (a *agentLookup) Pod(context.Context, string, string) (*Pod, error) { return &a.pod, nil }
 
-func (a *agentLookup) Namespace(context.Context, string) (*Namespace, error) { return &a.ns, nil }
+// Namespace fails, closed, when the agent had no namespace to send (its watch had not synced and
+// the API server did not answer it): the plugin does not ask the same API server again, and a
+// pod that needs its namespace's annotations waits for the runtime's retry.
+func (a *agentLookup) Namespace(_ context.Context, name string) (*Namespace, error) {
+	if a.nsErr != "" {
+		return nil, fmt.Errorf("the node agent read the pod from the kubelet but has no namespace %s to give: %s", name, a.nsErr)
+	}
+	return &a.ns, nil
+}
 
 func (a *agentLookup) Service(_ context.Context, namespace, name string) (*Service, error) {
 	if a.svc == nil {

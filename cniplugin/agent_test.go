@@ -163,6 +163,9 @@ func TestAgentClientFallsBack(t *testing.T) {
 			`error="node agent: refused: the peer does not hold CAP_SYS_ADMIN"`},
 		{"an answer without the namespace", startFakeAgent(t, answer(t, meshedPod(nil, nil), nil)).socket, warn,
 			`error="the node agent's answer: its namespace: unexpected end of JSON input"`},
+		{"an answer from an unknown source", startFakeAgent(t, func(wire.Request) []byte {
+			return mustJSONBytes(t, wire.Reply{V: wire.Version, Pod: mustJSONBytes(t, meshedPod(nil, nil)), Namespace: []byte(`{}`), Source: "moon"})
+		}).socket, warn, `error="the node agent's answer: unknown source \"moon\""`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -321,4 +324,72 @@ func TestErrorCodesBothRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kubeletAnswer is the agent's reply with a pod it read from the kubelet and, in place of the
+// namespace, why it has none.
+func kubeletAnswer(t *testing.T, pod *Pod) func(wire.Request) []byte {
+	return func(wire.Request) []byte {
+		return mustJSONBytes(t, wire.Reply{V: wire.Version, Pod: mustJSONBytes(t, pod), Source: wire.SourceKubelet,
+			NamespaceError: "namespace web: the agent's namespace watch has not synced and the API server did not answer within 1s: connection refused"})
+	}
+}
+
+// TestAgentClientKubeletSource: a pod the agent read from the kubelet, with no namespace (the API
+// server unreachable since the agent started). A pod carrying every annotation is set up from it
+// with no API request, and says source=kubelet in its log and report; one that needs its
+// namespace fails closed with error 11, naming why, and asks the API nothing.
+func TestAgentClientKubeletSource(t *testing.T) {
+	every := map[string]string{}
+	for _, a := range Annotations {
+		every[a] = "1"
+	}
+	every[AnnotationSkipOutboundPorts] = "3306"
+	every[AnnotationSkipSubnets], every[AnnotationSkipInboundSubnets], every[AnnotationSkipOutboundSubnets] = "192.0.2.0/24", "203.0.113.0/24", "198.51.100.0/24"
+
+	t.Run("every annotation on the pod", func(t *testing.T) {
+		a := startFakeAgent(t, kubeletAnswer(t, meshedPod(nil, every)))
+		r := nodeRig(t, nil)
+		if err := r.plugin.Add(agentArgs(t, r, a.socket, "2s")); err != nil {
+			t.Fatalf("ADD: %v\n%s", err, r.logs.String())
+		}
+		if len(r.api.requests) != 0 {
+			t.Errorf("API lookups %v, want the agent's answer", r.api.requests)
+		}
+		if d := r.fake.Dump(); !strings.Contains(d, "3306") {
+			t.Errorf("the pod's annotation from the kubelet's answer was not applied:\n%s", d)
+		}
+		if l := r.logs.String(); !strings.Contains(l, "source=kubelet apiRequests=0") {
+			t.Errorf("log:\n%s", l)
+		}
+		select {
+		case rep := <-a.reports:
+			if rep.Lookup != wire.SourceKubelet || rep.Result != "ok" {
+				t.Errorf("report %+v, want lookup kubelet, ok", rep)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("no report")
+		}
+	})
+	t.Run("a pod that needs its namespace", func(t *testing.T) {
+		a := startFakeAgent(t, kubeletAnswer(t, meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "3306"})))
+		r := nodeRig(t, nil)
+		err := r.plugin.Add(agentArgs(t, r, a.socket, "2s"))
+		var ce *types.Error
+		if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater {
+			t.Fatalf("ADD: %v, want CNI error 11\n%s", err, r.logs.String())
+		}
+		for _, want := range []string{"meshed pod web/api-0: its namespace's annotations cannot be read",
+			"the node agent read the pod from the kubelet but has no namespace web to give", "connection refused"} {
+			if !strings.Contains(ce.Msg, want) {
+				t.Errorf("error lacks %q: %s", want, ce.Msg)
+			}
+		}
+		if len(r.api.requests) != 0 {
+			t.Errorf("API lookups %v after the agent's answer, want none", r.api.requests)
+		}
+		if d := r.fake.Dump(); strings.Contains(d, "PROXY_INIT") {
+			t.Errorf("rules written for a pod whose settings are unknown:\n%s", d)
+		}
+	})
 }

@@ -496,7 +496,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 	if p.nodeAgent {
 		if api := c.askAgent(); api != nil {
-			c.lookup = "agent"
+			c.lookup = api.source
 			return api, nil
 		}
 	}

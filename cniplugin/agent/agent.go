@@ -79,6 +79,9 @@ type Options struct {
 	Mode Mode
 	// Socket, when set, is the UNIX socket the plugin asks; its directory is made root-only.
 	Socket string
+	// KubeletPodsSocket, when set with Socket, is the kubelet's pods API socket: lookups the watch
+	// cannot answer (before it has synced, or a pod it has not delivered yet) read the pod there.
+	KubeletPodsSocket string
 	// HostProc is the node's /proc, where the socket's peers are checked (wire.CheckPeer); empty
 	// is this process's /proc, for an agent in the node's PID namespace.
 	HostProc string
@@ -133,6 +136,8 @@ type Agent struct {
 	namespaces    listersv1.NamespaceLister
 	services      listersv1.ServiceLister
 	arrived       *notifier // pods and namespaces the watch delivers
+	// kubelet reads pods from the kubelet's pods API (nil without KubeletPodsSocket).
+	kubelet *kubeletPods
 
 	queue workqueue.TypedRateLimitingInterface[podKey]
 
@@ -218,6 +223,13 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 		})
 		a.services = listersv1.NewServiceLister(a.svcInf.GetIndexer())
 	}
+	if a.lookups() && opts.KubeletPodsSocket != "" {
+		k, err := newKubeletPods(opts.KubeletPodsSocket)
+		if err != nil {
+			return nil, err
+		}
+		a.kubelet = k
+	}
 	return a, nil
 }
 
@@ -302,7 +314,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		watches.Go(func() { inf.RunWithContext(ctx) })
 		synced = append(synced, inf.HasSynced)
 	}
-	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "auditPeriod", a.opts.AuditPeriod.String())
+	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "kubeletPodsSocket", a.opts.KubeletPodsSocket, "auditPeriod", a.opts.AuditPeriod.String())
+	if a.kubelet != nil {
+		defer a.kubelet.Close()
+	}
 
 	if u := a.opts.InstallerReadyURL; u != "" {
 		go a.watchInstaller(ctx, u)

@@ -33,6 +33,7 @@ func TestAgent(t *testing.T) {
 		{"calls through the socket", testCallsThroughSocket},
 		{"a pod of another node", testOtherNode},
 		{"a pod the watch delivers during the wait", testLateP},
+		{"a pod only the kubelet knows", testKubeletOnlyPod},
 		{"refused and malformed messages", testRefusedMessages},
 		{"peers without CAP_SYS_ADMIN in the initial user namespace", testUnprivilegedPeers},
 		{"mode legacy", testLegacy},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -20,6 +21,9 @@ var everything = labels.Everything()
 // plugin then asks the API itself.
 var errNotSeen = errors.New("not seen by the agent's watch")
 
+// errNoKubelet: the agent was not given the kubelet's pods API.
+var errNoKubelet = errors.New("the kubelet's pods API is not configured (--kubelet-pods-socket)")
+
 // cacheAPI is the plugin's PodAPI over the agent's watch caches. It answers only for pods of the
 // agent's node (the pod watch holds no other), and waits at most the lookup wait for a pod or
 // namespace the watch has not delivered yet.
@@ -28,6 +32,8 @@ type cacheAPI struct {
 	// uid, when set (K8S_POD_UID), is the pod incarnation asked about: an older pod of the same
 	// name still in the cache does not answer for it.
 	uid types.UID
+	// source is wire.SourceKubelet once the pod came from the kubelet.
+	source string
 }
 
 func (c *cacheAPI) Cached() bool { return true }
@@ -51,10 +57,32 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 		}
 		return false
 	}
+	if found() {
+		return pod, nil
+	}
+	// The kubelet, which is setting the pod up, knows it now; the watch may take a moment more.
+	if p, err := c.fromKubelet(ctx, namespace, name); err == nil {
+		return p, nil
+	}
 	if !c.wait(ctx, found) {
 		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.node, c.a.opts.LookupWait, errNotSeen)
 	}
 	return pod, nil
+}
+
+// fromKubelet reads the pod from the kubelet's pods API, when the agent has it, and remembers
+// that it did (the reply's Source).
+func (c *cacheAPI) fromKubelet(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	if c.a.kubelet == nil {
+		return nil, errNoKubelet
+	}
+	p, err := c.a.kubelet.pod(ctx, namespace, name, c.uid)
+	if err != nil {
+		c.a.log.Debug("the kubelet did not give the pod", "pod", namespace+"/"+name, "uid", string(c.uid), "error", err.Error())
+		return nil, err
+	}
+	c.source = wire.SourceKubelet
+	return p, nil
 }
 
 func (c *cacheAPI) Namespace(ctx context.Context, name string) (*cniplugin.Namespace, error) {
@@ -95,24 +123,65 @@ func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
 	return c.a.arrived.wait(ctx, found)
 }
 
-// lookup is the answer to a plugin's ADD or CHECK: the pod, its namespace and, when the watch
-// holds it, default/kubernetes, as the plugin reads them (its own small types: nothing else of
-// the objects crosses the socket); an error when the pod or its namespace is not known within the
-// lookup wait.
+// lookup is the answer to a plugin's ADD or CHECK once the watches have synced: the pod, its
+// namespace and, when the watch holds it, default/kubernetes, as the plugin reads them (its own
+// small types: nothing else of the objects crosses the socket); an error when the pod or its
+// namespace is not known within the lookup wait. A pod the watch has not delivered yet comes from
+// the kubelet when it can.
 func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
-	pod, err := c.Pod(ctx, namespace, name)
+	pod, err := c.pod(ctx, namespace, name)
 	if err != nil {
 		return wire.Reply{}, err
 	}
-	ns, err := c.Namespace(ctx, namespace)
+	ns, err := c.namespace(ctx, namespace)
 	if err != nil {
 		return wire.Reply{}, err
 	}
-	r := wire.Reply{}
-	if r.Pod, err = json.Marshal(pod); err == nil {
-		r.Namespace, err = json.Marshal(ns)
+	return c.reply(pod, ns, "")
+}
+
+// unsyncedLookup is the answer before the watches have synced (the agent has just started; the
+// API server may be down): the pod from the kubelet, its namespace from the namespace watch if
+// that one has synced, else from one API read; when neither gives it, the reply says why in
+// place of the namespace, and the plugin fails a pod that needs it. default/kubernetes is sent
+// only when its watch holds it.
+func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
+	pod, err := c.fromKubelet(ctx, namespace, name)
+	if err != nil {
+		return wire.Reply{}, err
 	}
-	if svc, serr := c.Service(ctx, "default", "kubernetes"); serr == nil && err == nil {
+	var ns *corev1.Namespace
+	var nsErr string
+	if c.a.nsInf.HasSynced() {
+		ns, err = c.namespace(ctx, namespace)
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, c.a.opts.LookupWait)
+		ns, err = c.a.client.Namespaces().Get(rctx, namespace, metav1.GetOptions{ResourceVersion: "0"})
+		cancel()
+	}
+	if err != nil {
+		nsErr = fmt.Sprintf("namespace %s: the agent's namespace watch has not synced and the API server did not answer within %s: %v", namespace, c.a.opts.LookupWait, err)
+		ns = nil
+	}
+	return c.reply(pod, ns, nsErr)
+}
+
+// reply encodes the pod, its namespace (or why there is none) and default/kubernetes when the
+// service watch holds it.
+func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (wire.Reply, error) {
+	r := wire.Reply{Source: c.source, NamespaceError: nsErr}
+	var p cniplugin.Pod
+	err := recode(pod, &p)
+	if err == nil {
+		r.Pod, err = json.Marshal(&p)
+	}
+	if err == nil && ns != nil {
+		var n cniplugin.Namespace
+		if err = recode(ns, &n); err == nil {
+			r.Namespace, err = json.Marshal(&n)
+		}
+	}
+	if svc, serr := c.Service(context.Background(), "default", "kubernetes"); serr == nil && err == nil {
 		r.Service, err = json.Marshal(svc)
 	}
 	return r, err

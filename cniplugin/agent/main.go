@@ -54,6 +54,7 @@ type Config struct {
 	NodeName, PodName string
 	Mode              Mode
 	Socket            string
+	KubeletPodsSocket string
 	LookupWait        time.Duration
 	AuditPeriod       time.Duration
 	CRI               string
@@ -73,6 +74,7 @@ type Config struct {
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar((*string)(&c.Mode), "mode", string(c.Mode), "what to do about a meshed pod whose rules are missing or different: repair (rewrite them in place), delete (delete the pod, as Linkerd's repair controller does), report (Events and metrics only)")
 	fs.StringVar(&c.Socket, "socket", c.Socket, `UNIX socket serving the CNI plugin's calls ("" disables it: the plugin asks the API)`)
+	fs.StringVar(&c.KubeletPodsSocket, "kubelet-pods-socket", c.KubeletPodsSocket, `the kubelet's pods API socket (<kubelet root dir>/pods-api/pods-api.sock on the node), read when the agent's watch cannot answer a lookup, e.g. while the API server is down ("" disables it)`)
 	fs.DurationVar(&c.LookupWait, "lookup-wait", c.LookupWait, "how long a plugin call waits for a pod the watch has not delivered yet, before the plugin asks the API")
 	fs.DurationVar(&c.AuditPeriod, "audit-period", c.AuditPeriod, "audit every meshed pod of the node this often, besides on pod events (0 disables audits)")
 	fs.StringVar(&c.CRI, "cri-socket", c.CRI, "the container runtime's CRI endpoint, to find each pod's network namespace")
@@ -93,7 +95,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // ParseArgs reads the arguments after "agent", with defaults from getenv.
 func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	c := Config{NodeName: getenv(EnvNodeName), PodName: getenv(EnvPodName), Mode: ModeRepair,
-		Socket: cniplugin.DefaultAgentSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
+		Socket: cniplugin.DefaultAgentSocket, KubeletPodsSocket: DefaultKubeletPodsSocket, LookupWait: defaultLookupWait, AuditPeriod: DefaultAuditPeriod,
 		CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	if err := command.Parse(args, c.AddFlags); err != nil {
@@ -108,6 +110,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	}
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		bad("--socket", c.Socket, "not an absolute path")
+	}
+	if c.KubeletPodsSocket != "" && !filepath.IsAbs(c.KubeletPodsSocket) {
+		bad("--kubelet-pods-socket", c.KubeletPodsSocket, "not an absolute path")
 	}
 	if c.LookupWait <= 0 {
 		bad("--lookup-wait", c.LookupWait.String(), "must be positive")
@@ -143,7 +148,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
-	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, HostProc: c.HostProc,
+	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, KubeletPodsSocket: c.KubeletPodsSocket, HostProc: c.HostProc,
 		InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
 	if c.PluginLogs {
 		opts.PluginLog = stdout

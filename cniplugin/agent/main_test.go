@@ -13,7 +13,7 @@ import (
 
 func TestParseArgs(t *testing.T) {
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	defaults := Config{NodeName: "node-a", Mode: ModeRepair, Socket: cniplugin.DefaultAgentSocket, LookupWait: time.Second,
+	defaults := Config{NodeName: "node-a", Mode: ModeRepair, Socket: cniplugin.DefaultAgentSocket, KubeletPodsSocket: DefaultKubeletPodsSocket, LookupWait: time.Second,
 		AuditPeriod: time.Minute, CRI: DefaultCRI, HostProc: DefaultHostProc, NetNSDir: DefaultNetNSDir, CNINetDir: DefaultCNINetDir, PluginLogs: true,
 		InstallerReadyURL: DefaultInstallerReadyURL, AdminAddr: DefaultAdminAddr, LogFormat: "plain", LogLevel: "info"}
 	tests := []struct {
@@ -26,7 +26,7 @@ func TestParseArgs(t *testing.T) {
 		{name: "defaults, the node from the environment", env: map[string]string{EnvNodeName: "node-a"}},
 		{
 			name: "the chart's command line",
-			args: []string{"--mode=delete", "--socket=/var/run/linkerd-cni/agent.sock", "--lookup-wait=2s", "--audit-period=30s",
+			args: []string{"--mode=delete", "--socket=/var/run/linkerd-cni/agent.sock", "--kubelet-pods-socket=/host/kubelet/pods-api/pods-api.sock", "--lookup-wait=2s", "--audit-period=30s",
 				"--cri-socket=unix:///host/run/k3s/containerd/containerd.sock", "--host-proc=/host/proc", "--netns-dir=/var/run/netns", "--pid-fallback", "--cni-net-dir=/host/etc/cni/net.d",
 				"--plugin-logs=false", "--installer-ready-url=http://127.0.0.1:9992/ready", "--admin-addr=127.0.0.1:9993", "--log-format=json", "--log-level=linkerd_cni_agent=debug,info"},
 			env: map[string]string{EnvNodeName: "node-a", EnvPodName: "linkerd-cni-x7k2p"},
@@ -37,15 +37,16 @@ func TestParseArgs(t *testing.T) {
 			},
 		},
 		{name: "lookups, audits and the installer's readiness off", env: map[string]string{EnvNodeName: "node-a"},
-			args: []string{"--socket=", "--audit-period=0", "--cri-socket=nonsense", "--host-proc=proc", "--installer-ready-url="},
+			args: []string{"--socket=", "--kubelet-pods-socket=", "--audit-period=0", "--cri-socket=nonsense", "--host-proc=proc", "--installer-ready-url="},
 			want: func(c *Config) {
+				c.KubeletPodsSocket = ""
 				c.Socket, c.AuditPeriod, c.CRI, c.HostProc, c.InstallerReadyURL = "", 0, "nonsense", "proc", ""
 			}},
 		{
 			name: "every problem at once",
-			args: []string{"--mode=heal", "--socket=agent.sock", "--lookup-wait=0s", "--audit-period=-1s", "--admin-addr=9993", "--log-format=xml"},
+			args: []string{"--mode=heal", "--socket=agent.sock", "--kubelet-pods-socket=pods-api.sock", "--lookup-wait=0s", "--audit-period=-1s", "--admin-addr=9993", "--log-format=xml"},
 			wantErr: []string{`--node-name "": not set: set $KUBERNETES_NODE_NAME`, `--mode "heal": want repair, delete or report`,
-				`--socket "agent.sock": not an absolute path`, `--lookup-wait "0s": must be positive`,
+				`--socket "agent.sock": not an absolute path`, `--kubelet-pods-socket "pods-api.sock": not an absolute path`, `--lookup-wait "0s": must be positive`,
 				`--audit-period "-1s": must be 0 (no audits) or positive`, `--admin-addr "9993": want host:port`, `--log-format "xml"`},
 		},
 		{name: "audit paths", env: map[string]string{EnvNodeName: "n"}, args: []string{"--cri-socket=tcp://x", "--host-proc=proc", "--netns-dir=netns", "--cni-net-dir=net.d"},

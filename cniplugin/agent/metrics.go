@@ -64,7 +64,7 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		installerReady: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "installer_ready",
 			Help: "1 while the installer's /ready answers 200 (linkerd-cni is in every CNI config of the node), else 0."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "socket_requests_total",
-			Help: "Messages on the plugin socket by outcome: lookup (the pod sent), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
+			Help: "Messages on the plugin socket by outcome: lookup (the pod sent, from the watch), kubelet (the pod sent, from the kubelet's pods API), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
 			[]string{"outcome"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_calls_total",
 			Help: "CNI plugin calls the plugin reported, by command and result."}, []string{"command", "result"}),
@@ -72,7 +72,7 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 			Help: "Duration of the CNI plugin calls the plugin reported, from its main.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)},
 			[]string{"command"}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_lookups_total",
-			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache) or api."}, []string{"source"}),
+			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache), kubelet (the agent's read of the kubelet's pods API) or api."}, []string{"source"}),
 	}
 	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
 		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
@@ -108,7 +108,7 @@ func (m *metrics) plugin(r wire.Report) {
 			h.Observe(r.Seconds)
 		}
 	}
-	if r.Lookup == "agent" || r.Lookup == "api" {
+	if r.Lookup == "agent" || r.Lookup == "api" || r.Lookup == wire.SourceKubelet {
 		m.lookups.WithLabelValues(r.Lookup).Inc()
 	}
 }

@@ -152,6 +152,8 @@ type rigOpts struct {
 	audit time.Duration // the audit period; 0: audits only through AuditAll
 	// iptablesMode is the node's network config's (default nft).
 	iptablesMode iptables.Mode
+	// kubeletPods is the kubelet's pods API socket, if any.
+	kubeletPods string
 }
 
 // rig is one agent on its own node of the shared cluster.
@@ -215,7 +217,7 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 	if period == 0 {
 		period = time.Hour // tests drive audits with AuditAll and pod events
 	}
-	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
+	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, KubeletPodsSocket: o.kubeletPods, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
 		AuditPeriod: period, Sandboxes: r.sandboxes, NetConf: &agent.NetConfSource{Dir: r.netDir},
 		Log: log, PluginLog: r.pluginLog})
 	if err != nil {

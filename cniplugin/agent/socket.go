@@ -164,14 +164,45 @@ func (a *Agent) answer(ctx context.Context, req wire.Request) (wire.Reply, strin
 		a.sandboxGone(req.ContainerID)
 		return wire.Reply{}, "del"
 	}
-	if !a.synced.Load() {
-		return wire.Reply{Error: wire.Errorf(wire.CodeNotSynced, "the agent's watches have not synced yet")}, string(wire.CodeNotSynced)
-	}
 	api := &cacheAPI{a: a, uid: k8stypes.UID(req.UID)}
+	if !a.synced.Load() {
+		if a.kubelet == nil {
+			return wire.Reply{Error: wire.Errorf(wire.CodeNotSynced, "the agent's watches have not synced yet")}, string(wire.CodeNotSynced)
+		}
+		reply, err := api.unsyncedLookup(ctx, req.Namespace, req.Name)
+		if err != nil {
+			return wire.Reply{Error: wire.Errorf(wire.CodeNotSynced, "the agent's watches have not synced yet, and %v", err)}, string(wire.CodeNotSynced)
+		}
+		a.kubeletAnswered(req, reply)
+		return reply, lookupOutcome(reply)
+	}
 	reply, err := api.lookup(ctx, req.Namespace, req.Name)
 	if err != nil {
 		a.log.Debug("a plugin asked for a pod the watch does not hold", "pod", req.Namespace+"/"+req.Name, "error", err.Error())
 		return wire.Reply{Error: wire.Errorf(wire.CodeNotSeen, "%v", err)}, string(wire.CodeNotSeen)
 	}
-	return reply, "lookup"
+	a.kubeletAnswered(req, reply)
+	return reply, lookupOutcome(reply)
+}
+
+// lookupOutcome is the outcome a lookup is counted under: "lookup" from the watch, "kubelet"
+// from the kubelet's pods API.
+func lookupOutcome(r wire.Reply) string {
+	if r.Source == wire.SourceKubelet {
+		return "kubelet"
+	}
+	return "lookup"
+}
+
+// kubeletAnswered says, at info, that a pod came from the kubelet: it happens only while the
+// watches cannot answer, which is worth seeing in the log (an API outage, an agent restart).
+func (a *Agent) kubeletAnswered(req wire.Request, r wire.Reply) {
+	if r.Source != wire.SourceKubelet {
+		return
+	}
+	args := []any{"pod", req.Namespace + "/" + req.Name, "uid", req.UID, "command", req.Command, "synced", a.synced.Load()}
+	if r.NamespaceError != "" {
+		args = append(args, "namespaceError", r.NamespaceError)
+	}
+	a.log.Info("pod looked up from the kubelet's pods API", args...)
 }

@@ -282,6 +282,67 @@ func TestChartOurValues(t *testing.T) {
 	}
 }
 
+// TestChartKubeletPodsAPI: the agent gets the kubelet's pods-api directory, read-only, from
+// kubeletRootDir (any root dir, a trailing slash or not), and the flag naming its socket there;
+// with kubeletRootDir "" or without lookups, neither the mount nor the socket.
+func TestChartKubeletPodsAPI(t *testing.T) {
+	ch := loadChart(t)
+	for _, tc := range []struct {
+		name    string
+		values  map[string]any
+		hostDir string // "" for no mount
+	}{
+		{"default", nil, "/var/lib/kubelet/pods-api"},
+		{"another root dir", map[string]any{"kubeletRootDir": "/var/lib/k0s/kubelet/"}, "/var/lib/k0s/kubelet/pods-api"},
+		{"off", map[string]any{"kubeletRootDir": ""}, ""},
+		{"without lookups", map[string]any{"agent": map[string]any{"lookups": false}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := renderChart(t, ch, tc.values)
+			agent := container(t, ms, "linkerd-cni-agent")
+			args, _, _ := unstructured.NestedStringSlice(agent, "args")
+			wantArg := "--kubelet-pods-socket="
+			if tc.hostDir != "" {
+				wantArg += "/host/kubelet/pods-api/pods-api.sock"
+			}
+			if !slices.Contains(args, wantArg) {
+				t.Errorf("agent args %q lack %s", args, wantArg)
+			}
+			mounts, _, _ := unstructured.NestedSlice(agent, "volumeMounts")
+			var mount map[string]any
+			for _, m := range mounts {
+				if m.(map[string]any)["name"] == "kubelet-pods-api" {
+					mount = m.(map[string]any)
+				}
+			}
+			var volume map[string]any
+			for _, m := range ms {
+				if m.obj.GetKind() != "DaemonSet" {
+					continue
+				}
+				vols, _, _ := unstructured.NestedSlice(m.obj.Object, "spec", "template", "spec", "volumes")
+				for _, v := range vols {
+					if v.(map[string]any)["name"] == "kubelet-pods-api" {
+						volume = v.(map[string]any)
+					}
+				}
+			}
+			if tc.hostDir == "" {
+				if mount != nil || volume != nil {
+					t.Errorf("mount %v, volume %v; want none", mount, volume)
+				}
+				return
+			}
+			if mount == nil || mount["mountPath"] != "/host/kubelet/pods-api" || mount["readOnly"] != true {
+				t.Errorf("agent mount %v, want /host/kubelet/pods-api read-only", mount)
+			}
+			if path, _, _ := unstructured.NestedString(volume, "hostPath", "path"); path != tc.hostDir {
+				t.Errorf("volume %v, want hostPath %s", volume, tc.hostDir)
+			}
+		})
+	}
+}
+
 // container returns the DaemonSet's container named name.
 func container(t testing.TB, ms []manifest, name string) map[string]any {
 	t.Helper()
@@ -364,6 +425,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{`socketLBCheck.namespace "linkerd-cni": the plugin leaves that namespace's pods alone`}},
 		{"standaloneConf not a .conf", map[string]any{"standaloneConf": "multus/linkerd-cni.conflist"}, []string{"standaloneConf", "multus/linkerd-cni.conflist"}},
 		{"relative directory", map[string]any{"destCNINetDir": "etc/cni"}, []string{"destCNINetDir", "etc/cni"}},
+		{"relative kubelet root dir", map[string]any{"kubeletRootDir": "var/lib/kubelet"}, []string{"kubeletRootDir", "var/lib/kubelet"}},
 		{"proxy UID 0", map[string]any{"proxyUID": 0}, []string{"proxyUID", "0"}},
 		{"Linkerd's image", valuesFile(t, "linkerd-2.20-defaults.yaml"),
 			[]string{`image.name "cr.l5d.io/linkerd/cni-plugin" is Linkerd's image, which does not hold this chart's programs`}},

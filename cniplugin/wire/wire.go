@@ -57,7 +57,19 @@ type Reply struct {
 	Namespace json.RawMessage `json:"namespace,omitempty"`
 	Service   json.RawMessage `json:"service,omitempty"`
 	Error     *Error          `json:"error,omitempty"`
+	// Source, when set, is where the agent read the pod when its watch could not answer:
+	// SourceKubelet. Absent: its watch.
+	Source string `json:"source,omitempty"`
+	// NamespaceError, set in place of Namespace, says why the agent has no namespace to send: its
+	// watch has not synced and the API server did not answer its one read. The plugin fails a
+	// pod that needs its namespace's annotations with it (closed), and serves any other.
+	NamespaceError string `json:"namespaceError,omitempty"`
 }
+
+// SourceKubelet is a Reply's Source when the pod came from the kubelet's pods API. Replies with
+// Source or NamespaceError carry fields a plugin older than them does not know: it refuses the
+// reply (malformed) and reads the API itself, as it did before.
+const SourceKubelet = "kubelet"
 
 // Report is the plugin's account of the call, sent once it is done, for the agent's metrics and
 // log.

@@ -98,14 +98,13 @@ type Cluster struct {
 
 	adminToken string
 	launcher   *launcher
-	// api, apiBin and apiArgs let StopAPIServer and StartAPIServer take the API away and bring
-	// it back as it was.
-	api          *proc
-	apiBin       string
-	apiArgs      []string
-	startTimeout time.Duration
-	procs        []*proc // in start order
-	stopOnce     sync.Once
+	procs      []*proc // in start order
+	// apiBin and apiArgs start kube-apiserver again after StopAPIServer.
+	apiBin  string
+	apiArgs []string
+	// mu guards procs against StopAPIServer and StartAPIServer racing Stop.
+	mu       sync.Mutex
+	stopOnce sync.Once
 	// tailsReported is set when a start error already carried the logs.
 	tailsReported bool
 }
@@ -254,12 +253,11 @@ func start(t testing.TB, opts Options) (_ *Cluster, retErr error) {
 		args = append(args, "--disable-admission-plugins", "ServiceAccount")
 	}
 	args = append(args, opts.ExtraAPIServerArgs...)
-	c.apiBin, c.apiArgs, c.startTimeout = filepath.Join(binDir, "kube-apiserver"), args, timeout
+	c.apiBin, c.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
 	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, args...)
 	if err != nil {
 		return c, err
 	}
-	c.api = api
 
 	cs, err := kubernetes.NewForConfig(c.AdminConfig())
 	if err != nil {
@@ -302,7 +300,9 @@ func (c *Cluster) startProc(name, bin, logPath string, args ...string) (*proc, e
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, startErr)
 	}
+	c.mu.Lock()
 	c.procs = append(c.procs, pr)
+	c.mu.Unlock()
 	go func() {
 		pr.waitErr = cmd.Wait()
 		close(pr.exited)
@@ -370,32 +370,47 @@ func (c *Cluster) waitReady(ctx context.Context, api *proc) error {
 	}
 }
 
-// Stop terminates kube-apiserver and then etcd (SIGTERM, SIGKILL after 10s),
-// waits for them and releases the launcher thread. It is idempotent and is
-// registered with t.Cleanup by Start.
-func (c *Cluster) Stop() {
-	c.stopOnce.Do(func() {
-		for i := len(c.procs) - 1; i >= 0; i-- {
-			c.procs[i].stop()
-			c.procs[i].log.Close()
-		}
-		c.launcher.close()
-	})
-}
-
-// StopAPIServer stops kube-apiserver (SIGTERM, SIGKILL after 10s) and leaves etcd running, so
-// that a test can take the API away from its clients for a while; StartAPIServer brings it back.
+// StopAPIServer stops kube-apiserver alone (SIGTERM, SIGKILL after 10s) and waits for it, so
+// that a test sees the API server down while etcd keeps the cluster's state. StartAPIServer
+// brings it back.
 func (c *Cluster) StopAPIServer() error {
-	if c.api == nil {
+	c.mu.Lock()
+	var api *proc
+	for i, pr := range c.procs {
+		if pr.name == "kube-apiserver" {
+			api = pr
+			c.procs = append(c.procs[:i:i], c.procs[i+1:]...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	if api == nil {
 		return errors.New("kube-apiserver is not running")
 	}
-	c.api.stop()
-	c.api = nil
+	stopProc(api)
 	return nil
 }
 
-// stop ends the process: SIGTERM, then SIGKILL after 10s. It returns once the process is reaped.
-func (pr *proc) stop() {
+// StartAPIServer starts kube-apiserver again, with the flags it first had, after StopAPIServer,
+// and waits until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	for _, pr := range c.procs {
+		if pr.name == "kube-apiserver" {
+			c.mu.Unlock()
+			return errors.New("kube-apiserver is running already")
+		}
+	}
+	c.mu.Unlock()
+	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, c.apiArgs...)
+	if err != nil {
+		return err
+	}
+	return c.waitReady(ctx, api)
+}
+
+// stopProc terminates pr (SIGTERM, SIGKILL after 10s) and waits for it.
+func stopProc(pr *proc) {
 	_ = pr.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-pr.exited:
@@ -403,22 +418,22 @@ func (pr *proc) stop() {
 		_ = pr.cmd.Process.Kill()
 		<-pr.exited
 	}
+	pr.log.Close()
 }
 
-// StartAPIServer starts kube-apiserver again, with the arguments, address and port it had, and
-// waits until it is ready.
-func (c *Cluster) StartAPIServer() error {
-	if c.api != nil {
-		return errors.New("kube-apiserver is already running")
-	}
-	api, err := c.startProc("kube-apiserver", c.apiBin, c.APIServerLogPath, c.apiArgs...)
-	if err != nil {
-		return err
-	}
-	c.api = api
-	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
-	defer cancel()
-	return c.waitReady(ctx, api)
+// Stop terminates kube-apiserver and then etcd (SIGTERM, SIGKILL after 10s),
+// waits for them and releases the launcher thread. It is idempotent and is
+// registered with t.Cleanup by Start.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		procs := c.procs
+		c.mu.Unlock()
+		for i := len(procs) - 1; i >= 0; i-- {
+			stopProc(procs[i])
+		}
+		c.launcher.close()
+	})
 }
 
 // AdminConfig returns a new rest.Config for the admin user. When the cluster

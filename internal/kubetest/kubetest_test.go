@@ -56,10 +56,6 @@ func TestCluster(t *testing.T) {
 				}
 			}
 
-			if path == "" {
-				checkAPIServerRestart(t, c)
-			}
-
 			pids := make([]int, 0, len(c.procs))
 			for _, p := range c.procs {
 				pids = append(pids, p.cmd.Process.Pid)
@@ -72,28 +68,6 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// checkAPIServerRestart takes the API away and brings it back: requests fail meanwhile, and
-// what etcd holds is served again afterwards.
-func checkAPIServerRestart(t *testing.T, c *Cluster) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.StopAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StopAPIServer(); err == nil {
-		t.Error("a second StopAPIServer succeeded; want an error saying it is not running")
-	}
-	if _, err := c.Clientset.CoreV1().Namespaces().Get(ctx, "kubetest", metav1.GetOptions{}); err == nil {
-		t.Fatal("the API answered while stopped")
-	}
-	if err := c.StartAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Clientset.CoreV1().Namespaces().Get(ctx, "kubetest", metav1.GetOptions{}); err != nil {
-		t.Errorf("after StartAPIServer: %v", err)
 	}
 }
 
@@ -258,5 +232,54 @@ func exerciseCluster(t *testing.T, c *Cluster) {
 	}
 	if admins, err := c.AuditEvents(AdminUser); err != nil || count(admins, "create", "pods", 201) != 1 {
 		t.Errorf("audit: admin pod creations = %d (err %v), want 1", count(admins, "create", "pods", 201), err)
+	}
+}
+
+// TestStopStartAPIServer: StopAPIServer leaves the API unreachable and etcd running;
+// StartAPIServer brings the API server back with the state it had; Stop then stops both.
+func TestStopStartAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping in -short mode: starts etcd and kube-apiserver (run `make kube-bins` first)")
+	}
+	c := Start(t, Options{NetNSPath: freshNetNS(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kept"}}
+	if _, err := c.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopAPIServer(); err == nil {
+		t.Error("StopAPIServer twice: no error")
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := c.Clientset.CoreV1().Namespaces().Get(rctx, "kept", metav1.GetOptions{})
+	rcancel()
+	if err == nil {
+		t.Fatal("the API answered with kube-apiserver stopped")
+	}
+	if err := c.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAPIServer(ctx); err == nil {
+		t.Error("StartAPIServer while it runs: no error")
+	}
+	if _, err := c.Clientset.CoreV1().Namespaces().Get(ctx, "kept", metav1.GetOptions{}); err != nil {
+		t.Errorf("after StartAPIServer: %v; want the namespace created before the stop", err)
+	}
+	pids := make([]int, 0, len(c.procs))
+	for _, p := range c.procs {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	if len(pids) != 2 {
+		t.Errorf("%d processes after the restart, want etcd and kube-apiserver", len(pids))
+	}
+	c.Stop()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("process %d still exists after Stop (kill 0: %v)", pid, err)
+		}
 	}
 }

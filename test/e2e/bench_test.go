@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -46,11 +47,14 @@ func TestE2EBench(t *testing.T) {
 	}
 	count := maxPods - len(there.Items)
 
-	kubelet := func() int { return len(auditEvents(t, c, "", "kubelet/", "127.0.0.1")) }
-	cni := func() int {
-		return len(auditEvents(t, c, kubetest.ServiceAccountUser(cniNamespace, "linkerd-cni"), "", ""))
+	all := func() []kubetest.AuditEvent {
+		evs, err := c.Control.AuditEvents("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return evs
 	}
-	kubeletBefore, cniBefore := kubelet(), cni()
+	auditBefore := len(all())
 	began := time.Now()
 	meshed := startBatch(ctx, t, c, "e2e-bench-meshed", spec, count)
 	validatorFailures := 0
@@ -72,7 +76,7 @@ func TestE2EBench(t *testing.T) {
 	deleteNamespace(ctx, t, c.Client, "e2e-bench-meshed")
 	took := time.Since(began)
 	time.Sleep(2 * time.Second) // the audit log is written after each response
-	kubeletReqs, cniReqs := kubelet()-kubeletBefore, cni()-cniBefore
+	requests := requestsByClient(all()[auditBefore:])
 	adds := addTimes(t, podLog(t, c, ds, agentContainer), "e2e-bench-meshed")
 	rss, cpu := agentUsage(ctx, t, c, ds)
 
@@ -98,24 +102,34 @@ func TestE2EBench(t *testing.T) {
 	t.Logf("  p99 ratio with/without: %.2fx (target 1.10x)", float64(p(meshed.ready, 0.99))/float64(p(plain.ready, 0.99)))
 	t.Logf("  validator failures %d, heals %d (both must be 0)", validatorFailures, heals)
 	t.Logf("  agent on %s: peak RSS %d MiB, CPU %.2f s since it started", a.Name, rss>>20, cpu)
-	t.Logf("  API requests over the meshed batch (%s, creation to deletion): node %s's kubelet %d, linkerd-cni on both nodes (agents and plugins) %d",
-		sec(took), a.Name, kubeletReqs, cniReqs)
+	t.Logf("  API requests over the meshed batch (%s, creation to deletion), by client (user agent, user, source address):\n%s",
+		sec(took), requests)
 	if validatorFailures != 0 || heals != 0 {
 		t.Errorf("validator failures %d and heals %d, want 0 and 0: a pod started without its rules", validatorFailures, heals)
 	}
 }
 
-// auditEvents returns the API server's audit events of user ("" for any) whose user agent starts
-// with agent and whose first source address is source ("" for any).
-func auditEvents(t testing.TB, c *Cluster, user, agent, source string) []kubetest.AuditEvent {
-	t.Helper()
-	evs, err := c.Control.AuditEvents(user)
-	if err != nil {
-		t.Fatal(err)
+// userAgentVersion matches what varies in a user agent from build to build.
+var userAgentVersion = regexp.MustCompile(`/v[0-9][^ ]*| \([^)]*\)| kubernetes/[0-9a-f]+`)
+
+// requestsByClient counts audit events by client, most first, one client a line. The e2e
+// cluster's components are one binary (kube-node) with the admin token, so the user agent, which
+// names the component, and the source address (127.0.0.1 on node A) tell them apart.
+func requestsByClient(evs []kubetest.AuditEvent) string {
+	counts := map[string]int{}
+	for _, e := range evs {
+		src := ""
+		if len(e.SourceIPs) > 0 {
+			src = e.SourceIPs[0]
+		}
+		counts[userAgentVersion.ReplaceAllString(e.UserAgent, "")+", "+e.User.Username+", "+src]++
 	}
-	return slices.DeleteFunc(evs, func(e kubetest.AuditEvent) bool {
-		return !strings.HasPrefix(e.UserAgent, agent) || (source != "" && (len(e.SourceIPs) == 0 || e.SourceIPs[0] != source))
-	})
+	keys := slices.SortedFunc(maps.Keys(counts), func(a, b string) int { return counts[b] - counts[a] })
+	var out strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&out, "    %6d  %s\n", counts[k], k)
+	}
+	return out.String()
 }
 
 // addElapsed finds the plugin's "rules written" lines in the agent's log, and their elapsed time.

@@ -84,7 +84,7 @@ func testChaos(t *testing.T, c *Cluster) {
 				return err
 			}
 			time.Sleep(30 * time.Second)
-			return c.Control.StartAPIServer()
+			return c.Control.StartAPIServer(ctx)
 		}},
 	}
 	for _, f := range faults {

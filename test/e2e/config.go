@@ -98,6 +98,8 @@ disabled_plugins = [
 //     every request on it, and nothing authenticates.
 //   - Eviction and image garbage collection are off: the node's disk is tmpfs, the machine's
 //     memory is shared, and the imported images can never be pulled again.
+//   - Static pods come from StaticPodDir, read every second: the one kind of new pod a node
+//     starts while the API server is stopped (KubeletLookup).
 const kubeletConfigTmpl = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -126,4 +128,9 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 5s
+staticPodPath: ` + StaticPodDir + `
+fileCheckFrequency: 1s
 `
+
+// StaticPodDir is where each node's kubelet reads static pods, in the node's own /var/lib.
+const StaticPodDir = "/var/lib/static-pods"

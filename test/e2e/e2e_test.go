@@ -172,6 +172,7 @@ var scenarios = []struct {
 	{"AgentHealsInPlace", testAgentHealsInPlace},
 	{"AgentDrift", testAgentDrift},
 	{"AgentLookup", testAgentLookup},
+	{"KubeletLookup", testKubeletLookup},
 	{"PluginLogs", testPluginLogs},
 	{"Teardown", testTeardown},
 	{"DualStack", testDualStack},

@@ -253,6 +253,9 @@ func (c *Cluster) start(t testing.TB, opts Options) error {
 		if i > 0 {
 			kc = remote
 		}
+		if err := os.MkdirAll(n.Path(StaticPodDir), 0o755); err != nil {
+			return err
+		}
 		cfg := filepath.Join(c.Dir, "etc", "kubelet-"+n.Suffix+".yaml")
 		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(kubeletConfigTmpl, n.CgroupRoot)), 0o644); err != nil {
 			return err
