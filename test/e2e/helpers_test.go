@@ -273,13 +273,16 @@ func podNetNS(ctx context.Context, t testing.TB, c *Cluster, p *corev1.Pod, cont
 }
 
 // ourRules returns the lines of every netfilter backend in a network namespace that belong to
-// proxy-init or linkerd-cni: chains PROXY_INIT_* (iptables-legacy and iptables-nft), the rules
-// with our "proxy-init/..." comments, and the native table proxy_init.
+// proxy-init or linkerd-cni: chains PROXY_INIT_* and the rules with our "proxy-init/..." comments
+// (iptables-legacy, and iptables-nft both as iptables-nft-save and as nft shows them, which is
+// without the comments of xtables matches), and the native table proxy_init.
 func ourRules(ctx context.Context, t testing.TB, netns string) []string {
 	t.Helper()
 	var lines []string
 	for _, cmd := range [][]string{
 		{"nft", "list", "ruleset"},
+		{"iptables-nft-save"},
+		{"ip6tables-nft-save"},
 		{"iptables-legacy-save"},
 		{"ip6tables-legacy-save"},
 	} {
