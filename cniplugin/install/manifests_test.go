@@ -453,6 +453,13 @@ func checkAgent(t *testing.T, r rendering, c map[string]any, installArgs []strin
 	if !r.noLookups || r.pidFallback {
 		want[cfg.HostProc] = [3]string{"/proc", "ro", ""}
 	}
+	// The kubelet's pods API, for lookups only: its directory alone, read-only.
+	if !r.noLookups {
+		if cfg.KubeletPodsSocket != agent.DefaultKubeletPodsSocket {
+			t.Errorf("agent --kubelet-pods-socket %q, want %s", cfg.KubeletPodsSocket, agent.DefaultKubeletPodsSocket)
+		}
+		want[filepath.Dir(cfg.KubeletPodsSocket)] = [3]string{"/var/lib/kubelet/pods-api", "ro", ""}
+	}
 	cri := strings.TrimPrefix(cfg.CRI, "unix://")
 	if !r.noAudits {
 		want[cri] = [3]string{strings.TrimPrefix(cri, "/host"), "ro", ""}
