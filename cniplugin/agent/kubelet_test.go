@@ -47,25 +47,13 @@ import (
 // the way the kubelet does.
 type fakeKubelet struct {
 	podsv1alpha1.UnimplementedPodsServer
-	mu    sync.Mutex
-	pods  []*corev1.Pod
-	calls []string
-}
-
-func (k *fakeKubelet) called(s string) {
-	k.mu.Lock()
-	k.calls = append(k.calls, s)
-	k.mu.Unlock()
-}
-
-func (k *fakeKubelet) Calls() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return append([]string(nil), k.calls...)
+	callLog
+	mu   sync.Mutex // guards pods
+	pods []*corev1.Pod
 }
 
 func (k *fakeKubelet) GetPod(_ context.Context, req *podsv1alpha1.GetPodRequest) (*podsv1alpha1.GetPodResponse, error) {
-	k.called("GetPod " + req.PodUID)
+	k.record("GetPod " + req.PodUID)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, p := range k.pods {
@@ -78,7 +66,7 @@ func (k *fakeKubelet) GetPod(_ context.Context, req *podsv1alpha1.GetPodRequest)
 }
 
 func (k *fakeKubelet) ListPods(context.Context, *podsv1alpha1.ListPodsRequest) (*podsv1alpha1.ListPodsResponse, error) {
-	k.called("ListPods")
+	k.record("ListPods")
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	resp := &podsv1alpha1.ListPodsResponse{}

@@ -406,21 +406,27 @@ func (r *rig) run(cmd string, args *skel.CmdArgs) call {
 // recordingAPI is the plugin's API path for the tests: the cluster, read as admin, each lookup
 // recorded.
 type recordingAPI struct {
-	cs    kubernetes.Interface
+	cs kubernetes.Interface
+	callLog
+}
+
+// callLog records the calls a test double answers, for concurrent callers.
+type callLog struct {
 	mu    sync.Mutex
 	calls []string
 }
 
-func (a *recordingAPI) record(s string) {
-	a.mu.Lock()
-	a.calls = append(a.calls, s)
-	a.mu.Unlock()
+func (l *callLog) record(s string) {
+	l.mu.Lock()
+	l.calls = append(l.calls, s)
+	l.mu.Unlock()
 }
 
-func (a *recordingAPI) Calls() []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]string(nil), a.calls...)
+// Calls returns the calls so far, in order.
+func (l *callLog) Calls() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.calls...)
 }
 
 func (a *recordingAPI) Pod(ctx context.Context, namespace, name string) (*cniplugin.Pod, error) {
