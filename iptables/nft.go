@@ -294,167 +294,204 @@ func (r *Ruleset) NFTComment() string {
 // every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
 // traffic passes untouched, as it does when iptables writes no IPv6 rules.
 func (r *Ruleset) NFT() NFTTable {
-	t := NFTTable{Comment: r.NFTComment()}
-	addSet := func(name string, typ NFTSetType, elems []NFTInterval) string {
-		if !slices.ContainsFunc(t.Sets, func(s NFTSet) bool { return s.Name == name }) {
-			t.Sets = append(t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
-		}
-		return name
-	}
-	var only4 []NFTMatch
+	w := &nftWriter{r: r, t: NFTTable{Comment: r.NFTComment()}}
 	if !r.HasFamily(IPv6) {
-		only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
+		w.only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
-	acting := func(ms ...NFTMatch) []NFTMatch { return append(slices.Clone(only4), ms...) }
-	portsComment := func(s Step) string {
-		return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
-	}
-	// perFamily calls fn for each family with addresses in list, with the set holding them.
-	perFamily := func(name string, list []netip.Prefix, fn func(f Family, set string, ps []netip.Prefix)) {
-		for _, f := range r.Families {
-			ps := Subnets(f, list)
-			if len(ps) == 0 {
-				continue
-			}
-			typ, suffix := NFTIPv4, "v4"
-			if f == IPv6 {
-				typ, suffix = NFTIPv6, "v6"
-			}
-			fn(f, addSet(name+"_"+suffix, typ, prefixIntervals(ps)), ps)
-		}
-	}
-	daddr := func(f Family, set string) NFTMatch { return NFTMatch{Kind: NFTMatchDAddrSet, Family: f, Set: set} }
 	for _, c := range r.Plan() {
-		ch := NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}
+		cw := &nftChainWriter{ch: NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}}
 		if c.Table.ChainType != "nat" {
-			ch.Type = c.Table.ChainType
-		}
-		var iif []NFTMatch // the step's arriving interface, when it is limited to one
-		add := func(rl NFTRule) {
-			if len(iif) > 0 {
-				rl.Matches = append(slices.Clone(iif), rl.Matches...)
-			}
-			ch.Rules = append(ch.Rules, rl)
+			cw.ch.Type = c.Table.ChainType
 		}
 		for _, s := range c.Steps {
-			rl := NFTRule{Comment: s.Comment("")}
 			dir := c.Direction
 			if s.Direction != "" {
 				dir = s.Direction
 			}
-			iif = nil
+			cw.iif = nil
 			if s.In && s.Kind != StepIgnoreInterface {
-				iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: s.Interface}}
+				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: s.Interface}}
 			}
-			switch s.Kind {
-			case StepIgnorePorts:
-				set := addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
-				rl.Comment = portsComment(s)
-				rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}
-			case StepIgnoreSubnets:
-				kind := NFTMatchDAddrSet
-				if s.Source {
-					kind = NFTMatchSAddrSet
-				}
-				perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-					add(NFTRule{
-						Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
-						Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
-					})
-				})
-				continue
-			case StepIgnoreUID:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
-			case StepIgnoreGID:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
-			case StepIgnoreInterface:
-				kind := NFTMatchOIFName
-				if s.In {
-					kind = NFTMatchIIFName
-				}
-				rl.Matches = []NFTMatch{{Kind: kind, Name: s.Interface}}
-			case StepRedirect:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
-				if len(s.Ports) > 0 {
-					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
-					rl.Comment = portsComment(s)
-					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
-				}
-			case StepRedirectOutbound:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				ports := NFTMatch{Kind: NFTMatchTCP}
-				if len(s.Ports) > 0 {
-					ports = NFTMatch{Kind: NFTMatchDPortSet, Set: addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
-					rl.Comment = portsComment(s)
-				}
-				if len(s.Subnets) == 0 {
-					rl.Matches = acting(ports)
-					break
-				}
-				perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-					x := rl
-					x.Matches = []NFTMatch{daddr(f, set), ports}
-					if len(s.Ports) == 0 {
-						x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].String() })
-					}
-					add(x)
-				})
-				continue
-			case StepRedirectDNS:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
-				if s.Proto == "tcp" {
-					port.Kind = NFTMatchTCPDPort
-				}
-				r.perServer(s, rl, acting(port), addSet, add)
-				continue
-			case StepDNSZone:
-				rl.Verdict, rl.Zone = NFTZone, s.Zone
-				var ms []NFTMatch
-				switch s.Owner {
-				case OwnerUID:
-					ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
-				case OwnerGID:
-					ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
-				}
-				if s.Interface != "" {
-					ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
-				}
-				switch {
-				case s.SPort != 0:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
-				case s.DNSAnswers:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
-				default:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
-				}
-				r.perServer(s, rl, acting(ms...), addSet, add)
-				continue
-			case StepDropInvalid:
-				rl.Verdict = NFTDrop
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})
-			case StepIgnoreEstablished:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}
-			case StepTPROXY:
-				rl.Verdict, rl.RedirectPort, rl.Mark = NFTTPROXY, s.Port, s.Mark
-				if len(only4) > 0 {
-					rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
-				}
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
-				if len(s.Ports) > 0 {
-					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
-					rl.Comment = portsComment(s)
-					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
-				}
-				add(rl)
-				rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
-			}
-			add(rl)
+			w.step(cw, dir, s)
 		}
-		t.Chains = append(t.Chains, ch)
+		w.t.Chains = append(w.t.Chains, cw.ch)
 	}
-	return t
+	return w.t
+}
+
+// nftWriter builds the table NFT returns: the sets its chains share, and what every rule that
+// acts matches.
+type nftWriter struct {
+	r     *Ruleset
+	t     NFTTable
+	only4 []NFTMatch // "meta nfproto ipv4" when IPv6 is off
+}
+
+// nftChainWriter collects one chain's rules.
+type nftChainWriter struct {
+	ch  NFTChain
+	iif []NFTMatch // the step's arriving interface, when it is limited to one
+}
+
+func (cw *nftChainWriter) add(rl NFTRule) {
+	if len(cw.iif) > 0 {
+		rl.Matches = append(slices.Clone(cw.iif), rl.Matches...)
+	}
+	cw.ch.Rules = append(cw.ch.Rules, rl)
+}
+
+// addSet adds the set name, unless the table has it already, and returns its name.
+func (w *nftWriter) addSet(name string, typ NFTSetType, elems []NFTInterval) string {
+	if !slices.ContainsFunc(w.t.Sets, func(s NFTSet) bool { return s.Name == name }) {
+		w.t.Sets = append(w.t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
+	}
+	return name
+}
+
+// acting is ms behind the IPv4-only match a rule that acts needs when IPv6 is off.
+func (w *nftWriter) acting(ms ...NFTMatch) []NFTMatch { return append(slices.Clone(w.only4), ms...) }
+
+// perFamily calls fn for each family with addresses in list, with the set holding them.
+func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family, set string, ps []netip.Prefix)) {
+	for _, f := range w.r.Families {
+		ps := Subnets(f, list)
+		if len(ps) == 0 {
+			continue
+		}
+		typ, suffix := NFTIPv4, "v4"
+		if f == IPv6 {
+			typ, suffix = NFTIPv6, "v6"
+		}
+		fn(f, w.addSet(name+"_"+suffix, typ, prefixIntervals(ps)), ps)
+	}
+}
+
+// redirectPorts is the port match of a redirecting step: any TCP port, or, when the step lists
+// ports, the direction's set of them, whose list then names the rule.
+func (w *nftWriter) redirectPorts(dir string, s Step, rl *NFTRule) NFTMatch {
+	if len(s.Ports) == 0 {
+		return NFTMatch{Kind: NFTMatchTCP}
+	}
+	rl.Comment = portsComment(s)
+	return NFTMatch{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
+}
+
+func portsComment(s Step) string {
+	return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
+}
+
+// step adds the rules of one step to cw.
+func (w *nftWriter) step(cw *nftChainWriter, dir string, s Step) {
+	rl := NFTRule{Comment: s.Comment("")}
+	switch s.Kind {
+	case StepIgnorePorts:
+		rl.Comment = portsComment(s)
+		rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))}}
+	case StepIgnoreSubnets:
+		w.ignoreSubnets(cw, dir, s)
+		return
+	case StepIgnoreUID:
+		rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
+	case StepIgnoreGID:
+		rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
+	case StepIgnoreInterface:
+		kind := NFTMatchOIFName
+		if s.In {
+			kind = NFTMatchIIFName
+		}
+		rl.Matches = []NFTMatch{{Kind: kind, Name: s.Interface}}
+	case StepRedirect:
+		rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+		rl.Matches = w.acting(w.redirectPorts(dir, s, &rl))
+	case StepRedirectOutbound:
+		w.redirectOutbound(cw, dir, s, rl)
+		return
+	case StepRedirectDNS:
+		rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+		port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
+		if s.Proto == "tcp" {
+			port.Kind = NFTMatchTCPDPort
+		}
+		w.perServer(cw, s, rl, w.acting(port))
+		return
+	case StepDNSZone:
+		rl.Verdict, rl.Zone = NFTZone, s.Zone
+		w.perServer(cw, s, rl, w.acting(dnsZoneMatches(s)...))
+		return
+	case StepDropInvalid:
+		rl.Verdict = NFTDrop
+		rl.Matches = w.acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})
+	case StepIgnoreEstablished:
+		rl.Matches = []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}
+	case StepTPROXY:
+		rl.Verdict, rl.RedirectPort, rl.Mark = NFTTPROXY, s.Port, s.Mark
+		if len(w.only4) > 0 {
+			rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
+		}
+		rl.Matches = w.acting(w.redirectPorts(dir, s, &rl))
+		cw.add(rl)
+		rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
+	}
+	cw.add(rl)
+}
+
+// ignoreSubnets adds one rule per family with subnets in the list, matching the family's set of
+// them (sources or destinations).
+func (w *nftWriter) ignoreSubnets(cw *nftChainWriter, dir string, s Step) {
+	kind := NFTMatchDAddrSet
+	if s.Source {
+		kind = NFTMatchSAddrSet
+	}
+	w.perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+		cw.add(NFTRule{
+			Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
+			Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
+		})
+	})
+}
+
+// redirectOutbound adds rl redirecting the step's ports, to every destination or, when the step
+// lists subnets, once per family to the family's set of them.
+func (w *nftWriter) redirectOutbound(cw *nftChainWriter, dir string, s Step, rl NFTRule) {
+	rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
+	ports := w.redirectPorts(dir, s, &rl)
+	if len(s.Subnets) == 0 {
+		rl.Matches = w.acting(ports)
+		cw.add(rl)
+		return
+	}
+	w.perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+		x := rl
+		x.Matches = []NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}, ports}
+		if len(s.Ports) == 0 {
+			x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].String() })
+		}
+		cw.add(x)
+	})
+}
+
+// dnsZoneMatches is what a DNS zone step matches: the owner, the interface, then the port (the
+// step's source port, DNS answers, or DNS queries).
+func dnsZoneMatches(s Step) []NFTMatch {
+	var ms []NFTMatch
+	switch s.Owner {
+	case OwnerUID:
+		ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
+	case OwnerGID:
+		ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
+	}
+	if s.Interface != "" {
+		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
+	}
+	switch {
+	case s.SPort != 0:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
+	case s.DNSAnswers:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
+	default:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
+	}
+	return ms
 }
 
 // NFTTPROXYDropName names the rule after a TPROXY rule, which drops what no transparent socket
@@ -463,34 +500,25 @@ const NFTTPROXYDropName = "drop-tproxy-without-listener"
 
 // perServer adds rl with matches ms, once, or, when the step lists nameservers, once per family
 // with nameservers, with the destination in the family's set of them.
-func (r *Ruleset) perServer(s Step, rl NFTRule, ms []NFTMatch, addSet func(string, NFTSetType, []NFTInterval) string, add func(NFTRule)) {
+func (w *nftWriter) perServer(cw *nftChainWriter, s Step, rl NFTRule, ms []NFTMatch) {
 	if len(s.Servers) == 0 {
 		rl.Matches = ms
-		add(rl)
+		cw.add(rl)
 		return
 	}
 	var hosts []netip.Prefix
 	for _, a := range s.Servers {
 		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
 	}
-	for _, f := range r.Families {
-		ps := Subnets(f, hosts)
-		if len(ps) == 0 {
-			continue
-		}
-		typ, suffix := NFTIPv4, "v4"
-		if f == IPv6 {
-			typ, suffix = NFTIPv6, "v6"
-		}
-		set := addSet("dns_servers_"+suffix, typ, prefixIntervals(ps))
+	w.perFamily("dns_servers", hosts, func(f Family, set string, ps []netip.Prefix) {
 		x := rl
 		x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].Addr().String() })
 		// The address match takes the place of the nfproto match, which it implies.
 		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
 			return m.Kind == NFTMatchNFProto
 		})...)
-		add(x)
-	}
+		cw.add(x)
+	})
 }
 
 // listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
