@@ -307,10 +307,6 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 		}
 	}
 	out := make([]XTRule, 0, n)
-	any := netip.IPv4Unspecified()
-	if f == IPv6 {
-		any = netip.IPv6Unspecified()
-	}
 	for _, c := range r.Plan() {
 		table := ""
 		if c.Table != TableNAT {
@@ -321,115 +317,144 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 			if s.In {
 				x.InInterface = s.Interface
 			}
-			switch s.Kind {
-			case StepIgnorePorts:
-				for _, g := range multiportGroups(s.Ports) {
-					x.TCP, x.MultiportDPorts, x.Comment = true, g, s.Comment(joinXTPorts(g))
-					out = append(out, x)
-				}
-			case StepIgnoreSubnets:
-				for _, p := range s.Subnets {
-					if !f.Contains(p) {
-						continue
-					}
-					y := x
-					if s.Source {
-						y.Source = p
-					} else {
-						y.Destination = p
-					}
-					y.Comment = s.Comment(p.String())
-					out = append(out, y)
-				}
-			case StepIgnoreUID:
-				x.UIDOwner, x.Comment = &s.ID, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreGID:
-				x.GIDOwner, x.Comment = &s.ID, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreInterface:
-				if !s.In {
-					x.OutInterface = s.Interface
-				}
-				x.Comment = s.Comment("")
-				out = append(out, x)
-			case StepRedirect:
-				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
-				if len(s.Ports) == 0 {
-					x.Comment = s.Comment("")
-					out = append(out, x)
-				}
-				for _, p := range s.Ports {
-					y := x
-					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
-					out = append(out, y)
-				}
-			case StepRedirectOutbound:
-				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
-				groups := multiportGroups(s.Ports)
-				if len(groups) == 0 {
-					groups = [][]PortRange{nil}
-				}
-				subnets := []netip.Prefix{{}}
-				if len(s.Subnets) > 0 {
-					subnets = Subnets(f, s.Subnets) // none in f: no rule redirects f
-				}
-				for _, p := range subnets {
-					for _, g := range groups {
-						y := x
-						y.Destination, y.MultiportDPorts = p, g
-						if len(g) > 0 {
-							y.Comment = s.Comment(joinXTPorts(g))
-						} else {
-							y.Comment = s.Comment(p.String())
-						}
-						out = append(out, y)
-					}
-				}
-			case StepRedirectDNS:
-				x.Target, x.ToPort = TargetRedirect, s.Port
-				x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
-				x.DPort = PortRange{First: DNSPort, Last: DNSPort}
-				out = appendPerServer(out, x, s, f)
-			case StepDNSZone:
-				x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
-				switch {
-				case s.SPort != 0:
-					x.SPort = PortRange{First: s.SPort, Last: s.SPort}
-				case s.DNSAnswers:
-					x.SPort = PortRange{First: DNSPort, Last: DNSPort}
-				default:
-					x.DPort = PortRange{First: DNSPort, Last: DNSPort}
-				}
-				switch s.Owner {
-				case OwnerUID:
-					x.UIDOwner = &s.ID
-				case OwnerGID:
-					x.GIDOwner = &s.ID
-				}
-				x.OutInterface = s.Interface
-				out = appendPerServer(out, x, s, f)
-			case StepDropInvalid:
-				x.TCP, x.CTState, x.Target, x.Comment = true, CTStateInvalid, TargetDrop, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreEstablished:
-				x.TCP, x.CTState, x.Comment = true, CTStateEstablished, s.Comment("")
-				out = append(out, x)
-			case StepTPROXY:
-				x.TCP, x.Target, x.ToPort, x.OnIP, x.Mark = true, TargetTPROXY, s.Port, any, s.Mark
-				if len(s.Ports) == 0 {
-					x.Comment = s.Comment("")
-					out = append(out, x)
-				}
-				for _, p := range s.Ports {
-					y := x
-					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
-					out = append(out, y)
-				}
-			}
+			out = appendXTStep(out, x, s, f)
 		}
 	}
 	return out
+}
+
+// appendXTStep appends the rules of step s for family f, each x (the chain, the arriving
+// interface, RETURN) with what the step adds.
+func appendXTStep(out []XTRule, x XTRule, s Step, f Family) []XTRule {
+	switch s.Kind {
+	case StepIgnorePorts:
+		for _, g := range multiportGroups(s.Ports) {
+			x.TCP, x.MultiportDPorts, x.Comment = true, g, s.Comment(joinXTPorts(g))
+			out = append(out, x)
+		}
+		return out
+	case StepIgnoreSubnets:
+		return appendIgnoreSubnets(out, x, s, f)
+	case StepIgnoreUID:
+		x.UIDOwner = &s.ID
+	case StepIgnoreGID:
+		x.GIDOwner = &s.ID
+	case StepIgnoreInterface:
+		if !s.In {
+			x.OutInterface = s.Interface
+		}
+	case StepRedirect:
+		x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+		return appendPerPort(out, x, s)
+	case StepRedirectOutbound:
+		x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+		return appendRedirectOutbound(out, x, s, f)
+	case StepRedirectDNS:
+		x.Target, x.ToPort = TargetRedirect, s.Port
+		x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
+		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+		return appendPerServer(out, x, s, f)
+	case StepDNSZone:
+		return appendPerServer(out, dnsZoneXT(x, s), s, f)
+	case StepDropInvalid:
+		x.TCP, x.CTState, x.Target = true, CTStateInvalid, TargetDrop
+	case StepIgnoreEstablished:
+		x.TCP, x.CTState = true, CTStateEstablished
+	case StepTPROXY:
+		x.TCP, x.Target, x.ToPort, x.Mark = true, TargetTPROXY, s.Port, s.Mark
+		x.OnIP = netip.IPv4Unspecified()
+		if f == IPv6 {
+			x.OnIP = netip.IPv6Unspecified()
+		}
+		return appendPerPort(out, x, s)
+	default:
+		return out
+	}
+	x.Comment = s.Comment("")
+	return append(out, x)
+}
+
+// appendIgnoreSubnets appends one rule per subnet of family f, matching it as the source or the
+// destination.
+func appendIgnoreSubnets(out []XTRule, x XTRule, s Step, f Family) []XTRule {
+	for _, p := range s.Subnets {
+		if !f.Contains(p) {
+			continue
+		}
+		y := x
+		if s.Source {
+			y.Source = p
+		} else {
+			y.Destination = p
+		}
+		y.Comment = s.Comment(p.String())
+		out = append(out, y)
+	}
+	return out
+}
+
+// appendPerPort appends x once, or, when the step lists ports, once per port (or range), named
+// after it.
+func appendPerPort(out []XTRule, x XTRule, s Step) []XTRule {
+	if len(s.Ports) == 0 {
+		x.Comment = s.Comment("")
+		return append(out, x)
+	}
+	for _, p := range s.Ports {
+		y := x
+		y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
+		out = append(out, y)
+	}
+	return out
+}
+
+// appendRedirectOutbound appends x once per pair of the step's subnets of family f and multiport
+// groups of its ports; an empty list counts as one item matching everything. A step with
+// subnets but none in f redirects nothing in f.
+func appendRedirectOutbound(out []XTRule, x XTRule, s Step, f Family) []XTRule {
+	groups := multiportGroups(s.Ports)
+	if len(groups) == 0 {
+		groups = [][]PortRange{nil}
+	}
+	subnets := []netip.Prefix{{}}
+	if len(s.Subnets) > 0 {
+		subnets = Subnets(f, s.Subnets)
+	}
+	for _, p := range subnets {
+		for _, g := range groups {
+			y := x
+			y.Destination, y.MultiportDPorts = p, g
+			if len(g) > 0 {
+				y.Comment = s.Comment(joinXTPorts(g))
+			} else {
+				y.Comment = s.Comment(p.String())
+			}
+			out = append(out, y)
+		}
+	}
+	return out
+}
+
+// dnsZoneXT is x moving the step's DNS packets into its conntrack zone: UDP by the step's source
+// port, DNS answers or DNS queries, of its owner, out of its interface.
+func dnsZoneXT(x XTRule, s Step) XTRule {
+	x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
+	switch {
+	case s.SPort != 0:
+		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
+	case s.DNSAnswers:
+		x.SPort = PortRange{First: DNSPort, Last: DNSPort}
+	default:
+		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+	}
+	switch s.Owner {
+	case OwnerUID:
+		x.UIDOwner = &s.ID
+	case OwnerGID:
+		x.GIDOwner = &s.ID
+	}
+	x.OutInterface = s.Interface
+	return x
 }
 
 // appendPerServer appends x once, or, when the step lists servers, once per server of family f
