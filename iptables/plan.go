@@ -235,124 +235,16 @@ func Chains() []PlanChain {
 func (r *Ruleset) Plan() []PlanChain {
 	all := Chains()
 	in, out, mangle, rawIn, rawOut := &all[0], &all[1], &all[2], &all[3], &all[4]
-
-	ifaces := func(c *PlanChain, inbound bool) {
-		for _, name := range r.IgnoreInterfaces {
-			c.Steps = append(c.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-interface-" + name, Interface: name, In: inbound})
-		}
-	}
-	inboundSkips := func(c *PlanChain) {
-		if len(r.InboundIgnorePorts) > 0 {
-			c.Steps = append(c.Steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.InboundIgnorePorts})
-		}
-		if len(r.InboundIgnoreSubnets) > 0 {
-			c.Steps = append(c.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.InboundIgnoreSubnets, Source: true})
-		}
-	}
-
 	if !r.TPROXY {
-		ifaces(in, true)
-		inboundSkips(in)
-		if len(r.RedirectPorts) == 0 {
-			in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-all-incoming-to-proxy-port", Port: r.InboundProxyPort})
-		} else {
-			in.Steps = append(in.Steps, Step{Kind: StepRedirect, Name: "redirect-port-", NameTail: "-to-proxy-port", Ports: r.RedirectPorts, Port: r.InboundProxyPort})
-		}
+		in.Steps = append(r.interfaceSteps(true), r.inboundSkipSteps()...)
+		in.Steps = append(in.Steps, r.inboundRedirectStep())
 	}
-
-	if r.DropInvalid || r.TPROXY {
-		ifaces(mangle, true)
-	}
-	if r.DropInvalid {
-		mangle.Steps = append(mangle.Steps, Step{Kind: StepDropInvalid, Name: "drop-invalid"})
-	}
-	if r.TPROXY {
-		// Connections between the pod's own sockets cross loopback, as with redirect.
-		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo", In: true})
-		// A virtual machine's outbound TCP is left to the nat chain, which reroutes it.
-		for _, name := range r.RerouteInterfaces {
-			mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreInterface, Name: RerouteInterfacePrefix + name, Interface: name, In: true})
-		}
-		inboundSkips(mangle)
-		mangle.Steps = append(mangle.Steps, Step{Kind: StepIgnoreEstablished, Name: "ignore-established"})
-		tp := Step{Kind: StepTPROXY, Name: "tproxy-all-incoming-to-proxy-port", Port: r.InboundProxyPort, Mark: TPROXYMark}
-		if len(r.RedirectPorts) > 0 {
-			tp.Name, tp.NameTail, tp.Ports = "tproxy-port-", "-to-proxy-port", r.RedirectPorts
-		}
-		mangle.Steps = append(mangle.Steps, tp)
-	}
-
-	type exempt struct {
-		name  string
-		owner Owner
-		id    uint32
-	}
-	var exempts []exempt
-	if r.ProxyUID >= 0 {
-		exempts = append(exempts, exempt{"proxy-user-id", OwnerUID, uint32(r.ProxyUID)})
-	}
-	if r.ProxyGID >= 0 {
-		exempts = append(exempts, exempt{"proxy-group-id", OwnerGID, uint32(r.ProxyGID)})
-	}
-	for _, id := range r.IgnoreUIDs {
-		exempts = append(exempts, exempt{"user-id-" + strconv.FormatUint(uint64(id), 10), OwnerUID, id})
-	}
-	for _, id := range r.IgnoreGIDs {
-		exempts = append(exempts, exempt{"group-id-" + strconv.FormatUint(uint64(id), 10), OwnerGID, id})
-	}
-	for _, e := range exempts {
-		kind := StepIgnoreUID
-		if e.owner == OwnerGID {
-			kind = StepIgnoreGID
-		}
-		out.Steps = append(out.Steps, Step{Kind: kind, Name: "ignore-" + e.name, ID: e.id})
-	}
-	ifaces(out, false)
+	mangle.Steps = r.mangleSteps()
+	exempts := r.exemptions()
+	out.Steps = r.outboundSteps(exempts)
 	if r.DNSPort != 0 {
-		for _, proto := range []string{"udp", "tcp"} {
-			dns := Step{Kind: StepRedirectDNS, Name: "redirect-dns-" + proto, Proto: proto, Servers: r.DNSServers, Port: r.DNSPort}
-			if len(r.DNSServers) > 0 {
-				dns.Name += "-"
-			}
-			out.Steps = append(out.Steps, dns)
-		}
-
-		// The zones: the first that matches holds (the zone is set once, before conntrack).
-		for _, e := range exempts {
-			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-" + e.name, Owner: e.owner, ID: e.id, Zone: ZoneDirect})
-		}
-		for _, name := range r.IgnoreInterfaces {
-			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-interface-" + name, Interface: name, Zone: ZoneDirect})
-		}
-		rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-proxy-answers", SPort: r.DNSPort, Zone: ZoneCaptured})
-		captured := Step{Kind: StepDNSZone, Name: "dns-zone-captured", Servers: r.DNSServers, Zone: ZoneCaptured}
-		if len(r.DNSServers) > 0 {
-			captured.Name += "-"
-		}
-		rawOut.Steps = append(rawOut.Steps, captured)
-		if len(r.DNSServers) > 0 {
-			rawOut.Steps = append(rawOut.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-not-captured", Zone: ZoneDirect})
-		}
-		rawIn.Steps = append(rawIn.Steps, Step{Kind: StepDNSZone, Name: "dns-zone-nameserver-answers", DNSAnswers: true, Zone: ZoneDirect})
+		rawOut.Steps, rawIn.Steps = r.dnsZoneSteps(exempts)
 	}
-	out.Steps = append(out.Steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo"})
-	if len(r.OutboundIgnorePorts) > 0 {
-		out.Steps = append(out.Steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.OutboundIgnorePorts})
-	}
-	if len(r.OutboundIgnoreSubnets) > 0 {
-		out.Steps = append(out.Steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.OutboundIgnoreSubnets})
-	}
-	switch {
-	case len(r.OutboundRedirectPorts) > 0:
-		out.Steps = append(out.Steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-port-", NameTail: "-to-proxy-port",
-			Ports: r.OutboundRedirectPorts, Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
-	case len(r.OutboundRedirectSubnets) > 0:
-		out.Steps = append(out.Steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-subnet-", NameTail: "-to-proxy-port",
-			Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
-	default:
-		out.Steps = append(out.Steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
-	}
-
 	r.reroute(in, out.Steps)
 
 	chains := all[:2]
@@ -362,6 +254,149 @@ func (r *Ruleset) Plan() []PlanChain {
 		}
 	}
 	return chains
+}
+
+// interfaceSteps ignore the interfaces to ignore, as the one a packet arrives on (inbound) or
+// leaves by.
+func (r *Ruleset) interfaceSteps(inbound bool) []Step {
+	var steps []Step
+	for _, name := range r.IgnoreInterfaces {
+		steps = append(steps, Step{Kind: StepIgnoreInterface, Name: "ignore-interface-" + name, Interface: name, In: inbound})
+	}
+	return steps
+}
+
+// inboundSkipSteps ignore the inbound ports and source subnets to ignore.
+func (r *Ruleset) inboundSkipSteps() []Step {
+	var steps []Step
+	if len(r.InboundIgnorePorts) > 0 {
+		steps = append(steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.InboundIgnorePorts})
+	}
+	if len(r.InboundIgnoreSubnets) > 0 {
+		steps = append(steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.InboundIgnoreSubnets, Source: true})
+	}
+	return steps
+}
+
+// inboundRedirectStep redirects inbound TCP, to every port or the ports to redirect, to the
+// inbound proxy port.
+func (r *Ruleset) inboundRedirectStep() Step {
+	if len(r.RedirectPorts) == 0 {
+		return Step{Kind: StepRedirect, Name: "redirect-all-incoming-to-proxy-port", Port: r.InboundProxyPort}
+	}
+	return Step{Kind: StepRedirect, Name: "redirect-port-", NameTail: "-to-proxy-port", Ports: r.RedirectPorts, Port: r.InboundProxyPort}
+}
+
+// mangleSteps are the mangle chain's: the INVALID drop, and inbound TPROXY with its skips.
+func (r *Ruleset) mangleSteps() []Step {
+	var steps []Step
+	if r.DropInvalid || r.TPROXY {
+		steps = r.interfaceSteps(true)
+	}
+	if r.DropInvalid {
+		steps = append(steps, Step{Kind: StepDropInvalid, Name: "drop-invalid"})
+	}
+	if !r.TPROXY {
+		return steps
+	}
+	// Connections between the pod's own sockets cross loopback, as with redirect.
+	steps = append(steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo", In: true})
+	// A virtual machine's outbound TCP is left to the nat chain, which reroutes it.
+	for _, name := range r.RerouteInterfaces {
+		steps = append(steps, Step{Kind: StepIgnoreInterface, Name: RerouteInterfacePrefix + name, Interface: name, In: true})
+	}
+	steps = append(steps, r.inboundSkipSteps()...)
+	steps = append(steps, Step{Kind: StepIgnoreEstablished, Name: "ignore-established"})
+	tp := Step{Kind: StepTPROXY, Name: "tproxy-all-incoming-to-proxy-port", Port: r.InboundProxyPort, Mark: TPROXYMark}
+	if len(r.RedirectPorts) > 0 {
+		tp.Name, tp.NameTail, tp.Ports = "tproxy-port-", "-to-proxy-port", r.RedirectPorts
+	}
+	return append(steps, tp)
+}
+
+// exemption is a user or group whose traffic goes out as it is: the proxy's, or one to ignore.
+type exemption struct {
+	name  string
+	owner Owner
+	id    uint32
+}
+
+func (r *Ruleset) exemptions() []exemption {
+	var exempts []exemption
+	if r.ProxyUID >= 0 {
+		exempts = append(exempts, exemption{"proxy-user-id", OwnerUID, uint32(r.ProxyUID)})
+	}
+	if r.ProxyGID >= 0 {
+		exempts = append(exempts, exemption{"proxy-group-id", OwnerGID, uint32(r.ProxyGID)})
+	}
+	for _, id := range r.IgnoreUIDs {
+		exempts = append(exempts, exemption{"user-id-" + strconv.FormatUint(uint64(id), 10), OwnerUID, id})
+	}
+	for _, id := range r.IgnoreGIDs {
+		exempts = append(exempts, exemption{"group-id-" + strconv.FormatUint(uint64(id), 10), OwnerGID, id})
+	}
+	return exempts
+}
+
+// outboundSteps are the outbound chain's: the exemptions, the ignored interfaces, DNS capture,
+// loopback, the ignore lists, then the redirect to the outbound proxy port.
+func (r *Ruleset) outboundSteps(exempts []exemption) []Step {
+	var steps []Step
+	for _, e := range exempts {
+		kind := StepIgnoreUID
+		if e.owner == OwnerGID {
+			kind = StepIgnoreGID
+		}
+		steps = append(steps, Step{Kind: kind, Name: "ignore-" + e.name, ID: e.id})
+	}
+	steps = append(steps, r.interfaceSteps(false)...)
+	if r.DNSPort != 0 {
+		for _, proto := range []string{"udp", "tcp"} {
+			dns := Step{Kind: StepRedirectDNS, Name: "redirect-dns-" + proto, Proto: proto, Servers: r.DNSServers, Port: r.DNSPort}
+			if len(r.DNSServers) > 0 {
+				dns.Name += "-"
+			}
+			steps = append(steps, dns)
+		}
+	}
+	steps = append(steps, Step{Kind: StepIgnoreInterface, Name: "ignore-loopback", Interface: "lo"})
+	if len(r.OutboundIgnorePorts) > 0 {
+		steps = append(steps, Step{Kind: StepIgnorePorts, Name: "ignore-port-", Ports: r.OutboundIgnorePorts})
+	}
+	if len(r.OutboundIgnoreSubnets) > 0 {
+		steps = append(steps, Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-", Subnets: r.OutboundIgnoreSubnets})
+	}
+	switch {
+	case len(r.OutboundRedirectPorts) > 0:
+		return append(steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-port-", NameTail: "-to-proxy-port",
+			Ports: r.OutboundRedirectPorts, Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
+	case len(r.OutboundRedirectSubnets) > 0:
+		return append(steps, Step{Kind: StepRedirectOutbound, Name: "redirect-outbound-subnet-", NameTail: "-to-proxy-port",
+			Subnets: r.OutboundRedirectSubnets, Port: r.OutboundProxyPort})
+	}
+	return append(steps, Step{Kind: StepRedirect, Name: "redirect-all-outgoing-to-proxy-port", Port: r.OutboundProxyPort})
+}
+
+// dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
+// zones. The first that matches holds (the zone is set once, before conntrack).
+func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
+	for _, e := range exempts {
+		output = append(output, Step{Kind: StepDNSZone, Name: "dns-zone-" + e.name, Owner: e.owner, ID: e.id, Zone: ZoneDirect})
+	}
+	for _, name := range r.IgnoreInterfaces {
+		output = append(output, Step{Kind: StepDNSZone, Name: "dns-zone-interface-" + name, Interface: name, Zone: ZoneDirect})
+	}
+	output = append(output, Step{Kind: StepDNSZone, Name: "dns-zone-proxy-answers", SPort: r.DNSPort, Zone: ZoneCaptured})
+	captured := Step{Kind: StepDNSZone, Name: "dns-zone-captured", Servers: r.DNSServers, Zone: ZoneCaptured}
+	if len(r.DNSServers) > 0 {
+		captured.Name += "-"
+	}
+	output = append(output, captured)
+	if len(r.DNSServers) > 0 {
+		output = append(output, Step{Kind: StepDNSZone, Name: "dns-zone-not-captured", Zone: ZoneDirect})
+	}
+	prerouting = []Step{{Kind: StepDNSZone, Name: "dns-zone-nameserver-answers", DNSAnswers: true, Zone: ZoneDirect}}
+	return output, prerouting
 }
 
 // ReroutePrefix starts the names of a rerouted interface's steps: the outbound step's name follows.
