@@ -304,15 +304,16 @@ func (r *Ruleset) NFT() NFTTable {
 			cw.ch.Type = c.Table.ChainType
 		}
 		for _, s := range c.Steps {
+			sc := s.Common()
 			dir := c.Direction
-			if s.Direction != "" {
-				dir = s.Direction
+			if sc.Direction != "" {
+				dir = sc.Direction
 			}
 			cw.iif = nil
-			if s.In && s.Kind != StepIgnoreInterface {
-				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: s.Interface}}
+			if sc.Arriving != "" {
+				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: sc.Arriving}}
 			}
-			w.step(cw, dir, s)
+			s.nftRules(w, cw, dir)
 		}
 		w.t.Chains = append(w.t.Chains, cw.ch)
 	}
@@ -366,167 +367,12 @@ func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family
 	}
 }
 
-// redirectPorts is the port match of a redirecting step: any TCP port, or, when the step lists
-// ports, the direction's set of them, whose list then names the rule.
-func (w *nftWriter) redirectPorts(dir string, s Step, rl *NFTRule) NFTMatch {
-	if len(s.Ports) == 0 {
-		return NFTMatch{Kind: NFTMatchTCP}
-	}
-	rl.Comment = portsComment(s)
-	return NFTMatch{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
-}
-
-func portsComment(s Step) string {
-	return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
-}
-
-// step adds the rules of one step to cw.
-func (w *nftWriter) step(cw *nftChainWriter, dir string, s Step) {
-	rl := NFTRule{Comment: s.Comment("")}
-	switch s.Kind {
-	case StepIgnorePorts:
-		rl.Comment = portsComment(s)
-		rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))}}
-	case StepIgnoreSubnets:
-		w.ignoreSubnets(cw, dir, s)
-		return
-	case StepIgnoreUID:
-		rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
-	case StepIgnoreGID:
-		rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
-	case StepIgnoreInterface:
-		kind := NFTMatchOIFName
-		if s.In {
-			kind = NFTMatchIIFName
-		}
-		rl.Matches = []NFTMatch{{Kind: kind, Name: s.Interface}}
-	case StepRedirect:
-		rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-		rl.Matches = w.acting(w.redirectPorts(dir, s, &rl))
-	case StepRedirectOutbound:
-		w.redirectOutbound(cw, dir, s, rl)
-		return
-	case StepRedirectDNS:
-		rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-		port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
-		if s.Proto == "tcp" {
-			port.Kind = NFTMatchTCPDPort
-		}
-		w.perServer(cw, s, rl, w.acting(port))
-		return
-	case StepDNSZone:
-		rl.Verdict, rl.Zone = NFTZone, s.Zone
-		w.perServer(cw, s, rl, w.acting(dnsZoneMatches(s)...))
-		return
-	case StepDropInvalid:
-		rl.Verdict = NFTDrop
-		rl.Matches = w.acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})
-	case StepIgnoreEstablished:
-		rl.Matches = []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}
-	case StepTPROXY:
-		rl.Verdict, rl.RedirectPort, rl.Mark = NFTTPROXY, s.Port, s.Mark
-		if len(w.only4) > 0 {
-			rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
-		}
-		rl.Matches = w.acting(w.redirectPorts(dir, s, &rl))
-		cw.add(rl)
-		rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
-	}
-	cw.add(rl)
-}
-
-// ignoreSubnets adds one rule per family with subnets in the list, matching the family's set of
-// them (sources or destinations).
-func (w *nftWriter) ignoreSubnets(cw *nftChainWriter, dir string, s Step) {
-	kind := NFTMatchDAddrSet
-	if s.Source {
-		kind = NFTMatchSAddrSet
-	}
-	w.perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-		cw.add(NFTRule{
-			Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
-			Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
-		})
-	})
-}
-
-// redirectOutbound adds rl redirecting the step's ports, to every destination or, when the step
-// lists subnets, once per family to the family's set of them.
-func (w *nftWriter) redirectOutbound(cw *nftChainWriter, dir string, s Step, rl NFTRule) {
-	rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-	ports := w.redirectPorts(dir, s, &rl)
-	if len(s.Subnets) == 0 {
-		rl.Matches = w.acting(ports)
-		cw.add(rl)
-		return
-	}
-	w.perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-		x := rl
-		x.Matches = []NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}, ports}
-		if len(s.Ports) == 0 {
-			x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].String() })
-		}
-		cw.add(x)
-	})
-}
-
-// dnsZoneMatches is what a DNS zone step matches: the owner, the interface, then the port (the
-// step's source port, DNS answers, or DNS queries).
-func dnsZoneMatches(s Step) []NFTMatch {
-	var ms []NFTMatch
-	switch s.Owner {
-	case OwnerUID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
-	case OwnerGID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
-	}
-	if s.Interface != "" {
-		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
-	}
-	switch {
-	case s.SPort != 0:
-		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
-	case s.DNSAnswers:
-		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
-	default:
-		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
-	}
-	return ms
-}
-
-// NFTTPROXYDropName names the rule after a TPROXY rule, which drops what no transparent socket
-// took: iptables' TPROXY target drops it itself.
-const NFTTPROXYDropName = "drop-tproxy-without-listener"
-
-// perServer adds rl with matches ms, once, or, when the step lists nameservers, once per family
-// with nameservers, with the destination in the family's set of them.
-func (w *nftWriter) perServer(cw *nftChainWriter, s Step, rl NFTRule, ms []NFTMatch) {
-	if len(s.Servers) == 0 {
-		rl.Matches = ms
-		cw.add(rl)
-		return
-	}
-	var hosts []netip.Prefix
-	for _, a := range s.Servers {
-		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
-	}
-	w.perFamily("dns_servers", hosts, func(f Family, set string, ps []netip.Prefix) {
-		x := rl
-		x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].Addr().String() })
-		// The address match takes the place of the nfproto match, which it implies.
-		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
-			return m.Kind == NFTMatchNFProto
-		})...)
-		cw.add(x)
-	})
-}
-
 // listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
 // like the iptables comment of a rule covering the same list. Lists too long for a comment are
 // cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
 // items that can appear are rendered: lists may hold thousands of subnets.
-func listComment(s Step, n int, item func(int) string) string {
-	prefix, suffix := s.Name, s.NameTail
+func listComment(c StepCommon, n int, item func(int) string) string {
+	prefix, suffix := c.Name, c.NameTail
 	head := CommentPrefix + prefix
 	var items []string
 	size := 0
