@@ -10,6 +10,10 @@
 // staged, not untracked files (.gitignore keeps the usual build outputs out). The function-length
 // check walks the work tree instead, so a new file counts before it is committed. The plain-build
 // check needs the Go toolchain, and root for its one real write.
+//
+// TestProductFuncLength: no function or function literal outside _test.go files, test/, tools/,
+// the test harnesses and the release tooling (notProduct) has a body over MaxFuncLines; it names
+// each one that does, with its file and length.
 package hygiene
 
 // MaxFileSize is the largest file tracked outside testdata. Real sources and manifests are a few
