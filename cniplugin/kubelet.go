@@ -133,7 +133,10 @@ func (k *kubeletClient) roundTrip(ctx context.Context, method string, req []byte
 	}
 	// A call that fails at once is answered with its status in the headers, and no message.
 	if st := resp.Header.Get("Grpc-Status"); st != "" {
-		return nil, grpcStatus(st, resp.Header.Get("Grpc-Message"))
+		if err := grpcStatus(st, resp.Header.Get("Grpc-Message")); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("grpc-status OK and no message")
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/grpc" && ct != "application/grpc+proto" {
 		return nil, fmt.Errorf("content-type %q, want application/grpc", ct)

@@ -355,6 +355,7 @@ func TestKubeletClientBadAnswers(t *testing.T) {
 			"gRPC status Unavailable: restarting"},
 		{"status only, in the headers", 200, "application/grpc", nil, nil, map[string]string{"Grpc-Status": "7", "Grpc-Message": "not%20root"},
 			"gRPC status PermissionDenied: not root"},
+		{"OK and no message", 200, "application/grpc", nil, nil, map[string]string{"Grpc-Status": "0"}, "grpc-status OK and no message"},
 		{"a status beyond gRPC's", 200, "application/grpc", nil, nil, map[string]string{"Grpc-Status": "99"}, "gRPC status code 99"},
 		{"a status that is no number", 200, "application/grpc", nil, nil, map[string]string{"Grpc-Status": "bad"}, `grpc-status "bad" is not a number`},
 		{"HTTP error", 503, "text/plain", []byte("busy"), nil, nil, "HTTP status 503, want 200"},
@@ -560,4 +561,52 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzDecodeKubeletPod: the decoder never panics on what a socket may send, and whatever both it
+// and the generated code (k8s.io/api's Unmarshal, the kubelet's own reader) accept, they read alike.
+func FuzzDecodeKubeletPod(f *testing.F) {
+	f.Add(marshalPod(f, realPod("api-0", "1", map[string]string{AnnotationSkipOutboundPorts: "3306"})))
+	f.Add([]byte{0x0a, 0x05, 'a'})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := decodePod(b)
+		var want corev1.Pod
+		if err != nil || want.Unmarshal(b) != nil {
+			return
+		}
+		if got.Name != want.Name || got.Namespace != want.Namespace || got.uid != string(want.UID) || got.deleting != (want.DeletionTimestamp != nil) ||
+			!equalMaps(got.Labels, want.Labels) || !equalMaps(got.Annotations, want.Annotations) ||
+			!sameContainers(got.Spec.InitContainers, want.Spec.InitContainers) || !sameContainers(got.Spec.Containers, want.Spec.Containers) {
+			t.Fatalf("%x: decoded %+v, the generated code %+v", b, got, &want)
+		}
+	})
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func sameContainers(got []Container, want []corev1.Container) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i, c := range want {
+		policy := ""
+		if c.RestartPolicy != nil {
+			policy = string(*c.RestartPolicy)
+		}
+		if got[i].Name != c.Name || got[i].RestartPolicy != policy {
+			return false
+		}
+	}
+	return true
 }
