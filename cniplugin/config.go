@@ -68,6 +68,11 @@ type Kubernetes struct {
 	// how long the API server may refuse the plugin's credentials before STATUS fails
 	// (refused.go). Zero means DefaultStatusUnauthorizedAfter.
 	StatusUnauthorizedAfter time.Duration
+	// KubeletPodsSocket is kubernetes.kubelet-pods-socket (new key): the kubelet's pods API
+	// socket on the node, where the plugin reads the pod when the node agent does not give it
+	// (kubelet.go). Absent means DefaultKubeletPodsSocket; "" never asks the kubelet. The chart
+	// writes it only for a kubeletRootDir other than the kubelet's default.
+	KubeletPodsSocket string
 }
 
 // Agent is the "agent" block (new): where the node agent answers (agent.go).
@@ -229,6 +234,8 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 	d.duration(k8s, "kubernetes.", "timeout", &conf.Kubernetes.Timeout, "5s")
 	d.duration(k8s, "kubernetes.", "status-unauthorized-after", &conf.Kubernetes.StatusUnauthorizedAfter, "5m")
+	conf.Kubernetes.KubeletPodsSocket = DefaultKubeletPodsSocket
+	d.get(k8s, "kubernetes.", "kubelet-pods-socket", &conf.Kubernetes.KubeletPodsSocket, "a string")
 
 	conf.Agent.Socket = DefaultAgentSocket
 	ag := d.object(top, "", "agent")
@@ -319,6 +326,9 @@ func (c *NetConf) validate() []badinput.Problem {
 	}
 	if s := c.Agent.Socket; s != "" && !filepath.IsAbs(s) {
 		bad("agent.socket", s, "not an absolute path")
+	}
+	if s := c.Kubernetes.KubeletPodsSocket; s != "" && !filepath.IsAbs(s) {
+		bad("kubernetes.kubelet-pods-socket", s, "not an absolute path")
 	}
 	if c.Kubernetes.Kubeconfig == "" {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
