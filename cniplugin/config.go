@@ -213,6 +213,15 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 
 	d := &decoder{}
+	d.topLevel(top, conf, strict)
+	d.kubernetesAndAgent(top, conf)
+	d.linkerd(d.object(top, "", "linkerd"), &conf.Linkerd)
+	return conf, d.probs, nil
+}
+
+// topLevel decodes the keys beside the nested objects: logging, exclusions, the ceilings on what
+// annotations may ask for and the state directory.
+func (d *decoder) topLevel(top map[string]json.RawMessage, conf *NetConf, strict bool) {
 	d.get(top, "", "log_level", &conf.LogLevel, "a string")
 	d.get(top, "", "log_file", &conf.LogFile, "a string")
 	d.get(top, "", "exclude-namespaces", &conf.ExcludeNamespaces, "a list of namespace names")
@@ -225,6 +234,11 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
 
+}
+
+// kubernetesAndAgent decodes where the plugin reads pods from: the API (kubernetes), the kubelet
+// and the node agent.
+func (d *decoder) kubernetesAndAgent(top map[string]json.RawMessage, conf *NetConf) {
 	k8s := d.object(top, "", "kubernetes")
 	d.get(k8s, "kubernetes.", "kubeconfig", &conf.Kubernetes.Kubeconfig, "a string")
 	d.get(k8s, "kubernetes.", "k8s_api_root", &conf.Kubernetes.APIRoot, "a string")
@@ -241,9 +255,10 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	ag := d.object(top, "", "agent")
 	d.get(ag, "agent.", "socket", &conf.Agent.Socket, "a string")
 	d.duration(ag, "agent.", "timeout", &conf.Agent.Timeout, "3s")
+}
 
-	l := &conf.Linkerd
-	ld := d.object(top, "", "linkerd")
+// linkerd decodes the linkerd object: Linkerd's own keys, then the features beyond them.
+func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	const lp = "linkerd."
 	d.get(ld, lp, iptables.FieldInboundProxyPort, &l.IncomingProxyPort, "an integer")
 	d.get(ld, lp, iptables.FieldOutboundProxyPort, &l.OutgoingProxyPort, "an integer")
@@ -281,7 +296,6 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	d.ids(ld, lp, iptables.FieldGIDsToIgnore, &l.GIDsToIgnore)
 	d.get(ld, lp, iptables.FieldDropInvalid, &l.DropInvalid, "true or false")
 	d.get(ld, lp, iptables.FieldRerouteVirtualInterfaces, &l.RerouteVirtualInterfaces, "a list of interface names")
-	return conf, d.probs, nil
 }
 
 // ipv6 decodes the ipv6 key: a JSON boolean, as Linkerd has it, or the string "auto".
