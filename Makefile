@@ -17,7 +17,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace qemu-user-static
 # e2e-runtime).
 E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit vet fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit race vet lint fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
 
 all: build
 
@@ -136,6 +136,15 @@ vet:
 	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
 	$(GO) vet -tags e2e,e2ebench ./test/e2e/
 
+# lint runs staticcheck (honnef.co/go/tools, pinned as a tool in go.mod like deadcode, so every
+# machine runs the same checks) with its default checks, over the builds vet checks: ./..., the
+# node's -tags pluginonly plugin and the end-to-end tests. It fails on any finding; its cache
+# (~/.cache/staticcheck) makes a second run on an unchanged tree take seconds.
+lint:
+	$(GO) tool staticcheck ./...
+	$(GO) tool staticcheck -tags pluginonly ./cmd/linkerd-cni/
+	$(GO) tool staticcheck -tags e2e,e2ebench ./test/e2e/
+
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
@@ -171,7 +180,7 @@ fmt-check:
 # with small counts (they print their figures). -p 1 keeps the root integration suites
 # (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet tidy-check deadcode vulncheck
+test: deps kube-bins fmt-check vet lint tidy-check deadcode vulncheck
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 

@@ -290,7 +290,7 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 }
 
 var loopbackConf = func() *libcni.PluginConfig {
-	c, err := libcni.ConfFromBytes([]byte(`{"cniVersion":"1.1.0","name":"cni-loopback","type":"loopback"}`))
+	c, err := libcni.NetworkPluginConfFromBytes([]byte(`{"cniVersion":"1.1.0","name":"cni-loopback","type":"loopback"}`))
 	if err != nil {
 		panic(err)
 	}

@@ -127,14 +127,15 @@ func testAgentHealsInPlace(t *testing.T, c *Cluster) {
 				return false, err
 			}
 			for j := range l.Items {
-				p := &l.Items[j]
-				if p.UID != failed[i] {
+				if p := &l.Items[j]; p.UID != failed[i] {
 					return false, fmt.Errorf("pod %s (%s) replaced the failed one: it was deleted", p.Name, p.UID)
 				}
-				pod = p
-				return podReady(p) && exitCode(p, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(p))
 			}
-			return false, fmt.Errorf("%d pods", len(l.Items))
+			if len(l.Items) != 1 {
+				return false, fmt.Errorf("%d pods", len(l.Items))
+			}
+			pod = &l.Items[0]
+			return podReady(pod) && exitCode(pod, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(pod))
 		})
 		if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 			t.Errorf("no rules in the healed pod's network namespace on %s", n.Name)
