@@ -419,7 +419,7 @@ func (n *node) logTail(containerID string) string {
 	}
 	var lines []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "containerID="+containerID) {
+		if strings.Contains(l, "container_id="+containerID) {
 			lines = append(lines, l)
 		}
 	}

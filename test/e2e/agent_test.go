@@ -282,12 +282,12 @@ func testPluginLogs(t *testing.T, c *Cluster) {
 	for i, n := range c.Nodes {
 		ns := nodeNamespace("e2e-logs", n)
 		pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
-		added := `msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=`
+		added := `msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` container_id=`
 		m := regexp.MustCompile(added + `([0-9a-f]{64})`).FindStringSubmatch(n.ContainerdLog(t))
 		if m == nil {
 			t.Fatalf("no ADD of the plugin for pod %s in containerd's log on %s", pod.Name, n.Name)
 		}
-		want := regexp.MustCompile(added + m[1] + ` .*apiRequests=0`)
+		want := regexp.MustCompile(added + m[1] + ` .*api_requests=0`)
 		waitFor(ctx, t, 30*time.Second, "the plugin's ADD in the agent's log on "+n.Name, func(context.Context) (bool, error) {
 			return want.MatchString(podLog(t, c, ds[i], agentContainer)), fmt.Errorf("no line matching %s", want)
 		})

@@ -91,9 +91,9 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if !strings.Contains(agentLog, `msg="pod looked up from the kubelet's pods API"`) || !strings.Contains(agentLog, "pod="+ns+"/"+pod.Name+" uid="+string(pod.UID)+" command=ADD synced=false") {
 		t.Errorf("the restarted agent did not read pod %s from the kubelet before its watches synced:\n%s", pod.Name, agentLog)
 	}
-	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of pod %s with source=kubelet apiRequests=0 in containerd's log on %s", pod.Name, n.Name)
+		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", pod.Name, n.Name)
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
@@ -143,9 +143,9 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
 		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
 	}
-	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)
+		t.Errorf("no ADD of static pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
 	}
 	stopped = false
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
