@@ -180,7 +180,7 @@ fmt-check:
 # with small counts (they print their figures). -p 1 keeps the root integration suites
 # (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet lint tidy-check deadcode vulncheck
+test: deps kube-bins fmt-check vet lint tidy-check deadcode vulncheck race
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
@@ -207,6 +207,15 @@ e2e-bench: e2e-deps e2e-runtime kube-bins kube-node images
 e2e-ci:
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory e2e E2E_RUNTIME=containerd1 E2E_RUN='$(E2E_CONTAINERD1_RUN)'
+
+# race runs the unit tests (-short: no kube-apiserver) of the packages that run goroutines under
+# the race detector: the node agent (informers, the socket server, audit workers), the installer
+# (watches, the admin server), the repair controller, the plugin's agent client and the wire
+# protocol, and the Runner (its locks and fallbacks). make test runs it before the other tests.
+RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/backend/
+race: export PATH := $(PATH):/usr/sbin:/sbin
+race:
+	$(GO) test -race -short -count=1 $(RACE_PKGS)
 
 # unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
 # user.
