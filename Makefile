@@ -211,8 +211,9 @@ e2e-ci:
 # race runs the unit tests (-short: no kube-apiserver) of the packages that run goroutines under
 # the race detector: the node agent (informers, the socket server, audit workers), the installer
 # (watches, the admin server), the repair controller, the plugin's agent client and the wire
-# protocol, and the Runner (its locks and fallbacks). make test runs it before the other tests.
-RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/backend/
+# protocol, the Runner (its locks and fallbacks) and the validator (its listener and dialer). make
+# test runs it before the other tests.
+RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/backend/ ./validator/
 race: export PATH := $(PATH):/usr/sbin:/sbin
 race:
 	$(GO) test -race -short -count=1 $(RACE_PKGS)
