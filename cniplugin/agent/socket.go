@@ -202,7 +202,7 @@ func (a *Agent) kubeletAnswered(req wire.Request, r wire.Reply) {
 	}
 	args := []any{"pod", req.Namespace + "/" + req.Name, "uid", req.UID, "command", req.Command, "synced", a.synced.Load()}
 	if r.NamespaceError != "" {
-		args = append(args, "namespaceError", r.NamespaceError)
+		args = append(args, "namespace_error", r.NamespaceError)
 	}
 	a.log.Info("pod looked up from the kubelet's pods API", args...)
 }

@@ -42,8 +42,10 @@ type logKey struct {
 // logKeys returns the string-literal keys of the slog calls in one Go file. It reads syntax
 // only, no types: a call counts when its method is one of keyArgsFrom's (on any receiver but an
 // imported package other than log/slog, such as http.Error, and the *testing.T, B, F or TB
-// parameters of the file), or log/slog's attribute constructors, or a slog.Attr literal. Keys
-// that are not literals (a constant, a helper that appends pairs) are not seen.
+// parameters of the file), or log/slog's attribute constructors, or a slog.Attr literal, or a
+// []any literal given a name, and the appends to that name (pairs built up for a log call). Keys
+// that are not literals (a constant), or that pass through a helper's ...any parameter, are not
+// seen.
 func logKeys(fset *token.FileSet, f *ast.File) []logKey {
 	slogName, imported := "", map[string]bool{}
 	for _, imp := range f.Imports {
@@ -79,6 +81,19 @@ func logKeys(fset *token.FileSet, f *ast.File) []logKey {
 		sel, ok := c.Fun.(*ast.SelectorExpr)
 		return ok && isSlog(sel)
 	}
+	// pairSlices are the names given a []any literal (`args := []any{"pod", name}`): slices of
+	// pairs built up for a log call, whose appends add pairs too.
+	pairSlices := map[string]bool{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		if as, ok := n.(*ast.AssignStmt); ok && len(as.Lhs) == len(as.Rhs) {
+			for i, rhs := range as.Rhs {
+				if id, ok := as.Lhs[i].(*ast.Ident); ok && isAnySliceLit(rhs) {
+					pairSlices[id.Name] = true
+				}
+			}
+		}
+		return true
+	})
 	var keys []logKey
 	literal := func(e ast.Expr) {
 		if l, ok := e.(*ast.BasicLit); ok && l.Kind == token.STRING {
@@ -100,7 +115,23 @@ func logKeys(fset *token.FileSet, f *ast.File) []logKey {
 					}
 				}
 			}
+		case *ast.AssignStmt:
+			for i, rhs := range n.Rhs {
+				if id, ok := n.Lhs[min(i, len(n.Lhs)-1)].(*ast.Ident); ok && pairSlices[id.Name] && isAnySliceLit(rhs) {
+					for j := 0; j < len(rhs.(*ast.CompositeLit).Elts); j += 2 {
+						literal(rhs.(*ast.CompositeLit).Elts[j])
+					}
+				}
+			}
 		case *ast.CallExpr:
+			if fn, ok := n.Fun.(*ast.Ident); ok && fn.Name == "append" && len(n.Args) > 1 {
+				if x, ok := n.Args[0].(*ast.Ident); ok && pairSlices[x.Name] {
+					for i := 1; i < len(n.Args); i += 2 {
+						literal(n.Args[i])
+					}
+				}
+				return true
+			}
 			sel, ok := n.Fun.(*ast.SelectorExpr)
 			if !ok {
 				return true
@@ -129,6 +160,25 @@ func logKeys(fset *token.FileSet, f *ast.File) []logKey {
 		return true
 	})
 	return keys
+}
+
+// isAnySliceLit says whether e is a []any (or []interface{}) literal.
+func isAnySliceLit(e ast.Expr) bool {
+	c, ok := e.(*ast.CompositeLit)
+	if !ok {
+		return false
+	}
+	arr, ok := c.Type.(*ast.ArrayType)
+	if !ok || arr.Len != nil {
+		return false
+	}
+	switch elt := arr.Elt.(type) {
+	case *ast.Ident:
+		return elt.Name == "any"
+	case *ast.InterfaceType:
+		return len(elt.Methods.List) == 0
+	}
+	return false
 }
 
 // isTestingType says whether a parameter's type is *testing.T, *testing.B, *testing.F or
@@ -181,6 +231,11 @@ func f(log *slog.Logger, w http.ResponseWriter, t *testing.T) {
 	http.Error(w, "The API server is down", 503)
 	t.Error("got", "NotAKey")
 	log.Error("m", "error", nil)
+	args := []any{"pod", "web", "namespaceError", "x"}
+	args = append(args, "retry_in", 1, "hintText", "y")
+	log.Info("m", args...)
+	argv := []string{"-w"}
+	argv = append(argv, "--Wait", "1")
 }
 `
 	got, err := logKeyProblems("p.go", []byte(src))
@@ -195,6 +250,8 @@ func f(log *slog.Logger, w http.ResponseWriter, t *testing.T) {
 		`p.go:12:53: log key "podGET"`,
 		`p.go:13:17: log key "lockFiles"`,
 		`p.go:14:21: log key "auditPeriod"`,
+		`p.go:18:30: log key "namespaceError"`,
+		`p.go:19:37: log key "hintText"`,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("problems:\n%s\nwant %d, beginning:\n%s", strings.Join(got, "\n"), len(want), strings.Join(want, "\n"))
