@@ -17,7 +17,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace qemu-user-static
 # e2e-runtime).
 E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit vet fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
+.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit race vet lint fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
 
 all: build
 
@@ -136,6 +136,15 @@ vet:
 	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
 	$(GO) vet -tags e2e,e2ebench ./test/e2e/
 
+# lint runs staticcheck (honnef.co/go/tools, pinned as a tool in go.mod like deadcode, so every
+# machine runs the same checks) with its default checks, over the builds vet checks: ./..., the
+# node's -tags pluginonly plugin and the end-to-end tests. It fails on any finding; its cache
+# (~/.cache/staticcheck) makes a second run on an unchanged tree take seconds.
+lint:
+	$(GO) tool staticcheck ./...
+	$(GO) tool staticcheck -tags pluginonly ./cmd/linkerd-cni/
+	$(GO) tool staticcheck -tags e2e,e2ebench ./test/e2e/
+
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
@@ -171,7 +180,7 @@ fmt-check:
 # with small counts (they print their figures). -p 1 keeps the root integration suites
 # (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
-test: deps kube-bins fmt-check vet tidy-check deadcode vulncheck
+test: deps kube-bins fmt-check vet lint tidy-check deadcode vulncheck race
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
@@ -198,6 +207,16 @@ e2e-bench: e2e-deps e2e-runtime kube-bins kube-node images
 e2e-ci:
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory e2e E2E_RUNTIME=containerd1 E2E_RUN='$(E2E_CONTAINERD1_RUN)'
+
+# race runs the unit tests (-short: no kube-apiserver) of the packages that run goroutines under
+# the race detector: the node agent (informers, the socket server, audit workers), the installer
+# (watches, the admin server), the repair controller, the plugin's agent client and the wire
+# protocol, the Runner (its locks and fallbacks) and the validator (its listener and dialer). make
+# test runs it before the other tests.
+RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/backend/ ./validator/
+race: export PATH := $(PATH):/usr/sbin:/sbin
+race:
+	$(GO) test -race -short -count=1 $(RACE_PKGS)
 
 # unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
 # user.

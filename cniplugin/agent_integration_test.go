@@ -39,7 +39,7 @@ func TestCNIWithAgent(t *testing.T) {
 		sb := n.newSandbox(t, ns, "web")
 		n.mustAdd(t, list, sb)
 		expectRules(t, sb, baseConfig(mode))
-		if l := n.logTail(sb.rt.ContainerID); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "source=agent apiRequests=0") {
+		if l := n.logTail(sb.rt.ContainerID); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "source=agent api_requests=0") {
 			t.Errorf("%s: the plugin did not write with the agent's lookup:\n%s", mode, l)
 		}
 		if err := n.check(list, sb); err != nil {
@@ -51,10 +51,10 @@ func TestCNIWithAgent(t *testing.T) {
 		expectNoRules(t, sb)
 		waitFor(t, "the reports in the agent's plugin log", func() bool {
 			l := pluginLog.String()
-			return strings.Contains(l, "containerID="+sb.rt.ContainerID) && strings.Contains(l, "cmd=DEL")
+			return strings.Contains(l, "container_id="+sb.rt.ContainerID) && strings.Contains(l, "cmd=DEL")
 		})
 	}
-	if l := pluginLog.String(); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "apiRequests=0") {
+	if l := pluginLog.String(); !strings.Contains(l, `msg="rules written"`) || !strings.Contains(l, "api_requests=0") {
 		t.Errorf("the agent's plugin log lacks the ADDs:\n%s", l)
 	}
 	time.Sleep(time.Second) // the audit log is written asynchronously
@@ -185,13 +185,13 @@ func TestTraceContextThroughLibcni(t *testing.T) {
 	n.mustAdd(t, list, untraced)
 	waitFor(t, "the reports in the agent's plugin log", func() bool {
 		l := pluginLog.String()
-		return strings.Contains(l, "cmd=DEL pod=web") && strings.Contains(l, "containerID="+untraced.rt.ContainerID)
+		return strings.Contains(l, "cmd=DEL pod=web") && strings.Contains(l, "container_id="+untraced.rt.ContainerID)
 	})
 
 	linesOf := func(log, containerID string) []string {
 		var out []string
 		for _, l := range strings.Split(log, "\n") {
-			if strings.Contains(l, "containerID="+containerID) {
+			if strings.Contains(l, "container_id="+containerID) {
 				out = append(out, l)
 			}
 		}
@@ -210,14 +210,14 @@ func TestTraceContextThroughLibcni(t *testing.T) {
 			}
 		}
 		for _, l := range lines {
-			if !strings.Contains(l, " traceID="+traceID) {
+			if !strings.Contains(l, " trace_id="+traceID) {
 				t.Errorf("%s: a traced call's line without the trace ID: %s", where, l)
 			}
 		}
 		if strings.Contains(log, "t61rcWkgMzE") {
 			t.Errorf("%s holds TRACESTATE", where)
 		}
-		if l := strings.Join(linesOf(log, untraced.rt.ContainerID), "\n"); l == "" || strings.Contains(l, "traceID") {
+		if l := strings.Join(linesOf(log, untraced.rt.ContainerID), "\n"); l == "" || strings.Contains(l, "trace_id=") {
 			t.Errorf("%s: the untraced call's lines:\n%s", where, l)
 		}
 	}

@@ -215,7 +215,7 @@ func TestAgentClientLookup(t *testing.T) {
 	if d := r.fake.Dump(); !strings.Contains(d, "3306") {
 		t.Errorf("the pod's annotation from the agent was not applied:\n%s", d)
 	}
-	if l := r.logs.String(); !strings.Contains(l, "source=agent apiRequests=0") {
+	if l := r.logs.String(); !strings.Contains(l, "source=agent api_requests=0") {
 		t.Errorf("log:\n%s", l)
 	}
 	if req := <-a.reqs; req != (wire.Request{V: wire.Version, Command: "ADD", Namespace: "web", Name: "api-0", UID: "u-1", ContainerID: "c1"}) {
@@ -359,7 +359,7 @@ func TestAgentClientKubeletSource(t *testing.T) {
 		if d := r.fake.Dump(); !strings.Contains(d, "3306") {
 			t.Errorf("the pod's annotation from the kubelet's answer was not applied:\n%s", d)
 		}
-		if l := r.logs.String(); !strings.Contains(l, "source=kubelet apiRequests=0") {
+		if l := r.logs.String(); !strings.Contains(l, "source=kubelet api_requests=0") {
 			t.Errorf("log:\n%s", l)
 		}
 		select {

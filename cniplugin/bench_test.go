@@ -386,7 +386,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 	}
 	fields := map[string][]time.Duration{}
 	re := regexp.MustCompile(` (lookup|apply|elapsed)=(\S+)`)
-	idRe := regexp.MustCompile(` containerID=(\S+)`)
+	idRe := regexp.MustCompile(` container_id=(\S+)`)
 	for _, l := range strings.Split(string(data), "\n") {
 		m := idRe.FindStringSubmatch(l)
 		if m == nil || !want[m[1]] || !(strings.Contains(l, `msg="rules written"`) || strings.Contains(l, `msg="no rules needed"`)) {

@@ -476,7 +476,7 @@ func TestAddFailsOnAPIErrorsAndLogsThem(t *testing.T) {
 			t.Errorf("%s has no error line: %q", name, text)
 		}
 		for _, l := range lines {
-			for _, attr := range []string{"pod=api-0", "namespace=web", "containerID=ctr-42", "cmd=ADD"} {
+			for _, attr := range []string{"pod=api-0", "namespace=web", "container_id=ctr-42", "cmd=ADD"} {
 				if !strings.Contains(l, attr) {
 					t.Errorf("%s line %q lacks %s", name, l, attr)
 				}

@@ -22,4 +22,32 @@
 // optionally to log_file. It enters namespaces only through internal/netnsutil and never decides
 // which rules exist: the iptables package does. DEL never fails, so it can never block sandbox
 // teardown.
+//
+// # Tests
+//
+// Without root: config parsing per CNI version, keys, defaults and errors; CNI_ARGS; classification
+// and annotation merge (with numeric bounds and malformed values); API request counts; the failure
+// policy with a fake applier (policy_test.go: ADD writes and CHECK matches, CHECK names the
+// difference, an ADD failure prints no result, DEL warns but succeeds); DEL never fails in the
+// binary; fuzzers for the config and the merge (`make fuzz`).
+//
+// As root with a kube-apiserver, TestCNI: an isolated node namespace, the real bridge, host-local
+// and loopback plugins, libcni ADD/CHECK/DEL per mode, native sidecars, annotations, control-plane
+// pods, excluded namespaces, missing pods, revoked credentials, a hung API, STATUS, 50 concurrent
+// ADDs, the log lines, the API gone (all of it through the plugin binary, as the node runs it); the
+// kubeconfig's refusals (TestKubeconfigRefused: exec, auth-provider, client certificates,
+// passwords, an http server, an unknown field, YAML, each with the exact error naming the file and
+// the field, nothing written) and the client's requests and explanations against a TLS server
+// (TestKubeClient); linkerd-cni alone in a conflist (a Multus NetworkAttachmentDefinition, CNI
+// 0.3.1 to 1.1.0, no prevResult), and pods with hostUsers: false in nft, legacy and auto (the
+// native table in each). TestCNIWithAgent: with the node agent, no API request per meshed ADD in
+// the audit log (nft, and legacy), the reports in the agent's log, two requests once it stops.
+//
+// The plugin's agent client against a fake agent (root, agent_test.go): no agent, a socket replaced
+// by a file, a directory others may write, a silent agent (the fallback within its bound), garbled
+// answers, another protocol, each typed refusal, with its log line; the request (the pod, nothing
+// else); the agent's pod used in place of the API; a lookup without the Service; DEL told to the
+// agent; the same CNI error code on both routes (TestErrorCodesBothRoutes). Run one part with, for
+// example, `go test -count=1 -run TestCNI -v ./cniplugin/` (root, after make kube-bins) or `go test
+// -count=1 -run '^$' -bench ADD -benchtime 1x ./cniplugin/` (the CNI part of make bench).
 package cniplugin

@@ -290,7 +290,7 @@ func (n *node) conflist(t testing.TB, o netOpts) *libcni.NetworkConfigList {
 }
 
 var loopbackConf = func() *libcni.PluginConfig {
-	c, err := libcni.ConfFromBytes([]byte(`{"cniVersion":"1.1.0","name":"cni-loopback","type":"loopback"}`))
+	c, err := libcni.NetworkPluginConfFromBytes([]byte(`{"cniVersion":"1.1.0","name":"cni-loopback","type":"loopback"}`))
 	if err != nil {
 		panic(err)
 	}
@@ -419,7 +419,7 @@ func (n *node) logTail(containerID string) string {
 	}
 	var lines []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "containerID="+containerID) {
+		if strings.Contains(l, "container_id="+containerID) {
 			lines = append(lines, l)
 		}
 	}

@@ -660,7 +660,7 @@ func testLogLines(t *testing.T, n *node) {
 	if len(lines) < 50 {
 		t.Fatalf("only %d log lines", len(lines))
 	}
-	re := regexp.MustCompile(`^time=\S+ level=(DEBUG|INFO|WARN|ERROR) msg=.* cmd=(ADD|CHECK|DEL|STATUS) pod=\S* namespace=\S* containerID=\S*`)
+	re := regexp.MustCompile(`^time=\S+ level=(DEBUG|INFO|WARN|ERROR) msg=.* cmd=(ADD|CHECK|DEL|STATUS) pod=\S* namespace=\S* container_id=\S*`)
 	for _, l := range lines {
 		if !re.MatchString(l) {
 			t.Errorf("log line without pod, namespace and container ID: %q", l)
@@ -669,7 +669,7 @@ func testLogLines(t *testing.T, n *node) {
 		if strings.Contains(l, "cmd=STATUS") {
 			continue // STATUS concerns no pod
 		}
-		if strings.Contains(l, " pod= ") || strings.Contains(l, " namespace= ") || strings.Contains(l, " containerID= ") {
+		if strings.Contains(l, " pod= ") || strings.Contains(l, " namespace= ") || strings.Contains(l, " container_id= ") {
 			t.Errorf("log line with an empty pod, namespace or container ID: %q", l)
 		}
 	}

@@ -451,7 +451,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 		if d := r.fake.Dump(); !strings.Contains(d, "3306") {
 			t.Errorf("the pod's annotation from the kubelet was not applied:\n%s", d)
 		}
-		if l := r.logs.String(); !strings.Contains(l, "source=kubelet apiRequests=0") || strings.Contains(l, "level=WARN") {
+		if l := r.logs.String(); !strings.Contains(l, "source=kubelet api_requests=0") || strings.Contains(l, "level=WARN") {
 			t.Errorf("log:\n%s", l)
 		}
 		if c := f.Calls(); len(c) != 1 || c[0] != "GetPod u-1" {
@@ -475,7 +475,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 		if d := r.fake.Dump(); !strings.Contains(d, "5432") {
 			t.Errorf("the namespace's annotation was not applied:\n%s", d)
 		}
-		if l := r.logs.String(); !strings.Contains(l, "source=kubelet apiRequests=1") {
+		if l := r.logs.String(); !strings.Contains(l, "source=kubelet api_requests=1") {
 			t.Errorf("log:\n%s", l)
 		}
 		if c := f.Calls(); len(c) != 1 || c[0] != "ListPods" {
@@ -552,7 +552,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 			}
 			logs := r.logs.String()
 			switch {
-			case !strings.Contains(logs, "source=api apiRequests=2"):
+			case !strings.Contains(logs, "source=api api_requests=2"):
 				t.Errorf("log does not say the pod came from the API:\n%s", logs)
 			case tc.log == "" && strings.Contains(logs, "kubelet"):
 				t.Errorf("logs about the kubelet above debug:\n%s", logs)

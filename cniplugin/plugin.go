@@ -135,7 +135,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
 	c.log, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
-		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)...)
+		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID)...)
 	c.trace.logIgnored(c.log)
 	return c, argErr
 }
@@ -207,7 +207,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return c.fail(planCode(err), err)
 	}
 	if !pl.kind.NeedsRules() {
-		c.log.Info("no rules needed", "kind", pl.kind, "source", c.lookup, "apiRequests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
+		c.log.Info("no rules needed", "kind", pl.kind, "source", c.lookup, "api_requests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
 		return p.printPrev(c)
 	}
 	if args.Netns == "" {
@@ -230,7 +230,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
 	}
 	c.log.Info("rules written", "kind", pl.kind, "backend", out.Backend, "changed", out.Changed,
-		"source", c.lookup, "apiRequests", pl.requests, "closeWaitSecs", pl.rules.CloseWaitSecs,
+		"source", c.lookup, "api_requests", pl.requests, "close_wait_secs", pl.rules.CloseWaitSecs,
 		"lookup", lookupTook, "apply", time.Since(applyStart), "elapsed", time.Since(began))
 	return p.printPrev(c)
 }
@@ -455,7 +455,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	}
 	t1 := time.Now()
 	pod, err := api.Pod(ctx, c.pod.Namespace, c.pod.Name)
-	c.log.Debug("pod looked up", "source", c.lookup, "client", clientTook, "podGET", time.Since(t1))
+	c.log.Debug("pod looked up", "source", c.lookup, "client", clientTook, "pod_get", time.Since(t1))
 	count()
 	if err != nil {
 		return nil, apiError{fmt.Errorf("pod %s might be meshed and cannot be looked up (timeout %s): %w", c.podName(), c.conf.APITimeout(), err)}

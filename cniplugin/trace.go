@@ -52,7 +52,7 @@ func (t traceContext) attrs(attrs ...any) []any {
 	if t.id == "" {
 		return attrs
 	}
-	return append(attrs, "traceID", t.id)
+	return append(attrs, "trace_id", t.id)
 }
 
 // logIgnored says, at debug, that a malformed TRACEPARENT was ignored.

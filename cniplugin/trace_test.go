@@ -95,21 +95,21 @@ func TestTraceIDOnEveryLine(t *testing.T) {
 		}
 	}
 	for _, l := range lines {
-		if !strings.Contains(l, " traceID="+testTraceID) {
+		if !strings.Contains(l, " trace_id="+testTraceID) {
 			t.Errorf("a line without the trace ID: %s", l)
 		}
 	}
 	if strings.Contains(traced, "t61rcWkgMzE") || strings.Contains(traced, "alice") {
 		t.Errorf("TRACESTATE or BAGGAGE logged:\n%s", traced)
 	}
-	if without := strings.ReplaceAll(traced, " traceID="+testTraceID, ""); without != plain {
+	if without := strings.ReplaceAll(traced, " trace_id="+testTraceID, ""); without != plain {
 		t.Errorf("the traced lines differ by more than the trace ID:\n%s\nuntraced:\n%s", without, plain)
 	}
 
 	t.Setenv(EnvTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7")
 	bad := run(t, "debug")
-	want := `level=DEBUG msg="ignoring TRACEPARENT: not a W3C traceparent" cmd=ADD pod=api-0 namespace=web containerID=c1 traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7 error="not version-traceid-parentid-flags (2, 32, 16 and 2 hex digits)"`
-	if !strings.Contains(bad, want+"\n") || strings.Contains(bad, "traceID=") {
+	want := `level=DEBUG msg="ignoring TRACEPARENT: not a W3C traceparent" cmd=ADD pod=api-0 namespace=web container_id=c1 traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7 error="not version-traceid-parentid-flags (2, 32, 16 and 2 hex digits)"`
+	if !strings.Contains(bad, want+"\n") || strings.Contains(bad, "trace_id=") {
 		t.Errorf("with a malformed TRACEPARENT, want %s and no trace ID:\n%s", want, bad)
 	}
 	if info := run(t, "info"); strings.Contains(info, "trace") {
@@ -133,7 +133,7 @@ func TestTraceIDInTheReport(t *testing.T) {
 			}
 			select {
 			case rep := <-a.reports:
-				if rep.TraceID != want || !strings.Contains(rep.Log, `msg="rules written"`) || strings.Contains(rep.Log, "traceID=") != (want != "") {
+				if rep.TraceID != want || !strings.Contains(rep.Log, `msg="rules written"`) || strings.Contains(rep.Log, "trace_id=") != (want != "") {
 					t.Errorf("report %+v, want trace ID %q on it and its lines", rep, want)
 				}
 			case <-time.After(5 * time.Second):

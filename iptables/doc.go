@@ -8,4 +8,12 @@
 // read back, it rebuilds the configuration that wrote them and says whether they are whole
 // (proxy-init show without rule flags). The package runs no binaries, enters no namespaces and
 // logs nothing: appliers in the sub-packages do that, and decide nothing about which rules exist.
+//
+// # Tests
+//
+// Without root: TestBuildReportsEveryProblem and TestNumericBounds (every bad value named at once),
+// golden payloads and nft scripts (testdata/iptables, testdata/nft; `go test ./iptables -update`
+// regenerates them), TestRenderingsAgree (the two renderings of the plan, both directions),
+// TestNFTSemantics, compare and transition payloads; fuzzers for port lists (through Build, as
+// every front end parses them) and CIDRs (`make fuzz`; testdata/fuzz is their seed corpus).
 package iptables

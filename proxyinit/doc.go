@@ -16,4 +16,11 @@
 // names (iptables-legacy*, iptables-nft*, iptables); the binaries themselves are looked up in
 // PATH by the backend, not at the given path. The rule logic, the backends and namespace entry
 // live in iptables, iptables/backend and internal/netnsutil; this package only wires them.
+//
+// # Tests
+//
+// Without root: Linkerd's command lines parse, bad input, help, the flag defaults (TestDefaults),
+// the exact --simulate payloads and batches (golden, testdata/simulate-*.txt; `go test ./proxyinit
+// -update`), the show report, and that Main changes nothing process-wide
+// (TestMainLeavesTheProcessAlone). The binary's own tests are cmd/proxy-init's.
 package proxyinit

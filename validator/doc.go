@@ -25,4 +25,13 @@
 //     created by whichever thread runs it.
 //   - Addresses are IP literals with a port; host names are refused, so no DNS is needed.
 //   - It proves TCP redirection only; it does not talk to the proxy (which has not started yet).
+//
+// # Tests
+//
+// As root: a pass with rules applied through backend.Runner for iptables-legacy, iptables-nft and
+// nftables, over IPv4, IPv6, a dual-stack listener and --ipv6; exit 95 with no rules, with only the
+// inbound rules, and for --ipv6 with IPv4-only rules; the token mismatch; the wrong original
+// destination; a destination rewritten before the rules (Cilium's socket-LB, stood in for by an
+// nftables rewrite ahead of conntrack); the proxy UID check (exempt, not exempt, skipped without
+// privilege); exit codes 1 and 2; hop limit 1.
 package validator

@@ -44,10 +44,8 @@ type runAs struct {
 	uid int // 0: root
 }
 
-var (
-	asRoot   = runAs{0}
-	asNobody = runAs{65534} // the init container's user, with no capabilities
-)
+// asNobody is the init container's user, with no capabilities.
+var asNobody = runAs{65534}
 
 // validate runs the validator in n and returns its exit code and log.
 func validate(t *testing.T, n *nt.NS, who runAs, args ...string) (int, string) {

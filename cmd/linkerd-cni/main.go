@@ -9,6 +9,12 @@
 // every start, and the installer's, agent's and repair controller's dependencies (client-go,
 // informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox set-up. Both
 // builds run the same plugin, whose API client is the standard library's.
+//
+// # Tests
+//
+// The lean plugin build links none of the DaemonSet's dependencies (TestPluginStaysLean), both
+// builds are the same plugin (TestBothBuildsAreThePlugin), and Linkerd's names run what they run in
+// Linkerd.
 package main
 
 import (

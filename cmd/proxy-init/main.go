@@ -3,6 +3,15 @@
 // Under one of Linkerd's names (linkerd2-proxy-init, linkerd2-network-validator; see package
 // multicall) it runs what that name runs in Linkerd. The settings that hold for the whole process
 // are made here, not in the library, whose tests run in one process.
+//
+// # Tests
+//
+// As root: the nft and auto modes execute no program (TestNFTModeExecsNothing, under strace);
+// without CAP_NET_ADMIN (or NET_RAW) every mode names it and the namespace (TestMissingCapability,
+// setpriv); apply, show and cleanup through the binary, Linkerd's chart lines in the default and
+// nft modes, --simulate writes nothing and prints the batch for the namespace's state, bad input
+// writes nothing, the close-wait sysctl, Linkerd's binary names; SIGTERM and SIGINT while apply and
+// cleanup wait to write change nothing (TestSignalsIgnoredWhileWriting).
 package main
 
 import (

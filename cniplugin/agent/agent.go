@@ -314,7 +314,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		watches.Go(func() { inf.RunWithContext(ctx) })
 		synced = append(synced, inf.HasSynced)
 	}
-	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "kubeletPodsSocket", a.opts.KubeletPodsSocket, "auditPeriod", a.opts.AuditPeriod.String())
+	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "kubelet_pods_socket", a.opts.KubeletPodsSocket, "audit_period", a.opts.AuditPeriod.String())
 	if a.kubelet != nil {
 		defer a.kubelet.Close()
 	}

@@ -74,7 +74,7 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 	expectRules(t, p, rs)
 	waitFor(t, "the ADD's report", func() bool { return strings.Contains(r.pluginLog.String(), `msg="rules written"`) })
 	for where, text := range map[string]string{"stderr": add.stderr, "the agent's plugin log": r.pluginLog.String()} {
-		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "containerID=" + p.id, "source=agent apiRequests=0"} {
+		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "container_id=" + p.id, "source=agent api_requests=0"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s lacks %s:\n%s", where, want, text)
 			}
@@ -159,7 +159,7 @@ func testOtherNode(t *testing.T, c *kubetest.Cluster) {
 		t.Errorf("not-seen = %q, want 1", got)
 	}
 	// The plugin's own lines, sent with its report, are in the agent's plugin log.
-	if !strings.Contains(r.pluginLog.String(), `msg="rules written"`) || !strings.Contains(r.pluginLog.String(), "source=api apiRequests=2") {
+	if !strings.Contains(r.pluginLog.String(), `msg="rules written"`) || !strings.Contains(r.pluginLog.String(), "source=api api_requests=2") {
 		t.Errorf("the agent's plugin log lacks the plugin's lines:\n%s", r.pluginLog.String())
 	}
 }

@@ -79,7 +79,7 @@ func (a *Agent) sweep() {
 	if err != nil {
 		a.log.Warn("could not sweep the records of the pods' settings", "error", err.Error())
 	}
-	a.log.Debug("swept", "lockFiles", locks, "records", records)
+	a.log.Debug("swept", "lock_files", locks, "records", records)
 }
 
 // onNode tells whether the pod named namespace/name, with uid when given, is one of the node's.

@@ -37,4 +37,23 @@
 // validatorRestart) gave the validator a restart rule for exit code 95. In delete mode a
 // drifted pod without an owner is reported, not deleted (nothing would recreate it); a pod whose
 // validator failed is deleted whatever its owner, as Linkerd does.
+//
+// # Tests
+//
+// Flags, the node's conflist, the CRI finder against a fake CRI server serving each runtime's
+// verbose sandbox status (testdata/cri: containerd 1.6 and 2.x, CRI-O with and without an infra
+// process): the newest ready sandbox's namespace opened once from the runtime's path and let go
+// with its sandbox, the PID fallback (a reused PID and the node's own namespace refused; root),
+// validator failure detection.
+//
+// Against a real kube-apiserver with real namespaces (root, TestAgent): ADD, CHECK and DEL with the
+// pod from the agent and no lookup (the node config's rules exactly, the reports in the agent's
+// log, metrics, only list and watch by the agent), a pod of another node and one the watch delivers
+// during the wait, refused messages (protocol 1's forged config and a namespace descriptor, a
+// config field, not JSON, an unknown command, oversized: each logged with the PID, counted, nothing
+// written, still serving), peers without CAP_SYS_ADMIN or in a user namespace of their own
+// (setpriv, unshare), legacy mode, installer_ready, audits of missing, different, other-backend,
+// half-applied and hand-edited rules in each mode, annotations invalid after start, a failed
+// validator healed in place, the periodic audit; BenchmarkAudit (110 pods). `make race` runs its
+// unit tests under the race detector.
 package agent

@@ -250,7 +250,7 @@ func TestKubeletLookups(t *testing.T) {
 		if apiCalls != 0 {
 			t.Errorf("the plugin took its API path %d times; want the agent's answer", apiCalls)
 		}
-		for _, want := range []string{`msg="rules written"`, "kind=meshed", "source=kubelet apiRequests=0"} {
+		for _, want := range []string{`msg="rules written"`, "kind=meshed", "source=kubelet api_requests=0"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("the plugin's log lacks %s:\n%s", want, stderr)
 			}
@@ -304,7 +304,7 @@ func TestKubeletLookups(t *testing.T) {
 		if err != nil || apiCalls != 0 {
 			t.Fatalf("ADD: %v, %d API paths taken\n%s", err, apiCalls, stderr)
 		}
-		if !strings.Contains(stderr, "source=kubelet apiRequests=0") {
+		if !strings.Contains(stderr, "source=kubelet api_requests=0") {
 			t.Errorf("the plugin's log lacks source=kubelet:\n%s", stderr)
 		}
 		if out, err := nt.RunIn(t, netns, "iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, "proxy-init/ignore-port-7777") {
@@ -377,7 +377,7 @@ func testKubeletOnlyPod(t *testing.T, c *kubetest.Cluster) {
 	if calls := add.api.Calls(); len(calls) != 0 {
 		t.Errorf("ADD read %v from the API; want the kubelet's pod through the agent", calls)
 	}
-	if !strings.Contains(add.stderr, "source=kubelet apiRequests=0") {
+	if !strings.Contains(add.stderr, "source=kubelet api_requests=0") {
 		t.Errorf("the plugin's log lacks source=kubelet:\n%s", add.stderr)
 	}
 	if out, err := nt.RunIn(t, p.netns, "iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, "proxy-init/ignore-port-5555") {

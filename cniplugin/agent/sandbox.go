@@ -278,7 +278,7 @@ func (c *CRI) open(ctx context.Context, podUID, id string) (*heldNS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	log := c.opts.Log.With("sandbox", id, "uid", podUID, "runtimePath", ref.path, "pid", ref.pid)
+	log := c.opts.Log.With("sandbox", id, "uid", podUID, "runtime_path", ref.path, "pid", ref.pid)
 	switch name, ok := netnsName(ref.path); {
 	case ok:
 		f, err := openNetNS(filepath.Join(c.opts.NetNSDir, name))

@@ -124,7 +124,7 @@ func (a *Agent) conn(ctx context.Context, conn *net.UnixConn) {
 	reply, outcome := a.answer(ctx, req)
 	a.metrics.requests.WithLabelValues(outcome).Inc()
 	if err := wire.Answer(conn, reply); err != nil {
-		a.log.Debug("could not answer the plugin", "pid", peer.PID, "containerID", req.ContainerID, "error", err.Error())
+		a.log.Debug("could not answer the plugin", "pid", peer.PID, "container_id", req.ContainerID, "error", err.Error())
 		return
 	}
 	rep, err := wire.ReadReport(conn)
@@ -202,7 +202,7 @@ func (a *Agent) kubeletAnswered(req wire.Request, r wire.Reply) {
 	}
 	args := []any{"pod", req.Namespace + "/" + req.Name, "uid", req.UID, "command", req.Command, "synced", a.synced.Load()}
 	if r.NamespaceError != "" {
-		args = append(args, "namespaceError", r.NamespaceError)
+		args = append(args, "namespace_error", r.NamespaceError)
 	}
 	a.log.Info("pod looked up from the kubelet's pods API", args...)
 }

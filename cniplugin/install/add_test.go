@@ -189,7 +189,7 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	defer stderr.Close()
 	cni := libcni.NewCNIConfigWithCacheDir([]string{binDir, plugins}, filepath.Join(root, "cache"),
 		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: stderr}})
-	lo, err := libcni.ConfFromBytes([]byte(`{"cniVersion":"1.0.0","name":"cni-loopback","type":"loopback"}`))
+	lo, err := libcni.NetworkPluginConfFromBytes([]byte(`{"cniVersion":"1.0.0","name":"cni-loopback","type":"loopback"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

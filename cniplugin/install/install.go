@@ -33,6 +33,30 @@
 // tainted and receive no pod before linkerd-cni is in place. It never adds
 // the taint back, not even on uninstall: an upgrade would otherwise block
 // the node's scheduling.
+//
+// # Tests
+//
+// On temporary directories laid out like the container's mounts (install_test.go, run_test.go,
+// conflist_test.go, config_test.go): Multus's own configs rendered by Multus (multus_test.go,
+// testdata/multus: thin and thick, once per pod), the standalone config for
+// NetworkAttachmentDefinitions and the example of one, the plugin log's streaming and rotation, the
+// plugin copied intact after the kubeconfig, replaced by a rename, the stale companion of the older
+// layout removed, the plugin removed before the kubeconfig (TestUpgradeFromCompanionLayout), put
+// back when removed, refused at start without it in the image or without a token (no plugin on the
+// node then), a real SIGTERM to a real `linkerd-cni install` (sigterm_test.go).
+//
+// The manifests and chart (manifests_test.go, renderings_test.go): a server-side dry-run of every
+// rendering (the agent in each mode, the repair controller alone, neither), Pod Security admission,
+// the ServiceAccount's exact permissions per rendering with and without the node-taint RBAC: the
+// code's own requests with a pod-bound token work, and another Service, another DaemonSet, a pod on
+// another node are refused (rbac_test.go); the validatorRestart MutatingAdmissionPolicy on real
+// pods (validatorrestart_test.go); the agent container's flags, mounts and exact capabilities; the
+// rendered configs against Linkerd's meaning; bad values refused; `helm lint`; deploy/linkerd-cni
+// up to date (make manifests). --node-taint against a kube-apiserver with pod-bound tokens and the
+// admission policy (taint_test.go); the DaemonSet pod's containers run as processes with the
+// manifest's command and environment (daemonset_test.go, root); a real ADD with the kubeconfig the
+// installer wrote (add_test.go, root); the upgrade-or-uninstall decision at SIGTERM against a
+// kube-apiserver (successor_test.go).
 package install
 
 import (

@@ -276,7 +276,7 @@ func TestStandaloneConf(t *testing.T) {
 	if ok, why := in.pluginInPlace(); !ok {
 		t.Errorf("the startup taint would stay: %s", why)
 	}
-	conf, err := libcni.ConfFromBytes([]byte(h.read(t, "linkerd-cni.conf")))
+	conf, err := libcni.NetworkPluginConfFromBytes([]byte(h.read(t, "linkerd-cni.conf")))
 	if err != nil {
 		t.Fatalf("the standalone config does not load: %v", err)
 	}
@@ -334,7 +334,7 @@ func TestNetworkAttachmentExample(t *testing.T) {
 				}
 				continue
 			}
-			conf, err := libcni.ConfFromBytes([]byte(config))
+			conf, err := libcni.NetworkPluginConfFromBytes([]byte(config))
 			if err != nil {
 				t.Errorf("%s: Multus cannot load spec.config: %v", m, err)
 				continue

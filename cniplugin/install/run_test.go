@@ -35,7 +35,6 @@ type host struct {
 	mu     sync.Mutex
 	writes map[string]int // by base name, from the installer's write hook
 	order  []string       // the hook's paths, in order
-	logBuf cnitest.SyncBuffer
 }
 
 func newHost(t *testing.T) *host {

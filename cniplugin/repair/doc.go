@@ -27,4 +27,12 @@
 // its owner's back-off. Pods without an owner are deleted too, and are not recreated: that is
 // Linkerd's behaviour, kept for compatibility. The agent's repair mode heals such pods in place
 // instead.
+//
+// # Tests
+//
+// Flags; against a real kube-apiserver (root): pods failed in the current state, the last state, as
+// a Job, before or after the controller started, or held by a finalizer are each deleted exactly
+// once with one Event; healthy, other-code, other-node and unmeshed pods are left alone; metrics;
+// the audited requests of the ServiceAccount bound to the chart's ClusterRole for the repair
+// controller; no deletes without the permission; RemoveNodeTaint.
 package repair

@@ -11,6 +11,11 @@
 //
 // Limits: standard library and golang.org/x/sys only, because the plugin links this package and
 // starts on every pod's sandbox set-up. Linux only.
+//
+// # Tests
+//
+// Without root: the exchange, each refused message, and the peer checks on this process and on
+// stand-in /proc files.
 package wire
 
 import (

@@ -16,4 +16,10 @@
 // `make demo` (hack/demo.sh) prints instead, found in its output.
 //
 // It is all test, and runs as root (it writes rules), skipping otherwise.
+//
+// # Examples
+//
+// The marked examples today: proxy-init.md's apply, --simulate, show and exit-2 examples,
+// troubleshooting.md's for Linkerd's defaults, README's `make demo` excerpt. Mark a new example
+// that can run in a namespace the same way.
 package docexamples

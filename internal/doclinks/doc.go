@@ -7,4 +7,11 @@
 //
 // Limits: inline links only ([text](target)); reference-style links and links inside code are
 // not checked, nor are absolute URLs (that would need the network).
+//
+// # More checks
+//
+// Besides the links: the apt packages the pages name are the Makefile's; migration.md's list of our
+// own chart values is complete; every `helm install` of the chart in a command block creates and
+// labels the namespace first (the labels of deploy/linkerd-cni/00-namespace.yaml), and none uses
+// --create-namespace.
 package doclinks

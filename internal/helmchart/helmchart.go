@@ -4,6 +4,11 @@
 //
 // Limits: only this chart, rendered for one Kubernetes version (KubeVersion); no hooks, no
 // subcharts, no lookups against a cluster.
+//
+// # Tests
+//
+// TestPresetsTable renders every distribution preset against helm-chart.md's table of presets (net
+// dir, bin dir, CRI socket, other values).
 package helmchart
 
 import (

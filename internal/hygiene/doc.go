@@ -1,14 +1,20 @@
 // Package hygiene holds the repository's tracked files to what a source tree should hold: no
-// compiled binary (a build output committed by mistake stays in the history for good), and no
-// file over MaxFileSize outside a testdata directory. It also holds every command to a plain
-// `go build` (no flags, no tags, no cgo) giving a working binary, and every product function to
-// MaxFuncLines.
+// compiled binary (ELF, Mach-O, PE, wasm, ar archives: a build output committed by mistake stays
+// in the history for good), and no file over MaxFileSize outside a testdata directory, the check
+// shown failing on a throwaway repository; .gitignore ignores what `go build` of each command
+// (from `go list`) leaves at the root. Every slog key written as a literal is snake_case
+// (CONTRIBUTING.md's Style), read from the syntax of every tracked Go file. It also holds every
+// command to a plain `go build` (no flags, no tags, no cgo) giving a working binary: each
+// answers `version` (and CNI `VERSION`), and the plain proxy-init writes the Linkerd chart's
+// rules into a pod's namespace and a `hostUsers: false` pod's (root); and the arm64 builds run
+// under qemu-aarch64-static (TestArm64BuildRuns, root, see CONTRIBUTING.md's Make targets).
 //
 // It is all test: the checks live in its test files, so no program links it.
 //
 // Limits: it reads `git ls-files` of the checkout it runs in, so it sees what is committed or
 // staged, not untracked files (.gitignore keeps the usual build outputs out). The function-length
-// check walks the work tree instead, so a new file counts before it is committed. The plain-build
+// check walks the work tree instead, so a new file counts before it is committed. The log-key
+// check reads syntax, not types: keys built at run time or appended by a helper are not seen. The plain-build
 // check needs the Go toolchain, and root for its one real write.
 //
 // TestProductFuncLength: no function or function literal outside _test.go files, test/, tools/,

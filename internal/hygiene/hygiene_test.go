@@ -2,10 +2,13 @@ package hygiene
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -19,10 +22,12 @@ var binaryMagic = []struct {
 	{"an ELF executable or object", []byte("\x7fELF")},
 	{"a Mach-O binary", []byte("\xcf\xfa\xed\xfe")},
 	{"a Mach-O binary", []byte("\xce\xfa\xed\xfe")},
-	{"a Mach-O universal binary", []byte("\xca\xfe\xba\xbe")},
+	{"a Mach-O binary", []byte("\xfe\xed\xfa\xce")},
+	{"a Mach-O binary", []byte("\xfe\xed\xfa\xcf")},
+	{"a Mach-O universal binary (or Java class)", []byte("\xca\xfe\xba\xbe")},
 	{"a Windows PE executable", []byte("MZ")},
 	{"a WebAssembly module", []byte("\x00asm")},
-	{"a Go archive", []byte("!<arch>\n")},
+	{"an ar archive (a Go or C library)", []byte("!<arch>\n")},
 }
 
 // problem says what is wrong with a tracked file, or "" when nothing is.
@@ -61,28 +66,43 @@ func TestProblem(t *testing.T) {
 	}
 }
 
-// TestTrackedFiles checks every file git tracks in this checkout.
-func TestTrackedFiles(t *testing.T) {
-	out, err := exec.Command("git", "-C", "../..", "ls-files", "-z").Output()
+// gitLsFiles lists the files git tracks in the checkout at root: committed or staged.
+func gitLsFiles(root string) ([]string, error) {
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
 	if err != nil {
-		t.Fatalf("git ls-files (the check needs the repository's git metadata): %v", err)
+		return nil, fmt.Errorf("git ls-files in %s (the checks need the repository's git metadata): %w", root, err)
 	}
-	paths := strings.Split(strings.TrimRight(string(out), "\x00"), "\x00")
+	return strings.Split(strings.TrimRight(string(out), "\x00"), "\x00"), nil
+}
+
+// trackedFiles lists the files this repository tracks, failing t when that is not the repository.
+func trackedFiles(t *testing.T, root string) []string {
+	t.Helper()
+	paths, err := gitLsFiles(root)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(paths) < 100 {
 		t.Fatalf("git ls-files listed %d files; not the repository", len(paths))
 	}
+	return paths
+}
+
+// trackedProblems returns problem's message for each of the tracked paths under root that has one.
+func trackedProblems(root string, paths []string) ([]string, error) {
+	var problems []string
 	for _, p := range paths {
-		f, err := os.Open(filepath.Join("../..", p))
+		f, err := os.Open(filepath.Join(root, p))
 		if os.IsNotExist(err) {
 			continue // deleted in the work tree, not yet committed
 		}
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		fi, err := f.Stat()
 		if err != nil {
 			f.Close()
-			t.Fatal(err)
+			return nil, err
 		}
 		head := make([]byte, 8)
 		n, _ := f.Read(head)
@@ -91,7 +111,97 @@ func TestTrackedFiles(t *testing.T) {
 			continue // a symbolic link
 		}
 		if msg := problem(p, head[:n], fi.Size()); msg != "" {
-			t.Error(msg)
+			problems = append(problems, msg)
 		}
+	}
+	return problems, nil
+}
+
+// TestTrackedProblemsInARepository shows the check failing: in a fresh repository, a staged ELF
+// binary, ar archive and large file are each named; a script, a large file under testdata and an
+// untracked binary are not.
+func TestTrackedProblemsInARepository(t *testing.T) {
+	root := t.TempDir()
+	if out, err := exec.Command("git", "init", "-q", root).CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v\n%s", err, out)
+	}
+	elf := append([]byte("\x7fELF\x02\x01\x01"), make([]byte, 4096)...)
+	files := map[string][]byte{
+		"proxy-init":             elf,
+		"internal/x/libx.a":      []byte("!<arch>\n__.PKGDEF"),
+		"hack/run.sh":            []byte("#!/bin/sh\nexec go run ./hack/images\n"),
+		"docs/big.md":            make([]byte, MaxFileSize+1),
+		"x/testdata/big.golden":  make([]byte, MaxFileSize+1),
+		"x/testdata/exact.bytes": make([]byte, MaxFileSize),
+		"untracked-binary":       elf,
+	}
+	for name, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add := exec.Command("git", "-C", root, "add", "--", "proxy-init", "internal", "hack", "docs", "x")
+	if out, err := add.CombinedOutput(); err != nil {
+		t.Fatalf("git add: %v\n%s", err, out)
+	}
+	paths, err := gitLsFiles(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := trackedProblems(root, paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		fmt.Sprintf("docs/big.md is %d bytes, over the %d a tracked file may have outside testdata", MaxFileSize+1, MaxFileSize),
+		"internal/x/libx.a is an ar archive (a Go or C library): build outputs are not committed (add it to .gitignore)",
+		"proxy-init is an ELF executable or object: build outputs are not committed (add it to .gitignore)",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems in the fresh repository:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestTrackedFiles checks every file git tracks in this checkout.
+func TestTrackedFiles(t *testing.T) {
+	problems, err := trackedProblems("../..", trackedFiles(t, "../.."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range problems {
+		t.Error(msg)
+	}
+}
+
+// TestGitignoreCoversBuildOutputs: `go build ./path/to/cmd` at the repository's root writes a
+// binary named after the command's directory there, so .gitignore lists each such name. The
+// commands come from `go list`, so a new one fails here until .gitignore has it.
+func TestGitignoreCoversBuildOutputs(t *testing.T) {
+	list := exec.Command("go", "list", "-f", `{{if eq .Name "main"}}{{.ImportPath}}{{end}}`, "./...")
+	list.Dir = "../.."
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	var names []string
+	for _, p := range strings.Fields(string(out)) {
+		name := path.Base(p)
+		if regexp.MustCompile(`^v[0-9]+$`).MatchString(name) { // a major version's suffix
+			name = path.Base(path.Dir(p))
+		}
+		names = append(names, name)
+		err := exec.Command("git", "-C", "../..", "check-ignore", "-q", "--no-index", "--", name).Run()
+		if exitErr := (*exec.ExitError)(nil); errors.As(err, &exitErr) && exitErr.ExitCode() == 1 {
+			t.Errorf("go build ./%s at the root writes ./%s, which .gitignore does not ignore: add /%s to it",
+				strings.TrimPrefix(p, "github.com/kubemesh/proxy-init/"), name, name)
+		} else if err != nil {
+			t.Fatalf("git check-ignore %s: %v", name, err)
+		}
+	}
+	if !slices.Contains(names, "proxy-init") || !slices.Contains(names, "linkerd-cni") {
+		t.Fatalf("go list found the commands %v; want proxy-init and linkerd-cni among them", names)
 	}
 }

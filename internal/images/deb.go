@@ -82,12 +82,12 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	debs := filepath.Join(dir, "debs")
 	for _, d := range []string{"state/lists/partial", "cache/archives/partial", "debs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return nil, fmt.Errorf("Debian package cache: %w", err)
+			return nil, fmt.Errorf("the Debian package cache: %w", err)
 		}
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("Debian package cache: %w", err)
+		return nil, fmt.Errorf("the Debian package cache: %w", err)
 	}
 	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
@@ -271,7 +271,7 @@ func pruneDebs(dir string, keep []DebPackage) {
 func findDeb(debs []DebPackage, pkg string) (DebPackage, error) {
 	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
 	if i < 0 {
-		return DebPackage{}, fmt.Errorf("Debian package %s: not fetched (see FetchDebs)", pkg)
+		return DebPackage{}, fmt.Errorf("the Debian package %s: not fetched (see FetchDebs)", pkg)
 	}
 	return debs[i], nil
 }

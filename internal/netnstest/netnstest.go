@@ -16,6 +16,10 @@
 // entered through internal/netnsutil, so callbacks run on a locked OS thread
 // and goroutines they start are not inside the namespace. The harness speaks
 // TCP only.
+//
+// # Tests
+//
+// Its own tests: fresh namespaces that are cleaned up, and the child guard.
 package netnstest
 
 import (

@@ -14,6 +14,11 @@
 //     the namespace after Do returns and may be used from any goroutine;
 //   - child processes started from inside fn (os/exec) inherit the namespace,
 //     because the Go runtime forks them from the calling, locked thread.
+//
+// # Tests
+//
+// Its tests: entering namespaces, telling a network namespace from other files, finding a foreign
+// user namespace.
 package netnsutil
 
 import (

@@ -10,6 +10,15 @@
 // transparency log (`cosign verify` needs --insecure-ignore-tlog); a release replaces the
 // signatures a digest had; the files of the release directory (binaries, SHA256SUMS) are not
 // signed. SBOMs list Go modules and Debian packages, not licenses.
+//
+// # Tests
+//
+// Against go-containerregistry's registry in the test process (loopback only): the overlay layer by
+// layer for both platforms and its refusals, a signed release with and without the referrers API
+// (SBOM referrers, signatures that verify and fail, the chart), bad input, and `helm install` from
+// the oci:// reference into a kube-apiserver; install.md's install-from-a-checkout blocks run
+// against the unsigned releases, and the sizes in images.md and performance.md stay within 10% of
+// what was built (docs/images.md#tests).
 package release
 
 import (

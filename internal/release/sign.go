@@ -25,7 +25,7 @@ import (
 // the base64 signature of that payload.
 const (
 	SimpleSigningMediaType types.MediaType = "application/vnd.dev.cosign.simplesigning.v1+json"
-	AnnotationSignature                    = "dev.cosignproject.cosign/signature"
+	AnnotationSignature    string          = "dev.cosignproject.cosign/signature" // an annotation key, not a media type
 )
 
 // Signer signs image digests with a private key.

@@ -117,14 +117,14 @@ func TestStressInstallerChurn(t *testing.T) {
 		mustWrite(conf, c)
 		return c
 	}
-	latest := rewrite()
+	rewrite()
 
 	kills, terms := 0, 0
 	for range *churn {
 		in := startInstaller(t, node, root)
 		time.Sleep(rand.N(300 * time.Millisecond))
 		if rand.N(2) == 0 {
-			latest = rewrite() // the primary restarts too, and writes its .conf again
+			rewrite() // the primary restarts too, and writes its .conf again
 		}
 		sig := syscall.SIGKILL
 		if rand.N(2) == 0 {
@@ -139,7 +139,7 @@ func TestStressInstallerChurn(t *testing.T) {
 			t.Fatalf("the installer did not exit after %v:\n%s", sig, in.out.String())
 		}
 	}
-	latest = rewrite()
+	latest := rewrite()
 
 	in := startInstaller(t, node, root)
 	deadline := time.Now().Add(20 * time.Second)

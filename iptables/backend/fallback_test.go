@@ -43,17 +43,17 @@ func (f *fake) Cleanup(context.Context) error {
 }
 
 var (
-	unsupported = fmt.Errorf("write: %w: no such file or directory", iptables.ErrUnsupported)
-	denied      = &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: "net:[1]", Op: "write", Err: errors.New("operation not permitted")}
-	notFound    = errors.New("iptables-legacy-restore not found in PATH")
+	errUnsupported = fmt.Errorf("write: %w: no such file or directory", iptables.ErrUnsupported)
+	denied         = &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: "net:[1]", Op: "write", Err: errors.New("operation not permitted")}
+	errNotFound    = errors.New("iptables-legacy-restore not found in PATH")
 )
 
 func fallback(calls *[]string, backends ...*fake) *Fallback {
 	f := &Fallback{}
 	for _, b := range backends {
 		b.calls = calls
-		if b.err == notFound {
-			f.tries = append(f.tries, try{b.name, func() (iptables.Applier, error) { return nil, notFound }})
+		if b.err == errNotFound {
+			f.tries = append(f.tries, try{b.name, func() (iptables.Applier, error) { return nil, errNotFound }})
 			continue
 		}
 		f.tries = append(f.tries, try{b.name, func() (iptables.Applier, error) { return b, nil }})
@@ -71,15 +71,15 @@ func TestFallbackApply(t *testing.T) {
 		err      string // empty: success
 	}{
 		{"the first writes", []*fake{{name: "a"}, {name: "b"}}, "apply a", "a", "", ""},
-		{"an unsupported kernel passes over", []*fake{{name: "a", err: unsupported}, {name: "b"}}, "apply a, apply b", "b",
+		{"an unsupported kernel passes over", []*fake{{name: "a", err: errUnsupported}, {name: "b"}}, "apply a, apply b", "b",
 			"b wrote the rules; passed over a: write: the kernel does not support this backend: no such file or directory", ""},
-		{"missing binaries pass over", []*fake{{name: "a", err: notFound}, {name: "b"}}, "apply b", "b",
+		{"missing binaries pass over", []*fake{{name: "a", err: errNotFound}, {name: "b"}}, "apply b", "b",
 			"b wrote the rules; passed over a: iptables-legacy-restore not found in PATH", ""},
 		{"a missing capability stops", []*fake{{name: "a", err: denied}, {name: "b"}}, "apply a", "a", "",
 			"write: permission denied: this needs CAP_NET_ADMIN in network namespace net:[1] (grant the container NET_ADMIN): operation not permitted"},
-		{"any other failure stops", []*fake{{name: "a", err: unsupported}, {name: "b", err: errors.New("busy")}, {name: "c"}}, "apply a, apply b", "a", "",
+		{"any other failure stops", []*fake{{name: "a", err: errUnsupported}, {name: "b", err: errors.New("busy")}, {name: "c"}}, "apply a, apply b", "a", "",
 			"busy (after passing over a: write: the kernel does not support this backend: no such file or directory)"},
-		{"none works", []*fake{{name: "a", err: unsupported}, {name: "b", err: notFound}}, "apply a", "a", "",
+		{"none works", []*fake{{name: "a", err: errUnsupported}, {name: "b", err: errNotFound}}, "apply a", "a", "",
 			"no backend works here: a: write: the kernel does not support this backend: no such file or directory; b: iptables-legacy-restore not found in PATH"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -108,7 +108,7 @@ func TestFallbackApply(t *testing.T) {
 // Show reads with the backend that holds our rules, else the first that can read.
 func TestFallbackShow(t *testing.T) {
 	var calls []string
-	f := fallback(&calls, &fake{name: "a"}, &fake{name: "b", err: unsupported}, &fake{name: "c", rules: []string{"-A X"}})
+	f := fallback(&calls, &fake{name: "a"}, &fake{name: "b", err: errUnsupported}, &fake{name: "c", rules: []string{"-A X"}})
 	st, err := f.Show(context.Background(), nil)
 	if err != nil || st.Backend != "c" || f.Name() != "c" {
 		t.Errorf("show: %+v, %v; want c's rules", st, err)
@@ -126,7 +126,7 @@ func TestFallbackShow(t *testing.T) {
 
 func TestFallbackCleanup(t *testing.T) {
 	var calls []string
-	f := fallback(&calls, &fake{name: "a", err: unsupported}, &fake{name: "b"}, &fake{name: "c"})
+	f := fallback(&calls, &fake{name: "a", err: errUnsupported}, &fake{name: "b"}, &fake{name: "c"})
 	if err := f.Cleanup(context.Background()); err != nil || strings.Join(calls, ", ") != "cleanup a, cleanup b" {
 		t.Errorf("cleanup: %v after %q", err, calls)
 	}

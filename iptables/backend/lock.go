@@ -33,8 +33,14 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/internal/rootonly"
-	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
+
+// DefaultLockWait is how long a writer waits for the namespace's locks when its Target sets no
+// other bound (an audit sets a shorter one): long enough to outlast another writer's apply, short
+// enough that a lock held for good fails the pod's ADD, or proxy-init, visibly instead of hanging
+// it. It is this package's own bound, not the xtables lock's (xtables.WaitTimeout, which the
+// iptables binaries wait on inside it), although both are 10 s today.
+const DefaultLockWait = 10 * time.Second
 
 // DefaultHostLockDir is the host locks' directory on a node: the CNI plugin and the node agent
 // keep them there (in linkerd-cni's state directory), and proxy-init --netns looks there.
@@ -73,7 +79,7 @@ func enterLocked(t Target, exclusive bool, fn func() error) error {
 
 // lock takes the target's locks, the host one first, within one wait, and returns their release.
 func (t Target) lock(exclusive bool) (unlock func(), err error) {
-	wait := cmp.Or(t.LockWait, xtables.WaitTimeout)
+	wait := cmp.Or(t.LockWait, DefaultLockWait)
 	deadline := time.Now().Add(wait)
 	unlock = func() {}
 	if t.HostLockDir != "" {

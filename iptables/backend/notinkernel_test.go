@@ -17,7 +17,7 @@ import (
 )
 
 // The socket refusal as the netlink backends report it (nfnl's dial, through errclass).
-var refusedSocket = fmt.Errorf("remove the iptables-nft nat rules: open the nf_tables netlink socket: %w: %w",
+var errRefusedSocket = fmt.Errorf("remove the iptables-nft nat rules: open the nf_tables netlink socket: %w: %w",
 	iptables.ErrNotInKernel, unix.EPROTONOSUPPORT)
 
 // A backend whose kernel interface is refused outright (the nf_tables socket under qemu-user, or on
@@ -31,7 +31,7 @@ func TestOtherBackendNotInKernel(t *testing.T) {
 		err     error // of the other backend, in every operation
 		wantErr string
 	}{
-		{"socket refused", refusedSocket, ""},
+		{"socket refused", errRefusedSocket, ""},
 		{"a message refused", fmt.Errorf("remove the iptables-nft nat rules: %w: %w", iptables.ErrUnsupported, unix.EOPNOTSUPP),
 			"the kernel does not support this backend: operation not supported"},
 		{"busy", unix.EBUSY, "device or resource busy"},
@@ -68,7 +68,7 @@ func TestOtherBackendNotInKernel(t *testing.T) {
 // nf_tables) has nothing of ours to remove: cleanup succeeds, and still clears the other backends.
 func TestChosenBackendNotInKernel(t *testing.T) {
 	chosen, other := iptablestest.NewFake(), iptablestest.NewFake()
-	chosen.Fail("cleanup", refusedSocket)
+	chosen.Fail("cleanup", errRefusedSocket)
 	other.Set(iptables.IPv4, []string{"-A PROXY_INIT_OUTPUT -j RETURN"})
 	r := backendtest.Runner(chosen, t.TempDir()+"/close-wait")
 	r.Others = func([]iptables.Backend) []iptables.Applier { return []iptables.Applier{other} }
@@ -83,7 +83,7 @@ func TestChosenBackendNotInKernel(t *testing.T) {
 		t.Errorf("no debug line says the chosen backend was skipped:\n%s", log.String())
 	}
 	// Show of the chosen backend is not excused: the rules the mode names cannot be read.
-	chosen.Fail("show", refusedSocket)
+	chosen.Fail("show", errRefusedSocket)
 	if _, err := r.Show(context.Background(), backendTarget(&log), iptablestest.Build(t, iptablestest.ChartConfig())); !errors.Is(err, iptables.ErrNotInKernel) {
 		t.Errorf("show: %v; want the refusal", err)
 	}

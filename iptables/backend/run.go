@@ -41,7 +41,7 @@ type Target struct {
 	// InPodLock, with HostLockDir set, also takes the in-pod lock (flock on the namespace's own
 	// nsfs file), after the host one; without HostLockDir the in-pod lock is always taken.
 	InPodLock bool
-	// LockWait bounds the wait for the locks; 0 means xtables.WaitTimeout.
+	// LockWait bounds the wait for the locks; 0 means DefaultLockWait.
 	LockWait time.Duration
 	// RemoveHostLock makes a Cleanup remove the host lock's file before releasing it: the
 	// namespace is going (the plugin's DEL).

@@ -3,6 +3,20 @@
 // the close-wait sysctl), and the choice of the applier for a mode, including "auto", so one
 // backend's rules redirect at a time. It decides nothing about which rules exist; that is the
 // builder's job. The Applier interface itself is declared in package iptables.
+//
+// # Tests
+//
+// As root: real TCP through every backend (TestRealTraffic), a backend switch leaves one
+// (TestBackendSwitchLeavesOne), cleanup removes every backend, show reports other backends,
+// concurrent applies end with one config, /0 subnets are idempotent, half-applied is named and
+// completed; the close-wait timeout set over netlink and read back
+// (TestRunnerSetsCloseWaitOverNetlink); nft and auto run the traffic suite with an empty PATH; the
+// real fallbacks (auto to nftables, nft to the binaries) where the kernel refuses; a pod with its
+// own user namespace gets the native table in every mode, logged once per operation, with real TCP
+// and the proxy's UID inside the pod exempt (TestUserNamespacePod), and iptables rules of ours
+// written from inside that user namespace are replaced or cleaned up from outside
+// (TestUserNamespacePodRulesFromInside). Without root: the fallback order over fake appliers
+// (fallback_test.go).
 package backend
 
 import (

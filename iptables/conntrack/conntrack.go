@@ -9,6 +9,12 @@
 // socket is opened in the calling thread's). A kernel without cttimeout
 // (CONFIG_NF_CT_NETLINK_TIMEOUT) refuses: the error is then ErrUnsupported, and the sysctl file is
 // the caller's fallback.
+//
+// # Tests
+//
+// As root: the value set over netlink is the namespace's sysctl and the sysctl's is read over
+// netlink, a round trip, other namespaces untouched. Without root: the answer's parser, and which
+// refusals fall back to the sysctl file.
 package conntrack
 
 import (

@@ -47,4 +47,21 @@
 // see iptables-legacy rules, which live outside nf_tables. Table comments need Linux 5.13 or
 // later; an older kernel drops the native table's comment, so every apply there rewrites the
 // table (still in one transaction).
+//
+// # Tests
+//
+// Without root: the encodings both ways (TestDecodeIsStrictInverse, TestNativeRoundTrip, the
+// extension blobs pinned in TestInfoBlobsAsIPTablesNFT, the expressions laid into the batch held
+// equal to google/nftables' marshalling in TestExpressionsAsGoogleMarshals), the batch per config
+// for a fresh namespace (TestGoldenBatches, testdata/batch), and the planner from kernel states
+// recorded in real namespaces (TestPlanFromRecordedStates, testdata/states: leftovers, another
+// tool's rules, a tampered table, both representations at once; `-update` regenerates the batches,
+// `-run TestRecordStates -record` as root the states). As root: for every golden config and both
+// families, iptables-nft-save prints the same after our apply as after iptables-nft-restore of our
+// payload (TestSaveEquality), and `iptables-nft -S` / `-L` read it; iptables-nft-restore over our
+// rules and our apply over its rules; others' rules untouched; all or nothing; a stale plan refused
+// whole (TestStalePlanRefused, both representations); the native table: apply, show, re-apply and
+// cleanup, `nft -f` of the same table and of the printed batch, one transaction per change, a
+// tampered table repaired, a refused batch writes nothing and names the message, iptables-nft rules
+// of ours removed in the same batch, an empty PATH, large sets, concurrent applies; real traffic.
 package nfnl

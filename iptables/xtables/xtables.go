@@ -6,6 +6,11 @@
 // iptables-nft's chains are visible over nf_tables netlink (asked of iptables/nfnl). `*-save`
 // runs only when our chains may exist. It never decides which rules exist; that is the builder's
 // job.
+//
+// # Tests
+//
+// As root: apply, re-apply with no change, change and cleanup in a namespace; an IPv6 failure rolls
+// back IPv4; restore errors quote the payload lines; the fallback within a flavor.
 package xtables
 
 import (

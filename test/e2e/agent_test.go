@@ -127,14 +127,15 @@ func testAgentHealsInPlace(t *testing.T, c *Cluster) {
 				return false, err
 			}
 			for j := range l.Items {
-				p := &l.Items[j]
-				if p.UID != failed[i] {
+				if p := &l.Items[j]; p.UID != failed[i] {
 					return false, fmt.Errorf("pod %s (%s) replaced the failed one: it was deleted", p.Name, p.UID)
 				}
-				pod = p
-				return podReady(p) && exitCode(p, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(p))
 			}
-			return false, fmt.Errorf("%d pods", len(l.Items))
+			if len(l.Items) != 1 {
+				return false, fmt.Errorf("%d pods", len(l.Items))
+			}
+			pod = &l.Items[0]
+			return podReady(pod) && exitCode(pod, "linkerd-network-validator") == 0, fmt.Errorf("%s", describePod(pod))
 		})
 		if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 			t.Errorf("no rules in the healed pod's network namespace on %s", n.Name)
@@ -284,12 +285,12 @@ func testPluginLogs(t *testing.T, c *Cluster) {
 	for i, n := range c.Nodes {
 		ns := nodeNamespace("e2e-logs", n)
 		pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
-		added := `msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` containerID=`
+		added := `msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` container_id=`
 		m := regexp.MustCompile(added + `([0-9a-f]{64})`).FindStringSubmatch(n.ContainerdLog(t))
 		if m == nil {
 			t.Fatalf("no ADD of the plugin for pod %s in containerd's log on %s", pod.Name, n.Name)
 		}
-		want := regexp.MustCompile(added + m[1] + ` .*apiRequests=0`)
+		want := regexp.MustCompile(added + m[1] + ` .*api_requests=0`)
 		waitFor(ctx, t, 30*time.Second, "the plugin's ADD in the agent's log on "+n.Name, func(context.Context) (bool, error) {
 			return want.MatchString(podLog(t, c, ds[i], agentContainer)), fmt.Errorf("no line matching %s", want)
 		})

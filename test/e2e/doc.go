@@ -20,4 +20,13 @@
 //
 // Limits: root only, Linux only; the cluster costs about two GiB of memory. Pods reach nothing
 // outside the cluster.
+//
+// # Scenarios
+//
+// The scenarios (root, `make e2e`; docs/e2e.md lists each): our images on the cluster from the
+// default rendering, a meshed pod, an init-container pod, unmeshed and excluded pods, repair and
+// its scope per node, the node agent per node (healing in place, drift, lookups with no API
+// request, plugin logs), teardown, both families and across nodes, user-namespace pods, Linkerd's
+// own injected pod specs, STATUS and node readiness, a rolling upgrade under pod churn, 30 pods at
+// once, the API unreachable from the plugin, and nothing left on the machine afterwards.
 package e2e

@@ -91,9 +91,9 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if !strings.Contains(agentLog, `msg="pod looked up from the kubelet's pods API"`) || !strings.Contains(agentLog, "pod="+ns+"/"+pod.Name+" uid="+string(pod.UID)+" command=ADD synced=false") {
 		t.Errorf("the restarted agent did not read pod %s from the kubelet before its watches synced:\n%s", pod.Name, agentLog)
 	}
-	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of pod %s with source=kubelet apiRequests=0 in containerd's log on %s", pod.Name, n.Name)
+		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", pod.Name, n.Name)
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
@@ -120,9 +120,9 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
 		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
 	}
-	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)
+		t.Errorf("no ADD of static pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
 	}
 	stopped = false
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -166,7 +166,7 @@ func startStaticPod(ctx context.Context, t *testing.T, n *Node, ns string, d *ap
 
 // testPluginKubeletLookup: with no node agent (the chart's agent off), the plugin reads a pod from
 // the kubelet's pods API itself. A new meshed pod that carries every annotation it reads starts
-// meshed with its ADD saying source=kubelet apiRequests=0, and the API server's audit log has no
+// meshed with its ADD saying source=kubelet api_requests=0, and the API server's audit log has no
 // GET from linkerd-cni for it (without the kubelet, AgentLookup's pod costs one or two); then,
 // with kube-apiserver stopped, a new static pod starts meshed the same way, where before it could
 // not have been looked up at all.
@@ -187,9 +187,9 @@ func testPluginKubeletLookup(t *testing.T, c *Cluster) {
 	if code := exitCode(pod, "linkerd-network-validator"); code != 0 || pod.Spec.NodeName != n.Name {
 		t.Fatalf("pod %s on %s: validator exit code %d, want 0 on %s", pod.Name, pod.Spec.NodeName, code, n.Name)
 	}
-	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of pod %s with source=kubelet apiRequests=0 in containerd's log on %s", pod.Name, n.Name)
+		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", pod.Name, n.Name)
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
@@ -210,9 +210,9 @@ func testPluginKubeletLookup(t *testing.T, c *Cluster) {
 		}
 	})
 	name := startStaticPod(ctx, t, n, ns, d)
-	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)
+		t.Errorf("no ADD of static pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
 	}
 	stopped = false
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

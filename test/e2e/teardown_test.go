@@ -64,7 +64,7 @@ func testTeardown(t *testing.T, c *Cluster) {
 	// The plugin's standard error lands in containerd's log; its ADD names the sandbox.
 	var sandboxes []string
 	for _, p := range pods {
-		m := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(p.Name) + ` namespace=` + ns + ` containerID=([0-9a-f]+)`).
+		m := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(p.Name) + ` namespace=` + ns + ` container_id=([0-9a-f]+)`).
 			FindStringSubmatch(n.ContainerdLog(t))
 		if m == nil {
 			t.Fatalf("no ADD of the plugin for pod %s in containerd's log", p.Name)

@@ -106,7 +106,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		ds := installDaemonSet(ctx, t, c)
 		pod := meshedPod(t, "e2e-userns", cniWorkload, "linkerd-network-validator")
 		added := addLine(t, c, pod)
-		if !strings.Contains(added, " apiRequests=0 ") {
+		if !strings.Contains(added, " api_requests=0 ") {
 			t.Errorf("the ADD did not take the pod from the agent (it made API requests): %s", added)
 		}
 		if !strings.Contains(added, " backend=nftables ") {
@@ -135,7 +135,7 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 	t.Run("PluginWithoutAgentLookups", func(t *testing.T) {
 		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
 		pod := meshedPod(t, "e2e-userns-fallback", cniWorkload, "linkerd-network-validator")
-		if added := addLine(t, c, pod); strings.Contains(added, " apiRequests=0 ") {
+		if added := addLine(t, c, pod); strings.Contains(added, " api_requests=0 ") {
 			t.Errorf("the ADD made no API request: the agent looked the pod up, though lookups are off: %s", added)
 		}
 		checkRuleBackend(ctx, t, c, pod, "nftables")
