@@ -59,8 +59,14 @@ func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
 
 func (f *fakeAgent) serve(conn *net.UnixConn) {
 	defer conn.Close()
-	req, err := wire.ReadRequest(conn)
+	req, fd, err := wire.ReadRequest(conn)
 	if err != nil {
+		return
+	}
+	if fd != nil {
+		// An agent of lookups only (protocol 2), as before writes: it refuses the descriptor.
+		fd.Close()
+		_ = wire.Answer(conn, wire.Reply{Error: wire.Errorf(wire.CodeRefused, "file descriptors attached (protocol 2 carries none); closed unused")})
 		return
 	}
 	f.reqs <- req

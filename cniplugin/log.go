@@ -20,6 +20,13 @@ import (
 // of concurrent plugin processes interleave whole. A log file that cannot be opened, or that
 // OpenLogFile refuses, is reported on stderr and otherwise ignored: logging must never fail an ADD.
 func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any) (*slog.Logger, func()) {
+	log, _, closeFn := newLoggerTo(stderr, level, logFile, attrs...)
+	return log, closeFn
+}
+
+// newLoggerTo is newLogger, and also returns the writer its lines go to (stderr and log_file), for
+// lines logged elsewhere: the node agent's, when it wrote the rules.
+func newLoggerTo(stderr io.Writer, level slog.Level, logFile string, attrs ...any) (*slog.Logger, io.Writer, func()) {
 	w := stderr
 	closeFn := func() {}
 	var openErr error
@@ -36,7 +43,7 @@ func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any)
 	if openErr != nil {
 		log.Warn("cannot use log_file; logging to stderr only", "log_file", logFile, "error", openErr)
 	}
-	return log, closeFn
+	return log, w, closeFn
 }
 
 // OpenLogFile opens log_file for appending, creating it (mode 0600) when missing. The plugin

@@ -101,7 +101,7 @@ type Written struct {
 	Backend string `json:"backend,omitempty"`
 	Changed bool   `json:"changed,omitempty"`
 	// CloseWaitSecs is the conntrack close-wait timeout written (0: left alone).
-	CloseWaitSecs int `json:"closeWaitSecs,omitempty"`
+	CloseWaitSecs int64 `json:"closeWaitSecs,omitempty"`
 	// Seconds is how long the agent took, its lookup included.
 	Seconds float64 `json:"seconds"`
 	// Error, when set, is the ADD's failure, with the CNI code the plugin would have returned:
