@@ -171,9 +171,18 @@ func ReadRequest(conn *net.UnixConn) (Request, *os.File, error) {
 	case req.V == Version && (req.Netns != "" || req.IfName != ""):
 		err = Errorf(CodeMalformed, "a lookup (version %d) with netns or ifName", Version)
 	}
-	if err != nil && fd != nil {
-		fd.Close()
-		fd = nil
+	if err != nil {
+		if fd != nil {
+			fd.Close()
+			fd = nil
+		}
+		// The refusal is answered in the version the peer speaks, when it is one of ours.
+		var head struct {
+			V int `json:"v"`
+		}
+		if json.Unmarshal(b, &head) == nil && (head.V == Version || head.V == WriteVersion) {
+			req.V = head.V
+		}
 	}
 	return req, fd, err
 }
