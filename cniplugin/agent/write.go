@@ -170,6 +170,7 @@ func (a *Agent) write(ctx context.Context, req wire.Request, netns *os.File) (re
 	w, err := cniplugin.NewAgentWriter(api, a.opts.Runner).AgentAdd(ctx, cniplugin.AgentAdd{Conf: conf,
 		Pod:         cniplugin.PodArgs{Namespace: req.Namespace, Name: req.Name, UID: req.UID, InfraContainerID: req.ContainerID},
 		ContainerID: req.ContainerID, NetNS: path, Log: &logs})
+	a.kubeletAnswered(req, wire.Reply{Source: api.source})
 	// Messages name the namespace as the runtime did, not as this process reached it.
 	named := func(s string) string { return strings.ReplaceAll(s, path, req.Netns) }
 	var nw *cniplugin.NotWrittenError
