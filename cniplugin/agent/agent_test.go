@@ -36,6 +36,11 @@ func TestAgent(t *testing.T) {
 		{"a pod only the kubelet knows", testKubeletOnlyPod},
 		{"refused and malformed messages", testRefusedMessages},
 		{"peers without CAP_SYS_ADMIN in the initial user namespace", testUnprivilegedPeers},
+		{"route 1: a forged config is not used", testForgedConfig},
+		{"route 1: namespaces refused", testRefusedNamespaces},
+		{"route 1: a writer without CAP_SYS_ADMIN", testUnprivilegedWriter},
+		{"route 2: an agent that declines", testDeclinedWrites},
+		{"both routes: the same CNI codes", testSameCNICodes},
 		{"mode legacy", testLegacy},
 		{"audit and heal modes", testAudit},
 		{"annotations invalid after start", testInvalidAnnotation},
@@ -189,7 +194,8 @@ func testLateP(t *testing.T, c *kubetest.Cluster) {
 	expectRules(t, args, expected(t, iptables.ModeNFT, nil))
 }
 
-// testLegacy: in legacy mode the plugin writes with the node's iptables-legacy, the pod from the
+// testLegacy: in legacy mode the rules are written with iptables-legacy (by the agent here, whose
+// PATH holds the binaries; in the DaemonSet its image has none, and it declines), the pod from the
 // agent's watch, with no API lookup.
 func testLegacy(t *testing.T, c *kubetest.Cluster) {
 	r := newRig(t, c, rigOpts{iptablesMode: iptables.ModeLegacy})

@@ -121,6 +121,9 @@ func checkWriteNetNS(f *os.File, cniNetns string, refs nsRefs) (refuse, decline 
 			return wire.Errorf(wire.CodeRefused, "the descriptor attached is %s (nsfs inode %d); refusing to write there", r.what, theirs.Ino), nil
 		}
 	}
+	if refs.pinned == "" {
+		return nil, nil // the agent writes nothing (whyNoWrites), so has nothing to check it against
+	}
 	name, ok := netnsName(cniNetns)
 	if !ok {
 		return nil, wire.Errorf(wire.CodeCannotWrite, "CNI_NETNS %s is not in /var/run/netns, where the agent can tell that the runtime pinned it", cniNetns)
