@@ -71,7 +71,7 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	}
 	if err := wire.CheckSocket(socket); err != nil {
 		c.asked = true
-		c.logAgent(err, "the node agent did not write the rules nor look the pod up; the plugin reads the pod from the API and writes")
+		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
 		return false, nil
 	}
 	fd, err := unix.Open(c.args.Netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -96,7 +96,7 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 		c.log.Info("the node agent did not write the rules; the plugin writes them", "why", ex.Reply.Declined.Error())
 	}
 	if err != nil {
-		c.logAgent(err, "the node agent did not write the rules nor look the pod up; the plugin reads the pod from the API and writes")
+		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
 		return false, nil
 	}
 	r := &ex.Reply
