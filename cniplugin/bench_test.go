@@ -35,10 +35,11 @@ func msec(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Micro
 
 // BenchmarkADD prints linkerd-cni's figures for `make bench` (-benchtime 1x: it repeats by itself):
 // the median ADD latency of a meshed pod through libcni with the local kube-apiserver, beside the
-// same chain with a no-op plugin in linkerd-cni's place, with the node agent ready (the plugin
-// writes with its lookup) and without one (the plugin reads the API itself); the ADD with the agent
-// with the binaries run directly, without libcni and the bridge, beside the no-op plugin run the
-// same way; the start-up time (CNI_COMMAND=VERSION) of the plugin beside start-up floors (the no-op
+// same chain with a no-op plugin in linkerd-cni's place, with the node agent writing (route 1, as
+// the chart's agent with audits does), with an agent of lookups only (route 2: the plugin writes
+// with its lookup, as with agent.auditPeriod 0s) and without one (the plugin reads the API
+// itself); the ADD with the agent with the binaries run directly, without libcni and the bridge,
+// beside the no-op plugin run the same way; the start-up time (CNI_COMMAND=VERSION) of the plugin beside start-up floors (the no-op
 // plugin alone, and with Go's HTTPS stack); the binary's size; and the peak memory of an ADD.
 func BenchmarkADD(b *testing.B) {
 	n := newNode(b, true)
@@ -80,6 +81,13 @@ func BenchmarkADD(b *testing.B) {
 	floorSocket := echoServer(b)
 	none := map[string]any{"log_level": "info", "agent": map[string]any{"socket": ""}}
 	withAgent := map[string]any{"log_level": "info", "agent": map[string]any{"socket": socket}}
+	// Agents that write (route 1), one per mode: each reads its node's conflist, the row's.
+	writers := map[iptables.Mode]map[string]any{}
+	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeAuto} {
+		s, dir := n.startWritingAgent(b)
+		writers[mode] = map[string]any{"log_level": "info", "agent": map[string]any{"socket": s}}
+		writeNodeConflist(b, dir, n.conflist(b, netOpts{mode: mode, top: writers[mode]}))
+	}
 	type addRow struct {
 		what  string
 		list  *libcni.NetworkConfigList
@@ -106,13 +114,14 @@ func BenchmarkADD(b *testing.B) {
 	}{
 		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", none, false, 40 * time.Millisecond},
 		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", none, false, 30 * time.Millisecond},
-		{"meshed pod, nft, agent ready", iptables.ModeNFT, "web", withAgent, false, 4 * time.Millisecond},
+		{"meshed pod, nft, agent writes (route 1)", iptables.ModeNFT, "web", writers[iptables.ModeNFT], false, 4 * time.Millisecond},
+		{"meshed pod, nft, agent lookups only (route 2)", iptables.ModeNFT, "web", withAgent, false, 8 * time.Millisecond},
 		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", none, false, 30 * time.Millisecond},
-		{"meshed pod, auto, agent ready", iptables.ModeAuto, "web", withAgent, false, 4 * time.Millisecond},
+		{"meshed pod, auto, agent writes (route 1)", iptables.ModeAuto, "web", writers[iptables.ModeAuto], false, 4 * time.Millisecond},
 		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", none, false, 40 * time.Millisecond},
-		{"meshed pod, legacy, agent ready", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
+		{"meshed pod, legacy, agent lookups (route 2)", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
 		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", none, false, 40 * time.Millisecond},
-		{"unmeshed pod, agent ready", iptables.ModeNFTables, "plain", withAgent, false, 4 * time.Millisecond},
+		{"unmeshed pod, agent ready (route 1)", iptables.ModeNFTables, "plain", writers[iptables.ModeNFT], false, 4 * time.Millisecond},
 		{"hostUsers: false, nft (native table)", iptables.ModeNFT, "web", none, true, 40 * time.Millisecond},
 		{"hostUsers: false, auto (native table)", iptables.ModeAuto, "web", none, true, 40 * time.Millisecond},
 	} {
@@ -168,8 +177,9 @@ func BenchmarkADD(b *testing.B) {
 	}{
 		{what: "floor: the no-op plugin", bin: filepath.Join(binDirs[0], "noopcni"), list: rows[0].list},
 		{what: "floor: no-op + one UNIX-socket round trip", bin: filepath.Join(binDirs[0], "noopcni"), list: rows[1].list},
-		{what: "linkerd-cni, meshed pod, nft, agent ready", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: withAgent})},
-		{what: "linkerd-cni, meshed pod, auto, agent ready", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeAuto, top: withAgent})},
+		{what: "linkerd-cni, meshed, nft, agent writes (1)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: writers[iptables.ModeNFT]})},
+		{what: "linkerd-cni, meshed, nft, agent lookups (2)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: withAgent})},
+		{what: "linkerd-cni, meshed, auto, agent writes (1)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeAuto, top: writers[iptables.ModeAuto]})},
 	}
 	for range directRuns {
 		for i := range direct {
@@ -373,7 +383,8 @@ func peakRSS(b *testing.B, bin, cmd string, env []string, stdin []byte) int64 {
 }
 
 // insideTimes summarizes the plugin's own log lines for the given ADDs: the median time of the
-// pod lookup, of writing the rules, and of the whole plugin after start-up.
+// pod lookup, of writing the rules, of the agent's write (route 1: the round trip), and of the
+// whole plugin after start-up.
 func (n *node) insideTimes(b *testing.B, ids []string) string {
 	b.Helper()
 	data, err := os.ReadFile(n.logFile)
@@ -385,7 +396,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		want[id] = true
 	}
 	fields := map[string][]time.Duration{}
-	re := regexp.MustCompile(` (lookup|apply|elapsed)=(\S+)`)
+	re := regexp.MustCompile(` (lookup|apply|agent|elapsed)=(\S+)`)
 	idRe := regexp.MustCompile(` containerID=(\S+)`)
 	for _, l := range strings.Split(string(data), "\n") {
 		m := idRe.FindStringSubmatch(l)
@@ -399,7 +410,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		}
 	}
 	var parts []string
-	for _, k := range []string{"lookup", "apply", "elapsed"} {
+	for _, k := range []string{"lookup", "apply", "agent", "elapsed"} {
 		if len(fields[k]) > 0 {
 			parts = append(parts, k+" "+msec(median(fields[k])))
 		}
