@@ -167,6 +167,10 @@ func (a *Agent) write(ctx context.Context, req wire.Request, netns *os.File) (re
 		return a.declined(ctx, req, decline)
 	}
 
+	// Bounded as an audit is: the plugin stops waiting after its agent.timeout and writes itself,
+	// and the namespace's lock keeps the two writes apart.
+	ctx, cancel := context.WithTimeout(ctx, auditTimeout)
+	defer cancel()
 	path := "/proc/self/fd/" + strconv.Itoa(int(netns.Fd()))
 	var logs bytes.Buffer
 	api := &cacheAPI{a: a, uid: k8stypes.UID(req.UID)}
