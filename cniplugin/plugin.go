@@ -141,7 +141,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 		logFile = conf.LogFile
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
-	c.log, c.lines, c.closeLog = newLoggerTo(io.MultiWriter(p.Stderr, c.own), level, logFile,
+	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
 		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "containerID", args.ContainerID)...)
 	c.trace.logIgnored(c.log)
 	return c, argErr

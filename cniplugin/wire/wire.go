@@ -215,9 +215,6 @@ func CodeOf(err error) Code {
 	return ""
 }
 
-// IsCapability reports whether err is, or wraps, an *Error of CodeCapability.
-func IsCapability(err error) bool { return CodeOf(err) == CodeCapability }
-
 // IsNotSynced reports whether err is the agent's CodeNotSynced.
 func IsNotSynced(err error) bool { return CodeOf(err) == CodeNotSynced }
 
