@@ -206,12 +206,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return p.printPrev(c)
 	}
 
+	// The lookup's time includes a write request the agent declined: its reply held the pod.
+	lookupStart := time.Now()
 	if p.nodeAgent && args.Netns != "" && !conf.Linkerd.Simulate {
 		if done, err := p.addByAgent(c, began); done {
 			return err
 		}
 	}
-	lookupStart := time.Now()
 	pl, err := p.plan(c)
 	lookupTook := time.Since(lookupStart)
 	c.noteLookup(err)
