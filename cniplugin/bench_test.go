@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -483,7 +485,9 @@ func (n *node) startBaseline(b *testing.B) *baseline {
 	}
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
 	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: filepath.Join(dir, "plugin", "linkerd-cni"),
-		cni: libcni.NewCNIConfig(append([]string{filepath.Join(dir, "plugin")}, binDirs...), nil)}
+		// Its plugins' stderr is dropped: the figures, not the baseline's log lines.
+		cni: libcni.NewCNIConfigWithCacheDir(append([]string{filepath.Join(dir, "plugin")}, binDirs...), filepath.Join(n.dir, "cache"),
+			&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: io.Discard}})}
 	var log cnitest.SyncBuffer
 	cmd := exec.Command("nsenter", "--net="+n.ns.Path(), "--", filepath.Join(dir, "linkerd-cni"), "agent", "--node-name="+nodeName,
 		"--kubeconfig="+n.kubeconfig, "--socket="+base.socket, "--audit-period=0", "--admin-addr=127.0.0.1:19993", "--host-proc=/proc",
