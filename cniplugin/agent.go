@@ -127,7 +127,7 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	c.route = wire.RouteAgent
 	c.log.Info("rules written", "kind", w.Kind, "backend", w.Backend, "changed", w.Changed,
 		"source", c.lookup, "apiRequests", 0, "route", c.route, "closeWaitSecs", w.CloseWaitSecs,
-		"agent", took, "elapsed", time.Since(began))
+		"agent", took, "inAgent", time.Duration(w.Seconds*float64(time.Second)), "elapsed", time.Since(began))
 	return true, p.printPrev(c)
 }
 

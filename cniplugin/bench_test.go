@@ -442,7 +442,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		want[id] = true
 	}
 	fields := map[string][]time.Duration{}
-	re := regexp.MustCompile(` (lookup|apply|agent|elapsed)=(\S+)`)
+	re := regexp.MustCompile(` (lookup|apply|agent|inAgent|elapsed)=(\S+)`)
 	idRe := regexp.MustCompile(` containerID=(\S+)`)
 	for _, l := range strings.Split(string(data), "\n") {
 		m := idRe.FindStringSubmatch(l)
@@ -456,7 +456,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		}
 	}
 	var parts []string
-	for _, k := range []string{"lookup", "apply", "agent", "elapsed"} {
+	for _, k := range []string{"lookup", "apply", "agent", "inAgent", "elapsed"} {
 		if len(fields[k]) > 0 {
 			parts = append(parts, k+" "+msec(median(fields[k])))
 		}
