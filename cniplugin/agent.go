@@ -1,14 +1,19 @@
 package cniplugin
 
 // The node's plugin and the node agent (package cniplugin/agent, `linkerd-cni agent` in the
-// DaemonSet), over the protocol of package wire. ADD and CHECK ask the agent for the pod, its
-// namespace and default/kubernetes from its watch cache, in place of up to three API requests;
-// DEL tells the agent first, so that its audits leave the sandbox alone. Whatever the answer, the
-// plugin writes, checks or removes the rules itself: the agent never acts for a caller it cannot
-// tie to a pod (the runtime registers a sandbox only after its ADD returns). When the agent is
-// absent, slow, not synced, does not know the pod or refuses the call, the plugin reads the API
-// as it would without an agent, and says why. After the call it sends the agent a report (its
-// result, duration and log lines), which becomes metrics and the agent's log.
+// DaemonSet), over the protocol of package wire. An ADD takes one of two routes:
+//
+//  1. the agent writes: the plugin sends a write request with the pod's network namespace as a
+//     descriptor; the agent checks it against the file the runtime pinned at CNI_NETNS and writes
+//     the rules of the node's own network config with this package's code (agentwrite.go);
+//  2. the plugin writes, with the agent's copy of the pod (its reply when it declines to write, or
+//     a lookup) or with its own API reads when the agent does not answer with the pod.
+//
+// CHECK asks the agent for the pod and checks itself; DEL tells the agent first, so that its
+// audits leave the sandbox alone, and removes the rules itself. When the agent is absent, slow,
+// not synced, does not know the pod or refuses the call, the plugin reads the API as it would
+// without an agent, and says why. After the call it sends the agent a report (its result, the
+// route, its duration and log lines), which becomes metrics and the agent's log.
 
 import (
 	"cmp"
@@ -16,9 +21,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 )
@@ -48,6 +57,78 @@ func (c *call) askAgent() *agentLookup {
 	}
 	c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
 	return nil
+}
+
+// addByAgent offers an ADD to the node agent (route 1). It returns done, with the ADD's result,
+// when the agent wrote the rules (or found none needed, or failed the ADD closed with a CNI
+// error); otherwise the plugin writes (route 2): with the agent's copy of the pod when its reply
+// held one (c.agentAPI), else with its own API reads. An agent that speaks only lookups is asked
+// again for the pod, as before writes.
+func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
+	socket := c.conf.Agent.Socket
+	if socket == "" {
+		return false, nil // agent.socket "": never asked
+	}
+	if err := wire.CheckSocket(socket); err != nil {
+		c.asked = true
+		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
+		return false, nil
+	}
+	fd, err := unix.Open(c.args.Netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		// The plugin's own write will say what is wrong with CNI_NETNS.
+		c.log.Debug("cannot open the pod's network namespace to pass it to the node agent; the plugin writes", "netns", c.args.Netns, "error", err)
+		return false, nil
+	}
+	netns := os.NewFile(uintptr(fd), c.args.Netns)
+	defer netns.Close()
+	start := time.Now()
+	ex, err := wire.AskWrite(socket, cmp.Or(c.conf.Agent.Timeout, DefaultAgentTimeout), wire.Request{
+		Namespace: c.pod.Namespace, Name: c.pod.Name, UID: c.pod.UID, ContainerID: c.args.ContainerID,
+		Netns: c.args.Netns, IfName: c.args.IfName}, netns)
+	took := time.Since(start)
+	if wire.CodeOf(err) == wire.CodeVersion && ex == nil {
+		c.log.Info("the node agent does not write (an older agent, lookups only); asking it for the pod, and the plugin writes", "socket", socket, "error", err)
+		return false, nil
+	}
+	c.asked, c.ex = true, ex
+	if ex != nil && ex.Reply.Declined != nil {
+		c.log.Info("the node agent did not write the rules; the plugin writes them", "why", ex.Reply.Declined.Error())
+	}
+	if err != nil {
+		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
+		return false, nil
+	}
+	r := &ex.Reply
+	if r.Written == nil {
+		if r.Declined == nil {
+			c.logAgent(errors.New("a reply to a write request with neither written nor declined"), "the node agent's answer; the plugin reads the pod from the API and writes")
+			return false, nil
+		}
+		if c.agentAPI, err = decodeReply(r); err != nil {
+			c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
+		}
+		return false, nil
+	}
+	w := r.Written
+	c.lookup = cmp.Or(r.Source, "agent")
+	if w.Log != "" {
+		_, _ = io.WriteString(c.lines, w.Log)
+	}
+	if w.Error != nil {
+		// Closed, with the code the plugin would have returned: the agent ran the same decisions.
+		c.log.Error("failed", "route", wire.RouteAgent, "error", w.Error.Msg)
+		return true, cniError(w.Error)
+	}
+	if !Kind(w.Kind).NeedsRules() {
+		c.log.Info("no rules needed", "kind", w.Kind, "source", c.lookup, "api_requests", 0, "route", wire.RouteAgent, "agent", took, "elapsed", time.Since(began))
+		return true, p.printPrev(c)
+	}
+	c.route = wire.RouteAgent
+	c.log.Info("rules written", "kind", w.Kind, "backend", w.Backend, "changed", w.Changed,
+		"source", c.lookup, "api_requests", 0, "route", c.route, "close_wait_secs", w.CloseWaitSecs,
+		"agent", took, "in_agent", time.Duration(w.Seconds*float64(time.Second)), "elapsed", time.Since(began))
+	return true, p.printPrev(c)
 }
 
 // tellAgent tells the node agent that the call's sandbox is going (DEL).

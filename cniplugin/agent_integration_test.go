@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
@@ -75,6 +76,43 @@ func TestCNIWithAgent(t *testing.T) {
 	}
 }
 
+// TestCNIWithWritingAgent runs the plugin binary through libcni with an agent that writes (route
+// 1): the ADD's rules are the node's conflist entry's (the plugin's stdin is forged with other
+// ports, which never reach the agent), written with no API request; the plugin's line names the
+// route; CHECK and DEL (the plugin's) find the record the agent wrote and remove the rules; the
+// agent counts the write from the plugin's report.
+func TestCNIWithWritingAgent(t *testing.T) {
+	n := newNode(t, true)
+	const ns = "writing-agent"
+	n.createNamespace(t, ns, nil)
+	n.createPod(t, ns, "web", shapeClassic, nil, nil)
+	socket, netDir := n.startWritingAgent(t)
+	top := map[string]any{"agent": map[string]any{"socket": socket}}
+	writeNodeConflist(t, netDir, n.conflist(t, netOpts{mode: iptables.ModeNFT, top: top}))
+	forged := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: top, linkerd: map[string]any{"incoming-proxy-port": 1, "outgoing-proxy-port": 2}})
+	sb := n.newSandbox(t, ns, "web")
+	n.mustAdd(t, forged, sb)
+	expectRules(t, sb, baseConfig(iptables.ModeNFT))
+	if l := n.logTail(sb.rt.ContainerID); !strings.Contains(l, "source=agent api_requests=0 route=agent") || !strings.Contains(l, "writer=agent") {
+		t.Errorf("the agent did not write the ADD:\n%s", l)
+	}
+	if err := n.check(forged, sb); err == nil {
+		t.Error("CHECK with the forged ports passed: it should check the plugin's config against the rules of the node's")
+	}
+	list := n.conflist(t, netOpts{mode: iptables.ModeNFT, top: top})
+	if err := n.check(list, sb); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	if err := n.del(list, sb); err != nil {
+		t.Errorf("DEL: %v", err)
+	}
+	expectNoRules(t, sb)
+	time.Sleep(time.Second) // the audit log is written asynchronously
+	if evs := n.apiEvents(t, ns); len(evs) != 0 {
+		t.Errorf("route 1 cost %d API requests, want 0: %v", len(evs), eventURIs(evs))
+	}
+}
+
 // waitFor polls cond for up to 10 seconds.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -97,8 +135,33 @@ func (n *node) startAgent(t testing.TB) (string, *cnitest.SyncBuffer, func()) {
 	return socket, pluginLog, stop
 }
 
+// startWritingAgent is startAgent for an agent that writes the plugin's ADDs (route 1), as the
+// chart's does with audits on: it reads the node's network config from the returned directory
+// (where the test puts the conflist, after it knows the socket) and sees the pods' namespaces in
+// /var/run/netns, where the test's sandboxes are pinned.
+func (n *node) startWritingAgent(t testing.TB) (socket, netDir string) {
+	t.Helper()
+	netDir = t.TempDir()
+	_, socket, _, _ = n.runAgentWith(t, netDir)
+	return socket, netDir
+}
+
+// writeNodeConflist puts list in dir as the node's only conflist, where a writing agent reads it.
+func writeNodeConflist(t testing.TB, dir string, list *libcni.NetworkConfigList) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "10-k8s.conflist"), list.Bytes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // runAgent is startAgent, with the agent.
 func (n *node) runAgent(t testing.TB) (*agent.Agent, string, *cnitest.SyncBuffer, func()) {
+	t.Helper()
+	return n.runAgentWith(t, "")
+}
+
+// runAgentWith is runAgent; with netDir the agent writes (startWritingAgent).
+func (n *node) runAgentWith(t testing.TB, netDir string) (*agent.Agent, string, *cnitest.SyncBuffer, func()) {
 	t.Helper()
 	token, err := n.kube.TokenFor(context.Background(), cniNamespace, cniServiceAccount)
 	if err != nil {
@@ -115,8 +178,12 @@ func (n *node) runAgent(t testing.TB) (*agent.Agent, string, *cnitest.SyncBuffer
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	socket := filepath.Join(dir, "run", "agent.sock")
 	pluginLog := &cnitest.SyncBuffer{}
-	a, err := agent.New(client, agent.Options{NodeName: nodeName, Socket: socket, PluginLog: pluginLog,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	opts := agent.Options{NodeName: nodeName, Socket: socket, PluginLog: pluginLog,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if netDir != "" {
+		opts.NetConf, opts.NetNSDir = &agent.NetConfSource{Dir: netDir}, "/var/run/netns"
+	}
+	a, err := agent.New(client, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,8 @@ type fakeAgent struct {
 	reply   func(wire.Request) []byte
 	reqs    chan wire.Request
 	reports chan wire.Report
+	// writes counts the write requests refused.
+	writes atomic.Int32
 }
 
 func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
@@ -59,8 +62,15 @@ func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
 
 func (f *fakeAgent) serve(conn *net.UnixConn) {
 	defer conn.Close()
-	req, err := wire.ReadRequest(conn)
+	req, fd, err := wire.ReadRequest(conn)
 	if err != nil {
+		return
+	}
+	if fd != nil {
+		// An agent of lookups only (protocol 2), as before writes: it refuses the descriptor.
+		fd.Close()
+		f.writes.Add(1)
+		_ = wire.Answer(conn, wire.Reply{Error: wire.Errorf(wire.CodeRefused, "file descriptors attached (protocol 2 carries none); closed unused")})
 		return
 	}
 	f.reqs <- req
@@ -197,9 +207,11 @@ func TestAgentClientFallsBack(t *testing.T) {
 	}
 }
 
-// TestAgentClientLookup: the agent's answer replaces the API: the pod's annotation from it is
-// applied with no API request; the request carries the pod and nothing else; the report names the
-// agent as the source and carries the call's lines.
+// TestAgentClientLookup: an agent of lookups only (protocol 2, before writes; the fake agent
+// refuses the write request's descriptor as such an agent does) is asked again for the pod; its
+// answer replaces the API: the pod's annotation from it is applied with no API request; the
+// request carries the pod and nothing else; the report names the agent as the source and carries
+// the call's lines.
 func TestAgentClientLookup(t *testing.T) {
 	pod := meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "3306"})
 	a := startFakeAgent(t, answer(t, pod, &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}))
@@ -215,8 +227,12 @@ func TestAgentClientLookup(t *testing.T) {
 	if d := r.fake.Dump(); !strings.Contains(d, "3306") {
 		t.Errorf("the pod's annotation from the agent was not applied:\n%s", d)
 	}
-	if l := r.logs.String(); !strings.Contains(l, "source=agent api_requests=0") {
+	if l := r.logs.String(); !strings.Contains(l, "source=agent api_requests=0 route=plugin") ||
+		!strings.Contains(l, `msg="the node agent does not write (an older agent, lookups only); asking it for the pod, and the plugin writes"`) {
 		t.Errorf("log:\n%s", l)
+	}
+	if n := a.writes.Load(); n != 1 {
+		t.Errorf("%d write requests, want 1 before the lookup", n)
 	}
 	if req := <-a.reqs; req != (wire.Request{V: wire.Version, Command: "ADD", Namespace: "web", Name: "api-0", UID: "u-1", ContainerID: "c1"}) {
 		t.Errorf("request %+v", req)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
@@ -35,10 +37,11 @@ func msec(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Micro
 
 // BenchmarkADD prints linkerd-cni's figures for `make bench` (-benchtime 1x: it repeats by itself):
 // the median ADD latency of a meshed pod through libcni with the local kube-apiserver, beside the
-// same chain with a no-op plugin in linkerd-cni's place, with the node agent ready (the plugin
-// writes with its lookup) and without one (the plugin reads the API itself); the ADD with the agent
-// with the binaries run directly, without libcni and the bridge, beside the no-op plugin run the
-// same way; the start-up time (CNI_COMMAND=VERSION) of the plugin beside start-up floors (the no-op
+// same chain with a no-op plugin in linkerd-cni's place, with the node agent writing (route 1, as
+// the chart's agent with audits does), with an agent of lookups only (route 2: the plugin writes
+// with its lookup, as with agent.auditPeriod 0s) and without one (the plugin reads the API
+// itself); the ADD with the agent with the binaries run directly, without libcni and the bridge,
+// beside the no-op plugin run the same way; the start-up time (CNI_COMMAND=VERSION) of the plugin beside start-up floors (the no-op
 // plugin alone, and with Go's HTTPS stack); the binary's size; and the peak memory of an ADD.
 func BenchmarkADD(b *testing.B) {
 	n := newNode(b, true)
@@ -49,7 +52,10 @@ func BenchmarkADD(b *testing.B) {
 	// addOnce returns the wall time of AddNetworkList for a fresh sandbox (with a user namespace of
 	// its own when userns), and its container ID. Sandbox creation, loopback and the DEL afterwards
 	// are not timed.
-	addOnce := func(list *libcni.NetworkConfigList, pod string, userns bool) (time.Duration, string) {
+	addOnce := func(cni *libcni.CNIConfig, list *libcni.NetworkConfigList, pod string, userns bool) (time.Duration, string) {
+		if cni == nil {
+			cni = n.cni
+		}
 		newSandbox := n.newSandbox
 		if userns {
 			newSandbox = n.newUserNSSandbox
@@ -59,16 +65,16 @@ func BenchmarkADD(b *testing.B) {
 		err := n.inNode(func(ctx context.Context) error {
 			lo := *sb.rt
 			lo.IfName = "lo"
-			if _, err := n.cni.AddNetwork(ctx, loopbackConf, &lo); err != nil {
+			if _, err := cni.AddNetwork(ctx, loopbackConf, &lo); err != nil {
 				return err
 			}
 			start := time.Now()
-			_, err := n.cni.AddNetworkList(ctx, list, sb.rt)
+			_, err := cni.AddNetworkList(ctx, list, sb.rt)
 			took = time.Since(start)
 			if err != nil {
 				return err
 			}
-			return n.cni.DelNetworkList(ctx, list, sb.rt)
+			return cni.DelNetworkList(ctx, list, sb.rt)
 		})
 		if err != nil {
 			b.Fatalf("ADD: %v\n%s", err, n.logTail(sb.rt.ContainerID))
@@ -80,6 +86,13 @@ func BenchmarkADD(b *testing.B) {
 	floorSocket := echoServer(b)
 	none := map[string]any{"log_level": "info", "agent": map[string]any{"socket": ""}}
 	withAgent := map[string]any{"log_level": "info", "agent": map[string]any{"socket": socket}}
+	// Agents that write (route 1), one per mode: each reads its node's conflist, the row's.
+	writers := map[iptables.Mode]map[string]any{}
+	for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeAuto} {
+		s, dir := n.startWritingAgent(b)
+		writers[mode] = map[string]any{"log_level": "info", "agent": map[string]any{"socket": s}}
+		writeNodeConflist(b, dir, n.conflist(b, netOpts{mode: mode, top: writers[mode]}))
+	}
 	type addRow struct {
 		what  string
 		list  *libcni.NetworkConfigList
@@ -89,8 +102,10 @@ func BenchmarkADD(b *testing.B) {
 		userns bool
 		// requests is the API requests per ADD in the audit log.
 		requests float64
-		times    []time.Duration
-		ids      []string
+		// cni runs the chain; nil is the node's (this build's plugin).
+		cni   *libcni.CNIConfig
+		times []time.Duration
+		ids   []string
 	}
 	rows := []*addRow{
 		{what: "baseline: no-op chained plugin", list: n.conflist(b, netOpts{noop: true}), pod: "web"},
@@ -106,24 +121,36 @@ func BenchmarkADD(b *testing.B) {
 	}{
 		{"meshed pod, iptables-mode nftables (native)", iptables.ModeNFTables, "web", none, false, 40 * time.Millisecond},
 		{"meshed pod, iptables-mode nft (Linkerd chart)", iptables.ModeNFT, "web", none, false, 30 * time.Millisecond},
-		{"meshed pod, nft, agent ready", iptables.ModeNFT, "web", withAgent, false, 4 * time.Millisecond},
+		{"meshed pod, nft, agent writes (route 1)", iptables.ModeNFT, "web", writers[iptables.ModeNFT], false, 4 * time.Millisecond},
+		{"meshed pod, nft, agent lookups only (route 2)", iptables.ModeNFT, "web", withAgent, false, 8 * time.Millisecond},
 		{"meshed pod, iptables-mode auto", iptables.ModeAuto, "web", none, false, 30 * time.Millisecond},
-		{"meshed pod, auto, agent ready", iptables.ModeAuto, "web", withAgent, false, 4 * time.Millisecond},
+		{"meshed pod, auto, agent writes (route 1)", iptables.ModeAuto, "web", writers[iptables.ModeAuto], false, 4 * time.Millisecond},
 		{"meshed pod, iptables-mode legacy", iptables.ModeLegacy, "web", none, false, 40 * time.Millisecond},
-		{"meshed pod, legacy, agent ready", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
+		{"meshed pod, legacy, agent lookups (route 2)", iptables.ModeLegacy, "web", withAgent, false, 40 * time.Millisecond},
 		{"unmeshed pod (one pod GET, no rules)", iptables.ModeNFTables, "plain", none, false, 40 * time.Millisecond},
-		{"unmeshed pod, agent ready", iptables.ModeNFTables, "plain", withAgent, false, 4 * time.Millisecond},
+		{"unmeshed pod, agent ready (route 1)", iptables.ModeNFTables, "plain", writers[iptables.ModeNFT], false, 4 * time.Millisecond},
 		{"hostUsers: false, nft (native table)", iptables.ModeNFT, "web", none, true, 40 * time.Millisecond},
 		{"hostUsers: false, auto (native table)", iptables.ModeAuto, "web", none, true, 40 * time.Millisecond},
 	} {
 		rows = append(rows, &addRow{what: c.what, list: n.conflist(b, netOpts{mode: c.mode, top: c.top}), pod: c.pod, userns: c.userns, limit: c.limit})
+	}
+	// Same-run rows of a baseline build (LINKERD_CNI_BENCH_BASELINE), its plugin through libcni
+	// with its own agent: the ratio route 1 is held to.
+	base := n.startBaseline(b)
+	var baseRows []*addRow
+	if base != nil {
+		for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeAuto} {
+			top := map[string]any{"log_level": "info", "agent": map[string]any{"socket": base.socket}}
+			r := &addRow{what: "baseline build: meshed, " + string(mode) + ", its agent", list: n.conflist(b, netOpts{mode: mode, top: top}), pod: "web", cni: base.cni, limit: 4 * time.Millisecond}
+			rows, baseRows = append(rows, r), append(baseRows, r)
+		}
 	}
 	// The API requests each row makes, counted in the audit log over a few ADDs of its own.
 	const counted = 3
 	for _, r := range rows[2:] {
 		before := len(n.apiEvents(b, "bench"))
 		for range counted {
-			addOnce(r.list, r.pod, r.userns)
+			addOnce(r.cni, r.list, r.pod, r.userns)
 		}
 		time.Sleep(time.Second) // the audit log is written asynchronously
 		r.requests = float64(len(n.apiEvents(b, "bench"))-before) / counted
@@ -132,7 +159,7 @@ func BenchmarkADD(b *testing.B) {
 	// each overhead is the median of its differences from the baseline's ADD of the same turn.
 	for range benchRuns {
 		for _, r := range rows {
-			d, id := addOnce(r.list, r.pod, r.userns)
+			d, id := addOnce(r.cni, r.list, r.pod, r.userns)
 			r.times, r.ids = append(r.times, d), append(r.ids, id)
 		}
 	}
@@ -168,8 +195,18 @@ func BenchmarkADD(b *testing.B) {
 	}{
 		{what: "floor: the no-op plugin", bin: filepath.Join(binDirs[0], "noopcni"), list: rows[0].list},
 		{what: "floor: no-op + one UNIX-socket round trip", bin: filepath.Join(binDirs[0], "noopcni"), list: rows[1].list},
-		{what: "linkerd-cni, meshed pod, nft, agent ready", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: withAgent})},
-		{what: "linkerd-cni, meshed pod, auto, agent ready", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeAuto, top: withAgent})},
+		{what: "linkerd-cni, meshed, nft, agent writes (1)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: writers[iptables.ModeNFT]})},
+		{what: "linkerd-cni, meshed, nft, agent lookups (2)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeNFT, top: withAgent})},
+		{what: "linkerd-cni, meshed, auto, agent writes (1)", bin: bin, list: n.conflist(b, netOpts{mode: iptables.ModeAuto, top: writers[iptables.ModeAuto]})},
+	}
+	if base != nil {
+		direct = append(direct, struct {
+			what  string
+			bin   string
+			list  *libcni.NetworkConfigList
+			times []time.Duration
+			ids   []string
+		}{what: "baseline build, meshed, nft, its agent", bin: base.plugin, list: baseRows[0].list})
 	}
 	for range directRuns {
 		for i := range direct {
@@ -221,6 +258,25 @@ func BenchmarkADD(b *testing.B) {
 		over := median(d.times) - noopDirect
 		fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 4ms: %s)\n", d.what, msec(median(d.times)), ms(over), meets(over, 4*time.Millisecond))
 		fmt.Printf("    %-46s %s\n", "", n.insideTimes(b, d.ids)+"; the rest is the plugin's process")
+	}
+	if base != nil {
+		// The ratios of route 1 to the baseline build's agent path, same run (target <= 1.05).
+		ratio := func(a, b time.Duration) string {
+			if b <= 0 {
+				return "n/a (the baseline's overhead is not positive)"
+			}
+			return fmt.Sprintf("%.2fx", float64(a)/float64(b))
+		}
+		byWhat := map[string]*addRow{}
+		for _, r := range rows {
+			byWhat[r.what] = r
+		}
+		fmt.Printf("  route 1 against the baseline build (%s), same run, target <= 1.05x:\n", base.dir)
+		fmt.Printf("    %-46s overhead %s\n", "through libcni, nft", ratio(overhead(byWhat["meshed pod, nft, agent writes (route 1)"]), overhead(baseRows[0])))
+		fmt.Printf("    %-46s overhead %s\n", "through libcni, auto", ratio(overhead(byWhat["meshed pod, auto, agent writes (route 1)"]), overhead(baseRows[1])))
+		last := direct[len(direct)-1]
+		fmt.Printf("    %-46s over the no-op %s (whole ADD %s)\n", "run directly, nft", ratio(median(direct[2].times)-noopDirect, median(last.times)-noopDirect),
+			ratio(median(direct[2].times), median(last.times)))
 	}
 	fmt.Printf("  start-up, CNI_COMMAND=VERSION, median of %d, the binaries taking turns:\n", startupRuns)
 	fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 10ms: %s)\n", "linkerd-cni, the plugin", msec(startup), ms(startup-noopStartup), meets(startup, 10*time.Millisecond))
@@ -373,7 +429,8 @@ func peakRSS(b *testing.B, bin, cmd string, env []string, stdin []byte) int64 {
 }
 
 // insideTimes summarizes the plugin's own log lines for the given ADDs: the median time of the
-// pod lookup, of writing the rules, and of the whole plugin after start-up.
+// pod lookup, of writing the rules, of the agent's write (route 1: the round trip), and of the
+// whole plugin after start-up.
 func (n *node) insideTimes(b *testing.B, ids []string) string {
 	b.Helper()
 	data, err := os.ReadFile(n.logFile)
@@ -385,7 +442,7 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		want[id] = true
 	}
 	fields := map[string][]time.Duration{}
-	re := regexp.MustCompile(` (lookup|apply|elapsed)=(\S+)`)
+	re := regexp.MustCompile(` (lookup|apply|agent|in_agent|elapsed)=(\S+)`)
 	idRe := regexp.MustCompile(` container_id=(\S+)`)
 	for _, l := range strings.Split(string(data), "\n") {
 		m := idRe.FindStringSubmatch(l)
@@ -399,10 +456,60 @@ func (n *node) insideTimes(b *testing.B, ids []string) string {
 		}
 	}
 	var parts []string
-	for _, k := range []string{"lookup", "apply", "elapsed"} {
+	for _, k := range []string{"lookup", "apply", "agent", "in_agent", "elapsed"} {
 		if len(fields[k]) > 0 {
 			parts = append(parts, k+" "+msec(median(fields[k])))
 		}
 	}
 	return "inside the plugin (medians): " + strings.Join(parts, ", ")
+}
+
+// baseline is another build's plugin and agent (LINKERD_CNI_BENCH_BASELINE names the directory of
+// its `make build`: linkerd-cni, and plugin/linkerd-cni), the agent run as a process of its own
+// in the node's network namespace, lookups and writes, no audits.
+type baseline struct {
+	dir, socket, plugin string
+	cni                 *libcni.CNIConfig
+}
+
+// startBaseline starts the baseline build's agent, or returns nil without the variable.
+func (n *node) startBaseline(b *testing.B) *baseline {
+	b.Helper()
+	dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE")
+	if dir == "" {
+		return nil
+	}
+	sockDir, err := os.MkdirTemp("", "baseline-agent-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(sockDir) })
+	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: filepath.Join(dir, "plugin", "linkerd-cni"),
+		// Its plugins' stderr is dropped: the figures, not the baseline's log lines.
+		cni: libcni.NewCNIConfigWithCacheDir(append([]string{filepath.Join(dir, "plugin")}, binDirs...), filepath.Join(n.dir, "cache"),
+			&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: io.Discard}})}
+	var log cnitest.SyncBuffer
+	cmd := exec.Command("nsenter", "--net="+n.ns.Path(), "--", filepath.Join(dir, "linkerd-cni"), "agent", "--node-name="+nodeName,
+		"--kubeconfig="+n.kubeconfig, "--socket="+base.socket, "--audit-period=0", "--admin-addr=127.0.0.1:19993", "--host-proc=/proc",
+		"--plugin-logs=false", "--log-level=warn")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(base.socket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the baseline agent never listened on %s:\n%s", base.socket, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // its watches sync; a row's counted ADDs warm it up
+	return base
 }

@@ -8,17 +8,19 @@
 //   - config.go: the network config JSON, validated as a whole before anything happens;
 //   - pod.go: the few fields of pods, namespaces and services the plugin reads; which pods are
 //     meshed, and how annotations override the config (pure, no I/O);
-//   - plugin.go: the CNI commands, the failure policy and the logging, in two roles, one per
-//     constructor: NewNodePlugin (the runtime's) and NewStandalone (a given PodAPI: tests, audits);
-//   - agent.go: the pod from the node agent (protocol: package wire), asked first;
+//   - plugin.go: the CNI commands, the failure policy and the logging, in three roles, one per
+//     constructor: NewNodePlugin (the runtime's), NewStandalone (a given PodAPI: tests, audits)
+//     and NewAgentWriter (the node agent's write of an ADD, agentwrite.go);
+//   - agent.go: the node agent (protocol: package wire), asked first: it writes an ADD (route 1),
+//     or gives the pod and the plugin writes (route 2);
 //   - kubeapi.go: the pod from the API server, with the standard library's HTTPS client over the
 //     installer's JSON kubeconfig, so that the node's plugin starts as a small Go program does;
 //   - audit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
 //   - record.go: what ADD merged from annotations, recorded on the node, so that CHECK and the
 //     audits use the settings of the sandbox's set-up, not annotations edited since.
 //
-// Limits: whatever the route to the pod, this process writes the rules; the agent never does it
-// for a plugin. The plugin only ever writes its CNI result to stdout; logs go to stderr and
+// Limits: an ADD is written by the node agent (route 1) or by this process (route 2), with the
+// same code either way; CHECK and DEL are always this process's. The plugin only ever writes its CNI result to stdout; logs go to stderr and
 // optionally to log_file. It enters namespaces only through internal/netnsutil and never decides
 // which rules exist: the iptables package does. DEL never fails, so it can never block sandbox
 // teardown.

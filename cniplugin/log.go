@@ -14,12 +14,14 @@ import (
 
 // newLogger returns the logger of one plugin invocation: slog text lines on stderr at the
 // configured level, also appended to logFile when it is set, each carrying the pod, namespace and
-// container ID. The returned function closes the log file.
+// container ID. It also returns the writer its lines go to (stderr and log_file), for lines
+// logged elsewhere (the node agent's, when it wrote the rules), and a function that closes the
+// log file.
 //
 // The file is opened with O_APPEND and every record is written with one write call, so the lines
 // of concurrent plugin processes interleave whole. A log file that cannot be opened, or that
 // OpenLogFile refuses, is reported on stderr and otherwise ignored: logging must never fail an ADD.
-func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any) (*slog.Logger, func()) {
+func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any) (*slog.Logger, io.Writer, func()) {
 	w := stderr
 	closeFn := func() {}
 	var openErr error
@@ -36,7 +38,7 @@ func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any)
 	if openErr != nil {
 		log.Warn("cannot use log_file; logging to stderr only", "log_file", logFile, "error", openErr)
 	}
-	return log, closeFn
+	return log, w, closeFn
 }
 
 // OpenLogFile opens log_file for appending, creating it (mode 0600) when missing. The plugin

@@ -98,7 +98,7 @@ func TestOpenLogFile(t *testing.T) {
 				before, _ = os.ReadFile(victim)
 			}
 			var stderr bytes.Buffer
-			log, done := newLogger(&stderr, slog.LevelInfo, path)
+			log, _, done := newLogger(&stderr, slog.LevelInfo, path)
 			log.Info("a line")
 			done()
 			if victim != "" {

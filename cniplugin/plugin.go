@@ -114,10 +114,18 @@ type call struct {
 	// own holds the call's log lines, for the report to the node agent.
 	own      *bytes.Buffer
 	closeLog func()
+	// lines is where the call's log lines go (stderr, log_file, own), for the agent's lines.
+	lines io.Writer
 	// ex is the open exchange with the node agent (nil without one); lookup is where the pod came
 	// from: "agent", "kubelet" (through the agent or read by the plugin), "api" or "none".
 	ex     *wire.Exchange
 	lookup string
+	// asked says the call asked the node agent already (a write request): its lookup, when the
+	// reply held one, is agentAPI, and the agent is not asked again.
+	asked    bool
+	agentAPI *agentLookup
+	// route is who wrote an ADD's rules: wire.RouteAgent or wire.RoutePlugin ("": none).
+	route string
 	// trace is the runtime's trace context (trace.go).
 	trace traceContext
 }
@@ -134,7 +142,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 		logFile = conf.LogFile
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
-	c.log, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
+	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
 		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID)...)
 	c.trace.logIgnored(c.log)
 	return c, argErr
@@ -144,7 +152,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 // the pod came from, its duration and its log lines), and closes the log file.
 func (c *call) end(err error) {
 	if c.ex != nil {
-		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Seconds: time.Since(started).Seconds(), Log: c.own.String(), TraceID: c.trace.id}
+		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Route: c.route, Seconds: time.Since(started).Seconds(), Log: c.own.String(), TraceID: c.trace.id}
 		if err != nil {
 			r.Result = "error"
 			var ce *types.Error
@@ -199,7 +207,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return p.printPrev(c)
 	}
 
+	// The lookup's time includes a write request the agent declined: its reply held the pod.
 	lookupStart := time.Now()
+	if p.nodeAgent && args.Netns != "" && !conf.Linkerd.Simulate {
+		if done, err := p.addByAgent(c, began); done {
+			return err
+		}
+	}
 	pl, err := p.plan(c)
 	lookupTook := time.Since(lookupStart)
 	c.noteLookup(err)
@@ -221,18 +235,28 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		c.log.Info("simulate: not writing rules", "kind", pl.kind, "rules", p.Runner.Simulate(ctx, c.target(args.Netns), pl.rules))
 		return p.printPrev(c)
 	}
-	// The record first: rules are never in place without it (a failed ADD's DEL removes it).
-	if err := c.writeRecord(pl.inputs); err != nil {
-		return c.fail(types.ErrInternal, fmt.Errorf("pod %s: %w", c.podName(), err))
-	}
-	out, err := p.Runner.Apply(ctx, c.target(args.Netns), pl.rules)
+	out, err := p.write(ctx, c, pl, args.Netns)
 	if err != nil {
-		return c.fail(types.ErrInternal, fmt.Errorf("pod %s, netns %s: %w", c.podName(), args.Netns, err))
+		return c.fail(types.ErrInternal, err)
 	}
+	c.route = wire.RoutePlugin
 	c.log.Info("rules written", "kind", pl.kind, "backend", out.Backend, "changed", out.Changed,
-		"source", c.lookup, "api_requests", pl.requests, "close_wait_secs", pl.rules.CloseWaitSecs,
+		"source", c.lookup, "api_requests", pl.requests, "route", c.route, "close_wait_secs", pl.rules.CloseWaitSecs,
 		"lookup", lookupTook, "apply", time.Since(applyStart), "elapsed", time.Since(began))
 	return p.printPrev(c)
+}
+
+// write is ADD's write, on both routes: the record of the pod's settings first (rules are never
+// in place without it; a failed ADD's DEL removes it), then the rules, in netns.
+func (p *Plugin) write(ctx context.Context, c *call, pl *plan, netns string) (backend.Outcome, error) {
+	if err := c.writeRecord(pl.inputs); err != nil {
+		return backend.Outcome{}, fmt.Errorf("pod %s: %w", c.podName(), err)
+	}
+	out, err := p.Runner.Apply(ctx, c.target(netns), pl.rules)
+	if err != nil {
+		return out, fmt.Errorf("pod %s, netns %s: %w", c.podName(), netns, err)
+	}
+	return out, nil
 }
 
 // Check verifies that the rules in the pod's namespace are exactly the expected ones: those of
@@ -502,10 +526,16 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 // (kubelet.go), else the API server. The kubelet comes before the API because it needs neither
 // the API server nor a token.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
+	if c.agentAPI != nil {
+		c.lookup = c.agentAPI.source
+		return c.agentAPI, nil
+	}
 	if p.nodeAgent {
-		if api := c.askAgent(); api != nil {
-			c.lookup = api.source
-			return api, nil
+		if !c.asked {
+			if api := c.askAgent(); api != nil {
+				c.lookup = api.source
+				return api, nil
+			}
 		}
 		newAPI := func() (PodAPI, error) { return p.NewPodAPI(c.conf) }
 		if api := c.askKubelet(newAPI); api != nil {

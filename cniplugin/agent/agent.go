@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 )
 
@@ -99,6 +100,13 @@ type Options struct {
 	// NetConf returns the node's linkerd-cni network config, the one the plugin gets; nil (or
 	// not found) means nothing is audited.
 	NetConf *NetConfSource
+	// NetNSDir is the node's /var/run/netns as the agent sees it (mounted read-only with audits):
+	// a write request's CNI_NETNS must be pinned there (write.go). Empty: the agent writes no
+	// plugin's ADD.
+	NetNSDir string
+	// OwnNetNS and HostNetNS are the agent's own network namespace and the node's, which a write
+	// never goes to; empty are /proc/self/ns/net and HostProc's 1/ns/net (tests pass stand-ins).
+	OwnNetNS, HostNetNS string
 	// Runner writes and reads the rules; the zero Runner is the real one.
 	Runner backend.Runner
 	// MetricsPrefix starts every metric name; empty is the agent's.
@@ -154,6 +162,8 @@ type Agent struct {
 	unrecorded map[types.UID]bool
 	// unauditable says once that the node's mode needs binaries this image lacks.
 	unauditable sync.Once
+	// writeOff says why the agent writes no plugin's ADD (route 1); nil when it does.
+	writeOff *wire.Error
 }
 
 // New returns an agent for opts.NodeName using client. It starts nothing.
@@ -164,6 +174,8 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	opts.Mode = cmp.Or(opts.Mode, ModeRepair)
 	opts.LookupWait = cmp.Or(opts.LookupWait, defaultLookupWait)
 	opts.HostProc = cmp.Or(opts.HostProc, "/proc")
+	opts.OwnNetNS = cmp.Or(opts.OwnNetNS, "/proc/self/ns/net")
+	opts.HostNetNS = cmp.Or(opts.HostNetNS, opts.HostProc+"/1/ns/net")
 	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
 		return nil, errors.New("audits need a sandbox finder and the node's network config")
 	}
@@ -184,6 +196,9 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 		gone:     map[string]time.Time{},
 
 		unrecorded: map[types.UID]bool{},
+	}
+	if a.lookups() {
+		a.writeOff = a.whyNoWrites()
 	}
 	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
 		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
@@ -329,6 +344,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		defer srv.close()
+		a.sayWrites()
 		go srv.serve(ctx)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

@@ -36,6 +36,11 @@ func TestAgent(t *testing.T) {
 		{"a pod only the kubelet knows", testKubeletOnlyPod},
 		{"refused and malformed messages", testRefusedMessages},
 		{"peers without CAP_SYS_ADMIN in the initial user namespace", testUnprivilegedPeers},
+		{"route 1: a forged config is not used", testForgedConfig},
+		{"route 1: namespaces refused", testRefusedNamespaces},
+		{"route 1: a writer without CAP_SYS_ADMIN", testUnprivilegedWriter},
+		{"route 2: an agent that declines", testDeclinedWrites},
+		{"both routes: the same CNI codes", testSameCNICodes},
 		{"mode legacy", testLegacy},
 		{"audit and heal modes", testAudit},
 		{"annotations invalid after start", testInvalidAnnotation},
@@ -50,10 +55,11 @@ func TestAgent(t *testing.T) {
 }
 
 // testCallsThroughSocket: a meshed pod's ADD, CHECK and DEL take the pod from the agent's watch
-// (no lookup on the plugin's API path, and no GET by the agent); the plugin writes exactly the
-// node config's rules in the namespace the runtime named; its log lines reach its stderr and,
-// through its report, the agent's plugin log; the reports become metrics; the DEL keeps the
-// agent's audits off the sandbox.
+// (no lookup on the plugin's API path, and no GET by the agent); the agent writes (route 1)
+// exactly the node config's rules in the namespace the runtime named, and the record of the pod's
+// settings that CHECK and DEL use; the plugin's log lines, the agent's among them, reach its
+// stderr and, through its report, the agent's plugin log; the reports become metrics; the DEL
+// keeps the agent's audits off the sandbox.
 func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 	r := newRig(t, c, rigOpts{})
 	p := r.createPod("web", nil, nil)
@@ -74,7 +80,8 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 	expectRules(t, p, rs)
 	waitFor(t, "the ADD's report", func() bool { return strings.Contains(r.pluginLog.String(), `msg="rules written"`) })
 	for where, text := range map[string]string{"stderr": add.stderr, "the agent's plugin log": r.pluginLog.String()} {
-		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "container_id=" + p.id, "source=agent api_requests=0"} {
+		for _, want := range []string{`msg="rules written"`, "cmd=ADD", "pod=web", "namespace=" + r.ns, "container_id=" + p.id, "source=agent api_requests=0 route=agent",
+			`msg="pod looked up" cmd=ADD pod=web namespace=` + r.ns + ` container_id=` + p.id + ` writer=agent`} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s lacks %s:\n%s", where, want, text)
 			}
@@ -118,7 +125,9 @@ func testCallsThroughSocket(t *testing.T, c *kubetest.Cluster) {
 		`plugin_calls_total{command="CHECK",result="ok"}`:    "1",
 		`plugin_calls_total{command="CHECK",result="error"}`: "1",
 		`plugin_lookups_total{source="agent"}`:               "3",
-		`socket_requests_total{outcome="lookup"}`:            "3",
+		`socket_requests_total{outcome="write"}`:             "1",
+		`socket_requests_total{outcome="lookup"}`:            "2",
+		`plugin_rules_written_total{route="agent"}`:          "1",
 		`socket_requests_total{outcome="del"}`:               "1",
 		`plugin_call_duration_seconds_count{command="ADD"}`:  "1",
 	} {
@@ -185,7 +194,8 @@ func testLateP(t *testing.T, c *kubetest.Cluster) {
 	expectRules(t, args, expected(t, iptables.ModeNFT, nil))
 }
 
-// testLegacy: in legacy mode the plugin writes with the node's iptables-legacy, the pod from the
+// testLegacy: in legacy mode the rules are written with iptables-legacy (by the agent here, whose
+// PATH holds the binaries; in the DaemonSet its image has none, and it declines), the pod from the
 // agent's watch, with no API lookup.
 func testLegacy(t *testing.T, c *kubetest.Cluster) {
 	r := newRig(t, c, rigOpts{iptablesMode: iptables.ModeLegacy})

@@ -4,16 +4,18 @@
 //
 //   - watches the node's pods (field selector spec.nodeName), and, for lookups and audits, the
 //     namespaces (their annotations count) and the Service default/kubernetes; no other watch;
-//   - serves the CNI plugin's lookups on a UNIX socket (root only, in a directory only root can
-//     enter; protocol version 2, package cniplugin/wire, socket.go): after checking the peer
-//     (CAP_SYS_ADMIN in the initial user namespace, as the runtime-run plugin has), it answers
-//     an ADD or CHECK with the pod, its namespace and default/kubernetes from its watch cache, so
-//     a meshed ADD makes no API request, hears of a DEL (its audits then leave that sandbox
-//     alone), and takes the plugin's report of the call (metrics, log lines). It answers only
-//     for pods of its node, and otherwise with a typed error (not synced, pod not seen within the
-//     lookup wait, a refused peer or message), on which the plugin reads the API itself. It
-//     never writes rules for a caller: the requests carry no network config and no namespace
-//     descriptor, and the plugin, which the runtime ran with both, always writes;
+//   - serves the CNI plugin on a UNIX socket (root only, in a directory only root can enter;
+//     package cniplugin/wire, socket.go): after checking the peer (CAP_SYS_ADMIN in the initial
+//     user namespace, as the runtime-run plugin has), it writes an ADD whose request carries the
+//     pod's network namespace as a descriptor (route 1, write.go: the descriptor checked against
+//     the runtime's pin at CNI_NETNS and against its own and the node's namespace, the rules of
+//     the node's own network config, the plugin's code), or declines and, as for any lookup,
+//     answers an ADD or CHECK with the pod, its namespace and default/kubernetes from its watch
+//     cache (route 2: the plugin writes), so a meshed ADD makes no API request; it hears of a DEL
+//     (its audits then leave that sandbox alone), and takes the plugin's report of the call
+//     (metrics, log lines). It answers only for pods of its node, and otherwise with a typed
+//     error (not synced, pod not seen within the lookup wait, a refused peer, namespace or
+//     message), on which the plugin reads the API itself;
 //   - audits every meshed pod of the node, on pod events and on a period, with CHECK's logic
 //     against the settings the pod's sandbox was set up with (the plugin's record; edits since
 //     are reported, not applied), on a few workers that wait for a namespace's lock only briefly,

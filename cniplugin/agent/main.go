@@ -164,7 +164,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		defer cri.Close()
-		opts.Sandboxes, opts.NetConf = cri, &NetConfSource{Dir: c.CNINetDir}
+		opts.Sandboxes, opts.NetConf, opts.NetNSDir = cri, &NetConfSource{Dir: c.CNINetDir}, c.NetNSDir
 	}
 	if err := Run(ctx, opts, c.Kubeconfig, c.AdminAddr, "linkerd-cni-agent"); err != nil {
 		log.Error("agent failed", "error", err.Error())

@@ -37,6 +37,7 @@ type metrics struct {
 	calls       *prometheus.CounterVec
 	callSeconds *prometheus.HistogramVec
 	lookups     *prometheus.CounterVec
+	writes      *prometheus.CounterVec
 }
 
 // newMetrics registers the metrics with prefix; installer_ready only with installer (an agent that
@@ -64,7 +65,7 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		installerReady: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "installer_ready",
 			Help: "1 while the installer's /ready answers 200 (linkerd-cni is in every CNI config of the node), else 0."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "socket_requests_total",
-			Help: "Messages on the plugin socket by outcome: lookup (the pod sent, from the watch), kubelet (the pod sent, from the kubelet's pods API), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
+			Help: "Messages on the plugin socket by outcome: write (an ADD the agent ran: route 1), lookup (the pod sent, from the watch), kubelet (the pod sent, from the kubelet's pods API), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
 			[]string{"outcome"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_calls_total",
 			Help: "CNI plugin calls the plugin reported, by command and result."}, []string{"command", "result"}),
@@ -73,9 +74,11 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 			[]string{"command"}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_lookups_total",
 			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache), kubelet (the agent's read of the kubelet's pods API) or api."}, []string{"source"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_rules_written_total",
+			Help: "ADDs that wrote a meshed pod's rules, by who wrote them: agent (route 1) or plugin (route 2, the agent's lookup or the plugin's own API reads); reported by plugins that ask for writes."}, []string{"route"}),
 	}
 	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
-		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups,
+		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups, m.writes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
 			Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen),
 		collectors.NewGoCollector(),
@@ -110,6 +113,9 @@ func (m *metrics) plugin(r wire.Report) {
 	}
 	if r.Lookup == "agent" || r.Lookup == "api" || r.Lookup == wire.SourceKubelet {
 		m.lookups.WithLabelValues(r.Lookup).Inc()
+	}
+	if cmd == "ADD" && r.Result == "ok" && (r.Route == wire.RouteAgent || r.Route == wire.RoutePlugin) {
+		m.writes.WithLabelValues(r.Route).Inc()
 	}
 }
 

@@ -62,7 +62,7 @@ func exported(t *testing.T, m *metrics, prefix string, described bool) map[strin
 	vecs := []struct {
 		typ string
 		c   prometheus.Collector
-	}{{"counter", m.requests}, {"counter", m.calls}, {"histogram", m.callSeconds}, {"counter", m.lookups}}
+	}{{"counter", m.requests}, {"counter", m.calls}, {"histogram", m.callSeconds}, {"counter", m.lookups}, {"counter", m.writes}}
 	// Every vector field of metrics must be among those: a new one fails here until it is added.
 	n := 0
 	for f := range reflect.TypeFor[metrics]().Fields() {

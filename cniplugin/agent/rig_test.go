@@ -154,6 +154,11 @@ type rigOpts struct {
 	iptablesMode iptables.Mode
 	// kubeletPods is the kubelet's pods API socket, if any.
 	kubeletPods string
+	// noWrites runs the agent without the node's /var/run/netns, so that it declines every write
+	// (route 2), as with audits off.
+	noWrites bool
+	// ownNetNS and hostNetNS are the stand-ins for the agent's own and the node's namespaces.
+	ownNetNS, hostNetNS string
 }
 
 // rig is one agent on its own node of the shared cluster.
@@ -213,12 +218,17 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 		out, level = r.log, slog.LevelWarn // the figures, not a log of every audit
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+	netnsDir := "/var/run/netns" // where internal/netnstest pins the test's namespaces
+	if o.noWrites {
+		netnsDir = ""
+	}
 	period := o.audit
 	if period == 0 {
 		period = time.Hour // tests drive audits with AuditAll and pod events
 	}
 	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, KubeletPodsSocket: o.kubeletPods, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
 		AuditPeriod: period, Sandboxes: r.sandboxes, NetConf: &agent.NetConfSource{Dir: r.netDir},
+		NetNSDir: netnsDir, OwnNetNS: o.ownNetNS, HostNetNS: o.hostNetNS,
 		Log: log, PluginLog: r.pluginLog})
 	if err != nil {
 		t.Fatal(err)

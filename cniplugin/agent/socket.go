@@ -1,10 +1,9 @@
 package agent
 
-// The socket the CNI plugin asks, over the protocol of package cniplugin/wire: the agent answers
-// an ADD or CHECK with the pod from its watch cache, hears of a DEL, and takes the plugin's report
-// of the call. It never writes rules for a caller: at ADD the runtime has not registered the
-// sandbox yet, so nothing ties the caller's namespace to the pod, while the plugin the runtime
-// ran has both in hand and writes itself.
+// The socket the CNI plugin asks, over the protocol of package cniplugin/wire: the agent writes
+// an ADD's rules when asked with the pod's namespace attached and it can check it (write.go,
+// route 1), answers an ADD or CHECK with the pod from its watch cache otherwise (the plugin
+// writes: route 2), hears of a DEL, and takes the plugin's report of the call.
 
 import (
 	"context"
@@ -113,15 +112,29 @@ func (a *Agent) conn(ctx context.Context, conn *net.UnixConn) {
 	_ = conn.SetDeadline(time.Now().Add(reportWait))
 	// The request is read even from a peer that fails the checks, so that it reads the refusal.
 	peer, peerErr := wire.CheckPeer(conn, a.opts.HostProc)
-	req, err := wire.ReadRequest(conn)
+	req, netns, err := wire.ReadRequest(conn)
+	if netns != nil {
+		defer netns.Close()
+	}
 	if peerErr != nil {
 		err = peerErr
 	}
 	if err != nil {
-		a.refuse(conn, peer, "request", err)
+		a.refuse(conn, peer, req, err)
 		return
 	}
-	reply, outcome := a.answer(ctx, req)
+	var reply wire.Reply
+	var outcome string
+	if req.V == wire.WriteVersion {
+		if reply, outcome, err = a.write(ctx, req, netns); err != nil {
+			a.refuse(conn, peer, req, err)
+			return
+		}
+		// Once the plugin has the reply the runtime may remove the namespace: let it go first.
+		netns.Close()
+	} else {
+		reply, outcome = a.answer(ctx, req)
+	}
 	a.metrics.requests.WithLabelValues(outcome).Inc()
 	if err := wire.Answer(conn, reply); err != nil {
 		a.log.Debug("could not answer the plugin", "pid", peer.PID, "container_id", req.ContainerID, "error", err.Error())
@@ -129,7 +142,7 @@ func (a *Agent) conn(ctx context.Context, conn *net.UnixConn) {
 	}
 	rep, err := wire.ReadReport(conn)
 	if err != nil {
-		a.refuse(nil, peer, "report", err)
+		a.refuse(nil, peer, req, err)
 		return
 	}
 	a.metrics.plugin(rep)
@@ -139,9 +152,14 @@ func (a *Agent) conn(ctx context.Context, conn *net.UnixConn) {
 }
 
 // refuse logs and counts a refused peer or message, and answers with the refusal when conn is
-// set, so that the plugin reads the pod itself at once. A connection that ends before a message
-// is no refusal.
-func (a *Agent) refuse(conn *net.UnixConn, peer wire.Peer, what string, err error) {
+// set (in the request's version, so that a plugin that asked for a write does not take the agent
+// for one of lookups only), so that the plugin reads the pod itself at once. A connection that
+// ends before a message is no refusal.
+func (a *Agent) refuse(conn *net.UnixConn, peer wire.Peer, req wire.Request, err error) {
+	what := "request"
+	if conn == nil {
+		what = "report"
+	}
 	var werr *wire.Error
 	if !errors.As(err, &werr) {
 		a.log.Debug("no "+what+" from the plugin", "pid", peer.PID, "uid", peer.UID, "error", err.Error())
@@ -152,9 +170,17 @@ func (a *Agent) refuse(conn *net.UnixConn, peer wire.Peer, what string, err erro
 	if conn != nil {
 		msg += "; the plugin reads the pod itself"
 	}
-	a.log.Warn(msg, "pid", peer.PID, "uid", peer.UID, "code", string(werr.Code), "error", werr.Message)
+	args := []any{"pid", peer.PID, "uid", peer.UID, "code", string(werr.Code), "error", werr.Message}
+	if req.V == wire.WriteVersion {
+		args = append(args, "write", true, "pod", req.Namespace+"/"+req.Name, "netns", req.Netns)
+	}
+	a.log.Warn(msg, args...)
 	if conn != nil {
-		_ = wire.Answer(conn, wire.Reply{Error: werr})
+		v := wire.Version
+		if req.V == wire.WriteVersion {
+			v = wire.WriteVersion
+		}
+		_ = wire.Answer(conn, wire.Reply{V: v, Error: werr})
 	}
 }
 

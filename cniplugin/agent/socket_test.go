@@ -25,7 +25,21 @@ const envAsk = "AGENT_TEST_ASK"
 func TestMain(m *testing.M) {
 	if socket := os.Getenv(envAsk); socket != "" {
 		ns, name, _ := strings.Cut(os.Getenv(envAsk+"_POD"), "/")
-		ex, err := wire.Ask(socket, 10*time.Second, wire.Request{Command: wire.CommandAdd, Namespace: ns, Name: name, ContainerID: "helper"})
+		req := wire.Request{Command: wire.CommandAdd, Namespace: ns, Name: name, ContainerID: "helper"}
+		var ex *wire.Exchange
+		var err error
+		if netns := os.Getenv(envAsk + "_NETNS"); netns != "" {
+			// A write request (route 1), with the namespace attached.
+			f, oerr := os.Open(netns)
+			if oerr != nil {
+				fmt.Println(oerr)
+				os.Exit(0)
+			}
+			req.Netns, req.IfName = netns, "eth0"
+			ex, err = wire.AskWrite(socket, 10*time.Second, req, f)
+		} else {
+			ex, err = wire.Ask(socket, 10*time.Second, req)
+		}
 		ex.Report(wire.Report{Command: wire.CommandAdd, Result: "ok", Lookup: "api"})
 		fmt.Println(err)
 		os.Exit(0)

@@ -10,6 +10,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 // Exchange is one plugin call's connection to the agent, open from the request to the report.
 type Exchange struct {
 	conn  *net.UnixConn
+	v     int // the request's version, which the report takes
 	Reply Reply
 }
 
@@ -26,13 +30,31 @@ type Exchange struct {
 // timeout. When the agent answers with an *Error, Ask returns it with the exchange, which still
 // takes the report; any other error means there is no exchange.
 func Ask(socket string, timeout time.Duration, req Request) (*Exchange, error) {
+	req.V, req.Netns, req.IfName = Version, "", ""
+	return exchange(socket, timeout, req, nil)
+}
+
+// AskWrite asks the agent to write an ADD's rules (route 1): req (Command ADD, with Netns and
+// IfName) goes with netns, the pod's network namespace, attached. Its answers are Ask's, and:
+// the reply's Written when the agent wrote, or its Declined with the lookup when it did not. An
+// agent that speaks only lookups (version 2) answers with a refusal of its own version: AskWrite
+// returns a CodeVersion *Error and no exchange, and the plugin asks again with Ask.
+func AskWrite(socket string, timeout time.Duration, req Request, netns *os.File) (*Exchange, error) {
+	req.V, req.Command = WriteVersion, CommandAdd
+	return exchange(socket, timeout, req, netns)
+}
+
+func exchange(socket string, timeout time.Duration, req Request, netns *os.File) (*Exchange, error) {
 	if err := CheckSocket(socket); err != nil {
 		return nil, err
 	}
-	req.V = Version
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
+	}
+	var oob []byte
+	if netns != nil {
+		oob = unix.UnixRights(int(netns.Fd()))
 	}
 	deadline := time.Now().Add(timeout)
 	c, err := (&net.Dialer{Deadline: deadline}).Dial("unixpacket", socket)
@@ -40,18 +62,19 @@ func Ask(socket string, timeout time.Duration, req Request) (*Exchange, error) {
 		return nil, err
 	}
 	conn := c.(*net.UnixConn)
-	ex := &Exchange{conn: conn}
+	ex := &Exchange{conn: conn, v: req.V}
 	if err := conn.SetDeadline(deadline); err != nil {
 		conn.Close()
 		return nil, err
 	}
-	if _, err := conn.Write(body); err != nil {
+	if _, _, err := conn.WriteMsgUnix(body, oob, nil); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("send the request: %w", err)
 	}
-	b, err := readMessage(conn, make([]byte, MaxMessage))
+	b, _, err := readMessage(conn, make([]byte, MaxMessage), false)
 	if err == nil {
-		err = decode(b, &ex.Reply)
+		// The reply to a write may come from an agent that speaks only lookups.
+		err = decode(b, &ex.Reply, Version, req.V)
 	}
 	var ne net.Error
 	switch {
@@ -61,6 +84,13 @@ func Ask(socket string, timeout time.Duration, req Request) (*Exchange, error) {
 	case err != nil:
 		conn.Close()
 		return nil, fmt.Errorf("the agent's answer: %w", err)
+	case ex.Reply.V != req.V:
+		conn.Close()
+		msg := "the agent's reply"
+		if ex.Reply.Error != nil {
+			msg = ex.Reply.Error.Error()
+		}
+		return nil, Errorf(CodeVersion, "the agent answered a version %d request in version %d (an agent older than writes): %s", req.V, ex.Reply.V, msg)
 	case ex.Reply.Error != nil:
 		return ex, ex.Reply.Error
 	}
@@ -74,7 +104,10 @@ func (e *Exchange) Report(r Report) {
 		return
 	}
 	defer e.conn.Close()
-	r.V, r.Log = Version, TruncateLog(r.Log)
+	r.V, r.Log = e.v, TruncateLog(r.Log)
+	if r.V != WriteVersion {
+		r.Route = "" // not a field of version 2's report
+	}
 	b, err := json.Marshal(r)
 	if err != nil || len(b) > MaxMessage {
 		return
@@ -109,31 +142,60 @@ func CheckSocket(path string) error {
 	return nil
 }
 
-// ReadRequest reads the plugin's request. Its errors are *Error (refused: descriptors attached;
-// too-large; version; malformed: not JSON, an unknown field or command) or the connection's.
-func ReadRequest(conn *net.UnixConn) (Request, error) {
+// ReadRequest reads the plugin's request, and for a write request (WriteVersion) the namespace
+// descriptor attached, which the caller closes. Its errors are *Error (refused: descriptors
+// attached to a lookup, or more than one; too-large; version; malformed: not JSON, an unknown
+// field or command, a write request without its descriptor or not an ADD) or the connection's;
+// with an error no descriptor is returned, none is left open.
+func ReadRequest(conn *net.UnixConn) (Request, *os.File, error) {
 	var req Request
-	b, err := readMessage(conn, make([]byte, MaxMessage))
+	b, fd, err := readMessage(conn, make([]byte, MaxMessage), true)
 	if err == nil {
-		err = decode(b, &req)
+		err = decode(b, &req, Version, WriteVersion)
 	}
+	var ve *Error
 	switch {
+	case fd != nil && (req.V != WriteVersion || errors.As(err, &ve) && ve.Code == CodeVersion):
+		err = Errorf(CodeRefused, "file descriptors attached (protocol %d carries none); closed unused", Version)
 	case err != nil:
 	case req.Command != CommandAdd && req.Command != CommandCheck && req.Command != CommandDel:
 		err = Errorf(CodeMalformed, "command %q, want ADD, CHECK or DEL", req.Command)
 	case req.Command != CommandDel && (req.Namespace == "" || req.Name == ""):
 		err = Errorf(CodeMalformed, "no pod namespace and name in a %s request", req.Command)
+	case req.V == WriteVersion && req.Command != CommandAdd:
+		err = Errorf(CodeMalformed, "a write request for %s: only ADD writes", req.Command)
+	case req.V == WriteVersion && fd == nil:
+		err = Errorf(CodeMalformed, "a write request without the pod's network namespace attached")
+	case req.V == WriteVersion && req.Netns == "":
+		err = Errorf(CodeMalformed, "a write request without its CNI_NETNS")
+	case req.V == Version && (req.Netns != "" || req.IfName != ""):
+		err = Errorf(CodeMalformed, "a lookup (version %d) with netns or ifName", Version)
 	}
-	return req, err
+	if err != nil {
+		if fd != nil {
+			fd.Close()
+			fd = nil
+		}
+		// The refusal is answered in the version the peer speaks, when it is one of ours.
+		var head struct {
+			V int `json:"v"`
+		}
+		if json.Unmarshal(b, &head) == nil && (head.V == Version || head.V == WriteVersion) {
+			req.V = head.V
+		}
+	}
+	return req, fd, err
 }
 
-// Answer sends r. One larger than a message goes as CodeTooLarge instead, so that the plugin reads
-// the pod itself at once.
+// Answer sends r, in r's version (Version when unset). One larger than a message goes as
+// CodeTooLarge instead, so that the plugin reads the pod itself at once.
 func Answer(conn *net.UnixConn, r Reply) error {
-	r.V = Version
+	if r.V == 0 {
+		r.V = Version
+	}
 	b, err := json.Marshal(r)
 	if err == nil && len(b) > MaxMessage {
-		b, err = json.Marshal(Reply{V: Version, Error: Errorf(CodeTooLarge, "the answer is %d bytes, more than the %d of a message", len(b), MaxMessage)})
+		b, err = json.Marshal(Reply{V: r.V, Error: Errorf(CodeTooLarge, "the answer is %d bytes, more than the %d of a message", len(b), MaxMessage)})
 	}
 	if err != nil {
 		return err
@@ -145,41 +207,87 @@ func Answer(conn *net.UnixConn, r Reply) error {
 // ReadReport reads the plugin's report, within the connection's deadline.
 func ReadReport(conn *net.UnixConn) (Report, error) {
 	var r Report
-	b, err := readMessage(conn, make([]byte, MaxMessage))
+	b, _, err := readMessage(conn, make([]byte, MaxMessage), false)
 	if err == nil {
-		err = decode(b, &r)
+		err = decode(b, &r, Version, WriteVersion)
 	}
 	return r, err
 }
 
-// readMessage reads one datagram into buf with no room for control messages: descriptors the
-// peer attached are closed by the kernel, never installed in this process, and refused.
-func readMessage(conn *net.UnixConn, buf []byte) ([]byte, error) {
-	n, _, flags, _, err := conn.ReadMsgUnix(buf, nil)
-	switch {
-	case err != nil:
-		return nil, err
-	case flags&unix.MSG_CTRUNC != 0:
-		return nil, Errorf(CodeRefused, "file descriptors attached (protocol %d carries none); closed unused", Version)
-	case flags&unix.MSG_TRUNC != 0:
-		return nil, Errorf(CodeTooLarge, "a message larger than %d bytes", MaxMessage)
-	case n == 0:
-		return nil, io.EOF
+// readMessage reads one datagram into buf. Without oneFD there is no room for control messages:
+// descriptors the peer attached are closed by the kernel, never installed in this process, and
+// refused. With oneFD there is room for one descriptor, returned; more, or anything else than
+// SCM_RIGHTS, is refused and whatever was received closed.
+func readMessage(conn *net.UnixConn, buf []byte, oneFD bool) ([]byte, *os.File, error) {
+	var oob []byte
+	if oneFD {
+		oob = make([]byte, unix.CmsgSpace(4))
 	}
-	return buf[:n], nil
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, nil, err
+	}
+	fds, fdErr := receivedFDs(oob[:oobn])
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	switch {
+	case flags&unix.MSG_CTRUNC != 0 && oneFD, len(fds) > 1:
+		closeAll()
+		return nil, nil, Errorf(CodeRefused, "more than one file descriptor attached; closed unused")
+	case flags&unix.MSG_CTRUNC != 0:
+		return nil, nil, Errorf(CodeRefused, "file descriptors attached (protocol %d carries none); closed unused", Version)
+	case fdErr != nil:
+		closeAll()
+		return nil, nil, Errorf(CodeRefused, "control message: %v", fdErr)
+	case flags&unix.MSG_TRUNC != 0:
+		closeAll()
+		return nil, nil, Errorf(CodeTooLarge, "a message larger than %d bytes", MaxMessage)
+	case n == 0:
+		closeAll()
+		return nil, nil, io.EOF
+	}
+	var f *os.File
+	if len(fds) == 1 {
+		f = os.NewFile(uintptr(fds[0]), "netns")
+	}
+	return buf[:n], f, nil
+}
+
+// receivedFDs returns the descriptors of the SCM_RIGHTS messages in oob; anything else is an
+// error (with the descriptors found so far, for the caller to close).
+func receivedFDs(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return fds, err
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
 }
 
 // decode reads a message of this protocol version into v, refusing unknown fields: a field of
 // another version's message (a network config, a namespace descriptor) is never ignored.
-func decode(b []byte, v any) error {
+func decode(b []byte, v any, versions ...int) error {
 	var head struct {
 		V int `json:"v"`
 	}
 	if err := json.Unmarshal(b, &head); err != nil {
 		return Errorf(CodeMalformed, "%v", err)
 	}
-	if head.V != Version {
-		return Errorf(CodeVersion, "protocol version %d, want %d", head.V, Version)
+	if !slices.Contains(versions, head.V) {
+		return Errorf(CodeVersion, "protocol version %d, want %s", head.V, versionList(versions))
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -187,4 +295,12 @@ func decode(b []byte, v any) error {
 		return Errorf(CodeMalformed, "%v", err)
 	}
 	return nil
+}
+
+func versionList(vs []int) string {
+	var out []string
+	for _, v := range slices.Compact(slices.Sorted(slices.Values(vs))) {
+		out = append(out, strconv.Itoa(v))
+	}
+	return strings.Join(out, " or ")
 }

@@ -3,11 +3,21 @@
 // messages, the typed errors, the plugin's client and the agent's helpers (one bounded message at
 // a time, descriptors refused, the peer checked).
 //
-// One plugin call is one connection: the plugin sends a Request (the command and the pod it
-// concerns, nothing else: no network config, no file descriptor), the agent answers with a Reply
-// (the pod, its namespace and default/kubernetes from its watch cache, or an *Error saying why
-// not), and once the call is done the plugin sends a Report. The agent never acts for the caller:
-// the plugin, which the runtime ran with the pod's namespace and the node's config, writes.
+// One plugin call is one connection: the plugin sends a Request, the agent answers with a Reply,
+// and once the call is done the plugin sends a Report. A request's version says what it asks:
+//
+//   - Version (2), a lookup: the command and the pod it concerns, nothing else (no network config,
+//     no file descriptor); the agent answers with the pod, its namespace and default/kubernetes
+//     from its watch cache, or an *Error saying why not. The plugin writes (route 2).
+//   - WriteVersion (3), a write, ADD only: the pod, CNI_NETNS, the interface and the pod's network
+//     namespace as a descriptor (SCM_RIGHTS). The agent checks the descriptor against the file the
+//     runtime pinned at CNI_NETNS, builds the rules from the node's own network config and writes
+//     them (route 1), answering with Written; or it declines (Declined, with the lookup as for a
+//     version-2 request, so the plugin writes without an API request), or refuses (*Error).
+//
+// An agent older than writes answers a write request with a version-2 refusal: the plugin then
+// asks again with a lookup. A plugin older than writes sends only lookups, which the agent
+// answers as before. So either side of a rolling upgrade works with the other.
 //
 // Limits: standard library and golang.org/x/sys only, because the plugin links this package and
 // starts on every pod's sandbox set-up. Linux only.
@@ -26,8 +36,12 @@ import (
 )
 
 const (
-	// Version is the protocol version; either side refuses another one.
+	// Version is the lookup protocol's version (route 2): requests, replies and reports without
+	// a descriptor. Agents and plugins before writes speak only this one.
 	Version = 2
+	// WriteVersion is the version of a write request (route 1), its reply and its report. A
+	// message of any other version is refused.
+	WriteVersion = 3
 	// MaxMessage bounds one message (one datagram) either way.
 	MaxMessage = 128 << 10
 	// MaxLog bounds the log text a Report carries.
@@ -44,6 +58,10 @@ const (
 // Request is the plugin's question: the pod of a CNI call, from its CNI_ARGS and
 // CNI_CONTAINERID. For ADD and CHECK the agent answers with the pod; for DEL it only learns that
 // the sandbox is going (its audits leave it alone).
+//
+// A write request (V WriteVersion, ADD only) also carries CNI_NETNS and CNI_IFNAME, and the pod's
+// network namespace as the one descriptor attached. Nothing else: the network config is the
+// node's, which the agent reads itself.
 type Request struct {
 	V           int    `json:"v"`
 	Command     string `json:"command"`
@@ -51,6 +69,8 @@ type Request struct {
 	Name        string `json:"name"`
 	UID         string `json:"uid,omitempty"`
 	ContainerID string `json:"containerID"`
+	Netns       string `json:"netns,omitempty"`
+	IfName      string `json:"ifName,omitempty"`
 }
 
 // Reply is the agent's answer: the core/v1 JSON of the pod, its namespace and, when the agent's
@@ -69,6 +89,39 @@ type Reply struct {
 	// watch has not synced and the API server did not answer its one read. The plugin fails a
 	// pod that needs its namespace's annotations with it (closed), and serves any other.
 	NamespaceError string `json:"namespaceError,omitempty"`
+	// Written, in the reply to a write request, is what the agent did (route 1).
+	Written *Written `json:"written,omitempty"`
+	// Declined, in the reply to a write request, says why the agent did not write (it cannot,
+	// here or now); the reply then holds the lookup, or Error, as for a lookup, and the plugin
+	// writes (route 2).
+	Declined *Error `json:"declined,omitempty"`
+}
+
+// Written is the agent's ADD (route 1): the plugin's own code run with the node's network config
+// and the agent's copy of the pod, in the namespace the descriptor named.
+type Written struct {
+	// Kind is the pod's kind; only meshed kinds get rules.
+	Kind string `json:"kind"`
+	// Backend and Changed are the write's (empty and false when no rules were needed).
+	Backend string `json:"backend,omitempty"`
+	Changed bool   `json:"changed,omitempty"`
+	// CloseWaitSecs is the conntrack close-wait timeout written (0: left alone).
+	CloseWaitSecs int64 `json:"closeWaitSecs,omitempty"`
+	// Seconds is how long the agent took, its lookup included.
+	Seconds float64 `json:"seconds"`
+	// Error, when set, is the ADD's failure, with the CNI code the plugin would have returned:
+	// the plugin fails the ADD with it (closed).
+	Error *CNIError `json:"error,omitempty"`
+	// Log is the ADD's log lines in the agent, truncated to MaxLog, for the plugin's log.
+	Log string `json:"log,omitempty"`
+}
+
+// CNIError is a CNI error (code, msg, details) as it crosses the socket, so that an ADD fails with
+// the same code on both routes.
+type CNIError struct {
+	Code    uint   `json:"code"`
+	Msg     string `json:"msg"`
+	Details string `json:"details,omitempty"`
 }
 
 // SourceKubelet is a Reply's Source when the pod came from the kubelet's pods API. Replies with
@@ -86,6 +139,9 @@ type Report struct {
 	Code   uint   `json:"code,omitempty"`
 	// Lookup is where the pod came from: "agent", "api", or "none" (DEL, pass-through).
 	Lookup string `json:"lookup"`
+	// Route, in the report of a write exchange (V WriteVersion), is who wrote the rules of an
+	// ADD: RouteAgent or RoutePlugin ("" when none were written).
+	Route string `json:"route,omitempty"`
 	// Seconds is the call's duration, from the plugin's start.
 	Seconds float64 `json:"seconds"`
 	// Log is the plugin's log lines for the call, truncated to MaxLog.
@@ -95,6 +151,12 @@ type Report struct {
 	// Absent, the report is what it was before the field existed.
 	TraceID string `json:"traceID,omitempty"`
 }
+
+// The routes of an ADD, in a Report.
+const (
+	RouteAgent  = "agent"
+	RoutePlugin = "plugin"
+)
 
 // ValidTraceID reports whether s is a W3C trace ID: 32 lower-case hex digits, not all zero.
 func ValidTraceID(s string) bool {
@@ -126,6 +188,14 @@ const (
 	CodeTooLarge Code = "too-large"
 	// CodeVersion: another protocol version.
 	CodeVersion Code = "version"
+	// CodeCapability, in a Declined: the agent lacks a capability writing needs (NET_ADMIN and
+	// SYS_ADMIN: the chart grants them only with audits), or the kernel refused a write for want
+	// of one. The plugin writes.
+	CodeCapability Code = "capability"
+	// CodeCannotWrite, in a Declined: the agent cannot write this pod's rules for another reason
+	// (no network config of linkerd-cni on the node yet, a mode whose binaries its image lacks, a
+	// namespace it cannot verify, a failed write). The plugin writes.
+	CodeCannotWrite Code = "cannot-write"
 )
 
 // Error is a typed refusal, sent in a Reply and returned by both sides' helpers.

@@ -54,10 +54,13 @@ func TestExchange(t *testing.T) {
 	socket := listen(t, func(c *net.UnixConn) {
 		peer, err := CheckPeer(c, "/proc")
 		got <- fmt.Sprint(peer, err)
-		req, err := ReadRequest(c)
+		req, fd, err := ReadRequest(c)
 		if err != nil {
 			got <- err
 			return
+		}
+		if fd != nil {
+			fd.Close()
 		}
 		got <- req
 		switch req.Name {
@@ -122,7 +125,10 @@ func TestExchange(t *testing.T) {
 func TestReadRequestRefuses(t *testing.T) {
 	errs := make(chan error, 1)
 	socket := listen(t, func(c *net.UnixConn) {
-		_, err := ReadRequest(c)
+		_, fd, err := ReadRequest(c)
+		if fd != nil {
+			fd.Close()
+		}
 		errs <- err
 	})
 	self, err := os.Open("/proc/self/ns/net")
@@ -131,6 +137,7 @@ func TestReadRequestRefuses(t *testing.T) {
 	}
 	defer self.Close()
 	good := `{"v":2,"command":"ADD","namespace":"app","name":"web","containerID":"c1"}`
+	writeReq := `{"v":3,"command":"ADD","namespace":"app","name":"web","containerID":"c1","netns":"/var/run/netns/cni-1","ifName":"eth0"}`
 	for _, tc := range []struct {
 		name, body string
 		fds        []int
@@ -138,8 +145,14 @@ func TestReadRequestRefuses(t *testing.T) {
 	}{
 		{"a descriptor", good, []int{int(self.Fd())}, "node agent: refused: file descriptors attached (protocol 2 carries none); closed unused"},
 		{"too large", good + strings.Repeat(" ", MaxMessage), nil, "node agent: too-large: a message larger than 131072 bytes"},
-		{"another version", `{"v":3,"command":"ADD"}`, nil, "node agent: version: protocol version 3, want 2"},
-		{"no version", `{"command":"ADD"}`, nil, "node agent: version: protocol version 0, want 2"},
+		{"another version", `{"v":4,"command":"ADD"}`, nil, "node agent: version: protocol version 4, want 2 or 3"},
+		{"no version", `{"command":"ADD"}`, nil, "node agent: version: protocol version 0, want 2 or 3"},
+		{"a write without its descriptor", writeReq, nil, "node agent: malformed: a write request without the pod's network namespace attached"},
+		{"a write with two descriptors", writeReq, []int{int(self.Fd()), int(self.Fd())}, "node agent: refused: more than one file descriptor attached; closed unused"},
+		{"a write of a CHECK", strings.Replace(writeReq, "ADD", "CHECK", 1), []int{int(self.Fd())}, "node agent: malformed: a write request for CHECK: only ADD writes"},
+		{"a write without CNI_NETNS", strings.Replace(writeReq, `"netns":"/var/run/netns/cni-1",`, "", 1), []int{int(self.Fd())}, "node agent: malformed: a write request without its CNI_NETNS"},
+		{"a write with a network config", strings.Replace(writeReq, `"ifName"`, `"config":{},"ifName"`, 1), []int{int(self.Fd())}, `node agent: malformed: json: unknown field "config"`},
+		{"a lookup with netns", strings.Replace(good, `"c1"`, `"c1","netns":"/var/run/netns/x"`, 1), nil, "node agent: malformed: a lookup (version 2) with netns or ifName"},
 		{"not JSON", "\x00\x01", nil, "node agent: malformed: invalid character '\\x00' looking for beginning of value"},
 		{"an unknown field", strings.Replace(good, `"c1"`, `"c1","netnsFD":true`, 1), nil, `node agent: malformed: json: unknown field "netnsFD"`},
 		{"an unknown command", strings.Replace(good, "ADD", "GC", 1), nil, `node agent: malformed: command "GC", want ADD, CHECK or DEL`},
@@ -220,5 +233,71 @@ func TestCheckProcess(t *testing.T) {
 		if want != "" && !errors.As(err, &werr) {
 			t.Errorf("pid %d: %T is not a *wire.Error", pid, err)
 		}
+	}
+}
+
+// TestWriteExchange: a write request crosses with its descriptor (the same namespace, received as
+// a descriptor of the agent's), its reply's Written and the report's route come back; an agent
+// that speaks only lookups answers a write with a version-2 refusal, which AskWrite returns as
+// CodeVersion with no exchange (the plugin then asks with Ask).
+func TestWriteExchange(t *testing.T) {
+	self, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	var want syscall.Stat_t
+	if err := syscall.Fstat(int(self.Fd()), &want); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan any, 4)
+	socket := listen(t, func(c *net.UnixConn) {
+		req, fd, err := ReadRequest(c)
+		if err != nil {
+			got <- err
+			return
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(fd.Fd()), &st); err != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+			got <- fmt.Errorf("the descriptor received is not the one sent (%v)", err)
+		}
+		fd.Close()
+		got <- req
+		_ = Answer(c, Reply{V: WriteVersion, Written: &Written{Kind: "meshed", Backend: "iptables-nft", Changed: true, Error: &CNIError{Code: 7, Msg: "bad"}}})
+		rep, err := ReadReport(c)
+		if err != nil {
+			got <- err
+			return
+		}
+		got <- rep
+	})
+	req := Request{Namespace: "app", Name: "web", UID: "u1", ContainerID: "c1", Netns: "/var/run/netns/cni-1", IfName: "eth0"}
+	ex, err := AskWrite(socket, 2*time.Second, req, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := ex.Reply.Written; w == nil || w.Kind != "meshed" || !w.Changed || w.Error == nil || w.Error.Code != 7 {
+		t.Errorf("written %+v", w)
+	}
+	ex.Report(Report{Command: CommandAdd, Result: "error", Code: 7, Lookup: "agent", Route: RouteAgent})
+	req.V, req.Command = WriteVersion, CommandAdd
+	if r := <-got; r != req {
+		t.Errorf("request %v, want %+v", r, req)
+	}
+	if rep, ok := (<-got).(Report); !ok || rep.V != WriteVersion || rep.Route != RouteAgent {
+		t.Errorf("report %+v, want version 3 with route agent", rep)
+	}
+
+	// An agent of lookups only: it refuses the descriptor in version 2.
+	old := listen(t, func(c *net.UnixConn) {
+		_, _, err := readMessage(c, make([]byte, MaxMessage), false)
+		var werr *Error
+		if errors.As(err, &werr) {
+			_ = Answer(c, Reply{Error: werr})
+		}
+	})
+	ex, err = AskWrite(old, 2*time.Second, req, self)
+	if ex != nil || CodeOf(err) != CodeVersion || !strings.Contains(err.Error(), "file descriptors attached") {
+		t.Errorf("an agent of lookups only: %v (exchange %v), want a version error", err, ex)
 	}
 }

@@ -239,6 +239,9 @@ func testAgentLookup(t *testing.T, c *Cluster) {
 			if code := exitCode(&p, "linkerd-network-validator"); code != 0 || p.Spec.NodeName != n.Name {
 				t.Errorf("pod %s on %s: validator exit code %d, want 0 on %s", p.Name, p.Spec.NodeName, code, n.Name)
 			}
+			if added := addLine(t, c, &p); !strings.Contains(added, " route=agent ") {
+				t.Errorf("pod %s on %s: the ADD was not written by the node agent (route 1): %s", p.Name, n.Name, added)
+			}
 		}
 	}
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
@@ -258,6 +261,9 @@ func testAgentLookup(t *testing.T, c *Cluster) {
 		pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
 		if code := exitCode(pod, "linkerd-network-validator"); code != 0 {
 			t.Errorf("without the agent, on %s: validator exit code %d, want 0", n.Name, code)
+		}
+		if added := addLine(t, c, pod); !strings.Contains(added, " route=plugin ") {
+			t.Errorf("without the agent, on %s: the ADD was not written by the plugin (route 2): %s", n.Name, added)
 		}
 	}
 	time.Sleep(2 * time.Second)

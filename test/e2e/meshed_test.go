@@ -51,6 +51,10 @@ func testMeshedPod(t *testing.T, c *Cluster) {
 	if rules := ourRules(ctx, t, podNetNS(ctx, t, c, pod, "web")); len(rules) == 0 {
 		t.Error("no proxy-init rules in the meshed pod's network namespace")
 	}
+	// The chart's agent (audits on, so NET_ADMIN and SYS_ADMIN) writes the ADD: route 1.
+	if added := addLine(t, c, pod); !strings.Contains(added, " route=agent ") {
+		t.Errorf("the ADD was not written by the node agent (route 1): %s", added)
+	}
 	checkMeshedTraffic(ctx, t, c, pod, peer, ipv4)
 	checkProxyExempt(ctx, t, c, pod, peer)
 }

@@ -112,6 +112,9 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 		if !strings.Contains(added, " backend=nftables ") {
 			t.Errorf("the ADD in iptables-mode nft did not write the native table: %s", added)
 		}
+		if !strings.Contains(added, " route=agent ") {
+			t.Errorf("the ADD was not written by the node agent (route 1), which writes the native table as the plugin does: %s", added)
+		}
 		checkRuleBackend(ctx, t, c, pod, "nftables")
 		// The agent's heal writes the native table too: flush the rules, and change an annotation
 		// so that it audits the pod at once rather than within its period.
@@ -135,8 +138,8 @@ func testUserNamespacePod(t *testing.T, c *Cluster) {
 	t.Run("PluginWithoutAgentLookups", func(t *testing.T) {
 		installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"lookups": false}})
 		pod := meshedPod(t, "e2e-userns-fallback", cniWorkload, "linkerd-network-validator")
-		if added := addLine(t, c, pod); strings.Contains(added, " api_requests=0 ") {
-			t.Errorf("the ADD made no API request: the agent looked the pod up, though lookups are off: %s", added)
+		if added := addLine(t, c, pod); strings.Contains(added, " api_requests=0 ") || !strings.Contains(added, " route=plugin ") {
+			t.Errorf("the ADD made no API request (the agent looked the pod up, though lookups are off), or was not the plugin's (route 2): %s", added)
 		}
 		checkRuleBackend(ctx, t, c, pod, "nftables")
 		// The agent's audit reads what the plugin wrote, and finds it right.
