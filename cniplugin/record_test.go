@@ -231,3 +231,30 @@ func TestDefaultLockDirIsProxyInits(t *testing.T) {
 		t.Errorf("the plugin's lock directory %s, proxy-init's %s", got, backend.DefaultHostLockDir)
 	}
 }
+
+// TestRecordPathRefusesUnsafeIDs: a container ID becomes a file name under the state directory,
+// so only what CNI allows in one, up to 255 bytes, is taken; anything else is refused by name.
+func TestRecordPathRefusesUnsafeIDs(t *testing.T) {
+	long := strings.Repeat("a", 255)
+	for id, want := range map[string]string{
+		"5f0c1a":      "/state/pods/5f0c1a.json",
+		"web-1.2_3":   "/state/pods/web-1.2_3.json",
+		long:          "/state/pods/" + long + ".json",
+		"":            `container ID "": not usable as a file name`,
+		"../etc":      `container ID "../etc": not usable as a file name`,
+		"a/b":         `container ID "a/b": not usable as a file name`,
+		".hidden":     `container ID ".hidden": not usable as a file name`,
+		long + "a":    `container ID "` + long + `a": not usable as a file name`,
+		"with space":  `container ID "with space": not usable as a file name`,
+		"nul\x00byte": `container ID "nul\x00byte": not usable as a file name`,
+	} {
+		c := &call{args: &skel.CmdArgs{ContainerID: id}, conf: &NetConf{StateDir: "/state"}}
+		got, err := c.recordPath()
+		if err != nil {
+			got = err.Error()
+		}
+		if got != want {
+			t.Errorf("recordPath(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
