@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // The harness's own images.
@@ -34,7 +34,7 @@ const (
 )
 
 // BuildTestImages builds the pause, agent and proxy stand-in images as OCI archives in dir,
-// laid out and written like the project's own (internal/images), and returns their paths. root
+// laid out and written like the project's own (tools/images), and returns their paths. root
 // is the repository, whose bin/ holds `make build`'s binaries.
 func BuildTestImages(root, dir string) ([]string, error) {
 	in := images.Inputs{BinDir: filepath.Join(dir, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}

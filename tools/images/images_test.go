@@ -63,7 +63,7 @@ func TestDockerfilesUpToDate(t *testing.T) {
 			t.Fatal(err)
 		}
 		if string(got) != text {
-			t.Errorf("%s is stale: run `make dockerfiles` (or go test ./internal/images -run Dockerfiles -update)", p)
+			t.Errorf("%s is stale: run `make dockerfiles` (or cd tools && go test ./images -run Dockerfiles -update)", p)
 		}
 		delete(want, name)
 	}
