@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 	"github.com/kubemesh/proxy-init/tools/images"
 )
 
