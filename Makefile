@@ -218,10 +218,11 @@ e2e-ci:
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory e2e E2E_RUNTIME=containerd1 E2E_RUN='$(E2E_CONTAINERD1_RUN)'
 
-# unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
-# user.
+# unit runs every test that needs neither root nor a kube-apiserver (-short), the product's and
+# the release tooling's; it passes as any user.
 unit:
 	$(GO) test -count=1 -short ./...
+	$(GO) -C tools test -count=1 -short ./...
 
 # stress runs the adversarial workloads (concurrent writers, applies racing cleanups, kill -9
 # during apply, installer churn) in throwaway namespaces and prints what they saw; any corrupt
