@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd for the integration tests (test/kubetest)
+# Builds kube-apiserver and etcd for the integration tests (internal/kubetest)
 # into a cache directory outside the repository, so fresh clones on the same
 # machine (CI) reuse them. A cold build takes about 11 minutes on 2 cores.
 #

@@ -1,5 +1,5 @@
 // Command etcd runs a single-member etcd server for the integration tests of
-// the main module (see test/kubetest). It wraps
+// the main module (see internal/kubetest). It wraps
 // go.etcd.io/etcd/server/v3/embed so the etcd version is the one
 // k8s.io/kubernetes itself is tested against.
 //

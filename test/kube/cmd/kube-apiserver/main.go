@@ -1,6 +1,6 @@
 // Command kube-apiserver is the upstream Kubernetes API server, built from
 // k8s.io/kubernetes at the version pinned in this module's go.mod, for the
-// integration tests of the main module (see test/kubetest).
+// integration tests of the main module (see internal/kubetest).
 //
 // It adds nothing to upstream: it is the same main as
 // k8s.io/kubernetes/cmd/kube-apiserver, compiled here because k8s.io/kubernetes
