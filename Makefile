@@ -246,6 +246,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseCIDR -fuzztime 30s ./iptables/
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./cniplugin/
 	$(GO) test -run '^$$' -fuzz FuzzMerge -fuzztime 30s ./cniplugin/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeKubeletPod -fuzztime 30s ./cniplugin/
 	$(GO) test -run '^$$' -fuzz FuzzJSONSpans -fuzztime 30s ./cniplugin/install/
 
 clean:

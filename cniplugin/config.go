@@ -68,6 +68,11 @@ type Kubernetes struct {
 	// how long the API server may refuse the plugin's credentials before STATUS fails
 	// (refused.go). Zero means DefaultStatusUnauthorizedAfter.
 	StatusUnauthorizedAfter time.Duration
+	// KubeletPodsSocket is kubernetes.kubelet-pods-socket (new key): the kubelet's pods API
+	// socket on the node, where the plugin reads the pod when the node agent does not give it
+	// (kubelet.go). Absent means DefaultKubeletPodsSocket; "" never asks the kubelet. The chart
+	// writes it only for a kubeletRootDir other than the kubelet's default.
+	KubeletPodsSocket string
 }
 
 // Agent is the "agent" block (new): where the node agent answers (agent.go).
@@ -208,6 +213,15 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 
 	d := &decoder{}
+	d.topLevel(top, conf, strict)
+	d.kubernetesAndAgent(top, conf)
+	d.linkerd(d.object(top, "", "linkerd"), &conf.Linkerd)
+	return conf, d.probs, nil
+}
+
+// topLevel decodes the keys beside the nested objects: logging, exclusions, the ceilings on what
+// annotations may ask for and the state directory.
+func (d *decoder) topLevel(top map[string]json.RawMessage, conf *NetConf, strict bool) {
 	d.get(top, "", "log_level", &conf.LogLevel, "a string")
 	d.get(top, "", "log_file", &conf.LogFile, "a string")
 	d.get(top, "", "exclude-namespaces", &conf.ExcludeNamespaces, "a list of namespace names")
@@ -220,6 +234,11 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
 
+}
+
+// kubernetesAndAgent decodes where the plugin reads pods from: the API (kubernetes), the kubelet
+// and the node agent.
+func (d *decoder) kubernetesAndAgent(top map[string]json.RawMessage, conf *NetConf) {
 	k8s := d.object(top, "", "kubernetes")
 	d.get(k8s, "kubernetes.", "kubeconfig", &conf.Kubernetes.Kubeconfig, "a string")
 	d.get(k8s, "kubernetes.", "k8s_api_root", &conf.Kubernetes.APIRoot, "a string")
@@ -229,14 +248,17 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	}
 	d.duration(k8s, "kubernetes.", "timeout", &conf.Kubernetes.Timeout, "5s")
 	d.duration(k8s, "kubernetes.", "status-unauthorized-after", &conf.Kubernetes.StatusUnauthorizedAfter, "5m")
+	conf.Kubernetes.KubeletPodsSocket = DefaultKubeletPodsSocket
+	d.get(k8s, "kubernetes.", "kubelet-pods-socket", &conf.Kubernetes.KubeletPodsSocket, "a string")
 
 	conf.Agent.Socket = DefaultAgentSocket
 	ag := d.object(top, "", "agent")
 	d.get(ag, "agent.", "socket", &conf.Agent.Socket, "a string")
 	d.duration(ag, "agent.", "timeout", &conf.Agent.Timeout, "3s")
+}
 
-	l := &conf.Linkerd
-	ld := d.object(top, "", "linkerd")
+// linkerd decodes the linkerd object: Linkerd's own keys, then the features beyond them.
+func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	const lp = "linkerd."
 	d.get(ld, lp, iptables.FieldInboundProxyPort, &l.IncomingProxyPort, "an integer")
 	d.get(ld, lp, iptables.FieldOutboundProxyPort, &l.OutgoingProxyPort, "an integer")
@@ -274,7 +296,6 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 	d.ids(ld, lp, iptables.FieldGIDsToIgnore, &l.GIDsToIgnore)
 	d.get(ld, lp, iptables.FieldDropInvalid, &l.DropInvalid, "true or false")
 	d.get(ld, lp, iptables.FieldRerouteVirtualInterfaces, &l.RerouteVirtualInterfaces, "a list of interface names")
-	return conf, d.probs, nil
 }
 
 // ipv6 decodes the ipv6 key: a JSON boolean, as Linkerd has it, or the string "auto".
@@ -319,6 +340,9 @@ func (c *NetConf) validate() []badinput.Problem {
 	}
 	if s := c.Agent.Socket; s != "" && !filepath.IsAbs(s) {
 		bad("agent.socket", s, "not an absolute path")
+	}
+	if s := c.Kubernetes.KubeletPodsSocket; s != "" && !filepath.IsAbs(s) {
+		bad("kubernetes.kubelet-pods-socket", s, "not an absolute path")
 	}
 	if c.Kubernetes.Kubeconfig == "" {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")

@@ -140,7 +140,7 @@ func TestParseConfigKeys(t *testing.T) {
 	conf, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","type":"linkerd-cni",
 		"log_level":"debug","log_file":"/var/log/linkerd-cni.log","exclude-namespaces":["linkerd-cni","kube-system"],
 		"max-close-wait-timeout-secs":600,"max-annotation-list-entries":64,"state-dir":"/run/lcni",
-		"kubernetes":{"kubeconfig":"/k","k8s_api_root":"https://203.0.113.10:6443","timeout":"2500ms","exclude-namespaces":["monitoring"]},
+		"kubernetes":{"kubeconfig":"/k","k8s_api_root":"https://203.0.113.10:6443","timeout":"2500ms","exclude-namespaces":["monitoring"],"kubelet-pods-socket":"/var/lib/k0s/kubelet/pods-api/pods-api.sock"},
 		"agent":{"socket":"/run/linkerd-cni/agent.sock","timeout":"1500ms"},
 		"policy":{"type":"k8s","k8s_api_root":"https://x","k8s_auth_token":"t"},
 		"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,"proxy-gid":2103,
@@ -153,7 +153,7 @@ func TestParseConfigKeys(t *testing.T) {
 	want := &NetConf{
 		LogLevel: "debug", LogFile: "/var/log/linkerd-cni.log", ExcludeNamespaces: []string{"linkerd-cni", "kube-system", "monitoring"},
 		Ceilings: Ceilings{MaxCloseWaitSecs: 600, MaxListEntries: 64}, StateDir: "/run/lcni",
-		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond},
+		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond, KubeletPodsSocket: "/var/lib/k0s/kubelet/pods-api/pods-api.sock"},
 		Agent:      Agent{Socket: "/run/linkerd-cni/agent.sock", Timeout: 1500 * time.Millisecond},
 		Linkerd: Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
 			PortsToRedirect: []string{"80", "8080"}, InboundPortsToIgnore: []string{"4190,4191"},
@@ -215,6 +215,14 @@ func TestParseConfigDefaults(t *testing.T) {
 	if conf.Agent != (Agent{Socket: DefaultAgentSocket}) {
 		t.Errorf("agent defaults %+v, want the socket %s and the default timeout", conf.Agent, DefaultAgentSocket)
 	}
+	if conf.Kubernetes.KubeletPodsSocket != DefaultKubeletPodsSocket {
+		t.Errorf("kubernetes.kubelet-pods-socket %q, want %s", conf.Kubernetes.KubeletPodsSocket, DefaultKubeletPodsSocket)
+	}
+	// "": the kubelet is never asked.
+	conf, err = ParseConfig([]byte(`{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k","kubelet-pods-socket":""},"linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140}}`))
+	if err != nil || conf.Kubernetes.KubeletPodsSocket != "" {
+		t.Errorf(`kubernetes.kubelet-pods-socket "": %+v, %v; want it empty`, conf, err)
+	}
 }
 
 func TestParseConfigErrors(t *testing.T) {
@@ -271,6 +279,10 @@ func TestParseConfigErrors(t *testing.T) {
 			`invalid linkerd-cni network config: kubernetes.timeout "soon": want a duration such as "5s"; log_level "loud": want trace, debug, info, warn or error; kubernetes.kubeconfig "": must be set: the plugin reads the pod from the Kubernetes API with it`},
 		{"agent socket relative, timeout zero", `{"cniVersion":"1.0.0","agent":{"socket":"agent.sock","timeout":"0s"},"kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: agent.timeout "0s": must be positive; agent.socket "agent.sock": not an absolute path`},
+		{"kubelet socket relative", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k","kubelet-pods-socket":"pods-api.sock"},"linkerd":{` + ports + `}}`,
+			`invalid linkerd-cni network config: kubernetes.kubelet-pods-socket "pods-api.sock": not an absolute path`},
+		{"kubelet socket not a string", `{"cniVersion":"1.0.0","kubernetes":{"kubeconfig":"/k","kubelet-pods-socket":false},"linkerd":{` + ports + `}}`,
+			`invalid linkerd-cni network config: kubernetes.kubelet-pods-socket "false": want a string`},
 		{"state-dir relative", `{"cniVersion":"1.0.0","state-dir":"run/linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,
 			`invalid linkerd-cni network config: state-dir "run/linkerd-cni": not an absolute path`},
 		{"exclude-namespaces not a list", `{"cniVersion":"1.0.0","exclude-namespaces":"linkerd-cni","kubernetes":{"kubeconfig":"/k"},"linkerd":{` + ports + `}}`,

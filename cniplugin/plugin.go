@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -114,7 +115,7 @@ type call struct {
 	own      *bytes.Buffer
 	closeLog func()
 	// ex is the open exchange with the node agent (nil without one); lookup is where the pod came
-	// from: "agent", "api" or "none".
+	// from: "agent", "kubelet" (through the agent or read by the plugin), "api" or "none".
 	ex     *wire.Exchange
 	lookup string
 	// trace is the runtime's trace context (trace.go).
@@ -443,8 +444,13 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	defer cancel()
 	pl := &plan{}
 	count := func() {
-		if !cached(api) {
-			pl.requests++
+		switch a := api.(type) {
+		case interface{ APIRequests() int }: // the kubelet's pod, the rest from the API
+			pl.requests = a.APIRequests()
+		default:
+			if !cached(api) {
+				pl.requests++
+			}
 		}
 	}
 	t1 := time.Now()
@@ -492,16 +498,47 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	return pl, nil
 }
 
-// podAPI is where the call reads the pod: the node agent's answer, else the API server.
+// podAPI is where the call reads the pod: the node agent's answer, else the kubelet's pods API
+// (kubelet.go), else the API server. The kubelet comes before the API because it needs neither
+// the API server nor a token.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 	if p.nodeAgent {
 		if api := c.askAgent(); api != nil {
 			c.lookup = api.source
 			return api, nil
 		}
+		newAPI := func() (PodAPI, error) { return p.NewPodAPI(c.conf) }
+		if api := c.askKubelet(newAPI); api != nil {
+			c.lookup = wire.SourceKubelet
+			return api, nil
+		}
 	}
 	c.lookup = "api"
 	return p.NewPodAPI(c.conf)
+}
+
+// askKubelet reads the call's pod from the kubelet's pods API. It returns nil when the kubelet
+// does not give it: the plugin then reads the API.
+func (c *call) askKubelet(newAPI func() (PodAPI, error)) *kubeletLookup {
+	socket := c.conf.Kubernetes.KubeletPodsSocket
+	if socket == "" {
+		return nil // kubernetes.kubelet-pods-socket "": never asked
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), kubeletTimeout)
+	defer cancel()
+	k := newKubeletClient(socket)
+	defer k.close()
+	pod, err := k.pod(ctx, c.pod.Namespace, c.pod.Name, c.pod.UID)
+	if err != nil {
+		// No socket: a kubelet before 1.36, its PodsAPI gate off, or another root dir.
+		lvl := slog.LevelWarn
+		if errors.Is(err, fs.ErrNotExist) {
+			lvl = slog.LevelDebug
+		}
+		c.log.Log(context.Background(), lvl, "the kubelet did not give the pod; reading it from the API", "socket", socket, "error", err)
+		return nil
+	}
+	return &kubeletLookup{pod: pod, newAPI: newAPI}
 }
 
 func describeSources(src map[string]string) string {

@@ -292,132 +292,166 @@ var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxLis
 // annotation, the object it is on and its whole value. A value beyond one of lim's ceilings is
 // refused too; a list over its ceiling is reported by its length, not echoed.
 func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
-	s := Settings{Config: base, Sources: map[string]string{}}
-	s.Config.PortsToRedirect = clone(base.PortsToRedirect)
-	s.Config.InboundPortsToIgnore = clone(base.InboundPortsToIgnore)
-	s.Config.OutboundPortsToIgnore = clone(base.OutboundPortsToIgnore)
-	s.Config.InboundSubnetsToIgnore = clone(base.InboundSubnetsToIgnore)
-	s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
-
-	var probs []badinput.Problem
-	found := map[string][]badinput.Problem{} // by field: the annotations that set it
-	// each takes one annotation when present; set converts its value into the config, and
-	// returns why it cannot when the value does not even have the right form.
-	each := func(key string, set func(v string) string) {
-		var v string
-		var from *Object
-		if v = pod.Annotations[key]; v != "" {
-			from = &pod
-		} else if ns != nil && ns.Annotations[key] != "" {
-			v, from = ns.Annotations[key], ns
-		}
-		if from == nil {
-			return
-		}
-		src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
-		if n := len(splitList(v)); listAnnotations[key] && n > lim.MaxListEntries {
-			src.Value = fmt.Sprintf("(%d entries)", n)
-			src.Reason = fmt.Sprintf("more entries than max-annotation-list-entries allows (%d)", lim.MaxListEntries)
-			probs = append(probs, src)
-			return
-		}
-		if reason := set(strings.TrimSpace(v)); reason != "" {
-			src.Reason = reason
-			probs = append(probs, src)
-			return
-		}
-		field := annotationFields[key]
-		found[field] = append(found[field], src)
-		from1 := "annotation " + key + " on " + from.String()
-		if prev := s.Sources[field]; prev != "" {
-			from1 = prev + ", " + from1
-		}
-		s.Sources[field] = from1
+	m := &merger{
+		s:     Settings{Config: base, Sources: map[string]string{}},
+		lim:   lim,
+		pod:   pod,
+		ns:    ns,
+		found: map[string][]badinput.Problem{},
 	}
-	integer := func(dst *int, what string) func(string) string {
-		return func(v string) string {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return "not an integer " + what
-			}
-			*dst = n
-			return ""
-		}
-	}
-
-	each(AnnotationSkipOutboundPorts, func(v string) string {
-		s.Config.OutboundPortsToIgnore = splitList(v)
-		return ""
-	})
-	each(AnnotationSkipInboundPorts, func(v string) string {
-		s.Config.InboundPortsToIgnore = append(s.Config.InboundPortsToIgnore, splitList(v)...)
-		return ""
-	})
-	each(AnnotationSkipSubnets, func(v string) string {
-		s.Config.InboundSubnetsToIgnore = splitList(v)
-		return ""
-	})
-	each(AnnotationSkipInboundSubnets, func(v string) string {
-		s.Config.InboundSubnetsToIgnore = append(s.Config.InboundSubnetsToIgnore, splitList(v)...)
-		return ""
-	})
-	each(AnnotationSkipOutboundSubnets, func(v string) string {
-		s.Config.OutboundSubnetsToIgnore = splitList(v)
-		return ""
-	})
-	each(AnnotationProxyUID, integer(&s.Config.ProxyUID, "UID"))
-	each(AnnotationProxyGID, integer(&s.Config.ProxyGID, "GID"))
-	each(AnnotationInboundPort, integer(&s.Config.InboundProxyPort, "port"))
-	each(AnnotationOutboundPort, integer(&s.Config.OutboundProxyPort, "port"))
-	each(AnnotationRerouteVirtualInterfaces, func(v string) string {
-		s.Config.RerouteVirtualInterfaces = splitList(v)
-		return ""
-	})
-	each(AnnotationCloseWaitTimeout, func(v string) string {
-		secs, reason := parseCloseWait(v)
-		if reason == "" && secs > lim.MaxCloseWaitSecs {
-			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, lim.MaxCloseWaitSecs)
-		}
-		s.Config.CloseWaitSecs = secs
-		return reason
-	})
+	m.s.Config.PortsToRedirect = clone(base.PortsToRedirect)
+	m.s.Config.InboundPortsToIgnore = clone(base.InboundPortsToIgnore)
+	m.s.Config.OutboundPortsToIgnore = clone(base.OutboundPortsToIgnore)
+	m.s.Config.InboundSubnetsToIgnore = clone(base.InboundSubnetsToIgnore)
+	m.s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
+	m.annotations()
 	if len(apiServerPorts) > 0 {
-		s.Config.OutboundPortsToIgnore = append(s.Config.OutboundPortsToIgnore, apiServerPorts...)
+		m.s.Config.OutboundPortsToIgnore = append(m.s.Config.OutboundPortsToIgnore, apiServerPorts...)
 	}
 	// Values of the wrong form left their field as it was in base, which is valid, so every
 	// other problem is still found here, at once. (The API server's ports are always valid.)
-	rs, err := iptables.Build(s.Config)
+	rs, err := iptables.Build(m.s.Config)
 	if verr, ok := badinput.As(err); ok {
 		for _, p := range verr.Problems {
-			srcs, ok := found[p.Field]
+			src, ok := m.source(p)
 			if !ok {
 				// Not from an annotation: base itself was invalid (ParseConfig refuses that).
 				return Settings{}, err
 			}
-			// Of the annotations that fed the field, the one holding the bad value.
-			src := srcs[len(srcs)-1]
-			for _, c := range srcs {
-				if slices.Contains(splitList(c.Value), p.Value) {
-					src = c
-					break
-				}
-			}
-			src.Reason = p.Reason
-			if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
-				src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
-			}
-			probs = append(probs, src)
+			m.probs = append(m.probs, src)
 		}
 	}
-	if len(probs) > 0 {
+	if len(m.probs) > 0 {
 		order := func(p badinput.Problem) int {
 			return slices.Index(Annotations, strings.TrimPrefix(p.Field, "annotation "))
 		}
-		slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order(a) - order(b) })
-		return Settings{}, &badinput.Error{What: "invalid annotation", Problems: probs}
+		slices.SortStableFunc(m.probs, func(a, b badinput.Problem) int { return order(a) - order(b) })
+		return Settings{}, &badinput.Error{What: "invalid annotation", Problems: m.probs}
 	}
-	s.Rules = rs
-	return s, nil
+	m.s.Rules = rs
+	return m.s, nil
+}
+
+// merger is one Merge: the settings being built, the problems found so far, and, by config
+// field, the annotations that set it, so that a value the rule builder refuses is reported
+// against the annotation that holds it.
+type merger struct {
+	s     Settings
+	lim   Ceilings
+	pod   Object
+	ns    *Object
+	probs []badinput.Problem
+	found map[string][]badinput.Problem
+}
+
+// annotations applies each annotation in Linkerd's order (Merge's comment).
+func (m *merger) annotations() {
+	c := &m.s.Config
+	m.each(AnnotationSkipOutboundPorts, func(v string) string {
+		c.OutboundPortsToIgnore = splitList(v)
+		return ""
+	})
+	m.each(AnnotationSkipInboundPorts, func(v string) string {
+		c.InboundPortsToIgnore = append(c.InboundPortsToIgnore, splitList(v)...)
+		return ""
+	})
+	m.each(AnnotationSkipSubnets, func(v string) string {
+		c.InboundSubnetsToIgnore = splitList(v)
+		return ""
+	})
+	m.each(AnnotationSkipInboundSubnets, func(v string) string {
+		c.InboundSubnetsToIgnore = append(c.InboundSubnetsToIgnore, splitList(v)...)
+		return ""
+	})
+	m.each(AnnotationSkipOutboundSubnets, func(v string) string {
+		c.OutboundSubnetsToIgnore = splitList(v)
+		return ""
+	})
+	m.each(AnnotationProxyUID, integer(&c.ProxyUID, "UID"))
+	m.each(AnnotationProxyGID, integer(&c.ProxyGID, "GID"))
+	m.each(AnnotationInboundPort, integer(&c.InboundProxyPort, "port"))
+	m.each(AnnotationOutboundPort, integer(&c.OutboundProxyPort, "port"))
+	m.each(AnnotationRerouteVirtualInterfaces, func(v string) string {
+		c.RerouteVirtualInterfaces = splitList(v)
+		return ""
+	})
+	m.each(AnnotationCloseWaitTimeout, func(v string) string {
+		secs, reason := parseCloseWait(v)
+		if reason == "" && secs > m.lim.MaxCloseWaitSecs {
+			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, m.lim.MaxCloseWaitSecs)
+		}
+		c.CloseWaitSecs = secs
+		return reason
+	})
+}
+
+// each takes one annotation when present, from the pod, else from its namespace; set converts
+// its value into the config, and returns why it cannot when the value does not even have the
+// right form.
+func (m *merger) each(key string, set func(v string) string) {
+	var v string
+	var from *Object
+	if v = m.pod.Annotations[key]; v != "" {
+		from = &m.pod
+	} else if m.ns != nil && m.ns.Annotations[key] != "" {
+		v, from = m.ns.Annotations[key], m.ns
+	}
+	if from == nil {
+		return
+	}
+	src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
+	if n := len(splitList(v)); listAnnotations[key] && n > m.lim.MaxListEntries {
+		src.Value = fmt.Sprintf("(%d entries)", n)
+		src.Reason = fmt.Sprintf("more entries than max-annotation-list-entries allows (%d)", m.lim.MaxListEntries)
+		m.probs = append(m.probs, src)
+		return
+	}
+	if reason := set(strings.TrimSpace(v)); reason != "" {
+		src.Reason = reason
+		m.probs = append(m.probs, src)
+		return
+	}
+	field := annotationFields[key]
+	m.found[field] = append(m.found[field], src)
+	from1 := "annotation " + key + " on " + from.String()
+	if prev := m.s.Sources[field]; prev != "" {
+		from1 = prev + ", " + from1
+	}
+	m.s.Sources[field] = from1
+}
+
+// source is the rule builder's problem p as a problem of the annotation that holds the bad
+// value, of those that fed p's field; false when no annotation fed it.
+func (m *merger) source(p badinput.Problem) (badinput.Problem, bool) {
+	srcs, ok := m.found[p.Field]
+	if !ok {
+		return p, false
+	}
+	src := srcs[len(srcs)-1]
+	for _, c := range srcs {
+		if slices.Contains(splitList(c.Value), p.Value) {
+			src = c
+			break
+		}
+	}
+	src.Reason = p.Reason
+	if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
+		src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
+	}
+	return src, true
+}
+
+// integer sets *dst from a whole number, what naming the value in the reason it gives when the
+// value is not one.
+func integer(dst *int, what string) func(string) string {
+	return func(v string) string {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return "not an integer " + what
+		}
+		*dst = n
+		return ""
+	}
 }
 
 // parseCloseWait accepts what the proxy injector accepts (a Go duration such as "1h"), and whole

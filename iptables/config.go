@@ -244,84 +244,21 @@ func Build(c Config) (*Ruleset, error) {
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
-	proxyPort := func(field string, v int) uint16 {
-		switch {
-		case v == -1:
-			bad(field, strconv.Itoa(v), "must be set")
-		case v < 1 || v > 65535:
-			bad(field, strconv.Itoa(v), "port is outside 1-65535")
-		default:
-			return uint16(v)
-		}
-		return 0
-	}
-	id := func(field, what string, v int) {
-		switch {
-		case v == 0:
-			bad(field, "0", "refusing to exempt "+what+" 0 (root): use -1 for no exemption")
-		case v < -1 || v > MaxID:
-			// Above MaxID a 32-bit ID wraps: 2^32 would exempt root.
-			bad(field, strconv.Itoa(v), fmt.Sprintf("must be -1 (none) or a %s from 1 to %d", what, MaxID))
-		}
-	}
-	ports := func(field string, values []string) []PortRange {
-		var out []PortRange
-		seen := map[PortRange]bool{}
-		for _, v := range values {
-			for _, part := range strings.Split(v, ",") {
-				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-					continue
-				}
-				r, err := ParsePort(part)
-				if err != nil {
-					bad(field, strings.TrimSpace(part), err.Error())
-					continue
-				}
-				if !seen[r] {
-					seen[r] = true
-					out = append(out, r)
-				}
-			}
-		}
-		return out
-	}
-	subnets := func(field string, values []string) []netip.Prefix {
-		n := 0
-		for _, v := range values {
-			n += strings.Count(v, ",") + 1
-		}
-		out := make([]netip.Prefix, 0, n)
-		for _, v := range values {
-			for _, part := range strings.Split(v, ",") {
-				if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-					continue
-				}
-				p, err := ParseCIDR(part)
-				if err != nil {
-					bad(field, strings.TrimSpace(part), err.Error())
-					continue
-				}
-				out = append(out, p)
-			}
-		}
-		return dedupePrefixes(out)
-	}
-
 	rs := &Ruleset{
-		InboundProxyPort:      proxyPort(FieldInboundProxyPort, c.InboundProxyPort),
-		OutboundProxyPort:     proxyPort(FieldOutboundProxyPort, c.OutboundProxyPort),
+		InboundProxyPort:      proxyPort(bad, FieldInboundProxyPort, c.InboundProxyPort),
+		OutboundProxyPort:     proxyPort(bad, FieldOutboundProxyPort, c.OutboundProxyPort),
 		ProxyUID:              c.ProxyUID,
 		ProxyGID:              c.ProxyGID,
-		RedirectPorts:         ports(FieldPortsToRedirect, c.PortsToRedirect),
-		InboundIgnorePorts:    ports(FieldInboundPortsToIgnore, c.InboundPortsToIgnore),
-		OutboundIgnorePorts:   ports(FieldOutboundPortsToIgnore, c.OutboundPortsToIgnore),
-		InboundIgnoreSubnets:  subnets(FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
-		OutboundIgnoreSubnets: subnets(FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
+		RedirectPorts:         portList(bad, FieldPortsToRedirect, c.PortsToRedirect),
+		InboundIgnorePorts:    portList(bad, FieldInboundPortsToIgnore, c.InboundPortsToIgnore),
+		OutboundIgnorePorts:   portList(bad, FieldOutboundPortsToIgnore, c.OutboundPortsToIgnore),
+		InboundIgnoreSubnets:  subnetList(bad, FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
+		OutboundIgnoreSubnets: subnetList(bad, FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
 		Families:              []Family{IPv4},
 		saved:                 new(savedCache),
 	}
-	id(FieldProxyUID, "UID", c.ProxyUID)
-	id(FieldProxyGID, "GID", c.ProxyGID)
+	proxyID(bad, FieldProxyUID, "UID", c.ProxyUID)
+	proxyID(bad, FieldProxyGID, "GID", c.ProxyGID)
 	if c.IPv6 {
 		rs.Families = append(rs.Families, IPv6)
 	}
@@ -345,13 +282,93 @@ func Build(c Config) (*Ruleset, error) {
 	default:
 		bad(FieldInboundMode, string(c.InboundMode), "unknown inbound mode; want redirect or tproxy")
 	}
-	rs.OutboundRedirectPorts = ports(FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
-	rs.OutboundRedirectSubnets = subnets(FieldOutboundSubnetsToRedirect, c.OutboundSubnetsToRedirect)
+	rs.OutboundRedirectPorts = portList(bad, FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
+	rs.OutboundRedirectSubnets = subnetList(bad, FieldOutboundSubnetsToRedirect, c.OutboundSubnetsToRedirect)
 	rs.IgnoreInterfaces = interfaces(bad, FieldInterfacesToIgnore, c.InterfacesToIgnore)
 	rs.RerouteInterfaces = rerouteInterfaces(bad, c.RerouteVirtualInterfaces, rs.IgnoreInterfaces)
 	rs.IgnoreUIDs = ids(bad, FieldUIDsToIgnore, "UID", c.UIDsToIgnore, c.ProxyUID)
 	rs.IgnoreGIDs = ids(bad, FieldGIDsToIgnore, "GID", c.GIDsToIgnore, c.ProxyGID)
 	rs.DropInvalid = c.DropInvalid
+	rs.DNSPort, rs.DNSServers = dnsCapture(bad, c)
+	if len(probs) > 0 {
+		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}
+	}
+	return rs, nil
+}
+
+// proxyPort checks one of the proxy's ports, which must be set (-1 is unset).
+func proxyPort(bad func(field, value, reason string), field string, v int) uint16 {
+	switch {
+	case v == -1:
+		bad(field, strconv.Itoa(v), "must be set")
+	case v < 1 || v > 65535:
+		bad(field, strconv.Itoa(v), "port is outside 1-65535")
+	default:
+		return uint16(v)
+	}
+	return 0
+}
+
+// proxyID checks the proxy's UID or GID (what), which is exempt from redirection: -1 for none.
+func proxyID(bad func(field, value, reason string), field, what string, v int) {
+	switch {
+	case v == 0:
+		bad(field, "0", "refusing to exempt "+what+" 0 (root): use -1 for no exemption")
+	case v < -1 || v > MaxID:
+		// Above MaxID a 32-bit ID wraps: 2^32 would exempt root.
+		bad(field, strconv.Itoa(v), fmt.Sprintf("must be -1 (none) or a %s from 1 to %d", what, MaxID))
+	}
+}
+
+// portList parses the ports and ranges of field, each value a comma-separated list, keeping the
+// first of each in order. An empty value is no port; an empty item in a list is an error.
+func portList(bad func(field, value, reason string), field string, values []string) []PortRange {
+	var out []PortRange
+	seen := map[PortRange]bool{}
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
+				continue
+			}
+			r, err := ParsePort(part)
+			if err != nil {
+				bad(field, strings.TrimSpace(part), err.Error())
+				continue
+			}
+			if !seen[r] {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// subnetList parses the CIDRs of field as portList does ports, without duplicates.
+func subnetList(bad func(field, value, reason string), field string, values []string) []netip.Prefix {
+	n := 0
+	for _, v := range values {
+		n += strings.Count(v, ",") + 1
+	}
+	out := make([]netip.Prefix, 0, n)
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
+				continue
+			}
+			p, err := ParseCIDR(part)
+			if err != nil {
+				bad(field, strings.TrimSpace(part), err.Error())
+				continue
+			}
+			out = append(out, p)
+		}
+	}
+	return dedupePrefixes(out)
+}
+
+// dnsCapture checks the DNS redirect port (0: no capture) and the nameservers it is limited to.
+func dnsCapture(bad func(field, value, reason string), c Config) (uint16, []netip.Addr) {
 	switch v := c.RedirectDNSToPort; {
 	case v == 0:
 		if c.DNSServersOnly {
@@ -362,15 +379,12 @@ func Build(c Config) (*Ruleset, error) {
 	case v == c.InboundProxyPort || v == c.OutboundProxyPort:
 		bad(FieldRedirectDNS, strconv.Itoa(v), "is one of the proxy's TCP ports; DNS over TCP would reach that listener")
 	default:
-		rs.DNSPort = uint16(v)
 		if c.DNSServersOnly {
-			rs.DNSServers = nameservers(bad, c.DNSServers)
+			return uint16(v), nameservers(bad, c.DNSServers)
 		}
+		return uint16(v), nil
 	}
-	if len(probs) > 0 {
-		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}
-	}
-	return rs, nil
+	return 0, nil
 }
 
 // interfaces checks the interface names of field by the kernel's rules (dev_valid_name) and what

@@ -59,7 +59,7 @@ func TestListCommentFitsNFT(t *testing.T) {
 			if tt.want == "" || strings.Contains(tt.want, "subnet") {
 				prefix = "ignore-subnet-"
 			}
-			got := listComment(Step{Kind: StepIgnorePorts, Name: prefix}, len(tt.items), func(i int) string { return tt.items[i] })
+			got := listComment(StepCommon{Name: prefix}, len(tt.items), func(i int) string { return tt.items[i] })
 			if len(got) > NFTCommentMax {
 				t.Errorf("len %d > %d: %s", len(got), NFTCommentMax, got)
 			}
@@ -76,7 +76,7 @@ func TestListCommentFitsNFT(t *testing.T) {
 // Only the items that can appear in the comment are rendered, however long the list.
 func TestListCommentRendersFewItems(t *testing.T) {
 	calls := 0
-	c := listComment(Step{Kind: StepIgnoreSubnets, Name: "ignore-subnet-"}, 10000, func(i int) string { calls++; return "10.0.0.0/24" })
+	c := listComment(StepCommon{Name: "ignore-subnet-"}, 10000, func(i int) string { calls++; return "10.0.0.0/24" })
 	if calls > NFTCommentMax/2 {
 		t.Errorf("rendered %d items for a %d-byte comment", calls, NFTCommentMax)
 	}

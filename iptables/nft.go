@@ -294,187 +294,68 @@ func (r *Ruleset) NFTComment() string {
 // every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
 // traffic passes untouched, as it does when iptables writes no IPv6 rules.
 func (r *Ruleset) NFT() NFTTable {
-	t := NFTTable{Comment: r.NFTComment()}
-	addSet := func(name string, typ NFTSetType, elems []NFTInterval) string {
-		if !slices.ContainsFunc(t.Sets, func(s NFTSet) bool { return s.Name == name }) {
-			t.Sets = append(t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
-		}
-		return name
-	}
-	var only4 []NFTMatch
+	w := &nftWriter{r: r, t: NFTTable{Comment: r.NFTComment()}}
 	if !r.HasFamily(IPv6) {
-		only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
+		w.only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
-	acting := func(ms ...NFTMatch) []NFTMatch { return append(slices.Clone(only4), ms...) }
-	portsComment := func(s Step) string {
-		return listComment(s, len(s.Ports), func(i int) string { return s.PortLabel(s.Ports[i]) })
-	}
-	// perFamily calls fn for each family with addresses in list, with the set holding them.
-	perFamily := func(name string, list []netip.Prefix, fn func(f Family, set string, ps []netip.Prefix)) {
-		for _, f := range r.Families {
-			ps := Subnets(f, list)
-			if len(ps) == 0 {
-				continue
-			}
-			typ, suffix := NFTIPv4, "v4"
-			if f == IPv6 {
-				typ, suffix = NFTIPv6, "v6"
-			}
-			fn(f, addSet(name+"_"+suffix, typ, prefixIntervals(ps)), ps)
-		}
-	}
-	daddr := func(f Family, set string) NFTMatch { return NFTMatch{Kind: NFTMatchDAddrSet, Family: f, Set: set} }
 	for _, c := range r.Plan() {
-		ch := NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}
+		cw := &nftChainWriter{ch: NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}}
 		if c.Table.ChainType != "nat" {
-			ch.Type = c.Table.ChainType
-		}
-		var iif []NFTMatch // the step's arriving interface, when it is limited to one
-		add := func(rl NFTRule) {
-			if len(iif) > 0 {
-				rl.Matches = append(slices.Clone(iif), rl.Matches...)
-			}
-			ch.Rules = append(ch.Rules, rl)
+			cw.ch.Type = c.Table.ChainType
 		}
 		for _, s := range c.Steps {
-			rl := NFTRule{Comment: s.Comment("")}
+			sc := s.Common()
 			dir := c.Direction
-			if s.Direction != "" {
-				dir = s.Direction
+			if sc.Direction != "" {
+				dir = sc.Direction
 			}
-			iif = nil
-			if s.In && s.Kind != StepIgnoreInterface {
-				iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: s.Interface}}
+			cw.iif = nil
+			if sc.Arriving != "" {
+				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: sc.Arriving}}
 			}
-			switch s.Kind {
-			case StepIgnorePorts:
-				set := addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
-				rl.Comment = portsComment(s)
-				rl.Matches = []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}
-			case StepIgnoreSubnets:
-				kind := NFTMatchDAddrSet
-				if s.Source {
-					kind = NFTMatchSAddrSet
-				}
-				perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-					add(NFTRule{
-						Comment: listComment(s, len(ps), func(i int) string { return ps[i].String() }),
-						Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
-					})
-				})
-				continue
-			case StepIgnoreUID:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchSkUID, ID: s.ID}}
-			case StepIgnoreGID:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchSkGID, ID: s.ID}}
-			case StepIgnoreInterface:
-				kind := NFTMatchOIFName
-				if s.In {
-					kind = NFTMatchIIFName
-				}
-				rl.Matches = []NFTMatch{{Kind: kind, Name: s.Interface}}
-			case StepRedirect:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
-				if len(s.Ports) > 0 {
-					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
-					rl.Comment = portsComment(s)
-					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
-				}
-			case StepRedirectOutbound:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				ports := NFTMatch{Kind: NFTMatchTCP}
-				if len(s.Ports) > 0 {
-					ports = NFTMatch{Kind: NFTMatchDPortSet, Set: addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))}
-					rl.Comment = portsComment(s)
-				}
-				if len(s.Subnets) == 0 {
-					rl.Matches = acting(ports)
-					break
-				}
-				perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-					x := rl
-					x.Matches = []NFTMatch{daddr(f, set), ports}
-					if len(s.Ports) == 0 {
-						x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].String() })
-					}
-					add(x)
-				})
-				continue
-			case StepRedirectDNS:
-				rl.Verdict, rl.RedirectPort = NFTRedirect, s.Port
-				port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
-				if s.Proto == "tcp" {
-					port.Kind = NFTMatchTCPDPort
-				}
-				r.perServer(s, rl, acting(port), addSet, add)
-				continue
-			case StepDNSZone:
-				rl.Verdict, rl.Zone = NFTZone, s.Zone
-				var ms []NFTMatch
-				switch s.Owner {
-				case OwnerUID:
-					ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
-				case OwnerGID:
-					ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
-				}
-				if s.Interface != "" {
-					ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
-				}
-				switch {
-				case s.SPort != 0:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
-				case s.DNSAnswers:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
-				default:
-					ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
-				}
-				r.perServer(s, rl, acting(ms...), addSet, add)
-				continue
-			case StepDropInvalid:
-				rl.Verdict = NFTDrop
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})
-			case StepIgnoreEstablished:
-				rl.Matches = []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}
-			case StepTPROXY:
-				rl.Verdict, rl.RedirectPort, rl.Mark = NFTTPROXY, s.Port, s.Mark
-				if len(only4) > 0 {
-					rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
-				}
-				rl.Matches = acting(NFTMatch{Kind: NFTMatchTCP})
-				if len(s.Ports) > 0 {
-					set := addSet(dir+"_redirect_ports", NFTPorts, portIntervals(s.Ports))
-					rl.Comment = portsComment(s)
-					rl.Matches[len(rl.Matches)-1] = NFTMatch{Kind: NFTMatchDPortSet, Set: set}
-				}
-				add(rl)
-				rl = NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop}
-			}
-			add(rl)
+			s.nftRules(w, cw, dir)
 		}
-		t.Chains = append(t.Chains, ch)
+		w.t.Chains = append(w.t.Chains, cw.ch)
 	}
-	return t
+	return w.t
 }
 
-// NFTTPROXYDropName names the rule after a TPROXY rule, which drops what no transparent socket
-// took: iptables' TPROXY target drops it itself.
-const NFTTPROXYDropName = "drop-tproxy-without-listener"
+// nftWriter builds the table NFT returns: the sets its chains share, and what every rule that
+// acts matches.
+type nftWriter struct {
+	r     *Ruleset
+	t     NFTTable
+	only4 []NFTMatch // "meta nfproto ipv4" when IPv6 is off
+}
 
-// perServer adds rl with matches ms, once, or, when the step lists nameservers, once per family
-// with nameservers, with the destination in the family's set of them.
-func (r *Ruleset) perServer(s Step, rl NFTRule, ms []NFTMatch, addSet func(string, NFTSetType, []NFTInterval) string, add func(NFTRule)) {
-	if len(s.Servers) == 0 {
-		rl.Matches = ms
-		add(rl)
-		return
+// nftChainWriter collects one chain's rules.
+type nftChainWriter struct {
+	ch  NFTChain
+	iif []NFTMatch // the step's arriving interface, when it is limited to one
+}
+
+func (cw *nftChainWriter) add(rl NFTRule) {
+	if len(cw.iif) > 0 {
+		rl.Matches = append(slices.Clone(cw.iif), rl.Matches...)
 	}
-	var hosts []netip.Prefix
-	for _, a := range s.Servers {
-		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
+	cw.ch.Rules = append(cw.ch.Rules, rl)
+}
+
+// addSet adds the set name, unless the table has it already, and returns its name.
+func (w *nftWriter) addSet(name string, typ NFTSetType, elems []NFTInterval) string {
+	if !slices.ContainsFunc(w.t.Sets, func(s NFTSet) bool { return s.Name == name }) {
+		w.t.Sets = append(w.t.Sets, NFTSet{Name: name, Type: typ, Elements: elems})
 	}
-	for _, f := range r.Families {
-		ps := Subnets(f, hosts)
+	return name
+}
+
+// acting is ms behind the IPv4-only match a rule that acts needs when IPv6 is off.
+func (w *nftWriter) acting(ms ...NFTMatch) []NFTMatch { return append(slices.Clone(w.only4), ms...) }
+
+// perFamily calls fn for each family with addresses in list, with the set holding them.
+func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family, set string, ps []netip.Prefix)) {
+	for _, f := range w.r.Families {
+		ps := Subnets(f, list)
 		if len(ps) == 0 {
 			continue
 		}
@@ -482,14 +363,7 @@ func (r *Ruleset) perServer(s Step, rl NFTRule, ms []NFTMatch, addSet func(strin
 		if f == IPv6 {
 			typ, suffix = NFTIPv6, "v6"
 		}
-		set := addSet("dns_servers_"+suffix, typ, prefixIntervals(ps))
-		x := rl
-		x.Comment = listComment(s, len(ps), func(i int) string { return ps[i].Addr().String() })
-		// The address match takes the place of the nfproto match, which it implies.
-		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
-			return m.Kind == NFTMatchNFProto
-		})...)
-		add(x)
+		fn(f, w.addSet(name+"_"+suffix, typ, prefixIntervals(ps)), ps)
 	}
 }
 
@@ -497,8 +371,8 @@ func (r *Ruleset) perServer(s Step, rl NFTRule, ms []NFTMatch, addSet func(strin
 // like the iptables comment of a rule covering the same list. Lists too long for a comment are
 // cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
 // items that can appear are rendered: lists may hold thousands of subnets.
-func listComment(s Step, n int, item func(int) string) string {
-	prefix, suffix := s.Name, s.NameTail
+func listComment(c StepCommon, n int, item func(int) string) string {
+	prefix, suffix := c.Name, c.NameTail
 	head := CommentPrefix + prefix
 	var items []string
 	size := 0

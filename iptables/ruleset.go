@@ -307,145 +307,15 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 		}
 	}
 	out := make([]XTRule, 0, n)
-	any := netip.IPv4Unspecified()
-	if f == IPv6 {
-		any = netip.IPv6Unspecified()
-	}
 	for _, c := range r.Plan() {
 		table := ""
 		if c.Table != TableNAT {
 			table = c.Table.Name
 		}
 		for _, s := range c.Steps {
-			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn}
-			if s.In {
-				x.InInterface = s.Interface
-			}
-			switch s.Kind {
-			case StepIgnorePorts:
-				for _, g := range multiportGroups(s.Ports) {
-					x.TCP, x.MultiportDPorts, x.Comment = true, g, s.Comment(joinXTPorts(g))
-					out = append(out, x)
-				}
-			case StepIgnoreSubnets:
-				for _, p := range s.Subnets {
-					if !f.Contains(p) {
-						continue
-					}
-					y := x
-					if s.Source {
-						y.Source = p
-					} else {
-						y.Destination = p
-					}
-					y.Comment = s.Comment(p.String())
-					out = append(out, y)
-				}
-			case StepIgnoreUID:
-				x.UIDOwner, x.Comment = &s.ID, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreGID:
-				x.GIDOwner, x.Comment = &s.ID, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreInterface:
-				if !s.In {
-					x.OutInterface = s.Interface
-				}
-				x.Comment = s.Comment("")
-				out = append(out, x)
-			case StepRedirect:
-				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
-				if len(s.Ports) == 0 {
-					x.Comment = s.Comment("")
-					out = append(out, x)
-				}
-				for _, p := range s.Ports {
-					y := x
-					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
-					out = append(out, y)
-				}
-			case StepRedirectOutbound:
-				x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
-				groups := multiportGroups(s.Ports)
-				if len(groups) == 0 {
-					groups = [][]PortRange{nil}
-				}
-				subnets := []netip.Prefix{{}}
-				if len(s.Subnets) > 0 {
-					subnets = Subnets(f, s.Subnets) // none in f: no rule redirects f
-				}
-				for _, p := range subnets {
-					for _, g := range groups {
-						y := x
-						y.Destination, y.MultiportDPorts = p, g
-						if len(g) > 0 {
-							y.Comment = s.Comment(joinXTPorts(g))
-						} else {
-							y.Comment = s.Comment(p.String())
-						}
-						out = append(out, y)
-					}
-				}
-			case StepRedirectDNS:
-				x.Target, x.ToPort = TargetRedirect, s.Port
-				x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
-				x.DPort = PortRange{First: DNSPort, Last: DNSPort}
-				out = appendPerServer(out, x, s, f)
-			case StepDNSZone:
-				x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
-				switch {
-				case s.SPort != 0:
-					x.SPort = PortRange{First: s.SPort, Last: s.SPort}
-				case s.DNSAnswers:
-					x.SPort = PortRange{First: DNSPort, Last: DNSPort}
-				default:
-					x.DPort = PortRange{First: DNSPort, Last: DNSPort}
-				}
-				switch s.Owner {
-				case OwnerUID:
-					x.UIDOwner = &s.ID
-				case OwnerGID:
-					x.GIDOwner = &s.ID
-				}
-				x.OutInterface = s.Interface
-				out = appendPerServer(out, x, s, f)
-			case StepDropInvalid:
-				x.TCP, x.CTState, x.Target, x.Comment = true, CTStateInvalid, TargetDrop, s.Comment("")
-				out = append(out, x)
-			case StepIgnoreEstablished:
-				x.TCP, x.CTState, x.Comment = true, CTStateEstablished, s.Comment("")
-				out = append(out, x)
-			case StepTPROXY:
-				x.TCP, x.Target, x.ToPort, x.OnIP, x.Mark = true, TargetTPROXY, s.Port, any, s.Mark
-				if len(s.Ports) == 0 {
-					x.Comment = s.Comment("")
-					out = append(out, x)
-				}
-				for _, p := range s.Ports {
-					y := x
-					y.DPort, y.Comment = p, s.Comment(s.PortLabel(p))
-					out = append(out, y)
-				}
-			}
+			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn, InInterface: s.Common().Arriving}
+			out = s.xtRules(out, x, f)
 		}
-	}
-	return out
-}
-
-// appendPerServer appends x once, or, when the step lists servers, once per server of family f
-// (as the destination), named after it.
-func appendPerServer(out []XTRule, x XTRule, s Step, f Family) []XTRule {
-	if len(s.Servers) == 0 {
-		x.Comment = s.Comment("")
-		return append(out, x)
-	}
-	for _, a := range s.Servers {
-		if a.Is4() != (f == IPv4) {
-			continue
-		}
-		y := x
-		y.Destination, y.Comment = netip.PrefixFrom(a, a.BitLen()), s.Comment(a.String())
-		out = append(out, y)
 	}
 	return out
 }

@@ -207,48 +207,98 @@ func Parse(args []string) (*Options, error) {
 		}
 		return nil, &badinput.UsageError{Message: err.Error() + " (see proxy-init --help)"}
 	}
-	o := &Options{Command: CommandApply}
-	switch pos := fs.Args(); len(pos) {
+	cmd, err := parseCommand(fs.Args())
+	if err != nil {
+		return nil, err
+	}
+	o := &Options{Command: cmd}
+	p := &flagReader{badFields: map[string]bool{}}
+	c := p.ruleConfig(fs, v)
+	o.Simulate = p.boolOf(flagSimulate, v.simulate)
+	o.UseWaitFlag = p.boolOf(flagUseWait, v.wait)
+	c.CloseWaitSecs = int64(p.intOf(flagCloseWait, v.closeWait))
+	o.NetNS = v.netns
+
+	mode, source, warnings, modeProbs := resolveMode(fs, v)
+	c.Mode, o.ModeSource, o.Warnings = mode, source, warnings
+	p.probs = append(p.probs, modeProbs...)
+	p.output(o, v)
+	o.Config = c
+
+	if o.Command != CommandVersion {
+		if o.NetNS != "" {
+			if err := netnsutil.CheckNetNS(o.NetNS); err != nil {
+				p.bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+err.Error())
+			}
+		}
+		o.Inspect = o.Command == CommandShow && !ruleFlagSet(fs)
+		var cp []badinput.Problem
+		cp, o.rules = configProblems(o, c, p.badFields, fs)
+		p.probs = append(p.probs, cp...)
+	}
+	if probs := p.probs; len(probs) > 0 {
+		sortByFlagOrder(fs, probs)
+		for i := range probs {
+			probs[i].Field = "--" + probs[i].Field
+		}
+		return nil, &badinput.UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
+	}
+	return o, nil
+}
+
+// parseCommand reads the positional arguments: none (apply), or one subcommand.
+func parseCommand(pos []string) (Command, error) {
+	switch len(pos) {
 	case 0:
+		return CommandApply, nil
 	case 1:
 		if pos[0] == "help" {
-			return nil, ErrHelp
+			return "", ErrHelp
 		}
 		cmd, ok := lookupCommand(pos[0])
 		if !ok {
-			return nil, &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
+			return "", &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
 		}
-		o.Command = cmd
-	default:
-		return nil, &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
+		return cmd, nil
 	}
+	return "", &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
+}
 
-	var probs []badinput.Problem
-	bad := func(field, value, reason string) {
-		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
-	}
-	badFields := map[string]bool{} // fields already reported, so Validate does not repeat them
-	intOf := func(name string, f *lenientInt) int {
-		n, err := f.value()
-		if err != nil {
-			bad(name, f.raw, "not an integer")
-			badFields[name] = true
-		}
-		return n
-	}
-	boolOf := func(name string, f *lenientBool) bool {
-		b, err := f.value()
-		if err != nil {
-			bad(name, f.raw, "not a boolean (want true or false)")
-		}
-		return b
-	}
+// flagReader reads the flags' lenient values into typed ones, collecting every problem.
+type flagReader struct {
+	probs     []badinput.Problem
+	badFields map[string]bool // fields already reported, so Validate does not repeat them
+}
 
+func (p *flagReader) bad(field, value, reason string) {
+	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
+}
+
+func (p *flagReader) intOf(name string, f *lenientInt) int {
+	n, err := f.value()
+	if err != nil {
+		p.bad(name, f.raw, "not an integer")
+		p.badFields[name] = true
+	}
+	return n
+}
+
+func (p *flagReader) boolOf(name string, f *lenientBool) bool {
+	b, err := f.value()
+	if err != nil {
+		p.bad(name, f.raw, "not a boolean (want true or false)")
+	}
+	return b
+}
+
+// ruleConfig is the rule builder's configuration the flags give, but for the close-wait timeout
+// and the mode. With --dns-servers-only it reads the nameservers of resolvConf.
+func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Config {
 	c := iptables.NewConfig()
-	c.InboundProxyPort = intOf(iptables.FieldInboundProxyPort, v.inPort)
-	c.OutboundProxyPort = intOf(iptables.FieldOutboundProxyPort, v.outPort)
-	c.ProxyUID = intOf(iptables.FieldProxyUID, v.uid)
-	c.ProxyGID = intOf(iptables.FieldProxyGID, v.gid)
+	c.InboundProxyPort = p.intOf(iptables.FieldInboundProxyPort, v.inPort)
+	c.OutboundProxyPort = p.intOf(iptables.FieldOutboundProxyPort, v.outPort)
+	c.ProxyUID = p.intOf(iptables.FieldProxyUID, v.uid)
+	c.ProxyGID = p.intOf(iptables.FieldProxyGID, v.gid)
 	c.PortsToRedirect = v.redirect.values
 	c.InboundPortsToIgnore = v.inPorts.values
 	c.OutboundPortsToIgnore = v.outPorts.values
@@ -257,17 +307,17 @@ func Parse(args []string) (*Options, error) {
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
 	} else if b, err := v.ipv6.value(); err != nil {
-		bad(flagIPv6, v.ipv6.raw, "not a boolean or auto (want true, false or auto)")
+		p.bad(flagIPv6, v.ipv6.raw, "not a boolean or auto (want true, false or auto)")
 	} else {
 		c.IPv6 = b
 	}
-	c.RedirectDNSToPort = intOf(iptables.FieldRedirectDNS, v.dnsPort)
-	c.DNSServersOnly = boolOf(iptables.FieldDNSServersOnly, v.dnsServersOnly)
+	c.RedirectDNSToPort = p.intOf(iptables.FieldRedirectDNS, v.dnsPort)
+	c.DNSServersOnly = p.boolOf(iptables.FieldDNSServersOnly, v.dnsServersOnly)
 	if c.DNSServersOnly && c.RedirectDNSToPort > 0 {
 		servers, err := nameservers(resolvConf)
 		if err != nil {
-			bad(iptables.FieldDNSServersOnly, "true", "cannot read the nameservers: "+err.Error())
-			badFields[iptables.FieldDNSServersOnly] = true
+			p.bad(iptables.FieldDNSServersOnly, "true", "cannot read the nameservers: "+err.Error())
+			p.badFields[iptables.FieldDNSServersOnly] = true
 		}
 		c.DNSServers = servers
 	}
@@ -279,51 +329,26 @@ func Parse(args []string) (*Options, error) {
 	c.InterfacesToIgnore = v.interfaces.values
 	c.UIDsToIgnore = v.uids.values
 	c.GIDsToIgnore = v.gids.values
-	c.DropInvalid = boolOf(iptables.FieldDropInvalid, v.dropInvalid)
+	c.DropInvalid = p.boolOf(iptables.FieldDropInvalid, v.dropInvalid)
 	c.RerouteVirtualInterfaces = v.reroute.values
-	o.Simulate = boolOf(flagSimulate, v.simulate)
-	o.UseWaitFlag = boolOf(flagUseWait, v.wait)
-	c.CloseWaitSecs = int64(intOf(flagCloseWait, v.closeWait))
-	o.NetNS = v.netns
+	return c
+}
 
-	mode, source, warnings, modeProbs := resolveMode(fs, v)
-	c.Mode, o.ModeSource, o.Warnings = mode, source, warnings
-	probs = append(probs, modeProbs...)
-
+// output reads the log format and level and the output format into o.
+func (p *flagReader) output(o *Options, v *flagValues) {
 	o.LogFormat = v.logFormat
 	if err := logging.CheckFormat(v.logFormat); err != nil {
-		bad(flagLogFormat, v.logFormat, err.Error())
+		p.bad(flagLogFormat, v.logFormat, err.Error())
 	}
 	lvl, err := logging.ParseLevel(v.logLevel)
 	if err != nil {
-		bad(flagLogLevel, v.logLevel, err.Error())
+		p.bad(flagLogLevel, v.logLevel, err.Error())
 	}
 	o.LogLevel = lvl
 	o.Output = v.outputMode
 	if v.outputMode != "text" && v.outputMode != "json" {
-		bad(flagOutput, v.outputMode, "unknown output format; want text or json")
+		p.bad(flagOutput, v.outputMode, "unknown output format; want text or json")
 	}
-	o.Config = c
-
-	if o.Command != CommandVersion {
-		if o.NetNS != "" {
-			if err := netnsutil.CheckNetNS(o.NetNS); err != nil {
-				bad(flagNetNS, o.NetNS, "cannot use it as a network namespace: "+err.Error())
-			}
-		}
-		o.Inspect = o.Command == CommandShow && !ruleFlagSet(fs)
-		var cp []badinput.Problem
-		cp, o.rules = configProblems(o, c, badFields, fs)
-		probs = append(probs, cp...)
-	}
-	if len(probs) > 0 {
-		sortByFlagOrder(fs, probs)
-		for i := range probs {
-			probs[i].Field = "--" + probs[i].Field
-		}
-		return nil, &badinput.UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
-	}
-	return o, nil
 }
 
 // sortByFlagOrder lists problems in the order the flags appear in --help, which is stable and

@@ -231,24 +231,11 @@ func (in *installer) run(ctx context.Context) error {
 	// Watches start after those checks (so a missing service account
 	// directory is reported as such) and before the first full sync below,
 	// so no change after that sync goes unseen.
-	w, err := fsnotify.NewWatcher()
+	w, err := in.watch()
 	if err != nil {
-		return watchError("start file watcher", err)
+		return err
 	}
 	defer w.Close()
-	watched := []string{cfg.netDir(), cfg.binDir(), cfg.ServiceAccountDir}
-	if d := filepath.Dir(cfg.KubeCAFile); !cfg.SkipTLSVerify && d != cfg.ServiceAccountDir {
-		watched = append(watched, d)
-	}
-	for _, d := range watched {
-		d = filepath.Clean(d)
-		if slices.Contains(w.WatchList(), d) {
-			continue
-		}
-		if err := w.Add(d); err != nil {
-			return watchError("watch "+d, err)
-		}
-	}
 	if in.entry.logFile != "" {
 		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, in.pluginLogOutput(), in.log)
 	}
@@ -264,7 +251,38 @@ func (in *installer) run(ctx context.Context) error {
 		in.taint = tr
 	}
 	in.syncAll()
+	return in.loop(ctx, w)
+}
 
+// watch starts watching the directories whose files the installer keeps: the net and bin
+// directories, the service account's, and the cluster CA's when it is elsewhere.
+func (in *installer) watch() (*fsnotify.Watcher, error) {
+	cfg := &in.cfg
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, watchError("start file watcher", err)
+	}
+	watched := []string{cfg.netDir(), cfg.binDir(), cfg.ServiceAccountDir}
+	if d := filepath.Dir(cfg.KubeCAFile); !cfg.SkipTLSVerify && d != cfg.ServiceAccountDir {
+		watched = append(watched, d)
+	}
+	for _, d := range watched {
+		d = filepath.Clean(d)
+		if slices.Contains(w.WatchList(), d) {
+			continue
+		}
+		if err := w.Add(d); err != nil {
+			w.Close()
+			return nil, watchError("watch "+d, err)
+		}
+	}
+	return w, nil
+}
+
+// loop syncs after each burst of file events (debounced) and every resync period, until ctx
+// ends (then it uninstalls, or leaves everything to a successor) or the watch fails.
+func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
+	cfg := &in.cfg
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	resync := time.NewTicker(cfg.Resync)
@@ -276,19 +294,7 @@ func (in *installer) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			in.setReady(false, "uninstalling")
-			if in.taint != nil {
-				// Its context ended too: let it return before the
-				// entries go, so no removal is in flight meanwhile.
-				<-in.taint.done
-			}
-			keep, why := in.successorComing(context.WithoutCancel(ctx))
-			if keep {
-				in.log.Info("leaving linkerd-cni, its binary and kubeconfig in place for the next installer", "reason", why)
-				return nil
-			}
-			in.log.Info("uninstalling", "reason", why)
-			return in.uninstall()
+			return in.finish(ctx)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("file watcher stopped: exiting so the kubelet restarts the installer")
@@ -321,6 +327,23 @@ func (in *installer) run(ctx context.Context) error {
 			in.syncAll()
 		}
 	}
+}
+
+// finish ends the installer's run: it uninstalls, unless a successor is coming to take over.
+func (in *installer) finish(ctx context.Context) error {
+	in.setReady(false, "uninstalling")
+	if in.taint != nil {
+		// Its context ended too: let it return before the
+		// entries go, so no removal is in flight meanwhile.
+		<-in.taint.done
+	}
+	keep, why := in.successorComing(context.WithoutCancel(ctx))
+	if keep {
+		in.log.Info("leaving linkerd-cni, its binary and kubeconfig in place for the next installer", "reason", why)
+		return nil
+	}
+	in.log.Info("uninstalling", "reason", why)
+	return in.uninstall()
 }
 
 // syncAll brings the binary, the kubeconfig and every config file to the

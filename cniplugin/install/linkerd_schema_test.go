@@ -89,7 +89,7 @@ func TestEntryDecodesAsLinkerdReadsIt(t *testing.T) {
 				if ex, _ := e.Kubernetes["exclude-namespaces"].([]any); len(ex) != 1 || ex[0] != "linkerd-cni" {
 					t.Errorf("kubernetes.exclude-namespaces = %v, want [linkerd-cni]: the plugin would look up its own DaemonSet's pods", e.Kubernetes["exclude-namespaces"])
 				}
-				for _, k := range []string{"timeout", "k8s_api_root"} {
+				for _, k := range []string{"timeout", "k8s_api_root", "kubelet-pods-socket"} {
 					if _, ok := e.Kubernetes[k]; ok {
 						t.Errorf("kubernetes.%s is set though the ConfigMap does not set it: %s", k, raw)
 					}

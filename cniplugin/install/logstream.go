@@ -62,83 +62,16 @@ func (l *lineBuffer) reset() { l.partial = l.partial[:0] }
 // (replacing the previous one), so it cannot fill the node's disk. An unfinished line is held up
 // to maxPartialLine bytes, then passed on in pieces (lineBuffer).
 func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
-	var (
-		rotateFailed bool
-		f            *os.File
-		ino          fileID
-		off          int64
-		lines        lineBuffer
-		first        = true
-		buf          = make([]byte, 32*1024)
-	)
-	defer func() {
-		if f != nil {
-			f.Close()
-		}
-	}()
-	drain := func() {
-		for {
-			n, err := f.Read(buf)
-			if n > 0 {
-				off += int64(n)
-				lines.write(out, buf[:n])
-			}
-			if err != nil || n == 0 {
-				return
-			}
-		}
-	}
+	t := &logTail{path: path, maxSize: maxSize, out: out, log: log, first: true, buf: make([]byte, 32*1024)}
+	defer t.close()
 	tick := time.NewTicker(logPollInterval)
 	defer tick.Stop()
 	for {
-		if f == nil {
-			nf, err := os.Open(path)
-			switch {
-			case err == nil:
-				f = nf
-				ino, _ = statID(path)
-				off = 0
-				if first {
-					if end, err := f.Seek(0, io.SeekEnd); err == nil {
-						off = end
-					}
-				}
-				log.Info("streaming the plugin's log file", "path", path)
-			case !errors.Is(err, fs.ErrNotExist):
-				log.Warn("cannot open the plugin's log file", "path", path, "error", err)
-			}
-			first = false
+		if t.f == nil {
+			t.open()
 		}
-		if f != nil {
-			drain()
-			cur, err := statID(path)
-			switch {
-			case err != nil || cur.ino != ino.ino:
-				// Replaced or removed: finish the old file, then reopen.
-				drain()
-				f.Close()
-				f = nil
-				lines.reset()
-				continue
-			case cur.size < off:
-				// Truncated: start over from the beginning.
-				if _, err := f.Seek(0, io.SeekStart); err == nil {
-					off = 0
-					lines.reset()
-				}
-				continue
-			case cur.size >= maxSize && off >= cur.size && !rotateFailed:
-				// All streamed, and big: keep the node's disk bounded, with one old generation
-				// beside it. Plugin processes open the file anew on every call, so the next one
-				// creates a fresh file; the next pass finishes the old one and follows.
-				if err := os.Rename(path, path+".1"); err != nil {
-					rotateFailed = true
-					log.Warn("cannot rotate the plugin's log file; it will keep growing", "path", path, "error", err)
-				} else {
-					log.Info("rotated the plugin's log file", "path", path, "to", path+".1", "bytes", cur.size)
-				}
-				continue
-			}
+		if t.f != nil && t.follow() {
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -146,4 +79,94 @@ func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, l
 		case <-tick.C:
 		}
 	}
+}
+
+// logTail is streamLog's state: the file it follows and how far it has read.
+type logTail struct {
+	path         string
+	maxSize      int64
+	out          io.Writer
+	log          *slog.Logger
+	rotateFailed bool
+	f            *os.File // nil until the file exists, and after it was replaced
+	ino          fileID
+	off          int64
+	lines        lineBuffer
+	first        bool // the first open skips what the file holds
+	buf          []byte
+}
+
+func (t *logTail) close() {
+	if t.f != nil {
+		t.f.Close()
+	}
+}
+
+// open opens the file, at its end the first time, at its start after that.
+func (t *logTail) open() {
+	nf, err := os.Open(t.path)
+	switch {
+	case err == nil:
+		t.f = nf
+		t.ino, _ = statID(t.path)
+		t.off = 0
+		if t.first {
+			if end, err := t.f.Seek(0, io.SeekEnd); err == nil {
+				t.off = end
+			}
+		}
+		t.log.Info("streaming the plugin's log file", "path", t.path)
+	case !errors.Is(err, fs.ErrNotExist):
+		t.log.Warn("cannot open the plugin's log file", "path", t.path, "error", err)
+	}
+	t.first = false
+}
+
+// drain streams what the open file holds past the offset.
+func (t *logTail) drain() {
+	for {
+		n, err := t.f.Read(t.buf)
+		if n > 0 {
+			t.off += int64(n)
+			t.lines.write(t.out, t.buf[:n])
+		}
+		if err != nil || n == 0 {
+			return
+		}
+	}
+}
+
+// follow streams the open file, then handles its replacement, truncation or rotation; it
+// reports whether to look again at once.
+func (t *logTail) follow() bool {
+	t.drain()
+	cur, err := statID(t.path)
+	switch {
+	case err != nil || cur.ino != t.ino.ino:
+		// Replaced or removed: finish the old file, then reopen.
+		t.drain()
+		t.f.Close()
+		t.f = nil
+		t.lines.reset()
+		return true
+	case cur.size < t.off:
+		// Truncated: start over from the beginning.
+		if _, err := t.f.Seek(0, io.SeekStart); err == nil {
+			t.off = 0
+			t.lines.reset()
+		}
+		return true
+	case cur.size >= t.maxSize && t.off >= cur.size && !t.rotateFailed:
+		// All streamed, and big: keep the node's disk bounded, with one old generation
+		// beside it. Plugin processes open the file anew on every call, so the next one
+		// creates a fresh file; the next pass finishes the old one and follows.
+		if err := os.Rename(t.path, t.path+".1"); err != nil {
+			t.rotateFailed = true
+			t.log.Warn("cannot rotate the plugin's log file; it will keep growing", "path", t.path, "error", err)
+		} else {
+			t.log.Info("rotated the plugin's log file", "path", t.path, "to", t.path+".1", "bytes", cur.size)
+		}
+		return true
+	}
+	return false
 }

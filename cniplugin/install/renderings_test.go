@@ -284,21 +284,34 @@ func TestChartOurValues(t *testing.T) {
 
 // TestChartKubeletPodsAPI: the agent gets the kubelet's pods-api directory, read-only, from
 // kubeletRootDir (any root dir, a trailing slash or not), and the flag naming its socket there;
-// with kubeletRootDir "" or without lookups, neither the mount nor the socket.
+// with kubeletRootDir "" or without lookups, neither the mount nor the socket. The plugin's config
+// names the socket only for a root dir other than the kubelet's default (the plugin's own
+// default), and names none ("") with kubeletRootDir "".
 func TestChartKubeletPodsAPI(t *testing.T) {
 	ch := loadChart(t)
 	for _, tc := range []struct {
 		name    string
 		values  map[string]any
 		hostDir string // "" for no mount
+		key     string // the config's kubernetes.kubelet-pods-socket, "-" for absent
 	}{
-		{"default", nil, "/var/lib/kubelet/pods-api"},
-		{"another root dir", map[string]any{"kubeletRootDir": "/var/lib/k0s/kubelet/"}, "/var/lib/k0s/kubelet/pods-api"},
-		{"off", map[string]any{"kubeletRootDir": ""}, ""},
-		{"without lookups", map[string]any{"agent": map[string]any{"lookups": false}}, ""},
+		{"default", nil, "/var/lib/kubelet/pods-api", "-"},
+		{"the default with a slash", map[string]any{"kubeletRootDir": "/var/lib/kubelet/"}, "/var/lib/kubelet/pods-api", "-"},
+		{"another root dir", map[string]any{"kubeletRootDir": "/var/lib/k0s/kubelet/"}, "/var/lib/k0s/kubelet/pods-api", "/var/lib/k0s/kubelet/pods-api/pods-api.sock"},
+		{"off", map[string]any{"kubeletRootDir": ""}, "", ""},
+		{"without lookups", map[string]any{"agent": map[string]any{"lookups": false}}, "", "-"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ms := renderChart(t, ch, tc.values)
+			var conf struct {
+				Kubernetes map[string]any `json:"kubernetes"`
+			}
+			if err := json.Unmarshal([]byte(configMapConfig(t, ms)), &conf); err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := conf.Kubernetes["kubelet-pods-socket"]; (tc.key == "-") == ok || ok && got != tc.key {
+				t.Errorf("the plugin's kubernetes block %v, want kubelet-pods-socket %q (- for absent)", conf.Kubernetes, tc.key)
+			}
 			agent := container(t, ms, "linkerd-cni-agent")
 			args, _, _ := unstructured.NestedStringSlice(agent, "args")
 			wantArg := "--kubelet-pods-socket="

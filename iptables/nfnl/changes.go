@@ -85,14 +85,40 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 			ourJumps = append(ourJumps, j)
 		}
 	}
-	// The built-in chains our jumps live in, as iptables-nft creates them, if missing.
+	writeXTChains(b, f, t, tbl, chains, all)
+	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
+	var stale []string
+	for _, c := range t.chains {
+		if iptables.ChainTable(c.name) == tbl.Name && !slices.ContainsFunc(chains, func(p iptables.PlanChain) bool { return p.Name == c.name }) {
+			stale = append(stale, c.name)
+		}
+	}
+	kept := pruneXTJumps(b, f, t, tbl.Name, stale, ourJumps)
+	for _, name := range stale {
+		if len(t.rules[name]) > 0 {
+			flush(b, fam, tbl.Name, name)
+		}
+	}
+	for _, name := range stale {
+		deleteChain(b, fam, tbl.Name, name)
+	}
+	for i, j := range ourJumps {
+		if !kept[j.Chain+" "+j.Target] {
+			addXT(b, f, &ourJumps[i])
+		}
+	}
+}
+
+// writeXTChains adds to b the built-in chains our jumps live in, as iptables-nft creates them, if
+// missing; then our chains, each with its run of the plan's rules: created if missing, refilled
+// if their rules in t differ in any way.
+func writeXTChains(b *Batch, f iptables.Family, t *ruleTable, tbl iptables.XTTable, chains []iptables.PlanChain, all []iptables.XTRule) {
+	fam := xtFamily(f)
 	for _, c := range chains {
 		if t.chain(c.Hook.Builtin) == nil {
 			addBaseChain(b, fam, tbl, c.Hook)
 		}
 	}
-	// Our chains, each with its run of the plan's rules: created if missing, refilled if their
-	// rules differ in any way.
 	for _, c := range chains {
 		// The plan's rules are in chain order, so a chain's are one run.
 		start := slices.IndexFunc(all, func(r iptables.XTRule) bool { return r.Chain == c.Name })
@@ -117,16 +143,14 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 			addXT(b, f, &rules[i])
 		}
 	}
-	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
-	var stale []string
-	for _, c := range t.chains {
-		if iptables.ChainTable(c.name) == tbl.Name && !slices.ContainsFunc(chains, func(p iptables.PlanChain) bool { return p.Name == c.name }) {
-			stale = append(stale, c.name)
-		}
-	}
-	// Jumps of ours: the first exact one in its built-in chain stays, any other goes, by
-	// handle, and a missing one is appended. Another's jump into our chains stays, unless the
-	// chain it enters goes.
+}
+
+// pruneXTJumps adds to b what deletes jumps in the built-in chains of t that should go, and
+// returns those of ourJumps already in place, keyed "chain target". Of our jumps, the first exact
+// one in its built-in chain stays, any other goes, by handle (a missing one is the caller's to
+// append). Another's jump into our chains stays, unless the chain it enters is stale.
+func pruneXTJumps(b *Batch, f iptables.Family, t *ruleTable, table string, stale []string, ourJumps []iptables.XTRule) map[string]bool {
+	fam := xtFamily(f)
 	kept := map[string]bool{}
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) {
@@ -139,7 +163,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 			}
 			if !r.hasOurComment() {
 				if slices.Contains(stale, into) {
-					deleteRule(b, fam, tbl.Name, c.name, r.handle)
+					deleteRule(b, fam, table, c.name, r.handle)
 				}
 				continue
 			}
@@ -149,22 +173,10 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 				kept[c.name+" "+into] = true
 				continue
 			}
-			deleteRule(b, fam, tbl.Name, c.name, r.handle)
+			deleteRule(b, fam, table, c.name, r.handle)
 		}
 	}
-	for _, name := range stale {
-		if len(t.rules[name]) > 0 {
-			flush(b, fam, tbl.Name, name)
-		}
-	}
-	for _, name := range stale {
-		deleteChain(b, fam, tbl.Name, name)
-	}
-	for i, j := range ourJumps {
-		if !kept[j.Chain+" "+j.Target] {
-			addXT(b, f, &ourJumps[i])
-		}
-	}
+	return kept
 }
 
 // removeXT adds to b what deletes our chains and every jump to them in table name of family f.

@@ -55,74 +55,90 @@ func keyTypeName(id uint32) iptables.NFTSetType {
 // statement. setIDs are the batch's ids of the sets the rule looks up.
 func nativeExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error) {
 	var out []expr.Any
-	cmp := func(key expr.MetaKey, data []byte) {
-		out = append(out, &expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data})
-	}
-	lookup := func(set string) error {
-		id, ok := setIDs[set]
-		if !ok {
-			return fmt.Errorf("set %q is not in the table", set)
-		}
-		out = append(out, &expr.Lookup{SourceRegister: 1, SetName: set, SetID: id})
-		return nil
-	}
+	var err error
 	for _, m := range r.Matches {
-		switch m.Kind {
-		case iptables.NFTMatchNFProto:
-			cmp(expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
-		case iptables.NFTMatchTCP:
-			cmp(expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
-		case iptables.NFTMatchDPortSet:
-			cmp(expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
-			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-			if err := lookup(m.Set); err != nil {
-				return nil, err
-			}
-		case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
-			cmp(expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
-			off, ln := addrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
-			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: ln})
-			if err := lookup(m.Set); err != nil {
-				return nil, err
-			}
-		case iptables.NFTMatchSkUID:
-			cmp(expr.MetaKeySKUID, binary.NativeEndian.AppendUint32(nil, m.ID))
-		case iptables.NFTMatchSkGID:
-			cmp(expr.MetaKeySKGID, binary.NativeEndian.AppendUint32(nil, m.ID))
-		case iptables.NFTMatchOIFName, iptables.NFTMatchIIFName:
-			if len(m.Name) >= unix.IFNAMSIZ {
-				return nil, fmt.Errorf("interface name %q too long", m.Name)
-			}
-			name := make([]byte, unix.IFNAMSIZ)
-			copy(name, m.Name)
-			key := expr.MetaKeyOIFNAME
-			if m.Kind == iptables.NFTMatchIIFName {
-				key = expr.MetaKeyIIFNAME
-			}
-			cmp(key, name)
-		case iptables.NFTMatchTCPDPort, iptables.NFTMatchUDPDPort, iptables.NFTMatchUDPSPort:
-			if m.ID == 0 || m.ID > 65535 {
-				return nil, fmt.Errorf("match %s: not a port", m)
-			}
-			proto, off := byte(unix.IPPROTO_UDP), uint32(2)
-			switch m.Kind {
-			case iptables.NFTMatchTCPDPort:
-				proto = unix.IPPROTO_TCP
-			case iptables.NFTMatchUDPSPort:
-				off = 0
-			}
-			cmp(expr.MetaKeyL4PROTO, []byte{proto})
-			out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(uint16(m.ID))})
-		case iptables.NFTMatchCTState:
-			// ct state: the state bit of the connection, masked, not zero.
-			out = append(out, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, m.ID), Xor: make([]byte, 4)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
-		default:
-			return nil, fmt.Errorf("match %s cannot be written", m)
+		if out, err = appendNativeMatch(out, m, setIDs); err != nil {
+			return nil, err
 		}
 	}
+	return appendNativeVerdict(out, r)
+}
+
+// appendNativeMatch appends the expressions of one match, with the dependencies nft adds for it.
+func appendNativeMatch(out []expr.Any, m iptables.NFTMatch, setIDs map[string]uint32) ([]expr.Any, error) {
+	switch m.Kind {
+	case iptables.NFTMatchNFProto:
+		return appendMetaCmp(out, expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)}), nil
+	case iptables.NFTMatchTCP:
+		return appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP}), nil
+	case iptables.NFTMatchDPortSet:
+		out = appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
+		out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		return appendLookup(out, m.Set, setIDs)
+	case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
+		out = appendMetaCmp(out, expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
+		off, ln := addrOffset(m.Family, m.Kind == iptables.NFTMatchSAddrSet)
+		out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: ln})
+		return appendLookup(out, m.Set, setIDs)
+	case iptables.NFTMatchSkUID:
+		return appendMetaCmp(out, expr.MetaKeySKUID, binary.NativeEndian.AppendUint32(nil, m.ID)), nil
+	case iptables.NFTMatchSkGID:
+		return appendMetaCmp(out, expr.MetaKeySKGID, binary.NativeEndian.AppendUint32(nil, m.ID)), nil
+	case iptables.NFTMatchOIFName, iptables.NFTMatchIIFName:
+		if len(m.Name) >= unix.IFNAMSIZ {
+			return nil, fmt.Errorf("interface name %q too long", m.Name)
+		}
+		name := make([]byte, unix.IFNAMSIZ)
+		copy(name, m.Name)
+		key := expr.MetaKeyOIFNAME
+		if m.Kind == iptables.NFTMatchIIFName {
+			key = expr.MetaKeyIIFNAME
+		}
+		return appendMetaCmp(out, key, name), nil
+	case iptables.NFTMatchTCPDPort, iptables.NFTMatchUDPDPort, iptables.NFTMatchUDPSPort:
+		return appendNativePort(out, m)
+	case iptables.NFTMatchCTState:
+		// ct state: the state bit of the connection, masked, not zero.
+		return append(out, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, m.ID), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)}), nil
+	}
+	return nil, fmt.Errorf("match %s cannot be written", m)
+}
+
+// appendMetaCmp appends a meta load of key and its comparison with data: most matches' start.
+func appendMetaCmp(out []expr.Any, key expr.MetaKey, data []byte) []expr.Any {
+	return append(out, &expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data})
+}
+
+// appendLookup appends the lookup of the register in set, by the batch's id for it.
+func appendLookup(out []expr.Any, set string, setIDs map[string]uint32) ([]expr.Any, error) {
+	id, ok := setIDs[set]
+	if !ok {
+		return nil, fmt.Errorf("set %q is not in the table", set)
+	}
+	return append(out, &expr.Lookup{SourceRegister: 1, SetName: set, SetID: id}), nil
+}
+
+// appendNativePort appends a single-port match: the protocol, then the port's load and comparison.
+func appendNativePort(out []expr.Any, m iptables.NFTMatch) ([]expr.Any, error) {
+	if m.ID == 0 || m.ID > 65535 {
+		return nil, fmt.Errorf("match %s: not a port", m)
+	}
+	proto, off := byte(unix.IPPROTO_UDP), uint32(2)
+	switch m.Kind {
+	case iptables.NFTMatchTCPDPort:
+		proto = unix.IPPROTO_TCP
+	case iptables.NFTMatchUDPSPort:
+		off = 0
+	}
+	out = appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{proto})
+	return append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(uint16(m.ID))}), nil
+}
+
+// appendNativeVerdict appends the rule's verdict statement.
+func appendNativeVerdict(out []expr.Any, r iptables.NFTRule) ([]expr.Any, error) {
 	switch {
 	case r.Verdict == iptables.NFTReturn:
 		out = append(out, &expr.Verdict{Kind: expr.VerdictReturn})
@@ -261,141 +277,212 @@ func decrement(k []byte) []byte {
 
 // nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
 func nativeRule(r rule) iptables.NFTRule {
-	out := iptables.NFTRule{Comment: r.comment}
-	ex := r.exprs
-	unknown := func(e expr.Any) {
-		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
-	}
-	match := func(m iptables.NFTMatch) { out.Matches = append(out.Matches, m) }
+	d := &nativeReader{ex: r.exprs, out: iptables.NFTRule{Comment: r.comment}}
 	if r.foreign != "" {
-		match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
 	}
-	verdict := false
+	ex := r.exprs
 	for i := 0; i < len(ex); i++ {
 		// meta load + cmp eq: the start of most matches.
 		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
-			c, ok := ex[i+1].(*expr.Cmp)
-			if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
-				unknown(ex[i])
-				continue
-			}
-			i++
-			l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
-			switch {
-			case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
-				fam := familyOf(c.Data[0])
-				if fam == "" {
-					unknown(c)
-					continue
-				}
-				// Followed by an address lookup, it is the dependency nft adds for it.
-				if kind, set, ok := addrLookup(ex, i+1, fam); ok {
-					match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
-					i += 2
-					continue
-				}
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
-			case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
-				tcp := c.Data[0] == unix.IPPROTO_TCP
-				if p, ok := next[*expr.Payload](ex, i+1); ok && p.Base == expr.PayloadBaseTransportHeader && p.Len == 2 && (p.Offset == 2 || p.Offset == 0) {
-					if l, ok := next[*expr.Lookup](ex, i+2); ok && tcp && p.Offset == 2 && !l.Invert && l.SourceRegister == p.DestRegister {
-						match(iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName})
-						i += 2
-						continue
-					}
-					if pc, ok := next[*expr.Cmp](ex, i+2); ok && pc.Op == expr.CmpOpEq && pc.Register == p.DestRegister && len(pc.Data) == 2 {
-						kind := iptables.NFTMatchUDPDPort
-						switch {
-						case tcp && p.Offset == 2:
-							kind = iptables.NFTMatchTCPDPort
-						case !tcp && p.Offset == 0:
-							kind = iptables.NFTMatchUDPSPort
-						case tcp:
-							kind = 0
-						}
-						if kind != 0 {
-							match(iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))})
-							i += 2
-							continue
-						}
-					}
-				}
-				if tcp {
-					match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
-				} else {
-					unknown(m)
-					unknown(c)
-				}
-			case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
-			case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
-			case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
-			case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
-			default:
-				unknown(m)
-				unknown(c)
-			}
+			i = d.readMeta(m, i)
 			continue
 		}
-		// ct state: ct load state, bitwise mask, cmp neq 0.
-		if ct, ok := ex[i].(*expr.Ct); ok && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && i+2 < len(ex) {
-			bw, ok1 := ex[i+1].(*expr.Bitwise)
-			c, ok2 := ex[i+2].(*expr.Cmp)
-			if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
-				bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
-				match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
-				i += 2
-				continue
-			}
+		if d.readCTState(i) {
+			i += 2
+			continue
 		}
-		// The verdicts: return or drop; an immediate port and a redirect to it; an immediate zone
-		// and ct zone set; an immediate port, tproxy, an immediate mark, meta mark set, accept.
-		if v, ok := ex[i].(*expr.Verdict); ok && i == len(ex)-1 {
-			switch v.Kind {
-			case expr.VerdictReturn:
-				verdict = true
-				continue
-			case expr.VerdictDrop:
-				out.Verdict, verdict = iptables.NFTDrop, true
-				continue
-			}
+		if d.readVerdict(ex[i:]) {
+			break // a verdict is the rule's last statement
 		}
-		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+2 == len(ex) {
-			if rd, ok := ex[i+1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
-				(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
-				out.Verdict, out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
-				verdict = true
-				break
-			}
-			if ct, ok := ex[i+1].(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
-				out.Verdict, out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
-				verdict = true
-				break
-			}
-		}
-		if im, ok := ex[i].(*expr.Immediate); ok && len(im.Data) == 2 && i+5 == len(ex) {
-			tp, ok1 := ex[i+1].(*expr.TProxy)
-			mk, ok2 := ex[i+2].(*expr.Immediate)
-			ms, ok3 := ex[i+3].(*expr.Meta)
-			ac, ok4 := ex[i+4].(*expr.Verdict)
-			if ok1 && ok2 && ok3 && ok4 && tp.RegPort == im.Register && tp.RegAddr == 0 && len(mk.Data) == 4 &&
-				ms.SourceRegister && ms.Key == expr.MetaKeyMARK && ms.Register == mk.Register && ac.Kind == expr.VerdictAccept &&
-				(tp.Family == unix.NFPROTO_UNSPEC || familyOf(tp.Family) != "") {
-				out.Verdict, out.RedirectPort, out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
-				out.TPROXYFamily = familyOf(tp.Family)
-				verdict = true
-				break
-			}
-		}
-		unknown(ex[i])
+		d.unknown(ex[i])
 	}
-	if !verdict {
-		match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
+	if !d.verdict {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
 	}
-	return out
+	return d.out
+}
+
+// nativeReader holds a rule being read back: its expressions and the model built so far.
+type nativeReader struct {
+	ex      []expr.Any
+	out     iptables.NFTRule
+	verdict bool // the rule ends in a verdict of ours
+}
+
+func (d *nativeReader) match(m iptables.NFTMatch) { d.out.Matches = append(d.out.Matches, m) }
+
+// unknown records an expression the model does not hold, so it shows in a diff.
+func (d *nativeReader) unknown(e expr.Any) {
+	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
+}
+
+// readMeta reads the meta load m at ex[i] and the comparison after it, and what follows them
+// when the pair is a protocol dependency; it returns the index of the last expression it read.
+func (d *nativeReader) readMeta(m *expr.Meta, i int) int {
+	c, ok := d.ex[i+1].(*expr.Cmp)
+	if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
+		d.unknown(m)
+		return i
+	}
+	i++
+	l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
+	switch {
+	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
+		return d.readNFProto(c, i)
+	case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
+		return d.readL4Proto(m, c, i)
+	case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+	case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+	case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+	case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+	default:
+		d.unknown(m)
+		d.unknown(c)
+	}
+	return i
+}
+
+// readNFProto reads a family comparison c at ex[i]: alone, a family match; followed by an
+// address lookup, the dependency nft adds for it.
+func (d *nativeReader) readNFProto(c *expr.Cmp, i int) int {
+	fam := familyOf(c.Data[0])
+	if fam == "" {
+		d.unknown(c)
+		return i
+	}
+	if kind, set, ok := addrLookup(d.ex, i+1, fam); ok {
+		d.match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
+		return i + 2
+	}
+	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
+	return i
+}
+
+// readL4Proto reads a tcp or udp comparison c at ex[i]: alone, "meta l4proto tcp"; followed by a
+// port's load and its lookup or comparison, the dependency nft adds for the port match.
+func (d *nativeReader) readL4Proto(m *expr.Meta, c *expr.Cmp, i int) int {
+	tcp := c.Data[0] == unix.IPPROTO_TCP
+	if pm, ok := portMatch(d.ex, i+1, tcp); ok {
+		d.match(pm)
+		return i + 2
+	}
+	if tcp {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
+	} else {
+		d.unknown(m)
+		d.unknown(c)
+	}
+	return i
+}
+
+// portMatch matches a transport port's load at ex[i] and the set lookup or comparison after it,
+// under a tcp (or else udp) dependency: the port matches nativeExprs writes.
+func portMatch(ex []expr.Any, i int, tcp bool) (iptables.NFTMatch, bool) {
+	p, ok := next[*expr.Payload](ex, i)
+	if !ok || p.Base != expr.PayloadBaseTransportHeader || p.Len != 2 || (p.Offset != 2 && p.Offset != 0) {
+		return iptables.NFTMatch{}, false
+	}
+	if l, ok := next[*expr.Lookup](ex, i+1); ok && tcp && p.Offset == 2 && !l.Invert && l.SourceRegister == p.DestRegister {
+		return iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName}, true
+	}
+	pc, ok := next[*expr.Cmp](ex, i+1)
+	if !ok || pc.Op != expr.CmpOpEq || pc.Register != p.DestRegister || len(pc.Data) != 2 {
+		return iptables.NFTMatch{}, false
+	}
+	kind := iptables.NFTMatchUDPDPort
+	switch {
+	case tcp && p.Offset == 2:
+		kind = iptables.NFTMatchTCPDPort
+	case !tcp && p.Offset == 0:
+		kind = iptables.NFTMatchUDPSPort
+	case tcp:
+		return iptables.NFTMatch{}, false
+	}
+	return iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))}, true
+}
+
+// readCTState reads a ct state match at ex[i:]: ct load state, bitwise mask, cmp neq 0.
+func (d *nativeReader) readCTState(i int) bool {
+	ex := d.ex
+	ct, ok := ex[i].(*expr.Ct)
+	if !ok || ct.SourceRegister || ct.Key != expr.CtKeySTATE || i+2 >= len(ex) {
+		return false
+	}
+	bw, ok1 := ex[i+1].(*expr.Bitwise)
+	c, ok2 := ex[i+2].(*expr.Cmp)
+	if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
+		bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
+		return true
+	}
+	return false
+}
+
+// readVerdict reads tail, the rule's last expressions, as one of our verdicts: return or drop;
+// an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate port,
+// tproxy, an immediate mark, meta mark set, accept.
+func (d *nativeReader) readVerdict(tail []expr.Any) bool {
+	var ok bool
+	switch len(tail) {
+	case 1:
+		ok = d.readReturnOrDrop(tail[0])
+	case 2:
+		ok = d.readRedirectOrZone(tail[0], tail[1])
+	case 5:
+		ok = d.readTPROXY(tail)
+	}
+	d.verdict = d.verdict || ok
+	return ok
+}
+
+func (d *nativeReader) readReturnOrDrop(e expr.Any) bool {
+	v, ok := e.(*expr.Verdict)
+	switch {
+	case ok && v.Kind == expr.VerdictReturn:
+		return true
+	case ok && v.Kind == expr.VerdictDrop:
+		d.out.Verdict = iptables.NFTDrop
+		return true
+	}
+	return false
+}
+
+func (d *nativeReader) readRedirectOrZone(first, second expr.Any) bool {
+	im, ok := first.(*expr.Immediate)
+	if !ok || len(im.Data) != 2 {
+		return false
+	}
+	if rd, ok := second.(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
+		(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
+		d.out.Verdict, d.out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+		return true
+	}
+	if ct, ok := second.(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
+		d.out.Verdict, d.out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+		return true
+	}
+	return false
+}
+
+func (d *nativeReader) readTPROXY(tail []expr.Any) bool {
+	im, ok0 := tail[0].(*expr.Immediate)
+	tp, ok1 := tail[1].(*expr.TProxy)
+	mk, ok2 := tail[2].(*expr.Immediate)
+	ms, ok3 := tail[3].(*expr.Meta)
+	ac, ok4 := tail[4].(*expr.Verdict)
+	if !ok0 || !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
+		!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
+		(tp.Family != unix.NFPROTO_UNSPEC && familyOf(tp.Family) == "") {
+		return false
+	}
+	d.out.Verdict, d.out.RedirectPort, d.out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
+	d.out.TPROXYFamily = familyOf(tp.Family)
+	return true
 }
 
 // addrLookup matches an address load and a lookup of it, at ex[i:], for family fam.

@@ -173,14 +173,28 @@ func (p *exprPool) commentMatch(comment string) *expr.Match {
 // appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
 func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
 	pool.reset()
-	cmp := func(data []byte) { out = append(out, pool.cmp(data)) }
+	out, proto, err := appendXTMatches(out, pool, f, r)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(r.Comment) >= xt.CommentSize {
+		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
+	}
+	out = append(out, pool.commentMatch(r.Comment), counter)
+	if out, err = appendXTTarget(out, f, r); err != nil {
+		return nil, 0, err
+	}
+	return out, proto, nil
+}
+
+// appendXTMatches appends what the rule matches, in iptables' order, and returns the transport
+// protocol it names (0 for none).
+func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
 	if r.InInterface != "" {
-		out = append(out, iifnameMeta)
-		cmp(ifname(r.InInterface))
+		out = append(out, iifnameMeta, pool.cmp(ifname(r.InInterface)))
 	}
 	if r.OutInterface != "" {
-		out = append(out, oifnameMeta)
-		cmp(ifname(r.OutInterface))
+		out = append(out, oifnameMeta, pool.cmp(ifname(r.OutInterface)))
 	}
 	var proto uint32
 	switch {
@@ -218,24 +232,9 @@ func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRu
 		}
 		out = append(out, xtMatch("multiport", multiportRev, info))
 	}
-	for _, pm := range [2]struct {
-		p    iptables.PortRange
-		load *expr.Payload
-	}{{r.SPort, sportLoad}, {r.DPort, dportLoad}} {
-		if pm.p.First == 0 {
-			continue
-		}
-		if proto == 0 {
-			return nil, 0, errors.New("a port without -p tcp or -p udp")
-		}
-		// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
-		out = append(out, pm.load)
-		first, last := port(pm.p.First), port(pm.p.Last)
-		if pm.p.First == pm.p.Last {
-			cmp(first)
-		} else {
-			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
-		}
+	out, err := appendXTPorts(out, pool, proto, r)
+	if err != nil {
+		return nil, 0, err
 	}
 	if r.CTState != "" {
 		mask, ok := ctStateMask(r.CTState)
@@ -244,37 +243,60 @@ func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRu
 		}
 		out = append(out, &expr.Match{Name: "conntrack", Rev: conntrackRev, Info: conntrackInfo(f, mask)})
 	}
-	if len(r.Comment) >= xt.CommentSize {
-		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
+	return out, proto, nil
+}
+
+// appendXTPorts appends the source and destination port matches, which need a protocol.
+func appendXTPorts(out []expr.Any, pool *exprPool, proto uint32, r iptables.XTRule) ([]expr.Any, error) {
+	for _, pm := range [2]struct {
+		p    iptables.PortRange
+		load *expr.Payload
+	}{{r.SPort, sportLoad}, {r.DPort, dportLoad}} {
+		if pm.p.First == 0 {
+			continue
+		}
+		if proto == 0 {
+			return nil, errors.New("a port without -p tcp or -p udp")
+		}
+		// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
+		out = append(out, pm.load)
+		first, last := port(pm.p.First), port(pm.p.Last)
+		if pm.p.First == pm.p.Last {
+			out = append(out, pool.cmp(first))
+		} else {
+			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
+		}
 	}
-	out = append(out, pool.commentMatch(r.Comment), counter)
+	return out, nil
+}
+
+// appendXTTarget appends the rule's verdict or target.
+func appendXTTarget(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]expr.Any, error) {
 	switch r.Target {
 	case iptables.TargetReturn:
-		out = append(out, returnExpr)
+		return append(out, returnExpr), nil
 	case iptables.TargetDrop:
-		out = append(out, dropExpr)
+		return append(out, dropExpr), nil
 	case iptables.TargetRedirect:
 		if r.ToPort == 0 {
-			return nil, 0, errors.New("redirect to port 0")
+			return nil, errors.New("redirect to port 0")
 		}
-		out = append(out, &expr.Target{Name: "REDIRECT", Rev: redirectRev, Info: redirectInfo(f, r.ToPort)})
+		return append(out, &expr.Target{Name: "REDIRECT", Rev: redirectRev, Info: redirectInfo(f, r.ToPort)}), nil
 	case iptables.TargetTPROXY:
 		if r.ToPort == 0 || !r.OnIP.IsUnspecified() || r.OnIP.Is4() != (f == iptables.IPv4) {
-			return nil, 0, fmt.Errorf("TPROXY to %s port %d: not the family's unspecified address and a port", r.OnIP, r.ToPort)
+			return nil, fmt.Errorf("TPROXY to %s port %d: not the family's unspecified address and a port", r.OnIP, r.ToPort)
 		}
-		out = append(out, xtTarget("TPROXY", tproxyRev, tproxyInfo(r.ToPort, r.Mark)))
+		return append(out, xtTarget("TPROXY", tproxyRev, tproxyInfo(r.ToPort, r.Mark))), nil
 	case iptables.TargetCT:
 		if r.Zone == 0 {
-			return nil, 0, errors.New("CT into zone 0")
+			return nil, errors.New("CT into zone 0")
 		}
-		out = append(out, xtTarget("CT", ctRev, ctInfo(r.Zone)))
-	default:
-		if !iptables.IsOurChain(r.Target) {
-			return nil, 0, fmt.Errorf("target %q is not one of ours", r.Target)
-		}
-		out = append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+		return append(out, xtTarget("CT", ctRev, ctInfo(r.Zone))), nil
 	}
-	return out, proto, nil
+	if !iptables.IsOurChain(r.Target) {
+		return nil, fmt.Errorf("target %q is not one of ours", r.Target)
+	}
+	return append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target}), nil
 }
 
 func xtTarget(name string, rev uint32, info []byte) *expr.Target {
@@ -443,181 +465,231 @@ func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule
 }
 
 // decodeXTInto reads the expressions the way encodeXT writes them; sameExprs then checks the rest.
+// Each expression kind has its reader; those that consume the comparison after a load return the
+// index of the last expression they read.
 func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
-	data := func(i int) ([]byte, bool) {
-		c, ok := next[*expr.Cmp](ex, i)
-		if !ok || c.Op != expr.CmpOpEq {
-			return nil, false
-		}
-		return c.Data, true
-	}
 	for i := 0; i < len(ex); i++ {
+		ok := true
 		switch e := ex[i].(type) {
 		case *expr.Meta:
-			d, ok := data(i + 1)
-			if !ok {
-				return false
-			}
-			i++
-			name := func() string {
-				if n := bytes.IndexByte(d, 0); n >= 0 {
-					return string(d[:n])
-				}
-				return string(d) + "+"
-			}
-			switch {
-			case e.Key == expr.MetaKeyOIFNAME:
-				r.OutInterface = name()
-			case e.Key == expr.MetaKeyIIFNAME:
-				r.InInterface = name()
-			case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
-				r.TCP = true
-			case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_UDP}):
-				r.UDP = true
-			default:
-				return false
-			}
+			i, ok = decodeXTMeta(r, e, ex, i)
 		case *expr.Payload:
 			if e.Base == expr.PayloadBaseTransportHeader {
-				if i+1 >= len(ex) {
-					return false
-				}
-				i++
-				var pr iptables.PortRange
-				switch c := ex[i].(type) {
-				case *expr.Cmp:
-					if len(c.Data) != 2 {
-						return false
-					}
-					p := binary.BigEndian.Uint16(c.Data)
-					pr = iptables.PortRange{First: p, Last: p}
-				case *expr.Range:
-					if len(c.FromData) != 2 || len(c.ToData) != 2 {
-						return false
-					}
-					pr = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
-				default:
-					return false
-				}
-				if e.Offset == 0 {
-					r.SPort = pr
-				} else {
-					r.DPort = pr
-				}
-				continue
-			}
-			var mask []byte
-			if b, ok := next[*expr.Bitwise](ex, i+1); ok {
-				mask = b.Mask
-				i++
-			}
-			d, ok := data(i + 1)
-			if !ok {
-				return false
-			}
-			i++
-			p, src, ok := prefixOf(f, e, mask, d)
-			if !ok {
-				return false
-			}
-			if src {
-				r.Source = p
+				i, ok = decodeXTPort(r, e, ex, i)
 			} else {
-				r.Destination = p
+				i, ok = decodeXTAddr(f, r, e, ex, i)
 			}
 		case *expr.Match:
-			switch info := e.Info.(type) {
-			case *xt.Comment:
-				r.Comment = string(*info)
-			case *xt.ConntrackMtinfo3:
-				switch info.StateMask {
-				case 1:
-					r.CTState = iptables.CTStateInvalid
-				case 6:
-					r.CTState = iptables.CTStateEstablished
-				default:
-					return false
-				}
-			case *xt.Unknown:
-				b := []byte(*info)
-				switch {
-				case e.Name == "owner" && len(b) == ownerInfoLen:
-					id := binary.NativeEndian.Uint32(b)
-					if b[16] == xtOwnerGID {
-						id = binary.NativeEndian.Uint32(b[8:])
-						r.GIDOwner = &id
-					} else {
-						r.UIDOwner = &id
-					}
-				case e.Name == "multiport" && len(b) == multiportLen:
-					n := int(min(b[1], maxMultiport))
-					for j := 0; j < n; j++ {
-						p := binary.NativeEndian.Uint16(b[2+2*j:])
-						pr := iptables.PortRange{First: p, Last: p}
-						if b[32+j] != 0 && j+1 < n {
-							j++
-							pr.Last = binary.NativeEndian.Uint16(b[2+2*j:])
-						}
-						r.MultiportDPorts = append(r.MultiportDPorts, pr)
-					}
-				default:
-					return false
-				}
-			default:
-				return false
-			}
+			ok = decodeXTMatch(r, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			switch e.Kind {
-			case expr.VerdictReturn:
-				r.Target = iptables.TargetReturn
-			case expr.VerdictDrop:
-				r.Target = iptables.TargetDrop
-			case expr.VerdictJump:
-				r.Target = e.Chain
-			default:
-				return false
-			}
+			ok = decodeXTVerdict(r, e)
 		case *expr.Target:
-			if u, ok := e.Info.(*xt.Unknown); ok {
-				b := []byte(*u)
-				switch {
-				case e.Name == "TPROXY" && len(b) == tproxyInfoLen:
-					r.Target, r.Mark, r.ToPort = iptables.TargetTPROXY, binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
-					r.OnIP = netip.IPv4Unspecified()
-					if f == iptables.IPv6 {
-						r.OnIP = netip.IPv6Unspecified()
-					}
-				case e.Name == "CT" && len(b) == ctInfoLen:
-					r.Target, r.Zone = iptables.TargetCT, binary.NativeEndian.Uint16(b[2:])
-				default:
-					return false
-				}
-				continue
-			}
-			if e.Name != "REDIRECT" {
-				return false
-			}
-			switch info := e.Info.(type) {
-			case *xt.NatIPv4MultiRangeCompat:
-				if f != iptables.IPv4 || len(*info) != 1 {
-					return false
-				}
-				r.ToPort = (*info)[0].MinPort
-			case *xt.NatRange:
-				if f != iptables.IPv6 {
-					return false
-				}
-				r.ToPort = info.MinPort
-			default:
-				return false
-			}
-			r.Target = iptables.TargetRedirect
+			ok = decodeXTTarget(f, r, e)
 		default:
+			ok = false
+		}
+		if !ok {
 			return false
 		}
 	}
 	return r.Target != ""
+}
+
+// cmpData is the data of the equality comparison at ex[i], if that is one.
+func cmpData(ex []expr.Any, i int) ([]byte, bool) {
+	c, ok := next[*expr.Cmp](ex, i)
+	if !ok || c.Op != expr.CmpOpEq {
+		return nil, false
+	}
+	return c.Data, true
+}
+
+// decodeXTMeta reads an interface or protocol load at ex[i] and its comparison.
+func decodeXTMeta(r *iptables.XTRule, e *expr.Meta, ex []expr.Any, i int) (int, bool) {
+	d, ok := cmpData(ex, i+1)
+	if !ok {
+		return i, false
+	}
+	switch {
+	case e.Key == expr.MetaKeyOIFNAME:
+		r.OutInterface = ifnameOf(d)
+	case e.Key == expr.MetaKeyIIFNAME:
+		r.InInterface = ifnameOf(d)
+	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
+		r.TCP = true
+	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_UDP}):
+		r.UDP = true
+	default:
+		return i, false
+	}
+	return i + 1, true
+}
+
+// ifnameOf is iptables' interface name for the compared bytes: without its NUL the name is a
+// prefix, which iptables writes with a trailing "+".
+func ifnameOf(d []byte) string {
+	if n := bytes.IndexByte(d, 0); n >= 0 {
+		return string(d[:n])
+	}
+	return string(d) + "+"
+}
+
+// decodeXTPort reads a port load at ex[i] and the comparison or range after it.
+func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
+	if i+1 >= len(ex) {
+		return i, false
+	}
+	var pr iptables.PortRange
+	switch c := ex[i+1].(type) {
+	case *expr.Cmp:
+		if len(c.Data) != 2 {
+			return i, false
+		}
+		p := binary.BigEndian.Uint16(c.Data)
+		pr = iptables.PortRange{First: p, Last: p}
+	case *expr.Range:
+		if len(c.FromData) != 2 || len(c.ToData) != 2 {
+			return i, false
+		}
+		pr = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
+	default:
+		return i, false
+	}
+	if e.Offset == 0 {
+		r.SPort = pr
+	} else {
+		r.DPort = pr
+	}
+	return i + 1, true
+}
+
+// decodeXTAddr reads an address load at ex[i], its optional mask and its comparison.
+func decodeXTAddr(f iptables.Family, r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
+	var mask []byte
+	if b, ok := next[*expr.Bitwise](ex, i+1); ok {
+		mask = b.Mask
+		i++
+	}
+	d, ok := cmpData(ex, i+1)
+	if !ok {
+		return i, false
+	}
+	p, src, ok := prefixOf(f, e, mask, d)
+	if !ok {
+		return i, false
+	}
+	if src {
+		r.Source = p
+	} else {
+		r.Destination = p
+	}
+	return i + 1, true
+}
+
+// decodeXTMatch reads an xtables match: the comment, conntrack state, owner or multiport.
+func decodeXTMatch(r *iptables.XTRule, e *expr.Match) bool {
+	switch info := e.Info.(type) {
+	case *xt.Comment:
+		r.Comment = string(*info)
+	case *xt.ConntrackMtinfo3:
+		switch info.StateMask {
+		case 1:
+			r.CTState = iptables.CTStateInvalid
+		case 6:
+			r.CTState = iptables.CTStateEstablished
+		default:
+			return false
+		}
+	case *xt.Unknown:
+		b := []byte(*info)
+		switch {
+		case e.Name == "owner" && len(b) == ownerInfoLen:
+			id := binary.NativeEndian.Uint32(b)
+			if b[16] == xtOwnerGID {
+				id = binary.NativeEndian.Uint32(b[8:])
+				r.GIDOwner = &id
+			} else {
+				r.UIDOwner = &id
+			}
+		case e.Name == "multiport" && len(b) == multiportLen:
+			r.MultiportDPorts = append(r.MultiportDPorts, multiportPorts(b)...)
+		default:
+			return false
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// multiportPorts reads the ports of an xt_multiport_v1 back, the inverse of multiportInfo.
+func multiportPorts(b []byte) []iptables.PortRange {
+	var ports []iptables.PortRange
+	n := int(min(b[1], maxMultiport))
+	for j := 0; j < n; j++ {
+		p := binary.NativeEndian.Uint16(b[2+2*j:])
+		pr := iptables.PortRange{First: p, Last: p}
+		if b[32+j] != 0 && j+1 < n {
+			j++
+			pr.Last = binary.NativeEndian.Uint16(b[2+2*j:])
+		}
+		ports = append(ports, pr)
+	}
+	return ports
+}
+
+func decodeXTVerdict(r *iptables.XTRule, e *expr.Verdict) bool {
+	switch e.Kind {
+	case expr.VerdictReturn:
+		r.Target = iptables.TargetReturn
+	case expr.VerdictDrop:
+		r.Target = iptables.TargetDrop
+	case expr.VerdictJump:
+		r.Target = e.Chain
+	default:
+		return false
+	}
+	return true
+}
+
+// decodeXTTarget reads a TPROXY, CT or REDIRECT target.
+func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) bool {
+	if u, ok := e.Info.(*xt.Unknown); ok {
+		b := []byte(*u)
+		switch {
+		case e.Name == "TPROXY" && len(b) == tproxyInfoLen:
+			r.Target, r.Mark, r.ToPort = iptables.TargetTPROXY, binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
+			r.OnIP = netip.IPv4Unspecified()
+			if f == iptables.IPv6 {
+				r.OnIP = netip.IPv6Unspecified()
+			}
+		case e.Name == "CT" && len(b) == ctInfoLen:
+			r.Target, r.Zone = iptables.TargetCT, binary.NativeEndian.Uint16(b[2:])
+		default:
+			return false
+		}
+		return true
+	}
+	if e.Name != "REDIRECT" {
+		return false
+	}
+	switch info := e.Info.(type) {
+	case *xt.NatIPv4MultiRangeCompat:
+		if f != iptables.IPv4 || len(*info) != 1 {
+			return false
+		}
+		r.ToPort = (*info)[0].MinPort
+	case *xt.NatRange:
+		if f != iptables.IPv6 {
+			return false
+		}
+		r.ToPort = info.MinPort
+	default:
+		return false
+	}
+	r.Target = iptables.TargetRedirect
+	return true
 }
 
 func next[T expr.Any](ex []expr.Any, i int) (T, bool) {

@@ -173,6 +173,7 @@ var scenarios = []struct {
 	{"AgentDrift", testAgentDrift},
 	{"AgentLookup", testAgentLookup},
 	{"KubeletLookup", testKubeletLookup},
+	{"PluginKubeletLookup", testPluginKubeletLookup},
 	{"PluginLogs", testPluginLogs},
 	{"Teardown", testTeardown},
 	{"DualStack", testDualStack},

@@ -115,6 +115,29 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 			}
 		}
 	})
+	name := startStaticPod(ctx, t, n, ns, d)
+	agentLog = podLog(t, c, agentPod, agentContainer)
+	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
+		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
+	}
+	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	if !added.MatchString(n.ContainerdLog(t)) {
+		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)
+	}
+	stopped = false
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := c.Control.StartAPIServer(sctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startStaticPod starts the pod of d's template as a static pod on node n, in namespace ns, and
+// waits until its app container (web) has started, which it does only once its validator has
+// exited 0: the pod is meshed. It returns the pod's name. The manifest is removed at cleanup,
+// before a namespace registered earlier goes (the kubelet tears the pod down).
+func startStaticPod(ctx context.Context, t *testing.T, n *Node, ns string, d *appsv1.Deployment) string {
+	t.Helper()
 	static := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Name: "static-web", Namespace: ns, Labels: map[string]string{"app": "static-web"}, Annotations: d.Spec.Template.Annotations},
 		Spec:       *d.Spec.Template.Spec.DeepCopy()}
@@ -131,18 +154,62 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if err := os.Rename(n.Path(StaticPodDir+"/.static-web.json"), manifest); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.Remove(manifest) }) // before the namespace goes: the kubelet tears the pod down
-	// The kubelet names a static pod after its node; its app container starts only once its
-	// validator has exited 0.
+	t.Cleanup(func() { _ = os.Remove(manifest) })
+	// The kubelet names a static pod after its node.
 	name := static.Name + "-" + n.Name
 	waitFor(ctx, t, 2*time.Minute, "the static pod's app container to start with the API server stopped", func(context.Context) (bool, error) {
 		logs, _ := filepath.Glob(n.Path(fmt.Sprintf("/var/lib/pod-logs/%s_%s_*/web/*.log", ns, name)))
 		return len(logs) > 0, fmt.Errorf("no log of container web of %s/%s on %s yet", ns, name, n.Name)
 	})
-	agentLog = podLog(t, c, agentPod, agentContainer)
-	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
-		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
+	return name
+}
+
+// testPluginKubeletLookup: with no node agent (the chart's agent off), the plugin reads a pod from
+// the kubelet's pods API itself. A new meshed pod that carries every annotation it reads starts
+// meshed with its ADD saying source=kubelet apiRequests=0, and the API server's audit log has no
+// GET from linkerd-cni for it (without the kubelet, AgentLookup's pod costs one or two); then,
+// with kube-apiserver stopped, a new static pod starts meshed the same way, where before it could
+// not have been looked up at all.
+func testPluginKubeletLookup(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	n := c.A()
+	installDaemonSetWith(ctx, t, c, map[string]any{"agent": map[string]any{"enabled": false}, "repairController": map[string]any{"enabled": false}})
+	const ns = "e2e-plugin-kubelet"
+	t.Cleanup(func() { deleteNamespace(ctx, t, c.Client, ns) })
+	objs := cniWorkload(t, ns, 1, n)
+	d := objs[1].(*appsv1.Deployment)
+	if d.Spec.Template.Annotations == nil {
+		d.Spec.Template.Annotations = map[string]string{}
 	}
+	maps.Copy(d.Spec.Template.Annotations, kubeletAnnotations)
+	create(ctx, t, c.Client, objs...)
+	pod := &waitPods(ctx, t, c.Client, ns, "app=web", 1, 3*time.Minute)[0]
+	if code := exitCode(pod, "linkerd-network-validator"); code != 0 || pod.Spec.NodeName != n.Name {
+		t.Fatalf("pod %s on %s: validator exit code %d, want 0 on %s", pod.Name, pod.Spec.NodeName, code, n.Name)
+	}
+	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
+	if !added.MatchString(n.ContainerdLog(t)) {
+		t.Errorf("no ADD of pod %s with source=kubelet apiRequests=0 in containerd's log on %s", pod.Name, n.Name)
+	}
+	time.Sleep(2 * time.Second) // the audit log is written asynchronously
+	if got := pluginGETs(t, c, ns); len(got) != 0 {
+		t.Errorf("without the agent, linkerd-cni made GETs for a pod the kubelet gave: %v (by node), want none", got)
+	}
+
+	if err := c.Control.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	t.Cleanup(func() {
+		if stopped {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			if err := c.Control.StartAPIServer(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	name := startStaticPod(ctx, t, n, ns, d)
 	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet apiRequests=0`)
 	if !added.MatchString(n.ContainerdLog(t)) {
 		t.Errorf("no ADD of static pod %s with source=kubelet apiRequests=0 in containerd's log on %s", name, n.Name)

@@ -121,7 +121,8 @@ func deleteNamespace(ctx context.Context, t testing.TB, cs kubernetes.Interface,
 	if err != nil {
 		t.Fatalf("delete namespace %s: %v", ns, err)
 	}
-	waitFor(ctx, t, 2*time.Minute, "namespace "+ns+" to be deleted", func(ctx context.Context) (bool, error) {
+	// A namespace of 110 pods on a busy two-core node (make e2e-bench) takes minutes to empty.
+	waitFor(ctx, t, 5*time.Minute, "namespace "+ns+" to be deleted", func(ctx context.Context) (bool, error) {
 		_, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), err
 	})

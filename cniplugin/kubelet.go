@@ -1,0 +1,316 @@
+package cniplugin
+
+// The kubelet's pods API (KEP-4188; feature gate PodsAPI, beta and on by default from Kubernetes
+// 1.37), read by the node's plugin when the node agent does not give the pod: the kubelet serves
+// its own node's pods over gRPC on a root-only UNIX socket, <kubelet root dir>/pods-api/pods-api.sock,
+// with the service of k8s.io/kubelet/pkg/apis/pods/v1alpha1 (v1alpha1.Pods: GetPod by UID,
+// ListPods). It needs neither the API server nor a token, so an API outage or a refused token
+// does not hold up a pod that carries its own settings.
+//
+// The plugin cannot link grpc-go, the protobuf runtime or k8s.io/api (TestPluginStaysLean: they
+// would cost every sandbox's start), so this file speaks the little of gRPC a unary call needs
+// over the standard library's HTTP/2 client (unencrypted, with prior knowledge, as gRPC does on a
+// UNIX socket), and decodes from the protobuf of a core/v1 Pod only the fields the plugin reads.
+// Every length is bounded before anything is allocated for it; nothing is written from an answer
+// that does not decode whole.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/kubemesh/proxy-init/cniplugin/wire"
+	"github.com/kubemesh/proxy-init/internal/buildinfo"
+)
+
+// DefaultKubeletPodsSocket is the kubelet's pods API socket on a node whose kubelet runs with the
+// default --root-dir, /var/lib/kubelet; kubernetes.kubelet-pods-socket names another.
+const DefaultKubeletPodsSocket = "/var/lib/kubelet/pods-api/pods-api.sock"
+
+// kubeletTimeout bounds the plugin's whole exchange with the kubelet, which answers from memory,
+// on the node: past it the plugin reads the API.
+const kubeletTimeout = time.Second
+
+// The largest answers read. A pod is at most etcd's 1.5 MiB as JSON, less as protobuf; a node's
+// list holds at most a few hundred pods (the kubelet's default limit is 110).
+const (
+	maxKubeletPod  = maxObject
+	maxKubeletList = 64 << 20
+)
+
+// The kubelet's service and methods, as its api.proto declares them (package v1alpha1, service Pods).
+const (
+	kubeletGetPod   = "/v1alpha1.Pods/GetPod"
+	kubeletListPods = "/v1alpha1.Pods/ListPods"
+)
+
+// errKubeletNoPod marks an answer of the kubelet's that is not the pod asked about.
+var errKubeletNoPod = errors.New("the kubelet did not give the pod")
+
+// kubeletClient is a client of the kubelet's pods API at one socket, for one plugin call.
+type kubeletClient struct {
+	path string
+	http *http.Client
+}
+
+func newKubeletClient(path string) *kubeletClient {
+	var dialer net.Dialer
+	tr := &http.Transport{
+		// Whatever address the request names, the connection is the kubelet's socket.
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", path)
+		},
+		Protocols:          new(http.Protocols),
+		DisableCompression: true,
+		// The environment's proxy is for the API server, never for a node-local socket.
+		Proxy: nil,
+	}
+	tr.Protocols.SetUnencryptedHTTP2(true) // gRPC's h2c with prior knowledge; no HTTP/1.1
+	return &kubeletClient{path: path, http: &http.Client{Transport: tr}}
+}
+
+func (k *kubeletClient) close() { k.http.CloseIdleConnections() }
+
+// grpcStatusError is a call the kubelet answered with a gRPC status other than OK.
+type grpcStatusError struct {
+	Code    int
+	Message string
+}
+
+// grpcCodes names gRPC's status codes (google.rpc.Code), for messages.
+var grpcCodes = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
+	"AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+	"Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"}
+
+func (e *grpcStatusError) Error() string {
+	name := "code " + strconv.Itoa(e.Code)
+	if e.Code >= 0 && e.Code < len(grpcCodes) {
+		name = grpcCodes[e.Code]
+	}
+	if e.Message == "" {
+		return "gRPC status " + name
+	}
+	return fmt.Sprintf("gRPC status %s: %s", name, e.Message)
+}
+
+// call makes one unary gRPC call: req is the request message's protobuf, the answer's is
+// returned, at most limit bytes. Its errors name the socket and the method.
+func (k *kubeletClient) call(ctx context.Context, method string, req []byte, limit int) ([]byte, error) {
+	b, err := k.roundTrip(ctx, method, req, limit)
+	if err != nil {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: %s: %w", k.path, method, err)
+	}
+	return b, nil
+}
+
+func (k *kubeletClient) roundTrip(ctx context.Context, method string, req []byte, limit int) ([]byte, error) {
+	// A gRPC message: uncompressed (0), its length (4 bytes, big-endian), the protobuf.
+	body := make([]byte, 5, 5+len(req))
+	binary.BigEndian.PutUint32(body[1:], uint32(len(req)))
+	body = append(body, req...)
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+method, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/grpc")
+	hr.Header.Set("TE", "trailers")
+	hr.Header.Set("User-Agent", "linkerd-cni/"+buildinfo.Version)
+	resp, err := k.http.Do(hr)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("HTTP status %d, want 200", resp.StatusCode)
+	}
+	// A call that fails at once is answered with its status in the headers, and no message.
+	if st := resp.Header.Get("Grpc-Status"); st != "" {
+		if err := grpcStatus(st, resp.Header.Get("Grpc-Message")); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("grpc-status OK and no message")
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/grpc" && ct != "application/grpc+proto" {
+		return nil, fmt.Errorf("content-type %q, want application/grpc", ct)
+	}
+	var head [5]byte
+	if _, err := io.ReadFull(resp.Body, head[:]); err != nil {
+		// No message: the status, in the trailers, says why.
+		if st := resp.Trailer.Get("Grpc-Status"); err == io.EOF && st != "" && st != "0" {
+			return nil, grpcStatus(st, resp.Trailer.Get("Grpc-Message"))
+		}
+		return nil, fmt.Errorf("the answer's message header: %w", unexpectedEOF(err))
+	}
+	if head[0] != 0 {
+		return nil, fmt.Errorf("the answer's message is compressed (flag %d); none was asked for", head[0])
+	}
+	n := binary.BigEndian.Uint32(head[1:])
+	if uint64(n) > uint64(limit) {
+		return nil, fmt.Errorf("the answer's message is %d bytes, more than the %d read", n, limit)
+	}
+	msg := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, msg); err != nil {
+		return nil, fmt.Errorf("the answer's message of %d bytes: %w", n, unexpectedEOF(err))
+	}
+	// A unary answer is one message, then the trailers.
+	if _, err := io.ReadFull(resp.Body, head[:1]); err != io.EOF {
+		if err == nil {
+			err = errors.New("more than one message")
+		}
+		return nil, fmt.Errorf("after the answer's message: %w", err)
+	}
+	st := resp.Trailer.Get("Grpc-Status")
+	if st == "" {
+		return nil, errors.New("the answer has no grpc-status trailer")
+	}
+	if err := grpcStatus(st, resp.Trailer.Get("Grpc-Message")); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// grpcStatus is the call's outcome from its grpc-status and grpc-message (percent-encoded).
+func grpcStatus(code, msg string) error {
+	c, err := strconv.Atoi(code)
+	if err != nil {
+		return fmt.Errorf("grpc-status %q is not a number", code)
+	}
+	if c == 0 {
+		return nil
+	}
+	if m, err := url.PathUnescape(msg); err == nil {
+		msg = m
+	}
+	return &grpcStatusError{Code: c, Message: msg}
+}
+
+// kubeletPod is a pod as the kubelet gave it: what the plugin reads, and what tells it that the
+// answer is the pod asked about.
+type kubeletPod struct {
+	Pod
+	uid      string
+	deleting bool // deletionTimestamp is set
+}
+
+// pod reads the pod namespace/name of the node: by uid when the runtime passed one (K8S_POD_UID,
+// which containerd and CRI-O pass), else by name among the node's pods. As with the node agent's
+// socket, it talks only to a socket that root owns in a directory only root may write: the plugin
+// runs as root and acts on the answer.
+func (k *kubeletClient) pod(ctx context.Context, namespace, name, uid string) (*Pod, error) {
+	if err := wire.CheckSocket(k.path); err != nil {
+		return nil, err
+	}
+	if uid == "" {
+		return k.byName(ctx, namespace, name)
+	}
+	// GetPodRequest: podUID = 1.
+	msg, err := k.call(ctx, kubeletGetPod, protoString(nil, 1, uid), maxKubeletPod)
+	if err != nil {
+		return nil, err
+	}
+	b, err := getPodResponse(msg)
+	if err != nil {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: %s: %w", k.path, kubeletGetPod, err)
+	}
+	p, err := decodePod(b)
+	if err != nil {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: %s: pod uid %s: %w", k.path, kubeletGetPod, uid, err)
+	}
+	if p.Namespace != namespace || p.Name != name || p.uid != uid {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: asked for %s/%s (uid %s), got %s/%s (uid %s): %w",
+			k.path, namespace, name, uid, p.Namespace, p.Name, p.uid, errKubeletNoPod)
+	}
+	return &p.Pod, nil
+}
+
+func (k *kubeletClient) byName(ctx context.Context, namespace, name string) (*Pod, error) {
+	msg, err := k.call(ctx, kubeletListPods, nil, maxKubeletList)
+	if err != nil {
+		return nil, err
+	}
+	var found *kubeletPod
+	err = eachPodOfList(msg, func(i int, b []byte) error {
+		p, err := decodePod(b)
+		if err != nil {
+			return fmt.Errorf("pod %d of the list: %w", i, err)
+		}
+		// Of two incarnations of one name, the one not being deleted is the one being set up.
+		if p.Namespace == namespace && p.Name == name && (found == nil || found.deleting) {
+			found = p
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: %s: %w", k.path, kubeletListPods, err)
+	}
+	if found == nil {
+		return nil, fmt.Errorf("the kubelet's pods API at %s: pod %s/%s is not among the node's pods: %w", k.path, namespace, name, errKubeletNoPod)
+	}
+	return &found.Pod, nil
+}
+
+// kubeletLookup serves a call's lookups with the pod the kubelet gave; its namespace and
+// default/kubernetes, which the kubelet does not serve, come from the API server, read only when
+// asked for.
+type kubeletLookup struct {
+	pod      *Pod
+	newAPI   func() (PodAPI, error)
+	api      PodAPI
+	requests int
+}
+
+// APIRequests counts the lookups that went to the API server: the kubelet's are not.
+func (k *kubeletLookup) APIRequests() int { return k.requests }
+
+func (k *kubeletLookup) Pod(context.Context, string, string) (*Pod, error) { return k.pod, nil }
+
+// Namespace is one API read. When it fails, so does the call (the plan's error 11): the pod came
+// from the kubelet, but the annotations its namespace may give it cannot be known, and a pod is
+// never set up with settings other than its own.
+func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {
+	api, err := k.client()
+	if err != nil {
+		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
+	}
+	k.requests++
+	ns, err := api.Namespace(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
+	}
+	return ns, nil
+}
+
+func (k *kubeletLookup) Service(ctx context.Context, namespace, name string) (*Service, error) {
+	api, err := k.client()
+	if err != nil {
+		return nil, err
+	}
+	k.requests++
+	return api.Service(ctx, namespace, name)
+}
+
+func (k *kubeletLookup) client() (PodAPI, error) {
+	if k.api == nil {
+		api, err := k.newAPI()
+		if err != nil {
+			return nil, err
+		}
+		k.api = api
+	}
+	return k.api, nil
+}

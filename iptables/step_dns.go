@@ -1,0 +1,195 @@
+package iptables
+
+// DNS capture: DNS over UDP and TCP (to every nameserver, or those of resolv.conf) goes to the
+// proxy's DNS port, and the raw chains keep captured and direct DNS in conntrack zones of their
+// own.
+
+import (
+	"net/netip"
+	"slices"
+)
+
+// DNSPort is where DNS is captured.
+const DNSPort = 53
+
+// Conntrack zones of DNS over UDP. Queries the proxy answers and the proxy's answers share one
+// zone; queries that go out as they are (the proxy's own, the exempt users', to other
+// nameservers) and every nameserver's answer share the other. A UDP query and the proxy's
+// forwarded copy can have the same addresses and ports, and one zone would mix their NAT.
+const (
+	ZoneDirect   uint16 = 1
+	ZoneCaptured uint16 = 2
+)
+
+// dnsRedirectSteps are the outbound chain's steps that capture DNS, over UDP then TCP.
+func (r *Ruleset) dnsRedirectSteps() []Step {
+	var steps []Step
+	for _, proto := range []string{"udp", "tcp"} {
+		dns := redirectDNSStep{StepCommon{Name: "redirect-dns-" + proto}, proto, r.DNSServers, r.DNSPort}
+		if len(r.DNSServers) > 0 {
+			dns.Name += "-"
+		}
+		steps = append(steps, dns)
+	}
+	return steps
+}
+
+// dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
+// zones. The first that matches holds (the zone is set once, before conntrack).
+func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
+	zone := func(name string, z uint16) dnsZoneStep {
+		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z}
+	}
+	for _, e := range exempts {
+		s := zone("dns-zone-"+e.name, ZoneDirect)
+		s.Owner, s.ID = e.owner, e.id
+		output = append(output, s)
+	}
+	for _, name := range r.IgnoreInterfaces {
+		s := zone("dns-zone-interface-"+name, ZoneDirect)
+		s.Interface = name
+		output = append(output, s)
+	}
+	answers := zone("dns-zone-proxy-answers", ZoneCaptured)
+	answers.SPort = r.DNSPort
+	output = append(output, answers)
+	captured := zone("dns-zone-captured", ZoneCaptured)
+	captured.Servers = r.DNSServers
+	if len(r.DNSServers) > 0 {
+		captured.Name += "-"
+	}
+	output = append(output, captured)
+	if len(r.DNSServers) > 0 {
+		output = append(output, zone("dns-zone-not-captured", ZoneDirect))
+	}
+	nameservers := zone("dns-zone-nameserver-answers", ZoneDirect)
+	nameservers.DNSAnswers = true
+	return output, []Step{nameservers}
+}
+
+// redirectDNSStep redirects DNS over Proto (udp or tcp) to Servers (every nameserver when
+// empty) to the local port Port.
+type redirectDNSStep struct {
+	StepCommon
+	Proto   string
+	Servers []netip.Addr // of both families
+	Port    uint16
+}
+
+func (s redirectDNSStep) IsList() bool { return len(s.Servers) > 0 }
+
+func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	x.Target, x.ToPort = TargetRedirect, s.Port
+	x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
+	x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+	return appendPerServer(out, x, s, s.Servers, f)
+}
+
+func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
+	if s.Proto == "tcp" {
+		port.Kind = NFTMatchTCPDPort
+	}
+	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
+	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(port))
+}
+
+// dnsZoneStep puts DNS packets into conntrack zone Zone: UDP from the local port SPort, UDP
+// from port 53 (DNSAnswers), or UDP to port 53 (to Servers, when given), from sockets of the
+// user or group ID (Owner) or out of the interface Interface, when given.
+type dnsZoneStep struct {
+	StepCommon
+	Servers    []netip.Addr
+	Owner      Owner
+	ID         uint32
+	Interface  string
+	SPort      uint16
+	DNSAnswers bool
+	Zone       uint16
+}
+
+func (s dnsZoneStep) IsList() bool { return len(s.Servers) > 0 }
+
+func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
+	switch {
+	case s.SPort != 0:
+		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
+	case s.DNSAnswers:
+		x.SPort = PortRange{First: DNSPort, Last: DNSPort}
+	default:
+		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
+	}
+	switch s.Owner {
+	case OwnerUID:
+		x.UIDOwner = &s.ID
+	case OwnerGID:
+		x.GIDOwner = &s.ID
+	}
+	x.OutInterface = s.Interface
+	return appendPerServer(out, x, s, s.Servers, f)
+}
+
+func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	var ms []NFTMatch
+	switch s.Owner {
+	case OwnerUID:
+		ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
+	case OwnerGID:
+		ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
+	}
+	if s.Interface != "" {
+		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
+	}
+	switch {
+	case s.SPort != 0:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
+	case s.DNSAnswers:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
+	default:
+		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
+	}
+	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTZone, Zone: s.Zone}
+	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
+}
+
+// appendPerServer appends x once, or, when servers are listed, once per server of family f
+// (as the destination), named after it.
+func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Family) []XTRule {
+	if len(servers) == 0 {
+		x.Comment = comment(s, "")
+		return append(out, x)
+	}
+	for _, a := range servers {
+		if a.Is4() != (f == IPv4) {
+			continue
+		}
+		y := x
+		y.Destination, y.Comment = netip.PrefixFrom(a, a.BitLen()), comment(s, a.String())
+		out = append(out, y)
+	}
+	return out
+}
+
+// perServer adds rl with matches ms, once, or, when servers are listed, once per family with
+// servers, with the destination in the family's set of them.
+func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
+	if len(servers) == 0 {
+		rl.Matches = ms
+		cw.add(rl)
+		return
+	}
+	var hosts []netip.Prefix
+	for _, a := range servers {
+		hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()))
+	}
+	w.perFamily("dns_servers", hosts, func(f Family, set string, ps []netip.Prefix) {
+		x := rl
+		x.Comment = listComment(c, len(ps), func(i int) string { return ps[i].Addr().String() })
+		// The address match takes the place of the nfproto match, which it implies.
+		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
+			return m.Kind == NFTMatchNFProto
+		})...)
+		cw.add(x)
+	})
+}

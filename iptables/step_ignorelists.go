@@ -1,0 +1,92 @@
+package iptables
+
+// The ignore lists: TCP to the ports to ignore, and traffic from (inbound) or to (outbound) the
+// subnets to ignore, skip the proxy.
+
+import "net/netip"
+
+// ignoreListSteps are the steps of one direction's ignore lists; source matches the subnets as
+// the source address (inbound) rather than the destination.
+func ignoreListSteps(ports []PortRange, subnets []netip.Prefix, source bool) []Step {
+	var steps []Step
+	if len(ports) > 0 {
+		steps = append(steps, ignorePortsStep{StepCommon{Name: "ignore-port-"}, ports})
+	}
+	if len(subnets) > 0 {
+		steps = append(steps, ignoreSubnetsStep{StepCommon{Name: "ignore-subnet-"}, subnets, source})
+	}
+	return steps
+}
+
+// ignorePortsStep returns TCP to the destination ports Ports.
+type ignorePortsStep struct {
+	StepCommon
+	Ports []PortRange
+}
+
+func (s ignorePortsStep) IsList() bool { return true }
+
+func (s ignorePortsStep) rerouted(iface string) Step {
+	s.StepCommon = s.StepCommon.rerouted(iface)
+	return s
+}
+
+func (s ignorePortsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	for _, g := range multiportGroups(s.Ports) {
+		x.TCP, x.MultiportDPorts, x.Comment = true, g, comment(s, joinXTPorts(g))
+		out = append(out, x)
+	}
+	return out
+}
+
+func (s ignorePortsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	set := w.addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
+	cw.add(NFTRule{Comment: portsComment(s.StepCommon, s.Ports, xtPorts), Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}})
+}
+
+// ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families:
+// each family's rules take their own (Subnets function).
+type ignoreSubnetsStep struct {
+	StepCommon
+	Subnets []netip.Prefix
+	Source  bool
+}
+
+func (s ignoreSubnetsStep) IsList() bool { return true }
+
+func (s ignoreSubnetsStep) rerouted(iface string) Step {
+	s.StepCommon = s.StepCommon.rerouted(iface)
+	return s
+}
+
+// xtRules: one rule per subnet of family f.
+func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	for _, p := range s.Subnets {
+		if !f.Contains(p) {
+			continue
+		}
+		y := x
+		if s.Source {
+			y.Source = p
+		} else {
+			y.Destination = p
+		}
+		y.Comment = comment(s, p.String())
+		out = append(out, y)
+	}
+	return out
+}
+
+// nftRules: one rule per family with subnets in the list, matching the family's set of them.
+func (s ignoreSubnetsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	kind := NFTMatchDAddrSet
+	if s.Source {
+		kind = NFTMatchSAddrSet
+	}
+	w.perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+		cw.add(NFTRule{
+			Comment: listComment(s.StepCommon, len(ps), func(i int) string { return ps[i].String() }),
+			Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
+		})
+	})
+}

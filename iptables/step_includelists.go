@@ -1,0 +1,84 @@
+package iptables
+
+// Include lists: outbound TCP goes to the outbound proxy port only to the ports and subnets to
+// redirect, when given; otherwise all of it does (step_redirect.go).
+
+import "net/netip"
+
+// outboundRedirect redirects outbound TCP to the outbound proxy port: to the include lists'
+// ports and subnets, or everywhere.
+func (r *Ruleset) outboundRedirect() Step {
+	switch {
+	case len(r.OutboundRedirectPorts) > 0:
+		return redirectOutboundStep{StepCommon{Name: "redirect-outbound-port-", NameTail: "-to-proxy-port"},
+			r.OutboundRedirectPorts, r.OutboundRedirectSubnets, r.OutboundProxyPort}
+	case len(r.OutboundRedirectSubnets) > 0:
+		return redirectOutboundStep{StepCommon{Name: "redirect-outbound-subnet-", NameTail: "-to-proxy-port"},
+			nil, r.OutboundRedirectSubnets, r.OutboundProxyPort}
+	}
+	return redirectStep{StepCommon{Name: "redirect-all-outgoing-to-proxy-port"}, nil, r.OutboundProxyPort}
+}
+
+// redirectOutboundStep redirects outbound TCP to the local port Port, only to the destination
+// ports Ports (when given) and to the destination subnets Subnets (when given).
+type redirectOutboundStep struct {
+	StepCommon
+	Ports   []PortRange
+	Subnets []netip.Prefix
+	Port    uint16
+}
+
+func (s redirectOutboundStep) IsList() bool { return true }
+
+func (s redirectOutboundStep) rerouted(iface string) Step {
+	s.StepCommon = s.StepCommon.rerouted(iface)
+	return s
+}
+
+// xtRules: one rule per pair of the step's subnets of family f and multiport groups of its
+// ports; an empty list counts as one item matching everything. A step with subnets but none in
+// f redirects nothing in f.
+func (s redirectOutboundStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+	groups := multiportGroups(s.Ports)
+	if len(groups) == 0 {
+		groups = [][]PortRange{nil}
+	}
+	subnets := []netip.Prefix{{}}
+	if len(s.Subnets) > 0 {
+		subnets = Subnets(f, s.Subnets)
+	}
+	for _, p := range subnets {
+		for _, g := range groups {
+			y := x
+			y.Destination, y.MultiportDPorts = p, g
+			if len(g) > 0 {
+				y.Comment = comment(s, joinXTPorts(g))
+			} else {
+				y.Comment = comment(s, p.String())
+			}
+			out = append(out, y)
+		}
+	}
+	return out
+}
+
+// nftRules: one rule to every destination or, when the step lists subnets, one per family to
+// the family's set of them.
+func (s redirectOutboundStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
+	ports := w.redirectPorts(dir, s.StepCommon, s.Ports, xtPorts, &rl)
+	if len(s.Subnets) == 0 {
+		rl.Matches = w.acting(ports)
+		cw.add(rl)
+		return
+	}
+	w.perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+		x := rl
+		x.Matches = []NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}, ports}
+		if len(s.Ports) == 0 {
+			x.Comment = listComment(s.StepCommon, len(ps), func(i int) string { return ps[i].String() })
+		}
+		cw.add(x)
+	})
+}

@@ -1,0 +1,65 @@
+package iptables
+
+// Redirect: inbound TCP (to every port, or to the ports to redirect) goes to the inbound proxy
+// port; outbound TCP, when no include list limits it (step_includelists.go), to the outbound one.
+
+// inboundRedirect redirects inbound TCP, to every port or the ports to redirect, to the inbound
+// proxy port.
+func (r *Ruleset) inboundRedirect() Step {
+	if len(r.RedirectPorts) == 0 {
+		return redirectStep{StepCommon{Name: "redirect-all-incoming-to-proxy-port"}, nil, r.InboundProxyPort}
+	}
+	return redirectStep{StepCommon{Name: "redirect-port-", NameTail: "-to-proxy-port"}, r.RedirectPorts, r.InboundProxyPort}
+}
+
+// redirectStep redirects TCP (to the destination ports Ports, or to every port when Ports is
+// empty) to the local port Port.
+type redirectStep struct {
+	StepCommon
+	Ports []PortRange
+	Port  uint16
+}
+
+func (s redirectStep) IsList() bool { return len(s.Ports) > 0 }
+
+func (s redirectStep) rerouted(iface string) Step {
+	s.StepCommon = s.StepCommon.rerouted(iface)
+	return s
+}
+
+func (s redirectStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
+	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
+	return appendPerPort(out, x, s, s.Ports)
+}
+
+func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
+	rl.Matches = w.acting(w.redirectPorts(dir, s.StepCommon, s.Ports, PortRange.String, &rl))
+	cw.add(rl)
+}
+
+// appendPerPort appends x once, or, when ports are listed, once per port (or range), named after
+// it. Redirect and TPROXY use it.
+func appendPerPort(out []XTRule, x XTRule, s Step, ports []PortRange) []XTRule {
+	if len(ports) == 0 {
+		x.Comment = comment(s, "")
+		return append(out, x)
+	}
+	for _, p := range ports {
+		y := x
+		y.DPort, y.Comment = p, comment(s, p.String())
+		out = append(out, y)
+	}
+	return out
+}
+
+// redirectPorts is the port match of a redirecting step: any TCP port, or, when ports are
+// listed, the direction's set of them, whose list (each spelled by label) then names rl.
+// Redirect, the include lists and TPROXY use it.
+func (w *nftWriter) redirectPorts(dir string, c StepCommon, ports []PortRange, label func(PortRange) string, rl *NFTRule) NFTMatch {
+	if len(ports) == 0 {
+		return NFTMatch{Kind: NFTMatchTCP}
+	}
+	rl.Comment = portsComment(c, ports, label)
+	return NFTMatch{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_redirect_ports", NFTPorts, portIntervals(ports))}
+}

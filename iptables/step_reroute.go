@@ -1,0 +1,41 @@
+package iptables
+
+// Reroute virtual interfaces: TCP arriving on a virtual machine's interfaces (KubeVirt's tap or
+// bridge) is the VM's outbound traffic: the outbound steps that apply to it are put first in
+// the inbound chain, limited to the interface.
+
+// ReroutePrefix starts the names of a rerouted interface's steps: the outbound step's name follows.
+const ReroutePrefix = "reroute-"
+
+// RerouteInterfacePrefix names the rule that keeps TPROXY from a rerouted interface, before the
+// interface's name.
+const RerouteInterfacePrefix = "reroute-interface-"
+
+// reroutable is a step that applies to traffic from outside the pod's sockets: the ignore and
+// include lists and the redirect to the outbound port.
+type reroutable interface {
+	Step
+	// rerouted is the step limited to TCP arriving on iface.
+	rerouted(iface string) Step
+}
+
+// rerouted is c limited to iface, holding the outbound lists.
+func (c StepCommon) rerouted(iface string) StepCommon {
+	c.Name, c.Arriving, c.Direction = ReroutePrefix+c.Name, iface, "outbound"
+	return c
+}
+
+// reroute puts first in the inbound chain, for each of the virtual machine's interfaces, the
+// outbound steps that are reroutable: the VM's outbound traffic reaches the outbound proxy as
+// the pod's own does, and never the inbound steps.
+func (r *Ruleset) reroute(in *PlanChain, outbound []Step) {
+	var steps []Step
+	for _, name := range r.RerouteInterfaces {
+		for _, s := range outbound {
+			if rs, ok := s.(reroutable); ok {
+				steps = append(steps, rs.rerouted(name))
+			}
+		}
+	}
+	in.Steps = append(steps, in.Steps...)
+}
