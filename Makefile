@@ -197,22 +197,23 @@ test: deps kube-bins fmt-check vet tidy-check deadcode vulncheck
 # e2e runs the end-to-end suite on a two-node dual-stack cluster (containerd, runc, kubelet per
 # node) in namespaces of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
 # On Debian's containerd 1.6 instead of containerd 2: make e2e E2E_RUNTIME=containerd1
-# e2e-ci is what .ci/run runs: every scenario on containerd 2, then E2E_CONTAINERD1_RUN on
-# containerd 1.6.
+# test/e2e is a module of its own (it builds images with tools/images), so the suite runs in its
+# directory. e2e-ci is what .ci/run runs: every scenario on containerd 2, then
+# E2E_CONTAINERD1_RUN on containerd 1.6.
 E2E_RUN ?= .
 E2E_RUNTIME ?= containerd2
 E2E_CONTAINERD1_RUN ?= TestE2E/(DaemonSet|MeshedPod|AgentHealsInPlace|Teardown|APIUnreachable|NothingLeftOnHost)
 e2e: export PATH := $(PATH):/usr/sbin:/sbin
 e2e: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e: e2e-deps e2e-runtime kube-bins kube-node images
-	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
+	$(GO) -C test/e2e test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' .
 
 # e2e-bench fills one node to the kubelet's 110 pods, with and without the plugin, and prints
 # the figures docs/performance.md quotes (about 10 minutes; not part of make test or CI).
 e2e-bench: export PATH := $(PATH):/usr/sbin:/sbin
 e2e-bench: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e-bench: e2e-deps e2e-runtime kube-bins kube-node images
-	$(GO) test -tags e2e,e2ebench -count=1 -p 1 -timeout 60m -v -run '^TestE2EBench$$' ./test/e2e/
+	$(GO) -C test/e2e test -tags e2e,e2ebench -count=1 -p 1 -timeout 60m -v -run '^TestE2EBench$$' .
 
 e2e-ci:
 	$(MAKE) --no-print-directory e2e
