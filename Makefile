@@ -17,7 +17,7 @@ APT_PACKAGES := iptables nftables iproute2 libcap2-bin strace qemu-user-static
 # e2e-runtime).
 E2E_APT_PACKAGES := containerd runc libseccomp-dev pkg-config gcc libc6-dev
 
-.PHONY: all build platform-bins images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit race vet lint fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
+.PHONY: all build platform-bins tools-bin images overlay chart release dockerfiles manifests deps e2e-deps e2e-runtime kube-bins kube-node test e2e e2e-bench e2e-ci unit race vet lint fmt-check tidy-check deadcode vulncheck demo bench stress fuzz clean
 
 all: build
 
@@ -31,12 +31,20 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags pluginonly -ldflags '$(LDFLAGS)' -o $(BIN)/plugin/ ./cmd/linkerd-cni
 
 # platform-bins cross-compiles `build` for every platform of the images, into bin/linux-amd64/,
-# bin/linux-arm64/ (internal/images.PlatformBinDir). Go's build cache makes a second run cheap.
+# bin/linux-arm64/ (tools/images.PlatformBinDir). Go's build cache makes a second run cheap.
 PLATFORMS ?= linux/amd64 linux/arm64
 platform-bins:
 	@set -e; for p in $(PLATFORMS); do \
 		GOOS=$${p%/*} GOARCH=$${p#*/} $(MAKE) --no-print-directory build VERSION='$(VERSION)' BIN='$(BIN)/'$${p/\//-}; \
 	done
+
+# The release tooling (images, overlay, chart, release, dockerfiles, manifests) is its own Go
+# module, tools/, so that what it links (Helm's registry client, go-containerregistry, sigstore,
+# SPDX) stays out of the product's go.mod. tools-bin builds its commands into TOOLS_BIN; the
+# targets below run them from the repository root, whose paths they take.
+TOOLS_BIN := $(CURDIR)/bin/tools
+tools-bin:
+	$(GO) -C tools build -o $(TOOLS_BIN)/ ./cmd/images ./cmd/manifests
 
 # images writes the images as OCI image archives, without a container daemon, one per image,
 # each an index of every platform in PLATFORMS:
@@ -45,15 +53,15 @@ platform-bins:
 #   bin/images/proxy-init-nftables.tar  ghcr.io/kubemesh/proxy-init:$(IMAGE_TAG)-nftables
 # Load one with `ctr -n k8s.io images import bin/images/proxy-init.tar` (the name comes from the
 # archive; containerd unpacks its own platform) or `docker load -i`. The layouts live in
-# internal/images/layout.go; the Debian packages of the proxy-init image are fetched for each
+# tools/images/layout.go; the Debian packages of the proxy-init image are fetched for each
 # architecture by a private apt directory under DEB_CACHE, which keeps them for the next build.
 # Files are stamped with the last commit's time, so the same commit gives the same images.
 IMAGE_TAG ?= $(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 DEB_CACHE ?= /var/cache/proxy-init-images/debian
 IMAGE_FLAGS = --bin $(BIN) --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) --epoch $(SOURCE_DATE_EPOCH)
-images: platform-bins
-	$(GO) run ./hack/images build $(IMAGE_FLAGS) --out $(BIN)/images --tag $(IMAGE_TAG)
+images: platform-bins tools-bin
+	$(TOOLS_BIN)/images build $(IMAGE_FLAGS) --out $(BIN)/images --tag $(IMAGE_TAG)
 
 # overlay puts our proxy-init and validator over Linkerd's proxy image, every platform of it,
 # without a container daemon, and pushes the result (docs/images.md#the-proxy-overlay):
@@ -62,15 +70,15 @@ images: platform-bins
 LINKERD_PROXY ?=
 OVERLAY ?=
 SIGNING_KEY ?=
-overlay: platform-bins
-	$(GO) run ./hack/images overlay --bin $(BIN) --platforms '$(PLATFORMS)' --epoch $(SOURCE_DATE_EPOCH) \
+overlay: platform-bins tools-bin
+	$(TOOLS_BIN)/images overlay --bin $(BIN) --platforms '$(PLATFORMS)' --epoch $(SOURCE_DATE_EPOCH) \
 		--version '$(VERSION)' --base '$(LINKERD_PROXY)' --to '$(OVERLAY)' --key '$(SIGNING_KEY)'
 
 # chart packages the linkerd2-cni chart as version VERSION into bin/chart (and pushes it to
 # oci://REGISTRY given one).
 REGISTRY ?=
-chart:
-	$(GO) run ./hack/images chart --version '$(VERSION)' --out $(BIN)/chart --registry '$(REGISTRY)' --epoch $(SOURCE_DATE_EPOCH)
+chart: tools-bin
+	$(TOOLS_BIN)/images chart --version '$(VERSION)' --out $(BIN)/chart --registry '$(REGISTRY)' --epoch $(SOURCE_DATE_EPOCH)
 
 # release builds everything a release ships into bin/release (docs/images.md#make-release):
 # the binaries of every platform (bin/release/bin), the images' archives and SBOMs
@@ -81,19 +89,20 @@ chart:
 RELEASE_DIR := $(BIN)/release
 release:
 	@case '$(VERSION)' in v[0-9]*) ;; *) echo "make release needs VERSION=vX.Y.Z (got $(VERSION))"; exit 1;; esac
+	$(MAKE) --no-print-directory tools-bin
 	$(MAKE) --no-print-directory platform-bins BIN=$(RELEASE_DIR)/bin VERSION='$(VERSION)'
-	$(GO) run ./hack/images release --bin $(RELEASE_DIR)/bin --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) \
+	$(TOOLS_BIN)/images release --bin $(RELEASE_DIR)/bin --platforms '$(PLATFORMS)' --deb-cache $(DEB_CACHE) \
 		--epoch $(SOURCE_DATE_EPOCH) --out $(RELEASE_DIR) --version '$(VERSION)' --registry '$(REGISTRY)' --key '$(SIGNING_KEY)'
 
 # dockerfiles regenerates deploy/docker/*.Dockerfile from the same layouts (a test fails when
 # they are stale).
-dockerfiles:
-	$(GO) run ./hack/images dockerfiles --out deploy/docker
+dockerfiles: tools-bin
+	$(TOOLS_BIN)/images dockerfiles --out deploy/docker
 
 # manifests regenerates deploy/linkerd-cni from the linkerd2-cni chart's default rendering
 # (deploy/charts/linkerd2-cni; a test fails when they are stale).
-manifests:
-	$(GO) run ./hack/manifests
+manifests: tools-bin
+	$(TOOLS_BIN)/manifests
 
 # deps installs the host tools the root tests and the demo drive, only when one is missing.
 deps:
@@ -129,31 +138,41 @@ e2e-deps: deps
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(E2E_APT_PACKAGES); \
 	fi
 
-# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy, and
-# the end-to-end tests (-tags e2e, and e2ebench for make e2e-bench).
+# vet checks both builds of linkerd-cni: the full one and the node's -tags pluginonly copy, the
+# release tooling (tools/), and the end-to-end tests (-tags e2e, and e2ebench for make
+# e2e-bench; test/e2e is a module of its own, since it builds images with tools/).
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags pluginonly ./cmd/linkerd-cni/
-	$(GO) vet -tags e2e,e2ebench ./test/e2e/
+	$(GO) -C tools vet ./...
+	$(GO) -C test/e2e vet -tags e2e,e2ebench ./...
 
 # lint runs staticcheck (honnef.co/go/tools, pinned as a tool in go.mod like deadcode, so every
 # machine runs the same checks) with its default checks, over the builds vet checks: ./..., the
-# node's -tags pluginonly plugin and the end-to-end tests. It fails on any finding; its cache
+# node's -tags pluginonly plugin, the release tooling and the end-to-end tests. It fails on any finding; its cache
 # (~/.cache/staticcheck) makes a second run on an unchanged tree take seconds.
+# The release tooling (tools/) and the end-to-end suite (test/e2e) are modules of their own, run
+# with the same binary.
 lint:
 	$(GO) tool staticcheck ./...
 	$(GO) tool staticcheck -tags pluginonly ./cmd/linkerd-cni/
-	$(GO) tool staticcheck -tags e2e,e2ebench ./test/e2e/
+	@sc=$$($(GO) tool -n staticcheck) && set -x && cd tools && $$sc ./... && cd ../test/e2e && $$sc -tags e2e,e2ebench ./...
 
+# tidy-check covers the product's module and the two that require it through a replace: the
+# release tooling (tools/) and the end-to-end suite (test/e2e).
 tidy-check:
-	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+	@for m in . tools test/e2e; do \
+		$(GO) -C $$m mod tidy -diff || { echo "$$m/go.mod, go.sum are not tidy: run go mod tidy in $$m"; exit 1; }; \
+	done
 
 # deadcode fails on any function that no program reaches (golang.org/x/tools' deadcode, pinned
-# in go.mod, run without -test: code only tests reach counts as dead), except under the test
-# helpers hack/deadcode-allow.txt names with the reason.
+# in go.mod, run without -test: code only tests reach counts as dead), in the product and in the
+# release tooling (tools/, whose programs are its commands), except under the test helpers
+# hack/deadcode-allow.txt names with the reason.
 DEADCODE_ALLOW := hack/deadcode-allow.txt
 deadcode:
-	@dead=$$($(GO) tool deadcode ./... | grep -v -F -f <(sed -e 's/[[:space:]]*#.*//' -e '/^$$/d' $(DEADCODE_ALLOW))); \
+	@dc=$$($(GO) tool -n deadcode) && \
+	dead=$$({ $$dc ./... && (cd tools && $$dc ./...) | sed 's|^|tools/|'; } | grep -v -F -f <(sed -e 's/[[:space:]]*#.*//' -e '/^$$/d' $(DEADCODE_ALLOW))); \
 	if [ -n "$$dead" ]; then \
 		echo "unreachable from every program: move it into a test or a test-helper package, or list it in $(DEADCODE_ALLOW) with the reason:"; \
 		echo "$$dead"; exit 1; \
@@ -176,33 +195,36 @@ vulncheck:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# test runs every test, the root network-namespace ones included, then the stress workloads
+# test runs every test, the root network-namespace ones included (the product's module, then the
+# release tooling's in tools/), then the stress workloads
 # with small counts (they print their figures). -p 1 keeps the root integration suites
 # (namespaces, a kube-apiserver) from starving each other on small machines.
 test: export PATH := $(PATH):/usr/sbin:/sbin
 test: deps kube-bins fmt-check vet lint tidy-check deadcode vulncheck race
 	$(GO) test -count=1 -p 1 -timeout 40m $$($(GO) list ./... | grep -v /internal/stress)
+	$(GO) -C tools test -count=1 -p 1 -timeout 40m ./...
 	$(MAKE) --no-print-directory stress STRESS_FLAGS=
 
 # e2e runs the end-to-end suite on a two-node dual-stack cluster (containerd, runc, kubelet per
 # node) in namespaces of its own; see docs/e2e.md. One scenario: make e2e E2E_RUN=TestE2E/MeshedPod
 # On Debian's containerd 1.6 instead of containerd 2: make e2e E2E_RUNTIME=containerd1
-# e2e-ci is what .ci/run runs: every scenario on containerd 2, then E2E_CONTAINERD1_RUN on
-# containerd 1.6.
+# test/e2e is a module of its own (it builds images with tools/images), so the suite runs in its
+# directory. e2e-ci is what .ci/run runs: every scenario on containerd 2, then
+# E2E_CONTAINERD1_RUN on containerd 1.6.
 E2E_RUN ?= .
 E2E_RUNTIME ?= containerd2
 E2E_CONTAINERD1_RUN ?= TestE2E/(DaemonSet|MeshedPod|AgentHealsInPlace|Teardown|APIUnreachable|NothingLeftOnHost)
 e2e: export PATH := $(PATH):/usr/sbin:/sbin
 e2e: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e: e2e-deps e2e-runtime kube-bins kube-node images
-	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' ./test/e2e/
+	$(GO) -C test/e2e test -tags e2e -count=1 -p 1 -timeout 60m -v -run '$(E2E_RUN)' .
 
 # e2e-bench fills one node to the kubelet's 110 pods, with and without the plugin, and prints
 # the figures docs/performance.md quotes (about 10 minutes; not part of make test or CI).
 e2e-bench: export PATH := $(PATH):/usr/sbin:/sbin
 e2e-bench: export E2E_RUNTIME := $(E2E_RUNTIME)
 e2e-bench: e2e-deps e2e-runtime kube-bins kube-node images
-	$(GO) test -tags e2e,e2ebench -count=1 -p 1 -timeout 60m -v -run '^TestE2EBench$$' ./test/e2e/
+	$(GO) -C test/e2e test -tags e2e,e2ebench -count=1 -p 1 -timeout 60m -v -run '^TestE2EBench$$' .
 
 e2e-ci:
 	$(MAKE) --no-print-directory e2e
@@ -218,10 +240,11 @@ race: export PATH := $(PATH):/usr/sbin:/sbin
 race:
 	$(GO) test -race -short -count=1 $(RACE_PKGS)
 
-# unit runs every test that needs neither root nor a kube-apiserver (-short); it passes as any
-# user.
+# unit runs every test that needs neither root nor a kube-apiserver (-short), the product's and
+# the release tooling's; it passes as any user.
 unit:
 	$(GO) test -count=1 -short ./...
+	$(GO) -C tools test -count=1 -short ./...
 
 # stress runs the adversarial workloads (concurrent writers, applies racing cleanups, kill -9
 # during apply, installer churn) in throwaway namespaces and prints what they saw; any corrupt

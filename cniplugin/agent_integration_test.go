@@ -18,8 +18,8 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
-	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // TestCNIWithAgent runs the plugin binary through libcni with the node agent serving its socket:

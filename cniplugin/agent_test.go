@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The node's plugin and the node agent, against a fake agent on a real socket (the real agent is

@@ -20,8 +20,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // benchRuns is how many times each measurement is repeated; medians are reported.
@@ -319,12 +319,12 @@ func echoServer(b *testing.B) string {
 	return path
 }
 
-// floorPlugin builds the no-op plugin with one of its link tags (see cniplugin/internal/noopcni)
+// floorPlugin builds the no-op plugin with one of its link tags (see test/noopcni)
 // and returns the binary: a start-up reference that initialises a dependency and does nothing else.
 func floorPlugin(b *testing.B, tag string) string {
 	b.Helper()
 	dir := b.TempDir()
-	if err := cnitest.GoBuild(dir, "-tags="+tag, "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni"); err != nil {
+	if err := cnitest.GoBuild(dir, "-tags="+tag, "github.com/kubemesh/proxy-init/test/noopcni"); err != nil {
 		b.Fatal(err)
 	}
 	return filepath.Join(dir, "noopcni")

@@ -29,11 +29,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 const (
@@ -87,7 +87,7 @@ func buildBinaries() ([]string, error) {
 		return nil, err
 	}
 	// linkerd-cni as the node runs it (the tag means nothing to noopcni).
-	if err := cnitest.GoBuild(ownDir, append(cnitest.NodeBinaries, "github.com/kubemesh/proxy-init/cniplugin/internal/noopcni")...); err != nil {
+	if err := cnitest.GoBuild(ownDir, append(cnitest.NodeBinaries, "github.com/kubemesh/proxy-init/test/noopcni")...); err != nil {
 		return nil, err
 	}
 	return []string{ownDir, plugins}, nil

@@ -18,9 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestCNI runs every scenario against one node (one kube-apiserver start). The last subtest stops

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // kubeconfigWith is a kubeconfig of the installer's shape with these user and cluster entries

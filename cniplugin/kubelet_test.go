@@ -28,7 +28,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	podsv1alpha1 "k8s.io/kubelet/pkg/apis/pods/v1alpha1"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The plugin's client of the kubelet's pods API (kubelet.go, kubeletproto.go) against the real

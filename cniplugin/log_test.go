@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestOpenLogFile: log_file is appended to as root, so every way for someone else to redirect

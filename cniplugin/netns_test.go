@@ -9,9 +9,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestCommandsInNetns runs ADD, CHECK and DEL in-process against a real namespace, with the API

@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend/backendtest"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/backendtest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // The plugin's failure policy, run through the real backend path with a fake applier: no root,

@@ -10,8 +10,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // stateDirOf is the state-dir withVersion gave a call.

@@ -86,8 +86,8 @@ say "the proxy's port 4143 and outbound TCP to its port 4140. The proxy learns w
 say "connection was really going from the kernel (SO_ORIGINAL_DST)."
 
 bold "1. Build proxy-init and a small helper (fake proxy, servers, client)"
-run "go build -o $WORK/ ./cmd/proxy-init ./internal/demo"
-go build -o "$WORK/" ./cmd/proxy-init ./internal/demo
+run "go build -o $WORK/ ./cmd/proxy-init ./test/demo"
+go build -o "$WORK/" ./cmd/proxy-init ./test/demo
 PI=$WORK/proxy-init
 
 bold "2. Create a \"pod\" and a \"peer\" network namespace joined by a veth pair"

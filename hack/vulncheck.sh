@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs govulncheck on the product (both builds of linkerd-cni) against an offline copy of the Go
-# vulnerability database, built from the golang.org/x/vulndb module at VULNDB_VERSION: the online
-# database is never asked, and a new advisory changes the result only when that pin moves.
+# Runs govulncheck on the product (both builds of linkerd-cni) and on the release tooling (tools/)
+# against an offline copy of the Go vulnerability database, built from the golang.org/x/vulndb
+# module at VULNDB_VERSION: the online database is never asked, and a new advisory changes the
+# result only when that pin moves.
 #
 # Usage (`make vulncheck` sets the versions):
 #   GOVULNCHECK_VERSION=v1.9.0 VULNDB_VERSION=v0.0.0-... hack/vulncheck.sh
@@ -38,3 +39,5 @@ govulncheck() {
 echo "govulncheck@$GOVULNCHECK_VERSION, database golang.org/x/vulndb@$VULNDB_VERSION"
 govulncheck ./...
 govulncheck -tags pluginonly ./cmd/linkerd-cni
+# The release tooling is its own module (tools/): what it calls is checked there.
+(cd tools && govulncheck ./...)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 func TestBuildReportsEveryProblem(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // The parsers face user input from flags, JSON and pod annotations. They must never panic, and

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")

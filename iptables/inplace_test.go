@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // xtHolding is what an iptables backend holds once rs is applied.

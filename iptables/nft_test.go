@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // The two renderings of the plan say the same thing, in both directions: for every config case

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // chartArgs builds the Linkerd chart's command line (partials.proxy-init), optional parts included

@@ -15,10 +15,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // refusing is a backend on a kernel without TPROXY: it refuses the rules whole, writing none.

@@ -12,10 +12,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // linkerdInitArgs returns the linkerd-init container's arguments in one of the pod specs

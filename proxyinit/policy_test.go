@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend/backendtest"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/backendtest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // proxy-init's exit codes and messages for apply, show and cleanup, through the real backend

@@ -18,7 +18,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")

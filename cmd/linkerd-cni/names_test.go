@@ -21,11 +21,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/multicall"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // buildAs builds this command once per test into a fresh directory and copies it under name.

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // TestBothBuildsAreThePlugin: the node's build (-tags pluginonly) and the full one run the same

@@ -20,11 +20,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/proxyinit"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 var binary string // built once by TestMain

@@ -15,8 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubemesh/proxy-init/internal/multicall"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/proxyinit"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 	"github.com/kubemesh/proxy-init/validator"
 )
 

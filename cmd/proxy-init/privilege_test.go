@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestNFTModeExecsNothing traces every process proxy-init starts: in nft mode (named, or chosen

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestSignalsIgnoredWhileWriting signals proxy-init with SIGTERM and SIGINT while it is inside

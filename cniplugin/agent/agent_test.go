@@ -17,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestAgent runs every scenario against one kube-apiserver, each with an agent of its own (a node

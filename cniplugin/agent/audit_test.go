@@ -13,9 +13,9 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // drift is a way a pod's rules go wrong, and how CHECK names it.

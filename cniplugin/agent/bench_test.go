@@ -18,11 +18,11 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // BenchmarkAudit prints, for `make bench` (-benchtime 1x: it repeats by itself), the time of one

@@ -36,12 +36,12 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/helmchart"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 const (
@@ -218,7 +218,7 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 		out, level = r.log, slog.LevelWarn // the figures, not a log of every audit
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
-	netnsDir := "/var/run/netns" // where internal/netnstest pins the test's namespaces
+	netnsDir := "/var/run/netns" // where test/netnstest pins the test's namespaces
 	if o.noWrites {
 		netnsDir = ""
 	}

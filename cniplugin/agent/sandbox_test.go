@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // fakeRuntime is a CRI RuntimeService serving sandboxes as the runtimes do: ListPodSandbox honours

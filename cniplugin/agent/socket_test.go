@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // envAsk makes this test binary a plugin-like client of the agent's socket (see TestMain): it asks

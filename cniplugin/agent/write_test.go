@@ -16,9 +16,9 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // writeBody is a write request (route 1) for p's pod naming netns as CNI_NETNS.

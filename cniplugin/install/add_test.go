@@ -24,11 +24,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // goBuild builds as `make build` does (cnitest.GoBuild); args are extra go build flags, then

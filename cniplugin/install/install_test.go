@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 const kubeconfigName = "ZZZ-linkerd-cni-kubeconfig"

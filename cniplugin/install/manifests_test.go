@@ -1,6 +1,6 @@
 package install
 
-// Tests of deploy/ against a real kube-apiserver and etcd (internal/kubetest): every object
+// Tests of deploy/ against a real kube-apiserver and etcd (test/kubetest): every object
 // passes server-side dry-run apply, the workloads pass Pod Security admission at the level their
 // namespace declares (and are refused where they should be), and the linkerd-cni ServiceAccount
 // can do exactly what the ClusterRole says.
@@ -41,7 +41,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 const fieldManager = "kubemesh-manifest-test"

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestFilesOfOursAreRoots: the plugin binary and the kubeconfig (a token) end up root's, with our

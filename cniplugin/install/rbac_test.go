@@ -31,7 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // accessKinds are the kinds of the objects that make up the ServiceAccount's access.

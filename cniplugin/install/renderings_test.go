@@ -23,7 +23,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
-	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/test/helmchart"
 	"github.com/kubemesh/proxy-init/validator"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // testCA is a syntactically valid PEM block; the installer only embeds it.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // TestSIGTERMRemovesEverything runs the real `linkerd-cni install` process, as the DaemonSet

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // TestDaemonSetStays, against a real kube-apiserver: only a DaemonSet that still exists, is the

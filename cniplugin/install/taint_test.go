@@ -1,7 +1,7 @@
 package install
 
 // Tests of --node-taint: the option's validation, and against a real kube-apiserver
-// (internal/kubetest) with the deploy/ RBAC, a TokenRequest token for the linkerd-cni
+// (test/kubetest) with the deploy/ RBAC, a TokenRequest token for the linkerd-cni
 // ServiceAccount and the in-process installer on temp dirs: the startup taint goes only once
 // every CNI config file carries the plugin, other taints stay, and without the option (or
 // without the optional RBAC) the node is never patched. The optional admission policy lets a
@@ -29,7 +29,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 func TestNodeTaintOptions(t *testing.T) {

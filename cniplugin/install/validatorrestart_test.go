@@ -1,6 +1,6 @@
 package install
 
-// The chart's validatorRestart policy against a real kube-apiserver (internal/kubetest, the
+// The chart's validatorRestart policy against a real kube-apiserver (test/kubetest, the
 // MutatingAdmissionPolicy admission plugin on, as in every v1.37 server): pods are created for
 // real and read back, so what is checked is what the kubelet would get.
 
@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // TestValidatorRestartPolicy: with validatorRestart.enabled, the validator of a restartPolicy:

@@ -24,9 +24,9 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/helmchart"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 const (

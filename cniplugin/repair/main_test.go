@@ -21,9 +21,9 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/repair"
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // `linkerd-cni repair` is run as a child process (this test binary, re-executed) inside the

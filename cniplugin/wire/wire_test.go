@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // listen serves one exchange per connection with serve, on a socket in a root-only directory.

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# Generated from internal/images (layout.go) by `make dockerfiles`: edit that, not this file.
+# Generated from tools/images (layout.go) by `make dockerfiles`: edit that, not this file.
 #
 # Linkerd's proxy image with proxy-init and the network validator replaced by ours: a Linkerd 2.20
 # user changes only proxy.image.name (and version) in the linkerd-control-plane chart.
@@ -16,12 +16,13 @@ ARG LINKERD_PROXY_VERSION
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN go mod download
+COPY tools/go.mod tools/go.sum ./tools/
+RUN go mod download && go -C tools mod download
 COPY . .
 ARG VERSION=dev
 ARG SOURCE_DATE_EPOCH=0
-RUN make build VERSION="$VERSION" && \
-    go run ./hack/images rootfs --image linkerd-proxy-overlay --bin bin --out /rootfs --epoch "$SOURCE_DATE_EPOCH"
+RUN make build tools-bin VERSION="$VERSION" && \
+    bin/tools/images rootfs --image linkerd-proxy-overlay --bin bin --out /rootfs --epoch "$SOURCE_DATE_EPOCH"
 
 FROM ${LINKERD_PROXY_IMAGE}:${LINKERD_PROXY_VERSION}
 COPY --from=build /rootfs/usr/lib/linkerd/linkerd2-proxy-init /usr/lib/linkerd/linkerd2-proxy-init

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# Generated from internal/images (layout.go) by `make dockerfiles`: edit that, not this file.
+# Generated from tools/images (layout.go) by `make dockerfiles`: edit that, not this file.
 #
 # The proxy-init image, for every --iptables-mode: iptables-legacy and iptables-nft from Debian's
 # packages, with the same file capabilities as proxy-init, so that it runs as nobody (65534)
@@ -13,12 +13,13 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN go mod download
+COPY tools/go.mod tools/go.sum ./tools/
+RUN go mod download && go -C tools mod download
 COPY . .
 ARG VERSION=dev
 ARG SOURCE_DATE_EPOCH=0
-RUN make build VERSION="$VERSION" && \
-    go run ./hack/images rootfs --image proxy-init --bin bin --out /rootfs --epoch "$SOURCE_DATE_EPOCH"
+RUN make build tools-bin VERSION="$VERSION" && \
+    bin/tools/images rootfs --image proxy-init --bin bin --out /rootfs --epoch "$SOURCE_DATE_EPOCH"
 
 FROM scratch
 COPY --from=build /rootfs/ /

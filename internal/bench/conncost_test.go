@@ -16,8 +16,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"golang.org/x/sys/unix"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // Each latency row times latencyConns connections, latencyRounds times as many in turns with

@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // nftablesRows compares the native backend with `nft -f` of the same table, with the two
@@ -26,7 +26,7 @@ func nftablesRows(b *testing.B, bin string) []row {
 	}
 	nftFile := []step{{name: "nft", args: []string{"-f", "-"}, stdin: script}}
 	// The least a Go program that writes this table pays: google/nftables and nothing else.
-	minimal := []step{{name: goBuild(b, "", "./testdata/minimalnft", "minimalnft")}}
+	minimal := []step{{name: goBuild(b, "", "../../test/minimalnft", "minimalnft")}}
 	restores := restoreSteps(b, "nft", chartConfig())
 	var rows []row
 	got, base := compare(b, proxyInit(bin, "nftables"), nftFile)

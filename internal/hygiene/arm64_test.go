@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestArm64BuildRuns holds the arm64 build (GOARCH=arm64, a plain go build without cgo, as the

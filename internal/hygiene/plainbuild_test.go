@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // TestPlainGoBuildRuns holds every command under cmd/ to what `go build`, `go install` and `go

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // threadNetNS returns the inode of the calling thread's network namespace.

@@ -5,8 +5,8 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // ForeignUserNS finds the pods with a user namespace of their own, and only them, and names each

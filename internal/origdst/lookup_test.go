@@ -4,8 +4,8 @@ import (
 	"net"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/origdst"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // lookupNft redirects loopback connections to ports 80 and 81 to 4140 and 4141, in both families.

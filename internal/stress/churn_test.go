@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // primaryConf is a flannel-style single-plugin .conf, which the installer turns into a list.

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/proxyinit"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 var (

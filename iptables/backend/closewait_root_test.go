@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The real Runner sets the close-wait timeout over netlink, not through the sysctl file (which a

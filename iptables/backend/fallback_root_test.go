@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // refuseNetlinkWriter makes the kernel refuse iptables-nft's rules in the namespace, the way a

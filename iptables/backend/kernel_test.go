@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // Only the modes that write with iptables-legacy alone blame a kernel without it; auto, which

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // lockDir is a host lock directory of the test's own: its parent is the test's, mode 0700.

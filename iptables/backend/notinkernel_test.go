@@ -12,8 +12,8 @@ import (
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/backend/backendtest"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/backendtest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // The socket refusal as the netlink backends report it (nfnl's dial, through errclass).

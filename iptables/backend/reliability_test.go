@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // writerModes are the modes that write rules somewhere different.

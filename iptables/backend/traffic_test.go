@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // trafficModes are the backends the real-traffic suite runs on.

@@ -10,9 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/backend"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // userNSWorld is world with the pod's network namespace owned by a user namespace of its own

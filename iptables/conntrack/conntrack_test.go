@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/conntrack"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // readSysctl reads the close-wait sysctl of the namespace the caller is in.

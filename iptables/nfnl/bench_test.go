@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // BenchmarkPlan1000 lays out the batch for 1,000 IPv4 subnets in a fresh namespace: the part of

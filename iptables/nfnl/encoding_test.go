@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
 // The extension info blobs, as iptables-nft 1.8.9 wrote them for our golden payloads on x86-64

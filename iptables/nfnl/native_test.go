@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // nativeApplier is the nftables mode's writer: the native table, clearing iptables-nft's rules.

@@ -3,7 +3,7 @@ package nfnl
 import (
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The probe tells what the kernel has and writes nothing: the table list and the generation are

@@ -14,9 +14,9 @@ import (
 
 	"github.com/mdlayher/netlink"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The planner without root: kernel states recorded from real namespaces (the dumps the kernel

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // A quick real-traffic check of the native backend's redirect semantics; the shared suite in

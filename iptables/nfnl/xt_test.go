@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // The proof that the netlink writer writes iptables-nft's own rules is iptables-nft itself: what

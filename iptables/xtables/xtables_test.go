@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/iptablestest"
 	"github.com/kubemesh/proxy-init/iptables/xtables"
+	"github.com/kubemesh/proxy-init/test/iptablestest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 func requireRoot(t *testing.T) { netnstest.RequireRoot(t) }

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // The node agent's scenarios, with the DaemonSet of deploy/linkerd-cni (the agent in repair mode,

@@ -17,8 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kubemesh/proxy-init/internal/kubetest"
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // maxPods is the kubelet's default pod limit, which the e2e kubelets keep.

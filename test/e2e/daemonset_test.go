@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/test/helmchart"
 )
 
 // The DaemonSet as deploy/linkerd-cni renders it.

@@ -1,7 +1,9 @@
 // Package e2e is the end-to-end suite: a two-node, dual-stack Kubernetes cluster whose
 // containerd (2.x built from Go modules, or Debian's 1.6: E2E_RUNTIME), runc and kubelets run our
 // images, the linkerd-cni DaemonSet, meshed pods, and the CNI plugin as the runtime calls it. Its
-// tests carry the build tag e2e (`make e2e`); this package holds the cluster.
+// tests carry the build tag e2e (`make e2e`); this package holds the cluster. It is a module of
+// its own: it builds its images with the release tooling's tools/images, which the product's
+// module does not require.
 //
 // Each node lives in a network and a mount namespace of its own, held by a re-executed test
 // binary (the holder), never linked to the machine's root network namespace:
@@ -13,7 +15,7 @@
 //   - a veth pair joins the two nodes' namespaces (192.0.2.1 and .2, 2001:db8::1 and ::2), each
 //     routing the other's pod ranges; node A's lo carries 198.51.100.1, the "kubernetes"
 //     Service's IP, so pods on both nodes reach the API server without a kube-proxy;
-//   - etcd and kube-apiserver (internal/kubetest) listen in node A's network namespace;
+//   - etcd and kube-apiserver (test/kubetest) listen in node A's network namespace;
 //     containerd and the kubelet run in each node's namespaces (nsenter), the controller manager
 //     and the scheduler in A's;
 //   - the kubelets' cgroups live under a cgroup root of the cluster's, removed at the end.

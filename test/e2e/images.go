@@ -13,15 +13,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // The harness's own images.
 const (
 	// PauseImage is the sandbox image containerd runs for every pod.
 	PauseImage = "e2e.test/pause:1"
-	// AgentImage holds the demo helper (internal/demo) as /agent: `/agent proxy` is a fake sidecar
+	// AgentImage holds the demo helper (test/demo) as /agent: `/agent proxy` is a fake sidecar
 	// proxy that answers every connection with its original destination (SO_ORIGINAL_DST),
 	// `/agent serve` a plain server, `/agent dial HOST:PORT` a client that prints the reply.
 	AgentImage = "e2e.test/agent:1"
@@ -34,11 +34,11 @@ const (
 )
 
 // BuildTestImages builds the pause, agent and proxy stand-in images as OCI archives in dir,
-// laid out and written like the project's own (internal/images), and returns their paths. root
+// laid out and written like the project's own (tools/images), and returns their paths. root
 // is the repository, whose bin/ holds `make build`'s binaries.
 func BuildTestImages(root, dir string) ([]string, error) {
 	in := images.Inputs{BinDir: filepath.Join(dir, "bin"), RepoDir: root, Epoch: time.Unix(0, 0)}
-	if err := cnitest.GoBuild(in.BinDir, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "internal/demo")); err != nil {
+	if err := cnitest.GoBuild(in.BinDir, filepath.Join(root, "test/e2e/testdata/pause"), filepath.Join(root, "test/demo")); err != nil {
 		return nil, err
 	}
 	proxyInit, err := os.ReadFile(filepath.Join(nodeBinDir(root), images.BinProxyInit))

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/test/helmchart"
 )
 
 // validatorRestart are the chart values of JobValidatorRestart.

@@ -22,9 +22,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // Options configures StartCluster.

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/kubetest"
 )
 
 // validatorFailed is the exit code of a validator that found no redirect.

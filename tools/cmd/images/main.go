@@ -1,5 +1,6 @@
-// Command images builds the images described in internal/images without a container daemon,
-// and publishes them (internal/release).
+// Command images builds the images described in tools/images without a container daemon,
+// and publishes them (tools/release). `make tools-bin` builds it into bin/tools; run it from the
+// repository root, whose paths (bin/, deploy/) it takes.
 //
 //	images build [--bin bin] [--platforms 'linux/amd64 linux/arm64'] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
 //	    OCI image archives, one per image, each an index of every platform: OUT/NAME.tar (all
@@ -36,9 +37,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/spf13/pflag"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/images"
-	"github.com/kubemesh/proxy-init/internal/release"
+	"github.com/kubemesh/proxy-init/tools/chart"
+	"github.com/kubemesh/proxy-init/tools/images"
+	"github.com/kubemesh/proxy-init/tools/release"
 )
 
 func main() {
@@ -169,13 +170,13 @@ func run(args []string) error {
 		if dir == "" {
 			dir = filepath.Join("bin", "chart")
 		}
-		pkg, err := helmchart.Package(".", dir, *version, "")
+		pkg, err := chart.Package(".", dir, *version, "")
 		if err != nil {
 			return err
 		}
 		fmt.Println(pkg)
 		if *registry != "" {
-			ref, _, err := helmchart.Push(pkg, *registry, in.Epoch)
+			ref, _, err := chart.Push(pkg, *registry, in.Epoch)
 			if err != nil {
 				return err
 			}

@@ -1,9 +1,11 @@
-package helmchart
+// Package chart packages the linkerd2-cni chart (deploy/charts/linkerd2-cni) for a release and
+// pushes the package to an OCI registry, for `make chart` and `make release`. Rendering the
+// chart, which the product's tests also do, is test/helmchart's.
+package chart
 
 import (
 	"bytes"
 	"fmt"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	"os"
 	"regexp"
 	"strings"
@@ -11,13 +13,16 @@ import (
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/google/go-containerregistry/pkg/name"
+	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/registry"
+
+	"github.com/kubemesh/proxy-init/test/helmchart"
 )
 
-// ChartVersion is the chart's version for a release version: the same SemVer without the "v"
+// Version is the chart's version for a release version: the same SemVer without the "v"
 // (v0.2.0 is chart 0.2.0), which is also the chart's tag in an OCI registry.
-func ChartVersion(version string) (string, error) {
+func Version(version string) (string, error) {
 	v, ok := strings.CutPrefix(version, "v")
 	if _, err := semver.StrictNewVersion(v); !ok || err != nil {
 		return "", fmt.Errorf("version %q: want v and a SemVer, such as v0.2.0 or v0.2.0-rc.1", version)
@@ -57,15 +62,15 @@ func setImageDefaults(values []byte, name, version string) ([]byte, error) {
 }
 
 // Package writes the chart at root as a Helm package in dir, for release version: the chart's
-// version (ChartVersion) and appVersion, and its default image.version, are that release; the
+// version (Version) and appVersion, and its default image.version, are that release; the
 // default image.name is image when not "" (a release pushed to another registry). It returns
 // the package's path (dir/linkerd2-cni-VERSION.tgz).
 func Package(root, dir, version, image string) (string, error) {
-	cv, err := ChartVersion(version)
+	cv, err := Version(version)
 	if err != nil {
 		return "", err
 	}
-	ch, err := Load(root)
+	ch, err := helmchart.Load(root)
 	if err != nil {
 		return "", err
 	}
@@ -80,11 +85,11 @@ func Package(root, dir, version, image string) (string, error) {
 		}
 	}
 	if !found {
-		return "", fmt.Errorf("chart %s has no %s", ChartDir, chartutil.ValuesfileName)
+		return "", fmt.Errorf("chart %s has no %s", helmchart.ChartDir, chartutil.ValuesfileName)
 	}
 	img, _ := ch.Values["image"].(map[string]any)
 	if img == nil {
-		return "", fmt.Errorf("chart %s: no image values", ChartDir)
+		return "", fmt.Errorf("chart %s: no image values", helmchart.ChartDir)
 	}
 	img["version"] = version
 	if image != "" {
@@ -95,7 +100,7 @@ func Package(root, dir, version, image string) (string, error) {
 	}
 	p, err := chartutil.Save(ch, dir)
 	if err != nil {
-		return "", fmt.Errorf("package chart %s: %w", ChartDir, err)
+		return "", fmt.Errorf("package chart %s: %w", helmchart.ChartDir, err)
 	}
 	return p, nil
 }

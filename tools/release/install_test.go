@@ -19,8 +19,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/test/helmchart"
+	"github.com/kubemesh/proxy-init/tools/chart"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // The placeholders of docs/install.md's "Install from a checkout" that a test replaces.
@@ -140,7 +141,7 @@ func checkInstallThroughRegistry(t *testing.T, res *Result, out, host string) {
 		t.Errorf("%q: REGISTRY=%s, the test replaces %s", makeLine, registry, docRegistry)
 	}
 	// The doc's VERSION is one make release accepts.
-	if _, err := helmchart.ChartVersion(version); err != nil {
+	if _, err := chart.Version(version); err != nil {
 		t.Errorf("%q gives %v", makeLine, err)
 	}
 

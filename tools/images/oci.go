@@ -75,7 +75,7 @@ func OCIImage(img Image, layerTar []byte, goarch string, labels map[string]strin
 	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
 	out, err := mutate.Append(base, mutate.Addendum{Layer: layer, History: v1.History{
-		Created: v1.Time{Time: in.Epoch}, CreatedBy: "internal/images: " + img.Name,
+		Created: v1.Time{Time: in.Epoch}, CreatedBy: "tools/images: " + img.Name,
 	}})
 	if err != nil {
 		return nil, err

@@ -39,8 +39,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/chart"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // Options say what to release, and where.
@@ -111,7 +111,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	chartVersion, err := helmchart.ChartVersion(o.Version)
+	chartVersion, err := chart.Version(o.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Registry != "" {
 		chartImage = o.Registry + "/linkerd-cni"
 	}
-	if res.Chart, err = helmchart.Package(o.RepoDir, o.Out, o.Version, chartImage); err != nil {
+	if res.Chart, err = chart.Package(o.RepoDir, o.Out, o.Version, chartImage); err != nil {
 		return nil, err
 	}
 	logf("packaged chart %s %s", chartVersion, res.Chart)
@@ -203,7 +203,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	ref, digest, err := helmchart.Push(res.Chart, o.Registry, o.Epoch)
+	ref, digest, err := chart.Push(res.Chart, o.Registry, o.Epoch)
 	if err != nil {
 		return nil, err
 	}

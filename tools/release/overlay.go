@@ -23,7 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // LinkerdPaths are the programs Linkerd 2.20's linkerd-control-plane chart runs from the proxy

@@ -27,8 +27,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/registry"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/test/helmchart"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // testVersion is the release the tests make; buildBins stamps the binaries with it.

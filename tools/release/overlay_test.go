@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // Linkerd 2.20's chart command lines that run from the proxy image (docs/linkerd-compatibility.md):

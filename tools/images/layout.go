@@ -11,7 +11,7 @@
 //
 // Limits: images are single-layer, linux only, FROM scratch; the Debian packages come from the
 // building machine's sources (its release). The proxy-image overlay's layer is built here;
-// putting it over Linkerd's image is internal/release's (it needs a registry).
+// putting it over Linkerd's image is tools/release's (it needs a registry).
 //
 // # Tests
 //

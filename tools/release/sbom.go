@@ -16,7 +16,7 @@ import (
 	"github.com/spdx/tools-golang/spdx/v2/common"
 	spdx "github.com/spdx/tools-golang/spdx/v2/v2_3"
 
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // SBOMArtifactType is the media type of an SBOM document, and the artifact type of its referrer

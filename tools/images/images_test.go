@@ -25,7 +25,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated Dockerfiles in deploy/docker")
@@ -63,7 +63,7 @@ func TestDockerfilesUpToDate(t *testing.T) {
 			t.Fatal(err)
 		}
 		if string(got) != text {
-			t.Errorf("%s is stale: run `make dockerfiles` (or go test ./internal/images -run Dockerfiles -update)", p)
+			t.Errorf("%s is stale: run `make dockerfiles` (or cd tools && go test ./images -run Dockerfiles -update)", p)
 		}
 		delete(want, name)
 	}

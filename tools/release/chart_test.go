@@ -13,8 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
-	"github.com/kubemesh/proxy-init/internal/kubetest"
+	"github.com/kubemesh/proxy-init/test/helmchart"
+	"github.com/kubemesh/proxy-init/test/kubetest"
+	"github.com/kubemesh/proxy-init/tools/chart"
 )
 
 // TestChartInstallsFromOCI is `helm install linkerd2-cni oci://…/linkerd2-cni --version V` with
@@ -25,11 +26,11 @@ func TestChartInstallsFromOCI(t *testing.T) {
 		t.Skip("skipping in -short mode: starts kube-apiserver and etcd")
 	}
 	host := startRegistry(t, true)
-	pkg, err := helmchart.Package(repoRoot, t.TempDir(), testVersion, host+"/kubemesh/linkerd-cni")
+	pkg, err := chart.Package(repoRoot, t.TempDir(), testVersion, host+"/kubemesh/linkerd-cni")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, _, err := helmchart.Push(pkg, host+"/kubemesh", epoch)
+	ref, _, err := chart.Push(pkg, host+"/kubemesh", epoch)
 	if err != nil {
 		t.Fatal(err)
 	}

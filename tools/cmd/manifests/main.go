@@ -1,5 +1,5 @@
 // Command manifests writes deploy/linkerd-cni, the default rendering of the linkerd2-cni chart
-// (internal/helmchart), replacing the files that were there. Run from the repository root
+// (test/helmchart), replacing the files that were there. Run from the repository root
 // (`make manifests`).
 package main
 
@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/kubemesh/proxy-init/internal/helmchart"
+	"github.com/kubemesh/proxy-init/test/helmchart"
 )
 
 func main() {

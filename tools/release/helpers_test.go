@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 const repoRoot = "../.."

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/images"
+	"github.com/kubemesh/proxy-init/tools/images"
 )
 
 // sizeTolerance is how far a size the docs give may be from the one measured: builds move with

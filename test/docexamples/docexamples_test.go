@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubemesh/proxy-init/internal/cnitest"
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/cnitest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // example is one marked block.

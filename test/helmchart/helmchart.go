@@ -1,6 +1,9 @@
 // Package helmchart renders the linkerd2-cni chart (deploy/charts/linkerd2-cni) with Helm's own
 // library, as `helm template` would, for `make manifests` (deploy/linkerd-cni is the chart's
-// default rendering) and for the tests that check renderings against a real API server.
+// default rendering) and for the tests that check renderings against a real API server. No
+// binary links it: it sits under test/ because the product's tests are its main users, and it is
+// what keeps Helm in the product's go.mod. Packaging and pushing the chart is the release
+// tooling's (tools/chart).
 //
 // Limits: only this chart, rendered for one Kubernetes version (KubeVersion); no hooks, no
 // subcharts, no lookups against a cluster.

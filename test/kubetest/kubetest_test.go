@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/netnstest"
+	"github.com/kubemesh/proxy-init/test/netnstest"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	nt "github.com/kubemesh/proxy-init/internal/netnstest"
+	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
 // unpackImage unpacks the image's archive into a fresh directory.

@@ -11,15 +11,15 @@ import (
 const GoImage = "golang:1.26-bookworm"
 
 // Dockerfile renders img's Dockerfile. The build stage runs `make build` and then this package
-// (hack/images rootfs) to lay out the file system exactly as `make images` does; the final stage
-// copies it into scratch (or over Linkerd's proxy image, for the overlay) and sets what the
-// image configuration says. It needs BuildKit (Docker 23 or later), whose COPY keeps the
+// (tools/cmd/images rootfs, which `make tools-bin` builds) to lay out the file system exactly as
+// `make images` does; the final stage copies it into scratch (or over Linkerd's proxy image, for
+// the overlay) and sets what the image configuration says. It needs BuildKit (Docker 23 or later), whose COPY keeps the
 // security.capability xattr.
 func Dockerfile(img Image) string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format+"\n", a...) }
 	p("# syntax=docker/dockerfile:1")
-	p("# Generated from internal/images (layout.go) by `make dockerfiles`: edit that, not this file.")
+	p("# Generated from tools/images (layout.go) by `make dockerfiles`: edit that, not this file.")
 	p("#")
 	for _, l := range strings.Split(img.About, "\n") {
 		p("# %s", l)
@@ -44,12 +44,13 @@ func Dockerfile(img Image) string {
 	p("FROM %s AS build", GoImage)
 	p("WORKDIR /src")
 	p("COPY go.mod go.sum ./")
-	p("RUN go mod download")
+	p("COPY tools/go.mod tools/go.sum ./tools/")
+	p("RUN go mod download && go -C tools mod download")
 	p("COPY . .")
 	p("ARG VERSION=dev")
 	p("ARG SOURCE_DATE_EPOCH=0")
-	p("RUN make build VERSION=\"$VERSION\" && \\")
-	p("    go run ./hack/images rootfs --image %s --bin bin --out /rootfs --epoch \"$SOURCE_DATE_EPOCH\"", img.Name)
+	p("RUN make build tools-bin VERSION=\"$VERSION\" && \\")
+	p("    bin/tools/images rootfs --image %s --bin bin --out /rootfs --epoch \"$SOURCE_DATE_EPOCH\"", img.Name)
 	p("")
 	if img.OverBase {
 		p("FROM ${LINKERD_PROXY_IMAGE}:${LINKERD_PROXY_VERSION}")
