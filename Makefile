@@ -235,7 +235,7 @@ e2e-ci:
 # (watches, the admin server), the repair controller, the plugin's agent client and the wire
 # protocol, the Runner (its locks and fallbacks) and the validator (its listener and dialer). make
 # test runs it before the other tests.
-RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/backend/ ./validator/
+RACE_PKGS := ./cniplugin/agent/ ./cniplugin/install/ ./cniplugin/repair/ ./cniplugin/wire/ ./cniplugin/ ./iptables/runner/ ./validator/
 race: export PATH := $(PATH):/usr/sbin:/sbin
 race:
 	$(GO) test -race -short -count=1 $(RACE_PKGS)

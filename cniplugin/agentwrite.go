@@ -18,13 +18,13 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
 // NewAgentWriter returns the plugin as the node agent runs it for a write request: pods from api
 // (the agent's watch), rules through runner (the zero Runner is the real one), no node agent of
 // its own, nothing printed.
-func NewAgentWriter(api PodAPI, runner backend.Runner) *Plugin {
+func NewAgentWriter(api PodAPI, runner runner.Runner) *Plugin {
 	return &Plugin{Stdout: io.Discard, Stderr: io.Discard, Runner: runner,
 		NewPodAPI: func(*NetConf) (PodAPI, error) { return api, nil }}
 }

@@ -52,7 +52,7 @@ var ErrAuditLookup = errors.New("lookup failed")
 // gets its rules rewritten exactly as ADD writes them (same Runner, same namespace lock). A pod
 // whose annotations are invalid is not looked at: the error is the *badinput.Error naming the
 // annotation, and the rules stay as they are. The lock is waited for at most AuditLockWait: a
-// *backend.BusyError in the error's chain says it was not had.
+// *runner.BusyError in the error's chain says it was not had.
 func (p *Plugin) Audit(ctx context.Context, conf *NetConf, pod PodArgs, netns string, heal bool, log *slog.Logger) (AuditResult, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -30,7 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/cnitest"
 	"github.com/kubemesh/proxy-init/test/kubetest"
 	"github.com/kubemesh/proxy-init/test/netnstest"
@@ -447,7 +447,7 @@ func expectRules(t testing.TB, sb *sandbox, cfg iptables.Config) {
 	}
 	var st iptables.State
 	err = sb.ns.Do(func() error {
-		a, _, err := backend.New(backend.Options{Mode: cfg.Mode})
+		a, _, err := runner.New(runner.Options{Mode: cfg.Mode})
 		if err != nil {
 			return err
 		}

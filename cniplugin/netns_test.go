@@ -10,7 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -46,7 +46,7 @@ func TestCommandsInNetns(t *testing.T) {
 			show := func() iptables.State {
 				var st iptables.State
 				if err := n.Do(func() error {
-					a, _, err := backend.New(backend.Options{Mode: mode})
+					a, _, err := runner.New(runner.Options{Mode: mode})
 					if err != nil {
 						return err
 					}
@@ -86,7 +86,7 @@ func TestCommandsInNetns(t *testing.T) {
 			if err := p.Add(args); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := (backend.Runner{}).Apply(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: mode}}, rs); err != nil {
+			if _, err := (runner.Runner{}).Apply(context.Background(), runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: mode}}, rs); err != nil {
 				t.Fatal(err)
 			}
 			err = p.Check(args)
@@ -169,7 +169,7 @@ func TestFeatureKeysInNetns(t *testing.T) {
 				Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0", StdinData: withVersion(t, conf, "1.0.0")}
 			show := func(rs *iptables.Ruleset) iptables.State {
 				t.Helper()
-				st, err := backend.Runner{}.Show(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: mode}}, rs)
+				st, err := runner.Runner{}.Show(context.Background(), runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: mode}}, rs)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -271,7 +271,7 @@ func TestCeilingsInNetns(t *testing.T) {
 			var after string
 			if err := n.Do(func() error {
 				for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeNFTables, iptables.ModeLegacy} {
-					a, _, err := backend.New(backend.Options{Mode: mode})
+					a, _, err := runner.New(runner.Options{Mode: mode})
 					if err != nil {
 						return err
 					}

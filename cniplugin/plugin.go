@@ -20,7 +20,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
 // About is the plugin's one-line description for skel.
@@ -43,7 +43,7 @@ type Plugin struct {
 	NewPodAPI func(*NetConf) (PodAPI, error)
 	// Runner writes, reads and removes the rules in the pod's namespace; the zero Runner is the
 	// real one, the same path proxy-init takes.
-	Runner backend.Runner
+	Runner runner.Runner
 	// nodeAgent is NewNodePlugin's: ADD and CHECK ask the node agent for the pod, DEL tells it.
 	nodeAgent bool
 }
@@ -248,9 +248,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 
 // write is ADD's write, on both routes: the record of the pod's settings first (rules are never
 // in place without it; a failed ADD's DEL removes it), then the rules, in netns.
-func (p *Plugin) write(ctx context.Context, c *call, pl *plan, netns string) (backend.Outcome, error) {
+func (p *Plugin) write(ctx context.Context, c *call, pl *plan, netns string) (runner.Outcome, error) {
 	if err := c.writeRecord(pl.inputs); err != nil {
-		return backend.Outcome{}, fmt.Errorf("pod %s: %w", c.podName(), err)
+		return runner.Outcome{}, fmt.Errorf("pod %s: %w", c.podName(), err)
 	}
 	out, err := p.Runner.Apply(ctx, c.target(netns), pl.rules)
 	if err != nil {
@@ -362,10 +362,10 @@ func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 
 // target is the pod's namespace, with the config's backend; the backend choice is logged at
 // debug, since every ADD logs the backend it wrote with.
-func (c *call) target(netns string) backend.Target {
+func (c *call) target(netns string) runner.Target {
 	l := c.conf.Linkerd
-	return backend.Target{
-		Options:     backend.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag},
+	return runner.Target{
+		Options:     runner.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag},
 		NetNS:       netns,
 		Log:         c.log,
 		ChoiceLevel: slog.LevelDebug,

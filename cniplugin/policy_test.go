@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/test/backendtest"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
+	"github.com/kubemesh/proxy-init/test/runnertest"
 )
 
 // The plugin's failure policy, run through the real backend path with a fake applier: no root,
@@ -32,7 +32,7 @@ func newPolicyRig(t *testing.T, pod *Pod) *policyRig {
 	if err := os.WriteFile(r.closeWait, []byte("60\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.plugin = &Plugin{Stdout: &r.out, Stderr: &r.logs, Runner: backendtest.Runner(r.fake, r.closeWait),
+	r.plugin = &Plugin{Stdout: &r.out, Stderr: &r.logs, Runner: runnertest.Runner(r.fake, r.closeWait),
 		NewPodAPI: func(*NetConf) (PodAPI, error) { return r.api, nil }}
 	return r
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -227,8 +227,8 @@ func TestSweepRecords(t *testing.T) {
 
 // proxy-init --netns looks for the host locks where the plugin keeps them by default.
 func TestDefaultLockDirIsProxyInits(t *testing.T) {
-	if got := filepath.Join(DefaultStateDir, LocksDir); got != backend.DefaultHostLockDir {
-		t.Errorf("the plugin's lock directory %s, proxy-init's %s", got, backend.DefaultHostLockDir)
+	if got := filepath.Join(DefaultStateDir, LocksDir); got != runner.DefaultHostLockDir {
+		t.Errorf("the plugin's lock directory %s, proxy-init's %s", got, runner.DefaultHostLockDir)
 	}
 }
 

@@ -1,7 +1,7 @@
 package iptables
 
 // The Applier is the seam between this builder and the backends in its sub-packages. It is
-// declared here, with the types it returns, so the backends and the selector in iptables/backend
+// declared here, with the types it returns, so the backends and the selector in iptables/runner
 // can all use it without import cycles. Declaring it keeps this package pure: nothing here runs.
 
 import (
@@ -32,7 +32,7 @@ type Applier interface {
 	// Covers lists the backends the applier works on: first the one Apply writes, then any
 	// whose rules of ours Apply and Cleanup remove in the same transaction and Show and Present
 	// report from the same read. The caller looks at the other backends itself. It is data,
-	// known before any call; an applier that decides by trying (backend.Fallback) knows it once
+	// known before any call; an applier that decides by trying (runner.Fallback) knows it once
 	// it has tried.
 	Covers() []Backend
 	// Apply makes the rules in place exactly rs, atomically per family (or for both families at

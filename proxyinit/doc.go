@@ -15,7 +15,7 @@
 // Limits: --firewall-bin-path and --firewall-save-bin-path only select the mode from their base
 // names (iptables-legacy*, iptables-nft*, iptables); the binaries themselves are looked up in
 // PATH by the backend, not at the given path. The rule logic, the backends and namespace entry
-// live in iptables, iptables/backend and internal/netnsutil; this package only wires them.
+// live in iptables, iptables/runner and internal/netnsutil; this package only wires them.
 //
 // # Tests
 //

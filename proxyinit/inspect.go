@@ -13,7 +13,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
 // FoundReport is what `show` without rule flags prints (`--output json`).
@@ -109,7 +109,7 @@ func (r FoundReport) WriteText(w io.Writer) error {
 }
 
 // inspect is show without rule flags.
-func inspect(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
+func inspect(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	in, err := r.Read(ctx, o.target(log))
 	if err != nil {
 		return err

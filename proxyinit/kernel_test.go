@@ -16,8 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -38,8 +38,8 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 	lacking := func(context.Context) (nfnl.TPROXYSupport, error) {
 		return nfnl.TPROXYSupport{XTErr: syscall.ENOENT, NativeErr: syscall.ENOENT}, nil
 	}
-	r := backend.Runner{Kernel: backend.CheckKernelWith(backend.Probes{TPROXY: lacking}), Choose: func(o backend.Options) (iptables.Applier, string, error) {
-		a, why, err := backend.New(o)
+	r := runner.Runner{Kernel: runner.CheckKernelWith(runner.Probes{TPROXY: lacking}), Choose: func(o runner.Options) (iptables.Applier, string, error) {
+		a, why, err := runner.New(o)
 		return refusing{a}, why, err
 	}}
 	const (
@@ -70,7 +70,7 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 			// policy routing, which written sees, and cleanup removes them all.
 			stderr.Reset()
 			args := chartArgs("--inbound-mode", "tproxy", "--iptables-mode", string(c.mode), "--netns", n.Path())
-			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+			if code := run(context.Background(), args, &stdout, &stderr, runner.Runner{}); code != ExitOK {
 				t.Fatalf("with the real kernel: exit %d\n%s", code, stderr.String())
 			}
 			if w := written(t, n); !strings.Contains(w, "ip rule") || !strings.Contains(w, "route") {
@@ -79,7 +79,7 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 			// show covers the policy routing: it matches, and a deleted ip rule is named.
 			show := func() (int, string) {
 				stdout.Reset()
-				code := run(context.Background(), append([]string{"show"}, args...), &stdout, &stderr, backend.Runner{})
+				code := run(context.Background(), append([]string{"show"}, args...), &stdout, &stderr, runner.Runner{})
 				return code, stdout.String()
 			}
 			if code, out := show(); code != ExitOK || !strings.Contains(out, "policy routing: 4 lines in place, match") {
@@ -94,7 +94,7 @@ func TestTPROXYWithoutKernelSupport(t *testing.T) {
 			if code, out := show(); code != ExitFailure || !strings.Contains(out, "missing: ip -4 rule: priority 4143 fwmark 0x102f lookup 4143") {
 				t.Errorf("show with the ip rule deleted: exit %d\n%s", code, out)
 			}
-			if code := run(context.Background(), []string{"cleanup", "--netns", n.Path()}, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+			if code := run(context.Background(), []string{"cleanup", "--netns", n.Path()}, &stdout, &stderr, runner.Runner{}); code != ExitOK {
 				t.Fatalf("cleanup: exit %d\n%s", code, stderr.String())
 			}
 			if w := written(t, n); strings.Contains(w, "ip rule") || strings.Contains(w, "route:") || strings.Contains(w, "proxy_init") {
@@ -177,7 +177,7 @@ func TestLegacyWithoutKernelSupport(t *testing.T) {
 		}
 		return fmt.Errorf("no %s, and the socket option %s is refused: %w", file, opt, syscall.ENOPROTOOPT)
 	}
-	r := backend.Runner{Kernel: backend.CheckKernelWith(backend.Probes{Legacy: missing})}
+	r := runner.Runner{Kernel: runner.CheckKernelWith(runner.Probes{Legacy: missing})}
 	for _, c := range []struct {
 		name string
 		args []string
@@ -210,11 +210,11 @@ func TestLegacyWithoutKernelSupport(t *testing.T) {
 			// The control: the real kernel's answer, whatever the restore said, is that legacy is
 			// there, so the binary's error stands alone; with the real binaries the rules go in.
 			stderr.Reset()
-			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitFailure || strings.Contains(stderr.String(), "lacks support") {
+			if code := run(context.Background(), args, &stdout, &stderr, runner.Runner{}); code != ExitFailure || strings.Contains(stderr.String(), "lacks support") {
 				t.Errorf("the real kernel's answer: exit %d\n%s", code, stderr.String())
 			}
 			t.Setenv("PATH", strings.TrimPrefix(os.Getenv("PATH"), dir+":"))
-			if code := run(context.Background(), args, &stdout, &stderr, backend.Runner{}); code != ExitOK {
+			if code := run(context.Background(), args, &stdout, &stderr, runner.Runner{}); code != ExitOK {
 				t.Fatalf("with the real binaries: exit %d\n%s", code, stderr.String())
 			}
 		})

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
@@ -99,7 +99,7 @@ func TestShowLinkerdDefaults(t *testing.T) {
 	plugin := func(apiServerPorts []string) func(*testing.T, string, iptables.Mode) {
 		return func(t *testing.T, netns string, mode iptables.Mode) {
 			rs := cniDefaultConfig(t, apiServerPorts)
-			if _, err := (backend.Runner{}).Apply(context.Background(), backend.Target{Options: backend.Options{Mode: mode}, NetNS: netns}, rs); err != nil {
+			if _, err := (runner.Runner{}).Apply(context.Background(), runner.Target{Options: runner.Options{Mode: mode}, NetNS: netns}, rs); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/test/backendtest"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
+	"github.com/kubemesh/proxy-init/test/runnertest"
 )
 
 // proxy-init's exit codes and messages for apply, show and cleanup, through the real backend
@@ -22,7 +22,7 @@ func TestPolicyWithAFakeApplier(t *testing.T) {
 	if err := os.WriteFile(closeWait, []byte("60\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := backendtest.Runner(fake, closeWait)
+	r := runnertest.Runner(fake, closeWait)
 	main := func(args ...string) (int, string, string) {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), args, &stdout, &stderr, r)

@@ -18,7 +18,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/validator"
 )
 
@@ -36,7 +36,7 @@ var ErrMismatch = errors.New("the rules in place do not match the configuration"
 // logs and errors to stderr, and returns the exit code. It changes nothing process-wide: the
 // settings a one-shot run wants (see OneShot) are cmd/proxy-init's to make.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return run(ctx, args, stdout, stderr, backend.Runner{})
+	return run(ctx, args, stdout, stderr, runner.Runner{})
 }
 
 // OneShot reports whether args run a command that writes, reads or prints rules and exits within
@@ -45,7 +45,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func OneShot(args []string) bool { return len(args) == 0 || args[0] != "validate" }
 
 // run is Main with the backend path as a seam: tests give it a fake applier.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend.Runner) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.Runner) int {
 	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
 	// dispatched before proxy-init's flags are parsed.
 	if len(args) > 0 && args[0] == "validate" {
@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r backend
 }
 
 // execute runs a parsed command line through r.
-func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
+func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	switch o.Command {
 	case CommandVersion:
 		return version(stdout, o.Output)
@@ -118,9 +118,9 @@ func version(stdout io.Writer, output string) error {
 // where the CNI plugin and the node agent may write the same namespace under their host lock: it
 // takes that one too, first, when the node has its directory (no linkerd-cni there: nobody else
 // takes it).
-func (o *Options) target(log *slog.Logger) backend.Target {
-	t := backend.Target{
-		Options: backend.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
+func (o *Options) target(log *slog.Logger) runner.Target {
+	t := runner.Target{
+		Options: runner.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
 		NetNS:   o.NetNS,
 		Log:     log.With("mode_from", o.ModeSource),
 	}
@@ -131,9 +131,9 @@ func (o *Options) target(log *slog.Logger) backend.Target {
 }
 
 // hostLockDir is where the node's host locks are (a variable for tests).
-var hostLockDir = backend.DefaultHostLockDir
+var hostLockDir = runner.DefaultHostLockDir
 
-func apply(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
+func apply(ctx context.Context, o *Options, log *slog.Logger, r runner.Runner) error {
 	start := time.Now()
 	rs, err := o.ruleset()
 	if err != nil {
@@ -151,7 +151,7 @@ func apply(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) 
 	return nil
 }
 
-func cleanup(ctx context.Context, o *Options, log *slog.Logger, r backend.Runner) error {
+func cleanup(ctx context.Context, o *Options, log *slog.Logger, r runner.Runner) error {
 	start := time.Now()
 	if _, err := r.Cleanup(ctx, o.target(log)); err != nil {
 		return err
@@ -301,7 +301,7 @@ func writeRoutes(b *strings.Builder, rt *RouteReport) {
 	writeFamilyLines(b, FamilyReport{Rules: rt.Lines, Missing: rt.Missing, Extra: rt.Extra})
 }
 
-func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
+func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	rs, err := o.ruleset()
 	if err != nil {
 		return fmt.Errorf("build rules: %w", err)
@@ -326,9 +326,9 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 	return nil
 }
 
-// simulate prints what apply or cleanup would do, changing nothing (backend.Runner.Simulate):
+// simulate prints what apply or cleanup would do, changing nothing (runner.Runner.Simulate):
 // for the netlink modes the batch that would be sent now.
-func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r backend.Runner) error {
+func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	var rs *iptables.Ruleset
 	if o.Command == CommandApply {
 		var err error

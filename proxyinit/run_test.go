@@ -17,7 +17,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 )
 
@@ -27,7 +27,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/ f
 // for a namespace holding nothing, as it does without privileges, whoever runs the test.
 func simulateMain(t *testing.T, args ...string) string {
 	t.Helper()
-	r := backend.Runner{Enter: func(backend.Target, bool, func() error) error {
+	r := runner.Runner{Enter: func(runner.Target, bool, func() error) error {
 		return errors.New("a unit test enters no namespace")
 	}}
 	var stdout, stderr bytes.Buffer

@@ -28,7 +28,7 @@
 //
 // # Tests
 //
-// As root: a pass with rules applied through backend.Runner for iptables-legacy, iptables-nft and
+// As root: a pass with rules applied through runner.Runner for iptables-legacy, iptables-nft and
 // nftables, over IPv4, IPv6, a dual-stack listener and --ipv6; exit 95 with no rules, with only the
 // inbound rules, and for --ipv6 with IPv4-only rules; the token mismatch; the wrong original
 // destination; a destination rewritten before the rules (Cilium's socket-LB, stood in for by an

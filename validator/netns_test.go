@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 	"github.com/kubemesh/proxy-init/validator"
@@ -126,7 +126,7 @@ func applyRules(t *testing.T, pod *nt.NS, c iptables.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := backend.Runner{}.Apply(context.Background(), backend.Target{NetNS: pod.Path(), Options: backend.Options{Mode: c.Mode, Wait: true}}, rs)
+	out, err := runner.Runner{}.Apply(context.Background(), runner.Target{NetNS: pod.Path(), Options: runner.Options{Mode: c.Mode, Wait: true}}, rs)
 	if err != nil {
 		t.Fatalf("apply %s rules: %v", c.Mode, err)
 	}

@@ -74,7 +74,7 @@ func TestSignalsIgnoredWhileWriting(t *testing.T) {
 
 // holdLock holds the namespace's lock (exclusive) from another process, flock(1), until the
 // returned function is called: held by the test itself, the lock would pass to proxy-init with
-// the descriptor, which children inherit on purpose (see backend.Lock).
+// the descriptor, which children inherit on purpose (see runner.Lock).
 func holdLock(t *testing.T, nsPath string) func() {
 	t.Helper()
 	c := exec.Command("flock", "--exclusive", nsPath, "cat")

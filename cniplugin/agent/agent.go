@@ -22,7 +22,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
 // Mode is what the agent does about a meshed pod whose rules are missing or differ.
@@ -108,7 +108,7 @@ type Options struct {
 	// never goes to; empty are /proc/self/ns/net and HostProc's 1/ns/net (tests pass stand-ins).
 	OwnNetNS, HostNetNS string
 	// Runner writes and reads the rules; the zero Runner is the real one.
-	Runner backend.Runner
+	Runner runner.Runner
 	// MetricsPrefix starts every metric name; empty is the agent's.
 	MetricsPrefix string
 	// ReportingController names the Events' controller; empty is the agent's.

@@ -17,7 +17,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
 // auditWhenChained waits until the node's CNI config chains linkerd-cni (the installer, starting
@@ -64,14 +64,14 @@ func (a *Agent) auditEvery(ctx context.Context, period time.Duration) {
 const sweepGrace = 5 * time.Minute
 
 // sweep removes what the plugin leaves on the node for sandboxes gone without a DEL: lock files
-// nobody holds (backend.SweepHostLocks says why that is always safe), and the records of pods no
+// nobody holds (runner.SweepHostLocks says why that is always safe), and the records of pods no
 // longer on the node.
 func (a *Agent) sweep() {
 	conf, err := a.opts.NetConf.Load()
 	if err != nil {
 		return
 	}
-	locks, err := backend.SweepHostLocks(filepath.Join(conf.StateDir, cniplugin.LocksDir))
+	locks, err := runner.SweepHostLocks(filepath.Join(conf.StateDir, cniplugin.LocksDir))
 	if err != nil {
 		a.log.Warn("could not sweep the namespaces' lock files", "error", err.Error())
 	}
@@ -214,7 +214,7 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		return notAudited
 	}
 	a.reportSettings(ctx, pod, res, log)
-	var busy *backend.BusyError
+	var busy *runner.BusyError
 	if errors.As(err, &busy) {
 		a.reportBusy(ctx, pod, busy, log)
 		return lockBusy
@@ -290,7 +290,7 @@ func (a *Agent) reportSettings(ctx context.Context, pod *corev1.Pod, res cniplug
 }
 
 // reportBusy counts an audit whose namespace lock was not had, and says so once per pod and lock.
-func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *backend.BusyError, log *slog.Logger) {
+func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.BusyError, log *slog.Logger) {
 	a.metrics.lockBusy.Inc()
 	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.node, busy.Wait, busy.Lock)
 	if a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonLockBusy, ActionReport, note, true) {

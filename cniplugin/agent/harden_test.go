@@ -21,7 +21,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/kubetest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
@@ -47,7 +47,7 @@ func holdInPodLock(t testing.TB, p *pod) {
 	t.Helper()
 	hold(t, p.netns.Path(), &syscall.Credential{Uid: 65534, Gid: 65534}, "/proc/self/ns/net")
 	waitFor(t, "the pod's own process to hold its namespace's lock", func() bool {
-		unlock, err := backend.Lock(p.netns.Path(), true, 0)
+		unlock, err := runner.Lock(p.netns.Path(), true, 0)
 		if err == nil {
 			unlock()
 		}
@@ -73,7 +73,7 @@ func (r *rig) holdHostLock(p *pod) string {
 	file := r.hostLockFile(p.netns.Path())
 	hold(r.t, "", nil, file)
 	waitFor(r.t, "the node's process to hold the host lock", func() bool {
-		l, err := backend.HostLock(filepath.Dir(file), p.netns.Path(), true, 0)
+		l, err := runner.HostLock(filepath.Dir(file), p.netns.Path(), true, 0)
 		if err == nil {
 			l.Release()
 		}
@@ -140,7 +140,7 @@ func testLockedNamespaces(t *testing.T, c *kubetest.Cluster) {
 	}
 	for _, p := range held[:inPod] {
 		// Read as the agent reads: under the host lock (the pod's process holds the in-pod one).
-		st, err := backend.Runner{}.Show(context.Background(), backend.Target{NetNS: p.netns.Path(), Options: backend.Options{Mode: rs.mode},
+		st, err := runner.Runner{}.Show(context.Background(), runner.Target{NetNS: p.netns.Path(), Options: runner.Options{Mode: rs.mode},
 			HostLockDir: filepath.Join(r.stateDir(), cniplugin.LocksDir)}, rs.rs)
 		if err != nil || !st.Match() || len(st.Families) == 0 {
 			t.Errorf("%s: rules not healed under its pod's lock: %v %+v", p.obj.Name, err, st)
@@ -295,7 +295,7 @@ func testSweep(t *testing.T, c *kubetest.Cluster) {
 	if err := os.Chtimes(liveRecord, old, old); err != nil {
 		t.Fatal(err)
 	}
-	l, err := backend.HostLock(locks, "/proc/self/ns/net", true, time.Second)
+	l, err := runner.HostLock(locks, "/proc/self/ns/net", true, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

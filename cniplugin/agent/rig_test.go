@@ -37,7 +37,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/cnitest"
 	"github.com/kubemesh/proxy-init/test/helmchart"
 	"github.com/kubemesh/proxy-init/test/kubetest"
@@ -333,8 +333,8 @@ func expected(t testing.TB, mode iptables.Mode, edit func(*iptables.Config)) rul
 	return rules{rs, mode}
 }
 
-func (w rules) target(p *pod) backend.Target {
-	return backend.Target{NetNS: p.netns.Path(), Options: backend.Options{Mode: w.mode}}
+func (w rules) target(p *pod) runner.Target {
+	return runner.Target{NetNS: p.netns.Path(), Options: runner.Options{Mode: w.mode}}
 }
 
 // pod is a test pod: its API object and its network namespace.
@@ -480,7 +480,7 @@ func recode(from, into any) error {
 // show reads p's rules against w with w's backend.
 func show(t testing.TB, p *pod, w rules) iptables.State {
 	t.Helper()
-	st, err := backend.Runner{}.Show(context.Background(), w.target(p), w.rs)
+	st, err := runner.Runner{}.Show(context.Background(), w.target(p), w.rs)
 	if err != nil {
 		t.Fatalf("read the rules of %s: %v", p.obj.Name, err)
 	}
@@ -489,7 +489,7 @@ func show(t testing.TB, p *pod, w rules) iptables.State {
 
 func apply(t testing.TB, p *pod, w rules) {
 	t.Helper()
-	if _, err := (backend.Runner{}).Apply(context.Background(), w.target(p), w.rs); err != nil {
+	if _, err := (runner.Runner{}).Apply(context.Background(), w.target(p), w.rs); err != nil {
 		t.Fatal(err)
 	}
 }

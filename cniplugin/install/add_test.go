@@ -25,7 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/cnitest"
 	"github.com/kubemesh/proxy-init/test/kubetest"
 	"github.com/kubemesh/proxy-init/test/netnstest"
@@ -241,7 +241,7 @@ func TestInstalledPluginPerformsADD(t *testing.T) {
 	}
 	var st iptables.State
 	if err := webNS.Do(func() error {
-		a, _, err := backend.New(backend.Options{Mode: want.Mode})
+		a, _, err := runner.New(runner.Options{Mode: want.Mode})
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
@@ -84,7 +84,7 @@ func applyIn(b *testing.B, n *nt.NS, c iptables.Config) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := (backend.Runner{}).Apply(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: c.Mode}}, rs); err != nil {
+	if _, err := (runner.Runner{}).Apply(context.Background(), runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: c.Mode}}, rs); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // A quick real-traffic check of the native backend's redirect semantics; the shared suite in
-// iptables/backend covers every case for every backend.
+// iptables/runner covers every case for every backend.
 func TestRealTraffic(t *testing.T) {
 	nt.RequireRoot(t)
 	const inPort, outPort, uid, appPort, peerPort = 4143, 4140, 2102, 8080, 80

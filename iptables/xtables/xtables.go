@@ -395,7 +395,7 @@ func run(ctx context.Context, path string, args []string, input string, combined
 // forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec, whose
 // first program in a process costs one more fork, to probe pidfd support, and one more thread
 // (docs/performance.md). The program inherits the descriptors that are not close-on-exec, the
-// namespace's lock among them (see backend.Lock). When ctx ends first, the program is killed; the
+// namespace's lock among them (see runner.Lock). When ctx ends first, the program is killed; the
 // zombie is reaped only once no kill can reach a reused pid.
 func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {

@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
-	"github.com/kubemesh/proxy-init/test/backendtest"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
+	"github.com/kubemesh/proxy-init/test/runnertest"
 )
 
 // The socket refusal as the netlink backends report it (nfnl's dial, through errclass).
@@ -41,7 +41,7 @@ func TestOtherBackendNotInKernel(t *testing.T) {
 			for _, op := range []string{"present", "cleanup"} {
 				other.Fail(op, c.err)
 			}
-			r := backendtest.Runner(chosen, t.TempDir()+"/close-wait")
+			r := runnertest.Runner(chosen, t.TempDir()+"/close-wait")
 			r.Others = func([]iptables.Backend) []iptables.Applier { return []iptables.Applier{other} }
 			var log strings.Builder
 			target := backendTarget(&log)
@@ -70,7 +70,7 @@ func TestChosenBackendNotInKernel(t *testing.T) {
 	chosen, other := iptablestest.NewFake(), iptablestest.NewFake()
 	chosen.Fail("cleanup", errRefusedSocket)
 	other.Set(iptables.IPv4, []string{"-A PROXY_INIT_OUTPUT -j RETURN"})
-	r := backendtest.Runner(chosen, t.TempDir()+"/close-wait")
+	r := runnertest.Runner(chosen, t.TempDir()+"/close-wait")
 	r.Others = func([]iptables.Backend) []iptables.Applier { return []iptables.Applier{other} }
 	var log strings.Builder
 	if _, err := r.Cleanup(context.Background(), backendTarget(&log)); err != nil {
@@ -89,6 +89,6 @@ func TestChosenBackendNotInKernel(t *testing.T) {
 	}
 }
 
-func backendTarget(log *strings.Builder) backend.Target {
-	return backend.Target{Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+func backendTarget(log *strings.Builder) runner.Target {
+	return runner.Target{Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 }

@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -29,9 +29,9 @@ func TestRunnerSetsCloseWaitOverNetlink(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	target := backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: iptables.ModeNFTables},
+	target := runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: iptables.ModeNFTables},
 		Log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))}
-	if _, err := (backend.Runner{}).Apply(context.Background(), target, rs); err != nil {
+	if _, err := (runner.Runner{}).Apply(context.Background(), target, rs); err != nil {
 		t.Fatal(err)
 	}
 	sysctl := func() string {
@@ -64,7 +64,7 @@ func TestRunnerSetsCloseWaitOverNetlink(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		st, err := (backend.Runner{}).Show(context.Background(), target, rs)
+		st, err := (runner.Runner{}).Show(context.Background(), target, rs)
 		if err != nil {
 			t.Fatal(err)
 		}

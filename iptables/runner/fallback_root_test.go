@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -32,8 +32,8 @@ func TestAutoFallsBackWhenTheKernelRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	target := backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: iptables.ModeAuto}, Log: slog.New(slog.NewTextHandler(&log, nil))}
-	out, err := backend.Runner{}.Apply(context.Background(), target, rs)
+	target := runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: iptables.ModeAuto}, Log: slog.New(slog.NewTextHandler(&log, nil))}
+	out, err := runner.Runner{}.Apply(context.Background(), target, rs)
 	if err != nil {
 		t.Fatalf("auto apply: %v", err)
 	}
@@ -48,7 +48,7 @@ func TestAutoFallsBackWhenTheKernelRefuses(t *testing.T) {
 	if got, _ := nt.RunIn(t, n, "iptables-nft-save", "-t", "nat"); strings.Contains(got, "PROXY_INIT") {
 		t.Errorf("the refused transaction left iptables-nft rules:\n%s", got)
 	}
-	if st, err := (backend.Runner{}).Show(context.Background(), target, rs); err != nil || !st.Match() || st.Backend != "nftables" {
+	if st, err := (runner.Runner{}).Show(context.Background(), target, rs); err != nil || !st.Match() || st.Backend != "nftables" {
 		t.Errorf("show after the fallback: %+v, %v", st, err)
 	}
 }
@@ -63,7 +63,7 @@ func TestNFTFallsBackToTheBinaries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = backend.Runner{}.Apply(context.Background(), backend.Target{NetNS: n.Path(), Options: backend.Options{Mode: iptables.ModeNFT}}, rs)
+	_, err = runner.Runner{}.Apply(context.Background(), runner.Target{NetNS: n.Path(), Options: runner.Options{Mode: iptables.ModeNFT}}, rs)
 	if err == nil {
 		t.Fatal("nft apply succeeded over a chain the kernel refuses our rules in")
 	}

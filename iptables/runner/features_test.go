@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
@@ -312,7 +312,7 @@ func TestFeatureTraffic(t *testing.T) {
 // that wrote them (the same plan), whole, in the backend that holds them.
 func inspect(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) {
 	t.Helper()
-	in, err := backend.Runner{}.Read(context.Background(), target(w, mode))
+	in, err := runner.Runner{}.Read(context.Background(), target(w, mode))
 	if err != nil {
 		t.Fatalf("read the rules in place: %v", err)
 	}
@@ -398,7 +398,7 @@ func TestIPv6Auto(t *testing.T) {
 				var logs bytes.Buffer
 				tg := target(w, mode)
 				tg.Log = slog.New(slog.NewTextHandler(&logs, nil))
-				if _, err := (backend.Runner{}).Apply(context.Background(), tg, rs); err != nil {
+				if _, err := (runner.Runner{}).Apply(context.Background(), tg, rs); err != nil {
 					t.Fatal(err)
 				}
 				want := "ipv6=auto: writing IPv6 rules"
@@ -411,7 +411,7 @@ func TestIPv6Auto(t *testing.T) {
 				// What is in place is exactly the rules of the family the namespace has.
 				var with, without iptables.State
 				if err := w.Pod.Do(func() error {
-					a, _, err := backend.New(backend.Options{Mode: mode})
+					a, _, err := runner.New(runner.Options{Mode: mode})
 					if err != nil {
 						return err
 					}
@@ -812,7 +812,7 @@ func TestTPROXYWithLoopbackDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = backend.Runner{}.Apply(context.Background(), target(w, iptables.ModeNFTables), rs)
+	_, err = runner.Runner{}.Apply(context.Background(), target(w, iptables.ModeNFTables), rs)
 	want := "add the policy routing TPROXY needs (nothing else was written): add ip -6 route: local ::/0 dev lo table 4143: network is down: the namespace's loopback interface is down"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("apply: %v, want an error with %q", err, want)

@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -44,7 +44,7 @@ func TestAPodCannotHoldTheHostLock(t *testing.T) {
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		unlock, err := backend.Lock(n.Path(), true, 0)
+		unlock, err := runner.Lock(n.Path(), true, 0)
 		if err != nil {
 			break
 		}
@@ -59,18 +59,18 @@ func TestAPodCannotHoldTheHostLock(t *testing.T) {
 	dir := lockDir(t)
 	tests := []struct {
 		name   string
-		target backend.Target
+		target runner.Target
 		busy   string // the lock named, or "" when the write goes through
 	}{
-		{"host lock", backend.Target{HostLockDir: dir}, ""},
-		{"in-pod lock", backend.Target{}, "the namespace's own file, which any process in the pod can hold too"},
-		{"host lock, then in-pod lock", backend.Target{HostLockDir: dir, InPodLock: true}, "the namespace's own file"},
+		{"host lock", runner.Target{HostLockDir: dir}, ""},
+		{"in-pod lock", runner.Target{}, "the namespace's own file, which any process in the pod can hold too"},
+		{"host lock, then in-pod lock", runner.Target{HostLockDir: dir, InPodLock: true}, "the namespace's own file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.target.NetNS, tt.target.Mode, tt.target.LockWait = n.Path(), iptables.ModeNFTables, 200*time.Millisecond
-			_, err := backend.Runner{}.Apply(context.Background(), tt.target, rs)
-			var busy *backend.BusyError
+			_, err := runner.Runner{}.Apply(context.Background(), tt.target, rs)
+			var busy *runner.BusyError
 			switch {
 			case tt.busy == "" && err != nil:
 				t.Errorf("Apply: %v", err)
@@ -106,7 +106,7 @@ func TestHostLockExcludesAcrossRemovals(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := backend.SweepHostLocks(dir); err != nil {
+			if _, err := runner.SweepHostLocks(dir); err != nil {
 				t.Error(err)
 				return
 			}
@@ -116,7 +116,7 @@ func TestHostLockExcludesAcrossRemovals(t *testing.T) {
 	for i := range 8 {
 		holders.Go(func() {
 			for j := range 100 {
-				l, err := backend.HostLock(dir, "/proc/self/ns/net", true, 10*time.Second)
+				l, err := runner.HostLock(dir, "/proc/self/ns/net", true, 10*time.Second)
 				if err != nil {
 					t.Error(err)
 					return
@@ -148,7 +148,7 @@ func TestHostLockExcludesAcrossRemovals(t *testing.T) {
 // SweepHostLocks removes the lock files nobody holds, and nothing else.
 func TestSweepHostLocks(t *testing.T) {
 	dir := lockDir(t)
-	held, err := backend.HostLock(dir, "/proc/self/ns/net", false, time.Second)
+	held, err := runner.HostLock(dir, "/proc/self/ns/net", false, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestSweepHostLocks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := backend.SweepHostLocks(dir)
+	n, err := runner.SweepHostLocks(dir)
 	if err != nil || n != 1 {
 		t.Errorf("swept %d, %v; want 1", n, err)
 	}
@@ -168,7 +168,7 @@ func TestSweepHostLocks(t *testing.T) {
 	if len(left) != 2 || left[0].Name() == "4-4026531111" || left[1].Name() == "4-4026531111" {
 		t.Errorf("left %v; want the held lock and notes.txt", left)
 	}
-	if n, err := backend.SweepHostLocks(filepath.Join(t.TempDir(), "none")); n != 0 || err != nil {
+	if n, err := runner.SweepHostLocks(filepath.Join(t.TempDir(), "none")); n != 0 || err != nil {
 		t.Errorf("a missing directory: %d, %v", n, err)
 	}
 }
@@ -212,7 +212,7 @@ func TestHostLockRefusesWhatOthersReach(t *testing.T) {
 			dir := lockDir(t)
 			tt.spoil(t, dir)
 			before, _ := os.ReadDir(dir)
-			_, err := backend.HostLock(dir, "/proc/self/ns/net", true, time.Second)
+			_, err := runner.HostLock(dir, "/proc/self/ns/net", true, time.Second)
 			if want := fmt.Sprintf(tt.want, dir); err == nil || !strings.HasPrefix(err.Error(), want) {
 				t.Errorf("HostLock: %v; want %q", err, want)
 			}
@@ -227,7 +227,7 @@ func TestHostLockRefusesWhatOthersReach(t *testing.T) {
 // (TestLockIsInheritedByChildren).
 func TestHostLockIsInheritedByChildren(t *testing.T) {
 	dir := lockDir(t)
-	l, err := backend.HostLock(dir, "/proc/self/ns/net", true, time.Second)
+	l, err := runner.HostLock(dir, "/proc/self/ns/net", true, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,14 +237,14 @@ func TestHostLockIsInheritedByChildren(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Release() // as if the writer were killed: only the child holds the lock now
-	var busy *backend.BusyError
-	if _, err := backend.HostLock(dir, "/proc/self/ns/net", true, 100*time.Millisecond); !errors.As(err, &busy) {
+	var busy *runner.BusyError
+	if _, err := runner.HostLock(dir, "/proc/self/ns/net", true, 100*time.Millisecond); !errors.As(err, &busy) {
 		t.Errorf("took the lock while the child holds it: %v", err)
 	}
 	if err := child.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	again, err := backend.HostLock(dir, "/proc/self/ns/net", true, time.Second)
+	again, err := runner.HostLock(dir, "/proc/self/ns/net", true, time.Second)
 	if err != nil {
 		t.Fatalf("lock still held after the child exited: %v", err)
 	}

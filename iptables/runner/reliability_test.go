@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	"github.com/kubemesh/proxy-init/test/iptablestest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
@@ -119,7 +119,7 @@ func TestConcurrentAppliesEndWithOneConfig(t *testing.T) {
 					defer wg.Done()
 					rs, err := iptables.Build(c)
 					if err == nil {
-						_, err = backend.Runner{}.Apply(context.Background(), target(w, mode), rs)
+						_, err = runner.Runner{}.Apply(context.Background(), target(w, mode), rs)
 					}
 					errs[i] = err
 				}()
@@ -208,7 +208,7 @@ func TestHalfAppliedIsNamedAndCompleted(t *testing.T) {
 func TestLockIsInheritedByChildren(t *testing.T) {
 	nt.RequireRoot(t)
 	n := nt.NewNS(t)
-	unlock, err := backend.Lock(n.Path(), true, time.Second)
+	unlock, err := runner.Lock(n.Path(), true, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,13 +218,13 @@ func TestLockIsInheritedByChildren(t *testing.T) {
 		t.Fatal(err)
 	}
 	unlock() // as if the writer were killed: only the child holds the lock now
-	if _, err := backend.Lock(n.Path(), true, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still writing rules") {
+	if _, err := runner.Lock(n.Path(), true, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still writing rules") {
 		t.Errorf("took the lock while the child holds it: %v", err)
 	}
 	if err := child.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	again, err := backend.Lock(n.Path(), true, time.Second)
+	again, err := runner.Lock(n.Path(), true, time.Second)
 	if err != nil {
 		t.Fatalf("lock still held after the child exited: %v", err)
 	}

@@ -1,7 +1,7 @@
-// Package backendtest gives tests of the Runner's callers (the CNI plugin's and proxy-init's
+// Package runnertest gives tests of the Runner's callers (the CNI plugin's and proxy-init's
 // policies) a Runner that takes the whole path without root. Only tests import it; the
 // dead-code check in `make test` lists it as such.
-package backendtest
+package runnertest
 
 import (
 	"context"
@@ -9,18 +9,18 @@ import (
 	"sync"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
-// Runner returns a backend.Runner that takes the whole path with a, which is usually an
+// Runner returns a runner.Runner that takes the whole path with a, which is usually an
 // *iptablestest.Fake: it enters no namespace, takes no lock, has no other backend to clear, finds
 // the kernel able to run everything and the namespace with IPv6, keeps the policy routing in a
 // Routing of its own, and reads and writes the close-wait timeout in closeWaitFile.
-func Runner(a iptables.Applier, closeWaitFile string) backend.Runner {
-	return backend.Runner{
-		Choose:        func(backend.Options) (iptables.Applier, string, error) { return a, "a test asks for it", nil },
+func Runner(a iptables.Applier, closeWaitFile string) runner.Runner {
+	return runner.Runner{
+		Choose:        func(runner.Options) (iptables.Applier, string, error) { return a, "a test asks for it", nil },
 		Others:        func([]iptables.Backend) []iptables.Applier { return nil },
-		Enter:         func(_ backend.Target, _ bool, fn func() error) error { return fn() },
+		Enter:         func(_ runner.Target, _ bool, fn func() error) error { return fn() },
 		CloseWaitFile: closeWaitFile,
 		Kernel:        func(context.Context, iptables.Mode, *iptables.Ruleset) error { return nil },
 		Routing:       &Routing{},
@@ -28,7 +28,7 @@ func Runner(a iptables.Applier, closeWaitFile string) backend.Runner {
 	}
 }
 
-// Routing is an in-memory backend.Routing: the lines of the policy routing it holds.
+// Routing is an in-memory runner.Routing: the lines of the policy routing it holds.
 type Routing struct {
 	mu    sync.Mutex
 	lines []string

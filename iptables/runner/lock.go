@@ -1,4 +1,4 @@
-package backend
+package runner
 
 // The namespace locks. Writing is read, then restore (per family), then maybe roll back: two runs
 // interleaving those steps duplicate jumps, mix families from different configs, or roll back over

@@ -1,4 +1,4 @@
-package backend
+package runner
 
 // What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
 // run iptables-legacy and TPROXY, when a write failed, and whether the namespace has IPv6, for

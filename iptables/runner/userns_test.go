@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -65,12 +65,12 @@ func TestUserNamespacePod(t *testing.T) {
 				}
 				log.Reset()
 			}
-			r := backend.Runner{}
+			r := runner.Runner{}
 			out, err := r.Apply(context.Background(), tg, rs)
 			if err != nil {
 				t.Fatalf("apply: %v\n%s", err, log.String())
 			}
-			if out != (backend.Outcome{Backend: "nftables", Changed: true}) {
+			if out != (runner.Outcome{Backend: "nftables", Changed: true}) {
 				t.Errorf("apply: %+v, want a change written by nftables", out)
 			}
 			chosen("apply")
@@ -134,7 +134,7 @@ func TestUserNamespacePodRulesFromInside(t *testing.T) {
 				}
 				restoreFromInside(t, w.Pod, bin, iptables.TransitionPayload(iptables.SavedState{}, rs.Saved(f)))
 			}
-			r, tg := backend.Runner{}, target(w, iptables.ModeNFT)
+			r, tg := runner.Runner{}, target(w, iptables.ModeNFT)
 			st, err := r.Show(context.Background(), tg, rs)
 			if err != nil || len(st.Elsewhere) == 0 {
 				t.Errorf("show: %+v, %v; want the rules from inside reported elsewhere", st, err)

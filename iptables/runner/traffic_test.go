@@ -1,4 +1,4 @@
-package backend_test
+package runner_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kubemesh/proxy-init/iptables"
-	"github.com/kubemesh/proxy-init/iptables/backend"
+	"github.com/kubemesh/proxy-init/iptables/runner"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -121,18 +121,18 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-func target(w *world, mode iptables.Mode) backend.Target {
-	return backend.Target{NetNS: w.Pod.Path(), Options: backend.Options{Mode: mode, Wait: true}}
+func target(w *world, mode iptables.Mode) runner.Target {
+	return runner.Target{NetNS: w.Pod.Path(), Options: runner.Options{Mode: mode, Wait: true}}
 }
 
-func apply(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) backend.Outcome {
+func apply(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) runner.Outcome {
 	t.Helper()
 	c.Mode = mode
 	rs, err := iptables.Build(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := backend.Runner{}.Apply(context.Background(), target(w, mode), rs)
+	out, err := runner.Runner{}.Apply(context.Background(), target(w, mode), rs)
 	if err != nil {
 		t.Fatalf("apply (%s): %v", mode, err)
 	}
@@ -145,7 +145,7 @@ func show(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) iptable
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := backend.Runner{}.Show(context.Background(), target(w, mode), rs)
+	st, err := runner.Runner{}.Show(context.Background(), target(w, mode), rs)
 	if err != nil {
 		t.Fatalf("show (%s): %v", mode, err)
 	}
@@ -154,7 +154,7 @@ func show(t *testing.T, w *world, mode iptables.Mode, c iptables.Config) iptable
 
 func cleanup(t *testing.T, w *world, mode iptables.Mode) {
 	t.Helper()
-	if _, err := (backend.Runner{}).Cleanup(context.Background(), target(w, mode)); err != nil {
+	if _, err := (runner.Runner{}).Cleanup(context.Background(), target(w, mode)); err != nil {
 		t.Fatalf("cleanup (%s): %v", mode, err)
 	}
 }

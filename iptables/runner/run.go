@@ -1,4 +1,4 @@
-package backend
+package runner
 
 // The one path from a ruleset to a namespace: enter it, take its lock, choose the backend and
 // log why, write or read or remove, keep the other backends free of our rules, and set or check

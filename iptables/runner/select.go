@@ -1,4 +1,4 @@
-// Package backend holds the Runner, the one path from a ruleset to a namespace (enter, lock,
+// Package runner holds the Runner, the one path from a ruleset to a namespace (enter, lock,
 // choose the backend and log why, write or read or remove, clear the other backends, set or check
 // the close-wait sysctl), and the choice of the applier for a mode, including "auto", so one
 // backend's rules redirect at a time. It decides nothing about which rules exist; that is the
@@ -17,7 +17,7 @@
 // written from inside that user namespace are replaced or cleaned up from outside
 // (TestUserNamespacePodRulesFromInside). Without root: the fallback order over fake appliers
 // (fallback_test.go).
-package backend
+package runner
 
 import (
 	"context"
