@@ -75,7 +75,7 @@ type Kubernetes struct {
 	KubeletPodsSocket string
 }
 
-// Agent is the "agent" block (new): where the node agent answers (agent.go).
+// Agent is the "agent" block (new): where the node agent answers (agentclient.go).
 type Agent struct {
 	// Socket is agent.socket: the agent's UNIX socket; absent means DefaultAgentSocket, "" never
 	// asks the agent.

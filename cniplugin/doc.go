@@ -10,12 +10,12 @@
 //     meshed, and how annotations override the config (pure, no I/O);
 //   - plugin.go: the CNI commands, the failure policy and the logging, in three roles, one per
 //     constructor: NewNodePlugin (the runtime's), NewStandalone (a given PodAPI: tests, audits)
-//     and NewAgentWriter (the node agent's write of an ADD, agentwrite.go);
+//     and NewAgentWriter (the node agent's write of an ADD, agentwriter.go);
 //   - agent.go: the node agent (protocol: package wire), asked first: it writes an ADD (route 1),
 //     or gives the pod and the plugin writes (route 2);
 //   - kubeapi.go: the pod from the API server, with the standard library's HTTPS client over the
 //     installer's JSON kubeconfig, so that the node's plugin starts as a small Go program does;
-//   - audit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
+//   - agentaudit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
 //   - record.go: what ADD merged from annotations, recorded on the node, so that CHECK and the
 //     audits use the settings of the sandbox's set-up, not annotations edited since.
 //

@@ -49,7 +49,7 @@ type Plugin struct {
 }
 
 // NewNodePlugin returns the plugin the container runtime runs, on the process's stdout and
-// stderr: the pod from the node agent (agent.go), else from the API server through the config's
+// stderr: the pod from the node agent (agentclient.go), else from the API server through the config's
 // kubeconfig (kubeapi.go).
 func NewNodePlugin() *Plugin {
 	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient, nodeAgent: true}

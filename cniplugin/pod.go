@@ -51,7 +51,7 @@ var Annotations = []string{
 var FallbackAPIServerPorts = []string{"443", "6443"}
 
 // PodAPI is what the plugin reads from Kubernetes: the API server over the kubeconfig
-// (kubeapi.go), what the node agent sent (agent.go), or the agent's own watch cache (its audits);
+// (kubeapi.go), what the node agent sent (agentclient.go), or the agent's own watch cache (its audits);
 // tests may substitute their own.
 type PodAPI interface {
 	Pod(ctx context.Context, namespace, name string) (*Pod, error)

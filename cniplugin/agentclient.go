@@ -5,7 +5,7 @@ package cniplugin
 //
 //  1. the agent writes: the plugin sends a write request with the pod's network namespace as a
 //     descriptor; the agent checks it against the file the runtime pinned at CNI_NETNS and writes
-//     the rules of the node's own network config with this package's code (agentwrite.go);
+//     the rules of the node's own network config with this package's code (agentwriter.go);
 //  2. the plugin writes, with the agent's copy of the pod (its reply when it declines to write, or
 //     a lookup) or with its own API reads when the agent does not answer with the pod.
 //
