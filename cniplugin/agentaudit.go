@@ -69,7 +69,7 @@ func (p *Plugin) Audit(ctx context.Context, conf *NetConf, pod PodArgs, netns st
 		return res, errors.New("no network namespace")
 	}
 	c := &call{cmd: "AUDIT", args: &skel.CmdArgs{ContainerID: pod.InfraContainerID, Netns: netns}, conf: conf, pod: pod, log: log}
-	pl, edited, err := c.settle(p.plan(c))
+	pl, edited, err := c.settle(p.podRules(c))
 	res.Edited = edited
 	if err != nil {
 		if _, bad := badinput.As(err); bad {

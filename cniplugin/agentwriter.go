@@ -71,11 +71,11 @@ func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error
 	case conf.Linkerd.Simulate:
 		return w, &NotWrittenError{errors.New("the node's network config simulates")}
 	}
-	pl, err := p.plan(c)
+	pl, err := p.podRules(c)
 	if err != nil {
 		if !isLookupError(err) {
 			c.log.Error("failed", "error", err)
-			w.Error = &wire.CNIError{Code: planCode(err), Msg: err.Error()}
+			w.Error = &wire.CNIError{Code: lookupCode(err), Msg: err.Error()}
 		}
 		w.Seconds = time.Since(start).Seconds()
 		return w, err

@@ -279,7 +279,7 @@ func (k *kubeletLookup) APIRequests() int { return k.requests }
 
 func (k *kubeletLookup) Pod(context.Context, string, string) (*Pod, error) { return k.pod, nil }
 
-// Namespace is one API read. When it fails, so does the call (the plan's error 11): the pod came
+// Namespace is one API read. When it fails, so does the call (podRules' error 11): the pod came
 // from the kubelet, but the annotations its namespace may give it cannot be known, and a pod is
 // never set up with settings other than its own.
 func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {

@@ -214,11 +214,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 			return err
 		}
 	}
-	pl, err := p.plan(c)
+	pl, err := p.podRules(c)
 	lookupTook := time.Since(lookupStart)
 	c.noteLookup(err)
 	if err != nil {
-		return c.fail(planCode(err), err)
+		return c.fail(lookupCode(err), err)
 	}
 	if !pl.kind.NeedsRules() {
 		c.log.Info("no rules needed", "kind", pl.kind, "source", c.lookup, "api_requests", pl.requests, "lookup", lookupTook, "elapsed", time.Since(began))
@@ -248,7 +248,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 
 // write is ADD's write, on both routes: the record of the pod's settings first (rules are never
 // in place without it; a failed ADD's DEL removes it), then the rules, in netns.
-func (p *Plugin) write(ctx context.Context, c *call, pl *plan, netns string) (runner.Outcome, error) {
+func (p *Plugin) write(ctx context.Context, c *call, pl *podRules, netns string) (runner.Outcome, error) {
 	if err := c.writeRecord(pl.inputs); err != nil {
 		return runner.Outcome{}, fmt.Errorf("pod %s: %w", c.podName(), err)
 	}
@@ -273,9 +273,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) (err error) {
 		c.log.Debug("nothing of ours to check")
 		return nil
 	}
-	pl, _, err := c.settle(p.plan(c))
+	pl, _, err := c.settle(p.podRules(c))
 	if err != nil {
-		return c.fail(planCode(err), err)
+		return c.fail(lookupCode(err), err)
 	}
 	if pl.kind == KindLinkerdInit {
 		c.log.Debug("pod has linkerd-init, which owns its rules; not checked")
@@ -428,8 +428,8 @@ func (p *Plugin) printPrev(c *call) error {
 	return nil
 }
 
-// plan is what the API says about a pod, turned into rules.
-type plan struct {
+// podRules is what the API says about a pod, turned into rules.
+type podRules struct {
 	kind     Kind
 	settings Settings
 	rules    *iptables.Ruleset
@@ -445,7 +445,7 @@ type apiError struct{ error }
 
 func (e apiError) Unwrap() error { return e.error }
 
-func planCode(err error) uint {
+func lookupCode(err error) uint {
 	var ae apiError
 	if errors.As(err, &ae) {
 		return types.ErrTryAgainLater
@@ -453,11 +453,11 @@ func planCode(err error) uint {
 	return types.ErrInvalidNetworkConfig
 }
 
-// plan looks the pod up (one GET), its namespace only if an annotation may have to be inherited
+// podRules looks the pod up (one GET), its namespace only if an annotation may have to be inherited
 // (at most one GET), and default/kubernetes only for control-plane pods, all within the config's
 // API timeout; in the node's plugin, the node agent's answer replaces the three. An API failure is
 // an error: the pod might be meshed, and must not start unmeshed.
-func (p *Plugin) plan(c *call) (*plan, error) {
+func (p *Plugin) podRules(c *call) (*podRules, error) {
 	t0 := time.Now()
 	api, err := p.podAPI(c)
 	clientTook := time.Since(t0)
@@ -466,7 +466,7 @@ func (p *Plugin) plan(c *call) (*plan, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.conf.APITimeout())
 	defer cancel()
-	pl := &plan{}
+	pl := &podRules{}
 	count := func() {
 		switch a := api.(type) {
 		case interface{ APIRequests() int }: // the kubelet's pod, the rest from the API

@@ -435,7 +435,7 @@ func TestPlanAPIRequests(t *testing.T) {
 			var logs bytes.Buffer
 			p := &Plugin{Stderr: &logs, NewPodAPI: func(*NetConf) (PodAPI, error) { return tt.api, nil }}
 			c, _ := p.start("ADD", &skel.CmdArgs{Args: "K8S_POD_NAMESPACE=web;K8S_POD_NAME=api-0"}, conf)
-			pl, err := p.plan(c)
+			pl, err := p.podRules(c)
 			if err != nil {
 				t.Fatal(err)
 			}

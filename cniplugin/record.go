@@ -221,10 +221,10 @@ func (c *call) removeRecord() {
 	}
 }
 
-// settle turns the plan of the annotations of the moment into the plan of those the sandbox was
+// settle turns the rules of the annotations of the moment into the rules of those the sandbox was
 // set up with, when its record says what they were, and names what changed since. Without a
-// record (a sandbox set up before the plugin kept them, or the record lost) the plan is now's.
-func (c *call) settle(pl *plan, err error) (*plan, []string, error) {
+// record (a sandbox set up before the plugin kept them, or the record lost) the rules are now's.
+func (c *call) settle(pl *podRules, err error) (*podRules, []string, error) {
 	if pl == nil || !pl.kind.NeedsRules() {
 		return pl, nil, err
 	}

@@ -79,10 +79,10 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 	return err
 }
 
-// Plan returns the batch Apply (rs non-nil) or Cleanup (rs nil) would send now, sending nothing.
+// BatchFor returns the batch Apply (rs non-nil) or Cleanup (rs nil) would send now, sending nothing.
 // When the state in place cannot be read (no privilege, for one), it is the batch for a
 // namespace holding no tables, which says why.
-func (a *Applier) Plan(ctx context.Context, rs *iptables.Ruleset) *Batch {
+func (a *Applier) BatchFor(ctx context.Context, rs *iptables.Ruleset) *Batch {
 	want := a.cleanupDetail
 	if rs != nil {
 		want = a.applyDetail(rs)
@@ -172,12 +172,12 @@ func (s *State) remove(b *Batch, c iptables.Backend) {
 	}
 }
 
-// transact reads the state, plans a batch and commits it, planning again from a fresh read
+// transact reads the state, lays a batch out and commits it, laying it out again from a fresh read
 // when the kernel refuses the batch because the ruleset changed in between (another writer at
 // the same moment). It reports whether anything was sent.
-func transact(ctx context.Context, op string, want func(*State) detail, plan func(*State) *Batch) (bool, error) {
+func transact(ctx context.Context, op string, want func(*State) detail, batch func(*State) *Batch) (bool, error) {
 	for attempt := 1; ; attempt++ {
-		sent, err := transactOnce(ctx, want, plan)
+		sent, err := transactOnce(ctx, want, batch)
 		if err == nil {
 			return sent, nil
 		}
@@ -187,7 +187,7 @@ func transact(ctx context.Context, op string, want func(*State) detail, plan fun
 	}
 }
 
-func transactOnce(ctx context.Context, want func(*State) detail, plan func(*State) *Batch) (bool, error) {
+func transactOnce(ctx context.Context, want func(*State) detail, batch func(*State) *Batch) (bool, error) {
 	c, err := dial(ctx)
 	if err != nil {
 		return false, err
@@ -197,7 +197,7 @@ func transactOnce(ctx context.Context, want func(*State) detail, plan func(*Stat
 	if err != nil {
 		return false, err
 	}
-	b := plan(s)
+	b := batch(s)
 	return b.Len() > 0, c.commit(b)
 }
 

@@ -221,7 +221,7 @@ func TestPrintedNativeBatchIsAnNFTScript(t *testing.T) {
 			rs := iptablestest.Build(t, c)
 			viaNFT, viaApplier := nt.NewNS(t), nt.NewNS(t)
 			var printed string
-			in(t, viaNFT, func() error { printed = nativeApplier().Plan(ctx(t), rs).String(); return nil })
+			in(t, viaNFT, func() error { printed = nativeApplier().BatchFor(ctx(t), rs).String(); return nil })
 			mustRun(t, viaNFT, printed, "nft", "-f", "-")
 			applyWith(t, viaApplier, nativeApplier(), rs)
 			if a, b := listing(t, viaNFT), listing(t, viaApplier); a != b {

@@ -131,7 +131,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 			out = simulation(t.Mode, rs, nil)
 			return nil
 		}
-		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).Plan(ctx, rs).String() })
+		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).BatchFor(ctx, rs).String() })
 		return nil
 	})
 	if err != nil {
