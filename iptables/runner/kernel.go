@@ -75,7 +75,7 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 func writesLegacy(mode iptables.Mode) bool {
 	if mode == iptables.ModePlain {
 		f, err := xtables.DetectPlain()
-		return err == nil && f == xtables.Legacy
+		return err == nil && f == iptables.BackendLegacy
 	}
 	return mode == iptables.ModeLegacy
 }

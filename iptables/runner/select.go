@@ -63,7 +63,7 @@ func New(opts Options) (iptables.Applier, string, error) {
 	case iptables.ModePlain:
 		// Plain iptables that drives nf_tables writes iptables-nft's rules, which the netlink
 		// writer writes too, in one transaction for both families and without exec.
-		if f, err := xtables.DetectPlain(); err == nil && f == xtables.NFT {
+		if f, err := xtables.DetectPlain(); err == nil && f == iptables.BackendNFT {
 			return &Fallback{tries: []try{netlinkXT, {"the iptables binaries", binaries(iptables.ModePlain)}}},
 				"--iptables-mode=plain, and the iptables binaries drive nf_tables: their rules written over netlink, or by the binaries where the kernel refuses that", nil
 		}

@@ -10,7 +10,7 @@
 // # Tests
 //
 // As root: apply, re-apply with no change, change and cleanup in a namespace; an IPv6 failure rolls
-// back IPv4; restore errors quote the payload lines; the fallback within a flavor.
+// back IPv4; restore errors quote the payload lines; the fallback within a backend.
 package xtables
 
 import (
@@ -36,14 +36,6 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
 )
 
-// Flavor is the kernel side the binaries drive.
-type Flavor string
-
-const (
-	Legacy Flavor = "legacy"
-	NFT    Flavor = "nf_tables"
-)
-
 // Options configure an Applier.
 type Options struct {
 	// Wait makes iptables-restore wait for the xtables lock, at most WaitTimeout.
@@ -57,7 +49,7 @@ const WaitTimeout = 10 * time.Second
 // Applier writes rules through one set of iptables binaries.
 type Applier struct {
 	name   string
-	flavor Flavor
+	backend iptables.Backend
 	bins   map[iptables.Family]binaries
 	opts   Options
 }
@@ -67,32 +59,32 @@ type binaries struct{ restore, save string }
 var _ iptables.Applier = (*Applier)(nil)
 
 // New returns the applier for mode legacy, nft or plain. When the mode's own binaries are
-// missing it falls back within the same kernel flavor: e.g. nft mode on a host whose only
+// missing it falls back within the same backend: e.g. nft mode on a host whose only
 // binary is an nf_tables-backed "iptables".
 func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	var prefix string
-	var flavor Flavor
+	var backend iptables.Backend
 	switch mode {
 	case iptables.ModeLegacy:
-		prefix, flavor = "-legacy", Legacy
+		prefix, backend = "-legacy", iptables.BackendLegacy
 	case iptables.ModeNFT:
-		prefix, flavor = "-nft", NFT
+		prefix, backend = "-nft", iptables.BackendNFT
 	case iptables.ModePlain:
 		f, err := DetectPlain()
 		if err != nil {
 			return nil, err
 		}
-		prefix, flavor = "", f
+		prefix, backend = "", f
 	default:
 		return nil, fmt.Errorf("iptables mode %q is not served by the iptables binaries", mode)
 	}
-	a := &Applier{name: "iptables" + prefix, flavor: flavor, opts: opts, bins: map[iptables.Family]binaries{}}
+	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		cmd := "iptables"
 		if f == iptables.IPv6 {
 			cmd = "ip6tables"
 		}
-		b, err := findBinaries(cmd, prefix, flavor)
+		b, err := findBinaries(cmd, prefix, backend)
 		if err != nil {
 			return nil, err
 		}
@@ -101,20 +93,20 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	return a, nil
 }
 
-func findBinaries(cmd, suffix string, flavor Flavor) (binaries, error) {
+func findBinaries(cmd, suffix string, backend iptables.Backend) (binaries, error) {
 	if b, ok := lookPair(cmd + suffix); ok {
 		return b, nil
 	}
 	if suffix != "" {
-		// Fall back to the plain binaries, but only if they drive the same kernel flavor.
-		if f, err := flavorOf(cmd); err == nil && f == flavor {
+		// Fall back to the plain binaries, but only if they drive the same kernel backend.
+		if b, err := backendOf(cmd); err == nil && b == backend {
 			if b, ok := lookPair(cmd); ok {
 				return b, nil
 			}
 		}
 	}
-	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a %s-backed %s to fall back on",
-		cmd, suffix, cmd, suffix, os.Getenv("PATH"), flavor, cmd)
+	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a plain %s that is %s to fall back on",
+		cmd, suffix, cmd, suffix, os.Getenv("PATH"), cmd, backend)
 }
 
 // lookPair finds name-restore and name-save, the second first beside the first: they come from
@@ -133,12 +125,13 @@ func lookPair(name string) (binaries, bool) {
 	return binaries{restore, save}, true
 }
 
-// DetectPlain tells which kernel flavor the plain "iptables" binary drives.
-func DetectPlain() (Flavor, error) { return flavorOf("iptables") }
+// DetectPlain tells which backend the plain "iptables" binary writes: iptables-legacy or
+// iptables-nft.
+func DetectPlain() (iptables.Backend, error) { return backendOf("iptables") }
 
-// flavorOf reads the flavor from the alternatives symlink chain when it names one (no exec), and
+// backendOf reads the backend from the alternatives symlink chain when it names one (no exec), and
 // otherwise asks the binary for its version.
-func flavorOf(cmd string) (Flavor, error) {
+func backendOf(cmd string) (iptables.Backend, error) {
 	p, err := exec.LookPath(cmd)
 	if err != nil {
 		return "", fmt.Errorf("%s not found in PATH (%s)", cmd, os.Getenv("PATH"))
@@ -147,9 +140,9 @@ func flavorOf(cmd string) (Flavor, error) {
 		base := filepath.Base(target)
 		switch {
 		case strings.Contains(base, "legacy"):
-			return Legacy, nil
+			return iptables.BackendLegacy, nil
 		case strings.Contains(base, "nft"):
-			return NFT, nil
+			return iptables.BackendNFT, nil
 		}
 	}
 	// go-iptables parses this same output but keeps the mode private, so read it here.
@@ -159,9 +152,9 @@ func flavorOf(cmd string) (Flavor, error) {
 	}
 	switch {
 	case strings.Contains(string(out), "(nf_tables)"):
-		return NFT, nil
+		return iptables.BackendNFT, nil
 	case strings.Contains(string(out), "(legacy)"):
-		return Legacy, nil
+		return iptables.BackendLegacy, nil
 	}
 	return "", fmt.Errorf("%s --version printed %q, which names neither legacy nor nf_tables", p, strings.TrimSpace(string(out)))
 }
@@ -171,7 +164,7 @@ func (a *Applier) Name() string { return a.name }
 
 // Covers names the backend the binaries write: iptables-legacy's or iptables-nft's rules.
 func (a *Applier) Covers() []iptables.Backend {
-	if a.flavor == Legacy {
+	if a.backend == iptables.BackendLegacy {
 		return []iptables.Backend{iptables.BackendLegacy}
 	}
 	return []iptables.Backend{iptables.BackendNFT}
@@ -317,7 +310,7 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 // 'nat'"), and iptables-legacy-save even prints an empty table and succeeds.
 func (a *Applier) capable(op string) error {
 	need := []string{errclass.NetAdmin}
-	if a.flavor == Legacy {
+	if a.backend == iptables.BackendLegacy {
 		need = append(need, errclass.NetRaw) // its raw socket
 	}
 	if missing := errclass.Missing(need...); len(missing) > 0 {
@@ -476,7 +469,7 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 // can hold chains of ours. A netlink error leaves the question open: the caller then reads
 // every table.
 func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string {
-	if a.flavor == Legacy {
+	if a.backend == iptables.BackendLegacy {
 		return LegacyTables(f)
 	}
 	tables, err := nfnl.OurXTTables(ctx, f)

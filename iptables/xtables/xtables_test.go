@@ -207,9 +207,9 @@ func TestRestoreErrorQuotesPayload(t *testing.T) {
 	}
 }
 
-// TestFallbackWithinFlavor: a host with only plain, nf_tables-backed iptables binaries still
+// TestFallbackWithinBackend: a host with only plain, nf_tables-backed iptables binaries still
 // serves nft mode, and refuses legacy mode with a message naming what is missing.
-func TestFallbackWithinFlavor(t *testing.T) {
+func TestFallbackWithinBackend(t *testing.T) {
 	dir := t.TempDir()
 	for _, cmd := range []string{"iptables", "ip6tables"} {
 		for _, suffix := range []string{"", "-restore", "-save"} {
@@ -231,7 +231,7 @@ func TestFallbackWithinFlavor(t *testing.T) {
 		t.Errorf("nf_tables-backed binaries write %v, want iptables-nft's rules", c)
 	}
 	_, err = xtables.New(iptables.ModeLegacy, xtables.Options{})
-	want := "iptables-legacy-restore and iptables-legacy-save not found in PATH (" + dir + "), nor a legacy-backed iptables to fall back on"
+	want := "iptables-legacy-restore and iptables-legacy-save not found in PATH (" + dir + "), nor a plain iptables that is iptables-legacy to fall back on"
 	if err == nil || err.Error() != want {
 		t.Errorf("legacy mode without legacy binaries: got %v, want %q", err, want)
 	}
