@@ -91,10 +91,7 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 	if !strings.Contains(agentLog, `msg="pod looked up from the kubelet's pods API"`) || !strings.Contains(agentLog, "pod="+ns+"/"+pod.Name+" uid="+string(pod.UID)+" command=ADD synced=false") {
 		t.Errorf("the restarted agent did not read pod %s from the kubelet before its watches synced:\n%s", pod.Name, agentLog)
 	}
-	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
-	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", pod.Name, n.Name)
-	}
+	wantKubeletADD(t, n, ns, pod.Name)
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
 		t.Errorf("linkerd-cni made GETs for the pod started from the kubelet's answer: %v (by node), want none", got)
@@ -102,34 +99,14 @@ func testKubeletLookup(t *testing.T, c *Cluster) {
 
 	// And with the API server stopped: the one new pod a node starts then is a static pod, which
 	// no watch can deliver. The agent restarted above has still not synced.
-	if err := c.Control.StopAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := true
-	t.Cleanup(func() {
-		if stopped {
-			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			defer cancel()
-			if err := c.Control.StartAPIServer(ctx); err != nil {
-				t.Error(err)
-			}
-		}
-	})
+	startAPIServer := stopAPIServer(ctx, t, c)
 	name := startStaticPod(ctx, t, n, ns, d)
 	agentLog = podLog(t, c, agentPod, agentContainer)
 	if !regexp.MustCompile(`msg="pod looked up from the kubelet's pods API" node=` + n.Name + ` pod=` + ns + `/` + name + ` uid=\S+ command=ADD synced=false`).MatchString(agentLog) {
 		t.Errorf("the agent did not read static pod %s from the kubelet:\n%s", name, agentLog)
 	}
-	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
-	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of static pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
-	}
-	stopped = false
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := c.Control.StartAPIServer(sctx); err != nil {
-		t.Fatal(err)
-	}
+	wantKubeletADD(t, n, ns, name)
+	startAPIServer()
 }
 
 // startStaticPod starts the pod of d's template as a static pod on node n, in namespace ns, and
@@ -187,37 +164,53 @@ func testPluginKubeletLookup(t *testing.T, c *Cluster) {
 	if code := exitCode(pod, "linkerd-network-validator"); code != 0 || pod.Spec.NodeName != n.Name {
 		t.Fatalf("pod %s on %s: validator exit code %d, want 0 on %s", pod.Name, pod.Spec.NodeName, code, n.Name)
 	}
-	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(pod.Name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
-	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", pod.Name, n.Name)
-	}
+	wantKubeletADD(t, n, ns, pod.Name)
 	time.Sleep(2 * time.Second) // the audit log is written asynchronously
 	if got := pluginGETs(t, c, ns); len(got) != 0 {
 		t.Errorf("without the agent, linkerd-cni made GETs for a pod the kubelet gave: %v (by node), want none", got)
 	}
 
+	startAPIServer := stopAPIServer(ctx, t, c)
+	name := startStaticPod(ctx, t, n, ns, d)
+	wantKubeletADD(t, n, ns, name)
+	startAPIServer()
+}
+
+// wantKubeletADD fails t unless containerd's log on n has the ADD of pod ns/name set up from the
+// kubelet's answer with no API request.
+func wantKubeletADD(t *testing.T, n *Node, ns, name string) {
+	t.Helper()
+	added := regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
+	if !added.MatchString(n.ContainerdLog(t)) {
+		t.Errorf("no ADD of pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
+	}
+}
+
+// stopAPIServer stops kube-apiserver until the function it returns starts it again, or the test
+// ends.
+func stopAPIServer(ctx context.Context, t *testing.T, c *Cluster) (start func()) {
+	t.Helper()
 	if err := c.Control.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
 	stopped := true
+	restart := func() error {
+		stopped = false
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		return c.Control.StartAPIServer(ctx)
+	}
 	t.Cleanup(func() {
 		if stopped {
-			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			defer cancel()
-			if err := c.Control.StartAPIServer(ctx); err != nil {
+			if err := restart(); err != nil {
 				t.Error(err)
 			}
 		}
 	})
-	name := startStaticPod(ctx, t, n, ns, d)
-	added = regexp.MustCompile(`msg="rules written" cmd=ADD pod=` + regexp.QuoteMeta(name) + ` namespace=` + ns + ` .*source=kubelet api_requests=0`)
-	if !added.MatchString(n.ContainerdLog(t)) {
-		t.Errorf("no ADD of static pod %s with source=kubelet api_requests=0 in containerd's log on %s", name, n.Name)
-	}
-	stopped = false
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := c.Control.StartAPIServer(sctx); err != nil {
-		t.Fatal(err)
+	return func() {
+		t.Helper()
+		if err := restart(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
