@@ -48,10 +48,10 @@ const WaitTimeout = 10 * time.Second
 
 // Applier writes rules through one set of iptables binaries.
 type Applier struct {
-	name   string
+	name    string
 	backend iptables.Backend
-	bins   map[iptables.Family]binaries
-	opts   Options
+	bins    map[iptables.Family]binaries
+	opts    Options
 }
 
 type binaries struct{ restore, save string }
