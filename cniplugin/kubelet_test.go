@@ -1,7 +1,6 @@
 package cniplugin
 
 import (
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -11,14 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -28,6 +25,7 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	podsv1alpha1 "k8s.io/kubelet/pkg/apis/pods/v1alpha1"
 
+	"github.com/kubemesh/proxy-init/test/kubelettest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -166,58 +164,6 @@ func TestDecodeKubeletBadInput(t *testing.T) {
 
 func protoBytes(num uint64, v []byte) []byte { return protoString(nil, num, string(v)) }
 
-// fakeKubelet serves the kubelet's v1alpha1.Pods with grpc-go, from pods.
-type fakeKubelet struct {
-	podsv1alpha1.UnimplementedPodsServer
-	socket string
-	pods   []*corev1.Pod
-	err    error // every call's answer, when set
-	mu     sync.Mutex
-	calls  []string
-}
-
-func (f *fakeKubelet) record(s string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, s)
-}
-
-func (f *fakeKubelet) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.calls...)
-}
-
-func (f *fakeKubelet) GetPod(_ context.Context, req *podsv1alpha1.GetPodRequest) (*podsv1alpha1.GetPodResponse, error) {
-	f.record("GetPod " + req.PodUID)
-	if f.err != nil {
-		return nil, f.err
-	}
-	for _, p := range f.pods {
-		if string(p.UID) == req.PodUID {
-			b, err := p.Marshal()
-			return &podsv1alpha1.GetPodResponse{Pod: b}, err
-		}
-	}
-	return nil, status.Errorf(codes.NotFound, "pod %s not found", req.PodUID)
-}
-
-func (f *fakeKubelet) ListPods(context.Context, *podsv1alpha1.ListPodsRequest) (*podsv1alpha1.ListPodsResponse, error) {
-	f.record("ListPods")
-	if f.err != nil {
-		return nil, f.err
-	}
-	resp := &podsv1alpha1.ListPodsResponse{}
-	for _, p := range f.pods {
-		b, err := p.Marshal()
-		if err != nil {
-			return nil, err
-		}
-		resp.Pods = append(resp.Pods, b)
-	}
-	return resp, nil
-}
-
 // socketDir is a directory for a socket the plugin accepts: root's, in a short path.
 func socketDir(t *testing.T) string {
 	nt.RequireRoot(t, "the plugin talks only to a socket root owns")
@@ -229,21 +175,13 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-func startFakeKubelet(t *testing.T, pods ...*corev1.Pod) *fakeKubelet {
-	return serveKubelet(t, &fakeKubelet{pods: pods})
+// startFakeKubelet serves pods from a kubelet on a socket the plugin accepts.
+func startFakeKubelet(t *testing.T, pods ...*corev1.Pod) *kubelettest.Kubelet {
+	return serveKubelet(t, kubelettest.New(pods...))
 }
 
-func serveKubelet(t *testing.T, f *fakeKubelet) *fakeKubelet {
-	f.socket = filepath.Join(socketDir(t), "pods-api.sock")
-	ln, err := net.Listen("unix", f.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	podsv1alpha1.RegisterPodsServer(srv, f)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	return f
+func serveKubelet(t *testing.T, k *kubelettest.Kubelet) *kubelettest.Kubelet {
+	return k.Serve(t, filepath.Join(socketDir(t), "pods-api.sock"))
 }
 
 // TestKubeletClientAgainstGRPC: the plugin's client against grpc-go serving the kubelet's service.
@@ -252,7 +190,7 @@ func TestKubeletClientAgainstGRPC(t *testing.T) {
 	deleting := realPod("api-0", "0", nil)
 	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	f := startFakeKubelet(t, deleting, realPod("api-0", "1", annotations), realPod("api-1", "2", nil))
-	k := newKubeletClient(f.socket)
+	k := newKubeletClient(f.Socket)
 	defer k.close()
 	ctx := t.Context()
 
@@ -267,7 +205,7 @@ func TestKubeletClientAgainstGRPC(t *testing.T) {
 	if p, err = k.pod(ctx, "web", "api-0", ""); err != nil || p.Annotations[AnnotationSkipOutboundPorts] != "3306" {
 		t.Errorf("ListPods: %+v, %v", p, err)
 	}
-	prefix := "the kubelet's pods API at " + f.socket + ": "
+	prefix := "the kubelet's pods API at " + f.Socket + ": "
 	for _, tc := range []struct {
 		name, ns, pod, uid string
 		err                error
@@ -282,8 +220,8 @@ func TestKubeletClientAgainstGRPC(t *testing.T) {
 			prefix + "/v1alpha1.Pods/ListPods: gRPC status Unimplemented: unknown method ListPods"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f.err = tc.err
-			defer func() { f.err = nil }()
+			f.Failing(tc.err)
+			defer f.Failing(nil)
 			if _, err := k.pod(ctx, tc.ns, tc.pod, tc.uid); err == nil || err.Error() != tc.want {
 				t.Errorf("error %v,\nwant %s", err, tc.want)
 			}
@@ -292,7 +230,7 @@ func TestKubeletClientAgainstGRPC(t *testing.T) {
 
 	// A pod larger than the plugin reads.
 	big := realPod("api-0", "1", map[string]string{"example.com/big": strings.Repeat("x", maxKubeletPod)})
-	f.pods = []*corev1.Pod{big}
+	f.Set(big)
 	if _, err := k.pod(ctx, "web", "api-0", "u-1"); err == nil || !strings.HasPrefix(err.Error(), prefix+"/v1alpha1.Pods/GetPod: the answer's message is ") ||
 		!strings.HasSuffix(err.Error(), " bytes, more than the 8388608 read") {
 		t.Errorf("an oversized pod: %v", err)
@@ -440,7 +378,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 	t.Run("every annotation on the pod", func(t *testing.T) {
 		f := startFakeKubelet(t, meshed("1", every))
 		r := nodeRig(t, nil)
-		args := kubeletArgs(t, r, f.socket)
+		args := kubeletArgs(t, r, f.Socket)
 		args.Args += ";K8S_POD_UID=u-1"
 		if err := r.plugin.Add(args); err != nil {
 			t.Fatalf("ADD: %v\n%s", err, r.logs.String())
@@ -466,7 +404,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 		f := startFakeKubelet(t, meshed("1", nil))
 		r := nodeRig(t, nil)
 		r.api.ns = &Namespace{ObjectMeta: ObjectMeta{Name: "web", Annotations: map[string]string{AnnotationSkipOutboundPorts: "5432"}}}
-		if err := r.plugin.Add(kubeletArgs(t, r, f.socket)); err != nil {
+		if err := r.plugin.Add(kubeletArgs(t, r, f.Socket)); err != nil {
 			t.Fatalf("ADD: %v\n%s", err, r.logs.String())
 		}
 		if d := cmp.Diff([]string{"namespace web"}, r.api.requests); d != "" {
@@ -486,7 +424,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 		f := startFakeKubelet(t, meshed("1", nil))
 		r := nodeRig(t, nil)
 		r.api.ns, r.api.err = nil, errors.New("connection refused")
-		code, msg := cniCode(t, r.plugin.Add(kubeletArgs(t, r, f.socket)))
+		code, msg := cniCode(t, r.plugin.Add(kubeletArgs(t, r, f.Socket)))
 		want := "meshed pod web/api-0: its namespace's annotations cannot be read (timeout 10s): the pod came from the kubelet, namespace web needs the API: connection refused"
 		if code != types.ErrTryAgainLater || msg != want {
 			t.Errorf("ADD: code %d %q,\nwant %d %q", code, msg, types.ErrTryAgainLater, want)
@@ -501,7 +439,7 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 		f := startFakeKubelet(t, cp)
 		r := nodeRig(t, nil)
 		r.api.svc = &Service{Spec: ServiceSpec{Ports: []ServicePort{{Port: 443, TargetPort: TargetPort{Number: 16443}}}}}
-		if err := r.plugin.Add(kubeletArgs(t, r, f.socket)); err != nil {
+		if err := r.plugin.Add(kubeletArgs(t, r, f.Socket)); err != nil {
 			t.Fatalf("ADD: %v\n%s", err, r.logs.String())
 		}
 		if d := cmp.Diff([]string{"service default/kubernetes"}, r.api.requests); d != "" {
@@ -520,22 +458,22 @@ func TestPluginReadsTheKubelet(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, socket string
-		kubelet      *fakeKubelet
+		kubelet      *kubelettest.Kubelet
 		log          string // "" for nothing above debug
 	}{
 		{"no kubelet socket", filepath.Join(dir, "absent.sock"), nil, ""},
 		{"the key off", "", nil, ""},
 		{"the default path", "-", nil, ""}, // no kubelet on the test machine, or it does not know web/api-0
 		{"not a socket", file, nil, `socket=` + file + ` error="` + file + ` is not a socket (mode -rw-------)"`},
-		{"the kubelet refuses", "", &fakeKubelet{pods: []*corev1.Pod{meshed("1", nil)}, err: status.Error(codes.Unavailable, "shutting down")},
+		{"the kubelet refuses", "", kubelettest.New(meshed("1", nil)).Failing(status.Error(codes.Unavailable, "shutting down")),
 			"%s/v1alpha1.Pods/ListPods: gRPC status Unavailable: shutting down"},
-		{"another pod", "", &fakeKubelet{pods: []*corev1.Pod{realPod("api-5", "5", nil)}},
+		{"another pod", "", kubelettest.New(realPod("api-5", "5", nil)),
 			"%spod web/api-0 is not among the node's pods: the kubelet did not give the pod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			socket := tc.socket
 			if tc.kubelet != nil {
-				socket = serveKubelet(t, tc.kubelet).socket
+				socket = serveKubelet(t, tc.kubelet).Socket
 				tc.log = fmt.Sprintf(tc.log, `socket=`+socket+` error="the kubelet's pods API at `+socket+`: `)
 			}
 			if tc.socket == "-" {

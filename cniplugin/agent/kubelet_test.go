@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,79 +24,20 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	podsv1alpha1 "k8s.io/kubelet/pkg/apis/pods/v1alpha1"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/cniplugin/agent"
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/test/cnitest"
+	"github.com/kubemesh/proxy-init/test/kubelettest"
 	"github.com/kubemesh/proxy-init/test/kubetest"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
-
-// fakeKubelet serves the kubelet's pods API from a fixed set of pods, as v1.Pod#Marshal bytes,
-// the way the kubelet does.
-type fakeKubelet struct {
-	podsv1alpha1.UnimplementedPodsServer
-	callLog
-	mu   sync.Mutex // guards pods
-	pods []*corev1.Pod
-}
-
-func (k *fakeKubelet) GetPod(_ context.Context, req *podsv1alpha1.GetPodRequest) (*podsv1alpha1.GetPodResponse, error) {
-	k.record("GetPod " + req.PodUID)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, p := range k.pods {
-		if string(p.UID) == req.PodUID {
-			b, err := p.Marshal()
-			return &podsv1alpha1.GetPodResponse{Pod: b}, err
-		}
-	}
-	return nil, status.Errorf(codes.NotFound, "pod with UID %s not found", req.PodUID)
-}
-
-func (k *fakeKubelet) ListPods(context.Context, *podsv1alpha1.ListPodsRequest) (*podsv1alpha1.ListPodsResponse, error) {
-	k.record("ListPods")
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	resp := &podsv1alpha1.ListPodsResponse{}
-	for _, p := range k.pods {
-		b, err := p.Marshal()
-		if err != nil {
-			return nil, err
-		}
-		resp.Pods = append(resp.Pods, b)
-	}
-	return resp, nil
-}
-
-// serveKubelet serves k on dir/pods-api/pods-api.sock, the kubelet's layout under its root
-// directory, and returns the socket's path.
-func serveKubelet(t *testing.T, dir string, k *fakeKubelet) string {
-	t.Helper()
-	sock := filepath.Join(dir, "pods-api", "pods-api.sock")
-	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	podsv1alpha1.RegisterPodsServer(s, k)
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(s.Stop)
-	return sock
-}
 
 // deadAPI is an API server that refuses every request but, when ns is set, a GET of that
 // namespace; it counts the requests by verb and path.
@@ -137,7 +77,7 @@ type kubeletRig struct {
 	t       *testing.T
 	a       *agent.Agent
 	api     *deadAPI
-	kubelet *fakeKubelet
+	kubelet *kubelettest.Kubelet
 	socket  string
 	conf    []byte
 	log     *cnitest.SyncBuffer
@@ -151,7 +91,7 @@ func newKubeletRig(t *testing.T, api *deadAPI) *kubeletRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	r := &kubeletRig{t: t, api: api, kubelet: &fakeKubelet{}, socket: filepath.Join(dir, "run", "agent.sock"), log: &cnitest.SyncBuffer{}}
+	r := &kubeletRig{t: t, api: api, kubelet: kubelettest.New(), socket: filepath.Join(dir, "run", "agent.sock"), log: &cnitest.SyncBuffer{}}
 	api.count = map[string]int{}
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
@@ -159,7 +99,7 @@ func newKubeletRig(t *testing.T, api *deadAPI) *kubeletRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeletSock := serveKubelet(t, filepath.Join(dir, "kubelet"), r.kubelet)
+	kubeletSock := r.kubelet.Serve(t, filepath.Join(dir, "kubelet", "pods-api", "pods-api.sock")).Socket
 	r.conf = pluginConf(r.socket, iptables.ModeNFT, true)
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(r.log, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.a, err = agent.New(client, agent.Options{NodeName: "node-k", Socket: r.socket, KubeletPodsSocket: kubeletSock, HostProc: "/proc",
@@ -189,9 +129,7 @@ func (r *kubeletRig) kubeletPod(name string, annotations map[string]string) (*co
 		Spec: corev1.PodSpec{NodeName: "node-k",
 			Containers: []corev1.Container{{Name: "app", Image: "app:test"}, {Name: cniplugin.ProxyContainerName, Image: "proxy:test"}}},
 	}
-	r.kubelet.mu.Lock()
-	r.kubelet.pods = append(r.kubelet.pods, p)
-	r.kubelet.mu.Unlock()
+	r.kubelet.Add(p)
 	return p, nt.NewNS(r.t)
 }
 
@@ -355,15 +293,15 @@ func testKubeletOnlyPod(t *testing.T, c *kubetest.Cluster) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	k := &fakeKubelet{}
-	r := newRig(t, c, rigOpts{kubeletPods: serveKubelet(t, dir, k)})
+	k := kubelettest.New().Serve(t, filepath.Join(dir, "pods-api", "pods-api.sock"))
+	r := newRig(t, c, rigOpts{kubeletPods: k.Socket})
 	if _, err := r.admin.CoreV1().Namespaces().Patch(context.Background(), r.ns, k8stypes.MergePatchType,
 		fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"5555"}}}`, cniplugin.AnnotationSkipOutboundPorts), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "static-web", Namespace: r.ns, UID: "uid-static-web"},
 		Spec: corev1.PodSpec{NodeName: r.node, Containers: []corev1.Container{{Name: "app"}, {Name: cniplugin.ProxyContainerName}}}}
-	k.pods = []*corev1.Pod{obj}
+	k.Add(obj)
 	p := &pod{obj: obj, netns: nt.NewNS(t), id: "sandbox-static-web"}
 	// CHECK writes nothing; until ADD, it fails naming the rules it expects, which hold the
 	// namespace's port once the agent's watch has delivered the annotation.
