@@ -75,9 +75,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 	t := s.xtTable(fam, tbl.Name)
 	if s.findTable(fam, tbl.Name) == nil || t == nil {
 		t = &ruleTable{rules: map[string][]rule{}}
-		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
-		b.str(unix.NFTA_TABLE_NAME, tbl.Name)
-		b.add(what{text: "add table " + famName(fam) + " " + tbl.Name})
+		addTable(b, fam, tbl.Name)
 	}
 	var ourJumps []iptables.XTRule
 	for _, j := range jumps {
@@ -96,7 +94,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 	kept := pruneXTJumps(b, f, t, tbl.Name, stale, ourJumps)
 	for _, name := range stale {
 		if len(t.rules[name]) > 0 {
-			flush(b, fam, tbl.Name, name)
+			deleteRule(b, fam, tbl.Name, name, 0)
 		}
 	}
 	for _, name := range stale {
@@ -130,14 +128,11 @@ func writeXTChains(b *Batch, f iptables.Family, t *ruleTable, tbl iptables.XTTab
 		have := t.rules[c.Name]
 		switch {
 		case t.chain(c.Name) == nil:
-			b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-			b.str(unix.NFTA_CHAIN_TABLE, tbl.Name)
-			b.str(unix.NFTA_CHAIN_NAME, c.Name)
-			b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), tbl.Name, c.Name) }})
+			addChain(b, fam, tbl.Name, c.Name)
 		case sameXT(f, rules, have):
 			continue
 		case len(have) > 0:
-			flush(b, fam, tbl.Name, c.Name)
+			deleteRule(b, fam, tbl.Name, c.Name, 0)
 		}
 		for i := range rules {
 			addXT(b, f, &rules[i])
@@ -199,7 +194,7 @@ func (s *State) removeXT(b *Batch, f iptables.Family, name string) {
 	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
-			flush(b, fam, name, c.name)
+			deleteRule(b, fam, name, c.name, 0)
 		}
 	}
 	for _, c := range t.chains {
@@ -207,6 +202,21 @@ func (s *State) removeXT(b *Batch, f iptables.Family, name string) {
 			deleteChain(b, fam, name, c.name)
 		}
 	}
+}
+
+// addTable creates a table of family fam, if missing.
+func addTable(b *Batch, fam byte, name string) {
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
+	b.str(unix.NFTA_TABLE_NAME, name)
+	b.add(what{text: "add table " + famName(fam) + " " + name})
+}
+
+// addChain creates a regular chain.
+func addChain(b *Batch, fam byte, tableName, name string) {
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, tableName)
+	b.str(unix.NFTA_CHAIN_NAME, name)
+	b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name) }})
 }
 
 func deleteChain(b *Batch, fam byte, tableName, chainName string) {
@@ -228,9 +238,7 @@ func (s *State) writeNative(b *Batch, rs *iptables.Ruleset) {
 	if t != nil {
 		// Created if missing (it is not, but then the delete cannot fail whatever happens in
 		// between), deleted, and created anew; the kernel applies all of it or none.
-		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
-		b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
-		b.add(what{text: "add table inet " + iptables.NFTTableName})
+		addTable(b, famInet, iptables.NFTTableName)
 		s.removeNative(b)
 	}
 	addNativeTable(b, want)
@@ -292,15 +300,20 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))
 		return
 	}
-	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
-	b.str(unix.NFTA_RULE_TABLE, r.TableName())
-	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
-	b.expressions(fam, exprs)
+	b.beginRule(fam, r.TableName(), r.Chain, exprs)
 	c := b.nest(unix.NFTA_RULE_COMPAT)
 	b.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
 	b.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
 	b.close(c)
 	b.add(what{xt: r, fam: fam})
+}
+
+// beginRule begins a message appending a rule of exprs to a chain.
+func (b *Batch) beginRule(fam byte, tableName, chainName string, exprs []expr.Any) {
+	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
+	b.str(unix.NFTA_RULE_TABLE, tableName)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.expressions(fam, exprs)
 }
 
 // ruleBytes is about what one of our iptables-nft rules takes (its comment alone is 300 bytes).
@@ -379,39 +392,6 @@ func (b *Batch) cmpExpr(c *expr.Cmp) {
 	b.close(el)
 }
 
-// exprName is the kernel's name of an expression of the kinds our rules hold.
-func exprName(e expr.Any) string {
-	switch e.(type) {
-	case *expr.Meta:
-		return "meta"
-	case *expr.Cmp:
-		return "cmp"
-	case *expr.Payload:
-		return "payload"
-	case *expr.Bitwise:
-		return "bitwise"
-	case *expr.Range:
-		return "range"
-	case *expr.Lookup:
-		return "lookup"
-	case *expr.Match:
-		return "match"
-	case *expr.Target:
-		return "target"
-	case *expr.Counter:
-		return "counter"
-	case *expr.Immediate, *expr.Verdict:
-		return "immediate"
-	case *expr.Redir:
-		return "redir"
-	case *expr.Ct:
-		return "ct"
-	case *expr.TProxy:
-		return "tproxy"
-	}
-	return fmt.Sprintf("%T", e)
-}
-
 // marshal returns e's data as google/nftables marshals it, the shared expressions' only once.
 func (b *Batch) marshal(fam byte, e expr.Any) []byte {
 	i, f := sharedSlot(e), slices.Index(wireFamilies[:], fam)
@@ -432,22 +412,21 @@ func (b *Batch) marshal(fam byte, e expr.Any) []byte {
 	return data
 }
 
+// deleteRule deletes a rule by its handle, or, with handle 0 (the kernel's handles start at 1),
+// every rule of the chain: flush.
 func deleteRule(b *Batch, fam byte, tableName, chainName string, handle uint64) {
 	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
 	b.str(unix.NFTA_RULE_TABLE, tableName)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.u64(unix.NFTA_RULE_HANDLE, handle)
+	if handle != 0 {
+		b.u64(unix.NFTA_RULE_HANDLE, handle)
+	}
 	b.add(what{del: true, render: func() string {
+		if handle == 0 {
+			return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)
+		}
 		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), tableName, chainName, handle)
 	}})
-}
-
-// flush deletes every rule of a chain: a rule deletion that names no handle.
-func flush(b *Batch, fam byte, tableName, chainName string) {
-	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
-	b.str(unix.NFTA_RULE_TABLE, tableName)
-	b.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.add(what{del: true, render: func() string { return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName) }})
 }
 
 // addNativeTable adds the messages that create t; the table must not exist at that point of the
@@ -483,10 +462,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 				b.fail(fmt.Errorf("chain %s: rule %q: %w", c.Name, r, err))
 				return
 			}
-			b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
-			b.str(unix.NFTA_RULE_TABLE, tbl)
-			b.str(unix.NFTA_RULE_CHAIN, c.Name)
-			b.expressions(famInet, exprs)
+			b.beginRule(famInet, tbl, c.Name, exprs)
 			if r.Comment != "" {
 				b.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
 			}

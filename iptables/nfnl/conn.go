@@ -228,3 +228,32 @@ func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 	ad.ByteOrder = binary.BigEndian
 	return ad, nil
 }
+
+// eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.
+func eachMsgAttr(m netlink.Message, f func(ad *netlink.AttributeDecoder)) error {
+	if len(m.Data) < 4 {
+		return fmt.Errorf("nf_tables message of %d bytes", len(m.Data))
+	}
+	return eachAttr(m.Data[4:], f)
+}
+
+func eachAttr(b []byte, f func(ad *netlink.AttributeDecoder)) error {
+	ad, err := decoder(b)
+	if err != nil {
+		return err
+	}
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
+}
+
+// nested calls f on each attribute nested in ad's current one.
+func nested(ad *netlink.AttributeDecoder, f func(nd *netlink.AttributeDecoder)) {
+	ad.Nested(func(nd *netlink.AttributeDecoder) error {
+		for nd.Next() {
+			f(nd)
+		}
+		return nil
+	})
+}
