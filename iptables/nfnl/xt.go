@@ -464,32 +464,50 @@ func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule
 	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
 }
 
-// decodeXTInto reads the expressions the way encodeXT writes them; sameExprs then checks the rest.
-// Each expression kind has its reader; those that consume the comparison after a load return the
-// index of the last expression they read.
+// decodeXTInto reads the expressions the way encodeXT writes them, leniently: decodeXT encodes
+// what it read again and compares, which refuses anything else. A load reads the comparison
+// after it too, and an address load its mask.
 func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 	for i := 0; i < len(ex); i++ {
-		ok := true
 		switch e := ex[i].(type) {
 		case *expr.Meta:
-			i, ok = decodeXTMeta(r, e, ex, i)
+			i++
+			d, _ := cmpData(ex, i)
+			switch e.Key {
+			case expr.MetaKeyOIFNAME:
+				r.OutInterface = ifnameOf(d)
+			case expr.MetaKeyIIFNAME:
+				r.InInterface = ifnameOf(d)
+			default: // the l4proto load
+				r.TCP, r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_TCP}), bytes.Equal(d, []byte{unix.IPPROTO_UDP})
+			}
 		case *expr.Payload:
+			i++
 			if e.Base == expr.PayloadBaseTransportHeader {
-				i, ok = decodeXTPort(r, e, ex, i)
+				decodeXTPort(r, e, ex, i)
+				continue
+			}
+			var mask []byte
+			if b, ok := next[*expr.Bitwise](ex, i); ok {
+				mask, i = b.Mask, i+1
+			}
+			d, _ := cmpData(ex, i)
+			if p, src := prefixOf(f, e, mask, d); src {
+				r.Source = p
 			} else {
-				i, ok = decodeXTAddr(f, r, e, ex, i)
+				r.Destination = p
 			}
 		case *expr.Match:
-			ok = decodeXTMatch(r, e)
+			decodeXTMatch(r, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			ok = decodeXTVerdict(r, e)
+			r.Target = map[expr.VerdictKind]string{expr.VerdictReturn: iptables.TargetReturn, expr.VerdictDrop: iptables.TargetDrop}[e.Kind]
+			if e.Kind == expr.VerdictJump {
+				r.Target = e.Chain
+			}
 		case *expr.Target:
-			ok = decodeXTTarget(f, r, e)
+			decodeXTTarget(f, r, e)
 		default:
-			ok = false
-		}
-		if !ok {
 			return false
 		}
 	}
@@ -505,27 +523,6 @@ func cmpData(ex []expr.Any, i int) ([]byte, bool) {
 	return c.Data, true
 }
 
-// decodeXTMeta reads an interface or protocol load at ex[i] and its comparison.
-func decodeXTMeta(r *iptables.XTRule, e *expr.Meta, ex []expr.Any, i int) (int, bool) {
-	d, ok := cmpData(ex, i+1)
-	if !ok {
-		return i, false
-	}
-	switch {
-	case e.Key == expr.MetaKeyOIFNAME:
-		r.OutInterface = ifnameOf(d)
-	case e.Key == expr.MetaKeyIIFNAME:
-		r.InInterface = ifnameOf(d)
-	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
-		r.TCP = true
-	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_UDP}):
-		r.UDP = true
-	default:
-		return i, false
-	}
-	return i + 1, true
-}
-
 // ifnameOf is iptables' interface name for the compared bytes: without its NUL the name is a
 // prefix, which iptables writes with a trailing "+".
 func ifnameOf(d []byte) string {
@@ -535,92 +532,45 @@ func ifnameOf(d []byte) string {
 	return string(d) + "+"
 }
 
-// decodeXTPort reads a port load at ex[i] and the comparison or range after it.
-func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
-	if i+1 >= len(ex) {
-		return i, false
-	}
+// decodeXTPort reads the port comparison or range at ex[i], after the port load e.
+func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) {
 	var pr iptables.PortRange
-	switch c := ex[i+1].(type) {
-	case *expr.Cmp:
-		if len(c.Data) != 2 {
-			return i, false
-		}
-		p := binary.BigEndian.Uint16(c.Data)
-		pr = iptables.PortRange{First: p, Last: p}
-	case *expr.Range:
-		if len(c.FromData) != 2 || len(c.ToData) != 2 {
-			return i, false
-		}
-		pr = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
-	default:
-		return i, false
+	if c, ok := next[*expr.Cmp](ex, i); ok {
+		pr.First = uint16At(c.Data, binary.BigEndian)
+		pr.Last = pr.First
+	} else if c, ok := next[*expr.Range](ex, i); ok {
+		pr = iptables.PortRange{First: uint16At(c.FromData, binary.BigEndian), Last: uint16At(c.ToData, binary.BigEndian)}
 	}
 	if e.Offset == 0 {
 		r.SPort = pr
 	} else {
 		r.DPort = pr
 	}
-	return i + 1, true
-}
-
-// decodeXTAddr reads an address load at ex[i], its optional mask and its comparison.
-func decodeXTAddr(f iptables.Family, r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
-	var mask []byte
-	if b, ok := next[*expr.Bitwise](ex, i+1); ok {
-		mask = b.Mask
-		i++
-	}
-	d, ok := cmpData(ex, i+1)
-	if !ok {
-		return i, false
-	}
-	p, src, ok := prefixOf(f, e, mask, d)
-	if !ok {
-		return i, false
-	}
-	if src {
-		r.Source = p
-	} else {
-		r.Destination = p
-	}
-	return i + 1, true
 }
 
 // decodeXTMatch reads an xtables match: the comment, conntrack state, owner or multiport.
-func decodeXTMatch(r *iptables.XTRule, e *expr.Match) bool {
+func decodeXTMatch(r *iptables.XTRule, e *expr.Match) {
 	switch info := e.Info.(type) {
 	case *xt.Comment:
 		r.Comment = string(*info)
 	case *xt.ConntrackMtinfo3:
-		switch info.StateMask {
-		case 1:
-			r.CTState = iptables.CTStateInvalid
-		case 6:
-			r.CTState = iptables.CTStateEstablished
-		default:
-			return false
+		for _, s := range []string{iptables.CTStateInvalid, iptables.CTStateEstablished} {
+			if mask, _ := ctStateMask(s); mask == info.StateMask {
+				r.CTState = s
+			}
 		}
 	case *xt.Unknown:
-		b := []byte(*info)
-		switch {
+		switch b := []byte(*info); {
+		case e.Name == "owner" && len(b) == ownerInfoLen && b[16] == xtOwnerGID:
+			id := binary.NativeEndian.Uint32(b[8:])
+			r.GIDOwner = &id
 		case e.Name == "owner" && len(b) == ownerInfoLen:
 			id := binary.NativeEndian.Uint32(b)
-			if b[16] == xtOwnerGID {
-				id = binary.NativeEndian.Uint32(b[8:])
-				r.GIDOwner = &id
-			} else {
-				r.UIDOwner = &id
-			}
+			r.UIDOwner = &id
 		case e.Name == "multiport" && len(b) == multiportLen:
 			r.MultiportDPorts = append(r.MultiportDPorts, multiportPorts(b)...)
-		default:
-			return false
 		}
-	default:
-		return false
 	}
-	return true
 }
 
 // multiportPorts reads the ports of an xt_multiport_v1 back, the inverse of multiportInfo.
@@ -639,57 +589,27 @@ func multiportPorts(b []byte) []iptables.PortRange {
 	return ports
 }
 
-func decodeXTVerdict(r *iptables.XTRule, e *expr.Verdict) bool {
-	switch e.Kind {
-	case expr.VerdictReturn:
-		r.Target = iptables.TargetReturn
-	case expr.VerdictDrop:
-		r.Target = iptables.TargetDrop
-	case expr.VerdictJump:
-		r.Target = e.Chain
-	default:
-		return false
-	}
-	return true
-}
-
 // decodeXTTarget reads a TPROXY, CT or REDIRECT target.
-func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) bool {
-	if u, ok := e.Info.(*xt.Unknown); ok {
-		b := []byte(*u)
-		switch {
-		case e.Name == "TPROXY" && len(b) == tproxyInfoLen:
-			r.Target, r.Mark, r.ToPort = iptables.TargetTPROXY, binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
-			r.OnIP = netip.IPv4Unspecified()
+func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) {
+	r.Target = e.Name
+	switch info := e.Info.(type) {
+	case *xt.Unknown:
+		switch b := []byte(*info); len(b) {
+		case tproxyInfoLen:
+			r.Mark, r.ToPort, r.OnIP = binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:]), netip.IPv4Unspecified()
 			if f == iptables.IPv6 {
 				r.OnIP = netip.IPv6Unspecified()
 			}
-		case e.Name == "CT" && len(b) == ctInfoLen:
-			r.Target, r.Zone = iptables.TargetCT, binary.NativeEndian.Uint16(b[2:])
-		default:
-			return false
+		case ctInfoLen:
+			r.Zone = binary.NativeEndian.Uint16(b[2:])
 		}
-		return true
-	}
-	if e.Name != "REDIRECT" {
-		return false
-	}
-	switch info := e.Info.(type) {
 	case *xt.NatIPv4MultiRangeCompat:
-		if f != iptables.IPv4 || len(*info) != 1 {
-			return false
+		if len(*info) == 1 {
+			r.ToPort = (*info)[0].MinPort
 		}
-		r.ToPort = (*info)[0].MinPort
 	case *xt.NatRange:
-		if f != iptables.IPv6 {
-			return false
-		}
 		r.ToPort = info.MinPort
-	default:
-		return false
 	}
-	r.Target = iptables.TargetRedirect
-	return true
 }
 
 func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
@@ -701,35 +621,19 @@ func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
 	return v, ok
 }
 
-// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix.
-func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool, bool) {
-	if p.Base != expr.PayloadBaseNetworkHeader {
-		return netip.Prefix{}, false, false
-	}
+// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix,
+// and says whether it is the source address.
+func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool) {
 	srcOff, full := addrOffset(f, true)
-	dstOff, _ := addrOffset(f, false)
-	var src bool
-	switch p.Offset {
-	case srcOff:
-		src = true
-	case dstOff:
-	default:
-		return netip.Prefix{}, false, false
-	}
-	if p.Len > full || int(p.Len) != len(data) {
-		return netip.Prefix{}, false, false
-	}
 	addr := make([]byte, full)
 	copy(addr, data)
 	a, _ := netip.AddrFromSlice(addr)
-	bits := int(p.Len) * 8
+	bits := len(data) * 8
 	if mask != nil {
 		ones, _ := net.IPMask(mask).Size()
 		bits = max(ones, 0)
 	}
-	// Not the canonical form of this prefix (a mask with holes, host bits set, a load of a whole
-	// address under a byte-aligned mask): sameExprs refuses the re-encoding.
-	return netip.PrefixFrom(a, bits), src, true
+	return netip.PrefixFrom(a, bits), p.Offset == srcOff
 }
 
 // sameExprs reports whether two expression lists are the same on the wire, counter values aside.
