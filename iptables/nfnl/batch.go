@@ -1,15 +1,9 @@
 package nfnl
 
-// The batch: one nf_tables transaction. It carries the ruleset generation it was planned at,
-// so the kernel refuses it whole (ERESTART) if anything changed the ruleset since it was read;
-// it knows what each message does, so an error names the message the kernel refused, and
-// String prints every message, one a line; and it asks for an acknowledgement of its last
-// message only. The kernel processes a batch inside sendmsg and queues, in order, an error for
-// every message it refuses and then the answer to the last one, so one answer tells success from
-// failure, where an answer per message would cost a read per rule.
-//
-// google/nftables' Conn.Flush can do none of these three (no generation, an acknowledgement per
-// message, errors joined without saying which message failed), so the framing is laid out here.
+// The batch (see the package comment). Only its last message asks for an answer: the kernel
+// processes a batch inside sendmsg and queues, in order, an error for every message it refuses
+// and then the answer to the last one, so one answer tells success from failure, where an answer
+// per message would cost a read per rule.
 
 import (
 	"encoding/binary"

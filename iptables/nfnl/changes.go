@@ -320,45 +320,45 @@ func (b *Batch) beginRule(fam byte, tableName, chainName string, exprs []expr.An
 const ruleBytes = 640
 
 // expressions adds a rule's expression list, each expression's data marshalled by
-// google/nftables (MarshalExprData: its Marshal would wrap the data with the name in a buffer of
-// its own, a copy of every expression of every rule), the shared ones once per process and family
-// (Batch.marshal). The xtables matches and targets and the comparisons are written here instead
-// (xtExpr, cmpExpr; see the package comment).
+// google/nftables (MarshalExprData: its Marshal would copy it into a buffer of its own with the
+// name), the shared ones once per process and family (Batch.marshal), except the xtables matches
+// and targets and the comparisons, laid out here as google/nftables lays them out (see the
+// package comment): its marshalling allocates four times for each comparison, and marshals an
+// xtables info, then the three attributes, then hands a copy to be copied again, which with a
+// 256-byte comment on every rule was a third of what a 1,000-rule batch allocated.
 func (b *Batch) expressions(fam byte, exprs []expr.Any) {
 	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
-		switch x := e.(type) {
-		case *expr.Match:
-			b.xtExpr(fam, "match", x.Name, x.Rev, x.Info)
-			continue
-		case *expr.Target:
-			b.xtExpr(fam, "target", x.Name, x.Rev, x.Info)
-			continue
-		case *expr.Cmp:
-			if sharedSlot(e) < 0 {
-				b.cmpExpr(x)
-				continue
-			}
-		}
-		data := b.marshal(fam, e)
 		el := b.nest(unix.NFTA_LIST_ELEM)
 		b.str(unix.NFTA_EXPR_NAME, exprName(e))
-		b.attr(unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, data)
+		data := b.nest(unix.NFTA_EXPR_DATA)
+		switch x := e.(type) {
+		case *expr.Match:
+			b.xtExpr(fam, x.Name, x.Rev, x.Info)
+		case *expr.Target:
+			b.xtExpr(fam, x.Name, x.Rev, x.Info)
+		case *expr.Cmp:
+			if sharedSlot(e) >= 0 {
+				b.b = append(b.b, b.marshal(fam, e)...)
+				break
+			}
+			b.u32(unix.NFTA_CMP_SREG, x.Register)
+			b.u32(unix.NFTA_CMP_OP, uint32(x.Op))
+			v := b.nest(unix.NFTA_CMP_DATA)
+			b.attr(unix.NFTA_DATA_VALUE, x.Data)
+			b.close(v)
+		default:
+			b.b = append(b.b, b.marshal(fam, e)...)
+		}
+		b.close(data)
 		b.close(el)
 	}
 	b.close(list)
 }
 
-// xtExpr adds an xtables match or target: its name, revision and info, laid out as
-// google/nftables' Match and Target lay them out, but straight into the batch. Theirs marshal
-// the info, then the three attributes, then (MarshalExprData) hand a copy to be copied again; with
-// a 256-byte comment on every rule, that was a third of what a 1,000-rule batch allocated. The
-// info is still google/nftables' (xt.Marshal); only the comment, a NUL-padded string, is
-// written here.
-func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny) {
-	el := b.nest(unix.NFTA_LIST_ELEM)
-	b.str(unix.NFTA_EXPR_NAME, kind)
-	data := b.nest(unix.NFTA_EXPR_DATA)
+// xtExpr adds an xtables match's or target's data: its name, revision and info, google/nftables'
+// (xt.Marshal) but for the comment, a NUL-padded string.
+func (b *Batch) xtExpr(fam byte, name string, rev uint32, info xt.InfoAny) {
 	// NFTA_MATCH_* and NFTA_TARGET_* number name, revision and info alike.
 	b.str(unix.NFTA_MATCH_NAME, name)
 	b.u32(unix.NFTA_MATCH_REV, rev)
@@ -372,24 +372,6 @@ func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny)
 		b.fail(err)
 		b.attr(unix.NFTA_MATCH_INFO, raw)
 	}
-	b.close(data)
-	b.close(el)
-}
-
-// cmpExpr adds a comparison, laid out as google/nftables' Cmp lays it out. Nearly every rule
-// compares something of its own (an address, an interface); google/nftables' marshalling
-// allocates four times for each (see the package comment).
-func (b *Batch) cmpExpr(c *expr.Cmp) {
-	el := b.nest(unix.NFTA_LIST_ELEM)
-	b.str(unix.NFTA_EXPR_NAME, "cmp")
-	data := b.nest(unix.NFTA_EXPR_DATA)
-	b.u32(unix.NFTA_CMP_SREG, c.Register)
-	b.u32(unix.NFTA_CMP_OP, uint32(c.Op))
-	v := b.nest(unix.NFTA_CMP_DATA)
-	b.attr(unix.NFTA_DATA_VALUE, c.Data)
-	b.close(v)
-	b.close(data)
-	b.close(el)
 }
 
 // marshal returns e's data as google/nftables marshals it, the shared expressions' only once.

@@ -1,11 +1,9 @@
 package nfnl
 
-// The one read of kernel state: the ruleset generation and the table list in one round trip
-// (which is all a fresh namespace costs), then, only for the tables that exist and matter, their
-// chains, rules, sets and elements. Dumps are decoded here rather than through google/nftables'
-// Conn: it reads no table comment (where the native table records its plan), cannot read the
-// generation in the same round trip, and skips expressions it does not know, so that someone
-// else's rule could pass for ours. Expressions themselves are decoded by google/nftables.
+// The one read of kernel state: the generation and the table list in one round trip (all a fresh
+// namespace costs), then the detail of the tables that matter. google/nftables' Conn cannot read
+// the generation in the same round trip, and skips expressions it does not know, so that someone
+// else's rule could pass for ours; expressions themselves are decoded by google/nftables.
 
 import (
 	"errors"

@@ -1,20 +1,13 @@
 package nfnl
 
 // The iptables-nft encoding: one iptables.XTRule as the nf_tables expressions iptables-nft 1.8.9
-// builds for the same iptables-restore line, found by writing our payloads with
-// iptables-nft-restore and dumping them. Interface, protocol and address matches are native
-// expressions; the tcp and udp ports too. The owner, multiport, conntrack and comment matches
-// and the REDIRECT, TPROXY and CT targets are xtables extensions run by the kernel's nft_compat,
-// each with its revision and the extension's own C struct as info. DROP and RETURN are native
-// verdicts. Every rule carries a counter before its verdict, as iptables-nft's do.
-//
-// The comment, conntrack and REDIRECT infos are google/nftables' xt.Comment,
-// xt.ConntrackMtinfo3, xt.NatIPv4MultiRangeCompat (IPv4 REDIRECT is revision 0, the compat
-// struct) and xt.NatRange. xt has no type for the owner, multiport, TPROXY and CT infos, so
-// those four C structs are laid out here.
-//
-// decode is the inverse, and is strict by construction: a rule read back counts as one of ours
-// only if encoding what it decodes to gives back exactly the expressions read.
+// builds for the same iptables-restore line (found by dumping what iptables-nft-restore wrote).
+// Interface, protocol, address and tcp/udp port matches and DROP and RETURN are native
+// expressions; the owner, multiport, conntrack and comment matches and the REDIRECT, TPROXY and
+// CT targets are xtables extensions run by nft_compat, each with its revision and C struct as
+// info (IPv4 REDIRECT is revision 0, the compat struct). Every rule carries a counter before its
+// verdict, as iptables-nft's do. decodeXT is the inverse, strict by construction: a rule read
+// back is ours only if encoding what it decodes to gives back exactly the expressions read.
 
 import (
 	"bytes"
