@@ -14,6 +14,7 @@ package nfnl
 // is deleted and created anew with its sets, chains and rules, in the same batch.
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sort"
@@ -53,12 +54,7 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	b.grow(n+16, n*ruleBytes)
 	for i, f := range families {
 		for _, tbl := range iptables.XTTables() {
-			var chains []iptables.PlanChain
-			for _, c := range plan {
-				if c.Table == tbl {
-					chains = append(chains, c)
-				}
-			}
+			chains := slices.DeleteFunc(slices.Clone(plan), func(c iptables.PlanChain) bool { return c.Table != tbl })
 			if !rs.HasFamily(f) || len(chains) == 0 {
 				s.removeXT(b, f, tbl.Name)
 				continue
@@ -77,12 +73,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 		t = &ruleTable{rules: map[string][]rule{}}
 		addTable(b, fam, tbl.Name)
 	}
-	var ourJumps []iptables.XTRule
-	for _, j := range jumps {
-		if j.TableName() == tbl.Name {
-			ourJumps = append(ourJumps, j)
-		}
-	}
+	ourJumps := slices.DeleteFunc(slices.Clone(jumps), func(j iptables.XTRule) bool { return j.TableName() != tbl.Name })
 	writeXTChains(b, f, t, tbl, chains, all)
 	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
 	var stale []string
@@ -92,14 +83,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 		}
 	}
 	kept := pruneXTJumps(b, f, t, tbl.Name, stale, ourJumps)
-	for _, name := range stale {
-		if len(t.rules[name]) > 0 {
-			deleteRule(b, fam, tbl.Name, name, 0)
-		}
-	}
-	for _, name := range stale {
-		deleteChain(b, fam, tbl.Name, name)
-	}
+	dropChains(b, fam, tbl.Name, t, stale)
 	for i, j := range ourJumps {
 		if !kept[j.Chain+" "+j.Target] {
 			addXT(b, f, &ourJumps[i])
@@ -181,26 +165,31 @@ func (s *State) removeXT(b *Batch, f iptables.Family, name string) {
 	if t == nil {
 		return
 	}
+	var ours []string
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) {
+			ours = append(ours, c.name)
 			continue
 		}
 		for _, r := range t.rules[c.name] {
-			if r.jumpsToOurs() {
+			if iptables.IsOurChain(r.jumpTarget()) {
 				deleteRule(b, fam, name, c.name, r.handle)
 			}
 		}
 	}
-	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
-	for _, c := range t.chains {
-		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
-			deleteRule(b, fam, name, c.name, 0)
+	dropChains(b, fam, name, t, ours)
+}
+
+// dropChains deletes chains of t, table name: flushed first, all of them, so none still jumps to
+// another when it is deleted.
+func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) {
+	for _, c := range chains {
+		if len(t.rules[c]) > 0 {
+			deleteRule(b, fam, name, c, 0)
 		}
 	}
-	for _, c := range t.chains {
-		if iptables.IsOurChain(c.name) {
-			deleteChain(b, fam, name, c.name)
-		}
+	for _, c := range chains {
+		deleteChain(b, fam, name, c)
 	}
 }
 
@@ -401,7 +390,7 @@ func deleteRule(b *Batch, fam byte, tableName, chainName string, handle uint64) 
 	b.str(unix.NFTA_RULE_TABLE, tableName)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
 	if handle != 0 {
-		b.u64(unix.NFTA_RULE_HANDLE, handle)
+		b.attr(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
 	}
 	b.add(what{del: true, render: func() string {
 		if handle == 0 {
@@ -523,21 +512,17 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 
 // elementCount is how many set elements the intervals take (see addSet).
 func elementCount(ivs []iptables.NFTInterval) int {
-	n := 0
-	for i, iv := range ivs {
-		if i == 0 && !isZero(iv.First) {
-			n++
-		}
+	n := len(ivs)
+	if n > 0 && !isZero(ivs[0].First) {
 		n++
+	}
+	for _, iv := range ivs {
 		if _, ok := iv.After(); ok {
 			n++
 		}
 	}
 	return n
 }
-
-// jumpsToOurs reports whether the rule's verdict enters one of our chains.
-func (r rule) jumpsToOurs() bool { return iptables.IsOurChain(r.jumpTarget()) }
 
 // jumpTarget is the chain the rule's verdict jumps or goes to, or "".
 func (r rule) jumpTarget() string {
@@ -564,16 +549,10 @@ func (r rule) hasOurComment() bool {
 
 // sameXT reports whether a chain holds exactly the wanted rules, in order.
 func sameXT(f iptables.Family, want []iptables.XTRule, have []rule) bool {
-	if len(want) != len(have) {
-		return false
-	}
-	for i := range want {
-		e, _, err := encodeXT(f, want[i])
-		if err != nil || have[i].foreign != "" || !sameExprs(xtFamily(f), e, have[i].exprs) {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(want, have, func(w iptables.XTRule, h rule) bool {
+		e, _, err := encodeXT(f, w)
+		return err == nil && h.foreign == "" && sameExprs(xtFamily(f), e, h.exprs)
+	})
 }
 
 // saved returns our chains and rules in family f the way iptables-nft-save lists them, table by
@@ -605,9 +584,7 @@ func (s *State) saved(f iptables.Family) iptables.SavedState {
 			for _, r := range t.rules[c.name] {
 				into := iptables.ChainTable(r.jumpTarget()) == tbl.Name
 				switch {
-				case ours:
-					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
-				case into && r.hasOurComment():
+				case ours || into && r.hasOurComment():
 					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
 				case into:
 					out.ForeignJumps = append(out.ForeignJumps, r.line(f, tbl.Name, c.name))

@@ -171,16 +171,10 @@ func (w *wbuf) str(typ uint16, s string) {
 	w.close(off)
 }
 
-// u32 and u64 append integers in nf_tables' byte order, big-endian.
+// u32 appends an integer in nf_tables' byte order, big-endian.
 func (w *wbuf) u32(typ uint16, v uint32) {
 	off := w.open(typ)
 	w.b = binary.BigEndian.AppendUint32(w.b, v)
-	w.close(off)
-}
-
-func (w *wbuf) u64(typ uint16, v uint64) {
-	off := w.open(typ)
-	w.b = binary.BigEndian.AppendUint64(w.b, v)
 	w.close(off)
 }
 

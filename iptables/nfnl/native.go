@@ -22,30 +22,17 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Set key types, as nft numbers its datatypes, and their key lengths.
-var keyTypes = []struct {
-	typ iptables.NFTSetType
-	id  uint32
-	len int
-}{
-	{iptables.NFTIPv4, 7, 4},
-	{iptables.NFTIPv6, 8, 16},
-	{iptables.NFTPorts, 13, 2},
-}
+// keyTypes are the set key types: the number nft gives the datatype, and the key length.
+var keyTypes = map[iptables.NFTSetType][2]int{iptables.NFTIPv4: {7, 4}, iptables.NFTIPv6: {8, 16}, iptables.NFTPorts: {13, 2}}
 
 func keyType(t iptables.NFTSetType) (id uint32, length int) {
-	for _, k := range keyTypes {
-		if k.typ == t {
-			return k.id, k.len
-		}
-	}
-	return 0, 0
+	return uint32(keyTypes[t][0]), keyTypes[t][1]
 }
 
 func keyTypeName(id uint32) iptables.NFTSetType {
-	for _, k := range keyTypes {
-		if k.id == id {
-			return k.typ
+	for t, k := range keyTypes {
+		if uint32(k[0]) == id {
+			return t
 		}
 	}
 	return iptables.NFTSetType("type-" + strconv.FormatUint(uint64(id), 10))
@@ -172,12 +159,7 @@ func appendNativeVerdict(out []expr.Any, r iptables.NFTRule) ([]expr.Any, error)
 }
 
 func isZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
+	return bytes.Count(b, []byte{0}) == len(b)
 }
 
 // nativeTable maps our table, read in detail, onto the builder's model. comment is the table's.
@@ -229,8 +211,7 @@ func (s set) model() iptables.NFTSet {
 			out.Flags = "none"
 		}
 	}
-	if s.flags&unix.NFT_SET_INTERVAL == 0 {
-		// A plain set: every element is a single key.
+	if s.flags&unix.NFT_SET_INTERVAL == 0 { // a plain set: every element is a single key
 		for _, e := range s.elems {
 			out.Elements = append(out.Elements, iptables.NFTInterval{First: e.key, Last: e.key})
 		}

@@ -102,7 +102,6 @@ type set struct {
 	name    string
 	flags   uint32
 	keyType uint32
-	keyLen  uint32
 	elems   []element
 }
 
@@ -137,8 +136,9 @@ type detail struct {
 
 // read reads the state: the generation and every table, then what want asks for given them.
 // When it had to look into tables, it reads the generation again and starts over if the ruleset
-// changed in between (or an object listed was gone when its detail was read), so the state is one the kernel held at once (a batch planned from it is
-// checked by the kernel anyway; Show and a write found unnecessary rely on this).
+// changed in between (or an object listed was gone when its detail was read), so the state is
+// one the kernel held at once (a batch planned from it is checked by the kernel anyway; Show and
+// a write found unnecessary rely on this).
 func read(src source, want func(*State) detail) (*State, error) {
 	for attempt := 1; ; attempt++ {
 		s, err := readTables(src)
@@ -536,8 +536,6 @@ func decodeSet(m netlink.Message) (set, string, error) {
 			st.flags = ad.Uint32()
 		case unix.NFTA_SET_KEY_TYPE:
 			st.keyType = ad.Uint32()
-		case unix.NFTA_SET_KEY_LEN:
-			st.keyLen = ad.Uint32()
 		}
 	})
 	return st, tbl, err

@@ -230,7 +230,7 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		return nil, 0, err
 	}
 	if r.CTState != "" {
-		mask, ok := ctStateMask(r.CTState)
+		mask, ok := ctStateMasks[r.CTState]
 		if !ok {
 			return nil, 0, fmt.Errorf("conntrack state %q is not one we match", r.CTState)
 		}
@@ -297,17 +297,9 @@ func xtTarget(name string, rev uint32, info []byte) *expr.Target {
 	return &expr.Target{Name: name, Rev: rev, Info: &i}
 }
 
-// ctStateMask is the conntrack match's state mask for a state list we write
+// ctStateMasks are the conntrack match's state masks for the state lists we write
 // (XT_CONNTRACK_STATE_BIT: INVALID is bit 0, ESTABLISHED 1, RELATED 2).
-func ctStateMask(state string) (uint16, bool) {
-	switch state {
-	case iptables.CTStateInvalid:
-		return 1, true
-	case iptables.CTStateEstablished:
-		return 6, true
-	}
-	return 0, false
-}
+var ctStateMasks = map[string]uint16{iptables.CTStateInvalid: 1, iptables.CTStateEstablished: 6}
 
 // conntrackInfo is xt_conntrack_mtinfo3 matching the state mask alone.
 func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
@@ -547,8 +539,8 @@ func decodeXTMatch(r *iptables.XTRule, e *expr.Match) {
 	case *xt.Comment:
 		r.Comment = string(*info)
 	case *xt.ConntrackMtinfo3:
-		for _, s := range []string{iptables.CTStateInvalid, iptables.CTStateEstablished} {
-			if mask, _ := ctStateMask(s); mask == info.StateMask {
+		for s, mask := range ctStateMasks {
+			if mask == info.StateMask {
 				r.CTState = s
 			}
 		}
