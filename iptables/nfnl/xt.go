@@ -111,13 +111,13 @@ func xtFamily(f iptables.Family) byte {
 // encodeXT returns the expressions of r for family f, and the layer-4 protocol its xtables
 // extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule that does not say tcp).
 func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	return appendXT(make([]expr.Any, 0, 8), nil, f, r)
+	return appendXT(make([]expr.Any, 0, 8), &exprPool{}, f, r)
 }
 
 // exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
 // while it is laid out: a batch marshals each rule before it encodes the next, which reuses
 // them. Without it, a thousand rules allocated 100 KB of expressions that lived for one rule
-// each. A nil pool allocates.
+// each.
 type exprPool struct {
 	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
 	ncmp    int
@@ -125,12 +125,6 @@ type exprPool struct {
 	naddr   int
 	match   expr.Match
 	comment xt.Comment
-}
-
-func (p *exprPool) reset() {
-	if p != nil {
-		p.ncmp, p.naddr = 0, 0
-	}
 }
 
 func (p *exprPool) cmp(data []byte) *expr.Cmp {
@@ -143,7 +137,7 @@ func (p *exprPool) cmp(data []byte) *expr.Cmp {
 	return c
 }
 
-// addr returns the bytes of a, as a slice.
+// addr returns the bytes of a, as a slice. (A nil pool allocates.)
 func (p *exprPool) addr(a netip.Addr) []byte {
 	if p == nil || p.naddr == len(p.addrs) {
 		return a.AsSlice()
@@ -154,10 +148,6 @@ func (p *exprPool) addr(a netip.Addr) []byte {
 }
 
 func (p *exprPool) commentMatch(comment string) *expr.Match {
-	if p == nil {
-		c := xt.Comment(comment)
-		return &expr.Match{Name: "comment", Rev: commentRev, Info: &c}
-	}
 	p.comment = xt.Comment(comment)
 	p.match = expr.Match{Name: "comment", Rev: commentRev, Info: &p.comment}
 	return &p.match
@@ -165,7 +155,7 @@ func (p *exprPool) commentMatch(comment string) *expr.Match {
 
 // appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
 func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	pool.reset()
+	pool.ncmp, pool.naddr = 0, 0
 	out, proto, err := appendXTMatches(out, pool, f, r)
 	if err != nil {
 		return nil, 0, err
