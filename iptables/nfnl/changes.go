@@ -1,17 +1,12 @@
 package nfnl
 
-// The planner: a State and what should be in place turn into one batch. It writes one
-// representation of our rules (iptables-nft's, or the native table) and removes ours from the
-// other, or removes both; what it leaves alone is everyone else's.
-//
-// iptables-nft's rules: it creates what is missing (the tables and base chains as iptables-nft
-// creates them, our chains), refills our chains whose rules differ in any way, deletes stray or
-// duplicate jumps of ours by handle and appends missing ones, as iptables -A does. Rules of
-// others in PREROUTING and OUTPUT are never touched (another's own jump into our chains included,
-// until a removal takes the chain it enters), and built-in chains are never flushed.
-//
-// The native table: when it records the same plan and reads back identical, nothing; otherwise it
-// is deleted and created anew with its sets, chains and rules, in the same batch.
+// The planner (see the package comment). For iptables-nft's rules it creates what is missing
+// (tables and base chains as iptables-nft creates them, our chains), refills our chains whose
+// rules differ in any way, deletes stray or duplicate jumps of ours by handle and appends missing
+// ones, as iptables -A does. Others' rules are never touched (another's own jump into our chains
+// included, until a removal takes the chain it enters), and built-in chains are never flushed.
+// The native table, unless it records the same plan and reads back identical, is deleted and
+// created anew in the same batch.
 
 import (
 	"encoding/binary"

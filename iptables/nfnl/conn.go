@@ -1,8 +1,7 @@
 package nfnl
 
-// The socket: one NETLINK_NETFILTER socket per call, through mdlayher/netlink, opened in the
-// calling thread's network namespace and closed before the call returns, so it is never used in
-// a namespace other than the one it was opened in.
+// The socket (see the package comment): opened and closed within one call, so it is never used
+// in a namespace other than the one it was opened in.
 
 import (
 	"context"
@@ -125,11 +124,10 @@ func (c *conn) send(b []byte) error {
 	return os.NewSyscallError("sendmsg", serr)
 }
 
-// wbuf lays netlink messages out back to back in one buffer: each message's header, the
-// nfgenmsg header, then its attributes, nested ones closed in place. mdlayher/netlink's
-// AttributeEncoder builds every nested level apart and copies it into its parent, a rule's
-// expressions three times over: with a thousand rules that was 4 MB and most of the time it took
-// to lay a batch out. Reading uses its AttributeDecoder.
+// wbuf lays netlink messages out back to back in one buffer, nested attributes closed in place.
+// mdlayher/netlink's AttributeEncoder builds every nested level apart and copies it into its
+// parent, a rule's expressions three times over: with a thousand rules that was 4 MB and most of
+// the time it took to lay a batch out.
 type wbuf struct {
 	b     []byte
 	start int // of the message begun last

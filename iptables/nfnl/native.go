@@ -1,13 +1,12 @@
 package nfnl
 
 // The native encoding: the builder's inet table (iptables.NFTTable) as sets, chains and rules,
-// each rule exactly the expressions nft compiles for the same statement (including the protocol
-// dependencies nft adds), and the inverse: a table read back mapped onto the same model, so it
-// compares with what NFT() expects. Anything the model does not hold reads back as an
-// NFTMatchUnknown, so it shows in a diff instead of being silently taken as a match.
+// each rule exactly the expressions nft compiles for the same statement (with the protocol
+// dependencies nft adds), and the inverse, so a table read back compares with what NFT() expects.
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -174,10 +173,7 @@ func nativeTable(t *ruleTable, comment string) *iptables.NFTTable {
 			ch.Hook = iptables.HookByNumber(c.hook)
 		}
 		if c.typ != "nat" {
-			ch.Type = c.typ
-			if ch.Type == "" {
-				ch.Type = "none"
-			}
+			ch.Type = cmp.Or(c.typ, "none")
 		}
 		if c.policy != nfAccept {
 			ch.Policy = "drop"

@@ -1,11 +1,9 @@
 package nfnl
 
-// The kernel probe: whether the kernel can run TPROXY, asked before anything is written. A batch
-// sent without its end marker is checked message by message and then applied not at all (what
-// `nft --check` does), and the kernel loads what a message needs on the way. Its rules hold
-// iptables' TPROXY target (run through nft_compat, which looks it up in x_tables, where
-// iptables-legacy finds it too) and nftables' own tproxy expression: the kernel's answer to each
-// says which of the two it has.
+// The kernel probe: whether the kernel can run TPROXY. A batch sent without its end marker is
+// checked message by message, loading what each needs, and then applied not at all (what `nft
+// --check` does). Its rules hold iptables' TPROXY target (through nft_compat, which looks it up
+// in x_tables, where iptables-legacy finds it too) and nftables' tproxy expression.
 
 import (
 	"context"
@@ -29,9 +27,8 @@ type TPROXYSupport struct {
 	NativeErr error
 }
 
-// The probe's objects: a chain in the mangle table (the only table the TPROXY target accepts),
-// a table of its own for the native expression. The batch is never applied, so neither is ever
-// created.
+// The probe's objects, never created: a chain in the mangle table (the only table the TPROXY
+// target accepts), a table of its own for the native expression.
 const (
 	probeChain = "PROXY_INIT_PROBE"
 	probeTable = "proxy_init_probe"

@@ -190,17 +190,14 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		proto = unix.IPPROTO_UDP
 		out = append(out, tcpMeta, udpCmp) // the same l4proto load
 	}
-	for _, a := range [2]struct {
-		p   netip.Prefix
-		src bool
-	}{{r.Source, true}, {r.Destination, false}} {
-		if !a.p.IsValid() || a.p.Bits() == 0 {
+	for i, p := range [2]netip.Prefix{r.Source, r.Destination} {
+		if !p.IsValid() || p.Bits() == 0 {
 			continue // what iptables does with 0.0.0.0/0: no match at all
 		}
-		if a.p.Addr().Is4() != (f == iptables.IPv4) {
-			return nil, 0, fmt.Errorf("address %s in an %s rule", a.p, f)
+		if p.Addr().Is4() != (f == iptables.IPv4) {
+			return nil, 0, fmt.Errorf("address %s in an %s rule", p, f)
 		}
-		out = addrMatch(out, pool, f, a.p, a.src)
+		out = addrMatch(out, pool, f, p, i == 0)
 	}
 	if r.UIDOwner != nil {
 		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
@@ -231,20 +228,17 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 
 // appendXTPorts appends the source and destination port matches, which need a protocol.
 func appendXTPorts(out []expr.Any, pool *exprPool, proto uint32, r iptables.XTRule) ([]expr.Any, error) {
-	for _, pm := range [2]struct {
-		p    iptables.PortRange
-		load *expr.Payload
-	}{{r.SPort, sportLoad}, {r.DPort, dportLoad}} {
-		if pm.p.First == 0 {
+	// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
+	for i, p := range [2]iptables.PortRange{r.SPort, r.DPort} {
+		if p.First == 0 {
 			continue
 		}
 		if proto == 0 {
 			return nil, errors.New("a port without -p tcp or -p udp")
 		}
-		// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
-		out = append(out, pm.load)
-		first, last := port(pm.p.First), port(pm.p.Last)
-		if pm.p.First == pm.p.Last {
+		out = append(out, [2]*expr.Payload{sportLoad, dportLoad}[i])
+		first, last := port(p.First), port(p.Last)
+		if p.First == p.Last {
 			out = append(out, pool.cmp(first))
 		} else {
 			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
