@@ -6,6 +6,7 @@ package nfnl
 // per message would cost a read per rule.
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -107,10 +108,9 @@ func (b *Batch) add(w what) {
 	b.last = b.start
 }
 
+// fail records the batch's first error.
 func (b *Batch) fail(err error) {
-	if err != nil && b.err == nil {
-		b.err = err
-	}
+	b.err = cmp.Or(b.err, err)
 }
 
 // String prints the transaction: a comment line saying what it was planned from, then every
@@ -122,8 +122,7 @@ func (b *Batch) String() string {
 		from = "planned for a namespace holding no nf_tables tables (the kernel state was not read: " + b.unread + ")"
 	}
 	if len(b.what) == 0 {
-		fmt.Fprintf(&s, "# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
-		return s.String()
+		return fmt.Sprintf("# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
 	}
 	fmt.Fprintf(&s, "# nf_tables transaction %s: %d messages, applied all together or not at all\n", from, len(b.what))
 	for _, w := range b.what {

@@ -223,10 +223,14 @@ func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 
 // eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.
 func eachMsgAttr(m netlink.Message, f func(ad *netlink.AttributeDecoder)) error {
-	if len(m.Data) < 4 {
-		return fmt.Errorf("nf_tables message of %d bytes", len(m.Data))
+	ad, err := attrs(m)
+	if err != nil {
+		return err
 	}
-	return eachAttr(m.Data[4:], f)
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
 }
 
 func eachAttr(b []byte, f func(ad *netlink.AttributeDecoder)) error {
