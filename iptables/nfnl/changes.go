@@ -9,6 +9,7 @@ package nfnl
 // created anew in the same batch.
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -416,11 +417,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
 		b.str(unix.NFTA_CHAIN_TABLE, tbl)
 		b.str(unix.NFTA_CHAIN_NAME, c.Name)
-		typ := c.Type
-		if typ == "" {
-			typ = "nat"
-		}
-		baseChain(&b.wbuf, typ, c.Hook.Number, int32(c.Priority))
+		baseChain(&b.wbuf, cmp.Or(c.Type, "nat"), c.Hook.Number, int32(c.Priority))
 		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)

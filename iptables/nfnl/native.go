@@ -367,12 +367,7 @@ func uint32At(b []byte) uint32 {
 	return binary.NativeEndian.Uint32(b)
 }
 
+// familyOf is the iptables family of an nf_tables family number, or "" for another.
 func familyOf(b byte) iptables.Family {
-	switch b {
-	case famIP:
-		return iptables.IPv4
-	case famIP6:
-		return iptables.IPv6
-	}
-	return ""
+	return map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}[b]
 }

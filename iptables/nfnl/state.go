@@ -271,7 +271,11 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("decode a chain: %w", err)
 		}
-		if t := s.tableOf(family(m), tbl); t != nil {
+		t := s.xt[xtKey{family(m), tbl}]
+		if family(m) == famInet && tbl == iptables.NFTTableName {
+			t = s.native
+		}
+		if t != nil {
 			t.chains = append(t.chains, c)
 		}
 	}
@@ -291,17 +295,6 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// tableOf returns the detail of one of our tables, or nil for any other.
-func (s *State) tableOf(fam byte, name string) *ruleTable {
-	switch {
-	case fam == famIP || fam == famIP6:
-		return s.xt[xtKey{fam, name}]
-	case name == iptables.NFTTableName && fam == famInet:
-		return s.native
-	}
-	return nil
 }
 
 func decodeChain(m netlink.Message) (chain, string, error) {
@@ -565,12 +558,7 @@ func (st *set) decodeElements(m netlink.Message) error {
 	})
 }
 
-func famName(fam byte) string {
-	switch fam {
-	case famIP6:
-		return "ip6"
-	case famInet:
-		return "inet"
-	}
-	return "ip"
-}
+// famName is the name nft gives one of our tables' families.
+func famName(fam byte) string { return famNames[fam] }
+
+var famNames = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}
