@@ -184,7 +184,9 @@ func (c *conn) answers(n int, refused func(oe *netlink.OpError) bool) error {
 		var oe *netlink.OpError
 		switch {
 		case err == nil:
-			if slices.ContainsFunc(ms, func(m netlink.Message) bool { return m.Header.Type == netlink.Error && m.Header.Sequence == last }) {
+			if slices.ContainsFunc(ms, func(m netlink.Message) bool {
+				return m.Header.Type == netlink.Error && m.Header.Sequence == last
+			}) {
 				return nil
 			}
 		case !errors.As(err, &oe) || oe.Sequence == 0:

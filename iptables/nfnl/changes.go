@@ -50,7 +50,9 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	b.grow(n+16, n*ruleBytes)
 	for i, f := range families {
 		for _, tbl := range iptables.XTTables() {
-			chains := slices.DeleteFunc(slices.Clone(plan), func(c iptables.PlanChain) bool { return c.Table != tbl })
+			chains := slices.DeleteFunc(slices.Clone(plan), func(c iptables.PlanChain) bool {
+				return c.Table != tbl
+			})
 			if !rs.HasFamily(f) || len(chains) == 0 {
 				s.removeXT(b, f, tbl.Name)
 				continue
@@ -69,7 +71,9 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 		t = &ruleTable{rules: map[string][]rule{}}
 		addTable(b, fam, tbl.Name)
 	}
-	ourJumps := slices.DeleteFunc(slices.Clone(jumps), func(j iptables.XTRule) bool { return j.TableName() != tbl.Name })
+	ourJumps := slices.DeleteFunc(slices.Clone(jumps), func(j iptables.XTRule) bool {
+		return j.TableName() != tbl.Name
+	})
 	writeXTChains(b, f, t, tbl, chains, all)
 	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
 	var stale []string
@@ -201,7 +205,9 @@ func addChain(b *Batch, fam byte, tableName, name string) {
 	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
 	b.str(unix.NFTA_CHAIN_TABLE, tableName)
 	b.str(unix.NFTA_CHAIN_NAME, name)
-	b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name) }})
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name)
+	}})
 }
 
 func deleteChain(b *Batch, fam byte, tableName, chainName string) {

@@ -22,7 +22,9 @@ import (
 )
 
 // keyTypes are the set key types: the number nft gives the datatype, and the key length.
-var keyTypes = map[iptables.NFTSetType][2]int{iptables.NFTIPv4: {7, 4}, iptables.NFTIPv6: {8, 16}, iptables.NFTPorts: {13, 2}}
+var keyTypes = map[iptables.NFTSetType][2]int{
+	iptables.NFTIPv4: {7, 4}, iptables.NFTIPv6: {8, 16}, iptables.NFTPorts: {13, 2},
+}
 
 func keyType(t iptables.NFTSetType) (id uint32, length int) {
 	return uint32(keyTypes[t][0]), keyTypes[t][1]

@@ -448,7 +448,8 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			case expr.MetaKeyIIFNAME:
 				r.InInterface = ifnameOf(d)
 			default: // the l4proto load
-				r.TCP, r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_TCP}), bytes.Equal(d, []byte{unix.IPPROTO_UDP})
+				r.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
+				r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
 			}
 		case *expr.Payload:
 			i++
@@ -470,9 +471,9 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			decodeXTMatch(r, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			r.Target = map[expr.VerdictKind]string{expr.VerdictReturn: iptables.TargetReturn, expr.VerdictDrop: iptables.TargetDrop}[e.Kind]
-			if e.Kind == expr.VerdictJump {
-				r.Target = e.Chain
+			r.Target = e.Chain // a jump's
+			if t, ok := xtVerdicts[e.Kind]; ok {
+				r.Target = t
 			}
 		case *expr.Target:
 			decodeXTTarget(f, r, e)
@@ -481,6 +482,11 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 		}
 	}
 	return r.Target != ""
+}
+
+// xtVerdicts are the targets that are native verdicts.
+var xtVerdicts = map[expr.VerdictKind]string{
+	expr.VerdictReturn: iptables.TargetReturn, expr.VerdictDrop: iptables.TargetDrop,
 }
 
 // cmpData is the data of the equality comparison at ex[i], if that is one.
@@ -508,7 +514,7 @@ func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) {
 		pr.First = uint16At(c.Data, binary.BigEndian)
 		pr.Last = pr.First
 	} else if c, ok := next[*expr.Range](ex, i); ok {
-		pr = iptables.PortRange{First: uint16At(c.FromData, binary.BigEndian), Last: uint16At(c.ToData, binary.BigEndian)}
+		pr.First, pr.Last = uint16At(c.FromData, binary.BigEndian), uint16At(c.ToData, binary.BigEndian)
 	}
 	if e.Offset == 0 {
 		r.SPort = pr
@@ -565,7 +571,8 @@ func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) {
 	case *xt.Unknown:
 		switch b := []byte(*info); len(b) {
 		case tproxyInfoLen:
-			r.Mark, r.ToPort, r.OnIP = binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:]), netip.IPv4Unspecified()
+			r.Mark, r.ToPort = binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
+			r.OnIP = netip.IPv4Unspecified()
 			if f == iptables.IPv6 {
 				r.OnIP = netip.IPv6Unspecified()
 			}
