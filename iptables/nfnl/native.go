@@ -300,6 +300,7 @@ func nativeMatch(ex []expr.Any) (iptables.NFTMatch, int) {
 	if b, ok := next[*expr.Bitwise](ex, 1); ok {
 		mask = b.Mask
 	}
+	ids := map[string]uint32{set: setID}
 	port := uint32(uint16At(d3, binary.BigEndian))
 	name := string(bytes.TrimRight(d1, "\x00"))
 	for _, m := range []iptables.NFTMatch{
@@ -317,7 +318,7 @@ func nativeMatch(ex []expr.Any) (iptables.NFTMatch, int) {
 		{Kind: iptables.NFTMatchOIFName, Name: name},
 		{Kind: iptables.NFTMatchIIFName, Name: name},
 	} {
-		want, err := appendNativeMatch(nil, m, map[string]uint32{set: setID})
+		want, err := appendNativeMatch(nil, m, ids)
 		if err == nil && len(want) <= len(ex) && sameExprs(famInet, want, ex[:len(want)]) {
 			return m, len(want)
 		}
