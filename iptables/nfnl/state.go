@@ -239,13 +239,12 @@ func decodeTable(m netlink.Message) (table, error) {
 
 // readDetail reads what d asks for, and reports whether it read anything beyond the table list.
 func (s *State) readDetail(src source, d detail) (bool, error) {
-	var xts []xtKey
-	if d.xt || d.xtChains {
-		for _, fam := range []byte{famIP, famIP6} {
-			for _, t := range iptables.XTTables() {
-				if s.findTable(fam, t.Name) != nil {
-					xts = append(xts, xtKey{fam, t.Name})
-				}
+	var xts []xtKey // in a fixed order, that of the reads
+	s.xt = map[xtKey]*ruleTable{}
+	for _, fam := range []byte{famIP, famIP6} {
+		for _, t := range iptables.XTTables() {
+			if k := (xtKey{fam, t.Name}); (d.xt || d.xtChains) && s.findTable(fam, t.Name) != nil {
+				xts, s.xt[k] = append(xts, k), &ruleTable{rules: map[string][]rule{}}
 			}
 		}
 	}
@@ -253,10 +252,6 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 	native := d.native && nt != nil && (d.nativeIf == nil || d.nativeIf(nt))
 	if len(xts) == 0 && !native {
 		return false, nil
-	}
-	s.xt = map[xtKey]*ruleTable{}
-	for _, k := range xts {
-		s.xt[k] = &ruleTable{rules: map[string][]rule{}}
 	}
 	if native {
 		s.native = &ruleTable{rules: map[string][]rule{}}
