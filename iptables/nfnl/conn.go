@@ -75,13 +75,10 @@ func (c *conn) exchange(reqs ...request) ([][]netlink.Message, error) {
 	var w wbuf
 	for _, r := range reqs {
 		w.begin(r.typ, r.flags, r.fam)
-		switch r.typ {
-		case unix.NFT_MSG_GETRULE:
+		if r.name != "" { // NFTA_SET_TABLE and NFTA_SET_ELEM_LIST_TABLE are NFTA_RULE_TABLE's number
 			w.str(unix.NFTA_RULE_TABLE, r.name)
-		case unix.NFT_MSG_GETSET:
-			w.str(unix.NFTA_SET_TABLE, r.name)
-		case unix.NFT_MSG_GETSETELEM:
-			w.str(unix.NFTA_SET_ELEM_LIST_TABLE, r.name)
+		}
+		if r.set != "" {
 			w.str(unix.NFTA_SET_ELEM_LIST_SET, r.set)
 		}
 		w.end()
