@@ -204,10 +204,7 @@ func (s set) model() iptables.NFTSet {
 				f = append(f, x.name)
 			}
 		}
-		out.Flags = strings.Join(f, ",")
-		if out.Flags == "" {
-			out.Flags = "none"
-		}
+		out.Flags = cmp.Or(strings.Join(f, ","), "none")
 	}
 	if s.flags&unix.NFT_SET_INTERVAL == 0 { // a plain set: every element is a single key
 		for _, e := range s.elems {
