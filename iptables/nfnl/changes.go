@@ -136,23 +136,18 @@ func pruneXTJumps(b *Batch, f iptables.Family, t *ruleTable, table string, stale
 			continue
 		}
 		for _, r := range t.rules[c.name] {
-			into := r.jumpTarget()
-			if !iptables.IsOurChain(into) {
-				continue
-			}
-			if !r.hasOurComment() {
-				if slices.Contains(stale, into) {
-					deleteRule(b, fam, table, c.name, r.handle)
-				}
-				continue
-			}
-			if !kept[c.name+" "+into] && slices.ContainsFunc(ourJumps, func(j iptables.XTRule) bool {
+			into, ours := r.jumpTarget(), r.hasOurComment()
+			key := c.name + " " + into
+			switch {
+			case !iptables.IsOurChain(into) || !ours && !slices.Contains(stale, into):
+				// not into our chains, or another's jump into one that stays
+			case ours && !kept[key] && slices.ContainsFunc(ourJumps, func(j iptables.XTRule) bool {
 				return j.Chain == c.name && sameXT(f, []iptables.XTRule{j}, []rule{r})
-			}) {
-				kept[c.name+" "+into] = true
-				continue
+			}):
+				kept[key] = true
+			default:
+				deleteRule(b, fam, table, c.name, r.handle)
 			}
-			deleteRule(b, fam, table, c.name, r.handle)
 		}
 	}
 	return kept
