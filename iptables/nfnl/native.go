@@ -60,8 +60,7 @@ func appendNativeMatch(out []expr.Any, m iptables.NFTMatch, setIDs map[string]ui
 	case iptables.NFTMatchTCP:
 		return appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP}), nil
 	case iptables.NFTMatchDPortSet:
-		out = appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP})
-		out = append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+		out = append(appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{unix.IPPROTO_TCP}), dportLoad)
 		return appendLookup(out, m.Set, setIDs)
 	case iptables.NFTMatchSAddrSet, iptables.NFTMatchDAddrSet:
 		out = appendMetaCmp(out, expr.MetaKeyNFPROTO, []byte{xtFamily(m.Family)})
@@ -84,7 +83,17 @@ func appendNativeMatch(out []expr.Any, m iptables.NFTMatch, setIDs map[string]ui
 		}
 		return appendMetaCmp(out, key, name), nil
 	case iptables.NFTMatchTCPDPort, iptables.NFTMatchUDPDPort, iptables.NFTMatchUDPSPort:
-		return appendNativePort(out, m)
+		if m.ID == 0 || m.ID > 65535 {
+			return nil, fmt.Errorf("match %s: not a port", m)
+		}
+		proto, load := byte(unix.IPPROTO_UDP), dportLoad
+		if m.Kind == iptables.NFTMatchTCPDPort {
+			proto = unix.IPPROTO_TCP
+		} else if m.Kind == iptables.NFTMatchUDPSPort {
+			load = sportLoad
+		}
+		out = appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{proto})
+		return append(out, load, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(uint16(m.ID))}), nil
 	case iptables.NFTMatchCTState:
 		// ct state: the state bit of the connection, masked, not zero.
 		return append(out, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
@@ -106,23 +115,6 @@ func appendLookup(out []expr.Any, set string, setIDs map[string]uint32) ([]expr.
 		return nil, fmt.Errorf("set %q is not in the table", set)
 	}
 	return append(out, &expr.Lookup{SourceRegister: 1, SetName: set, SetID: id}), nil
-}
-
-// appendNativePort appends a single-port match: the protocol, then the port's load and comparison.
-func appendNativePort(out []expr.Any, m iptables.NFTMatch) ([]expr.Any, error) {
-	if m.ID == 0 || m.ID > 65535 {
-		return nil, fmt.Errorf("match %s: not a port", m)
-	}
-	proto, off := byte(unix.IPPROTO_UDP), uint32(2)
-	switch m.Kind {
-	case iptables.NFTMatchTCPDPort:
-		proto = unix.IPPROTO_TCP
-	case iptables.NFTMatchUDPSPort:
-		off = 0
-	}
-	out = appendMetaCmp(out, expr.MetaKeyL4PROTO, []byte{proto})
-	return append(out, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(uint16(m.ID))}), nil
 }
 
 // appendNativeVerdict appends the rule's verdict statement.
