@@ -45,14 +45,7 @@ func (a *Applier) Name() string { return string(a.covers[0]) }
 // Covers lists the backends the applier writes (first) and clears.
 func (a *Applier) Covers() []iptables.Backend { return a.covers }
 
-func (a *Applier) covered(b iptables.Backend) bool {
-	for _, c := range a.covers {
-		if c == b {
-			return true
-		}
-	}
-	return false
-}
+func (a *Applier) covered(b iptables.Backend) bool { return slices.Contains(a.covers, b) }
 
 // op names what a call does, for errors: "write the iptables-nft nat rules".
 func (a *Applier) op(verb string) string {
@@ -96,16 +89,17 @@ func (a *Applier) BatchFor(ctx context.Context, rs *iptables.Ruleset) *Batch {
 		}
 		s = emptyState(why.Error())
 	}
-	if rs == nil {
-		return a.cleanupBatch(s)
-	}
-	return a.applyBatch(s, rs)
+	return a.batch(s, rs)
 }
 
 // PlanFresh returns the batch Apply (rs non-nil) or Cleanup (rs nil) would send to a namespace
 // holding no tables: what Plan shows where the state in place cannot be read; why says why.
 func (a *Applier) PlanFresh(rs *iptables.Ruleset, why string) *Batch {
-	s := emptyState(why)
+	return a.batch(emptyState(why), rs)
+}
+
+// batch is the batch Apply (rs non-nil) or Cleanup (rs nil) plans from s.
+func (a *Applier) batch(s *State, rs *iptables.Ruleset) *Batch {
 	if rs == nil {
 		return a.cleanupBatch(s)
 	}

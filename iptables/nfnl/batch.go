@@ -1,17 +1,12 @@
 package nfnl
 
-// The batch: one nf_tables transaction. It carries the ruleset generation it was planned at,
-// so the kernel refuses it whole (ERESTART) if anything changed the ruleset since it was read;
-// it knows what each message does, so an error names the message the kernel refused, and
-// String prints every message, one a line; and it asks for an acknowledgement of its last
-// message only. The kernel processes a batch inside sendmsg and queues, in order, an error for
-// every message it refuses and then the answer to the last one, so one answer tells success from
-// failure, where an answer per message would cost a read per rule.
-//
-// google/nftables' Conn.Flush can do none of these three (no generation, an acknowledgement per
-// message, errors joined without saying which message failed), so the framing is laid out here.
+// The batch (see the package comment). Only its last message asks for an answer: the kernel
+// processes a batch inside sendmsg and queues, in order, an error for every message it refuses
+// and then the answer to the last one, so one answer tells success from failure, where an answer
+// per message would cost a read per rule.
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -113,10 +108,9 @@ func (b *Batch) add(w what) {
 	b.last = b.start
 }
 
+// fail records the batch's first error.
 func (b *Batch) fail(err error) {
-	if err != nil && b.err == nil {
-		b.err = err
-	}
+	b.err = cmp.Or(b.err, err)
 }
 
 // String prints the transaction: a comment line saying what it was planned from, then every
@@ -128,8 +122,7 @@ func (b *Batch) String() string {
 		from = "planned for a namespace holding no nf_tables tables (the kernel state was not read: " + b.unread + ")"
 	}
 	if len(b.what) == 0 {
-		fmt.Fprintf(&s, "# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
-		return s.String()
+		return fmt.Sprintf("# nf_tables: nothing to send, %s: the rules in place are already these\n", from)
 	}
 	fmt.Fprintf(&s, "# nf_tables transaction %s: %d messages, applied all together or not at all\n", from, len(b.what))
 	for _, w := range b.what {
@@ -148,34 +141,16 @@ func (c *conn) commit(b *Batch) error {
 	if len(b.what) == 0 {
 		return nil
 	}
-	// The answer to the last message is the sign that the kernel is done.
-	flags := b.b[b.last+6:]
-	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+	b.ackLast()
 	b.marker(unix.NFNL_MSG_BATCH_END)
 	b.end()
 	if err := c.send(b.b); err != nil {
 		return fmt.Errorf("send the nf_tables batch: %w", err)
 	}
-	// Sequence numbers: 1 for the begin marker, then the messages from 2.
-	const begin, first = 1, 2
-	last := uint32(first + len(b.what) - 1)
 	var refused error
-	for {
-		ms, err := c.nl.Receive()
-		var oe *netlink.OpError
-		switch {
-		case err == nil:
-			for _, m := range ms {
-				if m.Header.Type == netlink.Error && m.Header.Sequence == last {
-					return refused
-				}
-			}
-			continue
-		case !errors.As(err, &oe) || oe.Sequence == 0:
-			return errors.Join(refused, err)
-		}
+	err := c.answers(len(b.what), func(oe *netlink.OpError) bool {
 		be := &BatchError{What: "apply the batch", Count: len(b.what), Err: oe.Err}
-		if i := int(oe.Sequence) - first; oe.Sequence >= first && i < len(b.what) {
+		if i := int(oe.Sequence) - firstSeq; oe.Sequence >= firstSeq && i < len(b.what) {
 			be.What, be.Index, be.del = b.what[i].String(), i+1, b.what[i].del
 		}
 		if refused == nil {
@@ -183,8 +158,41 @@ func (c *conn) commit(b *Batch) error {
 		}
 		// An answer to the begin marker concerns the whole batch (a changed generation, a
 		// missing permission) and is the only one.
-		if oe.Sequence == last || oe.Sequence == begin {
-			return refused
+		return oe.Sequence == firstSeq-1
+	})
+	if err != nil {
+		return errors.Join(refused, err)
+	}
+	return refused
+}
+
+// firstSeq is the sequence number of a batch's first message, after its begin marker's.
+const firstSeq = 2
+
+// ackLast asks for an answer to the last message: the sign that the kernel is done.
+func (b *Batch) ackLast() {
+	flags := b.b[b.last+6:]
+	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+}
+
+// answers reads the kernel's answers to a batch of n messages, handing each refusal to refused,
+// until the answer to the last message or until refused returns true.
+func (c *conn) answers(n int, refused func(oe *netlink.OpError) bool) error {
+	last := uint32(firstSeq + n - 1)
+	for {
+		ms, err := c.nl.Receive()
+		var oe *netlink.OpError
+		switch {
+		case err == nil:
+			if slices.ContainsFunc(ms, func(m netlink.Message) bool {
+				return m.Header.Type == netlink.Error && m.Header.Sequence == last
+			}) {
+				return nil
+			}
+		case !errors.As(err, &oe) || oe.Sequence == 0:
+			return err
+		case refused(oe) || oe.Sequence == last:
+			return nil
 		}
 	}
 }

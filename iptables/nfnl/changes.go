@@ -1,19 +1,16 @@
 package nfnl
 
-// The planner: a State and what should be in place turn into one batch. It writes one
-// representation of our rules (iptables-nft's, or the native table) and removes ours from the
-// other, or removes both; what it leaves alone is everyone else's.
-//
-// iptables-nft's rules: it creates what is missing (the tables and base chains as iptables-nft
-// creates them, our chains), refills our chains whose rules differ in any way, deletes stray or
-// duplicate jumps of ours by handle and appends missing ones, as iptables -A does. Rules of
-// others in PREROUTING and OUTPUT are never touched (another's own jump into our chains included,
-// until a removal takes the chain it enters), and built-in chains are never flushed.
-//
-// The native table: when it records the same plan and reads back identical, nothing; otherwise it
-// is deleted and created anew with its sets, chains and rules, in the same batch.
+// The planner (see the package comment). For iptables-nft's rules it creates what is missing
+// (tables and base chains as iptables-nft creates them, our chains), refills our chains whose
+// rules differ in any way, deletes stray or duplicate jumps of ours by handle and appends missing
+// ones, as iptables -A does. Others' rules are never touched (another's own jump into our chains
+// included, until a removal takes the chain it enters), and built-in chains are never flushed.
+// The native table, unless it records the same plan and reads back identical, is deleted and
+// created anew in the same batch.
 
 import (
+	"cmp"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"sort"
@@ -53,12 +50,9 @@ func (s *State) writeXT(b *Batch, rs *iptables.Ruleset) {
 	b.grow(n+16, n*ruleBytes)
 	for i, f := range families {
 		for _, tbl := range iptables.XTTables() {
-			var chains []iptables.PlanChain
-			for _, c := range plan {
-				if c.Table == tbl {
-					chains = append(chains, c)
-				}
-			}
+			chains := slices.DeleteFunc(slices.Clone(plan), func(c iptables.PlanChain) bool {
+				return c.Table != tbl
+			})
 			if !rs.HasFamily(f) || len(chains) == 0 {
 				s.removeXT(b, f, tbl.Name)
 				continue
@@ -75,16 +69,11 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 	t := s.xtTable(fam, tbl.Name)
 	if s.findTable(fam, tbl.Name) == nil || t == nil {
 		t = &ruleTable{rules: map[string][]rule{}}
-		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
-		b.str(unix.NFTA_TABLE_NAME, tbl.Name)
-		b.add(what{text: "add table " + famName(fam) + " " + tbl.Name})
+		addTable(b, fam, tbl.Name)
 	}
-	var ourJumps []iptables.XTRule
-	for _, j := range jumps {
-		if j.TableName() == tbl.Name {
-			ourJumps = append(ourJumps, j)
-		}
-	}
+	ourJumps := slices.DeleteFunc(slices.Clone(jumps), func(j iptables.XTRule) bool {
+		return j.TableName() != tbl.Name
+	})
 	writeXTChains(b, f, t, tbl, chains, all)
 	// Chains of ours in this table the plan no longer has: emptied, their jumps removed, deleted.
 	var stale []string
@@ -94,14 +83,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 		}
 	}
 	kept := pruneXTJumps(b, f, t, tbl.Name, stale, ourJumps)
-	for _, name := range stale {
-		if len(t.rules[name]) > 0 {
-			flush(b, fam, tbl.Name, name)
-		}
-	}
-	for _, name := range stale {
-		deleteChain(b, fam, tbl.Name, name)
-	}
+	dropChains(b, fam, tbl.Name, t, stale)
 	for i, j := range ourJumps {
 		if !kept[j.Chain+" "+j.Target] {
 			addXT(b, f, &ourJumps[i])
@@ -130,14 +112,11 @@ func writeXTChains(b *Batch, f iptables.Family, t *ruleTable, tbl iptables.XTTab
 		have := t.rules[c.Name]
 		switch {
 		case t.chain(c.Name) == nil:
-			b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-			b.str(unix.NFTA_CHAIN_TABLE, tbl.Name)
-			b.str(unix.NFTA_CHAIN_NAME, c.Name)
-			b.add(what{render: func() string { return fmt.Sprintf("add chain %s %s %s", famName(fam), tbl.Name, c.Name) }})
+			addChain(b, fam, tbl.Name, c.Name)
 		case sameXT(f, rules, have):
 			continue
 		case len(have) > 0:
-			flush(b, fam, tbl.Name, c.Name)
+			deleteRule(b, fam, tbl.Name, c.Name, 0)
 		}
 		for i := range rules {
 			addXT(b, f, &rules[i])
@@ -157,23 +136,18 @@ func pruneXTJumps(b *Batch, f iptables.Family, t *ruleTable, table string, stale
 			continue
 		}
 		for _, r := range t.rules[c.name] {
-			into := r.jumpTarget()
-			if !iptables.IsOurChain(into) {
-				continue
-			}
-			if !r.hasOurComment() {
-				if slices.Contains(stale, into) {
-					deleteRule(b, fam, table, c.name, r.handle)
-				}
-				continue
-			}
-			if !kept[c.name+" "+into] && slices.ContainsFunc(ourJumps, func(j iptables.XTRule) bool {
+			into, ours := r.jumpTarget(), r.hasOurComment()
+			key := c.name + " " + into
+			switch {
+			case !iptables.IsOurChain(into) || !ours && !slices.Contains(stale, into):
+				// not into our chains, or another's jump into one that stays
+			case ours && !kept[key] && slices.ContainsFunc(ourJumps, func(j iptables.XTRule) bool {
 				return j.Chain == c.name && sameXT(f, []iptables.XTRule{j}, []rule{r})
-			}) {
-				kept[c.name+" "+into] = true
-				continue
+			}):
+				kept[key] = true
+			default:
+				deleteRule(b, fam, table, c.name, r.handle)
 			}
-			deleteRule(b, fam, table, c.name, r.handle)
 		}
 	}
 	return kept
@@ -186,27 +160,49 @@ func (s *State) removeXT(b *Batch, f iptables.Family, name string) {
 	if t == nil {
 		return
 	}
+	var ours []string
 	for _, c := range t.chains {
 		if iptables.IsOurChain(c.name) {
+			ours = append(ours, c.name)
 			continue
 		}
 		for _, r := range t.rules[c.name] {
-			if r.jumpsToOurs() {
+			if iptables.IsOurChain(r.jumpTarget()) {
 				deleteRule(b, fam, name, c.name, r.handle)
 			}
 		}
 	}
-	// Flushed first, all of them, so neither still jumps to the other when it is deleted.
-	for _, c := range t.chains {
-		if iptables.IsOurChain(c.name) && len(t.rules[c.name]) > 0 {
-			flush(b, fam, name, c.name)
+	dropChains(b, fam, name, t, ours)
+}
+
+// dropChains deletes chains of t, table name: flushed first, all of them, so none still jumps to
+// another when it is deleted.
+func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) {
+	for _, c := range chains {
+		if len(t.rules[c]) > 0 {
+			deleteRule(b, fam, name, c, 0)
 		}
 	}
-	for _, c := range t.chains {
-		if iptables.IsOurChain(c.name) {
-			deleteChain(b, fam, name, c.name)
-		}
+	for _, c := range chains {
+		deleteChain(b, fam, name, c)
 	}
+}
+
+// addTable creates a table of family fam, if missing.
+func addTable(b *Batch, fam byte, name string) {
+	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
+	b.str(unix.NFTA_TABLE_NAME, name)
+	b.add(what{text: "add table " + famName(fam) + " " + name})
+}
+
+// addChain creates a regular chain.
+func addChain(b *Batch, fam byte, tableName, name string) {
+	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
+	b.str(unix.NFTA_CHAIN_TABLE, tableName)
+	b.str(unix.NFTA_CHAIN_NAME, name)
+	b.add(what{render: func() string {
+		return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name)
+	}})
 }
 
 func deleteChain(b *Batch, fam byte, tableName, chainName string) {
@@ -228,9 +224,7 @@ func (s *State) writeNative(b *Batch, rs *iptables.Ruleset) {
 	if t != nil {
 		// Created if missing (it is not, but then the delete cannot fail whatever happens in
 		// between), deleted, and created anew; the kernel applies all of it or none.
-		b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
-		b.str(unix.NFTA_TABLE_NAME, iptables.NFTTableName)
-		b.add(what{text: "add table inet " + iptables.NFTTableName})
+		addTable(b, famInet, iptables.NFTTableName)
 		s.removeNative(b)
 	}
 	addNativeTable(b, want)
@@ -292,10 +286,7 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 		b.fail(fmt.Errorf("%s rule %q: %w", f, r.Rule().String(), err))
 		return
 	}
-	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
-	b.str(unix.NFTA_RULE_TABLE, r.TableName())
-	b.str(unix.NFTA_RULE_CHAIN, r.Chain)
-	b.expressions(fam, exprs)
+	b.beginRule(fam, r.TableName(), r.Chain, exprs)
 	c := b.nest(unix.NFTA_RULE_COMPAT)
 	b.u32(unix.NFTA_RULE_COMPAT_PROTO, proto)
 	b.u32(unix.NFTA_RULE_COMPAT_FLAGS, 0)
@@ -303,49 +294,57 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 	b.add(what{xt: r, fam: fam})
 }
 
+// beginRule begins a message appending a rule of exprs to a chain.
+func (b *Batch) beginRule(fam byte, tableName, chainName string, exprs []expr.Any) {
+	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
+	b.str(unix.NFTA_RULE_TABLE, tableName)
+	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.expressions(fam, exprs)
+}
+
 // ruleBytes is about what one of our iptables-nft rules takes (its comment alone is 300 bytes).
 const ruleBytes = 640
 
 // expressions adds a rule's expression list, each expression's data marshalled by
-// google/nftables (MarshalExprData: its Marshal would wrap the data with the name in a buffer of
-// its own, a copy of every expression of every rule), the shared ones once per process and family
-// (Batch.marshal). The xtables matches and targets and the comparisons are written here instead
-// (xtExpr, cmpExpr; see the package comment).
+// google/nftables (MarshalExprData: its Marshal would copy it into a buffer of its own with the
+// name), the shared ones once per process and family (Batch.marshal), except the xtables matches
+// and targets and the comparisons, laid out here as google/nftables lays them out (see the
+// package comment): its marshalling allocates four times for each comparison, and marshals an
+// xtables info, then the three attributes, then hands a copy to be copied again, which with a
+// 256-byte comment on every rule was a third of what a 1,000-rule batch allocated.
 func (b *Batch) expressions(fam byte, exprs []expr.Any) {
 	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
-		switch x := e.(type) {
-		case *expr.Match:
-			b.xtExpr(fam, "match", x.Name, x.Rev, x.Info)
-			continue
-		case *expr.Target:
-			b.xtExpr(fam, "target", x.Name, x.Rev, x.Info)
-			continue
-		case *expr.Cmp:
-			if sharedSlot(e) < 0 {
-				b.cmpExpr(x)
-				continue
-			}
-		}
-		data := b.marshal(fam, e)
 		el := b.nest(unix.NFTA_LIST_ELEM)
 		b.str(unix.NFTA_EXPR_NAME, exprName(e))
-		b.attr(unix.NLA_F_NESTED|unix.NFTA_EXPR_DATA, data)
+		data := b.nest(unix.NFTA_EXPR_DATA)
+		switch x := e.(type) {
+		case *expr.Match:
+			b.xtExpr(fam, x.Name, x.Rev, x.Info)
+		case *expr.Target:
+			b.xtExpr(fam, x.Name, x.Rev, x.Info)
+		case *expr.Cmp:
+			if sharedSlot(e) >= 0 {
+				b.b = append(b.b, b.marshal(fam, e)...)
+				break
+			}
+			b.u32(unix.NFTA_CMP_SREG, x.Register)
+			b.u32(unix.NFTA_CMP_OP, uint32(x.Op))
+			v := b.nest(unix.NFTA_CMP_DATA)
+			b.attr(unix.NFTA_DATA_VALUE, x.Data)
+			b.close(v)
+		default:
+			b.b = append(b.b, b.marshal(fam, e)...)
+		}
+		b.close(data)
 		b.close(el)
 	}
 	b.close(list)
 }
 
-// xtExpr adds an xtables match or target: its name, revision and info, laid out as
-// google/nftables' Match and Target lay them out, but straight into the batch. Theirs marshal
-// the info, then the three attributes, then (MarshalExprData) hand a copy to be copied again; with
-// a 256-byte comment on every rule, that was a third of what a 1,000-rule batch allocated. The
-// info is still google/nftables' (xt.Marshal); only the comment, a NUL-padded string, is
-// written here.
-func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny) {
-	el := b.nest(unix.NFTA_LIST_ELEM)
-	b.str(unix.NFTA_EXPR_NAME, kind)
-	data := b.nest(unix.NFTA_EXPR_DATA)
+// xtExpr adds an xtables match's or target's data: its name, revision and info, google/nftables'
+// (xt.Marshal) but for the comment, a NUL-padded string.
+func (b *Batch) xtExpr(fam byte, name string, rev uint32, info xt.InfoAny) {
 	// NFTA_MATCH_* and NFTA_TARGET_* number name, revision and info alike.
 	b.str(unix.NFTA_MATCH_NAME, name)
 	b.u32(unix.NFTA_MATCH_REV, rev)
@@ -359,57 +358,6 @@ func (b *Batch) xtExpr(fam byte, kind, name string, rev uint32, info xt.InfoAny)
 		b.fail(err)
 		b.attr(unix.NFTA_MATCH_INFO, raw)
 	}
-	b.close(data)
-	b.close(el)
-}
-
-// cmpExpr adds a comparison, laid out as google/nftables' Cmp lays it out. Nearly every rule
-// compares something of its own (an address, an interface); google/nftables' marshalling
-// allocates four times for each (see the package comment).
-func (b *Batch) cmpExpr(c *expr.Cmp) {
-	el := b.nest(unix.NFTA_LIST_ELEM)
-	b.str(unix.NFTA_EXPR_NAME, "cmp")
-	data := b.nest(unix.NFTA_EXPR_DATA)
-	b.u32(unix.NFTA_CMP_SREG, c.Register)
-	b.u32(unix.NFTA_CMP_OP, uint32(c.Op))
-	v := b.nest(unix.NFTA_CMP_DATA)
-	b.attr(unix.NFTA_DATA_VALUE, c.Data)
-	b.close(v)
-	b.close(data)
-	b.close(el)
-}
-
-// exprName is the kernel's name of an expression of the kinds our rules hold.
-func exprName(e expr.Any) string {
-	switch e.(type) {
-	case *expr.Meta:
-		return "meta"
-	case *expr.Cmp:
-		return "cmp"
-	case *expr.Payload:
-		return "payload"
-	case *expr.Bitwise:
-		return "bitwise"
-	case *expr.Range:
-		return "range"
-	case *expr.Lookup:
-		return "lookup"
-	case *expr.Match:
-		return "match"
-	case *expr.Target:
-		return "target"
-	case *expr.Counter:
-		return "counter"
-	case *expr.Immediate, *expr.Verdict:
-		return "immediate"
-	case *expr.Redir:
-		return "redir"
-	case *expr.Ct:
-		return "ct"
-	case *expr.TProxy:
-		return "tproxy"
-	}
-	return fmt.Sprintf("%T", e)
 }
 
 // marshal returns e's data as google/nftables marshals it, the shared expressions' only once.
@@ -432,22 +380,21 @@ func (b *Batch) marshal(fam byte, e expr.Any) []byte {
 	return data
 }
 
+// deleteRule deletes a rule by its handle, or, with handle 0 (the kernel's handles start at 1),
+// every rule of the chain: flush.
 func deleteRule(b *Batch, fam byte, tableName, chainName string, handle uint64) {
 	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
 	b.str(unix.NFTA_RULE_TABLE, tableName)
 	b.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.u64(unix.NFTA_RULE_HANDLE, handle)
+	if handle != 0 {
+		b.attr(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
+	}
 	b.add(what{del: true, render: func() string {
+		if handle == 0 {
+			return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)
+		}
 		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), tableName, chainName, handle)
 	}})
-}
-
-// flush deletes every rule of a chain: a rule deletion that names no handle.
-func flush(b *Batch, fam byte, tableName, chainName string) {
-	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
-	b.str(unix.NFTA_RULE_TABLE, tableName)
-	b.str(unix.NFTA_RULE_CHAIN, chainName)
-	b.add(what{del: true, render: func() string { return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName) }})
 }
 
 // addNativeTable adds the messages that create t; the table must not exist at that point of the
@@ -471,11 +418,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
 		b.str(unix.NFTA_CHAIN_TABLE, tbl)
 		b.str(unix.NFTA_CHAIN_NAME, c.Name)
-		typ := c.Type
-		if typ == "" {
-			typ = "nat"
-		}
-		baseChain(&b.wbuf, typ, c.Hook.Number, int32(c.Priority))
+		baseChain(&b.wbuf, cmp.Or(c.Type, "nat"), c.Hook.Number, int32(c.Priority))
 		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)
@@ -483,10 +426,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 				b.fail(fmt.Errorf("chain %s: rule %q: %w", c.Name, r, err))
 				return
 			}
-			b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
-			b.str(unix.NFTA_RULE_TABLE, tbl)
-			b.str(unix.NFTA_RULE_CHAIN, c.Name)
-			b.expressions(famInet, exprs)
+			b.beginRule(famInet, tbl, c.Name, exprs)
 			if r.Comment != "" {
 				b.attr(unix.NFTA_RULE_USERDATA, userdata.AppendString(nil, userdata.TypeComment, r.Comment))
 			}
@@ -565,21 +505,17 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 
 // elementCount is how many set elements the intervals take (see addSet).
 func elementCount(ivs []iptables.NFTInterval) int {
-	n := 0
-	for i, iv := range ivs {
-		if i == 0 && !isZero(iv.First) {
-			n++
-		}
+	n := len(ivs)
+	if n > 0 && !isZero(ivs[0].First) {
 		n++
+	}
+	for _, iv := range ivs {
 		if _, ok := iv.After(); ok {
 			n++
 		}
 	}
 	return n
 }
-
-// jumpsToOurs reports whether the rule's verdict enters one of our chains.
-func (r rule) jumpsToOurs() bool { return iptables.IsOurChain(r.jumpTarget()) }
 
 // jumpTarget is the chain the rule's verdict jumps or goes to, or "".
 func (r rule) jumpTarget() string {
@@ -606,16 +542,10 @@ func (r rule) hasOurComment() bool {
 
 // sameXT reports whether a chain holds exactly the wanted rules, in order.
 func sameXT(f iptables.Family, want []iptables.XTRule, have []rule) bool {
-	if len(want) != len(have) {
-		return false
-	}
-	for i := range want {
-		e, _, err := encodeXT(f, want[i])
-		if err != nil || have[i].foreign != "" || !sameExprs(xtFamily(f), e, have[i].exprs) {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(want, have, func(w iptables.XTRule, h rule) bool {
+		e, _, err := encodeXT(f, w)
+		return err == nil && h.foreign == "" && sameExprs(xtFamily(f), e, h.exprs)
+	})
 }
 
 // saved returns our chains and rules in family f the way iptables-nft-save lists them, table by
@@ -647,9 +577,7 @@ func (s *State) saved(f iptables.Family) iptables.SavedState {
 			for _, r := range t.rules[c.name] {
 				into := iptables.ChainTable(r.jumpTarget()) == tbl.Name
 				switch {
-				case ours:
-					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
-				case into && r.hasOurComment():
+				case ours || into && r.hasOurComment():
 					out.Rules = append(out.Rules, r.line(f, tbl.Name, c.name))
 				case into:
 					out.ForeignJumps = append(out.ForeignJumps, r.line(f, tbl.Name, c.name))

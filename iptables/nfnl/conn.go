@@ -1,8 +1,7 @@
 package nfnl
 
-// The socket: one NETLINK_NETFILTER socket per call, through mdlayher/netlink, opened in the
-// calling thread's network namespace and closed before the call returns, so it is never used in
-// a namespace other than the one it was opened in.
+// The socket (see the package comment): opened and closed within one call, so it is never used
+// in a namespace other than the one it was opened in.
 
 import (
 	"context"
@@ -76,13 +75,10 @@ func (c *conn) exchange(reqs ...request) ([][]netlink.Message, error) {
 	var w wbuf
 	for _, r := range reqs {
 		w.begin(r.typ, r.flags, r.fam)
-		switch r.typ {
-		case unix.NFT_MSG_GETRULE:
+		if r.name != "" { // NFTA_SET_TABLE and NFTA_SET_ELEM_LIST_TABLE are NFTA_RULE_TABLE's number
 			w.str(unix.NFTA_RULE_TABLE, r.name)
-		case unix.NFT_MSG_GETSET:
-			w.str(unix.NFTA_SET_TABLE, r.name)
-		case unix.NFT_MSG_GETSETELEM:
-			w.str(unix.NFTA_SET_ELEM_LIST_TABLE, r.name)
+		}
+		if r.set != "" {
 			w.str(unix.NFTA_SET_ELEM_LIST_SET, r.set)
 		}
 		w.end()
@@ -125,11 +121,10 @@ func (c *conn) send(b []byte) error {
 	return os.NewSyscallError("sendmsg", serr)
 }
 
-// wbuf lays netlink messages out back to back in one buffer: each message's header, the
-// nfgenmsg header, then its attributes, nested ones closed in place. mdlayher/netlink's
-// AttributeEncoder builds every nested level apart and copies it into its parent, a rule's
-// expressions three times over: with a thousand rules that was 4 MB and most of the time it took
-// to lay a batch out. Reading uses its AttributeDecoder.
+// wbuf lays netlink messages out back to back in one buffer, nested attributes closed in place.
+// mdlayher/netlink's AttributeEncoder builds every nested level apart and copies it into its
+// parent, a rule's expressions three times over: with a thousand rules that was 4 MB and most of
+// the time it took to lay a batch out.
 type wbuf struct {
 	b     []byte
 	start int // of the message begun last
@@ -171,16 +166,10 @@ func (w *wbuf) str(typ uint16, s string) {
 	w.close(off)
 }
 
-// u32 and u64 append integers in nf_tables' byte order, big-endian.
+// u32 appends an integer in nf_tables' byte order, big-endian.
 func (w *wbuf) u32(typ uint16, v uint32) {
 	off := w.open(typ)
 	w.b = binary.BigEndian.AppendUint32(w.b, v)
-	w.close(off)
-}
-
-func (w *wbuf) u64(typ uint16, v uint64) {
-	off := w.open(typ)
-	w.b = binary.BigEndian.AppendUint64(w.b, v)
 	w.close(off)
 }
 
@@ -227,4 +216,37 @@ func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 	}
 	ad.ByteOrder = binary.BigEndian
 	return ad, nil
+}
+
+// eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.
+func eachMsgAttr(m netlink.Message, f func(ad *netlink.AttributeDecoder)) error {
+	ad, err := attrs(m)
+	if err != nil {
+		return err
+	}
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
+}
+
+func eachAttr(b []byte, f func(ad *netlink.AttributeDecoder)) error {
+	ad, err := decoder(b)
+	if err != nil {
+		return err
+	}
+	for ad.Next() {
+		f(ad)
+	}
+	return ad.Err()
+}
+
+// nested calls f on each attribute nested in ad's current one.
+func nested(ad *netlink.AttributeDecoder, f func(nd *netlink.AttributeDecoder)) {
+	ad.Nested(func(nd *netlink.AttributeDecoder) error {
+		for nd.Next() {
+			f(nd)
+		}
+		return nil
+	})
 }

@@ -2,43 +2,36 @@
 //
 //   - the socket: one NETLINK_NETFILTER socket per call (mdlayher/netlink), in the calling
 //     thread's network namespace (enter it first, internal/netnsutil), closed before returning;
-//   - the batch: one transaction, checked against the ruleset generation it was planned at
-//     (the kernel refuses it whole if anything changed the ruleset since the read, and the
-//     applier reads and plans again), acknowledged on its last message only, with a description
-//     of every message, so an error names the message the kernel refused and the batch prints
-//     itself (what --simulate shows);
+//   - the batch: one transaction, checked against the ruleset generation it was planned at (the
+//     kernel refuses it whole if the ruleset changed since the read, and the applier reads and
+//     plans again), acknowledged on its last message only, describing every message, so an error
+//     names the refused message and the batch prints itself (what --simulate shows);
 //   - the one read of kernel state: the generation and every table (with the native table's
-//     comment) in one round trip, then chains, rules, sets and elements only of the tables of
-//     ours that exist;
-//   - the two encodings of our rules, both ways: iptables-nft's (the "ip nat" and "ip6 nat"
-//     tables, every match, target and comment exactly as iptables-nft-restore writes them, so
-//     that `iptables -t nat -S` shows them and iptables-nft-save prints them byte for byte as
-//     its own) and the native "inet proxy_init" table (ports and subnets in sets);
+//     comment) in one round trip, then chains, rules, sets and elements of our tables only;
+//   - the two encodings of our rules, both ways: iptables-nft's ("ip nat" and "ip6 nat", every
+//     match, target and comment exactly as iptables-nft-restore writes them, so `iptables -t nat
+//     -S` shows them and iptables-nft-save prints them byte for byte as its own) and the native
+//     "inet proxy_init" table (ports and subnets in sets);
 //   - the planner, which turns a state and a target into one batch: one representation written
 //     and ours removed from the other, or both removed;
-//   - the applier (New), which covers one or both representations: iptables-nft's rules, the
-//     nft mode and auto's first choice, and the native table, the nftables mode.
+//   - the applier (New), covering iptables-nft's rules (the nft mode, auto's first choice), the
+//     native table (the nftables mode), or both.
 //
 // It renders the builder's rules (iptables.Ruleset.XTRules and NFT) and decides nothing about
-// which rules exist. A rule read back counts as ours only if it is exactly one the encoding
-// writes.
+// which rules exist. A rule read back counts as ours only if it is exactly one the encoding writes.
 //
-// What is laid out here because no library covers it: the batch framing (google/nftables'
-// Conn.Flush sends no generation, acknowledges every message and does not say which message
-// failed), the messages' attributes, for which mdlayher/netlink's attribute encoder and decoder
-// are used (google/nftables' Conn writes no table comment, where the native table records its
-// plan, and sets NFTA_RULE_COMPAT_PROTO only for some xtables matches, not for multiport, which
-// refuses a rule without it), the decoding of dumps (google/nftables' Conn reads no table
-// comment and skips expressions it does not know), and the owner and multiport matches' info
-// structs, for which google/nftables' xt package has no type. The expressions are google's
-// (expr), and so are the REDIRECT infos (xt.NatIPv4MultiRangeCompat, xt.NatRange) and the
-// comment's type (xt.Comment); google/nftables marshals every expression, those all rules share
-// once per process, except the three kinds each rule holds its own of: the xtables matches and
-// targets and the comparisons are written straight into the batch, as google/nftables lays them
-// out (a test holds every expression of every golden rule byte for byte equal to its marshalling),
-// because its marshalling allocates each anew, the 256-byte comment three times over, and with a
-// thousand rules that made iptables-nft mode slower than the hand-laid encoder this package
-// replaced. Every expression read back is decoded by google/nftables.
+// Laid out here because no library covers it: the batch framing (google/nftables' Conn.Flush
+// sends no generation, acknowledges every message and does not say which failed); the messages'
+// attributes, with mdlayher/netlink's decoder (google/nftables' Conn writes and reads no table
+// comment, where the native table records its plan, sets NFTA_RULE_COMPAT_PROTO only for some
+// matches, not multiport, which refuses a rule without it, and skips expressions it does not
+// know); and the owner, multiport, TPROXY and CT infos, which google/nftables' xt has no type for.
+// The expressions, the REDIRECT, conntrack and comment infos are google's and so is their
+// decoding. It marshals the expressions all rules share once per process; the xtables matches and
+// targets and the comparisons, which each rule holds its own of, are written straight into the
+// batch as it lays them out (TestExpressionsAsGoogleMarshals holds them equal), because its
+// marshalling allocates each anew, the 256-byte comment three times over: with a thousand rules
+// that made iptables-nft mode slower than the hand-laid encoder this package replaced.
 //
 // Limits: it needs CAP_NET_ADMIN in the namespace (a *iptables.CapabilityError otherwise) and a
 // kernel with nf_tables and, for iptables-nft's rules, nft_compat with the xt_owner, xt_multiport,
@@ -51,17 +44,16 @@
 // # Tests
 //
 // Without root: the encodings both ways (TestDecodeIsStrictInverse, TestNativeRoundTrip, the
-// extension blobs pinned in TestInfoBlobsAsIPTablesNFT, the expressions laid into the batch held
-// equal to google/nftables' marshalling in TestExpressionsAsGoogleMarshals), the batch per config
-// for a fresh namespace (TestGoldenBatches, testdata/batch), and the planner from kernel states
-// recorded in real namespaces (TestPlanFromRecordedStates, testdata/states: leftovers, another
-// tool's rules, a tampered table, both representations at once; `-update` regenerates the batches,
-// `-run TestRecordStates -record` as root the states). As root: for every golden config and both
-// families, iptables-nft-save prints the same after our apply as after iptables-nft-restore of our
-// payload (TestSaveEquality), and `iptables-nft -S` / `-L` read it; iptables-nft-restore over our
-// rules and our apply over its rules; others' rules untouched; all or nothing; a stale plan refused
-// whole (TestStalePlanRefused, both representations); the native table: apply, show, re-apply and
-// cleanup, `nft -f` of the same table and of the printed batch, one transaction per change, a
-// tampered table repaired, a refused batch writes nothing and names the message, iptables-nft rules
-// of ours removed in the same batch, an empty PATH, large sets, concurrent applies; real traffic.
+// extension blobs in TestInfoBlobsAsIPTablesNFT, TestExpressionsAsGoogleMarshals), the batch per
+// config for a fresh namespace (TestGoldenBatches, testdata/batch), and the planner from kernel
+// states recorded in real namespaces (TestPlanFromRecordedStates, testdata/states: leftovers,
+// another tool's rules, a tampered table, both representations; `-update` regenerates the
+// batches, `-run TestRecordStates -record` as root the states). As root: for every golden config
+// and family, iptables-nft-save prints the same after our apply as after iptables-nft-restore of
+// our payload (TestSaveEquality), and `iptables-nft -S` / `-L` read it; iptables-nft-restore over
+// our rules and our apply over its rules; others' rules untouched; all or nothing; a stale plan
+// refused whole (TestStalePlanRefused); the native table: apply, show, re-apply, cleanup, `nft -f`
+// of the same table and of the printed batch, one transaction per change, a tampered table
+// repaired, a refused batch writes nothing and names the message, iptables-nft rules of ours
+// removed in the same batch, an empty PATH, large sets, concurrent applies; real traffic.
 package nfnl

@@ -1,21 +1,17 @@
 package nfnl
 
-// The kernel probe: whether the kernel can run TPROXY, asked before anything is written. A batch
-// sent without its end marker is checked message by message and then applied not at all (what
-// `nft --check` does), and the kernel loads what a message needs on the way. Its rules hold
-// iptables' TPROXY target (run through nft_compat, which looks it up in x_tables, where
-// iptables-legacy finds it too) and nftables' own tproxy expression: the kernel's answer to each
-// says which of the two it has.
+// The kernel probe: whether the kernel can run TPROXY. A batch sent without its end marker is
+// checked message by message, loading what each needs, and then applied not at all (what `nft
+// --check` does). Its rules hold iptables' TPROXY target (through nft_compat, which looks it up
+// in x_tables, where iptables-legacy finds it too) and nftables' tproxy expression.
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -31,9 +27,8 @@ type TPROXYSupport struct {
 	NativeErr error
 }
 
-// The probe's objects: a chain in the mangle table (the only table the TPROXY target accepts),
-// a table of its own for the native expression. The batch is never applied, so neither is ever
-// created.
+// The probe's objects, never created: a chain in the mangle table (the only table the TPROXY
+// target accepts), a table of its own for the native expression.
 const (
 	probeChain = "PROXY_INIT_PROBE"
 	probeTable = "proxy_init_probe"
@@ -51,34 +46,21 @@ func ProbeTPROXY(ctx context.Context) (TPROXYSupport, error) {
 	defer c.close()
 
 	b := newBatch(emptyState(""))
-	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famIP)
-	b.str(unix.NFTA_TABLE_NAME, iptables.TableMangle.Name)
-	b.add(what{text: "add table ip mangle"})
-	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famIP)
-	b.str(unix.NFTA_CHAIN_TABLE, iptables.TableMangle.Name)
-	b.str(unix.NFTA_CHAIN_NAME, probeChain)
-	b.add(what{text: "add chain ip mangle " + probeChain})
+	addTable(b, famIP, iptables.TableMangle.Name)
+	addChain(b, famIP, iptables.TableMangle.Name, probeChain)
 	xtRule := len(b.what)
 	addXT(b, iptables.IPv4, &iptables.XTRule{Table: iptables.TableMangle.Name, Chain: probeChain, TCP: true, Comment: iptables.CommentPrefix + "probe",
 		Target: iptables.TargetTPROXY, ToPort: 1, OnIP: netip.IPv4Unspecified(), Mark: iptables.TPROXYMark})
 
-	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, famInet)
-	b.str(unix.NFTA_TABLE_NAME, probeTable)
-	b.add(what{text: "add table inet " + probeTable})
-	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
-	b.str(unix.NFTA_CHAIN_TABLE, probeTable)
-	b.str(unix.NFTA_CHAIN_NAME, probeChain)
-	b.add(what{text: "add chain inet " + probeTable + " " + probeChain})
+	addTable(b, famInet, probeTable)
+	addChain(b, famInet, probeTable, probeChain)
 	exprs, err := nativeExprs(iptables.NFTRule{Matches: []iptables.NFTMatch{{Kind: iptables.NFTMatchTCP}}, Verdict: iptables.NFTTPROXY,
 		RedirectPort: 1, Mark: iptables.TPROXYMark}, nil)
 	if err != nil {
 		return out, err
 	}
 	nativeRule := len(b.what)
-	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, famInet)
-	b.str(unix.NFTA_RULE_TABLE, probeTable)
-	b.str(unix.NFTA_RULE_CHAIN, probeChain)
-	b.expressions(famInet, exprs)
+	b.beginRule(famInet, probeTable, probeChain, exprs)
 	b.add(what{text: "add rule inet " + probeTable + " " + probeChain + " meta l4proto tcp tproxy to :1"})
 
 	refused, err := c.dryRun(b)
@@ -103,31 +85,22 @@ func (c *conn) dryRun(b *Batch) (map[int]error, error) {
 	if b.err != nil {
 		return nil, b.err
 	}
-	flags := b.b[b.last+6:]
-	binary.NativeEndian.PutUint16(flags, binary.NativeEndian.Uint16(flags)|uint16(netlink.Acknowledge))
+	b.ackLast()
 	if err := c.send(b.b); err != nil {
 		return nil, fmt.Errorf("send the nf_tables probe: %w", err)
 	}
-	const first = 2 // the begin marker is message 1
-	last := uint32(first + len(b.what) - 1)
 	refused := map[int]error{}
-	for {
-		ms, err := c.nl.Receive()
-		var oe *netlink.OpError
-		switch {
-		case err == nil:
-			for _, m := range ms {
-				if m.Header.Type == netlink.Error && m.Header.Sequence == last {
-					return refused, nil
-				}
-			}
-			continue
-		case !errors.As(err, &oe) || oe.Sequence < first:
-			return nil, err
+	var whole error // the begin marker refused
+	err := c.answers(len(b.what), func(oe *netlink.OpError) bool {
+		if oe.Sequence < firstSeq {
+			whole = oe
+			return true
 		}
-		refused[int(oe.Sequence)-first] = oe.Err
-		if oe.Sequence == last {
-			return refused, nil
-		}
+		refused[int(oe.Sequence)-firstSeq] = oe.Err
+		return false
+	})
+	if err = errors.Join(err, whole); err != nil {
+		return nil, err
 	}
+	return refused, nil
 }

@@ -1,16 +1,14 @@
 package nfnl
 
-// The one read of kernel state: the ruleset generation and the table list in one round trip
-// (which is all a fresh namespace costs), then, only for the tables that exist and matter, their
-// chains, rules, sets and elements. Dumps are decoded here rather than through google/nftables'
-// Conn: it reads no table comment (where the native table records its plan), cannot read the
-// generation in the same round trip, and skips expressions it does not know, so that someone
-// else's rule could pass for ours. Expressions themselves are decoded by google/nftables.
+// The one read of kernel state: the generation and the table list in one round trip (all a fresh
+// namespace costs), then the detail of the tables that matter. google/nftables' Conn cannot read
+// the generation in the same round trip, and skips expressions it does not know, so that someone
+// else's rule could pass for ours; expressions themselves are decoded by google/nftables.
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 
 	"github.com/google/nftables/expr"
@@ -104,7 +102,6 @@ type set struct {
 	name    string
 	flags   uint32
 	keyType uint32
-	keyLen  uint32
 	elems   []element
 }
 
@@ -139,8 +136,9 @@ type detail struct {
 
 // read reads the state: the generation and every table, then what want asks for given them.
 // When it had to look into tables, it reads the generation again and starts over if the ruleset
-// changed in between (or an object listed was gone when its detail was read), so the state is one the kernel held at once (a batch planned from it is
-// checked by the kernel anyway; Show and a write found unnecessary rely on this).
+// changed in between (or an object listed was gone when its detail was read), so the state is
+// one the kernel held at once (a batch planned from it is checked by the kernel anyway; Show and
+// a write found unnecessary rely on this).
 func read(src source, want func(*State) detail) (*State, error) {
 	for attempt := 1; ; attempt++ {
 		s, err := readTables(src)
@@ -188,17 +186,13 @@ func decodeGen(ms []netlink.Message) (uint32, error) {
 		if msgType(m) != unix.NFT_MSG_NEWGEN {
 			continue
 		}
-		ad, err := attrs(m)
-		if err != nil {
-			return 0, err
-		}
 		var gen uint32
-		for ad.Next() {
+		err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 			if ad.Type() == unix.NFTA_GEN_ID {
 				gen = ad.Uint32()
 			}
-		}
-		return gen, ad.Err()
+		})
+		return gen, err
 	}
 	return 0, errors.New("no generation in the kernel's answer")
 }
@@ -228,11 +222,7 @@ func readTables(src source) (*State, error) {
 
 func decodeTable(m netlink.Message) (table, error) {
 	t := table{family: family(m)}
-	ad, err := attrs(m)
-	if err != nil {
-		return t, err
-	}
-	for ad.Next() {
+	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case unix.NFTA_TABLE_NAME:
 			t.name = ad.String()
@@ -243,19 +233,18 @@ func decodeTable(m netlink.Message) (table, error) {
 		case nftaTableUserdata:
 			t.comment, _ = userdata.GetString(ad.Bytes(), udataTableComment)
 		}
-	}
-	return t, ad.Err()
+	})
+	return t, err
 }
 
 // readDetail reads what d asks for, and reports whether it read anything beyond the table list.
 func (s *State) readDetail(src source, d detail) (bool, error) {
-	var xts []xtKey
-	if d.xt || d.xtChains {
-		for _, fam := range []byte{famIP, famIP6} {
-			for _, t := range iptables.XTTables() {
-				if s.findTable(fam, t.Name) != nil {
-					xts = append(xts, xtKey{fam, t.Name})
-				}
+	var xts []xtKey // in a fixed order, that of the reads
+	s.xt = map[xtKey]*ruleTable{}
+	for _, fam := range []byte{famIP, famIP6} {
+		for _, t := range iptables.XTTables() {
+			if k := (xtKey{fam, t.Name}); (d.xt || d.xtChains) && s.findTable(fam, t.Name) != nil {
+				xts, s.xt[k] = append(xts, k), &ruleTable{rules: map[string][]rule{}}
 			}
 		}
 	}
@@ -263,10 +252,6 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 	native := d.native && nt != nil && (d.nativeIf == nil || d.nativeIf(nt))
 	if len(xts) == 0 && !native {
 		return false, nil
-	}
-	s.xt = map[xtKey]*ruleTable{}
-	for _, k := range xts {
-		s.xt[k] = &ruleTable{rules: map[string][]rule{}}
 	}
 	if native {
 		s.native = &ruleTable{rules: map[string][]rule{}}
@@ -281,7 +266,11 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("decode a chain: %w", err)
 		}
-		if t := s.tableOf(family(m), tbl); t != nil {
+		t := s.xt[xtKey{family(m), tbl}]
+		if family(m) == famInet && tbl == iptables.NFTTableName {
+			t = s.native
+		}
+		if t != nil {
 			t.chains = append(t.chains, c)
 		}
 	}
@@ -303,25 +292,10 @@ func (s *State) readDetail(src source, d detail) (bool, error) {
 	return true, nil
 }
 
-// tableOf returns the detail of one of our tables, or nil for any other.
-func (s *State) tableOf(fam byte, name string) *ruleTable {
-	switch {
-	case fam == famIP || fam == famIP6:
-		return s.xt[xtKey{fam, name}]
-	case name == iptables.NFTTableName && fam == famInet:
-		return s.native
-	}
-	return nil
-}
-
 func decodeChain(m netlink.Message) (chain, string, error) {
 	var c chain
 	var tbl string
-	ad, err := attrs(m)
-	if err != nil {
-		return c, "", err
-	}
-	for ad.Next() {
+	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case unix.NFTA_CHAIN_TABLE:
 			tbl = ad.String()
@@ -333,20 +307,17 @@ func decodeChain(m netlink.Message) (chain, string, error) {
 			c.policy = ad.Uint32()
 		case unix.NFTA_CHAIN_HOOK:
 			c.base = true
-			ad.Nested(func(nd *netlink.AttributeDecoder) error {
-				for nd.Next() {
-					switch nd.Type() {
-					case unix.NFTA_HOOK_HOOKNUM:
-						c.hook = nd.Uint32()
-					case unix.NFTA_HOOK_PRIORITY:
-						c.priority = int32(nd.Uint32())
-					}
+			nested(ad, func(nd *netlink.AttributeDecoder) {
+				switch nd.Type() {
+				case unix.NFTA_HOOK_HOOKNUM:
+					c.hook = nd.Uint32()
+				case unix.NFTA_HOOK_PRIORITY:
+					c.priority = int32(nd.Uint32())
 				}
-				return nil
 			})
 		}
-	}
-	return c, tbl, ad.Err()
+	})
+	return c, tbl, err
 }
 
 // readRules reads the rules of one table. Each dump names its family: given a table name, the
@@ -371,11 +342,7 @@ func (s *State) readRules(src source, fam byte, name string, t *ruleTable) error
 func decodeRule(fam byte, m netlink.Message) (rule, string, string, error) {
 	var r rule
 	var tbl, ch string
-	ad, err := attrs(m)
-	if err != nil {
-		return r, "", "", err
-	}
-	for ad.Next() {
+	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case unix.NFTA_RULE_TABLE:
 			tbl = ad.String()
@@ -386,15 +353,12 @@ func decodeRule(fam byte, m netlink.Message) (rule, string, string, error) {
 		case unix.NFTA_RULE_USERDATA:
 			r.comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
 		case unix.NFTA_RULE_EXPRESSIONS:
-			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					list.Nested(func(el *netlink.AttributeDecoder) error { return r.decodeExpr(fam, el) })
-				}
-				return nil
+			nested(ad, func(el *netlink.AttributeDecoder) {
+				el.Nested(func(nd *netlink.AttributeDecoder) error { return r.decodeExpr(fam, nd) })
 			})
 		}
-	}
-	return r, tbl, ch, ad.Err()
+	})
+	return r, tbl, ch, err
 }
 
 // decodeExpr decodes one list element: an expression's name and data.
@@ -424,100 +388,95 @@ func (r *rule) decodeExpr(fam byte, el *netlink.AttributeDecoder) error {
 	return nil
 }
 
-// unmarshalExpr decodes one expression of the kinds our rules, in either representation, are
-// made of; any other kind returns nil, which marks the rule as not ours.
+// exprKinds are the expressions our rules, in either representation, are made of, by the
+// kernel's name; a verdict is an immediate that writes the verdict register.
+var exprKinds = map[string]func() expr.Any{
+	"meta": newExpr[expr.Meta], "cmp": newExpr[expr.Cmp], "payload": newExpr[expr.Payload],
+	"bitwise": newExpr[expr.Bitwise], "range": newExpr[expr.Range], "lookup": newExpr[expr.Lookup],
+	"match": newExpr[expr.Match], "target": newExpr[expr.Target], "counter": newExpr[expr.Counter],
+	"redir": newExpr[expr.Redir], "ct": newExpr[expr.Ct], "tproxy": newExpr[expr.TProxy],
+	"immediate": newExpr[expr.Immediate],
+}
+
+func newExpr[T any, P interface {
+	*T
+	expr.Any
+}]() expr.Any {
+	return P(new(T))
+}
+
+// exprNames is exprKinds the other way round.
+var exprNames = func() map[reflect.Type]string {
+	m := map[reflect.Type]string{reflect.TypeFor[*expr.Verdict](): "immediate"}
+	for name, mk := range exprKinds {
+		m[reflect.TypeOf(mk())] = name
+	}
+	return m
+}()
+
+// exprName is the kernel's name of an expression of the kinds our rules hold.
+func exprName(e expr.Any) string {
+	if name, ok := exprNames[reflect.TypeOf(e)]; ok {
+		return name
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+// unmarshalExpr decodes one expression of exprKinds; any other kind returns nil, which marks the
+// rule as not ours.
 func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
-	var e expr.Any
-	switch name {
-	case "meta":
-		e = &expr.Meta{}
-	case "cmp":
-		e = &expr.Cmp{}
-	case "payload":
-		e = &expr.Payload{}
-	case "bitwise":
-		e = &expr.Bitwise{}
-	case "range":
-		e = &expr.Range{}
-	case "lookup":
-		e = &expr.Lookup{}
-	case "match":
-		e = &expr.Match{}
-	case "target":
-		e = &expr.Target{}
-	case "counter":
-		e = &expr.Counter{}
-	case "redir":
-		e = &expr.Redir{}
-	case "ct":
-		// google/nftables' Ct does not read a source register (ct zone set).
-		return decodeCt(data)
-	case "tproxy":
-		// google/nftables' TProxy reads its family attribute, a u32, as a byte, and fails.
-		return decodeTProxy(data)
-	case "immediate":
-		// A verdict is an immediate that writes the verdict register.
-		im := &expr.Immediate{}
-		if err := expr.Unmarshal(fam, data, im); err != nil {
-			return nil, fmt.Errorf("expression immediate: %w", err)
-		}
-		if im.Register != unix.NFT_REG_VERDICT {
-			return im, nil
-		}
-		e = &expr.Verdict{}
-	default:
+	mk, ok := exprKinds[name]
+	if !ok {
 		return nil, nil
 	}
-	if err := expr.Unmarshal(fam, data, e); err != nil {
+	e, err := mk(), error(nil)
+	switch x := e.(type) {
+	case *expr.Ct:
+		// google/nftables' Ct does not read a source register (ct zone set).
+		err = eachAttr(data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case unix.NFTA_CT_KEY:
+				x.Key = expr.CtKey(ad.Uint32())
+			case unix.NFTA_CT_DREG:
+				x.Register = ad.Uint32()
+			case unix.NFTA_CT_SREG:
+				x.Register, x.SourceRegister = ad.Uint32(), true
+			case unix.NFTA_CT_DIRECTION:
+				x.Direction = uint32(ad.Uint8())
+			}
+		})
+	case *expr.TProxy:
+		// google/nftables' TProxy reads its family attribute, a u32, as a byte, and fails.
+		err = eachAttr(data, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case expr.NFTA_TPROXY_FAMILY:
+				x.Family = byte(ad.Uint32())
+			case expr.NFTA_TPROXY_REG_PORT:
+				x.RegPort = ad.Uint32()
+			case expr.NFTA_TPROXY_REG_ADDR:
+				x.RegAddr = ad.Uint32()
+			}
+		})
+	default:
+		err = expr.Unmarshal(fam, data, e)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("expression %s: %w", name, err)
 	}
-	return e, nil
-}
-
-func decodeCt(data []byte) (expr.Any, error) {
-	ad, err := netlink.NewAttributeDecoder(data)
-	if err != nil {
-		return nil, fmt.Errorf("expression ct: %w", err)
-	}
-	ad.ByteOrder = binary.BigEndian
-	e := &expr.Ct{}
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_CT_KEY:
-			e.Key = expr.CtKey(ad.Uint32())
-		case unix.NFTA_CT_DREG:
-			e.Register = ad.Uint32()
-		case unix.NFTA_CT_SREG:
-			e.Register, e.SourceRegister = ad.Uint32(), true
-		case unix.NFTA_CT_DIRECTION:
-			e.Direction = uint32(ad.Uint8())
+	switch x := e.(type) {
+	case *expr.Immediate:
+		if x.Register == unix.NFT_REG_VERDICT {
+			v := &expr.Verdict{}
+			if err := expr.Unmarshal(fam, data, v); err != nil {
+				return nil, fmt.Errorf("expression %s: %w", name, err)
+			}
+			return v, nil
 		}
-	}
-	if err := ad.Err(); err != nil {
-		return nil, fmt.Errorf("expression ct: %w", err)
-	}
-	return e, nil
-}
-
-func decodeTProxy(data []byte) (expr.Any, error) {
-	ad, err := netlink.NewAttributeDecoder(data)
-	if err != nil {
-		return nil, fmt.Errorf("expression tproxy: %w", err)
-	}
-	ad.ByteOrder = binary.BigEndian
-	e := &expr.TProxy{}
-	for ad.Next() {
-		switch ad.Type() {
-		case expr.NFTA_TPROXY_FAMILY:
-			e.Family = byte(ad.Uint32())
-		case expr.NFTA_TPROXY_REG_PORT:
-			e.RegPort = ad.Uint32()
-		case expr.NFTA_TPROXY_REG_ADDR:
-			e.RegAddr = ad.Uint32()
+	case *expr.Redir:
+		// The kernel dumps the maximum port's register as the minimum's when only that was given.
+		if x.RegisterProtoMax == x.RegisterProtoMin {
+			x.RegisterProtoMax = 0
 		}
-	}
-	if err := ad.Err(); err != nil {
-		return nil, fmt.Errorf("expression tproxy: %w", err)
 	}
 	return e, nil
 }
@@ -555,11 +514,7 @@ func (s *State) readSets(src source) error {
 func decodeSet(m netlink.Message) (set, string, error) {
 	var st set
 	var tbl string
-	ad, err := attrs(m)
-	if err != nil {
-		return st, "", err
-	}
-	for ad.Next() {
+	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case unix.NFTA_SET_TABLE:
 			tbl = ad.String()
@@ -569,57 +524,36 @@ func decodeSet(m netlink.Message) (set, string, error) {
 			st.flags = ad.Uint32()
 		case unix.NFTA_SET_KEY_TYPE:
 			st.keyType = ad.Uint32()
-		case unix.NFTA_SET_KEY_LEN:
-			st.keyLen = ad.Uint32()
 		}
-	}
-	return st, tbl, ad.Err()
+	})
+	return st, tbl, err
 }
 
 func (st *set) decodeElements(m netlink.Message) error {
-	ad, err := attrs(m)
-	if err != nil {
-		return err
-	}
-	for ad.Next() {
+	return eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
 		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-			continue
+			return
 		}
-		ad.Nested(func(list *netlink.AttributeDecoder) error {
-			for list.Next() {
-				list.Nested(func(el *netlink.AttributeDecoder) error {
-					var e element
-					for el.Next() {
-						switch el.Type() {
-						case unix.NFTA_SET_ELEM_KEY:
-							el.Nested(func(k *netlink.AttributeDecoder) error {
-								for k.Next() {
-									if k.Type() == unix.NFTA_DATA_VALUE {
-										e.key = slices.Clone(k.Bytes())
-									}
-								}
-								return nil
-							})
-						case unix.NFTA_SET_ELEM_FLAGS:
-							e.end = el.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		nested(ad, func(el *netlink.AttributeDecoder) {
+			var e element
+			nested(el, func(a *netlink.AttributeDecoder) {
+				switch a.Type() {
+				case unix.NFTA_SET_ELEM_KEY:
+					nested(a, func(k *netlink.AttributeDecoder) {
+						if k.Type() == unix.NFTA_DATA_VALUE {
+							e.key = slices.Clone(k.Bytes())
 						}
-					}
-					st.elems = append(st.elems, e)
-					return nil
-				})
-			}
-			return nil
+					})
+				case unix.NFTA_SET_ELEM_FLAGS:
+					e.end = a.Uint32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+				}
+			})
+			st.elems = append(st.elems, e)
 		})
-	}
-	return ad.Err()
+	})
 }
 
-func famName(fam byte) string {
-	switch fam {
-	case famIP6:
-		return "ip6"
-	case famInet:
-		return "inet"
-	}
-	return "ip"
-}
+// famName is the name nft gives one of our tables' families.
+func famName(fam byte) string { return famNames[fam] }
+
+var famNames = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}

@@ -1,20 +1,13 @@
 package nfnl
 
 // The iptables-nft encoding: one iptables.XTRule as the nf_tables expressions iptables-nft 1.8.9
-// builds for the same iptables-restore line, found by writing our payloads with
-// iptables-nft-restore and dumping them. Interface, protocol and address matches are native
-// expressions; the tcp and udp ports too. The owner, multiport, conntrack and comment matches
-// and the REDIRECT, TPROXY and CT targets are xtables extensions run by the kernel's nft_compat,
-// each with its revision and the extension's own C struct as info. DROP and RETURN are native
-// verdicts. Every rule carries a counter before its verdict, as iptables-nft's do.
-//
-// The comment, conntrack and REDIRECT infos are google/nftables' xt.Comment,
-// xt.ConntrackMtinfo3, xt.NatIPv4MultiRangeCompat (IPv4 REDIRECT is revision 0, the compat
-// struct) and xt.NatRange. xt has no type for the owner, multiport, TPROXY and CT infos, so
-// those four C structs are laid out here.
-//
-// decode is the inverse, and is strict by construction: a rule read back counts as one of ours
-// only if encoding what it decodes to gives back exactly the expressions read.
+// builds for the same iptables-restore line (found by dumping what iptables-nft-restore wrote).
+// Interface, protocol, address and tcp/udp port matches and DROP and RETURN are native
+// expressions; the owner, multiport, conntrack and comment matches and the REDIRECT, TPROXY and
+// CT targets are xtables extensions run by nft_compat, each with its revision and C struct as
+// info (IPv4 REDIRECT is revision 0, the compat struct). Every rule carries a counter before its
+// verdict, as iptables-nft's do. decodeXT is the inverse, strict by construction: a rule read
+// back is ours only if encoding what it decodes to gives back exactly the expressions read.
 
 import (
 	"bytes"
@@ -118,13 +111,13 @@ func xtFamily(f iptables.Family) byte {
 // encodeXT returns the expressions of r for family f, and the layer-4 protocol its xtables
 // extensions may assume (NFTA_RULE_COMPAT_PROTO: multiport refuses a rule that does not say tcp).
 func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	return appendXT(make([]expr.Any, 0, 8), nil, f, r)
+	return appendXT(make([]expr.Any, 0, 8), &exprPool{}, f, r)
 }
 
 // exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
 // while it is laid out: a batch marshals each rule before it encodes the next, which reuses
 // them. Without it, a thousand rules allocated 100 KB of expressions that lived for one rule
-// each. A nil pool allocates.
+// each.
 type exprPool struct {
 	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
 	ncmp    int
@@ -132,12 +125,6 @@ type exprPool struct {
 	naddr   int
 	match   expr.Match
 	comment xt.Comment
-}
-
-func (p *exprPool) reset() {
-	if p != nil {
-		p.ncmp, p.naddr = 0, 0
-	}
 }
 
 func (p *exprPool) cmp(data []byte) *expr.Cmp {
@@ -150,7 +137,7 @@ func (p *exprPool) cmp(data []byte) *expr.Cmp {
 	return c
 }
 
-// addr returns the bytes of a, as a slice.
+// addr returns the bytes of a, as a slice. (A nil pool allocates.)
 func (p *exprPool) addr(a netip.Addr) []byte {
 	if p == nil || p.naddr == len(p.addrs) {
 		return a.AsSlice()
@@ -161,10 +148,6 @@ func (p *exprPool) addr(a netip.Addr) []byte {
 }
 
 func (p *exprPool) commentMatch(comment string) *expr.Match {
-	if p == nil {
-		c := xt.Comment(comment)
-		return &expr.Match{Name: "comment", Rev: commentRev, Info: &c}
-	}
 	p.comment = xt.Comment(comment)
 	p.match = expr.Match{Name: "comment", Rev: commentRev, Info: &p.comment}
 	return &p.match
@@ -172,7 +155,7 @@ func (p *exprPool) commentMatch(comment string) *expr.Match {
 
 // appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
 func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
-	pool.reset()
+	pool.ncmp, pool.naddr = 0, 0
 	out, proto, err := appendXTMatches(out, pool, f, r)
 	if err != nil {
 		return nil, 0, err
@@ -207,17 +190,14 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		proto = unix.IPPROTO_UDP
 		out = append(out, tcpMeta, udpCmp) // the same l4proto load
 	}
-	for _, a := range [2]struct {
-		p   netip.Prefix
-		src bool
-	}{{r.Source, true}, {r.Destination, false}} {
-		if !a.p.IsValid() || a.p.Bits() == 0 {
+	for i, p := range [2]netip.Prefix{r.Source, r.Destination} {
+		if !p.IsValid() || p.Bits() == 0 {
 			continue // what iptables does with 0.0.0.0/0: no match at all
 		}
-		if a.p.Addr().Is4() != (f == iptables.IPv4) {
-			return nil, 0, fmt.Errorf("address %s in an %s rule", a.p, f)
+		if p.Addr().Is4() != (f == iptables.IPv4) {
+			return nil, 0, fmt.Errorf("address %s in an %s rule", p, f)
 		}
-		out = addrMatch(out, pool, f, a.p, a.src)
+		out = addrMatch(out, pool, f, p, i == 0)
 	}
 	if r.UIDOwner != nil {
 		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
@@ -237,7 +217,7 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		return nil, 0, err
 	}
 	if r.CTState != "" {
-		mask, ok := ctStateMask(r.CTState)
+		mask, ok := ctStateMasks[r.CTState]
 		if !ok {
 			return nil, 0, fmt.Errorf("conntrack state %q is not one we match", r.CTState)
 		}
@@ -248,20 +228,17 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 
 // appendXTPorts appends the source and destination port matches, which need a protocol.
 func appendXTPorts(out []expr.Any, pool *exprPool, proto uint32, r iptables.XTRule) ([]expr.Any, error) {
-	for _, pm := range [2]struct {
-		p    iptables.PortRange
-		load *expr.Payload
-	}{{r.SPort, sportLoad}, {r.DPort, dportLoad}} {
-		if pm.p.First == 0 {
+	// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
+	for i, p := range [2]iptables.PortRange{r.SPort, r.DPort} {
+		if p.First == 0 {
 			continue
 		}
 		if proto == 0 {
 			return nil, errors.New("a port without -p tcp or -p udp")
 		}
-		// The ports: the transport header's bytes 0 and 1 (source), 2 and 3 (destination).
-		out = append(out, pm.load)
-		first, last := port(pm.p.First), port(pm.p.Last)
-		if pm.p.First == pm.p.Last {
+		out = append(out, [2]*expr.Payload{sportLoad, dportLoad}[i])
+		first, last := port(p.First), port(p.Last)
+		if p.First == p.Last {
 			out = append(out, pool.cmp(first))
 		} else {
 			out = append(out, &expr.Range{Op: expr.CmpOpEq, Register: reg1, FromData: first, ToData: last})
@@ -304,17 +281,9 @@ func xtTarget(name string, rev uint32, info []byte) *expr.Target {
 	return &expr.Target{Name: name, Rev: rev, Info: &i}
 }
 
-// ctStateMask is the conntrack match's state mask for a state list we write
+// ctStateMasks are the conntrack match's state masks for the state lists we write
 // (XT_CONNTRACK_STATE_BIT: INVALID is bit 0, ESTABLISHED 1, RELATED 2).
-func ctStateMask(state string) (uint16, bool) {
-	switch state {
-	case iptables.CTStateInvalid:
-		return 1, true
-	case iptables.CTStateEstablished:
-		return 6, true
-	}
-	return 0, false
-}
+var ctStateMasks = map[string]uint16{iptables.CTStateInvalid: 1, iptables.CTStateEstablished: 6}
 
 // conntrackInfo is xt_conntrack_mtinfo3 matching the state mask alone.
 func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
@@ -464,36 +433,60 @@ func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule
 	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
 }
 
-// decodeXTInto reads the expressions the way encodeXT writes them; sameExprs then checks the rest.
-// Each expression kind has its reader; those that consume the comparison after a load return the
-// index of the last expression they read.
+// decodeXTInto reads the expressions the way encodeXT writes them, leniently: decodeXT encodes
+// what it read again and compares, which refuses anything else. A load reads the comparison
+// after it too, and an address load its mask.
 func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 	for i := 0; i < len(ex); i++ {
-		ok := true
 		switch e := ex[i].(type) {
 		case *expr.Meta:
-			i, ok = decodeXTMeta(r, e, ex, i)
+			i++
+			d, _ := cmpData(ex, i)
+			switch e.Key {
+			case expr.MetaKeyOIFNAME:
+				r.OutInterface = ifnameOf(d)
+			case expr.MetaKeyIIFNAME:
+				r.InInterface = ifnameOf(d)
+			default: // the l4proto load
+				r.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
+				r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
+			}
 		case *expr.Payload:
+			i++
 			if e.Base == expr.PayloadBaseTransportHeader {
-				i, ok = decodeXTPort(r, e, ex, i)
+				decodeXTPort(r, e, ex, i)
+				continue
+			}
+			var mask []byte
+			if b, ok := next[*expr.Bitwise](ex, i); ok {
+				mask, i = b.Mask, i+1
+			}
+			d, _ := cmpData(ex, i)
+			if p, src := prefixOf(f, e, mask, d); src {
+				r.Source = p
 			} else {
-				i, ok = decodeXTAddr(f, r, e, ex, i)
+				r.Destination = p
 			}
 		case *expr.Match:
-			ok = decodeXTMatch(r, e)
+			decodeXTMatch(r, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			ok = decodeXTVerdict(r, e)
+			r.Target = e.Chain // a jump's
+			if t, ok := xtVerdicts[e.Kind]; ok {
+				r.Target = t
+			}
 		case *expr.Target:
-			ok = decodeXTTarget(f, r, e)
+			decodeXTTarget(f, r, e)
 		default:
-			ok = false
-		}
-		if !ok {
 			return false
 		}
 	}
 	return r.Target != ""
+}
+
+// xtVerdicts are the targets that are native verdicts.
+var xtVerdicts = map[expr.VerdictKind]string{
+	expr.VerdictReturn: iptables.TargetReturn, expr.VerdictDrop: iptables.TargetDrop,
 }
 
 // cmpData is the data of the equality comparison at ex[i], if that is one.
@@ -505,27 +498,6 @@ func cmpData(ex []expr.Any, i int) ([]byte, bool) {
 	return c.Data, true
 }
 
-// decodeXTMeta reads an interface or protocol load at ex[i] and its comparison.
-func decodeXTMeta(r *iptables.XTRule, e *expr.Meta, ex []expr.Any, i int) (int, bool) {
-	d, ok := cmpData(ex, i+1)
-	if !ok {
-		return i, false
-	}
-	switch {
-	case e.Key == expr.MetaKeyOIFNAME:
-		r.OutInterface = ifnameOf(d)
-	case e.Key == expr.MetaKeyIIFNAME:
-		r.InInterface = ifnameOf(d)
-	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_TCP}):
-		r.TCP = true
-	case e.Key == expr.MetaKeyL4PROTO && bytes.Equal(d, []byte{unix.IPPROTO_UDP}):
-		r.UDP = true
-	default:
-		return i, false
-	}
-	return i + 1, true
-}
-
 // ifnameOf is iptables' interface name for the compared bytes: without its NUL the name is a
 // prefix, which iptables writes with a trailing "+".
 func ifnameOf(d []byte) string {
@@ -535,92 +507,45 @@ func ifnameOf(d []byte) string {
 	return string(d) + "+"
 }
 
-// decodeXTPort reads a port load at ex[i] and the comparison or range after it.
-func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
-	if i+1 >= len(ex) {
-		return i, false
-	}
+// decodeXTPort reads the port comparison or range at ex[i], after the port load e.
+func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) {
 	var pr iptables.PortRange
-	switch c := ex[i+1].(type) {
-	case *expr.Cmp:
-		if len(c.Data) != 2 {
-			return i, false
-		}
-		p := binary.BigEndian.Uint16(c.Data)
-		pr = iptables.PortRange{First: p, Last: p}
-	case *expr.Range:
-		if len(c.FromData) != 2 || len(c.ToData) != 2 {
-			return i, false
-		}
-		pr = iptables.PortRange{First: binary.BigEndian.Uint16(c.FromData), Last: binary.BigEndian.Uint16(c.ToData)}
-	default:
-		return i, false
+	if c, ok := next[*expr.Cmp](ex, i); ok {
+		pr.First = uint16At(c.Data, binary.BigEndian)
+		pr.Last = pr.First
+	} else if c, ok := next[*expr.Range](ex, i); ok {
+		pr.First, pr.Last = uint16At(c.FromData, binary.BigEndian), uint16At(c.ToData, binary.BigEndian)
 	}
 	if e.Offset == 0 {
 		r.SPort = pr
 	} else {
 		r.DPort = pr
 	}
-	return i + 1, true
-}
-
-// decodeXTAddr reads an address load at ex[i], its optional mask and its comparison.
-func decodeXTAddr(f iptables.Family, r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) (int, bool) {
-	var mask []byte
-	if b, ok := next[*expr.Bitwise](ex, i+1); ok {
-		mask = b.Mask
-		i++
-	}
-	d, ok := cmpData(ex, i+1)
-	if !ok {
-		return i, false
-	}
-	p, src, ok := prefixOf(f, e, mask, d)
-	if !ok {
-		return i, false
-	}
-	if src {
-		r.Source = p
-	} else {
-		r.Destination = p
-	}
-	return i + 1, true
 }
 
 // decodeXTMatch reads an xtables match: the comment, conntrack state, owner or multiport.
-func decodeXTMatch(r *iptables.XTRule, e *expr.Match) bool {
+func decodeXTMatch(r *iptables.XTRule, e *expr.Match) {
 	switch info := e.Info.(type) {
 	case *xt.Comment:
 		r.Comment = string(*info)
 	case *xt.ConntrackMtinfo3:
-		switch info.StateMask {
-		case 1:
-			r.CTState = iptables.CTStateInvalid
-		case 6:
-			r.CTState = iptables.CTStateEstablished
-		default:
-			return false
+		for s, mask := range ctStateMasks {
+			if mask == info.StateMask {
+				r.CTState = s
+			}
 		}
 	case *xt.Unknown:
-		b := []byte(*info)
-		switch {
+		switch b := []byte(*info); {
+		case e.Name == "owner" && len(b) == ownerInfoLen && b[16] == xtOwnerGID:
+			id := binary.NativeEndian.Uint32(b[8:])
+			r.GIDOwner = &id
 		case e.Name == "owner" && len(b) == ownerInfoLen:
 			id := binary.NativeEndian.Uint32(b)
-			if b[16] == xtOwnerGID {
-				id = binary.NativeEndian.Uint32(b[8:])
-				r.GIDOwner = &id
-			} else {
-				r.UIDOwner = &id
-			}
+			r.UIDOwner = &id
 		case e.Name == "multiport" && len(b) == multiportLen:
 			r.MultiportDPorts = append(r.MultiportDPorts, multiportPorts(b)...)
-		default:
-			return false
 		}
-	default:
-		return false
 	}
-	return true
 }
 
 // multiportPorts reads the ports of an xt_multiport_v1 back, the inverse of multiportInfo.
@@ -639,57 +564,28 @@ func multiportPorts(b []byte) []iptables.PortRange {
 	return ports
 }
 
-func decodeXTVerdict(r *iptables.XTRule, e *expr.Verdict) bool {
-	switch e.Kind {
-	case expr.VerdictReturn:
-		r.Target = iptables.TargetReturn
-	case expr.VerdictDrop:
-		r.Target = iptables.TargetDrop
-	case expr.VerdictJump:
-		r.Target = e.Chain
-	default:
-		return false
-	}
-	return true
-}
-
 // decodeXTTarget reads a TPROXY, CT or REDIRECT target.
-func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) bool {
-	if u, ok := e.Info.(*xt.Unknown); ok {
-		b := []byte(*u)
-		switch {
-		case e.Name == "TPROXY" && len(b) == tproxyInfoLen:
-			r.Target, r.Mark, r.ToPort = iptables.TargetTPROXY, binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
+func decodeXTTarget(f iptables.Family, r *iptables.XTRule, e *expr.Target) {
+	r.Target = e.Name
+	switch info := e.Info.(type) {
+	case *xt.Unknown:
+		switch b := []byte(*info); len(b) {
+		case tproxyInfoLen:
+			r.Mark, r.ToPort = binary.NativeEndian.Uint32(b[4:]), binary.BigEndian.Uint16(b[24:])
 			r.OnIP = netip.IPv4Unspecified()
 			if f == iptables.IPv6 {
 				r.OnIP = netip.IPv6Unspecified()
 			}
-		case e.Name == "CT" && len(b) == ctInfoLen:
-			r.Target, r.Zone = iptables.TargetCT, binary.NativeEndian.Uint16(b[2:])
-		default:
-			return false
+		case ctInfoLen:
+			r.Zone = binary.NativeEndian.Uint16(b[2:])
 		}
-		return true
-	}
-	if e.Name != "REDIRECT" {
-		return false
-	}
-	switch info := e.Info.(type) {
 	case *xt.NatIPv4MultiRangeCompat:
-		if f != iptables.IPv4 || len(*info) != 1 {
-			return false
+		if len(*info) == 1 {
+			r.ToPort = (*info)[0].MinPort
 		}
-		r.ToPort = (*info)[0].MinPort
 	case *xt.NatRange:
-		if f != iptables.IPv6 {
-			return false
-		}
 		r.ToPort = info.MinPort
-	default:
-		return false
 	}
-	r.Target = iptables.TargetRedirect
-	return true
 }
 
 func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
@@ -701,35 +597,19 @@ func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
 	return v, ok
 }
 
-// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix.
-func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool, bool) {
-	if p.Base != expr.PayloadBaseNetworkHeader {
-		return netip.Prefix{}, false, false
-	}
+// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix,
+// and says whether it is the source address.
+func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool) {
 	srcOff, full := addrOffset(f, true)
-	dstOff, _ := addrOffset(f, false)
-	var src bool
-	switch p.Offset {
-	case srcOff:
-		src = true
-	case dstOff:
-	default:
-		return netip.Prefix{}, false, false
-	}
-	if p.Len > full || int(p.Len) != len(data) {
-		return netip.Prefix{}, false, false
-	}
 	addr := make([]byte, full)
 	copy(addr, data)
 	a, _ := netip.AddrFromSlice(addr)
-	bits := int(p.Len) * 8
+	bits := len(data) * 8
 	if mask != nil {
 		ones, _ := net.IPMask(mask).Size()
 		bits = max(ones, 0)
 	}
-	// Not the canonical form of this prefix (a mask with holes, host bits set, a load of a whole
-	// address under a byte-aligned mask): sameExprs refuses the re-encoding.
-	return netip.PrefixFrom(a, bits), src, true
+	return netip.PrefixFrom(a, bits), p.Offset == srcOff
 }
 
 // sameExprs reports whether two expression lists are the same on the wire, counter values aside.
