@@ -77,6 +77,25 @@ func savedRule(line string) Rule {
 	return r
 }
 
+func savedRules(lines []string) []Rule {
+	out := make([]Rule, len(lines))
+	for i, l := range lines {
+		out[i] = savedRule(l)
+	}
+	return out
+}
+
+// inTable returns those of rules that are in table t.
+func inTable(t XTTable, rules []Rule) []Rule {
+	var out []Rule
+	for _, r := range rules {
+		if r.table() == t.Name {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // jumpTarget is what a rule line ends in "-j X" with: for a jump, the chain it enters.
 func jumpTarget(line string) string {
 	if i := strings.LastIndex(line, "-j "); i >= 0 {
@@ -235,10 +254,7 @@ func diffLines(want, have []string) Diff {
 // are kept, unless the target no longer has that chain: then they go too, or the chain could not
 // be deleted.
 func TransitionPayload(current, target SavedState) string {
-	rules := make([]Rule, len(target.Rules))
-	for i, l := range target.Rules {
-		rules[i] = savedRule(l)
-	}
+	rules := savedRules(target.Rules)
 	var b strings.Builder
 	size := 256
 	for _, rl := range rules {
@@ -246,13 +262,7 @@ func TransitionPayload(current, target SavedState) string {
 	}
 	b.Grow(size)
 	for _, t := range XTTables() {
-		var tr []Rule
-		for _, rl := range rules {
-			if rl.table() == t.Name {
-				tr = append(tr, rl)
-			}
-		}
-		transition(&b, t, current, target.Chains, tr)
+		transition(&b, t, current, target.Chains, inTable(t, rules))
 	}
 	return b.String()
 }
@@ -274,18 +284,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 			keep = append(keep, c.Name)
 		}
 	}
-	var curJumps []Rule
-	for _, j := range current.Jumps() {
-		if j.table() == t.Name {
-			curJumps = append(curJumps, j)
-		}
-	}
-	var foreign []Rule
-	for _, l := range current.ForeignJumps {
-		if r := savedRule(l); r.table() == t.Name {
-			foreign = append(foreign, r)
-		}
-	}
+	curJumps, foreign := inTable(t, current.Jumps()), inTable(t, savedRules(current.ForeignJumps))
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}

@@ -320,27 +320,31 @@ func proxyID(bad func(field, value, reason string), field, what string, v int) {
 	}
 }
 
-// portList parses the ports and ranges of field, each value a comma-separated list, keeping the
-// first of each in order. An empty value is no port; an empty item in a list is an error.
+// eachItem calls fn with each item of values' comma-separated lists, trimmed. An empty value is
+// no item; an empty item in a list is passed on, for fn to report.
+func eachItem(values []string, fn func(item string)) {
+	for _, v := range values {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		for _, part := range strings.Split(v, ",") {
+			fn(strings.TrimSpace(part))
+		}
+	}
+}
+
+// portList parses the ports and ranges of field, keeping the first of each in order.
 func portList(bad func(field, value, reason string), field string, values []string) []PortRange {
 	var out []PortRange
 	seen := map[PortRange]bool{}
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			r, err := ParsePort(part)
-			if err != nil {
-				bad(field, strings.TrimSpace(part), err.Error())
-				continue
-			}
-			if !seen[r] {
-				seen[r] = true
-				out = append(out, r)
-			}
+	eachItem(values, func(part string) {
+		if r, err := ParsePort(part); err != nil {
+			bad(field, part, err.Error())
+		} else if !seen[r] {
+			seen[r] = true
+			out = append(out, r)
 		}
-	}
+	})
 	return out
 }
 
@@ -351,19 +355,13 @@ func subnetList(bad func(field, value, reason string), field string, values []st
 		n += strings.Count(v, ",") + 1
 	}
 	out := make([]netip.Prefix, 0, n)
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			p, err := ParseCIDR(part)
-			if err != nil {
-				bad(field, strings.TrimSpace(part), err.Error())
-				continue
-			}
+	eachItem(values, func(part string) {
+		if p, err := ParseCIDR(part); err != nil {
+			bad(field, part, err.Error())
+		} else {
 			out = append(out, p)
 		}
-	}
+	})
 	return dedupePrefixes(out)
 }
 
@@ -391,21 +389,13 @@ func dnsCapture(bad func(field, value, reason string), c Config) (uint16, []neti
 // iptables can spell, keeping the first of each in order.
 func interfaces(bad func(field, value, reason string), field string, values []string) []string {
 	var out []string
-	for _, v := range values {
-		for _, name := range strings.Split(v, ",") {
-			name = strings.TrimSpace(name)
-			if name == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			if reason := badInterfaceName(name); reason != "" {
-				bad(field, name, reason)
-				continue
-			}
-			if !slices.Contains(out, name) {
-				out = append(out, name)
-			}
+	eachItem(values, func(name string) {
+		if reason := badInterfaceName(name); reason != "" {
+			bad(field, name, reason)
+		} else if !slices.Contains(out, name) {
+			out = append(out, name)
 		}
-	}
+	})
 	return out
 }
 
@@ -456,25 +446,19 @@ func badInterfaceName(name string) string {
 // proxy's own ID (proxy) already exempts.
 func ids(bad func(field, value, reason string), field, what string, values []string, proxy int) []uint32 {
 	var out []uint32
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			part = strings.TrimSpace(part)
-			if part == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			n, err := strconv.ParseInt(part, 10, 64)
-			switch {
-			case err != nil:
-				bad(field, part, "not a "+what+" (an integer)")
-			case n == 0:
-				bad(field, part, "refusing to exempt "+what+" 0 (root)")
-			case n < 1 || n > MaxID:
-				bad(field, part, fmt.Sprintf("must be a %s from 1 to %d", what, MaxID))
-			case int(n) != proxy && !slices.Contains(out, uint32(n)):
-				out = append(out, uint32(n))
-			}
+	eachItem(values, func(part string) {
+		n, err := strconv.ParseInt(part, 10, 64)
+		switch {
+		case err != nil:
+			bad(field, part, "not a "+what+" (an integer)")
+		case n == 0:
+			bad(field, part, "refusing to exempt "+what+" 0 (root)")
+		case n < 1 || n > MaxID:
+			bad(field, part, fmt.Sprintf("must be a %s from 1 to %d", what, MaxID))
+		case int(n) != proxy && !slices.Contains(out, uint32(n)):
+			out = append(out, uint32(n))
 		}
-	}
+	})
 	return out
 }
 

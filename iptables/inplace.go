@@ -121,7 +121,7 @@ func (f *Found) inspectXT(h Holding) {
 	c.IPv6 = v6
 	for _, fam := range []Family{IPv4, IPv6} {
 		for _, l := range h.Saved[fam].Rules {
-			c.absorb(xtFacts(parseXT(l)))
+			c.absorb(xtFacts(l))
 		}
 	}
 	rs := f.build(c)
@@ -315,71 +315,37 @@ func (c *Config) absorb(r ruleFacts) {
 	}
 }
 
-// parseXT parses a line as XTRule.Rule renders it back into the fields ruleFacts needs.
-func parseXT(line string) XTRule {
-	r := savedRule(line)
-	x := XTRule{Table: r.Table, Chain: r.Chain}
-	f := strings.Fields(r.Spec)
-	for i := 0; i < len(f); i++ {
-		arg := ""
-		if i+1 < len(f) {
-			arg = f[i+1]
-		}
+// xtFacts reads a line as XTRule.Rule renders it.
+func xtFacts(line string) ruleFacts {
+	rl := savedRule(line)
+	r := ruleFacts{chain: rl.Chain}
+	f := strings.Fields(rl.Spec)
+	for i := 0; i+1 < len(f); i++ {
+		arg := f[i+1]
 		switch f[i] {
-		case "-s":
-			x.Source, _ = netip.ParsePrefix(arg)
-		case "-d":
-			x.Destination, _ = netip.ParsePrefix(arg)
-		case "-i":
-			x.InInterface = arg
-		case "-o":
-			x.OutInterface = arg
+		case "-s", "-d":
+			if p, err := netip.ParsePrefix(arg); err == nil {
+				r.subnets = append(r.subnets, p.String())
+			}
+		case "-i", "-o":
+			r.iface = arg
 		case "--uid-owner", "--gid-owner":
 			n, _ := strconv.ParseUint(arg, 10, 32)
-			id := uint32(n)
-			if f[i] == "--uid-owner" {
-				x.UIDOwner = &id
-			} else {
-				x.GIDOwner = &id
-			}
-		case "--dports":
+			r.id = uint32(n)
+		case "--dports", "--dport":
 			for _, p := range strings.Split(arg, ",") {
 				pr, _ := ParsePort(strings.Replace(p, ":", "-", 1))
-				x.MultiportDPorts = append(x.MultiportDPorts, pr)
+				r.ports = append(r.ports, pr.String())
 			}
-		case "--dport":
-			x.DPort, _ = ParsePort(strings.Replace(arg, ":", "-", 1))
 		case "--comment":
-			x.Comment = strings.Trim(arg, `"`)
+			r.name, _, _ = splitName(strings.Trim(arg, `"`))
 		case "--to-ports", "--on-port":
 			n, _ := strconv.ParseUint(arg, 10, 16)
-			x.ToPort = uint16(n)
+			r.toPort = int(n)
 		default:
 			continue
 		}
 		i++
-	}
-	return x
-}
-
-func xtFacts(x XTRule) ruleFacts {
-	r := ruleFacts{chain: x.Chain, toPort: int(x.ToPort), iface: x.InInterface + x.OutInterface}
-	r.name, _, _ = splitName(x.Comment)
-	for _, p := range x.MultiportDPorts {
-		r.ports = append(r.ports, p.String())
-	}
-	if x.DPort.First != 0 {
-		r.ports = append(r.ports, x.DPort.String())
-	}
-	for _, p := range []netip.Prefix{x.Source, x.Destination} {
-		if p.IsValid() {
-			r.subnets = append(r.subnets, p.String())
-		}
-	}
-	for _, id := range []*uint32{x.UIDOwner, x.GIDOwner} {
-		if id != nil {
-			r.id = *id
-		}
 	}
 	return r
 }
@@ -442,74 +408,45 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 func setPrefixes(s NFTSet) []string {
 	var out []string
 	for _, iv := range s.Elements {
-		first, ok1 := netip.AddrFromSlice(iv.First)
-		last, ok2 := netip.AddrFromSlice(iv.Last)
-		for ok1 && ok2 && first.Compare(last) <= 0 {
-			bits := first.BitLen()
-			for bits > 0 {
-				p := netip.PrefixFrom(first, bits-1)
-				if p.Masked().Addr() != first || lastAddr(p).Compare(last) > 0 {
-					break
-				}
-				bits--
-			}
-			p := netip.PrefixFrom(first, bits)
-			out = append(out, p.String())
-			first = lastAddr(p).Next()
-			ok1 = first.IsValid()
+		first, _ := netip.AddrFromSlice(iv.First)
+		last, ok := netip.AddrFromSlice(iv.Last)
+		if ok {
+			out = append(out, strs(rangePrefixes(first, last))...)
 		}
 	}
 	return out
 }
 
-func lastAddr(p netip.Prefix) netip.Addr {
-	a, _ := netip.AddrFromSlice(prefixIntervals([]netip.Prefix{p})[0].Last)
-	return a
-}
-
 // Args renders the ruleset as the proxy-init flags that write it, leaving out defaults; the
 // nameservers of --dns-servers-only are read from /etc/resolv.conf, so they are not among them.
 func (r *Ruleset) Args() []string {
-	a := []string{"--" + FieldInboundProxyPort, strconv.Itoa(int(r.InboundProxyPort)), "--" + FieldOutboundProxyPort, strconv.Itoa(int(r.OutboundProxyPort))}
-	for _, id := range []struct {
-		field string
-		v     int
-	}{{FieldProxyUID, r.ProxyUID}, {FieldProxyGID, r.ProxyGID}} {
-		if id.v >= 0 {
-			a = append(a, "--"+id.field, strconv.Itoa(id.v))
+	var a []string
+	flag := func(on bool, field string, value ...string) {
+		if on {
+			a = append(append(a, "--"+field), value...)
 		}
 	}
-	list := func(field string, items []string) {
-		if len(items) > 0 {
-			a = append(a, "--"+field, strings.Join(items, ","))
-		}
-	}
+	list := func(field string, items []string) { flag(len(items) > 0, field, strings.Join(items, ",")) }
+	flag(true, FieldInboundProxyPort, strconv.Itoa(int(r.InboundProxyPort)))
+	flag(true, FieldOutboundProxyPort, strconv.Itoa(int(r.OutboundProxyPort)))
+	flag(r.ProxyUID >= 0, FieldProxyUID, strconv.Itoa(r.ProxyUID))
+	flag(r.ProxyGID >= 0, FieldProxyGID, strconv.Itoa(r.ProxyGID))
 	list(FieldPortsToRedirect, strs(r.RedirectPorts))
 	list(FieldInboundPortsToIgnore, strs(r.InboundIgnorePorts))
 	list(FieldOutboundPortsToIgnore, strs(r.OutboundIgnorePorts))
 	list(FieldInboundSubnetsToIgnore, strs(r.InboundIgnoreSubnets))
 	list(FieldOutboundSubnetsToIgnore, strs(r.OutboundIgnoreSubnets))
-	if !r.HasFamily(IPv6) {
-		a = append(a, "--"+FieldIPv6+"=false")
-	}
-	if r.DNSPort != 0 {
-		a = append(a, "--"+FieldRedirectDNS, strconv.Itoa(int(r.DNSPort)))
-	}
-	if len(r.DNSServers) > 0 {
-		a = append(a, "--"+FieldDNSServersOnly)
-	}
-	if r.TPROXY {
-		a = append(a, "--"+FieldInboundMode, string(InboundTPROXY))
-	}
+	flag(!r.HasFamily(IPv6), FieldIPv6+"=false")
+	flag(r.DNSPort != 0, FieldRedirectDNS, strconv.Itoa(int(r.DNSPort)))
+	flag(len(r.DNSServers) > 0, FieldDNSServersOnly)
+	flag(r.TPROXY, FieldInboundMode, string(InboundTPROXY))
 	list(FieldOutboundPortsToRedirect, strs(r.OutboundRedirectPorts))
 	list(FieldOutboundSubnetsToRedirect, strs(r.OutboundRedirectSubnets))
 	list(FieldInterfacesToIgnore, r.IgnoreInterfaces)
 	list(FieldRerouteVirtualInterfaces, r.RerouteInterfaces)
 	list(FieldUIDsToIgnore, strs(r.IgnoreUIDs))
 	list(FieldGIDsToIgnore, strs(r.IgnoreGIDs))
-	if r.DropInvalid {
-		a = append(a, "--"+FieldDropInvalid)
-	}
+	flag(r.DropInvalid, FieldDropInvalid)
 	return a
 }
 

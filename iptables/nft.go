@@ -372,38 +372,24 @@ func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family
 // cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
 // items that can appear are rendered: lists may hold thousands of subnets.
 func listComment(c StepCommon, n int, item func(int) string) string {
-	prefix, suffix := c.Name, c.NameTail
-	head := CommentPrefix + prefix
+	head, tail := CommentPrefix+c.Name, c.NameTail
+	base, marker := len(head)+len(tail), len(",...+")+len(strconv.Itoa(n))
 	var items []string
-	size := 0
-	for i := 0; i < n && len(head)+size+len(suffix) <= NFTCommentMax; i++ {
-		if i > 0 {
-			size++ // comma
-		}
+	k, used := 0, 0 // k: the leading items that fit together with the marker
+	for i := 0; i < n && base+used <= NFTCommentMax; i++ {
 		items = append(items, item(i))
-		size += len(items[i])
-	}
-	if len(items) == n && len(head)+size+len(suffix) <= NFTCommentMax {
-		return head + strings.Join(items, ",") + suffix
-	}
-	// Keep the leading items that fit together with the marker.
-	base := len(head) + len(suffix) + len(",...+") + len(strconv.Itoa(n))
-	k, used := 0, 0
-	for k < len(items) {
-		add := len(items[k])
-		if k > 0 {
-			add++
+		used += len(items[i]) + min(i, 1) // a comma before every item but the first
+		if base+marker+used <= NFTCommentMax {
+			k = i + 1
 		}
-		if base+used+add > NFTCommentMax {
-			break
-		}
-		used += add
-		k++
+	}
+	if len(items) == n && base+used <= NFTCommentMax {
+		return head + strings.Join(items, ",") + tail
 	}
 	if k == 0 {
-		return head + strconv.Itoa(n) + "-items" + suffix
+		return head + strconv.Itoa(n) + "-items" + tail
 	}
-	return head + strings.Join(items[:k], ",") + ",...+" + strconv.Itoa(n-k) + suffix
+	return head + strings.Join(items[:k], ",") + ",...+" + strconv.Itoa(n-k) + tail
 }
 
 func portIntervals(ports []PortRange) []NFTInterval {
@@ -477,16 +463,34 @@ func (t NFTSetType) ElementString(iv NFTInterval) string {
 		return first.String()
 	}
 	// A range that is exactly one prefix prints as the prefix, as nft does.
-	for bits := 0; bits <= first.BitLen(); bits++ {
-		p := netip.PrefixFrom(first, bits)
-		if p.Masked().Addr() != first {
-			continue
-		}
-		if iv := prefixIntervals([]netip.Prefix{p}); len(iv) == 1 && bytes.Equal(iv[0].Last, last.AsSlice()) {
-			return p.String()
-		}
+	if ps := rangePrefixes(first, last); len(ps) == 1 {
+		return ps[0].String()
 	}
 	return first.String() + "-" + last.String()
+}
+
+// rangePrefixes lists the fewest prefixes that cover first to last, in order.
+func rangePrefixes(first, last netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for first.IsValid() && first.BitLen() == last.BitLen() && first.Compare(last) <= 0 {
+		bits := first.BitLen()
+		for bits > 0 {
+			p := netip.PrefixFrom(first, bits-1)
+			if p.Masked().Addr() != first || lastAddr(p).Compare(last) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(first, bits)
+		out = append(out, p)
+		first = lastAddr(p).Next()
+	}
+	return out
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a, _ := netip.AddrFromSlice(prefixIntervals([]netip.Prefix{p})[0].Last)
+	return a
 }
 
 // ElementStrings renders the set's elements in nft syntax.

@@ -109,14 +109,7 @@ func (r *Ruleset) ForIPv6(on bool) *Ruleset {
 }
 
 // HasFamily reports whether rules are written for f.
-func (r *Ruleset) HasFamily(f Family) bool {
-	for _, g := range r.Families {
-		if g == f {
-			return true
-		}
-	}
-	return false
-}
+func (r *Ruleset) HasFamily(f Family) bool { return slices.Contains(r.Families, f) }
 
 // Subnets returns the members of list that belong to family f, so a v4 CIDR never reaches the
 // v6 rules.

@@ -63,7 +63,7 @@ func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) 
 		output = append(output, zone("dns-zone-not-captured", ZoneDirect))
 	}
 	nameservers := zone("dns-zone-nameserver-answers", ZoneDirect)
-	nameservers.DNSAnswers = true
+	nameservers.SPort = DNSPort
 	return output, []Step{nameservers}
 }
 
@@ -94,59 +94,39 @@ func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(port))
 }
 
-// dnsZoneStep puts DNS packets into conntrack zone Zone: UDP from the local port SPort, UDP
-// from port 53 (DNSAnswers), or UDP to port 53 (to Servers, when given), from sockets of the
-// user or group ID (Owner) or out of the interface Interface, when given.
+// dnsZoneStep puts DNS packets into conntrack zone Zone: UDP to port 53 (to Servers, when given)
+// or, when SPort is set, UDP from that port, from sockets of the user or group ID (Owner) or out
+// of the interface Interface, when given.
 type dnsZoneStep struct {
 	StepCommon
-	Servers    []netip.Addr
-	Owner      Owner
-	ID         uint32
-	Interface  string
-	SPort      uint16
-	DNSAnswers bool
-	Zone       uint16
+	Servers   []netip.Addr
+	Owner     Owner
+	ID        uint32
+	Interface string
+	SPort     uint16
+	Zone      uint16
 }
 
 func (s dnsZoneStep) IsList() bool { return len(s.Servers) > 0 }
 
 func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
-	switch {
-	case s.SPort != 0:
+	x.UDP, x.Target, x.Zone, x.OutInterface = true, TargetCT, s.Zone, s.Interface
+	if s.SPort != 0 {
 		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
-	case s.DNSAnswers:
-		x.SPort = PortRange{First: DNSPort, Last: DNSPort}
-	default:
+	} else {
 		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
 	}
-	switch s.Owner {
-	case OwnerUID:
-		x.UIDOwner = &s.ID
-	case OwnerGID:
-		x.GIDOwner = &s.ID
-	}
-	x.OutInterface = s.Interface
-	return appendPerServer(out, x, s, s.Servers, f)
+	return appendPerServer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, f)
 }
 
 func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	var ms []NFTMatch
-	switch s.Owner {
-	case OwnerUID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
-	case OwnerGID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
-	}
+	ms := nftOwner(s.Owner, s.ID)
 	if s.Interface != "" {
 		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
 	}
-	switch {
-	case s.SPort != 0:
+	if s.SPort != 0 {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
-	case s.DNSAnswers:
-		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
-	default:
+	} else {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTZone, Zone: s.Zone}

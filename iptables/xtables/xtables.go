@@ -79,7 +79,7 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 		return nil, fmt.Errorf("iptables mode %q is not served by the iptables binaries", mode)
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range families {
 		cmd := "iptables"
 		if f == iptables.IPv6 {
 			cmd = "ip6tables"
@@ -179,7 +179,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	}
 	var applied []appliedFamily
 	var res iptables.Result
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range families {
 		cur, err := a.read(ctx, f)
 		if err != nil {
 			return res, errors.Join(err, a.rollback(ctx, applied))
@@ -235,18 +235,15 @@ func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
 // Show reads back our rules and compares them with rs. A family rs does not cover is expected
 // to hold none of our rules.
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
-	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
-		return iptables.State{}, err
-	}
 	st := iptables.State{Backend: a.name, PerFamily: true}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return st, err
-		}
-		st.Families = append(st.Families, rs.FamilyState(f, cur))
+	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
+		return st, err
 	}
-	return st, nil
+	saved, err := a.readAll(ctx)
+	for _, f := range families[:len(saved)] {
+		st.Families = append(st.Families, rs.FamilyState(f, saved[f]))
+	}
+	return st, err
 }
 
 // Holding reads what of ours the binaries' backend holds, per family, for show to inspect
@@ -256,31 +253,38 @@ func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
 	if err := a.capable("read the " + a.name + " rules"); err != nil {
 		return h, err
 	}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return h, err
-		}
-		h.Saved[f] = cur
-	}
-	return h, nil
+	var err error
+	h.Saved, err = a.readAll(ctx)
+	return h, err
 }
 
 // Present lists our rules and chains in place, prefixed with their family, and someone else's
 // jumps into our chains: what Cleanup would remove.
 func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
-	var out []string
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, cur.Present(f)...)
+	saved, err := a.readAll(ctx)
+	if err != nil {
+		return nil, err
 	}
+	out := append(saved[iptables.IPv4].Present(iptables.IPv4), saved[iptables.IPv6].Present(iptables.IPv6)...)
 	if len(out) == 0 {
 		return nil, nil
 	}
 	return []iptables.Elsewhere{{Backend: a.Covers()[0], Rules: out}}, nil
+}
+
+var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+
+// readAll reads both families' rules of ours, stopping at the first that fails.
+func (a *Applier) readAll(ctx context.Context) (map[iptables.Family]iptables.SavedState, error) {
+	saved := map[iptables.Family]iptables.SavedState{}
+	for _, f := range families {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return saved, err
+		}
+		saved[f] = cur
+	}
+	return saved, nil
 }
 
 // Cleanup removes our chains and the jumps to them, in both families.
@@ -289,7 +293,7 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range families {
 		cur, err := a.read(ctx, f)
 		if err != nil {
 			errs = append(errs, err)
