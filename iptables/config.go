@@ -41,8 +41,8 @@ func ModeList() string {
 	return strings.Join(names, ", ")
 }
 
-// Field names used in validation errors. They are the proxy-init flag names, which are also the
-// keys of the CNI network config's "linkerd" block, so one message serves both front ends.
+// Field names of validation errors: the proxy-init flag names, also the keys of the CNI network
+// config's "linkerd" block, so one message serves both front ends.
 const (
 	FieldInboundProxyPort        = "incoming-proxy-port"
 	FieldOutboundProxyPort       = "outgoing-proxy-port"
@@ -86,14 +86,12 @@ const (
 // MaxID is the largest user or group ID: 2^32-1 is (uid_t)-1, which no socket owner has.
 const MaxID = 1<<32 - 2
 
-// MaxCloseWaitSecs is the longest conntrack CLOSE_WAIT timeout every kernel accepts: the kernel
-// keeps it in jiffies in an int, so it refuses more than INT_MAX/HZ seconds, and HZ is at most
-// 1000. Checking it up front keeps a too-large value from failing after the rules are written.
+// MaxCloseWaitSecs is the longest conntrack CLOSE_WAIT timeout every kernel accepts: it keeps it
+// in jiffies in an int, so INT_MAX/HZ seconds, and HZ is at most 1000.
 const MaxCloseWaitSecs = (1<<31 - 1) / 1000
 
-// Config is what the user asked for, in the user's own terms: port lists are the strings given on
-// the command line or in JSON ("4190,4191", "1000-2000"), so that Validate can name the exact
-// offending value.
+// Config is what the user asked for, in the user's own terms (port lists as typed: "4190,4191",
+// "1000-2000"), so that Build can name the exact offending value.
 type Config struct {
 	InboundProxyPort  int
 	OutboundProxyPort int
@@ -116,9 +114,8 @@ type Config struct {
 	// (nf_conntrack_tcp_timeout_close_wait); 0 leaves the kernel's.
 	CloseWaitSecs int64
 
-	// IPv6Auto, when set, writes IPv6 rules only if the namespace has IPv6 enabled and an IPv6
-	// address other than loopback and link-local, decided where the rules are written
-	// (Ruleset.ForIPv6); IPv6 is then ignored.
+	// IPv6Auto writes IPv6 rules only if the namespace has IPv6 beyond loopback and link-local,
+	// decided where the rules are written (Ruleset.ForIPv6); IPv6 is then ignored.
 	IPv6Auto bool
 	// RedirectDNSToPort, when positive, sends the pod's DNS (UDP and TCP to port 53) to this
 	// port on loopback, except the exempt users' and groups'; 0 captures none.
@@ -130,8 +127,7 @@ type Config struct {
 	// InboundMode is redirect (or empty) or tproxy.
 	InboundMode InboundMode
 	// OutboundPortsToRedirect and OutboundSubnetsToRedirect, when given, limit outbound
-	// redirection to TCP to these ports and destinations (both given: both must match). The
-	// ignore lists still win.
+	// redirection to these ports and destinations (both must match); the ignore lists still win.
 	OutboundPortsToRedirect   []string
 	OutboundSubnetsToRedirect []string
 	// InterfacesToIgnore are interfaces whose traffic, in or out, is never redirected.
@@ -142,9 +138,8 @@ type Config struct {
 	GIDsToIgnore []string
 	// DropInvalid drops inbound TCP that conntrack marks INVALID.
 	DropInvalid bool
-	// RerouteVirtualInterfaces are the interfaces of a virtual machine the pod runs (KubeVirt's tap
-	// or bridge): TCP arriving on them is the VM's outbound traffic, so it goes to the outbound
-	// proxy port, with the outbound ignore and include lists, instead of the inbound one.
+	// RerouteVirtualInterfaces are the interfaces of a virtual machine the pod runs (KubeVirt's):
+	// TCP arriving on them is the VM's outbound traffic, which goes to the outbound proxy port.
 	RerouteVirtualInterfaces []string
 }
 
@@ -236,9 +231,7 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 }
 
 // Build validates c as a whole and returns the normalized Ruleset it describes. Every problem is
-// reported at once, as a *badinput.Error whose fields are the Field* names. There is no separate
-// validation: every caller needs the rules, and one pass keeps validating and building from ever
-// disagreeing.
+// reported at once, as a *badinput.Error whose fields are the Field* names.
 func Build(c Config) (*Ruleset, error) {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
@@ -483,9 +476,8 @@ func nameservers(bad func(field, value, reason string), values []string) []netip
 	return out
 }
 
-// dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts
-// indexes rather than filling a set: with a thousand subnets a map of prefixes touches far more
-// memory, and a fresh process pays for every page it touches (docs/performance.md).
+// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It sorts indexes:
+// a map of a thousand prefixes touches far more pages, which a fresh process pays for.
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
 	if len(ps) < 2 {
 		return ps

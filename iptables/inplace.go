@@ -1,12 +1,9 @@
 package iptables
 
-// Reading the rules in place without being told the configuration: what `proxy-init show`
-// reports when no rule flag is given. Every rule of ours names its step in its comment and holds
-// the step's values in its matches; the native table's sets hold whole lists and its rule
-// comments the lists' order. So the configuration that wrote the rules can be rebuilt from them.
-// Building and rendering that configuration again and comparing with what is in place then says
-// whether the rules are whole: a rule or a jump missing, a family that disagrees with the other,
-// or a native table whose recorded plan hash is not that of its rules all show as a difference.
+// Reading the rules in place without the configuration (`proxy-init show` without rule flags):
+// every rule of ours names its step in its comment and holds the step's values in its matches,
+// so the configuration that wrote them can be rebuilt, rendered again and compared with what is
+// in place, which says whether the rules are whole.
 
 import (
 	"fmt"
@@ -26,8 +23,7 @@ type Holding struct {
 	PerFamily bool
 	// Saved is an iptables backend's rules of ours, per family.
 	Saved map[Family]SavedState
-	// Table is the native table, nil when absent; Other counts its objects that are neither
-	// chains nor sets.
+	// Table is the native table, nil when absent; Other counts its objects beyond chains and sets.
 	Table *NFTTable
 	Other int
 }
@@ -79,8 +75,7 @@ var inspectOrder = []Backend{BackendNFT, BackendNFTables, BackendLegacy}
 
 // Inspect tells, from what a namespace holds, which backend holds our rules, the configuration
 // they were written from, and whether they are whole. It never names a cause the backend makes
-// impossible: a family missing from a backend written in one transaction was never written,
-// while in a backend written per family it may also be a run stopped midway.
+// impossible (a run stopped between families, in a backend written in one transaction).
 func Inspect(in InPlace) Found {
 	var f Found
 	hs := slices.Clone(in.Holdings)
@@ -230,8 +225,7 @@ type ruleFacts struct {
 	toPort  int
 }
 
-// listNames are the names of the rules over a list, each before and after the items its comment
-// lists.
+// listNames are the names of the rules over a list, before and after the items.
 var listNames = [][2]string{
 	{"ignore-port-", ""}, {"ignore-subnet-", ""},
 	{"redirect-port-", "-to-proxy-port"}, {"tproxy-port-", "-to-proxy-port"},
@@ -255,8 +249,7 @@ func splitName(comment string) (name string, items []string, cut bool) {
 	return name, nil, false
 }
 
-// absorb adds what one rule says to c. Lists may be absorbed more than once (one rule per
-// family, per group of ports): Build drops the repeats.
+// absorb adds what one rule says to c; Build drops the repeats of lists absorbed more than once.
 func (c *Config) absorb(r ruleFacts) {
 	// A rerouted interface's rules name its interface, and repeat the outbound steps.
 	if name, ok := strings.CutPrefix(r.name, ReroutePrefix); ok && r.chain != OutputChain {
@@ -351,8 +344,7 @@ func xtFacts(line string) ruleFacts {
 }
 
 // nftConfig reads the configuration back from the native table. Lists come from the rule
-// comments, which keep their order, or from the sets where a comment was too long to name every
-// item; unordered is then set, as a set keeps no order and the recorded plan hash covers it.
+// comments, in order, or where one was cut short from the sets, which keep none: unordered.
 func nftConfig(t *NFTTable) (c Config, unordered bool) {
 	c = NewConfig()
 	c.IPv6 = true
@@ -381,8 +373,7 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 					r.iface = m.Name
 				}
 			}
-			// The comment names the ports when the rule matches a port set, else the addresses;
-			// what it does not name comes from the sets.
+			// The comment names the ports of a port set, else the addresses; the rest is in sets.
 			r.ports, r.subnets = portSet, addrSet
 			ordered := items != nil && !cut
 			if ordered && portSet != nil {
@@ -417,8 +408,8 @@ func setPrefixes(s NFTSet) []string {
 	return out
 }
 
-// Args renders the ruleset as the proxy-init flags that write it, leaving out defaults; the
-// nameservers of --dns-servers-only are read from /etc/resolv.conf, so they are not among them.
+// Args renders the ruleset as the proxy-init flags that write it, leaving out defaults (and the
+// nameservers, which --dns-servers-only reads from /etc/resolv.conf).
 func (r *Ruleset) Args() []string {
 	var a []string
 	flag := func(on bool, field string, value ...string) {

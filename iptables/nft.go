@@ -1,12 +1,9 @@
 package iptables
 
-// The nftables rendering of a Ruleset: one "inet" table holding the logic of both families, with
-// port and subnet lists in interval sets so that a rule's cost does not grow with its list.
-//
-// NFT renders the plan (Plan) as an abstract model that the netlink writer (iptables/nfnl)
-// translates mechanically into expressions, and Statements as nft commands (what show reports and
-// --simulate prints). The iptables rendering (XTRules) spells the same plan, so the backends
-// cannot drift apart; TestRenderingsAgree holds them equal.
+// The nftables rendering of a Ruleset: one "inet" table for both families, with lists in
+// interval sets so that a rule's cost does not grow with its list. NFT renders the plan as a
+// model that iptables/nfnl translates into expressions, and Statements as nft commands (show,
+// --simulate); TestRenderingsAgree holds it equal to the iptables rendering.
 
 import (
 	"bytes"
@@ -27,13 +24,11 @@ const (
 	NFTPriority = -100
 	// NFTCommentMax is the longest comment nft accepts (and prints back unchanged).
 	NFTCommentMax = 128
-	// nftFormat versions the table layout. It is part of the recorded plan, so a newer
-	// proxy-init that renders the same config differently rewrites an older table.
+	// nftFormat versions the table layout: in the recorded plan, so a new layout rewrites it.
 	nftFormat = 1
 )
 
-// FamilyInet is the Family that the nftables backend reports in State: one table serves IPv4
-// and IPv6 together. Rule builders never use it.
+// FamilyInet is the Family the nftables backend reports in State: one table serves both.
 const FamilyInet Family = "inet"
 
 // NFTSetType is an nftables set key type.
@@ -45,14 +40,12 @@ const (
 	NFTIPv6  NFTSetType = "ipv6_addr"
 )
 
-// NFTInterval is an inclusive range of set keys in network byte order. A single port or address
-// has First equal to Last.
+// NFTInterval is an inclusive range of set keys in network byte order.
 type NFTInterval struct {
 	First, Last []byte
 }
 
-// After returns the first key after the interval, and false when the interval runs to the top of
-// the key space: interval sets store an interval as its first key and the key after it.
+// After returns the key after the interval (how interval sets store its end), false at the top.
 func (iv NFTInterval) After() ([]byte, bool) {
 	out := slices.Clone(iv.Last)
 	for i := len(out) - 1; i >= 0; i-- {
@@ -64,53 +57,38 @@ func (iv NFTInterval) After() ([]byte, bool) {
 	return nil, false
 }
 
-// NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent
-// (touching intervals are merged), which is also how the kernel holds them, so a set read back
-// compares equal to the one written.
+// NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent, as
+// the kernel holds them, so a set read back compares equal to the one written.
 type NFTSet struct {
 	Name string
 	Type NFTSetType
-	// Flags is empty for the flags NFT always writes ("constant,interval"); a set read back
-	// with other flags reports them here, so the difference shows.
+	// Flags is empty for those NFT always writes ("constant,interval"); others read back show.
 	Flags    string
 	Elements []NFTInterval
 }
 
 // NFTMatchKind is one nft match statement. Each kind includes the protocol dependency nft itself
-// adds (a port match implies "meta l4proto tcp", an address match implies "meta nfproto"), so a
-// rule never lists a dependency separately and the expressions the applier writes are exactly
-// those `nft -f` writes for the script.
+// adds (a port match implies "meta l4proto tcp", an address match "meta nfproto"), so the
+// expressions the applier writes are exactly those `nft -f` writes for the script.
 type NFTMatchKind int
 
 const (
-	// NFTMatchNFProto is "meta nfproto ipv4|ipv6" (Family).
-	NFTMatchNFProto NFTMatchKind = iota + 1
-	// NFTMatchTCP is "meta l4proto tcp".
-	NFTMatchTCP
-	// NFTMatchDPortSet is "tcp dport @Set".
-	NFTMatchDPortSet
-	// NFTMatchSAddrSet is "ip saddr @Set" or "ip6 saddr @Set" (Family).
-	NFTMatchSAddrSet
-	// NFTMatchDAddrSet is "ip daddr @Set" or "ip6 daddr @Set" (Family).
-	NFTMatchDAddrSet
-	// NFTMatchSkUID is "meta skuid ID".
-	NFTMatchSkUID
-	// NFTMatchSkGID is "meta skgid ID".
-	NFTMatchSkGID
-	// NFTMatchOIFName is `oifname "Name"`, matched by name like iptables' -o.
-	NFTMatchOIFName
-	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of
-	// the above; Name describes them. NFT never produces it.
+	NFTMatchNFProto  NFTMatchKind = iota + 1 // "meta nfproto ipv4|ipv6" (Family)
+	NFTMatchTCP                              // "meta l4proto tcp"
+	NFTMatchDPortSet                         // "tcp dport @Set"
+	NFTMatchSAddrSet                         // "ip saddr @Set" or "ip6 saddr @Set" (Family)
+	NFTMatchDAddrSet                         // "ip daddr @Set" or "ip6 daddr @Set" (Family)
+	NFTMatchSkUID                            // "meta skuid ID"
+	NFTMatchSkGID                            // "meta skgid ID"
+	NFTMatchOIFName                          // `oifname "Name"`, matched by name like iptables' -o
+	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of the
+	// others; Name describes them. NFT never produces it.
 	NFTMatchUnknown
-	// NFTMatchIIFName is `iifname "Name"`, like iptables' -i.
-	NFTMatchIIFName
-	// NFTMatchTCPDPort is "tcp dport ID"; NFTMatchUDPDPort and NFTMatchUDPSPort are "udp dport
-	// ID" and "udp sport ID".
-	NFTMatchTCPDPort
-	NFTMatchUDPDPort
-	NFTMatchUDPSPort
-	// NFTMatchCTState is "ct state Name": the conntrack states of the bit mask ID.
-	NFTMatchCTState
+	NFTMatchIIFName  // `iifname "Name"`, like iptables' -i
+	NFTMatchTCPDPort // "tcp dport ID"
+	NFTMatchUDPDPort // "udp dport ID"
+	NFTMatchUDPSPort // "udp sport ID"
+	NFTMatchCTState  // "ct state Name": the conntrack states of the bit mask ID
 )
 
 // Conntrack state bits, as nft's ct state matches them (NF_CT_STATE_BIT and its neighbours).
@@ -146,20 +124,12 @@ func (m NFTMatch) String() string {
 		return ip + " saddr @" + m.Set
 	case NFTMatchDAddrSet:
 		return ip + " daddr @" + m.Set
-	case NFTMatchSkUID:
-		return "meta skuid " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchSkGID:
-		return "meta skgid " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchSkUID, NFTMatchSkGID, NFTMatchTCPDPort, NFTMatchUDPDPort, NFTMatchUDPSPort:
+		return nftIDMatches[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchOIFName:
 		return "oifname " + strconv.Quote(m.Name)
 	case NFTMatchIIFName:
 		return "iifname " + strconv.Quote(m.Name)
-	case NFTMatchTCPDPort:
-		return "tcp dport " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchUDPDPort:
-		return "udp dport " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchUDPSPort:
-		return "udp sport " + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchCTState:
 		return "ct state " + ctStateNames(m.ID)
 	case NFTMatchUnknown:
@@ -167,6 +137,9 @@ func (m NFTMatch) String() string {
 	}
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
+
+var nftIDMatches = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
+	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport "}
 
 // ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
 func ctStateNames(mask uint32) string {
@@ -198,8 +171,8 @@ const (
 	NFTDrop
 	// NFTZone puts the packet's connection into conntrack zone Zone, and goes on.
 	NFTZone
-	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marks it Mark and
-	// accepts it; where no socket takes it, the rule ends without a verdict.
+	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marked Mark, or,
+	// where none takes it, ends the rule without a verdict.
 	NFTTPROXY
 )
 
@@ -254,9 +227,7 @@ type NFTChain struct {
 	Name     string
 	Hook     Hook
 	Priority int
-	// Type is empty for a nat chain, the chain type of Linkerd's two; Policy is empty for
-	// accept, what NFT always writes. A chain read back with others reports them here, so the
-	// difference shows.
+	// Type is empty for nat, and Policy for accept; others read back show.
 	Type, Policy string
 	Rules        []NFTRule
 }
@@ -286,13 +257,11 @@ func (r *Ruleset) NFTComment() string {
 	return fmt.Sprintf("proxy-init/plan %s format %d", r.Hash(), nftFormat)
 }
 
-// NFT renders the plan as one nftables table. Each step is one rule, but a list of subnets or
-// nameservers (one rule per family) and TPROXY (a second rule drops what no transparent socket
-// took, as iptables' TPROXY does); lists live in sets, one per list and, for addresses, per
-// family (created only when non-empty), named after the direction whose list it is; two rules that use
-// the same list share its set. Each chain sits where its iptables table does. When IPv6 is off,
-// every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
-// traffic passes untouched, as it does when iptables writes no IPv6 rules.
+// NFT renders the plan as one nftables table, each chain where its iptables table is. Each step
+// is one rule, but an address list (a rule per family) and TPROXY (a second rule drops what no
+// socket took, as iptables' TPROXY does). Lists live in sets named after their direction (per
+// family for addresses, only when non-empty), shared by the rules that use one. Without IPv6,
+// every rule that acts matches "meta nfproto ipv4", so IPv6 passes as with no ip6tables rules.
 func (r *Ruleset) NFT() NFTTable {
 	w := &nftWriter{r: r, t: NFTTable{Comment: r.NFTComment()}}
 	if !r.HasFamily(IPv6) {
@@ -320,8 +289,7 @@ func (r *Ruleset) NFT() NFTTable {
 	return w.t
 }
 
-// nftWriter builds the table NFT returns: the sets its chains share, and what every rule that
-// acts matches.
+// nftWriter builds the table NFT returns.
 type nftWriter struct {
 	r     *Ruleset
 	t     NFTTable
@@ -367,10 +335,9 @@ func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family
 	}
 }
 
-// listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
-// like the iptables comment of a rule covering the same list. Lists too long for a comment are
-// cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
-// items that can appear are rendered: lists may hold thousands of subnets.
+// listComment names a rule over a whole list, e.g. "proxy-init/ignore-port-4190,4191". A list
+// too long for a comment is cut short with ",...+N" (N items left out; the set holds them all).
+// Only the items that can appear are rendered: lists may hold thousands of subnets.
 func listComment(c StepCommon, n int, item func(int) string) string {
 	head, tail := CommentPrefix+c.Name, c.NameTail
 	base, marker := len(head)+len(tail), len(",...+")+len(strconv.Itoa(n))
@@ -413,9 +380,8 @@ func prefixIntervals(ps []netip.Prefix) []NFTInterval {
 	return normalize(out)
 }
 
-// NormalizeIntervals sorts intervals and merges those that overlap or touch, which is the one
-// form an nftables interval set can hold them in (nft refuses overlapping elements). The input
-// is left untouched.
+// NormalizeIntervals returns the intervals sorted, those that overlap or touch merged: the one
+// form an nftables interval set can hold them in.
 func NormalizeIntervals(in []NFTInterval) []NFTInterval {
 	s := make([]NFTInterval, len(in))
 	for i, iv := range in {
@@ -516,8 +482,7 @@ func (s NFTSet) FlagList() string {
 }
 
 // Statements renders the table as nft commands, one object or rule a line, in a canonical order
-// (sets by name, chains by name, rules in chain order). They are what `show` compares and
-// reports: two tables are the same exactly when their statements are.
+// (sets, chains by name): two tables are the same exactly when their statements are.
 func (t NFTTable) Statements() []string {
 	tbl := NFTFamily + " " + NFTTableName
 	out := []string{fmt.Sprintf("add table %s { comment %s; }", tbl, strconv.Quote(t.Comment))}

@@ -46,8 +46,8 @@ const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_
 // maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
 const maxMultiportPorts = 15
 
-// Ruleset is the validated, normalized plan both backends write. Every list is deduplicated and
-// keeps the user's order; subnet lists hold both families and are split with Subnets.
+// Ruleset is the validated plan both backends write. Lists are deduplicated in the user's order;
+// subnet lists hold both families.
 type Ruleset struct {
 	Families          []Family
 	InboundProxyPort  uint16
@@ -84,9 +84,8 @@ type Ruleset struct {
 	// RerouteInterfaces are a virtual machine's interfaces, whose TCP goes to the outbound port.
 	RerouteInterfaces []string `json:",omitempty"`
 
-	// saved caches Saved per family: apply, compare and payloads all need the same lines, and
-	// rendering a thousand rules more than once is a visible part of a one-shot run. Nil (a
-	// Ruleset decoded from JSON, or made by hand) renders without caching.
+	// saved caches Saved per family: rendering a thousand rules more than once is a visible part
+	// of a one-shot run. Nil (a Ruleset decoded from JSON, or made by hand) renders each time.
 	saved *savedCache
 }
 
@@ -133,10 +132,8 @@ type Rule struct {
 	Spec string
 }
 
-// String renders the rule as an iptables-save line; a rule without matches or target is
-// "-A <chain>", with no trailing space, as iptables-save prints it. A rule outside the nat table
-// starts with its table, as on iptables' command line ("-t mangle -A ..."), so that one list
-// can hold every table's lines.
+// String renders the rule as an iptables-save line ("-A <chain>" alone without a spec), behind
+// "-t <table> " outside the nat table, so that one list can hold every table's lines.
 func (r Rule) String() string {
 	t := ""
 	if r.Table != "" && r.Table != Table {
@@ -159,9 +156,8 @@ func (r Rule) writeTo(b *strings.Builder, verb string) {
 	b.WriteByte('\n')
 }
 
-// XTRule is one iptables rule of ours in structured form. Its Rule is the line iptables-save
-// prints for it; a writer that speaks iptables-nft's netlink representation encodes the same
-// fields. Only the fields a rule uses are set.
+// XTRule is one iptables rule of ours in structured form: Rule renders the line iptables-save
+// prints for it, and the iptables-nft netlink writer encodes the same fields.
 type XTRule struct {
 	// Table is the rule's table; empty is nat.
 	Table string
@@ -283,11 +279,8 @@ const (
 	TargetCT       = "CT"
 )
 
-// XTRules returns the iptables rules inside our chains for family f, in plan order: chain by
-// chain (Plan), step by step. Each step becomes one rule, except that a port list matched with
-// multiport is split into groups of at most 15 ports, a list of subnets, addresses or redirected
-// ports becomes one rule per item (per item pair, for an outbound include list of both ports and
-// subnets), and a family's rules leave out the other family's items.
+// XTRules returns the iptables rules inside our chains for family f, in plan order. Each step
+// is one rule, or over a list one per multiport group of 15 ports or per item of f.
 func (r *Ruleset) XTRules(f Family) []XTRule {
 	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
 	// pays for every page it touches.
@@ -313,9 +306,8 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 	return out
 }
 
-// XTJumps returns the rules that hook the chains the plan has into the built-in chains, in the
-// order iptables-save lists them: by table (XTTables), then by hook. They are the same for both
-// families.
+// XTJumps returns the rules that hook the plan's chains into the built-in chains, in
+// iptables-save order (by table, then hook), the same for both families.
 func (r *Ruleset) XTJumps() []XTRule {
 	return xtJumps(r.Plan())
 }
@@ -340,11 +332,9 @@ func xtJumps(chains []PlanChain) []XTRule {
 	return out
 }
 
-// Saved returns what iptables-save shows of ours in family f once rs is applied: our chains, then
-// every rule, table by table (XTTables), each table in the order iptables-save lists it: the
-// jumps first (built-in chains are printed before ours), then our chains' rules, chains in name
-// order. It is empty for a family rs does not write. It is rendered once per family; callers
-// must not modify it.
+// Saved returns what iptables-save shows of ours in family f once rs is applied, table by table
+// in its order: the jumps (built-in chains print first), then our chains' rules by chain name.
+// It is empty for a family rs does not write, and shared: callers must not modify it.
 func (r *Ruleset) Saved(f Family) SavedState {
 	if !r.HasFamily(f) {
 		return SavedState{}
@@ -386,36 +376,26 @@ func (r *Ruleset) renderSaved(f Family) SavedState {
 	return s
 }
 
-// Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
-// Every rule derives from the Ruleset's fields, so hashing them is enough, and much cheaper than
-// rendering a thousand rules in a process that lives for milliseconds. It guards against
-// accidents, not adversaries (whoever can write the table can write its comment), so FNV serves;
-// a cryptographic hash would add its package initialisation to every run. The fields of the
-// features beyond Linkerd's are hashed only when one is set, so a Linkerd configuration keeps
-// the hash it always had.
+// Hash identifies the plan, so a backend can skip an identical re-run. It hashes the fields, far
+// cheaper than rendering the rules; FNV serves, as it guards against accidents, not adversaries,
+// and a cryptographic hash would add its initialisation to every run. The fields beyond
+// Linkerd's are hashed only when one is set, so a Linkerd configuration keeps its old hash.
 func (r *Ruleset) Hash() string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
 		r.ProxyUID, r.ProxyGID, r.RedirectPorts, r.InboundIgnorePorts, r.OutboundIgnorePorts)
-	// Subnets are hashed IPv4 first, and only those of the families written: each family's rules
-	// keep only their own, in order, so how the two families' items interleave in a list, or a
-	// family not written, changes no rule and must not change the plan (show rebuilds it from
-	// the rules, family by family).
-	subnets := func(list []netip.Prefix, sep string) {
-		for _, f := range r.Families {
-			for _, p := range list {
-				if f.Contains(p) {
-					h.Write([]byte(p.String() + ","))
-				}
-			}
+	// Subnets are hashed by family, of the families written: how the families' items interleave
+	// changes no rule, so must not change the plan (show rebuilds it family by family).
+	is4 := func(p netip.Prefix) bool { return p.Addr().Is4() }
+	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
+		for _, p := range byFamily(r.Families, list, is4) {
+			h.Write([]byte(p.String() + ","))
 		}
-		h.Write([]byte(sep))
+		h.Write([]byte("|"))
 	}
-	subnets(r.InboundIgnoreSubnets, "|")
-	subnets(r.OutboundIgnoreSubnets, "|")
 	if r.beyondLinkerd() {
 		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
-			byFamily(r.Families, r.OutboundRedirectSubnets, func(p netip.Prefix) bool { return p.Addr().Is4() }), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
+			byFamily(r.Families, r.OutboundRedirectSubnets, is4), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
 	// Hashed apart, so that a plan without them keeps the hash it had before they existed.
 	if len(r.RerouteInterfaces) > 0 {
@@ -438,8 +418,7 @@ func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 	return out
 }
 
-// beyondLinkerd reports whether any of the features beyond Linkerd's that Hash hashes together
-// is on.
+// beyondLinkerd reports whether a feature beyond Linkerd's that Hash hashes together is on.
 func (r *Ruleset) beyondLinkerd() bool {
 	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
 		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0

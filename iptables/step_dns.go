@@ -1,8 +1,7 @@
 package iptables
 
 // DNS capture: DNS over UDP and TCP (to every nameserver, or those of resolv.conf) goes to the
-// proxy's DNS port, and the raw chains keep captured and direct DNS in conntrack zones of their
-// own.
+// proxy's DNS port; the raw chains keep captured and direct DNS in conntrack zones of their own.
 
 import (
 	"net/netip"
@@ -12,10 +11,9 @@ import (
 // DNSPort is where DNS is captured.
 const DNSPort = 53
 
-// Conntrack zones of DNS over UDP. Queries the proxy answers and the proxy's answers share one
-// zone; queries that go out as they are (the proxy's own, the exempt users', to other
-// nameservers) and every nameserver's answer share the other. A UDP query and the proxy's
-// forwarded copy can have the same addresses and ports, and one zone would mix their NAT.
+// Conntrack zones of DNS over UDP: captured queries and the proxy's answers, apart from queries
+// that go out as they are and the nameservers' answers. A UDP query and the proxy's forwarded
+// copy can have the same addresses and ports, and one zone would mix their NAT.
 const (
 	ZoneDirect   uint16 = 1
 	ZoneCaptured uint16 = 2
@@ -35,7 +33,7 @@ func (r *Ruleset) dnsRedirectSteps() []Step {
 }
 
 // dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
-// zones. The first that matches holds (the zone is set once, before conntrack).
+// zones; the first that matches holds.
 func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
 	zone := func(name string, z uint16) dnsZoneStep {
 		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z}
@@ -133,8 +131,7 @@ func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
 }
 
-// appendPerServer appends x once, or, when servers are listed, once per server of family f
-// (as the destination), named after it.
+// appendPerServer appends x once, or once per listed server of family f, to it and named after it.
 func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Family) []XTRule {
 	if len(servers) == 0 {
 		x.Comment = comment(s, "")
@@ -151,8 +148,7 @@ func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Fam
 	return out
 }
 
-// perServer adds rl with matches ms, once, or, when servers are listed, once per family with
-// servers, with the destination in the family's set of them.
+// perServer adds rl with matches ms once, or once per family of the servers listed, to them.
 func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
 	if len(servers) == 0 {
 		rl.Matches = ms

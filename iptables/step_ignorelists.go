@@ -1,12 +1,11 @@
 package iptables
 
-// The ignore lists: TCP to the ports to ignore, and traffic from (inbound) or to (outbound) the
-// subnets to ignore, skip the proxy.
+// The ignore lists: TCP to the ports, and traffic from (inbound) or to the subnets, skip the proxy.
 
 import "net/netip"
 
-// ignoreListSteps are the steps of one direction's ignore lists; source matches the subnets as
-// the source address (inbound) rather than the destination.
+// ignoreListSteps are the steps of one direction's ignore lists, matching the subnets as the
+// source (inbound) or the destination.
 func ignoreListSteps(ports []PortRange, subnets []netip.Prefix, source bool) []Step {
 	var steps []Step
 	if len(ports) > 0 {
@@ -44,8 +43,7 @@ func (s ignorePortsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 	cw.add(NFTRule{Comment: portsComment(s.StepCommon, s.Ports, xtPorts), Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}})
 }
 
-// ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families:
-// each family's rules take their own (Subnets function).
+// ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families.
 type ignoreSubnetsStep struct {
 	StepCommon
 	Subnets []netip.Prefix

@@ -3,8 +3,7 @@ package iptables
 // Interfaces: traffic leaving by (or arriving on) an interface to ignore, and loopback, skips
 // the proxy.
 
-// interfaceSteps ignore the interfaces to ignore, as the one a packet arrives on (inbound) or
-// leaves by.
+// interfaceSteps ignore the interfaces a packet arrives on (inbound) or leaves by.
 func (r *Ruleset) interfaceSteps(inbound bool) []Step {
 	var steps []Step
 	for _, name := range r.IgnoreInterfaces {

@@ -1,7 +1,7 @@
 package iptables
 
-// UID/GID exemptions: the traffic of the proxy's user and group, and of the users and groups to
-// ignore, goes out as it is (and its DNS, in the direct zone; see step_dns.go).
+// UID/GID exemptions: the traffic of the proxy's user and group, and of those to ignore, goes
+// out as it is (its DNS in the direct zone, step_dns.go).
 
 import "strconv"
 
