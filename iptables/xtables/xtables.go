@@ -1,16 +1,12 @@
 // Package xtables applies a Ruleset with the iptables binaries (iptables-legacy, iptables-nft or
-// plain iptables): one `iptables-restore --noflush` transaction per family.
-//
-// It learns what is already in place without spawning a process where the kernel allows it: the
-// legacy nat table shows up in /proc/net/ip{,6}_tables_names only once something created it, and
-// iptables-nft's chains are visible over nf_tables netlink (asked of iptables/nfnl). `*-save`
-// runs only when our chains may exist. It never decides which rules exist; that is the builder's
-// job.
+// plain iptables): one `iptables-restore --noflush` transaction per family. `*-save` runs only
+// when our chains may exist, which the kernel tells without a process (/proc's legacy table
+// names, iptables-nft's chains over netlink). It never decides which rules exist.
 //
 // # Tests
 //
-// As root: apply, re-apply with no change, change and cleanup in a namespace; an IPv6 failure rolls
-// back IPv4; restore errors quote the payload lines; the fallback within a backend.
+// As root: apply, re-apply, change and cleanup in a namespace; an IPv6 failure rolls back IPv4;
+// restore errors quote the payload lines; the fallback within a backend.
 package xtables
 
 import (
@@ -42,8 +38,8 @@ type Options struct {
 	Wait bool
 }
 
-// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer,
-// short enough that a stuck lock fails the pod visibly instead of hanging it.
+// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer, short
+// enough that a stuck lock fails the pod visibly.
 const WaitTimeout = 10 * time.Second
 
 // Applier writes rules through one set of iptables binaries.
@@ -58,9 +54,8 @@ type binaries struct{ restore, save string }
 
 var _ iptables.Applier = (*Applier)(nil)
 
-// New returns the applier for mode legacy, nft or plain. When the mode's own binaries are
-// missing it falls back within the same backend: e.g. nft mode on a host whose only
-// binary is an nf_tables-backed "iptables".
+// New returns the applier for mode legacy, nft or plain. Without the mode's own binaries it falls
+// back within the same backend (nft mode with only an nf_tables-backed "iptables").
 func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	var prefix string
 	var backend iptables.Backend
@@ -109,8 +104,8 @@ func findBinaries(cmd, suffix string, backend iptables.Backend) (binaries, error
 		cmd, suffix, cmd, suffix, os.Getenv("PATH"), cmd, backend)
 }
 
-// lookPair finds name-restore and name-save, the second first beside the first: they come from
-// one package, and every PATH entry searched in vain is a system call of a short-lived process.
+// lookPair finds name-restore and name-save, the second first beside the first (one package):
+// every PATH entry searched in vain is a system call.
 func lookPair(name string) (binaries, bool) {
 	restore, err := exec.LookPath(name + "-restore")
 	if err != nil {
@@ -129,8 +124,7 @@ func lookPair(name string) (binaries, bool) {
 // iptables-nft.
 func DetectPlain() (iptables.Backend, error) { return backendOf("iptables") }
 
-// backendOf reads the backend from the alternatives symlink chain when it names one (no exec), and
-// otherwise asks the binary for its version.
+// backendOf reads the backend from the alternatives symlink chain, or else the binary's version.
 func backendOf(cmd string) (iptables.Backend, error) {
 	p, err := exec.LookPath(cmd)
 	if err != nil {
@@ -163,16 +157,10 @@ func backendOf(cmd string) (iptables.Backend, error) {
 func (a *Applier) Name() string { return a.name }
 
 // Covers names the backend the binaries write: iptables-legacy's or iptables-nft's rules.
-func (a *Applier) Covers() []iptables.Backend {
-	if a.backend == iptables.BackendLegacy {
-		return []iptables.Backend{iptables.BackendLegacy}
-	}
-	return []iptables.Backend{iptables.BackendNFT}
-}
+func (a *Applier) Covers() []iptables.Backend { return []iptables.Backend{a.backend} }
 
-// Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
-// later one fails. A restore commits table by table, so a family whose restore fails after
-// committing a table (the mangle or raw table of a feature beyond Linkerd's) is rolled back too.
+// Apply makes our rules exactly rs, one restore per family, rolling back earlier families if a
+// later one fails, and the failing one too where it spans tables (a restore commits per table).
 func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
 	if err := a.capable("write the " + a.name + " nat rules"); err != nil {
 		return iptables.Result{}, err
@@ -207,8 +195,7 @@ type appliedFamily struct {
 	prev iptables.SavedState
 }
 
-// rollback returns each family Apply changed, wholly or in part, to the state it had before,
-// from the state it has now.
+// rollback returns each family Apply changed, wholly or in part, to its state before.
 func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
 	var errs []error
 	var back []string
@@ -249,7 +236,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 // Holding reads what of ours the binaries' backend holds, per family, for show to inspect
 // without a configuration.
 func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
-	h := iptables.Holding{Backend: a.Covers()[0], PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
+	h := iptables.Holding{Backend: a.backend, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
 	if err := a.capable("read the " + a.name + " rules"); err != nil {
 		return h, err
 	}
@@ -269,7 +256,7 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	if len(out) == 0 {
 		return nil, nil
 	}
-	return []iptables.Elsewhere{{Backend: a.Covers()[0], Rules: out}}, nil
+	return []iptables.Elsewhere{{Backend: a.backend, Rules: out}}, nil
 }
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
@@ -309,9 +296,8 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// capable checks, before anything runs, that the process has the capabilities the binaries need:
-// without them they fail with messages that do not say why ("unable to initialize table
-// 'nat'"), and iptables-legacy-save even prints an empty table and succeeds.
+// capable checks that the process has the capabilities the binaries need: without them they fail
+// saying not why ("unable to initialize table 'nat'"), or iptables-legacy-save prints nothing.
 func (a *Applier) capable(op string) error {
 	need := []string{errclass.NetAdmin}
 	if a.backend == iptables.BackendLegacy {
@@ -323,10 +309,9 @@ func (a *Applier) capable(op string) error {
 	return nil
 }
 
-// read returns our rules in place for family f, running *-save only when they may exist, and
-// only for the tables that may hold them (nat alone, for every Linkerd configuration). Each table
-// is saved apart: saving them all at once lists the table names in /proc, which a pod's own
-// user namespace may not read.
+// read returns our rules in place for family f, saving only the tables that may hold them, each
+// apart: saving all at once lists the table names in /proc, which a pod's user namespace may
+// not read.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
 	var all strings.Builder
 	for _, t := range a.mayHaveRules(ctx, f) {
@@ -343,12 +328,10 @@ func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedSt
 	return iptables.ParseSave(all.String()), nil
 }
 
-// run executes the program at path with args and input on its standard input, and returns what
-// it wrote to standard output and standard error (both in out when combined). The streams are
-// memory files, not pipes: for pipes os/exec starts copying goroutines, and the threads the
-// runtime starts for them are a visible cost to a short-lived process (docs/performance.md).
-// Where memfd_create is refused (a seccomp profile can forbid it), pipes it is. ctx's end kills
-// the program.
+// run executes the program at path with args and input, and returns its standard output and
+// error (both in out when combined). The streams are memory files, not pipes, whose copying
+// goroutines' threads cost a short-lived process (docs/performance.md); where seccomp refuses
+// memfd_create, pipes it is. ctx's end kills the program.
 func run(ctx context.Context, path string, args []string, input string, combined bool) (out, stderr []byte, err error) {
 	files := make([]*os.File, 0, 3)
 	defer func() {
@@ -389,11 +372,10 @@ func run(ctx context.Context, path string, args []string, input string, combined
 	return out, stderr, runErr
 }
 
-// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec, whose
-// first program in a process costs one more fork, to probe pidfd support, and one more thread
-// (docs/performance.md). The program inherits the descriptors that are not close-on-exec, the
-// namespace's lock among them (see runner.Lock). When ctx ends first, the program is killed; the
-// zombie is reaped only once no kill can reach a reused pid.
+// forkWait runs the program and waits for it, with syscall.ForkExec: os/exec's first program
+// costs a fork (to probe pidfd) and a thread more. The program inherits the namespace's lock
+// (runner.Lock). When ctx ends first it is killed, and reaped only once no kill can reach a
+// reused pid.
 func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -447,8 +429,7 @@ func (e exitError) Error() string {
 	return "exit status " + strconv.Itoa(e.ws.ExitStatus())
 }
 
-// ExitCode is the exit status, or -1 for a program a signal ended: what *exec.ExitError, the pipe
-// path's error, answers too.
+// ExitCode is the exit status, or -1 for a program a signal ended, as *exec.ExitError answers.
 func (e exitError) ExitCode() int {
 	if e.ws.Signaled() {
 		return -1
@@ -469,9 +450,8 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 	return o.Bytes(), e.Bytes(), err
 }
 
-// mayHaveRules answers from the kernel, without exec, which of our tables (iptables.XTTables)
-// can hold chains of ours. A netlink error leaves the question open: the caller then reads
-// every table.
+// mayHaveRules answers from the kernel, without exec, which of our tables can hold chains of
+// ours; a netlink error leaves the question open: every table.
 func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string {
 	if a.backend == iptables.BackendLegacy {
 		return LegacyTables(f)
@@ -483,46 +463,33 @@ func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string 
 	return tables
 }
 
-// LegacyTables lists, from /proc and without exec, which of our tables (iptables.XTTables)
-// exist in iptables-legacy's family f in the current thread's namespace. Where none does, no
-// legacy rule of ours can exist.
+// LegacyTables lists, from /proc and without exec, which of our tables exist in
+// iptables-legacy's family f in the current thread's namespace (thread-self: we run on a locked
+// thread that entered it).
 func LegacyTables(f iptables.Family) []string {
-	// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
-	// locked thread that entered another one.
 	file := "/proc/thread-self/net/ip_tables_names"
 	if f == iptables.IPv6 {
 		file = "/proc/thread-self/net/ip6_tables_names"
 	}
-	var out []string
 	data, err := os.ReadFile(file)
-	if err != nil {
-		// No legacy module loaded at all: nothing of ours can be there. Any other error
-		// leaves the question open.
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		for _, t := range iptables.XTTables() {
-			out = append(out, t.Name)
-		}
-		return out
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // no legacy module loaded at all; any other error leaves the question open
 	}
+	var out []string
 	names := strings.Fields(string(data))
 	for _, t := range iptables.XTTables() {
-		if slices.Contains(names, t.Name) {
+		if err != nil || slices.Contains(names, t.Name) {
 			out = append(out, t.Name)
 		}
 	}
 	return out
 }
 
-// LegacyMissing says why the kernel offers no iptables-legacy for family f in the calling thread's
-// network namespace, or is nil where it does or cannot tell. Without the legacy ip_tables (or
-// ip6_tables), which kernels from 6.17 build only with CONFIG_NETFILTER_XTABLES_LEGACY, the
-// binaries fail with "unable to initialize table 'nat'", which names nothing. Both signs are
-// asked: no table list in /proc (which the module creates in every namespace), and the
-// iptables' socket option refused with ENOPROTOOPT, as with no handler registered at all. The
-// option is asked with a buffer of the wrong size, which a kernel with the handler refuses with
-// EINVAL before it looks at, or loads, any table.
+// LegacyMissing says why the kernel offers no iptables-legacy for family f in the calling
+// thread's namespace (kernels from 6.17 build it only with CONFIG_NETFILTER_XTABLES_LEGACY, and
+// the binaries then fail naming nothing), or is nil where it does or cannot tell. Both signs are
+// asked: no table list in /proc, and the socket option refused with ENOPROTOOPT; it is asked with
+// a wrong-sized buffer, which a kernel with the handler refuses with EINVAL, loading no table.
 func LegacyMissing(f iptables.Family) error {
 	file, domain, level, opt := "/proc/thread-self/net/ip_tables_names", unix.AF_INET, unix.IPPROTO_IP, "IPT_SO_GET_INFO"
 	if f == iptables.IPv6 {
@@ -543,9 +510,8 @@ func LegacyMissing(f iptables.Family) error {
 	return fmt.Errorf("no %s, and the socket option %s is refused: %w", strings.TrimPrefix(file, "/proc/thread-self"), opt, unix.ENOPROTOOPT)
 }
 
-// lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
-// (iptables-nft) or "line 5 failed" (iptables-legacy). Plain string scanning, because linking
-// package regexp alone added to every run of proxy-init's start-up (docs/performance.md).
+// lineNumbers returns the payload line numbers a restore tool names: "line: 2" (iptables-nft) or
+// "line 5 failed" (legacy). No regexp: linking it slowed every start-up (docs/performance.md).
 func lineNumbers(out string) []int {
 	var ns []int
 	for {
@@ -565,8 +531,7 @@ func lineNumbers(out string) []int {
 	}
 }
 
-// restore runs one iptables-restore --noflush transaction. On failure the error quotes the
-// payload lines the tool complained about.
+// restore runs one iptables-restore --noflush transaction.
 func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string) error {
 	b := a.bins[f]
 	args := []string{"--noflush"}
