@@ -7,8 +7,6 @@ package iptables
 type Step interface {
 	// Common returns what every step has: its name, and where it is limited to.
 	Common() StepCommon
-	// IsList reports whether the step covers a list, whose items its rule names then carry.
-	IsList() bool
 	// xtRules appends the step's iptables rules for family f: x (chain, arriving interface,
 	// RETURN) with what the step adds.
 	xtRules(out []XTRule, x XTRule, f Family) []XTRule
@@ -29,13 +27,10 @@ type StepCommon struct {
 // Common returns c; every step embeds a StepCommon.
 func (c StepCommon) Common() StepCommon { return c }
 
-// comment is the rule comment for step s, with items (comma-separated) for a list step. It is
-// generic so that a step calling it per item (a thousand subnets) is not boxed each time.
+// comment is the rule comment for step s, with items (comma-separated) for a step over a list. It
+// is generic so that a step calling it per item (a thousand subnets) is not boxed each time.
 func comment[S Step](s S, items string) string {
 	c := s.Common()
-	if !s.IsList() {
-		return CommentPrefix + c.Name
-	}
 	return CommentPrefix + c.Name + items + c.NameTail
 }
 

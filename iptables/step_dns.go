@@ -74,8 +74,6 @@ type redirectDNSStep struct {
 	Port    uint16
 }
 
-func (s redirectDNSStep) IsList() bool { return len(s.Servers) > 0 }
-
 func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.Target, x.ToPort = TargetRedirect, s.Port
 	x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
@@ -104,8 +102,6 @@ type dnsZoneStep struct {
 	SPort     uint16
 	Zone      uint16
 }
-
-func (s dnsZoneStep) IsList() bool { return len(s.Servers) > 0 }
 
 func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.UDP, x.Target, x.Zone, x.OutInterface = true, TargetCT, s.Zone, s.Interface

@@ -23,8 +23,6 @@ type ignorePortsStep struct {
 	Ports []PortRange
 }
 
-func (s ignorePortsStep) IsList() bool { return true }
-
 func (s ignorePortsStep) rerouted(iface string) Step {
 	s.StepCommon = s.StepCommon.rerouted(iface)
 	return s
@@ -49,8 +47,6 @@ type ignoreSubnetsStep struct {
 	Subnets []netip.Prefix
 	Source  bool
 }
-
-func (s ignoreSubnetsStep) IsList() bool { return true }
 
 func (s ignoreSubnetsStep) rerouted(iface string) Step {
 	s.StepCommon = s.StepCommon.rerouted(iface)

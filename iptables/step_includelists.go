@@ -27,8 +27,6 @@ type redirectOutboundStep struct {
 	Port    uint16
 }
 
-func (s redirectOutboundStep) IsList() bool { return true }
-
 func (s redirectOutboundStep) rerouted(iface string) Step {
 	s.StepCommon = s.StepCommon.rerouted(iface)
 	return s

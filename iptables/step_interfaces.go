@@ -24,8 +24,6 @@ type ignoreInterfaceStep struct {
 	In        bool
 }
 
-func (s ignoreInterfaceStep) IsList() bool { return false }
-
 func (s ignoreInterfaceStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	if s.In {
 		x.InInterface = s.Interface

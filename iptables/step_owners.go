@@ -54,8 +54,6 @@ type ignoreOwnerStep struct {
 	ID    uint32
 }
 
-func (s ignoreOwnerStep) IsList() bool { return false }
-
 func (s ignoreOwnerStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.Comment = comment(s, "")
 	return append(out, xtOwner(x, s.Owner, s.ID))

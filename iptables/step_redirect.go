@@ -19,8 +19,6 @@ type redirectStep struct {
 	Port  uint16
 }
 
-func (s redirectStep) IsList() bool { return len(s.Ports) > 0 }
-
 func (s redirectStep) rerouted(iface string) Step {
 	s.StepCommon = s.StepCommon.rerouted(iface)
 	return s

@@ -36,8 +36,6 @@ func (r *Ruleset) tproxySteps() []Step {
 // ignoreEstablishedStep returns TCP of established or related connections: they have a socket.
 type ignoreEstablishedStep struct{ StepCommon }
 
-func (s ignoreEstablishedStep) IsList() bool { return false }
-
 func (s ignoreEstablishedStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.CTState, x.Comment = true, CTStateEstablished, comment(s, "")
 	return append(out, x)
@@ -55,8 +53,6 @@ type tproxyStep struct {
 	Port  uint16
 	Mark  uint32
 }
-
-func (s tproxyStep) IsList() bool { return len(s.Ports) > 0 }
 
 func (s tproxyStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.Target, x.ToPort, x.Mark = true, TargetTPROXY, s.Port, s.Mark
