@@ -40,7 +40,7 @@ func (s SavedState) Tables() []string {
 	for _, t := range XTTables() {
 		has := slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name })
 		for _, l := range append(slices.Clone(s.Rules), s.ForeignJumps...) {
-			has = has || savedRule(l).table() == t.Name
+			has = has || savedRule(l).Table == t.Name
 		}
 		if has {
 			out = append(out, t.Name)
@@ -62,7 +62,7 @@ func (s SavedState) Jumps() []Rule {
 
 // savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>").
 func savedRule(line string) Rule {
-	var r Rule
+	r := Rule{Table: Table}
 	if rest, ok := strings.CutPrefix(line, "-t "); ok {
 		r.Table, line, _ = strings.Cut(rest, " ")
 	}
@@ -82,7 +82,7 @@ func savedRules(lines []string) []Rule {
 func inTable(t XTTable, rules []Rule) []Rule {
 	var out []Rule
 	for _, r := range rules {
-		if r.table() == t.Name {
+		if r.Table == t.Name {
 			out = append(out, r)
 		}
 	}
@@ -95,13 +95,6 @@ func jumpTarget(line string) string {
 		return line[i+3:]
 	}
 	return ""
-}
-
-func (r Rule) table() string {
-	if r.Table == "" {
-		return Table
-	}
-	return r.Table
 }
 
 // IsOurChain reports whether a chain of that name is one of ours (in either rendering).

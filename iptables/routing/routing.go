@@ -113,18 +113,13 @@ func (Netlink) Prune(want []iptables.PolicyRoute) error {
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
+var nlFamilies = map[iptables.Family]int{iptables.IPv4: netlink.FAMILY_V4, iptables.IPv6: netlink.FAMILY_V6}
+
 // current is what of ours one read found, by family, and the loopback interface's index.
 type current struct {
 	rules  map[iptables.Family][]netlink.Rule
 	routes map[iptables.Family][]netlink.Route
 	lo     int
-}
-
-func familyOf(nl int) iptables.Family {
-	if nl == netlink.FAMILY_V6 {
-		return iptables.IPv6
-	}
-	return iptables.IPv4
 }
 
 func readOurs() (*current, error) {
@@ -140,8 +135,11 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		if r.Priority == iptables.TPROXYRulePriority && r.Table == int(iptables.TPROXYTable) && (r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6) {
-			o.rules[familyOf(r.Family)] = append(o.rules[familyOf(r.Family)], r)
+		for _, f := range families {
+			if r.Family == nlFamilies[f] && r.Priority == iptables.TPROXYRulePriority &&
+				r.Table == int(iptables.TPROXYTable) {
+				o.rules[f] = append(o.rules[f], r)
+			}
 		}
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
@@ -149,8 +147,10 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		if r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6 {
-			o.routes[familyOf(r.Family)] = append(o.routes[familyOf(r.Family)], r)
+		for _, f := range families {
+			if r.Family == nlFamilies[f] {
+				o.routes[f] = append(o.routes[f], r)
+			}
 		}
 	}
 	lo, err := netlink.LinkByName("lo")
@@ -168,16 +168,9 @@ func del(what string, err error) error {
 	return fmt.Errorf("remove %s: %w", what, err)
 }
 
-func nlFamily(f iptables.Family) int {
-	if f == iptables.IPv6 {
-		return netlink.FAMILY_V6
-	}
-	return netlink.FAMILY_V4
-}
-
 func markRule(p iptables.PolicyRoute) *netlink.Rule {
 	r := netlink.NewRule()
-	r.Family, r.Priority, r.Table, r.Mark = nlFamily(p.Family), p.Priority, int(p.Table), p.Mark
+	r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
 	return r
 }
 
@@ -186,7 +179,7 @@ func (o *current) localRoute(p iptables.PolicyRoute) *netlink.Route {
 	if p.Family == iptables.IPv6 {
 		bits = 128
 	}
-	return &netlink.Route{Family: nlFamily(p.Family), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
+	return &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
 		LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
 }
 
