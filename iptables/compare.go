@@ -37,12 +37,10 @@ func (s SavedState) Empty() bool {
 // Tables lists the tables the state holds anything of ours in, in XTTables order.
 func (s SavedState) Tables() []string {
 	var out []string
+	lines := append(slices.Clone(s.Rules), s.ForeignJumps...)
 	for _, t := range XTTables() {
-		has := slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name })
-		for _, l := range append(slices.Clone(s.Rules), s.ForeignJumps...) {
-			has = has || savedRule(l).Table == t.Name
-		}
-		if has {
+		if slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name }) ||
+			slices.ContainsFunc(lines, func(l string) bool { return savedRule(l).Table == t.Name }) {
 			out = append(out, t.Name)
 		}
 	}
@@ -98,17 +96,11 @@ func jumpTarget(line string) string {
 }
 
 // IsOurChain reports whether a chain of that name is one of ours (in either rendering).
-func IsOurChain(c string) bool {
-	switch c {
-	case RedirectChain, OutputChain, MangleChain, RawPreroutingChain, RawOutputChain:
-		return true
-	}
-	return false
-}
+func IsOurChain(c string) bool { return ChainTable(c) != "" }
 
 // ChainTable is the table our chain of that name lives in, or "" for a name not ours.
 func ChainTable(name string) string {
-	for _, c := range Chains() {
+	for _, c := range ourChains {
 		if c.Name == name {
 			return c.Table.Name
 		}

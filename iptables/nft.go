@@ -205,13 +205,7 @@ func (r NFTRule) String() string {
 	case NFTZone:
 		parts = append(parts, "ct zone set "+strconv.Itoa(int(r.Zone)))
 	case NFTTPROXY:
-		fam := ""
-		switch r.TPROXYFamily {
-		case IPv4:
-			fam = "ip "
-		case IPv6:
-			fam = "ip6 "
-		}
+		fam := map[Family]string{IPv4: "ip ", IPv6: "ip6 "}[r.TPROXYFamily]
 		parts = append(parts, fmt.Sprintf("tproxy %sto :%d meta mark set 0x%08x accept", fam, r.RedirectPort, r.Mark))
 	default:
 		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))

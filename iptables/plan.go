@@ -6,6 +6,7 @@ package iptables
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -73,14 +74,14 @@ type PlanChain struct {
 
 // Chains returns every chain of ours, without steps: Linkerd's two, then those of the features
 // beyond Linkerd's. They depend on no configuration, so cleanup needs none.
-func Chains() []PlanChain {
-	return []PlanChain{
-		{Name: RedirectChain, Table: TableNAT, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
-		{Name: OutputChain, Table: TableNAT, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
-		{Name: MangleChain, Table: TableMangle, Hook: HookPrerouting, JumpName: "install-proxy-init-mangle-prerouting", Direction: "inbound"},
-		{Name: RawPreroutingChain, Table: TableRaw, Hook: HookPrerouting, JumpName: "install-proxy-init-raw-prerouting", Direction: "dns"},
-		{Name: RawOutputChain, Table: TableRaw, Hook: HookOutput, JumpName: "install-proxy-init-raw-output", Direction: "dns"},
-	}
+func Chains() []PlanChain { return slices.Clone(ourChains) }
+
+var ourChains = []PlanChain{
+	{Name: RedirectChain, Table: TableNAT, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
+	{Name: OutputChain, Table: TableNAT, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
+	{Name: MangleChain, Table: TableMangle, Hook: HookPrerouting, JumpName: "install-proxy-init-mangle-prerouting", Direction: "inbound"},
+	{Name: RawPreroutingChain, Table: TableRaw, Hook: HookPrerouting, JumpName: "install-proxy-init-raw-prerouting", Direction: "dns"},
+	{Name: RawOutputChain, Table: TableRaw, Hook: HookOutput, JumpName: "install-proxy-init-raw-output", Direction: "dns"},
 }
 
 // Plan returns our chains with their steps in the order the kernel evaluates them (the first
