@@ -206,7 +206,10 @@ func (r XTRule) TableName() string {
 // no -s or -d for a /0 prefix, which matches every address and which iptables-save leaves out.
 func (r XTRule) Rule() Rule {
 	var b strings.Builder
-	opt := func(parts ...string) {
+	opt := func(on bool, parts ...string) {
+		if !on {
+			return
+		}
 		for _, p := range parts {
 			if b.Len() > 0 {
 				b.WriteByte(' ')
@@ -214,58 +217,37 @@ func (r XTRule) Rule() Rule {
 			b.WriteString(p)
 		}
 	}
-	if r.Source.IsValid() && r.Source.Bits() > 0 {
-		opt("-s", r.Source.String())
-	}
-	if r.Destination.IsValid() && r.Destination.Bits() > 0 {
-		opt("-d", r.Destination.String())
-	}
-	if r.InInterface != "" {
-		opt("-i", r.InInterface)
-	}
-	if r.OutInterface != "" {
-		opt("-o", r.OutInterface)
-	}
 	proto := ""
-	switch {
-	case r.TCP:
+	if r.TCP {
 		proto = "tcp"
-	case r.UDP:
+	} else if r.UDP {
 		proto = "udp"
 	}
-	if proto != "" {
-		opt("-p", proto)
-	}
+	opt(r.Source.IsValid() && r.Source.Bits() > 0, "-s", r.Source.String())
+	opt(r.Destination.IsValid() && r.Destination.Bits() > 0, "-d", r.Destination.String())
+	opt(r.InInterface != "", "-i", r.InInterface)
+	opt(r.OutInterface != "", "-o", r.OutInterface)
+	opt(proto != "", "-p", proto)
 	if r.UIDOwner != nil {
-		opt("-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
+		opt(true, "-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
 	}
 	if r.GIDOwner != nil {
-		opt("-m", "owner", "--gid-owner", strconv.FormatUint(uint64(*r.GIDOwner), 10))
+		opt(true, "-m", "owner", "--gid-owner", strconv.FormatUint(uint64(*r.GIDOwner), 10))
 	}
-	if len(r.MultiportDPorts) > 0 {
-		opt("-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
-	}
-	if r.DPort.First != 0 || r.SPort.First != 0 {
-		opt("-m", proto)
-		if r.SPort.First != 0 {
-			opt("--sport", xtPorts(r.SPort))
-		}
-		if r.DPort.First != 0 {
-			opt("--dport", xtPorts(r.DPort))
-		}
-	}
-	if r.CTState != "" {
-		opt("-m", "conntrack", "--ctstate", r.CTState)
-	}
+	opt(len(r.MultiportDPorts) > 0, "-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
+	opt(r.DPort.First != 0 || r.SPort.First != 0, "-m", proto)
+	opt(r.SPort.First != 0, "--sport", xtPorts(r.SPort))
+	opt(r.DPort.First != 0, "--dport", xtPorts(r.DPort))
+	opt(r.CTState != "", "-m", "conntrack", "--ctstate", r.CTState)
 	// Names never hold quotes or backslashes, so plain quoting matches what iptables-save prints.
-	opt("-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
+	opt(true, "-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
 	switch r.Target {
 	case TargetRedirect:
-		opt("--to-ports", strconv.Itoa(int(r.ToPort)))
+		opt(true, "--to-ports", strconv.Itoa(int(r.ToPort)))
 	case TargetTPROXY:
-		opt("--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(), "--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
+		opt(true, "--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(), "--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
 	case TargetCT:
-		opt("--zone", strconv.Itoa(int(r.Zone)))
+		opt(true, "--zone", strconv.Itoa(int(r.Zone)))
 	}
 	return Rule{Table: r.TableName(), Chain: r.Chain, Spec: b.String()}
 }
