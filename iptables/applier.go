@@ -33,8 +33,7 @@ type Applier interface {
 	// Apply makes the rules in place exactly rs, atomically per family (or for both at once),
 	// writing nothing when they already are; a failing family rolls back the earlier ones.
 	Apply(ctx context.Context, rs *Ruleset) (Result, error)
-	// Show reads back the rules in place and compares them with rs; rules of ours in the other
-	// backends it covers are in State.Elsewhere.
+	// Show reads back the rules in place and compares them with rs (others' in State.Elsewhere).
 	Show(ctx context.Context, rs *Ruleset) (State, error)
 	// Present lists what of ours each backend it covers holds (none: nothing to remove).
 	Present(ctx context.Context) ([]Elsewhere, error)
@@ -72,8 +71,8 @@ type RouteState struct {
 	Diff  Diff
 }
 
-// CompareRoutes compares the policy routing in place (have, as PolicyRoute.Lines renders it)
-// with want's; nil when neither holds any.
+// CompareRoutes compares the policy routing in place (as PolicyRoute.Lines) with want's; nil when
+// neither holds any.
 func CompareRoutes(want []PolicyRoute, have []string) *RouteState {
 	var w []string
 	for _, p := range want {
@@ -120,8 +119,7 @@ func (s State) WrittenWithout() string {
 		complete, empty, s.Backend, empty)
 }
 
-// familyGap names the families with every expected rule and the expected ones with none of
-// ours, when there are both.
+// familyGap names the families with every expected rule and those expected with none, if both.
 func (s State) familyGap() (complete, empty string) {
 	var c, e []string
 	for _, f := range s.Families {
@@ -165,9 +163,8 @@ func (s State) Match() bool {
 	return len(s.Elsewhere) == 0
 }
 
-// ErrUnsupported marks a backend's error as the kernel lacking what the backend needs (nf_tables,
-// an expression, an xtables extension), as opposed to a refused permission or a transient
-// failure: the one case where another backend may work where this one cannot.
+// ErrUnsupported marks a backend's error as the kernel lacking what it needs (nf_tables, an
+// expression, an extension): the one case where another backend may work where it cannot.
 var ErrUnsupported = errors.New("the kernel does not support this backend")
 
 // ErrNotInKernel marks a backend whose kernel interface is refused outright: the nf_tables netlink

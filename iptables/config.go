@@ -77,9 +77,8 @@ const (
 	// InboundRedirect rewrites the destination to the proxy's port (nat REDIRECT): the proxy
 	// asks for the original destination with SO_ORIGINAL_DST. Linkerd's only mode.
 	InboundRedirect InboundMode = "redirect"
-	// InboundTPROXY hands the connection to the proxy's transparent socket unchanged (TPROXY,
-	// a mark and a policy route): the proxy's socket has the original destination as its local
-	// address.
+	// InboundTPROXY hands the connection unchanged to the proxy's transparent socket (TPROXY, a
+	// mark and a policy route), whose local address is the original destination.
 	InboundTPROXY InboundMode = "tproxy"
 )
 
@@ -120,8 +119,7 @@ type Config struct {
 	// RedirectDNSToPort, when positive, sends the pod's DNS (UDP and TCP to port 53) to this
 	// port on loopback, except the exempt users' and groups'; 0 captures none.
 	RedirectDNSToPort int
-	// DNSServersOnly limits DNS capture to DNSServers, the nameservers the front end read (from
-	// /etc/resolv.conf).
+	// DNSServersOnly limits DNS capture to DNSServers, the nameservers of /etc/resolv.conf.
 	DNSServersOnly bool
 	DNSServers     []string
 	// InboundMode is redirect (or empty) or tproxy.
@@ -132,8 +130,7 @@ type Config struct {
 	OutboundSubnetsToRedirect []string
 	// InterfacesToIgnore are interfaces whose traffic, in or out, is never redirected.
 	InterfacesToIgnore []string
-	// UIDsToIgnore and GIDsToIgnore exempt more users and groups, like ProxyUID and ProxyGID
-	// (comma lists of IDs, as typed).
+	// UIDsToIgnore and GIDsToIgnore exempt more users and groups (comma lists of IDs, as typed).
 	UIDsToIgnore []string
 	GIDsToIgnore []string
 	// DropInvalid drops inbound TCP that conntrack marks INVALID.
@@ -392,8 +389,7 @@ func interfaces(bad func(field, value, reason string), field string, values []st
 	return out
 }
 
-// rerouteInterfaces checks the virtual machines' interfaces: names as interfaces checks them, and
-// neither loopback nor one of the interfaces ignored.
+// rerouteInterfaces checks the virtual machines' interfaces: neither loopback nor ignored ones.
 func rerouteInterfaces(bad func(field, value, reason string), values, ignored []string) []string {
 	var out []string
 	for _, name := range interfaces(bad, FieldRerouteVirtualInterfaces, values) {

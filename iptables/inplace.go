@@ -40,8 +40,7 @@ func (h Holding) lines() []string {
 	return append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
 }
 
-// InPlace is what of ours a namespace holds: each backend's rules, and the policy routing
-// (PolicyRoute.Lines).
+// InPlace is what of ours a namespace holds: each backend's rules, and the policy routing.
 type InPlace struct {
 	Holdings []Holding
 	Routes   []string
@@ -65,12 +64,10 @@ type Found struct {
 	Problems []string
 }
 
-// Whole reports whether rules of ours are in place, exactly as the configuration they name
-// writes them, and nowhere else.
+// Whole reports whether our rules are in place, exactly as their configuration writes them, only.
 func (f Found) Whole() bool { return f.Backend != "" && len(f.Problems) == 0 }
 
-// inspectOrder is auto's order: a namespace holding rules in several backends is reported as
-// held by the first, the others as leftovers.
+// inspectOrder is auto's: of several backends holding rules, the first holds them, the rest leftovers.
 var inspectOrder = []Backend{BackendNFT, BackendNFTables, BackendLegacy}
 
 // Inspect tells, from what a namespace holds, which backend holds our rules, the configuration

@@ -7,6 +7,7 @@ package iptables
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -184,8 +185,7 @@ type NFTRule struct {
 	RedirectPort uint16 // NFTRedirect and NFTTPROXY only
 	Zone         uint16 // NFTZone only
 	Mark         uint32 // NFTTPROXY only
-	// TPROXYFamily is the family of a TPROXY rule that matches only one (nft's "tproxy ip"), or
-	// empty for both.
+	// TPROXYFamily limits a TPROXY rule to one family (nft's "tproxy ip"); empty for both.
 	TPROXYFamily Family
 }
 
@@ -268,15 +268,8 @@ func (r *Ruleset) NFT() NFTTable {
 		}
 		for _, s := range c.Steps {
 			sc := s.Common()
-			dir := c.Direction
-			if sc.Direction != "" {
-				dir = sc.Direction
-			}
-			cw.iif = nil
-			if sc.Arriving != "" {
-				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: sc.Arriving}}
-			}
-			s.nftRules(w, cw, dir)
+			cw.iif = sc.Arriving
+			s.nftRules(w, cw, cmp.Or(sc.Direction, c.Direction))
 		}
 		w.t.Chains = append(w.t.Chains, cw.ch)
 	}
@@ -293,12 +286,12 @@ type nftWriter struct {
 // nftChainWriter collects one chain's rules.
 type nftChainWriter struct {
 	ch  NFTChain
-	iif []NFTMatch // the step's arriving interface, when it is limited to one
+	iif string // the step's arriving interface, when it is limited to one
 }
 
 func (cw *nftChainWriter) add(rl NFTRule) {
-	if len(cw.iif) > 0 {
-		rl.Matches = append(slices.Clone(cw.iif), rl.Matches...)
+	if cw.iif != "" {
+		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: cw.iif}}, rl.Matches...)
 	}
 	cw.ch.Rules = append(cw.ch.Rules, rl)
 }
@@ -496,8 +489,7 @@ func (t NFTTable) Statements() []string {
 	return out
 }
 
-// CompareNFT compares a table read back from the kernel with the expected one, statement by
-// statement; a nil have means the table is absent.
+// CompareNFT compares a table read back (nil: absent) with the expected one, statement by statement.
 func CompareNFT(want NFTTable, have *NFTTable) Diff {
 	var h []string
 	if have != nil {

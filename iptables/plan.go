@@ -52,8 +52,7 @@ var (
 	TableNAT = XTTable{Name: Table, Priority: -100, ChainType: "nat"}
 	// TableMangle holds TPROXY and the INVALID drop, after conntrack and before nat.
 	TableMangle = XTTable{Name: "mangle", Priority: -150, ChainType: "filter"}
-	// TableRaw holds the DNS conntrack zones, which must be set before conntrack looks a
-	// packet up.
+	// TableRaw holds the DNS conntrack zones, which must be set before conntrack's lookup.
 	TableRaw = XTTable{Name: "raw", Priority: -300, ChainType: "filter"}
 )
 

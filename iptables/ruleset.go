@@ -39,8 +39,7 @@ const (
 	RawOutputChain     = "PROXY_INIT_RAW_OUTPUT"
 )
 
-// CloseWaitSysctl is the conntrack CLOSE_WAIT timeout a ruleset with CloseWaitSecs sets, per
-// network namespace.
+// CloseWaitSysctl is the per-namespace conntrack CLOSE_WAIT timeout that CloseWaitSecs sets.
 const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
 
 // maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
@@ -64,8 +63,7 @@ type Ruleset struct {
 	// is no rule, and not part of Hash.
 	CloseWaitSecs int64
 
-	// IPv6Auto leaves IPv6 to be decided where the rules are written (ForIPv6); until then
-	// Families holds both.
+	// IPv6Auto leaves IPv6 to be decided where the rules are written (ForIPv6); Families has both.
 	IPv6Auto bool `json:",omitempty"`
 	// DNSPort, when non-zero, is where the pod's DNS is redirected; DNSServers, when given,
 	// limit that to these nameservers (both families).
@@ -73,8 +71,7 @@ type Ruleset struct {
 	DNSServers []netip.Addr `json:",omitempty"`
 	// TPROXY delivers inbound TCP with TPROXY instead of REDIRECT.
 	TPROXY bool `json:",omitempty"`
-	// OutboundRedirectPorts and OutboundRedirectSubnets, when non-empty, are the only outbound
-	// destinations redirected.
+	// OutboundRedirectPorts and OutboundRedirectSubnets, if any, are the only outbound redirected.
 	OutboundRedirectPorts   []PortRange    `json:",omitempty"`
 	OutboundRedirectSubnets []netip.Prefix `json:",omitempty"`
 	IgnoreInterfaces        []string       `json:",omitempty"`
@@ -110,8 +107,7 @@ func (r *Ruleset) ForIPv6(on bool) *Ruleset {
 // HasFamily reports whether rules are written for f.
 func (r *Ruleset) HasFamily(f Family) bool { return slices.Contains(r.Families, f) }
 
-// Subnets returns the members of list that belong to family f, so a v4 CIDR never reaches the
-// v6 rules.
+// Subnets returns the members of list in family f, so a v4 CIDR never reaches the v6 rules.
 func Subnets(f Family, list []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range list {
@@ -245,7 +241,8 @@ func (r XTRule) Rule() Rule {
 	case TargetRedirect:
 		opt(true, "--to-ports", strconv.Itoa(int(r.ToPort)))
 	case TargetTPROXY:
-		opt(true, "--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(), "--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
+		opt(true, "--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(),
+			"--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
 	case TargetCT:
 		opt(true, "--zone", strconv.Itoa(int(r.Zone)))
 	}
@@ -264,8 +261,7 @@ const (
 // XTRules returns the iptables rules inside our chains for family f, in plan order. Each step
 // is one rule, or over a list one per multiport group of 15 ports or per item of f.
 func (r *Ruleset) XTRules(f Family) []XTRule {
-	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
-	// pays for every page it touches.
+	// Sized up front for this family's subnets: a cold process pays for every page it touches.
 	n := len(r.RedirectPorts) + 16
 	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
 		for _, p := range list {
@@ -386,8 +382,7 @@ func (r *Ruleset) Hash() string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// byFamily returns the items of list in the families written, IPv4's first, each family's in
-// order, as Hash wants them.
+// byFamily returns the items of list in the families fams, IPv4's first, each in order.
 func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 	var out []T
 	for _, f := range fams {
@@ -415,8 +410,7 @@ func joinXTPorts(ports []PortRange) string {
 	return strings.Join(parts, ",")
 }
 
-// multiportGroups splits ports into multiport argument lists of at most 15 ports, a range
-// counting as two.
+// multiportGroups splits ports into multiport lists of at most 15 ports, a range counting two.
 func multiportGroups(ports []PortRange) [][]PortRange {
 	var groups [][]PortRange
 	start, n := 0, 0

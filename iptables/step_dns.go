@@ -65,8 +65,7 @@ func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) 
 	return output, []Step{nameservers}
 }
 
-// redirectDNSStep redirects DNS over Proto (udp or tcp) to Servers (every nameserver when
-// empty) to the local port Port.
+// redirectDNSStep redirects DNS over Proto to Servers (every nameserver when empty) to port Port.
 type redirectDNSStep struct {
 	StepCommon
 	Proto   string

@@ -18,8 +18,7 @@ func (r *Ruleset) outboundRedirect() Step {
 	return redirectStep{StepCommon{Name: "redirect-all-outgoing-to-proxy-port"}, nil, r.OutboundProxyPort}
 }
 
-// redirectOutboundStep redirects outbound TCP to the local port Port, only to the destination
-// ports Ports (when given) and to the destination subnets Subnets (when given).
+// redirectOutboundStep redirects outbound TCP to the local port Port, to Ports and Subnets if given.
 type redirectOutboundStep struct {
 	StepCommon
 	Ports   []PortRange

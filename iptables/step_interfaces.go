@@ -1,7 +1,6 @@
 package iptables
 
-// Interfaces: traffic leaving by (or arriving on) an interface to ignore, and loopback, skips
-// the proxy.
+// Interfaces: traffic by an interface to ignore, and loopback, skips the proxy.
 
 // interfaceSteps ignore the interfaces a packet arrives on (inbound) or leaves by.
 func (r *Ruleset) interfaceSteps(inbound bool) []Step {

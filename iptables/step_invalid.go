@@ -1,7 +1,6 @@
 package iptables
 
-// INVALID drop: inbound TCP that conntrack marks INVALID is dropped, instead of reaching the
-// application unredirected.
+// INVALID drop: inbound TCP that conntrack marks INVALID is dropped, not passed on unredirected.
 
 // dropInvalidStep drops TCP that conntrack marks INVALID.
 type dropInvalidStep struct{ StepCommon }

@@ -63,8 +63,7 @@ func (s ignoreOwnerStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 	cw.add(NFTRule{Comment: comment(s, ""), Matches: nftOwner(s.Owner, s.ID)})
 }
 
-// xtOwner is x matching sockets of the user (OwnerUID) or group (OwnerGID) id; the DNS zones
-// use it too.
+// xtOwner is x matching sockets of the user (OwnerUID) or group (OwnerGID) id.
 func xtOwner(x XTRule, o Owner, id uint32) XTRule {
 	switch o {
 	case OwnerUID:

@@ -11,8 +11,7 @@ func (r *Ruleset) inboundRedirect() Step {
 	return redirectStep{StepCommon{Name: "redirect-port-", NameTail: "-to-proxy-port"}, r.RedirectPorts, r.InboundProxyPort}
 }
 
-// redirectStep redirects TCP (to the destination ports Ports, or to every port when Ports is
-// empty) to the local port Port.
+// redirectStep redirects TCP (to Ports, or every port when empty) to the local port Port.
 type redirectStep struct {
 	StepCommon
 	Ports []PortRange
