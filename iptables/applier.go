@@ -190,20 +190,13 @@ type CapabilityError struct {
 }
 
 func (e *CapabilityError) Error() string {
+	caps := strings.Join(e.Caps, " and ")
+	// A pod's securityContext names them without the prefix: NET_ADMIN.
 	return fmt.Sprintf("%s: permission denied: this needs %s in network namespace %s (grant the container %s): %v",
-		e.Op, strings.Join(e.Caps, " and "), e.NetNS, capNames(e.Caps), e.Err)
+		e.Op, caps, e.NetNS, strings.ReplaceAll(caps, "CAP_", ""), e.Err)
 }
 
 func (e *CapabilityError) Unwrap() error { return e.Err }
-
-// capNames spells capabilities the way a pod's securityContext lists them: NET_ADMIN.
-func capNames(caps []string) string {
-	out := make([]string, len(caps))
-	for i, c := range caps {
-		out[i] = strings.TrimPrefix(c, "CAP_")
-	}
-	return strings.Join(out, " and ")
-}
 
 // IsCapabilityError reports whether err is, or wraps, a *CapabilityError.
 func IsCapabilityError(err error) bool {

@@ -310,7 +310,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 // configuration leaves them: what `cleanup --simulate` shows.
 func CleanupPayload() string {
 	applied := SavedState{Chains: []string{OutputChain, RedirectChain}}
-	for _, j := range XTJumpsAll() {
+	for _, j := range xtJumps(Chains()) {
 		if j.TableName() == Table {
 			applied.Rules = append(applied.Rules, j.Rule().String())
 		}

@@ -290,9 +290,6 @@ func (r *Ruleset) XTJumps() []XTRule {
 	return xtJumps(r.Plan())
 }
 
-// XTJumpsAll returns the jumps of every chain of ours (Chains), whatever the configuration.
-func XTJumpsAll() []XTRule { return xtJumps(Chains()) }
-
 func xtJumps(chains []PlanChain) []XTRule {
 	var out []XTRule
 	for _, t := range XTTables() {
