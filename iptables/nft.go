@@ -228,14 +228,8 @@ type NFTChain struct {
 
 // Header renders the chain's type line.
 func (c NFTChain) Header() string {
-	typ, policy := c.Type, c.Policy
-	if typ == "" {
-		typ = "nat"
-	}
-	if policy == "" {
-		policy = "accept"
-	}
-	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook.NFT, c.Priority, policy)
+	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", cmp.Or(c.Type, "nat"), c.Hook.NFT, c.Priority,
+		cmp.Or(c.Policy, "accept"))
 }
 
 // NFTTable is the whole table: what the native backend writes in one batch.
@@ -461,12 +455,7 @@ func (s NFTSet) Body() string {
 }
 
 // FlagList renders the set's flags in nft syntax.
-func (s NFTSet) FlagList() string {
-	if s.Flags == "" {
-		return "constant,interval"
-	}
-	return s.Flags
-}
+func (s NFTSet) FlagList() string { return cmp.Or(s.Flags, "constant,interval") }
 
 // Statements renders the table as nft commands, one object or rule a line, in a canonical order
 // (sets, chains by name): two tables are the same exactly when their statements are.

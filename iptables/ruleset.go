@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -191,12 +192,7 @@ const (
 )
 
 // TableName is the rule's table: nat when Table is empty.
-func (r XTRule) TableName() string {
-	if r.Table == "" {
-		return Table
-	}
-	return r.Table
-}
+func (r XTRule) TableName() string { return cmp.Or(r.Table, Table) }
 
 // Rule renders r the way iptables-save prints it: the options in iptables' canonical order, and
 // no -s or -d for a /0 prefix, which matches every address and which iptables-save leaves out.
