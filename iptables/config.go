@@ -170,12 +170,12 @@ func ParsePort(s string) (PortRange, error) {
 		// "-5": a negative number, or a range with no start; either way not a port.
 		return PortRange{}, fmt.Errorf("%q is not a port number or a range a-b", s)
 	}
+	if !isRange {
+		hi = lo
+	}
 	first, err := parsePortNumber(lo)
 	if err != nil {
 		return PortRange{}, err
-	}
-	if !isRange {
-		return PortRange{first, first}, nil
 	}
 	last, err := parsePortNumber(hi)
 	if err != nil {

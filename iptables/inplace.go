@@ -351,10 +351,8 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 	}
 	for _, ch := range t.Chains {
 		for _, rl := range ch.Rules {
-			r := ruleFacts{chain: ch.Name, toPort: int(rl.RedirectPort)}
-			var items []string
-			var cut bool
-			r.name, items, cut = splitName(rl.Comment)
+			name, items, cut := splitName(rl.Comment)
+			r := ruleFacts{chain: ch.Name, name: name, toPort: int(rl.RedirectPort)}
 			var portSet, addrSet []string
 			for _, m := range rl.Matches {
 				switch m.Kind {
