@@ -126,9 +126,8 @@ func readOurs() (*current, error) {
 	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
 	rules, err := netlink.RuleList(netlink.FAMILY_ALL)
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		// qemu-user translates rtnetlink's links, addresses and routes, not its ip rules: where
-		// they cannot be listed they cannot have been written either, so none is ours (and
-		// TPROXY, which adds one, fails there with this error).
+		// qemu-user translates rtnetlink but not its ip rules: where they cannot be listed none
+		// can have been written (TPROXY, which adds one, fails there with this error).
 		rules, err = nil, nil
 	}
 	if err != nil {

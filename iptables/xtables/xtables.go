@@ -120,8 +120,7 @@ func lookPair(name string) (binaries, bool) {
 	return binaries{restore, save}, true
 }
 
-// DetectPlain tells which backend the plain "iptables" binary writes: iptables-legacy or
-// iptables-nft.
+// DetectPlain tells which backend the plain "iptables" binary writes.
 func DetectPlain() (iptables.Backend, error) { return backendOf("iptables") }
 
 // backendOf reads the backend from the alternatives symlink chain, or else the binary's version.
@@ -219,8 +218,7 @@ func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
 	return errors.Join(errs...)
 }
 
-// Show reads back our rules and compares them with rs. A family rs does not cover is expected
-// to hold none of our rules.
+// Show reads back our rules and compares them with rs (a family rs omits should hold none).
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	st := iptables.State{Backend: a.name, PerFamily: true}
 	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
@@ -233,8 +231,7 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 	return st, err
 }
 
-// Holding reads what of ours the binaries' backend holds, per family, for show to inspect
-// without a configuration.
+// Holding reads what of ours the backend holds, per family, for show to inspect without a config.
 func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
 	h := iptables.Holding{Backend: a.backend, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
 	if err := a.capable("read the " + a.name + " rules"); err != nil {
@@ -245,8 +242,7 @@ func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
 	return h, err
 }
 
-// Present lists our rules and chains in place, prefixed with their family, and someone else's
-// jumps into our chains: what Cleanup would remove.
+// Present lists what Cleanup would remove, each line prefixed with its family.
 func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	saved, err := a.readAll(ctx)
 	if err != nil {
@@ -310,8 +306,7 @@ func (a *Applier) capable(op string) error {
 }
 
 // read returns our rules in place for family f, saving only the tables that may hold them, each
-// apart: saving all at once lists the table names in /proc, which a pod's user namespace may
-// not read.
+// apart: saving all lists the table names in /proc, which a pod's user namespace may not read.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
 	var all strings.Builder
 	for _, t := range a.mayHaveRules(ctx, f) {
@@ -372,10 +367,9 @@ func run(ctx context.Context, path string, args []string, input string, combined
 	return out, stderr, runErr
 }
 
-// forkWait runs the program and waits for it, with syscall.ForkExec: os/exec's first program
-// costs a fork (to probe pidfd) and a thread more. The program inherits the namespace's lock
-// (runner.Lock). When ctx ends first it is killed, and reaped only once no kill can reach a
-// reused pid.
+// forkWait runs the program with syscall.ForkExec (os/exec's first costs a fork to probe pidfd,
+// and a thread) and waits. It inherits the namespace's lock (runner.Lock). When ctx ends first it
+// is killed, and reaped only once no kill can reach a reused pid.
 func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -463,9 +457,8 @@ func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string 
 	return tables
 }
 
-// LegacyTables lists, from /proc and without exec, which of our tables exist in
-// iptables-legacy's family f in the current thread's namespace (thread-self: we run on a locked
-// thread that entered it).
+// LegacyTables lists, from /proc, which of our tables exist in iptables-legacy's family f in the
+// namespace of the current thread (thread-self: we run on a locked thread that entered it).
 func LegacyTables(f iptables.Family) []string {
 	file := "/proc/thread-self/net/ip_tables_names"
 	if f == iptables.IPv6 {
