@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -147,20 +148,9 @@ type FamilyState struct {
 // Match reports whether every family's rules are exactly the expected ones, no other backend
 // holds rules of ours, and every setting has its value.
 func (s State) Match() bool {
-	for _, f := range s.Families {
-		if !f.Diff.Empty() {
-			return false
-		}
-	}
-	for _, c := range s.Sysctls {
-		if !c.Match() {
-			return false
-		}
-	}
-	if s.Routes != nil && !s.Routes.Diff.Empty() {
-		return false
-	}
-	return len(s.Elsewhere) == 0
+	return !slices.ContainsFunc(s.Families, func(f FamilyState) bool { return !f.Diff.Empty() }) &&
+		!slices.ContainsFunc(s.Sysctls, func(c SysctlState) bool { return !c.Match() }) &&
+		(s.Routes == nil || s.Routes.Diff.Empty()) && len(s.Elsewhere) == 0
 }
 
 // ErrUnsupported marks a backend's error as the kernel lacking what it needs (nf_tables, an

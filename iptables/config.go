@@ -245,6 +245,9 @@ func Build(c Config) (*Ruleset, error) {
 		InboundIgnoreSubnets:  subnetList(bad, FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
 		OutboundIgnoreSubnets: subnetList(bad, FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
 		Families:              []Family{IPv4},
+		CloseWaitSecs:         c.CloseWaitSecs,
+		IPv6Auto:              c.IPv6Auto,
+		DropInvalid:           c.DropInvalid,
 		saved:                 new(savedCache),
 	}
 	proxyID(bad, FieldProxyUID, "UID", c.ProxyUID)
@@ -259,9 +262,6 @@ func Build(c Config) (*Ruleset, error) {
 		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),
 			fmt.Sprintf("must be 0 (leave the kernel's) or 1 to %d seconds, the most every kernel accepts", MaxCloseWaitSecs))
 	}
-	rs.CloseWaitSecs = c.CloseWaitSecs
-
-	rs.IPv6Auto = c.IPv6Auto
 	if c.IPv6Auto && !rs.HasFamily(IPv6) {
 		rs.Families = append(rs.Families, IPv6)
 	}
@@ -278,7 +278,6 @@ func Build(c Config) (*Ruleset, error) {
 	rs.RerouteInterfaces = rerouteInterfaces(bad, c.RerouteVirtualInterfaces, rs.IgnoreInterfaces)
 	rs.IgnoreUIDs = ids(bad, FieldUIDsToIgnore, "UID", c.UIDsToIgnore, c.ProxyUID)
 	rs.IgnoreGIDs = ids(bad, FieldGIDsToIgnore, "GID", c.GIDsToIgnore, c.ProxyGID)
-	rs.DropInvalid = c.DropInvalid
 	rs.DNSPort, rs.DNSServers = dnsCapture(bad, c)
 	if len(probs) > 0 {
 		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}

@@ -97,11 +97,8 @@ func Inspect(in InPlace) Found {
 	} else {
 		f.inspectXT(main)
 	}
-	var want []PolicyRoute
-	if f.Rules != nil {
-		want = f.Rules.PolicyRoutes()
-	}
-	if f.Routes = CompareRoutes(want, in.Routes); f.Routes != nil && !f.Routes.Diff.Empty() {
+	f.Routes = CompareRoutes(f.Rules.PolicyRoutes(), in.Routes)
+	if f.Routes != nil && !f.Routes.Diff.Empty() {
 		f.Problems = append(f.Problems, "the policy routing differs from what the configuration needs (TPROXY's)")
 	}
 	return f

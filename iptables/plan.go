@@ -146,9 +146,10 @@ type PolicyRoute struct {
 	Priority int
 }
 
-// PolicyRoutes returns the policy routing the plan needs: one per family with TPROXY.
+// PolicyRoutes returns the policy routing the plan needs: one per family with TPROXY (none for a
+// nil plan).
 func (r *Ruleset) PolicyRoutes() []PolicyRoute {
-	if !r.TPROXY {
+	if r == nil || !r.TPROXY {
 		return nil
 	}
 	var out []PolicyRoute
