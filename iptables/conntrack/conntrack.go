@@ -139,15 +139,13 @@ func parseCloseWait(b []byte) (uint32, error) {
 		return 0, fmt.Errorf("malformed answer: %w", err)
 	}
 	for _, m := range msgs {
-		if m.Header.Type == unix.NLMSG_ERROR {
-			if len(m.Data) >= 4 {
-				if code := int32(binary.NativeEndian.Uint32(m.Data)); code < 0 {
-					return 0, unix.Errno(-code)
-				}
-			}
+		if len(m.Data) < 4 {
 			continue
 		}
-		if len(m.Data) < 4 {
+		if m.Header.Type == unix.NLMSG_ERROR {
+			if code := int32(binary.NativeEndian.Uint32(m.Data)); code < 0 {
+				return 0, unix.Errno(-code)
+			}
 			continue
 		}
 		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
