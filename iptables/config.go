@@ -17,16 +17,13 @@ type Mode string
 const (
 	// ModeAuto writes with the first backend the kernel accepts: iptables-nft's rules over
 	// netlink, then native nftables, then iptables-legacy.
-	ModeAuto Mode = "auto"
-	// ModeLegacy uses the iptables-legacy binaries.
-	ModeLegacy Mode = "legacy"
+	ModeAuto   Mode = "auto"
+	ModeLegacy Mode = "legacy" // the iptables-legacy binaries
 	// ModeNFT writes iptables-nft's rules (Linkerd's "nft"): over netlink, or with the
 	// iptables-nft binaries where the kernel refuses that.
-	ModeNFT Mode = "nft"
-	// ModePlain uses whatever the plain "iptables" binaries are.
-	ModePlain Mode = "plain"
-	// ModeNFTables speaks nftables over netlink, with no binaries at all.
-	ModeNFTables Mode = "nftables"
+	ModeNFT      Mode = "nft"
+	ModePlain    Mode = "plain"    // whatever the plain "iptables" binaries are
+	ModeNFTables Mode = "nftables" // nftables over netlink, with no binaries at all
 )
 
 // Modes lists every valid mode, in the order they are documented.

@@ -164,14 +164,10 @@ func ctStateNames(mask uint32) string {
 type NFTVerdict int
 
 const (
-	// NFTReturn leaves the chain: the packet skips the proxy.
-	NFTReturn NFTVerdict = iota
-	// NFTRedirect redirects the packet to RedirectPort on the local host.
-	NFTRedirect
-	// NFTDrop drops the packet.
-	NFTDrop
-	// NFTZone puts the packet's connection into conntrack zone Zone, and goes on.
-	NFTZone
+	NFTReturn   NFTVerdict = iota // leaves the chain: the packet skips the proxy
+	NFTRedirect                   // redirects the packet to RedirectPort on the local host
+	NFTDrop                       // drops the packet
+	NFTZone                       // puts the packet's connection into conntrack zone Zone, and goes on
 	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marked Mark, or,
 	// where none takes it, ends the rule without a verdict.
 	NFTTPROXY

@@ -21,10 +21,8 @@ type Hook struct {
 }
 
 var (
-	// HookPrerouting sees inbound packets before routing.
-	HookPrerouting = Hook{Number: 0, Builtin: "PREROUTING", NFT: "prerouting"}
-	// HookOutput sees locally generated packets.
-	HookOutput = Hook{Number: 3, Builtin: "OUTPUT", NFT: "output"}
+	HookPrerouting = Hook{Number: 0, Builtin: "PREROUTING", NFT: "prerouting"} // inbound, before routing
+	HookOutput     = Hook{Number: 3, Builtin: "OUTPUT", NFT: "output"}         // locally generated
 )
 
 // HookByNumber returns the hook the kernel numbers n; another hook is named by its number.
