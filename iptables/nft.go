@@ -359,15 +359,10 @@ func prefixIntervals(ps []netip.Prefix) []NFTInterval {
 
 // NormalizeIntervals returns the intervals sorted, those that overlap or touch merged: the one
 // form an nftables interval set can hold them in.
-func NormalizeIntervals(in []NFTInterval) []NFTInterval {
-	s := make([]NFTInterval, len(in))
-	for i, iv := range in {
-		s[i] = NFTInterval{First: slices.Clone(iv.First), Last: slices.Clone(iv.Last)}
-	}
-	return normalize(s)
-}
+func NormalizeIntervals(in []NFTInterval) []NFTInterval { return normalize(slices.Clone(in)) }
 
-// normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place.
+// normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place,
+// writing no key's bytes.
 func normalize(s []NFTInterval) []NFTInterval {
 	slices.SortFunc(s, func(a, b NFTInterval) int { return bytes.Compare(a.First, b.First) })
 	out := s[:0]
