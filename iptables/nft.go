@@ -358,7 +358,7 @@ func prefixIntervals(ps []netip.Prefix) []NFTInterval {
 }
 
 // NormalizeIntervals returns the intervals sorted, those that overlap or touch merged: the one
-// form an nftables interval set can hold them in.
+// form an nftables interval set can hold them in. The input is left untouched.
 func NormalizeIntervals(in []NFTInterval) []NFTInterval { return normalize(slices.Clone(in)) }
 
 // normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place,
