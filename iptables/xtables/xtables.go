@@ -278,16 +278,10 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 	var errs []error
 	for _, f := range families {
 		cur, err := a.read(ctx, f)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if err == nil && !cur.Empty() {
+			err = a.restore(ctx, f, iptables.TransitionPayload(cur, iptables.SavedState{}))
 		}
-		if cur.Empty() {
-			continue
-		}
-		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, iptables.SavedState{})); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
