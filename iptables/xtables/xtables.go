@@ -346,17 +346,13 @@ func run(ctx context.Context, path string, args []string, input string, combined
 		errOut = files[1]
 	}
 	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
-	read := func(f *os.File) ([]byte, error) {
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return nil, err
+	for i, dst := range []*[]byte{&out, &stderr} {
+		if _, err := files[i+1].Seek(0, io.SeekStart); err != nil {
+			return nil, nil, err
 		}
-		return io.ReadAll(f)
-	}
-	if out, err = read(files[1]); err != nil {
-		return nil, nil, err
-	}
-	if stderr, err = read(files[2]); err != nil {
-		return nil, nil, err
+		if *dst, err = io.ReadAll(files[i+1]); err != nil {
+			return nil, nil, err
+		}
 	}
 	return out, stderr, runErr
 }
