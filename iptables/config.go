@@ -245,11 +245,12 @@ func Build(c Config) (*Ruleset, error) {
 		CloseWaitSecs:         c.CloseWaitSecs,
 		IPv6Auto:              c.IPv6Auto,
 		DropInvalid:           c.DropInvalid,
+		TPROXY:                c.InboundMode == InboundTPROXY,
 		saved:                 new(savedCache),
 	}
 	proxyID(bad, FieldProxyUID, "UID", c.ProxyUID)
 	proxyID(bad, FieldProxyGID, "GID", c.ProxyGID)
-	if c.IPv6 {
+	if c.IPv6 || c.IPv6Auto {
 		rs.Families = append(rs.Families, IPv6)
 	}
 	if c.Mode != "" && !slices.Contains(Modes, c.Mode) {
@@ -259,14 +260,7 @@ func Build(c Config) (*Ruleset, error) {
 		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),
 			fmt.Sprintf("must be 0 (leave the kernel's) or 1 to %d seconds, the most every kernel accepts", MaxCloseWaitSecs))
 	}
-	if c.IPv6Auto && !rs.HasFamily(IPv6) {
-		rs.Families = append(rs.Families, IPv6)
-	}
-	switch c.InboundMode {
-	case "", InboundRedirect:
-	case InboundTPROXY:
-		rs.TPROXY = true
-	default:
+	if !slices.Contains([]InboundMode{"", InboundRedirect, InboundTPROXY}, c.InboundMode) {
 		bad(FieldInboundMode, string(c.InboundMode), "unknown inbound mode; want redirect or tproxy")
 	}
 	rs.OutboundRedirectPorts = portList(bad, FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
