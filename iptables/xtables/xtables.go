@@ -75,11 +75,7 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
 	for _, f := range families {
-		cmd := "iptables"
-		if f == iptables.IPv6 {
-			cmd = "ip6tables"
-		}
-		b, err := findBinaries(cmd, prefix, backend)
+		b, err := findBinaries(commands[f], prefix, backend)
 		if err != nil {
 			return nil, err
 		}
@@ -256,6 +252,8 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 }
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+
+var commands = map[iptables.Family]string{iptables.IPv4: "iptables", iptables.IPv6: "ip6tables"}
 
 // readAll reads both families' rules of ours, stopping at the first that fails.
 func (a *Applier) readAll(ctx context.Context) (map[iptables.Family]iptables.SavedState, error) {
