@@ -110,13 +110,7 @@ func (r *Ruleset) HasFamily(f Family) bool { return slices.Contains(r.Families, 
 
 // Subnets returns the members of list in family f, so a v4 CIDR never reaches the v6 rules.
 func Subnets(f Family, list []netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range list {
-		if f.Contains(p) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return byFamily([]Family{f}, list, func(p netip.Prefix) bool { return p.Addr().Is4() })
 }
 
 // Rule is one iptables rule in the canonical form iptables-save prints, so that what we render and
