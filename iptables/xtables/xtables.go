@@ -160,7 +160,7 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	if err := a.capable("write the " + a.name + " nat rules"); err != nil {
 		return iptables.Result{}, err
 	}
-	var applied []appliedFamily
+	applied := map[iptables.Family]iptables.SavedState{} // what each family held before
 	var res iptables.Result
 	for _, f := range families {
 		cur, err := a.read(ctx, f)
@@ -174,39 +174,37 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		target := rs.Saved(f)
 		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
 			if len(cur.Tables()) > 1 || len(target.Tables()) > 1 {
-				applied = append(applied, appliedFamily{f, cur})
+				applied[f] = cur
 			}
 			return res, errors.Join(err, a.rollback(ctx, applied))
 		}
 		res.Changed = true
-		applied = append(applied, appliedFamily{f, cur})
+		applied[f] = cur
 	}
 	return res, nil
 }
 
-// appliedFamily remembers what a family held before Apply changed it.
-type appliedFamily struct {
-	f    iptables.Family
-	prev iptables.SavedState
-}
-
 // rollback returns each family Apply changed, wholly or in part, to its state before.
-func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
+func (a *Applier) rollback(ctx context.Context, applied map[iptables.Family]iptables.SavedState) error {
 	var errs []error
 	var back []string
-	for _, d := range applied {
-		now, err := a.read(ctx, d.f)
-		if err == nil && slices.Equal(now.Rules, d.prev.Rules) && slices.Equal(now.Chains, d.prev.Chains) {
+	for _, f := range families {
+		prev, ok := applied[f]
+		if !ok {
+			continue
+		}
+		now, err := a.read(ctx, f)
+		if err == nil && slices.Equal(now.Rules, prev.Rules) && slices.Equal(now.Chains, prev.Chains) {
 			continue // the failed restore committed nothing
 		}
 		if err == nil {
-			err = a.restore(ctx, d.f, iptables.TransitionPayload(now, d.prev))
+			err = a.restore(ctx, f, iptables.TransitionPayload(now, prev))
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
+			errs = append(errs, fmt.Errorf("roll back %s: %w", f, err))
 			continue
 		}
-		back = append(back, string(d.f))
+		back = append(back, string(f))
 	}
 	if len(errs) == 0 && len(back) > 0 {
 		return fmt.Errorf("rolled back %s to the rules it had before", strings.Join(back, " and "))
