@@ -23,10 +23,7 @@ type ignorePortsStep struct {
 	Ports []PortRange
 }
 
-func (s ignorePortsStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s ignorePortsStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 func (s ignorePortsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	for _, g := range multiportGroups(s.Ports) {
@@ -48,10 +45,7 @@ type ignoreSubnetsStep struct {
 	Source  bool
 }
 
-func (s ignoreSubnetsStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s ignoreSubnetsStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 // xtRules: one rule per subnet of family f.
 func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {

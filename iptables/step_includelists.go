@@ -26,10 +26,7 @@ type redirectOutboundStep struct {
 	Port    uint16
 }
 
-func (s redirectOutboundStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s redirectOutboundStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 // xtRules: one rule per pair of the subnets of family f and multiport groups of the ports; an
 // empty list counts as one item matching everything.

@@ -18,10 +18,7 @@ type redirectStep struct {
 	Port  uint16
 }
 
-func (s redirectStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s redirectStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 func (s redirectStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port

@@ -12,15 +12,22 @@ const RerouteInterfacePrefix = "reroute-interface-"
 // reroutable is a step that applies to traffic from outside the pod's sockets.
 type reroutable interface {
 	Step
-	// rerouted is the step limited to TCP arriving on iface.
+	// rerouted is the step limited to TCP arriving on iface: reroutedStep(s, iface).
 	rerouted(iface string) Step
 }
 
-// rerouted is c limited to iface, holding the outbound lists.
-func (c StepCommon) rerouted(iface string) StepCommon {
+// reroutedStep is s limited to iface, holding the outbound lists.
+func reroutedStep[S Step, P interface {
+	*S
+	common() *StepCommon
+}](s S, iface string) Step {
+	c := P(&s).common()
 	c.Name, c.Arriving, c.Direction = ReroutePrefix+c.Name, iface, "outbound"
-	return c
+	return s
 }
+
+// common is the StepCommon a step embeds, for reroutedStep to change.
+func (c *StepCommon) common() *StepCommon { return c }
 
 // reroute puts first in the inbound chain, for each of the virtual machine's interfaces, the
 // reroutable outbound steps: the VM's outbound traffic never meets the inbound steps.
