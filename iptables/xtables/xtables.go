@@ -493,13 +493,8 @@ func LegacyMissing(f iptables.Family) error {
 // "line 5 failed" (legacy). No regexp: linking it slowed every start-up (docs/performance.md).
 func lineNumbers(out string) []int {
 	var ns []int
-	for {
-		i := strings.Index(out, "line")
-		if i < 0 {
-			return ns
-		}
-		out = out[i+len("line"):]
-		num := strings.TrimLeft(strings.TrimPrefix(out, ":"), " ")
+	for _, after := range strings.Split(out, "line")[1:] {
+		num := strings.TrimLeft(strings.TrimPrefix(after, ":"), " ")
 		end := strings.IndexFunc(num, func(r rune) bool { return r < '0' || r > '9' })
 		if end < 0 {
 			end = len(num)
@@ -508,6 +503,7 @@ func lineNumbers(out string) []int {
 			ns = append(ns, n)
 		}
 	}
+	return ns
 }
 
 // restore runs one iptables-restore --noflush transaction.
