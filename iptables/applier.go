@@ -1,20 +1,18 @@
 package iptables
 
-// The Applier is the seam between this builder and the backends in its sub-packages. It is
-// declared here, with the types it returns, so the backends and the selector in iptables/runner
-// can all use it without import cycles. Declaring it keeps this package pure: nothing here runs.
+// The Applier is the seam between this builder and the backends in its sub-packages, declared
+// here so that they and the selector (iptables/runner) share it without import cycles.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
-// Backend names a place where rules of ours can live: iptables-legacy's x_tables,
-// iptables-nft's "ip nat" and "ip6 nat" tables (whether the iptables-nft binaries or our netlink
-// writer put them there), or the native "inet proxy_init" table. Only one of them should hold
-// rules of ours at a time.
+// Backend names a place where rules of ours can live: iptables-legacy's x_tables, iptables-nft's
+// tables (written by its binaries or our netlink writer), or the native "inet proxy_init" table.
 type Backend string
 
 const (
@@ -30,22 +28,17 @@ type Applier interface {
 	// "iptables" or "nftables".
 	Name() string
 	// Covers lists the backends the applier works on: first the one Apply writes, then any
-	// whose rules of ours Apply and Cleanup remove in the same transaction and Show and Present
-	// report from the same read. The caller looks at the other backends itself. It is data,
-	// known before any call; an applier that decides by trying (runner.Fallback) knows it once
-	// it has tried.
+	// whose rules of ours Apply and Cleanup remove, and Show and Present report, with it. An
+	// applier that decides by trying (runner.Fallback) knows it once it has tried.
 	Covers() []Backend
-	// Apply makes the rules in place exactly rs, atomically per family (or for both families at
-	// once), and writes nothing when they already are. If a later family fails, earlier ones are
-	// restored to what they were.
+	// Apply makes the rules in place exactly rs, atomically per family (or for both at once),
+	// writing nothing when they already are; a failing family rolls back the earlier ones.
 	Apply(ctx context.Context, rs *Ruleset) (Result, error)
-	// Show reads back the rules in place and compares them with rs; rules of ours in the other
-	// backends it covers are in State.Elsewhere.
+	// Show reads back the rules in place and compares them with rs (others' in State.Elsewhere).
 	Show(ctx context.Context, rs *Ruleset) (State, error)
 	// Present lists what of ours each backend it covers holds (none: nothing to remove).
 	Present(ctx context.Context) ([]Elsewhere, error)
-	// Cleanup removes every rule and chain of ours from the backends it covers, and nothing
-	// else. It succeeds when there is nothing to remove.
+	// Cleanup removes every rule and chain of ours from the backends it covers, and nothing else.
 	Cleanup(ctx context.Context) error
 }
 
@@ -53,20 +46,18 @@ type Applier interface {
 type Result struct {
 	// Changed is false when the rules already matched and nothing was written.
 	Changed bool
-	// Note explains a choice the applier made while writing, for the log: which backend wrote
-	// when the preferred one could not, and why. Empty when there was nothing to choose.
+	// Note explains, for the log, a choice the applier made: which backend wrote when the
+	// preferred one could not, and why.
 	Note string
 }
 
 // State is the rules of ours in place, per family, and how they differ from the expected ones.
 type State struct {
 	Backend string
-	// PerFamily is set when the backend writes one transaction per family (the iptables
-	// binaries): only then can a run cut short leave one family without the other.
+	// PerFamily is set when the backend writes one transaction per family (as Holding's).
 	PerFamily bool
 	Families  []FamilyState
-	// Elsewhere lists rules of ours that backends other than Backend hold: leftovers of an
-	// earlier run in another mode, which should not exist.
+	// Elsewhere lists rules of ours that other backends hold: leftovers of a run in another mode.
 	Elsewhere []Elsewhere
 	// Sysctls are the settings the plan sets besides rules, read back.
 	Sysctls []SysctlState
@@ -81,8 +72,8 @@ type RouteState struct {
 	Diff  Diff
 }
 
-// CompareRoutes compares the policy routing in place (have, as PolicyRoute.Lines renders it)
-// with want's; nil when neither holds any.
+// CompareRoutes compares the policy routing in place (as PolicyRoute.Lines) with want's; nil when
+// neither holds any.
 func CompareRoutes(want []PolicyRoute, have []string) *RouteState {
 	var w []string
 	for _, p := range want {
@@ -108,11 +99,8 @@ type SysctlState struct {
 // Match reports whether the setting has the wanted value.
 func (s SysctlState) Match() bool { return s.Have == s.Want }
 
-// HalfApplied describes a state where some family has every expected rule and another, also
-// expected, has none of ours, in a backend written one transaction per family (PerFamily): what
-// a writer killed between the two transactions leaves. Re-running the apply completes it. It is
-// "" otherwise; WrittenWithout explains the same state in a backend that writes both families
-// at once.
+// HalfApplied describes, in a backend written per family, a family with every expected rule
+// beside an expected one with none: what a writer killed between the two leaves. "" otherwise.
 func (s State) HalfApplied() string {
 	complete, empty := s.familyGap()
 	if !s.PerFamily || complete == "" {
@@ -121,10 +109,8 @@ func (s State) HalfApplied() string {
 	return fmt.Sprintf("half-applied: %s has every rule but %s has none; a run was stopped between the two families' transactions: apply again to complete it", complete, empty)
 }
 
-// WrittenWithout explains a state where some family has every expected rule and another, also
-// expected, has none of ours, in a backend that writes both families in one transaction: no run
-// was cut short; the rules were written without that family, or removed since. It is ""
-// otherwise.
+// WrittenWithout explains the state HalfApplied describes in a backend that writes both families
+// in one transaction, where no run was cut short. "" otherwise.
 func (s State) WrittenWithout() string {
 	complete, empty := s.familyGap()
 	if s.PerFamily || complete == "" {
@@ -134,8 +120,7 @@ func (s State) WrittenWithout() string {
 		complete, empty, s.Backend, empty)
 }
 
-// familyGap names the families with every expected rule and the expected ones with none of
-// ours, when there are both.
+// familyGap names the families with every expected rule and those expected with none, if both.
 func (s State) familyGap() (complete, empty string) {
 	var c, e []string
 	for _, f := range s.Families {
@@ -163,32 +148,18 @@ type FamilyState struct {
 // Match reports whether every family's rules are exactly the expected ones, no other backend
 // holds rules of ours, and every setting has its value.
 func (s State) Match() bool {
-	for _, f := range s.Families {
-		if !f.Diff.Empty() {
-			return false
-		}
-	}
-	for _, c := range s.Sysctls {
-		if !c.Match() {
-			return false
-		}
-	}
-	if s.Routes != nil && !s.Routes.Diff.Empty() {
-		return false
-	}
-	return len(s.Elsewhere) == 0
+	return !slices.ContainsFunc(s.Families, func(f FamilyState) bool { return !f.Diff.Empty() }) &&
+		!slices.ContainsFunc(s.Sysctls, func(c SysctlState) bool { return !c.Match() }) &&
+		(s.Routes == nil || s.Routes.Diff.Empty()) && len(s.Elsewhere) == 0
 }
 
-// ErrUnsupported marks a backend's error as the kernel lacking what the backend needs (nf_tables,
-// an expression, an xtables extension), as opposed to a refused permission or a transient
-// failure: the one case where another backend may work where this one cannot.
+// ErrUnsupported marks a backend's error as the kernel lacking what it needs (nf_tables, an
+// expression, an extension): the one case where another backend may work where it cannot.
 var ErrUnsupported = errors.New("the kernel does not support this backend")
 
 // ErrNotInKernel marks a backend whose kernel interface is refused outright: the nf_tables netlink
-// socket cannot be opened (a kernel without nf_tables, a sandbox runtime, qemu-user, which opens
-// no netlink protocol it does not translate). It is an ErrUnsupported too; and since nothing could
-// have written such a backend's rules here, it holds nothing of ours, so reading and removing ours
-// there find nothing rather than fail.
+// socket cannot be opened (no nf_tables, a sandbox runtime, qemu-user). It is an ErrUnsupported;
+// as nothing could have written rules there, reading and removing them find nothing, not fail.
 var ErrNotInKernel error = notInKernel{}
 
 type notInKernel struct{}
@@ -197,8 +168,7 @@ func (notInKernel) Error() string        { return "the kernel offers no interfac
 func (notInKernel) Is(target error) bool { return target == ErrUnsupported }
 
 // CapabilityError is a backend refused by the kernel for want of a capability in the network
-// namespace. Backends return it instead of their own permission errors, so callers can say what
-// to grant, and the selector never takes it for a kernel without the backend's features.
+// namespace: callers can say what to grant, and the selector never takes it for ErrUnsupported.
 type CapabilityError struct {
 	// Caps are the capabilities the backend needs, e.g. "CAP_NET_ADMIN".
 	Caps []string
@@ -210,20 +180,13 @@ type CapabilityError struct {
 }
 
 func (e *CapabilityError) Error() string {
+	caps := strings.Join(e.Caps, " and ")
+	// A pod's securityContext names them without the prefix: NET_ADMIN.
 	return fmt.Sprintf("%s: permission denied: this needs %s in network namespace %s (grant the container %s): %v",
-		e.Op, strings.Join(e.Caps, " and "), e.NetNS, capNames(e.Caps), e.Err)
+		e.Op, caps, e.NetNS, strings.ReplaceAll(caps, "CAP_", ""), e.Err)
 }
 
 func (e *CapabilityError) Unwrap() error { return e.Err }
-
-// capNames spells capabilities the way a pod's securityContext lists them: NET_ADMIN.
-func capNames(caps []string) string {
-	out := make([]string, len(caps))
-	for i, c := range caps {
-		out[i] = strings.TrimPrefix(c, "CAP_")
-	}
-	return strings.Join(out, " and ")
-}
 
 // IsCapabilityError reports whether err is, or wraps, a *CapabilityError.
 func IsCapabilityError(err error) bool {

@@ -6,23 +6,18 @@ import (
 	"strings"
 )
 
-// SavedState is what iptables-save shows of ours in one family: in the nat table, and in the
-// mangle and raw tables where the features beyond Linkerd's put chains.
+// SavedState is what iptables-save shows of ours in one family, in the nat, mangle and raw tables.
 type SavedState struct {
-	// Chains are our chains that exist, whether or not they hold rules, table by table
-	// (XTTables), by name within a table. A chain's name says its table (ChainTable).
+	// Chains are our chains that exist, table by table (XTTables), by name within a table.
 	Chains []string
-	// Rules are the lines inside our chains, and the lines anywhere that jump to them with one
-	// of our comments, in iptables-save order, table by table; a line outside the nat table
-	// starts with its table (Rule.String).
+	// Rules are the lines inside our chains and our commented jumps to them, in iptables-save
+	// order, table by table, as Rule.String renders them.
 	Rules []string
-	// ForeignJumps are other lines that jump to our chains: someone's own rules, which an apply
-	// keeps and only a cleanup (which removes the chains they point to) deletes.
+	// ForeignJumps are someone else's jumps to our chains, which only a cleanup deletes.
 	ForeignJumps []string
 }
 
-// Present lists what of ours the state holds in family f, each prefixed with f: the chains, the
-// rules and someone else's jumps into our chains, i.e. what a cleanup removes.
+// Present lists what a cleanup removes from family f, each line prefixed with f.
 func (s SavedState) Present(f Family) []string {
 	var out []string
 	for _, c := range s.Chains {
@@ -42,20 +37,17 @@ func (s SavedState) Empty() bool {
 // Tables lists the tables the state holds anything of ours in, in XTTables order.
 func (s SavedState) Tables() []string {
 	var out []string
+	lines := append(slices.Clone(s.Rules), s.ForeignJumps...)
 	for _, t := range XTTables() {
-		has := slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name })
-		for _, l := range append(slices.Clone(s.Rules), s.ForeignJumps...) {
-			has = has || savedRule(l).table() == t.Name
-		}
-		if has {
+		if slices.ContainsFunc(s.Chains, func(c string) bool { return ChainTable(c) == t.Name }) ||
+			slices.ContainsFunc(lines, func(l string) bool { return savedRule(l).Table == t.Name }) {
 			out = append(out, t.Name)
 		}
 	}
 	return out
 }
 
-// Jumps returns the saved rules of ours that jump into our chains from other chains, parsed back
-// into Rules so they can be deleted exactly as they are.
+// Jumps returns our saved jumps into our chains, parsed back to be deleted exactly as they are.
 func (s SavedState) Jumps() []Rule {
 	var out []Rule
 	for _, l := range s.Rules {
@@ -66,15 +58,33 @@ func (s SavedState) Jumps() []Rule {
 	return out
 }
 
-// savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>") back into
-// a Rule.
+// savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>").
 func savedRule(line string) Rule {
-	var r Rule
+	r := Rule{Table: Table}
 	if rest, ok := strings.CutPrefix(line, "-t "); ok {
 		r.Table, line, _ = strings.Cut(rest, " ")
 	}
 	r.Chain, r.Spec, _ = strings.Cut(strings.TrimPrefix(line, "-A "), " ")
 	return r
+}
+
+func savedRules(lines []string) []Rule {
+	out := make([]Rule, len(lines))
+	for i, l := range lines {
+		out[i] = savedRule(l)
+	}
+	return out
+}
+
+// inTable returns those of rules that are in table t.
+func inTable(t XTTable, rules []Rule) []Rule {
+	var out []Rule
+	for _, r := range rules {
+		if r.Table == t.Name {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // jumpTarget is what a rule line ends in "-j X" with: for a jump, the chain it enters.
@@ -85,25 +95,12 @@ func jumpTarget(line string) string {
 	return ""
 }
 
-func (r Rule) table() string {
-	if r.Table == "" {
-		return Table
-	}
-	return r.Table
-}
-
 // IsOurChain reports whether a chain of that name is one of ours (in either rendering).
-func IsOurChain(c string) bool {
-	switch c {
-	case RedirectChain, OutputChain, MangleChain, RawPreroutingChain, RawOutputChain:
-		return true
-	}
-	return false
-}
+func IsOurChain(c string) bool { return ChainTable(c) != "" }
 
 // ChainTable is the table our chain of that name lives in, or "" for a name not ours.
 func ChainTable(name string) string {
-	for _, c := range Chains() {
+	for _, c := range ourChains {
 		if c.Name == name {
 			return c.Table.Name
 		}
@@ -111,9 +108,8 @@ func ChainTable(name string) string {
 	return ""
 }
 
-// ParseSave extracts our chains and rules from iptables-save output (any tables; nat, mangle and
-// raw are read, each for the chains of ours it holds), in SavedState's order whatever the order
-// of the tables in the output.
+// ParseSave extracts our chains and rules from iptables-save output of any tables, in
+// SavedState's order whatever the output's.
 func ParseSave(save string) SavedState {
 	per := map[string]*SavedState{}
 	var cur *SavedState
@@ -186,8 +182,7 @@ func (d Diff) String() string {
 	return strings.Join(parts, "\n")
 }
 
-// FamilyState is what show reports of family f given the rules of ours in place: those rules,
-// and their difference from r's (all of them extra when r writes nothing in f).
+// FamilyState is what show reports of family f: our rules in place and their difference from r's.
 func (r *Ruleset) FamilyState(f Family, in SavedState) FamilyState {
 	return FamilyState{Family: f, Rules: in.Rules, Diff: r.Compare(f, in)}
 }
@@ -224,21 +219,14 @@ func diffLines(want, have []string) Diff {
 }
 
 // TransitionPayload renders one iptables-restore --noflush input that takes our rules from the
-// state now in place to the target state, touching nothing else: one transaction per table (the
-// nat table always; mangle and raw only where either state has something of ours), in XTTables
-// order. Applying a Ruleset is TransitionPayload(current, rs.Saved(f)); rolling back is the
-// reverse; cleanup is a transition to the empty state.
+// state in place to target, touching nothing else: a transaction per table (nat always, mangle
+// and raw where either state has something of ours). Cleanup is a transition to the empty state.
 //
-// Our chains are declared, which flushes them, and refilled from target. Jumps of ours into them
-// are deleted or added one by one, so a jump already in place is never removed and re-added (no
-// gap) and duplicates left by older tools are removed. Someone else's jumps into a chain of ours
-// are kept, unless the target no longer has that chain: then they go too, or the chain could not
-// be deleted.
+// Our chains are declared, which flushes them, and refilled. Our jumps into them are deleted or
+// added one by one, so a jump in place is never removed and re-added (no gap) and duplicates go.
+// Someone else's jumps are kept, unless their chain goes, which they would keep from deletion.
 func TransitionPayload(current, target SavedState) string {
-	rules := make([]Rule, len(target.Rules))
-	for i, l := range target.Rules {
-		rules[i] = savedRule(l)
-	}
+	rules := savedRules(target.Rules)
 	var b strings.Builder
 	size := 256
 	for _, rl := range rules {
@@ -246,13 +234,7 @@ func TransitionPayload(current, target SavedState) string {
 	}
 	b.Grow(size)
 	for _, t := range XTTables() {
-		var tr []Rule
-		for _, rl := range rules {
-			if rl.table() == t.Name {
-				tr = append(tr, rl)
-			}
-		}
-		transition(&b, t, current, target.Chains, tr)
+		transition(&b, t, current, target.Chains, inTable(t, rules))
 	}
 	return b.String()
 }
@@ -274,18 +256,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 			keep = append(keep, c.Name)
 		}
 	}
-	var curJumps []Rule
-	for _, j := range current.Jumps() {
-		if j.table() == t.Name {
-			curJumps = append(curJumps, j)
-		}
-	}
-	var foreign []Rule
-	for _, l := range current.ForeignJumps {
-		if r := savedRule(l); r.table() == t.Name {
-			foreign = append(foreign, r)
-		}
-	}
+	curJumps, foreign := inTable(t, current.Jumps()), inTable(t, savedRules(current.ForeignJumps))
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}
@@ -335,12 +306,11 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 	b.WriteString("COMMIT\n")
 }
 
-// CleanupPayload is the iptables-restore --noflush transaction that removes our chains and our
-// jumps to them, as they are after an apply of Linkerd's configuration: what `cleanup --simulate`
-// shows. (Cleanup itself transitions from the state it reads back, which may hold more.)
+// CleanupPayload is the transaction that removes our chains and jumps as an apply of Linkerd's
+// configuration leaves them: what `cleanup --simulate` shows.
 func CleanupPayload() string {
 	applied := SavedState{Chains: []string{OutputChain, RedirectChain}}
-	for _, j := range XTJumpsAll() {
+	for _, j := range xtJumps(Chains()) {
 		if j.TableName() == Table {
 			applied.Rules = append(applied.Rules, j.Rule().String())
 		}

@@ -17,16 +17,13 @@ type Mode string
 const (
 	// ModeAuto writes with the first backend the kernel accepts: iptables-nft's rules over
 	// netlink, then native nftables, then iptables-legacy.
-	ModeAuto Mode = "auto"
-	// ModeLegacy uses the iptables-legacy binaries.
-	ModeLegacy Mode = "legacy"
+	ModeAuto   Mode = "auto"
+	ModeLegacy Mode = "legacy" // the iptables-legacy binaries
 	// ModeNFT writes iptables-nft's rules (Linkerd's "nft"): over netlink, or with the
 	// iptables-nft binaries where the kernel refuses that.
-	ModeNFT Mode = "nft"
-	// ModePlain uses whatever the plain "iptables" binaries are.
-	ModePlain Mode = "plain"
-	// ModeNFTables speaks nftables over netlink, with no binaries at all.
-	ModeNFTables Mode = "nftables"
+	ModeNFT      Mode = "nft"
+	ModePlain    Mode = "plain"    // whatever the plain "iptables" binaries are
+	ModeNFTables Mode = "nftables" // nftables over netlink, with no binaries at all
 )
 
 // Modes lists every valid mode, in the order they are documented.
@@ -41,8 +38,8 @@ func ModeList() string {
 	return strings.Join(names, ", ")
 }
 
-// Field names used in validation errors. They are the proxy-init flag names, which are also the
-// keys of the CNI network config's "linkerd" block, so one message serves both front ends.
+// Field names of validation errors: the proxy-init flag names, also the keys of the CNI network
+// config's "linkerd" block, so one message serves both front ends.
 const (
 	FieldInboundProxyPort        = "incoming-proxy-port"
 	FieldOutboundProxyPort       = "outgoing-proxy-port"
@@ -77,23 +74,20 @@ const (
 	// InboundRedirect rewrites the destination to the proxy's port (nat REDIRECT): the proxy
 	// asks for the original destination with SO_ORIGINAL_DST. Linkerd's only mode.
 	InboundRedirect InboundMode = "redirect"
-	// InboundTPROXY hands the connection to the proxy's transparent socket unchanged (TPROXY,
-	// a mark and a policy route): the proxy's socket has the original destination as its local
-	// address.
+	// InboundTPROXY hands the connection unchanged to the proxy's transparent socket (TPROXY, a
+	// mark and a policy route), whose local address is the original destination.
 	InboundTPROXY InboundMode = "tproxy"
 )
 
 // MaxID is the largest user or group ID: 2^32-1 is (uid_t)-1, which no socket owner has.
 const MaxID = 1<<32 - 2
 
-// MaxCloseWaitSecs is the longest conntrack CLOSE_WAIT timeout every kernel accepts: the kernel
-// keeps it in jiffies in an int, so it refuses more than INT_MAX/HZ seconds, and HZ is at most
-// 1000. Checking it up front keeps a too-large value from failing after the rules are written.
+// MaxCloseWaitSecs is the longest conntrack CLOSE_WAIT timeout every kernel accepts: it keeps it
+// in jiffies in an int, so INT_MAX/HZ seconds, and HZ is at most 1000.
 const MaxCloseWaitSecs = (1<<31 - 1) / 1000
 
-// Config is what the user asked for, in the user's own terms: port lists are the strings given on
-// the command line or in JSON ("4190,4191", "1000-2000"), so that Validate can name the exact
-// offending value.
+// Config is what the user asked for, in the user's own terms (port lists as typed: "4190,4191",
+// "1000-2000"), so that Build can name the exact offending value.
 type Config struct {
 	InboundProxyPort  int
 	OutboundProxyPort int
@@ -116,35 +110,30 @@ type Config struct {
 	// (nf_conntrack_tcp_timeout_close_wait); 0 leaves the kernel's.
 	CloseWaitSecs int64
 
-	// IPv6Auto, when set, writes IPv6 rules only if the namespace has IPv6 enabled and an IPv6
-	// address other than loopback and link-local, decided where the rules are written
-	// (Ruleset.ForIPv6); IPv6 is then ignored.
+	// IPv6Auto writes IPv6 rules only if the namespace has IPv6 beyond loopback and link-local,
+	// decided where the rules are written (Ruleset.ForIPv6); IPv6 is then ignored.
 	IPv6Auto bool
 	// RedirectDNSToPort, when positive, sends the pod's DNS (UDP and TCP to port 53) to this
 	// port on loopback, except the exempt users' and groups'; 0 captures none.
 	RedirectDNSToPort int
-	// DNSServersOnly limits DNS capture to DNSServers, the nameservers the front end read (from
-	// /etc/resolv.conf).
+	// DNSServersOnly limits DNS capture to DNSServers, the nameservers of /etc/resolv.conf.
 	DNSServersOnly bool
 	DNSServers     []string
 	// InboundMode is redirect (or empty) or tproxy.
 	InboundMode InboundMode
 	// OutboundPortsToRedirect and OutboundSubnetsToRedirect, when given, limit outbound
-	// redirection to TCP to these ports and destinations (both given: both must match). The
-	// ignore lists still win.
+	// redirection to these ports and destinations (both must match); the ignore lists still win.
 	OutboundPortsToRedirect   []string
 	OutboundSubnetsToRedirect []string
 	// InterfacesToIgnore are interfaces whose traffic, in or out, is never redirected.
 	InterfacesToIgnore []string
-	// UIDsToIgnore and GIDsToIgnore exempt more users and groups, like ProxyUID and ProxyGID
-	// (comma lists of IDs, as typed).
+	// UIDsToIgnore and GIDsToIgnore exempt more users and groups (comma lists of IDs, as typed).
 	UIDsToIgnore []string
 	GIDsToIgnore []string
 	// DropInvalid drops inbound TCP that conntrack marks INVALID.
 	DropInvalid bool
-	// RerouteVirtualInterfaces are the interfaces of a virtual machine the pod runs (KubeVirt's tap
-	// or bridge): TCP arriving on them is the VM's outbound traffic, so it goes to the outbound
-	// proxy port, with the outbound ignore and include lists, instead of the inbound one.
+	// RerouteVirtualInterfaces are the interfaces of a virtual machine the pod runs (KubeVirt's):
+	// TCP arriving on them is the VM's outbound traffic, which goes to the outbound proxy port.
 	RerouteVirtualInterfaces []string
 }
 
@@ -178,12 +167,12 @@ func ParsePort(s string) (PortRange, error) {
 		// "-5": a negative number, or a range with no start; either way not a port.
 		return PortRange{}, fmt.Errorf("%q is not a port number or a range a-b", s)
 	}
+	if !isRange {
+		hi = lo
+	}
 	first, err := parsePortNumber(lo)
 	if err != nil {
 		return PortRange{}, err
-	}
-	if !isRange {
-		return PortRange{first, first}, nil
 	}
 	last, err := parsePortNumber(hi)
 	if err != nil {
@@ -236,9 +225,7 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 }
 
 // Build validates c as a whole and returns the normalized Ruleset it describes. Every problem is
-// reported at once, as a *badinput.Error whose fields are the Field* names. There is no separate
-// validation: every caller needs the rules, and one pass keeps validating and building from ever
-// disagreeing.
+// reported at once, as a *badinput.Error whose fields are the Field* names.
 func Build(c Config) (*Ruleset, error) {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
@@ -255,11 +242,15 @@ func Build(c Config) (*Ruleset, error) {
 		InboundIgnoreSubnets:  subnetList(bad, FieldInboundSubnetsToIgnore, c.InboundSubnetsToIgnore),
 		OutboundIgnoreSubnets: subnetList(bad, FieldOutboundSubnetsToIgnore, c.OutboundSubnetsToIgnore),
 		Families:              []Family{IPv4},
+		CloseWaitSecs:         c.CloseWaitSecs,
+		IPv6Auto:              c.IPv6Auto,
+		DropInvalid:           c.DropInvalid,
+		TPROXY:                c.InboundMode == InboundTPROXY,
 		saved:                 new(savedCache),
 	}
 	proxyID(bad, FieldProxyUID, "UID", c.ProxyUID)
 	proxyID(bad, FieldProxyGID, "GID", c.ProxyGID)
-	if c.IPv6 {
+	if c.IPv6 || c.IPv6Auto {
 		rs.Families = append(rs.Families, IPv6)
 	}
 	if c.Mode != "" && !slices.Contains(Modes, c.Mode) {
@@ -269,17 +260,7 @@ func Build(c Config) (*Ruleset, error) {
 		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),
 			fmt.Sprintf("must be 0 (leave the kernel's) or 1 to %d seconds, the most every kernel accepts", MaxCloseWaitSecs))
 	}
-	rs.CloseWaitSecs = c.CloseWaitSecs
-
-	rs.IPv6Auto = c.IPv6Auto
-	if c.IPv6Auto && !rs.HasFamily(IPv6) {
-		rs.Families = append(rs.Families, IPv6)
-	}
-	switch c.InboundMode {
-	case "", InboundRedirect:
-	case InboundTPROXY:
-		rs.TPROXY = true
-	default:
+	if !slices.Contains([]InboundMode{"", InboundRedirect, InboundTPROXY}, c.InboundMode) {
 		bad(FieldInboundMode, string(c.InboundMode), "unknown inbound mode; want redirect or tproxy")
 	}
 	rs.OutboundRedirectPorts = portList(bad, FieldOutboundPortsToRedirect, c.OutboundPortsToRedirect)
@@ -288,7 +269,6 @@ func Build(c Config) (*Ruleset, error) {
 	rs.RerouteInterfaces = rerouteInterfaces(bad, c.RerouteVirtualInterfaces, rs.IgnoreInterfaces)
 	rs.IgnoreUIDs = ids(bad, FieldUIDsToIgnore, "UID", c.UIDsToIgnore, c.ProxyUID)
 	rs.IgnoreGIDs = ids(bad, FieldGIDsToIgnore, "GID", c.GIDsToIgnore, c.ProxyGID)
-	rs.DropInvalid = c.DropInvalid
 	rs.DNSPort, rs.DNSServers = dnsCapture(bad, c)
 	if len(probs) > 0 {
 		return nil, &badinput.Error{What: "invalid configuration", Problems: probs}
@@ -320,27 +300,31 @@ func proxyID(bad func(field, value, reason string), field, what string, v int) {
 	}
 }
 
-// portList parses the ports and ranges of field, each value a comma-separated list, keeping the
-// first of each in order. An empty value is no port; an empty item in a list is an error.
+// eachItem calls fn with each item of values' comma-separated lists, trimmed. An empty value is
+// no item; an empty item in a list is passed on, for fn to report.
+func eachItem(values []string, fn func(item string)) {
+	for _, v := range values {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		for _, part := range strings.Split(v, ",") {
+			fn(strings.TrimSpace(part))
+		}
+	}
+}
+
+// portList parses the ports and ranges of field, keeping the first of each in order.
 func portList(bad func(field, value, reason string), field string, values []string) []PortRange {
 	var out []PortRange
 	seen := map[PortRange]bool{}
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			r, err := ParsePort(part)
-			if err != nil {
-				bad(field, strings.TrimSpace(part), err.Error())
-				continue
-			}
-			if !seen[r] {
-				seen[r] = true
-				out = append(out, r)
-			}
+	eachItem(values, func(part string) {
+		if r, err := ParsePort(part); err != nil {
+			bad(field, part, err.Error())
+		} else if !seen[r] {
+			seen[r] = true
+			out = append(out, r)
 		}
-	}
+	})
 	return out
 }
 
@@ -351,19 +335,13 @@ func subnetList(bad func(field, value, reason string), field string, values []st
 		n += strings.Count(v, ",") + 1
 	}
 	out := make([]netip.Prefix, 0, n)
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if strings.TrimSpace(part) == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			p, err := ParseCIDR(part)
-			if err != nil {
-				bad(field, strings.TrimSpace(part), err.Error())
-				continue
-			}
+	eachItem(values, func(part string) {
+		if p, err := ParseCIDR(part); err != nil {
+			bad(field, part, err.Error())
+		} else {
 			out = append(out, p)
 		}
-	}
+	})
 	return dedupePrefixes(out)
 }
 
@@ -391,26 +369,17 @@ func dnsCapture(bad func(field, value, reason string), c Config) (uint16, []neti
 // iptables can spell, keeping the first of each in order.
 func interfaces(bad func(field, value, reason string), field string, values []string) []string {
 	var out []string
-	for _, v := range values {
-		for _, name := range strings.Split(v, ",") {
-			name = strings.TrimSpace(name)
-			if name == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			if reason := badInterfaceName(name); reason != "" {
-				bad(field, name, reason)
-				continue
-			}
-			if !slices.Contains(out, name) {
-				out = append(out, name)
-			}
+	eachItem(values, func(name string) {
+		if reason := badInterfaceName(name); reason != "" {
+			bad(field, name, reason)
+		} else if !slices.Contains(out, name) {
+			out = append(out, name)
 		}
-	}
+	})
 	return out
 }
 
-// rerouteInterfaces checks the virtual machines' interfaces: names as interfaces checks them, and
-// neither loopback nor one of the interfaces ignored.
+// rerouteInterfaces checks the virtual machines' interfaces: neither loopback nor ignored ones.
 func rerouteInterfaces(bad func(field, value, reason string), values, ignored []string) []string {
 	var out []string
 	for _, name := range interfaces(bad, FieldRerouteVirtualInterfaces, values) {
@@ -456,25 +425,19 @@ func badInterfaceName(name string) string {
 // proxy's own ID (proxy) already exempts.
 func ids(bad func(field, value, reason string), field, what string, values []string, proxy int) []uint32 {
 	var out []uint32
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			part = strings.TrimSpace(part)
-			if part == "" && strings.TrimSpace(v) == "" {
-				continue
-			}
-			n, err := strconv.ParseInt(part, 10, 64)
-			switch {
-			case err != nil:
-				bad(field, part, "not a "+what+" (an integer)")
-			case n == 0:
-				bad(field, part, "refusing to exempt "+what+" 0 (root)")
-			case n < 1 || n > MaxID:
-				bad(field, part, fmt.Sprintf("must be a %s from 1 to %d", what, MaxID))
-			case int(n) != proxy && !slices.Contains(out, uint32(n)):
-				out = append(out, uint32(n))
-			}
+	eachItem(values, func(part string) {
+		n, err := strconv.ParseInt(part, 10, 64)
+		switch {
+		case err != nil:
+			bad(field, part, "not a "+what+" (an integer)")
+		case n == 0:
+			bad(field, part, "refusing to exempt "+what+" 0 (root)")
+		case n < 1 || n > MaxID:
+			bad(field, part, fmt.Sprintf("must be a %s from 1 to %d", what, MaxID))
+		case int(n) != proxy && !slices.Contains(out, uint32(n)):
+			out = append(out, uint32(n))
 		}
-	}
+	})
 	return out
 }
 
@@ -499,9 +462,8 @@ func nameservers(bad func(field, value, reason string), values []string) []netip
 	return out
 }
 
-// dedupePrefixes drops repeated prefixes in place, keeping the first of each in order. It sorts
-// indexes rather than filling a set: with a thousand subnets a map of prefixes touches far more
-// memory, and a fresh process pays for every page it touches (docs/performance.md).
+// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It sorts indexes:
+// a map of a thousand prefixes touches far more pages, which a fresh process pays for.
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
 	if len(ps) < 2 {
 		return ps

@@ -1,19 +1,14 @@
 // Package iptables is the one rule builder shared by proxy-init, the CNI plugin, CHECK, cleanup,
 // --simulate and show.
 //
-// It is pure: a Config goes in, is validated as a whole (every problem reported at once), and
-// Build turns it into a Ruleset. The Ruleset renders the Linkerd-compatible iptables rules
-// (chain names, rule order and "proxy-init/<name>" comments) as iptables-restore payloads per
-// address family, and the equivalent nftables table. Inspect goes the other way: from the rules
-// read back, it rebuilds the configuration that wrote them and says whether they are whole
-// (proxy-init show without rule flags). The package runs no binaries, enters no namespaces and
-// logs nothing: appliers in the sub-packages do that, and decide nothing about which rules exist.
+// It is pure: Build validates a Config as a whole (every problem reported at once) and turns it
+// into a Ruleset, which renders the Linkerd-compatible iptables rules (chain names, rule order and
+// "proxy-init/<name>" comments) as iptables-restore payloads per family, and the equivalent
+// nftables table. Inspect goes the other way, from the rules read back to their configuration.
+// It runs no binaries, enters no namespaces and logs nothing: the appliers in the sub-packages do.
 //
 // # Tests
 //
-// Without root: TestBuildReportsEveryProblem and TestNumericBounds (every bad value named at once),
-// golden payloads and nft scripts (testdata/iptables, testdata/nft; `go test ./iptables -update`
-// regenerates them), TestRenderingsAgree (the two renderings of the plan, both directions),
-// TestNFTSemantics, compare and transition payloads; fuzzers for port lists (through Build, as
-// every front end parses them) and CIDRs (`make fuzz`; testdata/fuzz is their seed corpus).
+// Without root: every bad value named at once, golden payloads and nft scripts (`go test
+// ./iptables -update` regenerates them), the two renderings agreeing, and fuzzers (`make fuzz`).
 package iptables

@@ -1,12 +1,9 @@
 package iptables
 
-// Reading the rules in place without being told the configuration: what `proxy-init show`
-// reports when no rule flag is given. Every rule of ours names its step in its comment and holds
-// the step's values in its matches; the native table's sets hold whole lists and its rule
-// comments the lists' order. So the configuration that wrote the rules can be rebuilt from them.
-// Building and rendering that configuration again and comparing with what is in place then says
-// whether the rules are whole: a rule or a jump missing, a family that disagrees with the other,
-// or a native table whose recorded plan hash is not that of its rules all show as a difference.
+// Reading the rules in place without the configuration (`proxy-init show` without rule flags):
+// every rule of ours names its step in its comment and holds the step's values in its matches,
+// so the configuration that wrote them can be rebuilt, rendered again and compared with what is
+// in place, which says whether the rules are whole.
 
 import (
 	"fmt"
@@ -26,8 +23,7 @@ type Holding struct {
 	PerFamily bool
 	// Saved is an iptables backend's rules of ours, per family.
 	Saved map[Family]SavedState
-	// Table is the native table, nil when absent; Other counts its objects that are neither
-	// chains nor sets.
+	// Table is the native table, nil when absent; Other counts its objects beyond chains and sets.
 	Table *NFTTable
 	Other int
 }
@@ -44,8 +40,7 @@ func (h Holding) lines() []string {
 	return append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
 }
 
-// InPlace is what of ours a namespace holds: each backend's rules, and the policy routing
-// (PolicyRoute.Lines).
+// InPlace is what of ours a namespace holds: each backend's rules, and the policy routing.
 type InPlace struct {
 	Holdings []Holding
 	Routes   []string
@@ -69,18 +64,15 @@ type Found struct {
 	Problems []string
 }
 
-// Whole reports whether rules of ours are in place, exactly as the configuration they name
-// writes them, and nowhere else.
+// Whole reports whether our rules are in place, exactly as their configuration writes them, only.
 func (f Found) Whole() bool { return f.Backend != "" && len(f.Problems) == 0 }
 
-// inspectOrder is auto's order: a namespace holding rules in several backends is reported as
-// held by the first, the others as leftovers.
+// inspectOrder is auto's: of several backends holding rules, the first holds them, the rest leftovers.
 var inspectOrder = []Backend{BackendNFT, BackendNFTables, BackendLegacy}
 
 // Inspect tells, from what a namespace holds, which backend holds our rules, the configuration
 // they were written from, and whether they are whole. It never names a cause the backend makes
-// impossible: a family missing from a backend written in one transaction was never written,
-// while in a backend written per family it may also be a run stopped midway.
+// impossible (a run stopped between families, in a backend written in one transaction).
 func Inspect(in InPlace) Found {
 	var f Found
 	hs := slices.Clone(in.Holdings)
@@ -105,11 +97,8 @@ func Inspect(in InPlace) Found {
 	} else {
 		f.inspectXT(main)
 	}
-	var want []PolicyRoute
-	if f.Rules != nil {
-		want = f.Rules.PolicyRoutes()
-	}
-	if f.Routes = CompareRoutes(want, in.Routes); f.Routes != nil && !f.Routes.Diff.Empty() {
+	f.Routes = CompareRoutes(f.Rules.PolicyRoutes(), in.Routes)
+	if f.Routes != nil && !f.Routes.Diff.Empty() {
 		f.Problems = append(f.Problems, "the policy routing differs from what the configuration needs (TPROXY's)")
 	}
 	return f
@@ -121,7 +110,7 @@ func (f *Found) inspectXT(h Holding) {
 	c.IPv6 = v6
 	for _, fam := range []Family{IPv4, IPv6} {
 		for _, l := range h.Saved[fam].Rules {
-			c.absorb(xtFacts(parseXT(l)))
+			c.absorb(xtFacts(l))
 		}
 	}
 	rs := f.build(c)
@@ -230,8 +219,7 @@ type ruleFacts struct {
 	toPort  int
 }
 
-// listNames are the names of the rules over a list, each before and after the items its comment
-// lists.
+// listNames are the names of the rules over a list, before and after the items.
 var listNames = [][2]string{
 	{"ignore-port-", ""}, {"ignore-subnet-", ""},
 	{"redirect-port-", "-to-proxy-port"}, {"tproxy-port-", "-to-proxy-port"},
@@ -255,8 +243,7 @@ func splitName(comment string) (name string, items []string, cut bool) {
 	return name, nil, false
 }
 
-// absorb adds what one rule says to c. Lists may be absorbed more than once (one rule per
-// family, per group of ports): Build drops the repeats.
+// absorb adds what one rule says to c; Build drops the repeats of lists absorbed more than once.
 func (c *Config) absorb(r ruleFacts) {
 	// A rerouted interface's rules name its interface, and repeat the outbound steps.
 	if name, ok := strings.CutPrefix(r.name, ReroutePrefix); ok && r.chain != OutputChain {
@@ -315,78 +302,43 @@ func (c *Config) absorb(r ruleFacts) {
 	}
 }
 
-// parseXT parses a line as XTRule.Rule renders it back into the fields ruleFacts needs.
-func parseXT(line string) XTRule {
-	r := savedRule(line)
-	x := XTRule{Table: r.Table, Chain: r.Chain}
-	f := strings.Fields(r.Spec)
-	for i := 0; i < len(f); i++ {
-		arg := ""
-		if i+1 < len(f) {
-			arg = f[i+1]
-		}
+// xtFacts reads a line as XTRule.Rule renders it.
+func xtFacts(line string) ruleFacts {
+	rl := savedRule(line)
+	r := ruleFacts{chain: rl.Chain}
+	f := strings.Fields(rl.Spec)
+	for i := 0; i+1 < len(f); i++ {
+		arg := f[i+1]
 		switch f[i] {
-		case "-s":
-			x.Source, _ = netip.ParsePrefix(arg)
-		case "-d":
-			x.Destination, _ = netip.ParsePrefix(arg)
-		case "-i":
-			x.InInterface = arg
-		case "-o":
-			x.OutInterface = arg
+		case "-s", "-d":
+			if p, err := netip.ParsePrefix(arg); err == nil {
+				r.subnets = append(r.subnets, p.String())
+			}
+		case "-i", "-o":
+			r.iface = arg
 		case "--uid-owner", "--gid-owner":
 			n, _ := strconv.ParseUint(arg, 10, 32)
-			id := uint32(n)
-			if f[i] == "--uid-owner" {
-				x.UIDOwner = &id
-			} else {
-				x.GIDOwner = &id
-			}
-		case "--dports":
+			r.id = uint32(n)
+		case "--dports", "--dport":
 			for _, p := range strings.Split(arg, ",") {
 				pr, _ := ParsePort(strings.Replace(p, ":", "-", 1))
-				x.MultiportDPorts = append(x.MultiportDPorts, pr)
+				r.ports = append(r.ports, pr.String())
 			}
-		case "--dport":
-			x.DPort, _ = ParsePort(strings.Replace(arg, ":", "-", 1))
 		case "--comment":
-			x.Comment = strings.Trim(arg, `"`)
+			r.name, _, _ = splitName(strings.Trim(arg, `"`))
 		case "--to-ports", "--on-port":
 			n, _ := strconv.ParseUint(arg, 10, 16)
-			x.ToPort = uint16(n)
+			r.toPort = int(n)
 		default:
 			continue
 		}
 		i++
 	}
-	return x
-}
-
-func xtFacts(x XTRule) ruleFacts {
-	r := ruleFacts{chain: x.Chain, toPort: int(x.ToPort), iface: x.InInterface + x.OutInterface}
-	r.name, _, _ = splitName(x.Comment)
-	for _, p := range x.MultiportDPorts {
-		r.ports = append(r.ports, p.String())
-	}
-	if x.DPort.First != 0 {
-		r.ports = append(r.ports, x.DPort.String())
-	}
-	for _, p := range []netip.Prefix{x.Source, x.Destination} {
-		if p.IsValid() {
-			r.subnets = append(r.subnets, p.String())
-		}
-	}
-	for _, id := range []*uint32{x.UIDOwner, x.GIDOwner} {
-		if id != nil {
-			r.id = *id
-		}
-	}
 	return r
 }
 
 // nftConfig reads the configuration back from the native table. Lists come from the rule
-// comments, which keep their order, or from the sets where a comment was too long to name every
-// item; unordered is then set, as a set keeps no order and the recorded plan hash covers it.
+// comments, in order, or where one was cut short from the sets, which keep none: unordered.
 func nftConfig(t *NFTTable) (c Config, unordered bool) {
 	c = NewConfig()
 	c.IPv6 = true
@@ -396,10 +348,8 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 	}
 	for _, ch := range t.Chains {
 		for _, rl := range ch.Rules {
-			r := ruleFacts{chain: ch.Name, toPort: int(rl.RedirectPort)}
-			var items []string
-			var cut bool
-			r.name, items, cut = splitName(rl.Comment)
+			name, items, cut := splitName(rl.Comment)
+			r := ruleFacts{chain: ch.Name, name: name, toPort: int(rl.RedirectPort)}
 			var portSet, addrSet []string
 			for _, m := range rl.Matches {
 				switch m.Kind {
@@ -415,8 +365,7 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 					r.iface = m.Name
 				}
 			}
-			// The comment names the ports when the rule matches a port set, else the addresses;
-			// what it does not name comes from the sets.
+			// The comment names the ports of a port set, else the addresses; the rest is in sets.
 			r.ports, r.subnets = portSet, addrSet
 			ordered := items != nil && !cut
 			if ordered && portSet != nil {
@@ -442,74 +391,45 @@ func nftConfig(t *NFTTable) (c Config, unordered bool) {
 func setPrefixes(s NFTSet) []string {
 	var out []string
 	for _, iv := range s.Elements {
-		first, ok1 := netip.AddrFromSlice(iv.First)
-		last, ok2 := netip.AddrFromSlice(iv.Last)
-		for ok1 && ok2 && first.Compare(last) <= 0 {
-			bits := first.BitLen()
-			for bits > 0 {
-				p := netip.PrefixFrom(first, bits-1)
-				if p.Masked().Addr() != first || lastAddr(p).Compare(last) > 0 {
-					break
-				}
-				bits--
-			}
-			p := netip.PrefixFrom(first, bits)
-			out = append(out, p.String())
-			first = lastAddr(p).Next()
-			ok1 = first.IsValid()
+		first, _ := netip.AddrFromSlice(iv.First)
+		last, ok := netip.AddrFromSlice(iv.Last)
+		if ok {
+			out = append(out, strs(rangePrefixes(first, last))...)
 		}
 	}
 	return out
 }
 
-func lastAddr(p netip.Prefix) netip.Addr {
-	a, _ := netip.AddrFromSlice(prefixIntervals([]netip.Prefix{p})[0].Last)
-	return a
-}
-
-// Args renders the ruleset as the proxy-init flags that write it, leaving out defaults; the
-// nameservers of --dns-servers-only are read from /etc/resolv.conf, so they are not among them.
+// Args renders the ruleset as the proxy-init flags that write it, leaving out defaults (and the
+// nameservers, which --dns-servers-only reads from /etc/resolv.conf).
 func (r *Ruleset) Args() []string {
-	a := []string{"--" + FieldInboundProxyPort, strconv.Itoa(int(r.InboundProxyPort)), "--" + FieldOutboundProxyPort, strconv.Itoa(int(r.OutboundProxyPort))}
-	for _, id := range []struct {
-		field string
-		v     int
-	}{{FieldProxyUID, r.ProxyUID}, {FieldProxyGID, r.ProxyGID}} {
-		if id.v >= 0 {
-			a = append(a, "--"+id.field, strconv.Itoa(id.v))
+	var a []string
+	flag := func(on bool, field string, value ...string) {
+		if on {
+			a = append(append(a, "--"+field), value...)
 		}
 	}
-	list := func(field string, items []string) {
-		if len(items) > 0 {
-			a = append(a, "--"+field, strings.Join(items, ","))
-		}
-	}
+	list := func(field string, items []string) { flag(len(items) > 0, field, strings.Join(items, ",")) }
+	flag(true, FieldInboundProxyPort, strconv.Itoa(int(r.InboundProxyPort)))
+	flag(true, FieldOutboundProxyPort, strconv.Itoa(int(r.OutboundProxyPort)))
+	flag(r.ProxyUID >= 0, FieldProxyUID, strconv.Itoa(r.ProxyUID))
+	flag(r.ProxyGID >= 0, FieldProxyGID, strconv.Itoa(r.ProxyGID))
 	list(FieldPortsToRedirect, strs(r.RedirectPorts))
 	list(FieldInboundPortsToIgnore, strs(r.InboundIgnorePorts))
 	list(FieldOutboundPortsToIgnore, strs(r.OutboundIgnorePorts))
 	list(FieldInboundSubnetsToIgnore, strs(r.InboundIgnoreSubnets))
 	list(FieldOutboundSubnetsToIgnore, strs(r.OutboundIgnoreSubnets))
-	if !r.HasFamily(IPv6) {
-		a = append(a, "--"+FieldIPv6+"=false")
-	}
-	if r.DNSPort != 0 {
-		a = append(a, "--"+FieldRedirectDNS, strconv.Itoa(int(r.DNSPort)))
-	}
-	if len(r.DNSServers) > 0 {
-		a = append(a, "--"+FieldDNSServersOnly)
-	}
-	if r.TPROXY {
-		a = append(a, "--"+FieldInboundMode, string(InboundTPROXY))
-	}
+	flag(!r.HasFamily(IPv6), FieldIPv6+"=false")
+	flag(r.DNSPort != 0, FieldRedirectDNS, strconv.Itoa(int(r.DNSPort)))
+	flag(len(r.DNSServers) > 0, FieldDNSServersOnly)
+	flag(r.TPROXY, FieldInboundMode, string(InboundTPROXY))
 	list(FieldOutboundPortsToRedirect, strs(r.OutboundRedirectPorts))
 	list(FieldOutboundSubnetsToRedirect, strs(r.OutboundRedirectSubnets))
 	list(FieldInterfacesToIgnore, r.IgnoreInterfaces)
 	list(FieldRerouteVirtualInterfaces, r.RerouteInterfaces)
 	list(FieldUIDsToIgnore, strs(r.IgnoreUIDs))
 	list(FieldGIDsToIgnore, strs(r.IgnoreGIDs))
-	if r.DropInvalid {
-		a = append(a, "--"+FieldDropInvalid)
-	}
+	flag(r.DropInvalid, FieldDropInvalid)
 	return a
 }
 

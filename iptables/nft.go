@@ -1,15 +1,13 @@
 package iptables
 
-// The nftables rendering of a Ruleset: one "inet" table holding the logic of both families, with
-// port and subnet lists in interval sets so that a rule's cost does not grow with its list.
-//
-// NFT renders the plan (Plan) as an abstract model that the netlink writer (iptables/nfnl)
-// translates mechanically into expressions, and Statements as nft commands (what show reports and
-// --simulate prints). The iptables rendering (XTRules) spells the same plan, so the backends
-// cannot drift apart; TestRenderingsAgree holds them equal.
+// The nftables rendering of a Ruleset: one "inet" table for both families, with lists in
+// interval sets so that a rule's cost does not grow with its list. NFT renders the plan as a
+// model that iptables/nfnl translates into expressions, and Statements as nft commands (show,
+// --simulate); TestRenderingsAgree holds it equal to the iptables rendering.
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -27,13 +25,11 @@ const (
 	NFTPriority = -100
 	// NFTCommentMax is the longest comment nft accepts (and prints back unchanged).
 	NFTCommentMax = 128
-	// nftFormat versions the table layout. It is part of the recorded plan, so a newer
-	// proxy-init that renders the same config differently rewrites an older table.
+	// nftFormat versions the table layout: in the recorded plan, so a new layout rewrites it.
 	nftFormat = 1
 )
 
-// FamilyInet is the Family that the nftables backend reports in State: one table serves IPv4
-// and IPv6 together. Rule builders never use it.
+// FamilyInet is the Family the nftables backend reports in State: one table serves both.
 const FamilyInet Family = "inet"
 
 // NFTSetType is an nftables set key type.
@@ -45,14 +41,12 @@ const (
 	NFTIPv6  NFTSetType = "ipv6_addr"
 )
 
-// NFTInterval is an inclusive range of set keys in network byte order. A single port or address
-// has First equal to Last.
+// NFTInterval is an inclusive range of set keys in network byte order.
 type NFTInterval struct {
 	First, Last []byte
 }
 
-// After returns the first key after the interval, and false when the interval runs to the top of
-// the key space: interval sets store an interval as its first key and the key after it.
+// After returns the key after the interval (how interval sets store its end), false at the top.
 func (iv NFTInterval) After() ([]byte, bool) {
 	out := slices.Clone(iv.Last)
 	for i := len(out) - 1; i >= 0; i-- {
@@ -64,53 +58,38 @@ func (iv NFTInterval) After() ([]byte, bool) {
 	return nil, false
 }
 
-// NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent
-// (touching intervals are merged), which is also how the kernel holds them, so a set read back
-// compares equal to the one written.
+// NFTSet is a named, constant interval set. Elements are sorted, disjoint and never adjacent, as
+// the kernel holds them, so a set read back compares equal to the one written.
 type NFTSet struct {
 	Name string
 	Type NFTSetType
-	// Flags is empty for the flags NFT always writes ("constant,interval"); a set read back
-	// with other flags reports them here, so the difference shows.
+	// Flags is empty for those NFT always writes ("constant,interval"); others read back show.
 	Flags    string
 	Elements []NFTInterval
 }
 
 // NFTMatchKind is one nft match statement. Each kind includes the protocol dependency nft itself
-// adds (a port match implies "meta l4proto tcp", an address match implies "meta nfproto"), so a
-// rule never lists a dependency separately and the expressions the applier writes are exactly
-// those `nft -f` writes for the script.
+// adds (a port match implies "meta l4proto tcp", an address match "meta nfproto"), so the
+// expressions the applier writes are exactly those `nft -f` writes for the script.
 type NFTMatchKind int
 
 const (
-	// NFTMatchNFProto is "meta nfproto ipv4|ipv6" (Family).
-	NFTMatchNFProto NFTMatchKind = iota + 1
-	// NFTMatchTCP is "meta l4proto tcp".
-	NFTMatchTCP
-	// NFTMatchDPortSet is "tcp dport @Set".
-	NFTMatchDPortSet
-	// NFTMatchSAddrSet is "ip saddr @Set" or "ip6 saddr @Set" (Family).
-	NFTMatchSAddrSet
-	// NFTMatchDAddrSet is "ip daddr @Set" or "ip6 daddr @Set" (Family).
-	NFTMatchDAddrSet
-	// NFTMatchSkUID is "meta skuid ID".
-	NFTMatchSkUID
-	// NFTMatchSkGID is "meta skgid ID".
-	NFTMatchSkGID
-	// NFTMatchOIFName is `oifname "Name"`, matched by name like iptables' -o.
-	NFTMatchOIFName
-	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of
-	// the above; Name describes them. NFT never produces it.
+	NFTMatchNFProto  NFTMatchKind = iota + 1 // "meta nfproto ipv4|ipv6" (Family)
+	NFTMatchTCP                              // "meta l4proto tcp"
+	NFTMatchDPortSet                         // "tcp dport @Set"
+	NFTMatchSAddrSet                         // "ip saddr @Set" or "ip6 saddr @Set" (Family)
+	NFTMatchDAddrSet                         // "ip daddr @Set" or "ip6 daddr @Set" (Family)
+	NFTMatchSkUID                            // "meta skuid ID"
+	NFTMatchSkGID                            // "meta skgid ID"
+	NFTMatchOIFName                          // `oifname "Name"`, matched by name like iptables' -o
+	// NFTMatchUnknown stands for expressions read back from the kernel that map to none of the
+	// others; Name describes them. NFT never produces it.
 	NFTMatchUnknown
-	// NFTMatchIIFName is `iifname "Name"`, like iptables' -i.
-	NFTMatchIIFName
-	// NFTMatchTCPDPort is "tcp dport ID"; NFTMatchUDPDPort and NFTMatchUDPSPort are "udp dport
-	// ID" and "udp sport ID".
-	NFTMatchTCPDPort
-	NFTMatchUDPDPort
-	NFTMatchUDPSPort
-	// NFTMatchCTState is "ct state Name": the conntrack states of the bit mask ID.
-	NFTMatchCTState
+	NFTMatchIIFName  // `iifname "Name"`, like iptables' -i
+	NFTMatchTCPDPort // "tcp dport ID"
+	NFTMatchUDPDPort // "udp dport ID"
+	NFTMatchUDPSPort // "udp sport ID"
+	NFTMatchCTState  // "ct state Name": the conntrack states of the bit mask ID
 )
 
 // Conntrack state bits, as nft's ct state matches them (NF_CT_STATE_BIT and its neighbours).
@@ -146,20 +125,12 @@ func (m NFTMatch) String() string {
 		return ip + " saddr @" + m.Set
 	case NFTMatchDAddrSet:
 		return ip + " daddr @" + m.Set
-	case NFTMatchSkUID:
-		return "meta skuid " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchSkGID:
-		return "meta skgid " + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchSkUID, NFTMatchSkGID, NFTMatchTCPDPort, NFTMatchUDPDPort, NFTMatchUDPSPort:
+		return nftIDMatches[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchOIFName:
 		return "oifname " + strconv.Quote(m.Name)
 	case NFTMatchIIFName:
 		return "iifname " + strconv.Quote(m.Name)
-	case NFTMatchTCPDPort:
-		return "tcp dport " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchUDPDPort:
-		return "udp dport " + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchUDPSPort:
-		return "udp sport " + strconv.FormatUint(uint64(m.ID), 10)
 	case NFTMatchCTState:
 		return "ct state " + ctStateNames(m.ID)
 	case NFTMatchUnknown:
@@ -167,6 +138,9 @@ func (m NFTMatch) String() string {
 	}
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
+
+var nftIDMatches = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
+	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport "}
 
 // ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
 func ctStateNames(mask uint32) string {
@@ -190,16 +164,12 @@ func ctStateNames(mask uint32) string {
 type NFTVerdict int
 
 const (
-	// NFTReturn leaves the chain: the packet skips the proxy.
-	NFTReturn NFTVerdict = iota
-	// NFTRedirect redirects the packet to RedirectPort on the local host.
-	NFTRedirect
-	// NFTDrop drops the packet.
-	NFTDrop
-	// NFTZone puts the packet's connection into conntrack zone Zone, and goes on.
-	NFTZone
-	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marks it Mark and
-	// accepts it; where no socket takes it, the rule ends without a verdict.
+	NFTReturn   NFTVerdict = iota // leaves the chain: the packet skips the proxy
+	NFTRedirect                   // redirects the packet to RedirectPort on the local host
+	NFTDrop                       // drops the packet
+	NFTZone                       // puts the packet's connection into conntrack zone Zone, and goes on
+	// NFTTPROXY hands the packet to the transparent socket on RedirectPort, marked Mark, or,
+	// where none takes it, ends the rule without a verdict.
 	NFTTPROXY
 )
 
@@ -211,8 +181,7 @@ type NFTRule struct {
 	RedirectPort uint16 // NFTRedirect and NFTTPROXY only
 	Zone         uint16 // NFTZone only
 	Mark         uint32 // NFTTPROXY only
-	// TPROXYFamily is the family of a TPROXY rule that matches only one (nft's "tproxy ip"), or
-	// empty for both.
+	// TPROXYFamily limits a TPROXY rule to one family (nft's "tproxy ip"); empty for both.
 	TPROXYFamily Family
 }
 
@@ -232,13 +201,7 @@ func (r NFTRule) String() string {
 	case NFTZone:
 		parts = append(parts, "ct zone set "+strconv.Itoa(int(r.Zone)))
 	case NFTTPROXY:
-		fam := ""
-		switch r.TPROXYFamily {
-		case IPv4:
-			fam = "ip "
-		case IPv6:
-			fam = "ip6 "
-		}
+		fam := map[Family]string{IPv4: "ip ", IPv6: "ip6 "}[r.TPROXYFamily]
 		parts = append(parts, fmt.Sprintf("tproxy %sto :%d meta mark set 0x%08x accept", fam, r.RedirectPort, r.Mark))
 	default:
 		parts = append(parts, fmt.Sprintf("<unknown verdict %d>", r.Verdict))
@@ -254,23 +217,15 @@ type NFTChain struct {
 	Name     string
 	Hook     Hook
 	Priority int
-	// Type is empty for a nat chain, the chain type of Linkerd's two; Policy is empty for
-	// accept, what NFT always writes. A chain read back with others reports them here, so the
-	// difference shows.
+	// Type is empty for nat, and Policy for accept; others read back show.
 	Type, Policy string
 	Rules        []NFTRule
 }
 
 // Header renders the chain's type line.
 func (c NFTChain) Header() string {
-	typ, policy := c.Type, c.Policy
-	if typ == "" {
-		typ = "nat"
-	}
-	if policy == "" {
-		policy = "accept"
-	}
-	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", typ, c.Hook.NFT, c.Priority, policy)
+	return fmt.Sprintf("type %s hook %s priority %d; policy %s;", cmp.Or(c.Type, "nat"), c.Hook.NFT, c.Priority,
+		cmp.Or(c.Policy, "accept"))
 }
 
 // NFTTable is the whole table: what the native backend writes in one batch.
@@ -286,13 +241,11 @@ func (r *Ruleset) NFTComment() string {
 	return fmt.Sprintf("proxy-init/plan %s format %d", r.Hash(), nftFormat)
 }
 
-// NFT renders the plan as one nftables table. Each step is one rule, but a list of subnets or
-// nameservers (one rule per family) and TPROXY (a second rule drops what no transparent socket
-// took, as iptables' TPROXY does); lists live in sets, one per list and, for addresses, per
-// family (created only when non-empty), named after the direction whose list it is; two rules that use
-// the same list share its set. Each chain sits where its iptables table does. When IPv6 is off,
-// every rule that acts (redirects, TPROXY, zones, drops) matches "meta nfproto ipv4", so IPv6
-// traffic passes untouched, as it does when iptables writes no IPv6 rules.
+// NFT renders the plan as one nftables table, each chain where its iptables table is. Each step
+// is one rule, but an address list (a rule per family) and TPROXY (a second rule drops what no
+// socket took, as iptables' TPROXY does). Lists live in sets named after their direction (per
+// family for addresses, only when non-empty), shared by the rules that use one. Without IPv6,
+// every rule that acts matches "meta nfproto ipv4", so IPv6 passes as with no ip6tables rules.
 func (r *Ruleset) NFT() NFTTable {
 	w := &nftWriter{r: r, t: NFTTable{Comment: r.NFTComment()}}
 	if !r.HasFamily(IPv6) {
@@ -305,23 +258,15 @@ func (r *Ruleset) NFT() NFTTable {
 		}
 		for _, s := range c.Steps {
 			sc := s.Common()
-			dir := c.Direction
-			if sc.Direction != "" {
-				dir = sc.Direction
-			}
-			cw.iif = nil
-			if sc.Arriving != "" {
-				cw.iif = []NFTMatch{{Kind: NFTMatchIIFName, Name: sc.Arriving}}
-			}
-			s.nftRules(w, cw, dir)
+			cw.iif = sc.Arriving
+			s.nftRules(w, cw, cmp.Or(sc.Direction, c.Direction))
 		}
 		w.t.Chains = append(w.t.Chains, cw.ch)
 	}
 	return w.t
 }
 
-// nftWriter builds the table NFT returns: the sets its chains share, and what every rule that
-// acts matches.
+// nftWriter builds the table NFT returns.
 type nftWriter struct {
 	r     *Ruleset
 	t     NFTTable
@@ -331,12 +276,12 @@ type nftWriter struct {
 // nftChainWriter collects one chain's rules.
 type nftChainWriter struct {
 	ch  NFTChain
-	iif []NFTMatch // the step's arriving interface, when it is limited to one
+	iif string // the step's arriving interface, when it is limited to one
 }
 
 func (cw *nftChainWriter) add(rl NFTRule) {
-	if len(cw.iif) > 0 {
-		rl.Matches = append(slices.Clone(cw.iif), rl.Matches...)
+	if cw.iif != "" {
+		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: cw.iif}}, rl.Matches...)
 	}
 	cw.ch.Rules = append(cw.ch.Rules, rl)
 }
@@ -367,43 +312,28 @@ func (w *nftWriter) perFamily(name string, list []netip.Prefix, fn func(f Family
 	}
 }
 
-// listComment names a rule that covers a whole list, e.g. "proxy-init/ignore-port-4190,4191",
-// like the iptables comment of a rule covering the same list. Lists too long for a comment are
-// cut short with ",...+N" (N items left out); the set holds every item regardless. Only the
-// items that can appear are rendered: lists may hold thousands of subnets.
+// listComment names a rule over a whole list, e.g. "proxy-init/ignore-port-4190,4191". A list
+// too long for a comment is cut short with ",...+N" (N items left out; the set holds them all).
+// Only the items that can appear are rendered: lists may hold thousands of subnets.
 func listComment(c StepCommon, n int, item func(int) string) string {
-	prefix, suffix := c.Name, c.NameTail
-	head := CommentPrefix + prefix
+	head, tail := CommentPrefix+c.Name, c.NameTail
+	base, marker := len(head)+len(tail), len(",...+")+len(strconv.Itoa(n))
 	var items []string
-	size := 0
-	for i := 0; i < n && len(head)+size+len(suffix) <= NFTCommentMax; i++ {
-		if i > 0 {
-			size++ // comma
-		}
+	k, used := 0, 0 // k: the leading items that fit together with the marker
+	for i := 0; i < n && base+used <= NFTCommentMax; i++ {
 		items = append(items, item(i))
-		size += len(items[i])
-	}
-	if len(items) == n && len(head)+size+len(suffix) <= NFTCommentMax {
-		return head + strings.Join(items, ",") + suffix
-	}
-	// Keep the leading items that fit together with the marker.
-	base := len(head) + len(suffix) + len(",...+") + len(strconv.Itoa(n))
-	k, used := 0, 0
-	for k < len(items) {
-		add := len(items[k])
-		if k > 0 {
-			add++
+		used += len(items[i]) + min(i, 1) // a comma before every item but the first
+		if base+marker+used <= NFTCommentMax {
+			k = i + 1
 		}
-		if base+used+add > NFTCommentMax {
-			break
-		}
-		used += add
-		k++
+	}
+	if len(items) == n && base+used <= NFTCommentMax {
+		return head + strings.Join(items, ",") + tail
 	}
 	if k == 0 {
-		return head + strconv.Itoa(n) + "-items" + suffix
+		return head + strconv.Itoa(n) + "-items" + tail
 	}
-	return head + strings.Join(items[:k], ",") + ",...+" + strconv.Itoa(n-k) + suffix
+	return head + strings.Join(items[:k], ",") + ",...+" + strconv.Itoa(n-k) + tail
 }
 
 func portIntervals(ports []PortRange) []NFTInterval {
@@ -427,18 +357,12 @@ func prefixIntervals(ps []netip.Prefix) []NFTInterval {
 	return normalize(out)
 }
 
-// NormalizeIntervals sorts intervals and merges those that overlap or touch, which is the one
-// form an nftables interval set can hold them in (nft refuses overlapping elements). The input
-// is left untouched.
-func NormalizeIntervals(in []NFTInterval) []NFTInterval {
-	s := make([]NFTInterval, len(in))
-	for i, iv := range in {
-		s[i] = NFTInterval{First: slices.Clone(iv.First), Last: slices.Clone(iv.Last)}
-	}
-	return normalize(s)
-}
+// NormalizeIntervals returns the intervals sorted, those that overlap or touch merged: the one
+// form an nftables interval set can hold them in. The input is left untouched.
+func NormalizeIntervals(in []NFTInterval) []NFTInterval { return normalize(slices.Clone(in)) }
 
-// normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place.
+// normalize is NormalizeIntervals on intervals the caller owns: it sorts and merges in place,
+// writing no key's bytes.
 func normalize(s []NFTInterval) []NFTInterval {
 	slices.SortFunc(s, func(a, b NFTInterval) int { return bytes.Compare(a.First, b.First) })
 	out := s[:0]
@@ -477,16 +401,34 @@ func (t NFTSetType) ElementString(iv NFTInterval) string {
 		return first.String()
 	}
 	// A range that is exactly one prefix prints as the prefix, as nft does.
-	for bits := 0; bits <= first.BitLen(); bits++ {
-		p := netip.PrefixFrom(first, bits)
-		if p.Masked().Addr() != first {
-			continue
-		}
-		if iv := prefixIntervals([]netip.Prefix{p}); len(iv) == 1 && bytes.Equal(iv[0].Last, last.AsSlice()) {
-			return p.String()
-		}
+	if ps := rangePrefixes(first, last); len(ps) == 1 {
+		return ps[0].String()
 	}
 	return first.String() + "-" + last.String()
+}
+
+// rangePrefixes lists the fewest prefixes that cover first to last, in order.
+func rangePrefixes(first, last netip.Addr) []netip.Prefix {
+	var out []netip.Prefix
+	for first.IsValid() && first.BitLen() == last.BitLen() && first.Compare(last) <= 0 {
+		bits := first.BitLen()
+		for bits > 0 {
+			p := netip.PrefixFrom(first, bits-1)
+			if p.Masked().Addr() != first || lastAddr(p).Compare(last) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(first, bits)
+		out = append(out, p)
+		first = lastAddr(p).Next()
+	}
+	return out
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a, _ := netip.AddrFromSlice(prefixIntervals([]netip.Prefix{p})[0].Last)
+	return a
 }
 
 // ElementStrings renders the set's elements in nft syntax.
@@ -504,16 +446,10 @@ func (s NFTSet) Body() string {
 }
 
 // FlagList renders the set's flags in nft syntax.
-func (s NFTSet) FlagList() string {
-	if s.Flags == "" {
-		return "constant,interval"
-	}
-	return s.Flags
-}
+func (s NFTSet) FlagList() string { return cmp.Or(s.Flags, "constant,interval") }
 
 // Statements renders the table as nft commands, one object or rule a line, in a canonical order
-// (sets by name, chains by name, rules in chain order). They are what `show` compares and
-// reports: two tables are the same exactly when their statements are.
+// (sets, chains by name): two tables are the same exactly when their statements are.
 func (t NFTTable) Statements() []string {
 	tbl := NFTFamily + " " + NFTTableName
 	out := []string{fmt.Sprintf("add table %s { comment %s; }", tbl, strconv.Quote(t.Comment))}
@@ -533,8 +469,7 @@ func (t NFTTable) Statements() []string {
 	return out
 }
 
-// CompareNFT compares a table read back from the kernel with the expected one, statement by
-// statement; a nil have means the table is absent.
+// CompareNFT compares a table read back (nil: absent) with the expected one, statement by statement.
 func CompareNFT(want NFTTable, have *NFTTable) Diff {
 	var h []string
 	if have != nil {

@@ -1,13 +1,12 @@
 package iptables
 
-// The plan: what our rules do, written once, in the order a packet meets them, and in no
-// backend's syntax. Plan puts each feature's steps (step_<feature>.go) into their chains; the
-// iptables rendering (XTRules) and the nftables rendering (NFT) loop over the steps, each of
-// which spells itself in both. Neither renderer decides what exists, which names the rules
-// carry, or which hook a chain hangs from. A new backend adds a rendering method to each step.
+// The plan: what our rules do, in the order a packet meets them and in no backend's syntax. Plan
+// puts each feature's steps (step_<feature>.go) into their chains; each step renders itself for
+// iptables (XTRules) and nftables (NFT), which decide nothing.
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -22,14 +21,11 @@ type Hook struct {
 }
 
 var (
-	// HookPrerouting sees inbound packets before routing.
-	HookPrerouting = Hook{Number: 0, Builtin: "PREROUTING", NFT: "prerouting"}
-	// HookOutput sees locally generated packets.
-	HookOutput = Hook{Number: 3, Builtin: "OUTPUT", NFT: "output"}
+	HookPrerouting = Hook{Number: 0, Builtin: "PREROUTING", NFT: "prerouting"} // inbound, before routing
+	HookOutput     = Hook{Number: 3, Builtin: "OUTPUT", NFT: "output"}         // locally generated
 )
 
-// HookByNumber returns the hook the kernel numbers n; a hook we never use gets a name that
-// shows its number, so a foreign chain read back still reads as what it is.
+// HookByNumber returns the hook the kernel numbers n; another hook is named by its number.
 func HookByNumber(n uint32) Hook {
 	for _, h := range []Hook{HookPrerouting, HookOutput} {
 		if h.Number == n {
@@ -39,12 +35,11 @@ func HookByNumber(n uint32) Hook {
 	return Hook{Number: n, Builtin: fmt.Sprintf("HOOK-%d", n), NFT: fmt.Sprintf("hook-%d", n)}
 }
 
-// XTTable is an iptables table our chains live in: where its chains sit among the hooks'
-// priorities, and the nftables chain type that does what it does.
+// XTTable is an iptables table our chains live in.
 type XTTable struct {
 	Name string
-	// Priority is the table's netfilter priority (NF_IP_PRI_*): the nftables chains that stand
-	// for its chains sit there, so every backend sees packets at the same point.
+	// Priority is the table's netfilter priority (NF_IP_PRI_*), where the nftables chains that
+	// stand for its chains sit, so every backend sees packets at the same point.
 	Priority int
 	// ChainType is the nftables base chain type of its chains: nat for nat, filter for the rest.
 	ChainType string
@@ -55,13 +50,11 @@ var (
 	TableNAT = XTTable{Name: Table, Priority: -100, ChainType: "nat"}
 	// TableMangle holds TPROXY and the INVALID drop, after conntrack and before nat.
 	TableMangle = XTTable{Name: "mangle", Priority: -150, ChainType: "filter"}
-	// TableRaw holds the DNS conntrack zones, which must be set before conntrack looks a
-	// packet up.
+	// TableRaw holds the DNS conntrack zones, which must be set before conntrack's lookup.
 	TableRaw = XTTable{Name: "raw", Priority: -300, ChainType: "filter"}
 )
 
-// XTTables lists the tables our chains can live in, in the order every rendering and reading
-// puts them.
+// XTTables lists the tables our chains can live in, in the order every rendering puts them.
 func XTTables() []XTTable { return []XTTable{TableNAT, TableMangle, TableRaw} }
 
 // PlanChain is one of our chains: the table and hook it hangs from and its steps in order.
@@ -71,28 +64,25 @@ type PlanChain struct {
 	Hook  Hook
 	// JumpName names the rule in the hook's built-in chain that jumps to this chain.
 	JumpName string
-	// Direction is "inbound" or "outbound" ("dns" for the zones); nftables names the chain's
-	// sets after it.
+	// Direction is "inbound", "outbound" or "dns": nftables names the chain's sets after it.
 	Direction string
 	Steps     []Step
 }
 
-// Chains returns every chain of ours, without steps: PROXY_INIT_REDIRECT and PROXY_INIT_OUTPUT
-// (nat, Linkerd's), then those of the features beyond Linkerd's. Their names, tables, hooks and
-// jumps depend on no configuration, so cleanup needs none.
-func Chains() []PlanChain {
-	return []PlanChain{
-		{Name: RedirectChain, Table: TableNAT, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
-		{Name: OutputChain, Table: TableNAT, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
-		{Name: MangleChain, Table: TableMangle, Hook: HookPrerouting, JumpName: "install-proxy-init-mangle-prerouting", Direction: "inbound"},
-		{Name: RawPreroutingChain, Table: TableRaw, Hook: HookPrerouting, JumpName: "install-proxy-init-raw-prerouting", Direction: "dns"},
-		{Name: RawOutputChain, Table: TableRaw, Hook: HookOutput, JumpName: "install-proxy-init-raw-output", Direction: "dns"},
-	}
+// Chains returns every chain of ours, without steps: Linkerd's two, then those of the features
+// beyond Linkerd's. They depend on no configuration, so cleanup needs none.
+func Chains() []PlanChain { return slices.Clone(ourChains) }
+
+var ourChains = []PlanChain{
+	{Name: RedirectChain, Table: TableNAT, Hook: HookPrerouting, JumpName: "install-proxy-init-prerouting", Direction: "inbound"},
+	{Name: OutputChain, Table: TableNAT, Hook: HookOutput, JumpName: "install-proxy-init-output", Direction: "outbound"},
+	{Name: MangleChain, Table: TableMangle, Hook: HookPrerouting, JumpName: "install-proxy-init-mangle-prerouting", Direction: "inbound"},
+	{Name: RawPreroutingChain, Table: TableRaw, Hook: HookPrerouting, JumpName: "install-proxy-init-raw-prerouting", Direction: "dns"},
+	{Name: RawOutputChain, Table: TableRaw, Hook: HookOutput, JumpName: "install-proxy-init-raw-output", Direction: "dns"},
 }
 
-// Plan returns our chains (Chains) with their steps in the order the kernel evaluates them (the
-// first RETURN, REDIRECT, TPROXY or DROP that matches wins), leaving out the chains beyond
-// Linkerd's two that have no steps: a Linkerd configuration has exactly Linkerd's chains.
+// Plan returns our chains with their steps in the order the kernel evaluates them (the first
+// verdict that matches wins), leaving out those beyond Linkerd's two that have no steps.
 func (r *Ruleset) Plan() []PlanChain {
 	all := Chains()
 	in, out, mangle, rawIn, rawOut := &all[0], &all[1], &all[2], &all[3], &all[4]
@@ -154,10 +144,10 @@ type PolicyRoute struct {
 	Priority int
 }
 
-// PolicyRoutes returns the policy routing the plan needs: one per family with TPROXY, none
-// without.
+// PolicyRoutes returns the policy routing the plan needs: one per family with TPROXY (none for a
+// nil plan).
 func (r *Ruleset) PolicyRoutes() []PolicyRoute {
-	if !r.TPROXY {
+	if r == nil || !r.TPROXY {
 		return nil
 	}
 	var out []PolicyRoute

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -39,15 +40,14 @@ const (
 	RawOutputChain     = "PROXY_INIT_RAW_OUTPUT"
 )
 
-// CloseWaitSysctl is the conntrack CLOSE_WAIT timeout a ruleset with CloseWaitSecs sets, per
-// network namespace.
+// CloseWaitSysctl is the per-namespace conntrack CLOSE_WAIT timeout that CloseWaitSecs sets.
 const CloseWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
 
 // maxMultiportPorts is the xt_multiport limit: 15 ports per rule, a range counting as two.
 const maxMultiportPorts = 15
 
-// Ruleset is the validated, normalized plan both backends write. Every list is deduplicated and
-// keeps the user's order; subnet lists hold both families and are split with Subnets.
+// Ruleset is the validated plan both backends write. Lists are deduplicated in the user's order;
+// subnet lists hold both families.
 type Ruleset struct {
 	Families          []Family
 	InboundProxyPort  uint16
@@ -64,8 +64,7 @@ type Ruleset struct {
 	// is no rule, and not part of Hash.
 	CloseWaitSecs int64
 
-	// IPv6Auto leaves IPv6 to be decided where the rules are written (ForIPv6); until then
-	// Families holds both.
+	// IPv6Auto leaves IPv6 to be decided where the rules are written (ForIPv6); Families has both.
 	IPv6Auto bool `json:",omitempty"`
 	// DNSPort, when non-zero, is where the pod's DNS is redirected; DNSServers, when given,
 	// limit that to these nameservers (both families).
@@ -73,8 +72,7 @@ type Ruleset struct {
 	DNSServers []netip.Addr `json:",omitempty"`
 	// TPROXY delivers inbound TCP with TPROXY instead of REDIRECT.
 	TPROXY bool `json:",omitempty"`
-	// OutboundRedirectPorts and OutboundRedirectSubnets, when non-empty, are the only outbound
-	// destinations redirected.
+	// OutboundRedirectPorts and OutboundRedirectSubnets, if any, are the only outbound redirected.
 	OutboundRedirectPorts   []PortRange    `json:",omitempty"`
 	OutboundRedirectSubnets []netip.Prefix `json:",omitempty"`
 	IgnoreInterfaces        []string       `json:",omitempty"`
@@ -84,9 +82,8 @@ type Ruleset struct {
 	// RerouteInterfaces are a virtual machine's interfaces, whose TCP goes to the outbound port.
 	RerouteInterfaces []string `json:",omitempty"`
 
-	// saved caches Saved per family: apply, compare and payloads all need the same lines, and
-	// rendering a thousand rules more than once is a visible part of a one-shot run. Nil (a
-	// Ruleset decoded from JSON, or made by hand) renders without caching.
+	// saved caches Saved per family: rendering a thousand rules more than once is a visible part
+	// of a one-shot run. Nil (a Ruleset decoded from JSON, or made by hand) renders each time.
 	saved *savedCache
 }
 
@@ -109,25 +106,11 @@ func (r *Ruleset) ForIPv6(on bool) *Ruleset {
 }
 
 // HasFamily reports whether rules are written for f.
-func (r *Ruleset) HasFamily(f Family) bool {
-	for _, g := range r.Families {
-		if g == f {
-			return true
-		}
-	}
-	return false
-}
+func (r *Ruleset) HasFamily(f Family) bool { return slices.Contains(r.Families, f) }
 
-// Subnets returns the members of list that belong to family f, so a v4 CIDR never reaches the
-// v6 rules.
+// Subnets returns the members of list in family f, so a v4 CIDR never reaches the v6 rules.
 func Subnets(f Family, list []netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range list {
-		if f.Contains(p) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return byFamily([]Family{f}, list, func(p netip.Prefix) bool { return p.Addr().Is4() })
 }
 
 // Rule is one iptables rule in the canonical form iptables-save prints, so that what we render and
@@ -140,10 +123,8 @@ type Rule struct {
 	Spec string
 }
 
-// String renders the rule as an iptables-save line; a rule without matches or target is
-// "-A <chain>", with no trailing space, as iptables-save prints it. A rule outside the nat table
-// starts with its table, as on iptables' command line ("-t mangle -A ..."), so that one list
-// can hold every table's lines.
+// String renders the rule as an iptables-save line ("-A <chain>" alone without a spec), behind
+// "-t <table> " outside the nat table, so that one list can hold every table's lines.
 func (r Rule) String() string {
 	t := ""
 	if r.Table != "" && r.Table != Table {
@@ -166,9 +147,8 @@ func (r Rule) writeTo(b *strings.Builder, verb string) {
 	b.WriteByte('\n')
 }
 
-// XTRule is one iptables rule of ours in structured form. Its Rule is the line iptables-save
-// prints for it; a writer that speaks iptables-nft's netlink representation encodes the same
-// fields. Only the fields a rule uses are set.
+// XTRule is one iptables rule of ours in structured form: Rule renders the line iptables-save
+// prints for it, and the iptables-nft netlink writer encodes the same fields.
 type XTRule struct {
 	// Table is the rule's table; empty is nat.
 	Table string
@@ -206,18 +186,16 @@ const (
 )
 
 // TableName is the rule's table: nat when Table is empty.
-func (r XTRule) TableName() string {
-	if r.Table == "" {
-		return Table
-	}
-	return r.Table
-}
+func (r XTRule) TableName() string { return cmp.Or(r.Table, Table) }
 
 // Rule renders r the way iptables-save prints it: the options in iptables' canonical order, and
 // no -s or -d for a /0 prefix, which matches every address and which iptables-save leaves out.
 func (r XTRule) Rule() Rule {
 	var b strings.Builder
-	opt := func(parts ...string) {
+	opt := func(on bool, parts ...string) {
+		if !on {
+			return
+		}
 		for _, p := range parts {
 			if b.Len() > 0 {
 				b.WriteByte(' ')
@@ -225,58 +203,38 @@ func (r XTRule) Rule() Rule {
 			b.WriteString(p)
 		}
 	}
-	if r.Source.IsValid() && r.Source.Bits() > 0 {
-		opt("-s", r.Source.String())
-	}
-	if r.Destination.IsValid() && r.Destination.Bits() > 0 {
-		opt("-d", r.Destination.String())
-	}
-	if r.InInterface != "" {
-		opt("-i", r.InInterface)
-	}
-	if r.OutInterface != "" {
-		opt("-o", r.OutInterface)
-	}
 	proto := ""
-	switch {
-	case r.TCP:
+	if r.TCP {
 		proto = "tcp"
-	case r.UDP:
+	} else if r.UDP {
 		proto = "udp"
 	}
-	if proto != "" {
-		opt("-p", proto)
-	}
+	opt(r.Source.IsValid() && r.Source.Bits() > 0, "-s", r.Source.String())
+	opt(r.Destination.IsValid() && r.Destination.Bits() > 0, "-d", r.Destination.String())
+	opt(r.InInterface != "", "-i", r.InInterface)
+	opt(r.OutInterface != "", "-o", r.OutInterface)
+	opt(proto != "", "-p", proto)
 	if r.UIDOwner != nil {
-		opt("-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
+		opt(true, "-m", "owner", "--uid-owner", strconv.FormatUint(uint64(*r.UIDOwner), 10))
 	}
 	if r.GIDOwner != nil {
-		opt("-m", "owner", "--gid-owner", strconv.FormatUint(uint64(*r.GIDOwner), 10))
+		opt(true, "-m", "owner", "--gid-owner", strconv.FormatUint(uint64(*r.GIDOwner), 10))
 	}
-	if len(r.MultiportDPorts) > 0 {
-		opt("-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
-	}
-	if r.DPort.First != 0 || r.SPort.First != 0 {
-		opt("-m", proto)
-		if r.SPort.First != 0 {
-			opt("--sport", xtPorts(r.SPort))
-		}
-		if r.DPort.First != 0 {
-			opt("--dport", xtPorts(r.DPort))
-		}
-	}
-	if r.CTState != "" {
-		opt("-m", "conntrack", "--ctstate", r.CTState)
-	}
+	opt(len(r.MultiportDPorts) > 0, "-m", "multiport", "--dports", joinXTPorts(r.MultiportDPorts))
+	opt(r.DPort.First != 0 || r.SPort.First != 0, "-m", proto)
+	opt(r.SPort.First != 0, "--sport", xtPorts(r.SPort))
+	opt(r.DPort.First != 0, "--dport", xtPorts(r.DPort))
+	opt(r.CTState != "", "-m", "conntrack", "--ctstate", r.CTState)
 	// Names never hold quotes or backslashes, so plain quoting matches what iptables-save prints.
-	opt("-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
+	opt(true, "-m", "comment", "--comment", "\""+r.Comment+"\"", "-j", r.Target)
 	switch r.Target {
 	case TargetRedirect:
-		opt("--to-ports", strconv.Itoa(int(r.ToPort)))
+		opt(true, "--to-ports", strconv.Itoa(int(r.ToPort)))
 	case TargetTPROXY:
-		opt("--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(), "--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
+		opt(true, "--on-port", strconv.Itoa(int(r.ToPort)), "--on-ip", r.OnIP.String(),
+			"--tproxy-mark", fmt.Sprintf("%#x/0xffffffff", r.Mark))
 	case TargetCT:
-		opt("--zone", strconv.Itoa(int(r.Zone)))
+		opt(true, "--zone", strconv.Itoa(int(r.Zone)))
 	}
 	return Rule{Table: r.TableName(), Chain: r.Chain, Spec: b.String()}
 }
@@ -290,14 +248,10 @@ const (
 	TargetCT       = "CT"
 )
 
-// XTRules returns the iptables rules inside our chains for family f, in plan order: chain by
-// chain (Plan), step by step. Each step becomes one rule, except that a port list matched with
-// multiport is split into groups of at most 15 ports, a list of subnets, addresses or redirected
-// ports becomes one rule per item (per item pair, for an outbound include list of both ports and
-// subnets), and a family's rules leave out the other family's items.
+// XTRules returns the iptables rules inside our chains for family f, in plan order. Each step
+// is one rule, or over a list one per multiport group of 15 ports or per item of f.
 func (r *Ruleset) XTRules(f Family) []XTRule {
-	// Sized up front, for this family's subnets only: with a thousand subnets, a cold process
-	// pays for every page it touches.
+	// Sized up front for this family's subnets: a cold process pays for every page it touches.
 	n := len(r.RedirectPorts) + 16
 	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
 		for _, p := range list {
@@ -320,15 +274,11 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 	return out
 }
 
-// XTJumps returns the rules that hook the chains the plan has into the built-in chains, in the
-// order iptables-save lists them: by table (XTTables), then by hook. They are the same for both
-// families.
+// XTJumps returns the rules that hook the plan's chains into the built-in chains, in
+// iptables-save order (by table, then hook), the same for both families.
 func (r *Ruleset) XTJumps() []XTRule {
 	return xtJumps(r.Plan())
 }
-
-// XTJumpsAll returns the jumps of every chain of ours (Chains), whatever the configuration.
-func XTJumpsAll() []XTRule { return xtJumps(Chains()) }
 
 func xtJumps(chains []PlanChain) []XTRule {
 	var out []XTRule
@@ -347,11 +297,9 @@ func xtJumps(chains []PlanChain) []XTRule {
 	return out
 }
 
-// Saved returns what iptables-save shows of ours in family f once rs is applied: our chains, then
-// every rule, table by table (XTTables), each table in the order iptables-save lists it: the
-// jumps first (built-in chains are printed before ours), then our chains' rules, chains in name
-// order. It is empty for a family rs does not write. It is rendered once per family; callers
-// must not modify it.
+// Saved returns what iptables-save shows of ours in family f once rs is applied, table by table
+// in its order: the jumps (built-in chains print first), then our chains' rules by chain name.
+// It is empty for a family rs does not write, and shared: callers must not modify it.
 func (r *Ruleset) Saved(f Family) SavedState {
 	if !r.HasFamily(f) {
 		return SavedState{}
@@ -393,36 +341,26 @@ func (r *Ruleset) renderSaved(f Family) SavedState {
 	return s
 }
 
-// Hash identifies the plan, so a backend can record what it wrote and skip an identical re-run.
-// Every rule derives from the Ruleset's fields, so hashing them is enough, and much cheaper than
-// rendering a thousand rules in a process that lives for milliseconds. It guards against
-// accidents, not adversaries (whoever can write the table can write its comment), so FNV serves;
-// a cryptographic hash would add its package initialisation to every run. The fields of the
-// features beyond Linkerd's are hashed only when one is set, so a Linkerd configuration keeps
-// the hash it always had.
+// Hash identifies the plan, so a backend can skip an identical re-run. It hashes the fields, far
+// cheaper than rendering the rules; FNV serves, as it guards against accidents, not adversaries,
+// and a cryptographic hash would add its initialisation to every run. The fields beyond
+// Linkerd's are hashed only when one is set, so a Linkerd configuration keeps its old hash.
 func (r *Ruleset) Hash() string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v|%d|%d|%d|%d|%v|%v|%v|", r.Families, r.InboundProxyPort, r.OutboundProxyPort,
 		r.ProxyUID, r.ProxyGID, r.RedirectPorts, r.InboundIgnorePorts, r.OutboundIgnorePorts)
-	// Subnets are hashed IPv4 first, and only those of the families written: each family's rules
-	// keep only their own, in order, so how the two families' items interleave in a list, or a
-	// family not written, changes no rule and must not change the plan (show rebuilds it from
-	// the rules, family by family).
-	subnets := func(list []netip.Prefix, sep string) {
-		for _, f := range r.Families {
-			for _, p := range list {
-				if f.Contains(p) {
-					h.Write([]byte(p.String() + ","))
-				}
-			}
+	// Subnets are hashed by family, of the families written: how the families' items interleave
+	// changes no rule, so must not change the plan (show rebuilds it family by family).
+	is4 := func(p netip.Prefix) bool { return p.Addr().Is4() }
+	for _, list := range [][]netip.Prefix{r.InboundIgnoreSubnets, r.OutboundIgnoreSubnets} {
+		for _, p := range byFamily(r.Families, list, is4) {
+			h.Write([]byte(p.String() + ","))
 		}
-		h.Write([]byte(sep))
+		h.Write([]byte("|"))
 	}
-	subnets(r.InboundIgnoreSubnets, "|")
-	subnets(r.OutboundIgnoreSubnets, "|")
 	if r.beyondLinkerd() {
 		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
-			byFamily(r.Families, r.OutboundRedirectSubnets, func(p netip.Prefix) bool { return p.Addr().Is4() }), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
+			byFamily(r.Families, r.OutboundRedirectSubnets, is4), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
 	// Hashed apart, so that a plan without them keeps the hash it had before they existed.
 	if len(r.RerouteInterfaces) > 0 {
@@ -431,8 +369,7 @@ func (r *Ruleset) Hash() string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// byFamily returns the items of list in the families written, IPv4's first, each family's in
-// order, as Hash wants them.
+// byFamily returns the items of list in the families fams, IPv4's first, each in order.
 func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 	var out []T
 	for _, f := range fams {
@@ -445,8 +382,7 @@ func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 	return out
 }
 
-// beyondLinkerd reports whether any of the features beyond Linkerd's that Hash hashes together
-// is on.
+// beyondLinkerd reports whether a feature beyond Linkerd's that Hash hashes together is on.
 func (r *Ruleset) beyondLinkerd() bool {
 	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
 		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0
@@ -461,8 +397,7 @@ func joinXTPorts(ports []PortRange) string {
 	return strings.Join(parts, ",")
 }
 
-// multiportGroups splits ports into multiport argument lists of at most 15 ports, a range
-// counting as two.
+// multiportGroups splits ports into multiport lists of at most 15 ports, a range counting two.
 func multiportGroups(ports []PortRange) [][]PortRange {
 	var groups [][]PortRange
 	start, n := 0, 0

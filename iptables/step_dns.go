@@ -1,8 +1,7 @@
 package iptables
 
 // DNS capture: DNS over UDP and TCP (to every nameserver, or those of resolv.conf) goes to the
-// proxy's DNS port, and the raw chains keep captured and direct DNS in conntrack zones of their
-// own.
+// proxy's DNS port; the raw chains keep captured and direct DNS in conntrack zones of their own.
 
 import (
 	"net/netip"
@@ -12,10 +11,9 @@ import (
 // DNSPort is where DNS is captured.
 const DNSPort = 53
 
-// Conntrack zones of DNS over UDP. Queries the proxy answers and the proxy's answers share one
-// zone; queries that go out as they are (the proxy's own, the exempt users', to other
-// nameservers) and every nameserver's answer share the other. A UDP query and the proxy's
-// forwarded copy can have the same addresses and ports, and one zone would mix their NAT.
+// Conntrack zones of DNS over UDP: captured queries and the proxy's answers, apart from queries
+// that go out as they are and the nameservers' answers. A UDP query and the proxy's forwarded
+// copy can have the same addresses and ports, and one zone would mix their NAT.
 const (
 	ZoneDirect   uint16 = 1
 	ZoneCaptured uint16 = 2
@@ -35,7 +33,7 @@ func (r *Ruleset) dnsRedirectSteps() []Step {
 }
 
 // dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
-// zones. The first that matches holds (the zone is set once, before conntrack).
+// zones; the first that matches holds.
 func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
 	zone := func(name string, z uint16) dnsZoneStep {
 		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z}
@@ -63,20 +61,17 @@ func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) 
 		output = append(output, zone("dns-zone-not-captured", ZoneDirect))
 	}
 	nameservers := zone("dns-zone-nameserver-answers", ZoneDirect)
-	nameservers.DNSAnswers = true
+	nameservers.SPort = DNSPort
 	return output, []Step{nameservers}
 }
 
-// redirectDNSStep redirects DNS over Proto (udp or tcp) to Servers (every nameserver when
-// empty) to the local port Port.
+// redirectDNSStep redirects DNS over Proto to Servers (every nameserver when empty) to port Port.
 type redirectDNSStep struct {
 	StepCommon
 	Proto   string
 	Servers []netip.Addr // of both families
 	Port    uint16
 }
-
-func (s redirectDNSStep) IsList() bool { return len(s.Servers) > 0 }
 
 func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.Target, x.ToPort = TargetRedirect, s.Port
@@ -94,67 +89,44 @@ func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(port))
 }
 
-// dnsZoneStep puts DNS packets into conntrack zone Zone: UDP from the local port SPort, UDP
-// from port 53 (DNSAnswers), or UDP to port 53 (to Servers, when given), from sockets of the
-// user or group ID (Owner) or out of the interface Interface, when given.
+// dnsZoneStep puts DNS packets into conntrack zone Zone: UDP to port 53 (to Servers, when given)
+// or, when SPort is set, UDP from that port, from sockets of the user or group ID (Owner) or out
+// of the interface Interface, when given.
 type dnsZoneStep struct {
 	StepCommon
-	Servers    []netip.Addr
-	Owner      Owner
-	ID         uint32
-	Interface  string
-	SPort      uint16
-	DNSAnswers bool
-	Zone       uint16
+	Servers   []netip.Addr
+	Owner     Owner
+	ID        uint32
+	Interface string
+	SPort     uint16
+	Zone      uint16
 }
 
-func (s dnsZoneStep) IsList() bool { return len(s.Servers) > 0 }
-
 func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	x.UDP, x.Target, x.Zone = true, TargetCT, s.Zone
-	switch {
-	case s.SPort != 0:
+	x.UDP, x.Target, x.Zone, x.OutInterface = true, TargetCT, s.Zone, s.Interface
+	if s.SPort != 0 {
 		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
-	case s.DNSAnswers:
-		x.SPort = PortRange{First: DNSPort, Last: DNSPort}
-	default:
+	} else {
 		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
 	}
-	switch s.Owner {
-	case OwnerUID:
-		x.UIDOwner = &s.ID
-	case OwnerGID:
-		x.GIDOwner = &s.ID
-	}
-	x.OutInterface = s.Interface
-	return appendPerServer(out, x, s, s.Servers, f)
+	return appendPerServer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, f)
 }
 
 func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	var ms []NFTMatch
-	switch s.Owner {
-	case OwnerUID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkUID, ID: s.ID})
-	case OwnerGID:
-		ms = append(ms, NFTMatch{Kind: NFTMatchSkGID, ID: s.ID})
-	}
+	ms := nftOwner(s.Owner, s.ID)
 	if s.Interface != "" {
 		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
 	}
-	switch {
-	case s.SPort != 0:
+	if s.SPort != 0 {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: uint32(s.SPort)})
-	case s.DNSAnswers:
-		ms = append(ms, NFTMatch{Kind: NFTMatchUDPSPort, ID: DNSPort})
-	default:
+	} else {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTZone, Zone: s.Zone}
 	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
 }
 
-// appendPerServer appends x once, or, when servers are listed, once per server of family f
-// (as the destination), named after it.
+// appendPerServer appends x once, or once per listed server of family f, to it and named after it.
 func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Family) []XTRule {
 	if len(servers) == 0 {
 		x.Comment = comment(s, "")
@@ -171,8 +143,7 @@ func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Fam
 	return out
 }
 
-// perServer adds rl with matches ms, once, or, when servers are listed, once per family with
-// servers, with the destination in the family's set of them.
+// perServer adds rl with matches ms once, or once per family of the servers listed, to them.
 func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
 	if len(servers) == 0 {
 		rl.Matches = ms

@@ -1,12 +1,11 @@
 package iptables
 
-// The ignore lists: TCP to the ports to ignore, and traffic from (inbound) or to (outbound) the
-// subnets to ignore, skip the proxy.
+// The ignore lists: TCP to the ports, and traffic from (inbound) or to the subnets, skip the proxy.
 
 import "net/netip"
 
-// ignoreListSteps are the steps of one direction's ignore lists; source matches the subnets as
-// the source address (inbound) rather than the destination.
+// ignoreListSteps are the steps of one direction's ignore lists, matching the subnets as the
+// source (inbound) or the destination.
 func ignoreListSteps(ports []PortRange, subnets []netip.Prefix, source bool) []Step {
 	var steps []Step
 	if len(ports) > 0 {
@@ -24,12 +23,7 @@ type ignorePortsStep struct {
 	Ports []PortRange
 }
 
-func (s ignorePortsStep) IsList() bool { return true }
-
-func (s ignorePortsStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s ignorePortsStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 func (s ignorePortsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	for _, g := range multiportGroups(s.Ports) {
@@ -44,20 +38,14 @@ func (s ignorePortsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 	cw.add(NFTRule{Comment: portsComment(s.StepCommon, s.Ports, xtPorts), Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}})
 }
 
-// ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families:
-// each family's rules take their own (Subnets function).
+// ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families.
 type ignoreSubnetsStep struct {
 	StepCommon
 	Subnets []netip.Prefix
 	Source  bool
 }
 
-func (s ignoreSubnetsStep) IsList() bool { return true }
-
-func (s ignoreSubnetsStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s ignoreSubnetsStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 // xtRules: one rule per subnet of family f.
 func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {

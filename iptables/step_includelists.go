@@ -5,8 +5,7 @@ package iptables
 
 import "net/netip"
 
-// outboundRedirect redirects outbound TCP to the outbound proxy port: to the include lists'
-// ports and subnets, or everywhere.
+// outboundRedirect redirects outbound TCP, to the include lists or everywhere, to the proxy.
 func (r *Ruleset) outboundRedirect() Step {
 	switch {
 	case len(r.OutboundRedirectPorts) > 0:
@@ -19,8 +18,7 @@ func (r *Ruleset) outboundRedirect() Step {
 	return redirectStep{StepCommon{Name: "redirect-all-outgoing-to-proxy-port"}, nil, r.OutboundProxyPort}
 }
 
-// redirectOutboundStep redirects outbound TCP to the local port Port, only to the destination
-// ports Ports (when given) and to the destination subnets Subnets (when given).
+// redirectOutboundStep redirects outbound TCP to the local port Port, to Ports and Subnets if given.
 type redirectOutboundStep struct {
 	StepCommon
 	Ports   []PortRange
@@ -28,16 +26,10 @@ type redirectOutboundStep struct {
 	Port    uint16
 }
 
-func (s redirectOutboundStep) IsList() bool { return true }
+func (s redirectOutboundStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
-func (s redirectOutboundStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
-
-// xtRules: one rule per pair of the step's subnets of family f and multiport groups of its
-// ports; an empty list counts as one item matching everything. A step with subnets but none in
-// f redirects nothing in f.
+// xtRules: one rule per pair of the subnets of family f and multiport groups of the ports; an
+// empty list counts as one item matching everything.
 func (s redirectOutboundStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
 	groups := multiportGroups(s.Ports)
@@ -63,8 +55,7 @@ func (s redirectOutboundStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule
 	return out
 }
 
-// nftRules: one rule to every destination or, when the step lists subnets, one per family to
-// the family's set of them.
+// nftRules: one rule, or with subnets one per family to the family's set of them.
 func (s redirectOutboundStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
 	ports := w.redirectPorts(dir, s.StepCommon, s.Ports, xtPorts, &rl)

@@ -1,10 +1,8 @@
 package iptables
 
-// Interfaces: traffic leaving by (or arriving on) an interface to ignore, and loopback, skips
-// the proxy.
+// Interfaces: traffic by an interface to ignore, and loopback, skips the proxy.
 
-// interfaceSteps ignore the interfaces to ignore, as the one a packet arrives on (inbound) or
-// leaves by.
+// interfaceSteps ignore the interfaces a packet arrives on (inbound) or leaves by.
 func (r *Ruleset) interfaceSteps(inbound bool) []Step {
 	var steps []Step
 	for _, name := range r.IgnoreInterfaces {
@@ -24,8 +22,6 @@ type ignoreInterfaceStep struct {
 	Interface string
 	In        bool
 }
-
-func (s ignoreInterfaceStep) IsList() bool { return false }
 
 func (s ignoreInterfaceStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	if s.In {

@@ -1,14 +1,11 @@
 package iptables
 
-// INVALID drop: inbound TCP that conntrack marks INVALID is dropped, instead of reaching the
-// application unredirected.
+// INVALID drop: inbound TCP that conntrack marks INVALID is dropped, not passed on unredirected.
 
 // dropInvalidStep drops TCP that conntrack marks INVALID.
 type dropInvalidStep struct{ StepCommon }
 
 func dropInvalid() Step { return dropInvalidStep{StepCommon{Name: "drop-invalid"}} }
-
-func (s dropInvalidStep) IsList() bool { return false }
 
 func (s dropInvalidStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.CTState, x.Target, x.Comment = true, CTStateInvalid, TargetDrop, comment(s, "")

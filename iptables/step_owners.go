@@ -1,7 +1,7 @@
 package iptables
 
-// UID/GID exemptions: the traffic of the proxy's user and group, and of the users and groups to
-// ignore, goes out as it is (and its DNS, in the direct zone; see step_dns.go).
+// UID/GID exemptions: the traffic of the proxy's user and group, and of those to ignore, goes
+// out as it is (its DNS in the direct zone, step_dns.go).
 
 import "strconv"
 
@@ -54,22 +54,33 @@ type ignoreOwnerStep struct {
 	ID    uint32
 }
 
-func (s ignoreOwnerStep) IsList() bool { return false }
-
 func (s ignoreOwnerStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	if s.Owner == OwnerGID {
-		x.GIDOwner = &s.ID
-	} else {
-		x.UIDOwner = &s.ID
-	}
 	x.Comment = comment(s, "")
-	return append(out, x)
+	return append(out, xtOwner(x, s.Owner, s.ID))
 }
 
 func (s ignoreOwnerStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	kind := NFTMatchSkUID
-	if s.Owner == OwnerGID {
-		kind = NFTMatchSkGID
+	cw.add(NFTRule{Comment: comment(s, ""), Matches: nftOwner(s.Owner, s.ID)})
+}
+
+// xtOwner is x matching sockets of the user (OwnerUID) or group (OwnerGID) id.
+func xtOwner(x XTRule, o Owner, id uint32) XTRule {
+	switch o {
+	case OwnerUID:
+		x.UIDOwner = &id
+	case OwnerGID:
+		x.GIDOwner = &id
 	}
-	cw.add(NFTRule{Comment: comment(s, ""), Matches: []NFTMatch{{Kind: kind, ID: s.ID}}})
+	return x
+}
+
+// nftOwner is the nftables match of xtOwner.
+func nftOwner(o Owner, id uint32) []NFTMatch {
+	switch o {
+	case OwnerUID:
+		return []NFTMatch{{Kind: NFTMatchSkUID, ID: id}}
+	case OwnerGID:
+		return []NFTMatch{{Kind: NFTMatchSkGID, ID: id}}
+	}
+	return nil
 }

@@ -1,10 +1,9 @@
 package iptables
 
-// Redirect: inbound TCP (to every port, or to the ports to redirect) goes to the inbound proxy
-// port; outbound TCP, when no include list limits it (step_includelists.go), to the outbound one.
+// Redirect: inbound TCP (to every port, or the ports to redirect) goes to the inbound proxy port;
+// outbound TCP, unless include lists limit it (step_includelists.go), to the outbound one.
 
-// inboundRedirect redirects inbound TCP, to every port or the ports to redirect, to the inbound
-// proxy port.
+// inboundRedirect redirects inbound TCP, to every port or those listed, to the proxy.
 func (r *Ruleset) inboundRedirect() Step {
 	if len(r.RedirectPorts) == 0 {
 		return redirectStep{StepCommon{Name: "redirect-all-incoming-to-proxy-port"}, nil, r.InboundProxyPort}
@@ -12,20 +11,14 @@ func (r *Ruleset) inboundRedirect() Step {
 	return redirectStep{StepCommon{Name: "redirect-port-", NameTail: "-to-proxy-port"}, r.RedirectPorts, r.InboundProxyPort}
 }
 
-// redirectStep redirects TCP (to the destination ports Ports, or to every port when Ports is
-// empty) to the local port Port.
+// redirectStep redirects TCP (to Ports, or every port when empty) to the local port Port.
 type redirectStep struct {
 	StepCommon
 	Ports []PortRange
 	Port  uint16
 }
 
-func (s redirectStep) IsList() bool { return len(s.Ports) > 0 }
-
-func (s redirectStep) rerouted(iface string) Step {
-	s.StepCommon = s.StepCommon.rerouted(iface)
-	return s
-}
+func (s redirectStep) rerouted(iface string) Step { return reroutedStep(s, iface) }
 
 func (s redirectStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
@@ -38,8 +31,7 @@ func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 	cw.add(rl)
 }
 
-// appendPerPort appends x once, or, when ports are listed, once per port (or range), named after
-// it. Redirect and TPROXY use it.
+// appendPerPort appends x once, or once per listed port or range, named after it.
 func appendPerPort(out []XTRule, x XTRule, s Step, ports []PortRange) []XTRule {
 	if len(ports) == 0 {
 		x.Comment = comment(s, "")
@@ -53,9 +45,8 @@ func appendPerPort(out []XTRule, x XTRule, s Step, ports []PortRange) []XTRule {
 	return out
 }
 
-// redirectPorts is the port match of a redirecting step: any TCP port, or, when ports are
-// listed, the direction's set of them, whose list (each spelled by label) then names rl.
-// Redirect, the include lists and TPROXY use it.
+// redirectPorts is the port match of a redirecting step: any TCP port, or the direction's set of
+// those listed, whose list (each spelled by label) then names rl.
 func (w *nftWriter) redirectPorts(dir string, c StepCommon, ports []PortRange, label func(PortRange) string, rl *NFTRule) NFTMatch {
 	if len(ports) == 0 {
 		return NFTMatch{Kind: NFTMatchTCP}

@@ -1,33 +1,36 @@
 package iptables
 
-// Reroute virtual interfaces: TCP arriving on a virtual machine's interfaces (KubeVirt's tap or
-// bridge) is the VM's outbound traffic: the outbound steps that apply to it are put first in
-// the inbound chain, limited to the interface.
+// Reroute virtual interfaces: TCP arriving on a virtual machine's interfaces is its outbound
+// traffic: the outbound steps that apply go first in the inbound chain, limited to them.
 
 // ReroutePrefix starts the names of a rerouted interface's steps: the outbound step's name follows.
 const ReroutePrefix = "reroute-"
 
-// RerouteInterfacePrefix names the rule that keeps TPROXY from a rerouted interface, before the
-// interface's name.
+// RerouteInterfacePrefix, then the interface, names the rule keeping TPROXY from it.
 const RerouteInterfacePrefix = "reroute-interface-"
 
-// reroutable is a step that applies to traffic from outside the pod's sockets: the ignore and
-// include lists and the redirect to the outbound port.
+// reroutable is a step that applies to traffic from outside the pod's sockets.
 type reroutable interface {
 	Step
-	// rerouted is the step limited to TCP arriving on iface.
+	// rerouted is the step limited to TCP arriving on iface: reroutedStep(s, iface).
 	rerouted(iface string) Step
 }
 
-// rerouted is c limited to iface, holding the outbound lists.
-func (c StepCommon) rerouted(iface string) StepCommon {
+// reroutedStep is s limited to iface, holding the outbound lists.
+func reroutedStep[S Step, P interface {
+	*S
+	common() *StepCommon
+}](s S, iface string) Step {
+	c := P(&s).common()
 	c.Name, c.Arriving, c.Direction = ReroutePrefix+c.Name, iface, "outbound"
-	return c
+	return s
 }
 
+// common is the StepCommon a step embeds, for reroutedStep to change.
+func (c *StepCommon) common() *StepCommon { return c }
+
 // reroute puts first in the inbound chain, for each of the virtual machine's interfaces, the
-// outbound steps that are reroutable: the VM's outbound traffic reaches the outbound proxy as
-// the pod's own does, and never the inbound steps.
+// reroutable outbound steps: the VM's outbound traffic never meets the inbound steps.
 func (r *Ruleset) reroute(in *PlanChain, outbound []Step) {
 	var steps []Step
 	for _, name := range r.RerouteInterfaces {

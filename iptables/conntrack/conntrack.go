@@ -1,20 +1,15 @@
 // Package conntrack sets and reads the conntrack TCP CLOSE_WAIT timeout of the calling thread's
-// network namespace over nfnetlink's cttimeout subsystem (IPCTNL_MSG_TIMEOUT_DEFAULT_SET and
-// _DEFAULT_GET): the namespace's default, the very value its
-// /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait shows. Unlike that file it needs no
-// writable /proc/sys, only CAP_NET_ADMIN in the namespace, so the node agent sets it from a
-// container whose /proc is read-only.
+// network namespace over nfnetlink's cttimeout subsystem: the value its
+// nf_conntrack_tcp_timeout_close_wait sysctl shows, without needing a writable /proc/sys, only
+// CAP_NET_ADMIN, so the node agent sets it from a container whose /proc is read-only.
 //
-// Limits: TCP's CLOSE_WAIT only, in whole seconds; the caller enters the namespace first (the
-// socket is opened in the calling thread's). A kernel without cttimeout
-// (CONFIG_NF_CT_NETLINK_TIMEOUT) refuses: the error is then ErrUnsupported, and the sysctl file is
-// the caller's fallback.
+// Limits: TCP's CLOSE_WAIT only, in whole seconds. A kernel without cttimeout refuses with
+// ErrUnsupported, and the sysctl file is the caller's fallback.
 //
 // # Tests
 //
-// As root: the value set over netlink is the namespace's sysctl and the sysctl's is read over
-// netlink, a round trip, other namespaces untouched. Without root: the answer's parser, and which
-// refusals fall back to the sysctl file.
+// As root: a round trip between netlink and the namespace's sysctl, other namespaces untouched.
+// Without root: the answer's parser, and which refusals fall back to the sysctl file.
 package conntrack
 
 import (
@@ -95,8 +90,7 @@ func dial() (*netlink.Conn, error) {
 	return c, nil
 }
 
-// request is a cttimeout message about TCP's defaults, with a CLOSE_WAIT value to set when
-// closeWait is not nil.
+// request is a cttimeout message about TCP's defaults, setting closeWait when not nil.
 func request(typ uint16, flags netlink.HeaderFlags, closeWait *uint32) netlink.Message {
 	ae := netlink.NewAttributeEncoder()
 	ae.ByteOrder = binary.BigEndian
@@ -138,23 +132,20 @@ func receive(c *netlink.Conn) ([]byte, error) {
 	return b[:n], nil
 }
 
-// parseCloseWait reads the CLOSE_WAIT timeout from the kernel's answer to msgDefaultGet, or the
-// error it answered with.
+// parseCloseWait reads the CLOSE_WAIT timeout, or the error, from the answer to msgDefaultGet.
 func parseCloseWait(b []byte) (uint32, error) {
 	msgs, err := syscall.ParseNetlinkMessage(b)
 	if err != nil {
 		return 0, fmt.Errorf("malformed answer: %w", err)
 	}
 	for _, m := range msgs {
-		if m.Header.Type == unix.NLMSG_ERROR {
-			if len(m.Data) >= 4 {
-				if code := int32(binary.NativeEndian.Uint32(m.Data)); code < 0 {
-					return 0, unix.Errno(-code)
-				}
-			}
+		if len(m.Data) < 4 {
 			continue
 		}
-		if len(m.Data) < 4 {
+		if m.Header.Type == unix.NLMSG_ERROR {
+			if code := int32(binary.NativeEndian.Uint32(m.Data)); code < 0 {
+				return 0, unix.Errno(-code)
+			}
 			continue
 		}
 		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
@@ -187,9 +178,8 @@ func parseCloseWait(b []byte) (uint32, error) {
 }
 
 // refused marks err ErrUnsupported when it says the kernel lacks what is asked: no netfilter
-// netlink at all (EPROTONOSUPPORT), no cttimeout subsystem (EINVAL: nfnetlink's answer for a
-// subsystem it does not know; the messages here are the ones its current code accepts), or no
-// TCP timeouts (EOPNOTSUPP, ENOENT).
+// netlink (EPROTONOSUPPORT), no cttimeout (EINVAL, nfnetlink's answer for an unknown subsystem:
+// it accepts these messages otherwise), or no TCP timeouts (EOPNOTSUPP, ENOENT).
 func refused(err error) error {
 	for _, e := range []error{unix.EPROTONOSUPPORT, unix.EINVAL, unix.EOPNOTSUPP, unix.ENOENT} {
 		if errors.Is(err, e) {

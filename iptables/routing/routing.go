@@ -1,12 +1,9 @@
-// Package routing writes, reads back and removes the policy routing that TPROXY needs beside its
-// rules (iptables.PolicyRoute): per family, an ip rule sending packets with TPROXY's mark to a
-// route table of ours, and in it a local default route, so that marked packets are delivered to
-// this host whatever their destination. It speaks rtnetlink (vishvananda/netlink), in the network
-// namespace of the calling thread; the Runner enters it first. It decides nothing about which
-// routes exist: the plan does (Ruleset.PolicyRoutes).
-//
-// What is ours is known without a configuration: the ip rules at iptables.TPROXYRulePriority that
-// look up iptables.TPROXYTable, and every route in that table.
+// Package routing writes, reads back and removes the policy routing TPROXY needs beside its
+// rules (iptables.PolicyRoute): per family, an ip rule sending TPROXY's mark to a route table of
+// ours, holding a local default route, so marked packets are delivered here. It speaks rtnetlink
+// in the calling thread's network namespace, and decides nothing (Ruleset.PolicyRoutes does).
+// What is ours needs no configuration: the ip rules at iptables.TPROXYRulePriority that look up
+// iptables.TPROXYTable, and every route in that table.
 package routing
 
 import (
@@ -21,8 +18,7 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Netlink is the policy routing of the calling thread's network namespace. Each call reads
-// what is ours in one dump of the ip rules and one of the routes, both families at once.
+// Netlink is the policy routing of the calling thread's network namespace.
 type Netlink struct{}
 
 // Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it,
@@ -44,9 +40,8 @@ func (Netlink) Read() ([]string, error) {
 	return out, nil
 }
 
-// Ensure adds what of want is missing, and returns what undoes exactly that (nothing, when
-// everything was in place): the caller's undo when the rules that need the routing fail. Routes
-// go in before their rules, so no marked packet is looked up in an empty table.
+// Ensure adds what of want is missing, and returns what undoes exactly that, for when the rules
+// that need it fail. Routes go in before their rules, so no marked packet meets an empty table.
 func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error) {
 	var added []func() error
 	undo = func() error {
@@ -87,10 +82,8 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 	return undo, nil
 }
 
-// Prune removes every rule and route of ours that want does not hold: all of them for an empty
-// want, which is cleanup. Rules go before routes: a rule left without its route would send
-// marked packets on to the main table, which is harmless, and no rule is left pointing at a
-// table being emptied.
+// Prune removes every rule and route of ours that want does not hold (all, for cleanup). Rules
+// go first: one left without its route sends marked packets on to the main table, harmlessly.
 func (Netlink) Prune(want []iptables.PolicyRoute) error {
 	o, err := readOurs()
 	if err != nil {
@@ -120,6 +113,8 @@ func (Netlink) Prune(want []iptables.PolicyRoute) error {
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
+var nlFamilies = map[iptables.Family]int{iptables.IPv4: netlink.FAMILY_V4, iptables.IPv6: netlink.FAMILY_V6}
+
 // current is what of ours one read found, by family, and the loopback interface's index.
 type current struct {
 	rules  map[iptables.Family][]netlink.Rule
@@ -127,28 +122,23 @@ type current struct {
 	lo     int
 }
 
-func familyOf(nl int) iptables.Family {
-	if nl == netlink.FAMILY_V6 {
-		return iptables.IPv6
-	}
-	return iptables.IPv4
-}
-
 func readOurs() (*current, error) {
 	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
 	rules, err := netlink.RuleList(netlink.FAMILY_ALL)
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		// qemu-user translates rtnetlink's links, addresses and routes, not its ip rules: where
-		// they cannot be listed they cannot have been written either, so none is ours (and
-		// TPROXY, which adds one, fails there with this error).
+		// qemu-user translates rtnetlink but not its ip rules: where they cannot be listed none
+		// can have been written (TPROXY, which adds one, fails there with this error).
 		rules, err = nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		if r.Priority == iptables.TPROXYRulePriority && r.Table == int(iptables.TPROXYTable) && (r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6) {
-			o.rules[familyOf(r.Family)] = append(o.rules[familyOf(r.Family)], r)
+		for _, f := range families {
+			if r.Family == nlFamilies[f] && r.Priority == iptables.TPROXYRulePriority &&
+				r.Table == int(iptables.TPROXYTable) {
+				o.rules[f] = append(o.rules[f], r)
+			}
 		}
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
@@ -156,8 +146,10 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		if r.Family == netlink.FAMILY_V4 || r.Family == netlink.FAMILY_V6 {
-			o.routes[familyOf(r.Family)] = append(o.routes[familyOf(r.Family)], r)
+		for _, f := range families {
+			if r.Family == nlFamilies[f] {
+				o.routes[f] = append(o.routes[f], r)
+			}
 		}
 	}
 	lo, err := netlink.LinkByName("lo")
@@ -175,16 +167,9 @@ func del(what string, err error) error {
 	return fmt.Errorf("remove %s: %w", what, err)
 }
 
-func nlFamily(f iptables.Family) int {
-	if f == iptables.IPv6 {
-		return netlink.FAMILY_V6
-	}
-	return netlink.FAMILY_V4
-}
-
 func markRule(p iptables.PolicyRoute) *netlink.Rule {
 	r := netlink.NewRule()
-	r.Family, r.Priority, r.Table, r.Mark = nlFamily(p.Family), p.Priority, int(p.Table), p.Mark
+	r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
 	return r
 }
 
@@ -193,12 +178,11 @@ func (o *current) localRoute(p iptables.PolicyRoute) *netlink.Route {
 	if p.Family == iptables.IPv6 {
 		bits = 128
 	}
-	return &netlink.Route{Family: nlFamily(p.Family), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
+	return &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
 		LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
 }
 
-// ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does, so that what is read
-// compares with what is wanted; anything it holds beyond a mark shows.
+// ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does; anything beyond a mark shows.
 func ruleLine(f iptables.Family, r netlink.Rule) string {
 	p := iptables.PolicyRoute{Family: f, Mark: r.Mark, Table: uint32(r.Table), Priority: r.Priority}
 	l := p.Lines()[0]
@@ -211,8 +195,7 @@ func ruleLine(f iptables.Family, r netlink.Rule) string {
 	return l
 }
 
-// routeLine renders a route of our table as iptables.PolicyRoute.Lines does; any other route
-// there reads as what it is.
+// routeLine renders a route of our table as iptables.PolicyRoute.Lines does, or as what it is.
 func (o *current) routeLine(f iptables.Family, r netlink.Route) string {
 	def := r.Dst == nil
 	if r.Dst != nil {

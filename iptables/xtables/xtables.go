@@ -1,16 +1,12 @@
 // Package xtables applies a Ruleset with the iptables binaries (iptables-legacy, iptables-nft or
-// plain iptables): one `iptables-restore --noflush` transaction per family.
-//
-// It learns what is already in place without spawning a process where the kernel allows it: the
-// legacy nat table shows up in /proc/net/ip{,6}_tables_names only once something created it, and
-// iptables-nft's chains are visible over nf_tables netlink (asked of iptables/nfnl). `*-save`
-// runs only when our chains may exist. It never decides which rules exist; that is the builder's
-// job.
+// plain iptables): one `iptables-restore --noflush` transaction per family. `*-save` runs only
+// when our chains may exist, which the kernel tells without a process (/proc's legacy table
+// names, iptables-nft's chains over netlink). It never decides which rules exist.
 //
 // # Tests
 //
-// As root: apply, re-apply with no change, change and cleanup in a namespace; an IPv6 failure rolls
-// back IPv4; restore errors quote the payload lines; the fallback within a backend.
+// As root: apply, re-apply, change and cleanup in a namespace; an IPv6 failure rolls back IPv4;
+// restore errors quote the payload lines; the fallback within a backend.
 package xtables
 
 import (
@@ -42,8 +38,8 @@ type Options struct {
 	Wait bool
 }
 
-// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer,
-// short enough that a stuck lock fails the pod visibly instead of hanging it.
+// WaitTimeout bounds the wait for the xtables lock: long enough to outlast another writer, short
+// enough that a stuck lock fails the pod visibly.
 const WaitTimeout = 10 * time.Second
 
 // Applier writes rules through one set of iptables binaries.
@@ -58,9 +54,8 @@ type binaries struct{ restore, save string }
 
 var _ iptables.Applier = (*Applier)(nil)
 
-// New returns the applier for mode legacy, nft or plain. When the mode's own binaries are
-// missing it falls back within the same backend: e.g. nft mode on a host whose only
-// binary is an nf_tables-backed "iptables".
+// New returns the applier for mode legacy, nft or plain. Without the mode's own binaries it falls
+// back within the same backend (nft mode with only an nf_tables-backed "iptables").
 func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	var prefix string
 	var backend iptables.Backend
@@ -79,12 +74,8 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 		return nil, fmt.Errorf("iptables mode %q is not served by the iptables binaries", mode)
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cmd := "iptables"
-		if f == iptables.IPv6 {
-			cmd = "ip6tables"
-		}
-		b, err := findBinaries(cmd, prefix, backend)
+	for _, f := range families {
+		b, err := findBinaries(commands[f], prefix, backend)
 		if err != nil {
 			return nil, err
 		}
@@ -109,8 +100,8 @@ func findBinaries(cmd, suffix string, backend iptables.Backend) (binaries, error
 		cmd, suffix, cmd, suffix, os.Getenv("PATH"), cmd, backend)
 }
 
-// lookPair finds name-restore and name-save, the second first beside the first: they come from
-// one package, and every PATH entry searched in vain is a system call of a short-lived process.
+// lookPair finds name-restore and name-save, the second first beside the first (one package):
+// every PATH entry searched in vain is a system call.
 func lookPair(name string) (binaries, bool) {
 	restore, err := exec.LookPath(name + "-restore")
 	if err != nil {
@@ -125,12 +116,10 @@ func lookPair(name string) (binaries, bool) {
 	return binaries{restore, save}, true
 }
 
-// DetectPlain tells which backend the plain "iptables" binary writes: iptables-legacy or
-// iptables-nft.
+// DetectPlain tells which backend the plain "iptables" binary writes.
 func DetectPlain() (iptables.Backend, error) { return backendOf("iptables") }
 
-// backendOf reads the backend from the alternatives symlink chain when it names one (no exec), and
-// otherwise asks the binary for its version.
+// backendOf reads the backend from the alternatives symlink chain, or else the binary's version.
 func backendOf(cmd string) (iptables.Backend, error) {
 	p, err := exec.LookPath(cmd)
 	if err != nil {
@@ -163,23 +152,17 @@ func backendOf(cmd string) (iptables.Backend, error) {
 func (a *Applier) Name() string { return a.name }
 
 // Covers names the backend the binaries write: iptables-legacy's or iptables-nft's rules.
-func (a *Applier) Covers() []iptables.Backend {
-	if a.backend == iptables.BackendLegacy {
-		return []iptables.Backend{iptables.BackendLegacy}
-	}
-	return []iptables.Backend{iptables.BackendNFT}
-}
+func (a *Applier) Covers() []iptables.Backend { return []iptables.Backend{a.backend} }
 
-// Apply makes our rules exactly rs, one restore per family, and rolls earlier families back if a
-// later one fails. A restore commits table by table, so a family whose restore fails after
-// committing a table (the mangle or raw table of a feature beyond Linkerd's) is rolled back too.
+// Apply makes our rules exactly rs, one restore per family, rolling back earlier families if a
+// later one fails, and the failing one too where it spans tables (a restore commits per table).
 func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
 	if err := a.capable("write the " + a.name + " nat rules"); err != nil {
 		return iptables.Result{}, err
 	}
-	var applied []appliedFamily
+	applied := map[iptables.Family]iptables.SavedState{} // what each family held before
 	var res iptables.Result
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range families {
 		cur, err := a.read(ctx, f)
 		if err != nil {
 			return res, errors.Join(err, a.rollback(ctx, applied))
@@ -191,40 +174,37 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 		target := rs.Saved(f)
 		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, target)); err != nil {
 			if len(cur.Tables()) > 1 || len(target.Tables()) > 1 {
-				applied = append(applied, appliedFamily{f, cur})
+				applied[f] = cur
 			}
 			return res, errors.Join(err, a.rollback(ctx, applied))
 		}
 		res.Changed = true
-		applied = append(applied, appliedFamily{f, cur})
+		applied[f] = cur
 	}
 	return res, nil
 }
 
-// appliedFamily remembers what a family held before Apply changed it.
-type appliedFamily struct {
-	f    iptables.Family
-	prev iptables.SavedState
-}
-
-// rollback returns each family Apply changed, wholly or in part, to the state it had before,
-// from the state it has now.
-func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
+// rollback returns each family Apply changed, wholly or in part, to its state before.
+func (a *Applier) rollback(ctx context.Context, applied map[iptables.Family]iptables.SavedState) error {
 	var errs []error
 	var back []string
-	for _, d := range applied {
-		now, err := a.read(ctx, d.f)
-		if err == nil && slices.Equal(now.Rules, d.prev.Rules) && slices.Equal(now.Chains, d.prev.Chains) {
+	for _, f := range families {
+		prev, ok := applied[f]
+		if !ok {
+			continue
+		}
+		now, err := a.read(ctx, f)
+		if err == nil && slices.Equal(now.Rules, prev.Rules) && slices.Equal(now.Chains, prev.Chains) {
 			continue // the failed restore committed nothing
 		}
 		if err == nil {
-			err = a.restore(ctx, d.f, iptables.TransitionPayload(now, d.prev))
+			err = a.restore(ctx, f, iptables.TransitionPayload(now, prev))
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("roll back %s: %w", d.f, err))
+			errs = append(errs, fmt.Errorf("roll back %s: %w", f, err))
 			continue
 		}
-		back = append(back, string(d.f))
+		back = append(back, string(f))
 	}
 	if len(errs) == 0 && len(back) > 0 {
 		return fmt.Errorf("rolled back %s to the rules it had before", strings.Join(back, " and "))
@@ -232,55 +212,58 @@ func (a *Applier) rollback(ctx context.Context, applied []appliedFamily) error {
 	return errors.Join(errs...)
 }
 
-// Show reads back our rules and compares them with rs. A family rs does not cover is expected
-// to hold none of our rules.
+// Show reads back our rules and compares them with rs (a family rs omits should hold none).
 func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
-	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
-		return iptables.State{}, err
-	}
 	st := iptables.State{Backend: a.name, PerFamily: true}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return st, err
-		}
-		st.Families = append(st.Families, rs.FamilyState(f, cur))
+	if err := a.capable("read the " + a.name + " nat rules"); err != nil {
+		return st, err
 	}
-	return st, nil
+	saved, err := a.readAll(ctx)
+	for _, f := range families[:len(saved)] {
+		st.Families = append(st.Families, rs.FamilyState(f, saved[f]))
+	}
+	return st, err
 }
 
-// Holding reads what of ours the binaries' backend holds, per family, for show to inspect
-// without a configuration.
+// Holding reads what of ours the backend holds, per family, for show to inspect without a config.
 func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
-	h := iptables.Holding{Backend: a.Covers()[0], PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
+	h := iptables.Holding{Backend: a.backend, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
 	if err := a.capable("read the " + a.name + " rules"); err != nil {
 		return h, err
 	}
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return h, err
-		}
-		h.Saved[f] = cur
-	}
-	return h, nil
+	var err error
+	h.Saved, err = a.readAll(ctx)
+	return h, err
 }
 
-// Present lists our rules and chains in place, prefixed with their family, and someone else's
-// jumps into our chains: what Cleanup would remove.
+// Present lists what Cleanup would remove, each line prefixed with its family.
 func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
-	var out []string
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		cur, err := a.read(ctx, f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, cur.Present(f)...)
+	saved, err := a.readAll(ctx)
+	if err != nil {
+		return nil, err
 	}
+	out := append(saved[iptables.IPv4].Present(iptables.IPv4), saved[iptables.IPv6].Present(iptables.IPv6)...)
 	if len(out) == 0 {
 		return nil, nil
 	}
-	return []iptables.Elsewhere{{Backend: a.Covers()[0], Rules: out}}, nil
+	return []iptables.Elsewhere{{Backend: a.backend, Rules: out}}, nil
+}
+
+var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+
+var commands = map[iptables.Family]string{iptables.IPv4: "iptables", iptables.IPv6: "ip6tables"}
+
+// readAll reads both families' rules of ours, stopping at the first that fails.
+func (a *Applier) readAll(ctx context.Context) (map[iptables.Family]iptables.SavedState, error) {
+	saved := map[iptables.Family]iptables.SavedState{}
+	for _, f := range families {
+		cur, err := a.read(ctx, f)
+		if err != nil {
+			return saved, err
+		}
+		saved[f] = cur
+	}
+	return saved, nil
 }
 
 // Cleanup removes our chains and the jumps to them, in both families.
@@ -289,25 +272,18 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, f := range families {
 		cur, err := a.read(ctx, f)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if err == nil && !cur.Empty() {
+			err = a.restore(ctx, f, iptables.TransitionPayload(cur, iptables.SavedState{}))
 		}
-		if cur.Empty() {
-			continue
-		}
-		if err := a.restore(ctx, f, iptables.TransitionPayload(cur, iptables.SavedState{})); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// capable checks, before anything runs, that the process has the capabilities the binaries need:
-// without them they fail with messages that do not say why ("unable to initialize table
-// 'nat'"), and iptables-legacy-save even prints an empty table and succeeds.
+// capable checks that the process has the capabilities the binaries need: without them they fail
+// saying not why ("unable to initialize table 'nat'"), or iptables-legacy-save prints nothing.
 func (a *Applier) capable(op string) error {
 	need := []string{errclass.NetAdmin}
 	if a.backend == iptables.BackendLegacy {
@@ -319,10 +295,8 @@ func (a *Applier) capable(op string) error {
 	return nil
 }
 
-// read returns our rules in place for family f, running *-save only when they may exist, and
-// only for the tables that may hold them (nat alone, for every Linkerd configuration). Each table
-// is saved apart: saving them all at once lists the table names in /proc, which a pod's own
-// user namespace may not read.
+// read returns our rules in place for family f, saving only the tables that may hold them, each
+// apart: saving all lists the table names in /proc, which a pod's user namespace may not read.
 func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedState, error) {
 	var all strings.Builder
 	for _, t := range a.mayHaveRules(ctx, f) {
@@ -339,12 +313,10 @@ func (a *Applier) read(ctx context.Context, f iptables.Family) (iptables.SavedSt
 	return iptables.ParseSave(all.String()), nil
 }
 
-// run executes the program at path with args and input on its standard input, and returns what
-// it wrote to standard output and standard error (both in out when combined). The streams are
-// memory files, not pipes: for pipes os/exec starts copying goroutines, and the threads the
-// runtime starts for them are a visible cost to a short-lived process (docs/performance.md).
-// Where memfd_create is refused (a seccomp profile can forbid it), pipes it is. ctx's end kills
-// the program.
+// run executes the program at path with args and input, and returns its standard output and
+// error (both in out when combined). The streams are memory files, not pipes, whose copying
+// goroutines' threads cost a short-lived process (docs/performance.md); where seccomp refuses
+// memfd_create, pipes it is. ctx's end kills the program.
 func run(ctx context.Context, path string, args []string, input string, combined bool) (out, stderr []byte, err error) {
 	files := make([]*os.File, 0, 3)
 	defer func() {
@@ -370,26 +342,20 @@ func run(ctx context.Context, path string, args []string, input string, combined
 		errOut = files[1]
 	}
 	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
-	read := func(f *os.File) ([]byte, error) {
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return nil, err
+	for i, dst := range []*[]byte{&out, &stderr} {
+		if _, err := files[i+1].Seek(0, io.SeekStart); err != nil {
+			return nil, nil, err
 		}
-		return io.ReadAll(f)
-	}
-	if out, err = read(files[1]); err != nil {
-		return nil, nil, err
-	}
-	if stderr, err = read(files[2]); err != nil {
-		return nil, nil, err
+		if *dst, err = io.ReadAll(files[i+1]); err != nil {
+			return nil, nil, err
+		}
 	}
 	return out, stderr, runErr
 }
 
-// forkWait runs the program and waits for it, with syscall.ForkExec rather than os/exec, whose
-// first program in a process costs one more fork, to probe pidfd support, and one more thread
-// (docs/performance.md). The program inherits the descriptors that are not close-on-exec, the
-// namespace's lock among them (see runner.Lock). When ctx ends first, the program is killed; the
-// zombie is reaped only once no kill can reach a reused pid.
+// forkWait runs the program with syscall.ForkExec (os/exec's first costs a fork to probe pidfd,
+// and a thread) and waits. It inherits the namespace's lock (runner.Lock). When ctx ends first it
+// is killed, and reaped only once no kill can reach a reused pid.
 func forkWait(ctx context.Context, path string, args []string, stdin, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -443,8 +409,7 @@ func (e exitError) Error() string {
 	return "exit status " + strconv.Itoa(e.ws.ExitStatus())
 }
 
-// ExitCode is the exit status, or -1 for a program a signal ended: what *exec.ExitError, the pipe
-// path's error, answers too.
+// ExitCode is the exit status, or -1 for a program a signal ended, as *exec.ExitError answers.
 func (e exitError) ExitCode() int {
 	if e.ws.Signaled() {
 		return -1
@@ -465,9 +430,8 @@ func runPiped(cmd *exec.Cmd, input string, combined bool) (out, stderr []byte, e
 	return o.Bytes(), e.Bytes(), err
 }
 
-// mayHaveRules answers from the kernel, without exec, which of our tables (iptables.XTTables)
-// can hold chains of ours. A netlink error leaves the question open: the caller then reads
-// every table.
+// mayHaveRules answers from the kernel, without exec, which of our tables can hold chains of
+// ours; a netlink error leaves the question open: every table.
 func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string {
 	if a.backend == iptables.BackendLegacy {
 		return LegacyTables(f)
@@ -479,46 +443,32 @@ func (a *Applier) mayHaveRules(ctx context.Context, f iptables.Family) []string 
 	return tables
 }
 
-// LegacyTables lists, from /proc and without exec, which of our tables (iptables.XTTables)
-// exist in iptables-legacy's family f in the current thread's namespace. Where none does, no
-// legacy rule of ours can exist.
+// LegacyTables lists, from /proc, which of our tables exist in iptables-legacy's family f in the
+// namespace of the current thread (thread-self: we run on a locked thread that entered it).
 func LegacyTables(f iptables.Family) []string {
-	// thread-self, not self: /proc/self/net shows the main thread's namespace, and we run on a
-	// locked thread that entered another one.
 	file := "/proc/thread-self/net/ip_tables_names"
 	if f == iptables.IPv6 {
 		file = "/proc/thread-self/net/ip6_tables_names"
 	}
-	var out []string
 	data, err := os.ReadFile(file)
-	if err != nil {
-		// No legacy module loaded at all: nothing of ours can be there. Any other error
-		// leaves the question open.
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		for _, t := range iptables.XTTables() {
-			out = append(out, t.Name)
-		}
-		return out
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // no legacy module loaded at all; any other error leaves the question open
 	}
+	var out []string
 	names := strings.Fields(string(data))
 	for _, t := range iptables.XTTables() {
-		if slices.Contains(names, t.Name) {
+		if err != nil || slices.Contains(names, t.Name) {
 			out = append(out, t.Name)
 		}
 	}
 	return out
 }
 
-// LegacyMissing says why the kernel offers no iptables-legacy for family f in the calling thread's
-// network namespace, or is nil where it does or cannot tell. Without the legacy ip_tables (or
-// ip6_tables), which kernels from 6.17 build only with CONFIG_NETFILTER_XTABLES_LEGACY, the
-// binaries fail with "unable to initialize table 'nat'", which names nothing. Both signs are
-// asked: no table list in /proc (which the module creates in every namespace), and the
-// iptables' socket option refused with ENOPROTOOPT, as with no handler registered at all. The
-// option is asked with a buffer of the wrong size, which a kernel with the handler refuses with
-// EINVAL before it looks at, or loads, any table.
+// LegacyMissing says why the kernel offers no iptables-legacy for family f in the calling
+// thread's namespace (kernels from 6.17 build it only with CONFIG_NETFILTER_XTABLES_LEGACY, and
+// the binaries then fail naming nothing), or is nil where it does or cannot tell. Both signs are
+// asked: no table list in /proc, and the socket option refused with ENOPROTOOPT; it is asked with
+// a wrong-sized buffer, which a kernel with the handler refuses with EINVAL, loading no table.
 func LegacyMissing(f iptables.Family) error {
 	file, domain, level, opt := "/proc/thread-self/net/ip_tables_names", unix.AF_INET, unix.IPPROTO_IP, "IPT_SO_GET_INFO"
 	if f == iptables.IPv6 {
@@ -539,18 +489,12 @@ func LegacyMissing(f iptables.Family) error {
 	return fmt.Errorf("no %s, and the socket option %s is refused: %w", strings.TrimPrefix(file, "/proc/thread-self"), opt, unix.ENOPROTOOPT)
 }
 
-// lineNumbers returns the payload line numbers a restore tool names in its output: "line: 2"
-// (iptables-nft) or "line 5 failed" (iptables-legacy). Plain string scanning, because linking
-// package regexp alone added to every run of proxy-init's start-up (docs/performance.md).
+// lineNumbers returns the payload line numbers a restore tool names: "line: 2" (iptables-nft) or
+// "line 5 failed" (legacy). No regexp: linking it slowed every start-up (docs/performance.md).
 func lineNumbers(out string) []int {
 	var ns []int
-	for {
-		i := strings.Index(out, "line")
-		if i < 0 {
-			return ns
-		}
-		out = out[i+len("line"):]
-		num := strings.TrimLeft(strings.TrimPrefix(out, ":"), " ")
+	for _, after := range strings.Split(out, "line")[1:] {
+		num := strings.TrimLeft(strings.TrimPrefix(after, ":"), " ")
 		end := strings.IndexFunc(num, func(r rune) bool { return r < '0' || r > '9' })
 		if end < 0 {
 			end = len(num)
@@ -559,10 +503,10 @@ func lineNumbers(out string) []int {
 			ns = append(ns, n)
 		}
 	}
+	return ns
 }
 
-// restore runs one iptables-restore --noflush transaction. On failure the error quotes the
-// payload lines the tool complained about.
+// restore runs one iptables-restore --noflush transaction.
 func (a *Applier) restore(ctx context.Context, f iptables.Family, payload string) error {
 	b := a.bins[f]
 	args := []string{"--noflush"}

@@ -1,8 +1,6 @@
-// Package errclass sorts the kernel's answers to the backends into the errors the backends
-// promise their callers: a refused permission becomes a *iptables.CapabilityError that names
-// what to grant and the network namespace, and a kernel without the backend's features is marked
-// iptables.ErrUnsupported, the one case where the selector may try another backend. It reads the
-// calling thread's namespace and capabilities from /proc; it changes nothing.
+// Package errclass sorts the kernel's answers to the backends into the errors they promise: a
+// refused permission becomes a *iptables.CapabilityError naming what to grant, and a kernel
+// without the backend's features iptables.ErrUnsupported. It reads /proc and changes nothing.
 package errclass
 
 import (
@@ -50,8 +48,7 @@ func Denied(op string, err error, caps ...string) error {
 	return &iptables.CapabilityError{Caps: caps, NetNS: netnsutil.Current(), Op: op, Err: err}
 }
 
-// Missing returns those of caps that the calling thread does not have in effect. A thread
-// whose capabilities cannot be read is taken to have them all: the kernel will say.
+// Missing returns those of caps the calling thread lacks; unreadable ones count as held.
 func Missing(caps ...string) []string {
 	data, err := os.ReadFile("/proc/thread-self/status")
 	if err != nil {
