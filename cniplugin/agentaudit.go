@@ -46,20 +46,17 @@ var ErrAuditLookup = errors.New("lookup failed")
 // are left alone. A *runner.BusyError in the error's chain says the lock, waited for at most
 // AuditLockWait, was not had.
 func (p *Plugin) Audit(ctx context.Context, conf *NetConf, pod PodArgs, netns string, heal bool, log *slog.Logger) (AuditResult, error) {
-	var res AuditResult
 	switch {
 	case conf.Excluded(pod.Namespace):
-		res.Skipped = "namespace is in exclude-namespaces"
-		return res, nil
+		return AuditResult{Skipped: "namespace is in exclude-namespaces"}, nil
 	case conf.Linkerd.Simulate:
-		res.Skipped = "the network config simulates"
-		return res, nil
+		return AuditResult{Skipped: "the network config simulates"}, nil
 	case netns == "":
-		return res, errors.New("no network namespace")
+		return AuditResult{}, errors.New("no network namespace")
 	}
 	c := &call{cmd: "AUDIT", args: &skel.CmdArgs{ContainerID: pod.InfraContainerID, Netns: netns}, conf: conf, pod: pod, log: log}
 	pl, edited, err := c.settle(p.podRules(c))
-	res.Edited = edited
+	res := AuditResult{Edited: edited}
 	if err != nil {
 		if _, bad := badinput.As(err); bad {
 			return res, err

@@ -91,8 +91,3 @@ func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error
 	w.Seconds = time.Since(start).Seconds()
 	return w, nil
 }
-
-// cniError returns a Written's error as the CNI error the plugin returns.
-func cniError(e *wire.CNIError) *types.Error {
-	return &types.Error{Code: e.Code, Msg: e.Msg, Details: e.Details}
-}

@@ -516,8 +516,7 @@ func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 				return api, nil
 			}
 		}
-		newAPI := func() (PodAPI, error) { return p.NewPodAPI(c.conf) }
-		if api := c.askKubelet(newAPI); api != nil {
+		if api := c.askKubelet(func() (PodAPI, error) { return p.NewPodAPI(c.conf) }); api != nil {
 			c.lookup = wire.SourceKubelet
 			return api, nil
 		}

@@ -136,10 +136,7 @@ func (c *call) writeRecord(in Inputs) error {
 	if err := rootonly.Make(dir); err != nil {
 		return fmt.Errorf("the records' directory: %w", err)
 	}
-	b, err := json.Marshal(Record{V: recordVersion, Pod: c.podName(), PodUID: c.pod.UID, Inputs: in})
-	if err != nil {
-		return err
-	}
+	b, _ := json.Marshal(Record{V: recordVersion, Pod: c.podName(), PodUID: c.pod.UID, Inputs: in}) // strings only: no error
 	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
 		return fmt.Errorf("record the pod's settings: %w", err)
