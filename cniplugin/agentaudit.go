@@ -14,22 +14,16 @@ import (
 
 // AuditResult is CHECK's verdict on a running pod, for the node agent.
 type AuditResult struct {
-	// Kind is what the pod is; only meshed kinds are checked.
-	Kind Kind
-	// Skipped says why nothing was checked (not meshed, an excluded namespace, simulate).
-	Skipped string
-	// Problem is CHECK's description of what differs; empty when the rules are exactly right.
-	Problem string
-	// Backend is the backend the rules were read (and, healed, written) with.
-	Backend string
-	// Healed is true when heal rewrote the rules.
-	Healed bool
+	Kind    Kind   // what the pod is; only meshed kinds are checked
+	Skipped string // why nothing was checked (not meshed, an excluded namespace, simulate)
+	Problem string // CHECK's description of what differs; empty when the rules are exactly right
+	Backend string // the backend the rules were read (and, healed, written) with
+	Healed  bool   // heal rewrote the rules
 	// Edited names the annotations (and the control-plane label) that differ from those the
-	// sandbox was set up with, with both values; the rules were checked against the recorded
-	// ones (record.go), and the edits were not applied.
+	// sandbox was set up with, with both values: the rules were checked against the recorded ones.
 	Edited []string
-	// Unrecorded says that the sandbox has no record (set up before the plugin kept them, or the
-	// record was lost): the rules were checked against the current annotations.
+	// Unrecorded says that the sandbox has no record: the rules were checked against the current
+	// annotations.
 	Unrecorded bool
 }
 
@@ -44,33 +38,25 @@ const AuditLockWait = time.Second
 // through the PodAPI; the rules were not looked at.
 var ErrAuditLookup = errors.New("lookup failed")
 
-// Audit is CHECK for a pod that is already running: with conf (the node's network config) and the
-// annotations its sandbox (pod.InfraContainerID) was set up with, as recorded at ADD (the current
-// ones, from p's PodAPI, when there is no record), it reads the rules in netns and compares them,
-// naming any rule missing, different, of another backend, or a half-applied state; current
-// annotations that differ from the recorded ones are named, not applied. With heal, a drifted pod
-// gets its rules rewritten exactly as ADD writes them (same Runner, same namespace lock). A pod
-// whose annotations are invalid is not looked at: the error is the *badinput.Error naming the
-// annotation, and the rules stay as they are. The lock is waited for at most AuditLockWait: a
-// *runner.BusyError in the error's chain says it was not had.
+// Audit is CHECK for a running pod: with conf (the node's network config) and the annotations its
+// sandbox (pod.InfraContainerID) was set up with, as recorded at ADD (else the current ones, from
+// p's PodAPI), it reads the rules in netns and names any rule missing, different, of another
+// backend, or a half-applied state, and any annotation edited since. With heal, a drifted pod's
+// rules are rewritten as ADD writes them. Invalid annotations are a *badinput.Error, and the rules
+// are left alone. A *runner.BusyError in the error's chain says the lock, waited for at most
+// AuditLockWait, was not had.
 func (p *Plugin) Audit(ctx context.Context, conf *NetConf, pod PodArgs, netns string, heal bool, log *slog.Logger) (AuditResult, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	var res AuditResult
 	switch {
 	case conf.Excluded(pod.Namespace):
-		res.Skipped = "namespace is in exclude-namespaces"
-		return res, nil
+		return AuditResult{Skipped: "namespace is in exclude-namespaces"}, nil
 	case conf.Linkerd.Simulate:
-		res.Skipped = "the network config simulates"
-		return res, nil
+		return AuditResult{Skipped: "the network config simulates"}, nil
 	case netns == "":
-		return res, errors.New("no network namespace")
+		return AuditResult{}, errors.New("no network namespace")
 	}
 	c := &call{cmd: "AUDIT", args: &skel.CmdArgs{ContainerID: pod.InfraContainerID, Netns: netns}, conf: conf, pod: pod, log: log}
 	pl, edited, err := c.settle(p.podRules(c))
-	res.Edited = edited
+	res := AuditResult{Edited: edited}
 	if err != nil {
 		if _, bad := badinput.As(err); bad {
 			return res, err

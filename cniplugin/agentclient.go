@@ -27,6 +27,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
@@ -118,7 +119,7 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	if w.Error != nil {
 		// Closed, with the code the plugin would have returned: the agent ran the same decisions.
 		c.log.Error("failed", "route", wire.RouteAgent, "error", w.Error.Msg)
-		return true, cniError(w.Error)
+		return true, &types.Error{Code: w.Error.Code, Msg: w.Error.Msg, Details: w.Error.Details}
 	}
 	if !Kind(w.Kind).NeedsRules() {
 		c.log.Info("no rules needed", "kind", w.Kind, "source", c.lookup, "api_requests", 0, "route", wire.RouteAgent, "agent", took, "elapsed", time.Since(began))

@@ -73,9 +73,9 @@ func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error
 	}
 	pl, err := p.podRules(c)
 	if err != nil {
-		if !isLookupError(err) {
+		if code := lookupCode(err); code != types.ErrTryAgainLater { // not a failed lookup (apiError)
 			c.log.Error("failed", "error", err)
-			w.Error = &wire.CNIError{Code: lookupCode(err), Msg: err.Error()}
+			w.Error = &wire.CNIError{Code: code, Msg: err.Error()}
 		}
 		w.Seconds = time.Since(start).Seconds()
 		return w, err
@@ -90,15 +90,4 @@ func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error
 	}
 	w.Seconds = time.Since(start).Seconds()
 	return w, nil
-}
-
-// isLookupError tells a failure to read the pod or its namespace (apiError) from the rest.
-func isLookupError(err error) bool {
-	var ae apiError
-	return errors.As(err, &ae)
-}
-
-// cniError returns a Written's error as the CNI error the plugin returns.
-func cniError(e *wire.CNIError) *types.Error {
-	return &types.Error{Code: e.Code, Msg: e.Msg, Details: e.Details}
 }

@@ -2,10 +2,12 @@ package cniplugin
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,15 +35,12 @@ type NetConf struct {
 	// LogFile is log_file: when set, log lines are also appended to this file (new key).
 	LogFile string
 	// ExcludeNamespaces is exclude-namespaces, at the top level and in the kubernetes block
-	// together: pods there are passed through without any API call (new key). The installer puts
-	// the DaemonSet's own namespace in the kubernetes block, which Linkerd's schema leaves open,
-	// so that the entry it writes carries Linkerd's top-level keys only.
+	// (which the installer writes, so that Linkerd's top-level keys stay Linkerd's) together:
+	// pods there are passed through without any API call.
 	ExcludeNamespaces []string
-
-	// Ceilings are max-close-wait-timeout-secs and max-annotation-list-entries (new keys): the
-	// bounds on what pods' annotations may ask; absent keys take DefaultCeilings.
+	// Ceilings are max-close-wait-timeout-secs and max-annotation-list-entries (new keys);
+	// absent keys take DefaultCeilings.
 	Ceilings Ceilings
-
 	// StateDir is state-dir (new key): the node directory, root's alone, of the namespaces' lock
 	// files and the pods' records (record.go); absent means DefaultStateDir.
 	StateDir string
@@ -61,17 +60,15 @@ type Kubernetes struct {
 	Kubeconfig string
 	// APIRoot is kubernetes.k8s_api_root; when set it replaces the kubeconfig's server URL.
 	APIRoot string
-	// Timeout is kubernetes.timeout (new key, a Go duration such as "5s"), the bound on all
-	// API requests of one ADD or CHECK. Zero means DefaultAPITimeout.
+	// Timeout is kubernetes.timeout (new key, a Go duration), the bound on all API requests of
+	// one ADD or CHECK. Zero means DefaultAPITimeout.
 	Timeout time.Duration
 	// StatusUnauthorizedAfter is kubernetes.status-unauthorized-after (new key, a Go duration):
 	// how long the API server may refuse the plugin's credentials before STATUS fails
 	// (refused.go). Zero means DefaultStatusUnauthorizedAfter.
 	StatusUnauthorizedAfter time.Duration
 	// KubeletPodsSocket is kubernetes.kubelet-pods-socket (new key): the kubelet's pods API
-	// socket on the node, where the plugin reads the pod when the node agent does not give it
-	// (kubelet.go). Absent means DefaultKubeletPodsSocket; "" never asks the kubelet. The chart
-	// writes it only for a kubeletRootDir other than the kubelet's default.
+	// socket (kubelet.go). Absent means DefaultKubeletPodsSocket; "" never asks the kubelet.
 	KubeletPodsSocket string
 }
 
@@ -124,57 +121,39 @@ func (l Linkerd) Config() iptables.Config {
 		OutboundProxyPort:       l.OutgoingProxyPort,
 		ProxyUID:                l.ProxyUID,
 		ProxyGID:                l.ProxyGID,
-		PortsToRedirect:         clone(l.PortsToRedirect),
-		InboundPortsToIgnore:    clone(l.InboundPortsToIgnore),
-		OutboundPortsToIgnore:   clone(l.OutboundPortsToIgnore),
-		InboundSubnetsToIgnore:  clone(l.SubnetsToIgnore),
-		OutboundSubnetsToIgnore: clone(l.OutboundSubnetsToIgnore),
+		PortsToRedirect:         slices.Clone(l.PortsToRedirect),
+		InboundPortsToIgnore:    slices.Clone(l.InboundPortsToIgnore),
+		OutboundPortsToIgnore:   slices.Clone(l.OutboundPortsToIgnore),
+		InboundSubnetsToIgnore:  slices.Clone(l.SubnetsToIgnore),
+		OutboundSubnetsToIgnore: slices.Clone(l.OutboundSubnetsToIgnore),
 		IPv6:                    l.IPv6,
 		Mode:                    l.IPTablesMode,
 
 		IPv6Auto:                  l.IPv6Auto,
 		RedirectDNSToPort:         l.RedirectDNSToPort,
 		InboundMode:               l.InboundMode,
-		OutboundPortsToRedirect:   clone(l.OutboundPortsToRedirect),
-		OutboundSubnetsToRedirect: clone(l.OutboundSubnetsToRedirect),
-		InterfacesToIgnore:        clone(l.InterfacesToIgnore),
-		UIDsToIgnore:              clone(l.UIDsToIgnore),
-		GIDsToIgnore:              clone(l.GIDsToIgnore),
+		OutboundPortsToRedirect:   slices.Clone(l.OutboundPortsToRedirect),
+		OutboundSubnetsToRedirect: slices.Clone(l.OutboundSubnetsToRedirect),
+		InterfacesToIgnore:        slices.Clone(l.InterfacesToIgnore),
+		UIDsToIgnore:              slices.Clone(l.UIDsToIgnore),
+		GIDsToIgnore:              slices.Clone(l.GIDsToIgnore),
 		DropInvalid:               l.DropInvalid,
-		RerouteVirtualInterfaces:  clone(l.RerouteVirtualInterfaces),
+		RerouteVirtualInterfaces:  slices.Clone(l.RerouteVirtualInterfaces),
 	}
-}
-
-func clone(s []string) []string {
-	if s == nil {
-		return nil
-	}
-	return append([]string(nil), s...)
 }
 
 // APITimeout is the effective bound on the API requests of one command.
 func (c *NetConf) APITimeout() time.Duration {
-	if c.Kubernetes.Timeout > 0 {
-		return c.Kubernetes.Timeout
-	}
-	return DefaultAPITimeout
+	return cmp.Or(c.Kubernetes.Timeout, DefaultAPITimeout)
 }
 
 // Excluded reports whether pods of namespace ns are passed through without a lookup.
-func (c *NetConf) Excluded(ns string) bool {
-	for _, e := range c.ExcludeNamespaces {
-		if e == ns {
-			return true
-		}
-	}
-	return false
-}
+func (c *NetConf) Excluded(ns string) bool { return slices.Contains(c.ExcludeNamespaces, ns) }
 
-// ParseConfig decodes a network config and its prevResult, which is converted to the config's CNI
-// version, and validates every key. All problems are reported at once as a *badinput.Error, each
-// naming the JSON key with its block (e.g. "linkerd.proxy-uid") and the value; JSON that
-// does not decode at all is a plain error. Values the config omits take Linkerd's meaning: an
-// absent proxy-uid or proxy-gid is -1 (no exemption), an absent or empty iptables-mode is legacy.
+// ParseConfig decodes a network config and its prevResult and validates every key. All problems
+// are reported at once as a *badinput.Error, each naming the JSON key with its block (e.g.
+// "linkerd.proxy-uid") and the value; JSON that does not decode at all is a plain error. Omitted
+// values take Linkerd's meaning: proxy-uid and proxy-gid -1 (no exemption), iptables-mode legacy.
 func ParseConfig(data []byte) (*NetConf, error) {
 	conf, probs, err := decodeConfig(data, true)
 	if err != nil {
@@ -233,7 +212,6 @@ func (d *decoder) topLevel(top map[string]json.RawMessage, conf *NetConf, strict
 		conf.StateDir = DefaultStateDir // ADD refused it, so nothing of the pod's is elsewhere
 	}
 	// "policy" (Calico-era) and "runtimeConfig" are accepted and ignored, as Linkerd does.
-
 }
 
 // kubernetesAndAgent decodes where the plugin reads pods from: the API (kubernetes), the kubelet
@@ -271,10 +249,8 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.get(ld, lp, iptables.FieldOutboundSubnetsToIgnore, &l.OutboundSubnetsToIgnore, "a list of CIDR strings")
 	d.get(ld, lp, "simulate", &l.Simulate, "true or false")
 	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
-	var mode string
-	d.get(ld, lp, iptables.FieldMode, &mode, "a string")
-	l.IPTablesMode = iptables.Mode(mode)
-	if mode == "" {
+	d.get(ld, lp, iptables.FieldMode, &l.IPTablesMode, "a string")
+	if l.IPTablesMode == "" {
 		l.IPTablesMode = iptables.ModeLegacy
 	}
 	d.ipv6(ld, lp+"ipv6", l)
@@ -286,9 +262,7 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 		d.bad(lp+iptables.FieldDNSServersOnly, "true", "not offered by the CNI plugin: it runs before the pod's /etc/resolv.conf exists and would read the node's; "+
 			"leave it out to capture DNS to every nameserver, or set it on proxy-init as an init container")
 	}
-	var inboundMode string
-	d.get(ld, lp, iptables.FieldInboundMode, &inboundMode, "a string")
-	l.InboundMode = iptables.InboundMode(inboundMode)
+	d.get(ld, lp, iptables.FieldInboundMode, &l.InboundMode, "a string")
 	d.ports(ld, lp, iptables.FieldOutboundPortsToRedirect, &l.OutboundPortsToRedirect)
 	d.get(ld, lp, iptables.FieldOutboundSubnetsToRedirect, &l.OutboundSubnetsToRedirect, "a list of CIDR strings")
 	d.get(ld, lp, iptables.FieldInterfacesToIgnore, &l.InterfacesToIgnore, "a list of interface names")
@@ -314,8 +288,7 @@ func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd)
 	}
 }
 
-// validate checks the values that decoded: the rule builder's checks on the linkerd block
-// (renamed to their JSON keys), the log level and the namespace list.
+// validate checks the values that decoded, with the rule builder's checks on the linkerd block.
 func (c *NetConf) validate() []badinput.Problem {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
@@ -390,8 +363,7 @@ func (d *decoder) get(obj map[string]json.RawMessage, prefix, key string, dst an
 	return true
 }
 
-// duration decodes obj[key], a Go duration string such as example, into dst; it must be
-// positive.
+// duration decodes obj[key], a positive Go duration string such as example, into dst.
 func (d *decoder) duration(obj map[string]json.RawMessage, prefix, key string, dst *time.Duration, example string) {
 	var v string
 	if !d.get(obj, prefix, key, &v, "a duration string such as \""+example+"\"") || v == "" {
@@ -427,9 +399,8 @@ func (d *decoder) ids(obj map[string]json.RawMessage, prefix, key string, dst *[
 	d.numbers(obj, prefix, key, dst, "a list of IDs (numbers or strings)", "not an integer ID", "an ID, a number or a string")
 }
 
-// numbers decodes a list of integers, numbers or strings (the rule builder checks the strings),
-// or one comma-separated string; the messages say what the list (wantList) and each item
-// (notInteger, wantItem) should be.
+// numbers decodes a list of integers or strings (the rule builder checks the strings), or one
+// comma-separated string; wantList, notInteger and wantItem are the messages.
 func (d *decoder) numbers(obj map[string]json.RawMessage, prefix, key string, dst *[]string, wantList, notInteger, wantItem string) {
 	raw, ok := obj[key]
 	if !ok {

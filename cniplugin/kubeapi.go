@@ -1,9 +1,8 @@
 package cniplugin
 
 // The plugin's Kubernetes API client, on the standard library: plain GETs of a pod, a namespace
-// and a Service over the kubeconfig the installer writes (internal/kubeconfig reads it, and
-// refuses what this client cannot honour). Three requests at most per call do not need
-// client-go's machinery, whose package initialisation alone would cost every plugin start.
+// and a Service over the installer's kubeconfig (internal/kubeconfig). Three requests per call do
+// not need client-go, whose package initialisation alone would cost every plugin start.
 
 import (
 	"context"
@@ -32,8 +31,7 @@ type kubeClient struct {
 }
 
 // NewKubeClient returns a PodAPI that reads through the kubeconfig's linkerd-cni-context
-// (kubernetes.k8s_api_root, when set, replaces its server). Nothing is sent until a lookup; every
-// request is bounded by the config's API timeout.
+// (kubernetes.k8s_api_root, when set, replaces its server), within the config's API timeout.
 func NewKubeClient(conf *NetConf) (PodAPI, error) {
 	path := conf.Kubernetes.Kubeconfig
 	if path == "" {
@@ -93,11 +91,9 @@ func (e *statusError) Error() string {
 	return fmt.Sprintf("HTTP %d %s: %s", e.Code, e.Reason, e.Message)
 }
 
-// get reads one object. It asks for resourceVersion 0, which the API server answers from its
-// watch cache instead of a quorum read, saving each lookup a round trip to etcd
-// (docs/performance.md): the cache trails etcd by milliseconds, and a pod, its namespace and the
-// kubernetes Service all exist well before the pod's sandbox does. An object the cache has not
-// seen yet is read again from etcd.
+// get reads one object, from the API server's watch cache (resourceVersion 0), which saves a round
+// trip to etcd (docs/performance.md): the cache trails etcd by milliseconds, and the objects exist
+// well before the pod's sandbox does. An object the cache has not seen yet is read from etcd.
 func (k *kubeClient) get(ctx context.Context, what, path string, into any) error {
 	body, err := k.do(ctx, path+"?resourceVersion=0")
 	var se *statusError
@@ -139,8 +135,7 @@ func (k *kubeClient) do(ctx context.Context, pathQuery string) ([]byte, error) {
 	return body, nil
 }
 
-// explain turns a failed request into a message an operator can act on, naming the API server
-// and the kubeconfig; the original error stays wrapped.
+// explain turns a failed request into a message an operator can act on, wrapping err.
 func (k *kubeClient) explain(ctx context.Context, what string, err error) error {
 	var se *statusError
 	var ne net.Error

@@ -1,18 +1,14 @@
 package cniplugin
 
-// The kubelet's pods API (KEP-4188; feature gate PodsAPI, beta and on by default from Kubernetes
-// 1.37), read by the node's plugin when the node agent does not give the pod: the kubelet serves
-// its own node's pods over gRPC on a root-only UNIX socket, <kubelet root dir>/pods-api/pods-api.sock,
-// with the service of k8s.io/kubelet/pkg/apis/pods/v1alpha1 (v1alpha1.Pods: GetPod by UID,
-// ListPods). It needs neither the API server nor a token, so an API outage or a refused token
-// does not hold up a pod that carries its own settings.
+// The kubelet's pods API (KEP-4188; feature gate PodsAPI, on by default from Kubernetes 1.37),
+// read when the node agent does not give the pod: the kubelet serves its node's pods over gRPC on
+// a root-only UNIX socket (v1alpha1.Pods: GetPod by UID, ListPods), with neither the API server
+// nor a token, so an API outage or a refused token does not hold up a pod.
 //
-// The plugin cannot link grpc-go, the protobuf runtime or k8s.io/api (TestPluginStaysLean: they
-// would cost every sandbox's start), so this file speaks the little of gRPC a unary call needs
-// over the standard library's HTTP/2 client (unencrypted, with prior knowledge, as gRPC does on a
-// UNIX socket), and decodes from the protobuf of a core/v1 Pod only the fields the plugin reads.
-// Every length is bounded before anything is allocated for it; nothing is written from an answer
-// that does not decode whole.
+// The plugin cannot link grpc-go, the protobuf runtime or k8s.io/api (TestPluginStaysLean), so
+// this file speaks the little of gRPC a unary call needs over the standard library's HTTP/2
+// client (h2c with prior knowledge), and kubeletproto.go decodes the few fields the plugin reads.
+// Every length is bounded before anything is allocated for it.
 
 import (
 	"bytes"
@@ -39,14 +35,13 @@ const DefaultKubeletPodsSocket = "/var/lib/kubelet/pods-api/pods-api.sock"
 // on the node: past it the plugin reads the API.
 const kubeletTimeout = time.Second
 
-// The largest answers read. A pod is at most etcd's 1.5 MiB as JSON, less as protobuf; a node's
-// list holds at most a few hundred pods (the kubelet's default limit is 110).
+// The largest answers read: a pod is at most etcd's 1.5 MiB; a node holds at most a few hundred.
 const (
 	maxKubeletPod  = maxObject
 	maxKubeletList = 64 << 20
 )
 
-// The kubelet's service and methods, as its api.proto declares them (package v1alpha1, service Pods).
+// The kubelet's methods, as its api.proto declares them.
 const (
 	kubeletGetPod   = "/v1alpha1.Pods/GetPod"
 	kubeletListPods = "/v1alpha1.Pods/ListPods"
@@ -55,7 +50,6 @@ const (
 // errKubeletNoPod marks an answer of the kubelet's that is not the pod asked about.
 var errKubeletNoPod = errors.New("the kubelet did not give the pod")
 
-// kubeletClient is a client of the kubelet's pods API at one socket, for one plugin call.
 type kubeletClient struct {
 	path string
 	http *http.Client
@@ -64,7 +58,6 @@ type kubeletClient struct {
 func newKubeletClient(path string) *kubeletClient {
 	var dialer net.Dialer
 	tr := &http.Transport{
-		// Whatever address the request names, the connection is the kubelet's socket.
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "unix", path)
 		},
@@ -102,16 +95,13 @@ func (e *grpcStatusError) Error() string {
 }
 
 // call makes one unary gRPC call: req is the request message's protobuf, the answer's is
-// returned, at most limit bytes. Its errors name the socket and the method.
-func (k *kubeletClient) call(ctx context.Context, method string, req []byte, limit int) ([]byte, error) {
-	b, err := k.roundTrip(ctx, method, req, limit)
-	if err != nil {
-		return nil, fmt.Errorf("the kubelet's pods API at %s: %s: %w", k.path, method, err)
-	}
-	return b, nil
-}
-
-func (k *kubeletClient) roundTrip(ctx context.Context, method string, req []byte, limit int) ([]byte, error) {
+// returned, at most lim bytes. Its errors name the socket and the method.
+func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim int) (_ []byte, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("the kubelet's pods API at %s: %s: %w", k.path, method, err)
+		}
+	}()
 	// A gRPC message: uncompressed (0), its length (4 bytes, big-endian), the protobuf.
 	body := make([]byte, 5, 5+len(req))
 	binary.BigEndian.PutUint32(body[1:], uint32(len(req)))
@@ -153,8 +143,8 @@ func (k *kubeletClient) roundTrip(ctx context.Context, method string, req []byte
 		return nil, fmt.Errorf("the answer's message is compressed (flag %d); none was asked for", head[0])
 	}
 	n := binary.BigEndian.Uint32(head[1:])
-	if uint64(n) > uint64(limit) {
-		return nil, fmt.Errorf("the answer's message is %d bytes, more than the %d read", n, limit)
+	if uint64(n) > uint64(lim) {
+		return nil, fmt.Errorf("the answer's message is %d bytes, more than the %d read", n, lim)
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(resp.Body, msg); err != nil {
@@ -207,10 +197,9 @@ type kubeletPod struct {
 	deleting bool // deletionTimestamp is set
 }
 
-// pod reads the pod namespace/name of the node: by uid when the runtime passed one (K8S_POD_UID,
-// which containerd and CRI-O pass), else by name among the node's pods. As with the node agent's
-// socket, it talks only to a socket that root owns in a directory only root may write: the plugin
-// runs as root and acts on the answer.
+// pod reads the pod namespace/name of the node: by uid when the runtime passed one (K8S_POD_UID),
+// else by name among the node's pods. As with the agent's socket, it talks only to a socket root
+// owns in a directory only root may write: the plugin acts on the answer as root.
 func (k *kubeletClient) pod(ctx context.Context, namespace, name, uid string) (*Pod, error) {
 	if err := wire.CheckSocket(k.path); err != nil {
 		return nil, err
@@ -269,8 +258,7 @@ func (k *kubeletClient) byName(ctx context.Context, namespace, name string) (*Po
 // asked for.
 type kubeletLookup struct {
 	pod      *Pod
-	newAPI   func() (PodAPI, error)
-	api      PodAPI
+	api      func() (PodAPI, error) // sync.OnceValues: one client for both reads
 	requests int
 }
 
@@ -283,12 +271,12 @@ func (k *kubeletLookup) Pod(context.Context, string, string) (*Pod, error) { ret
 // from the kubelet, but the annotations its namespace may give it cannot be known, and a pod is
 // never set up with settings other than its own.
 func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {
-	api, err := k.client()
-	if err != nil {
-		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
+	api, err := k.api()
+	var ns *Namespace
+	if err == nil {
+		k.requests++
+		ns, err = api.Namespace(ctx, name)
 	}
-	k.requests++
-	ns, err := api.Namespace(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
 	}
@@ -296,21 +284,10 @@ func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace,
 }
 
 func (k *kubeletLookup) Service(ctx context.Context, namespace, name string) (*Service, error) {
-	api, err := k.client()
+	api, err := k.api()
 	if err != nil {
 		return nil, err
 	}
 	k.requests++
 	return api.Service(ctx, namespace, name)
-}
-
-func (k *kubeletLookup) client() (PodAPI, error) {
-	if k.api == nil {
-		api, err := k.newAPI()
-		if err != nil {
-			return nil, err
-		}
-		k.api = api
-	}
-	return k.api, nil
 }

@@ -35,23 +35,20 @@ func eachField(b []byte, what string, known map[uint64]string, f func(num uint64
 		b = b[n:]
 		num, typ := tag>>3, tag&7
 		name, isKnown := known[num]
-		if num == 0 {
+		switch {
+		case num == 0:
 			return fmt.Errorf("%s: field number 0", what)
-		}
-		if isKnown && typ != wireBytes {
+		case !isKnown:
+			name = fmt.Sprintf("field %d", num)
+		case typ != wireBytes:
 			return fmt.Errorf("%s.%s: wire type %d, want %d (length-delimited)", what, name, typ, wireBytes)
 		}
-		if !isKnown {
-			name = fmt.Sprintf("field %d", num)
-		}
-		var v []byte
 		switch typ {
 		case wireVarint:
 			if _, n = binary.Uvarint(b); n <= 0 {
 				return fmt.Errorf("%s.%s: not a varint", what, name)
 			}
 			b = b[n:]
-			continue
 		case wireFixed64, wireFixed32:
 			size := 8
 			if typ == wireFixed32 {
@@ -61,8 +58,7 @@ func eachField(b []byte, what string, known map[uint64]string, f func(num uint64
 				return fmt.Errorf("%s.%s: %d bytes left, want %d", what, name, len(b), size)
 			}
 			b = b[size:]
-			continue
-		case wireBytes:
+		case wireBytes: // the only type of a known field
 			l, n := binary.Uvarint(b)
 			if n <= 0 {
 				return fmt.Errorf("%s.%s: its length is not a varint", what, name)
@@ -71,14 +67,15 @@ func eachField(b []byte, what string, known map[uint64]string, f func(num uint64
 			if l > uint64(len(b)) {
 				return fmt.Errorf("%s.%s: length %d, past the end of the message (%d bytes left)", what, name, l, len(b))
 			}
-			v, b = b[:l], b[l:]
+			v := b[:l]
+			b = b[l:]
+			if isKnown {
+				if err := f(num, v); err != nil {
+					return fmt.Errorf("%s.%s: %w", what, name, err)
+				}
+			}
 		default: // groups (3, 4), long deprecated, and the undefined 6 and 7
 			return fmt.Errorf("%s.%s: wire type %d is not supported", what, name, typ)
-		}
-		if isKnown {
-			if err := f(num, v); err != nil {
-				return fmt.Errorf("%s.%s: %w", what, name, err)
-			}
 		}
 	}
 	return nil

@@ -12,26 +12,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// newLogger returns the logger of one plugin invocation: slog text lines on stderr at the
-// configured level, also appended to logFile when it is set, each carrying the pod, namespace and
-// container ID. It also returns the writer its lines go to (stderr and log_file), for lines
-// logged elsewhere (the node agent's, when it wrote the rules), and a function that closes the
-// log file.
-//
-// The file is opened with O_APPEND and every record is written with one write call, so the lines
-// of concurrent plugin processes interleave whole. A log file that cannot be opened, or that
-// OpenLogFile refuses, is reported on stderr and otherwise ignored: logging must never fail an ADD.
+// newLogger returns the logger of one plugin invocation (slog text lines on stderr at level, also
+// appended to logFile when set, with attrs), the writer its lines go to, for lines logged
+// elsewhere (the node agent's), and a function that closes the log file. Each record is one
+// write to an O_APPEND file, so concurrent plugins' lines interleave whole. A log file that
+// cannot be used is reported on stderr and otherwise ignored: logging must never fail an ADD.
 func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any) (*slog.Logger, io.Writer, func()) {
-	w := stderr
-	closeFn := func() {}
+	w, closeFn := stderr, func() {}
+	var f *os.File
 	var openErr error
 	if logFile != "" {
-		f, err := OpenLogFile(logFile)
-		if err != nil {
-			openErr = err
-		} else {
-			w = io.MultiWriter(stderr, f)
-			closeFn = func() { _ = f.Close() }
+		if f, openErr = OpenLogFile(logFile); openErr == nil {
+			w, closeFn = io.MultiWriter(stderr, f), func() { _ = f.Close() }
 		}
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})).With(attrs...)
@@ -42,10 +34,9 @@ func newLogger(stderr io.Writer, level slog.Level, logFile string, attrs ...any)
 }
 
 // OpenLogFile opens log_file for appending, creating it (mode 0600) when missing. The plugin
-// runs as root, and the file's directory may be one that others can reach (a log shipper mounting
-// /var/log read-write), so it refuses what would let them turn the append into a write elsewhere:
-// a symbolic link anywhere in the path, a directory that anyone but root owns or may write, and
-// a file that is not a regular file owned by root with one link (a hard link to another file).
+// runs as root and others may reach the directory (a log shipper mounting /var/log), so it
+// refuses what would turn the append into a write elsewhere: a symbolic link anywhere in the
+// path, a directory not root's alone, a file not a regular one of root's with one link.
 func OpenLogFile(path string) (*os.File, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("log_file %s: not an absolute path", path)

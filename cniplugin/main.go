@@ -41,9 +41,8 @@ Commands:
   repair    restart pods that started before the plugin was ready on their node
 `
 
-// Main runs the linkerd-cni subcommands of this package (the binary without CNI_COMMAND; main
-// routes install, agent and repair to their packages) and returns the exit code: 0 on success, 2 for a
-// usage error.
+// Main runs the linkerd-cni subcommands of this package (install, agent and repair are their
+// packages') and returns the exit code: 0 on success, 2 for a usage error.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)

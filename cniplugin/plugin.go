@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -29,11 +30,8 @@ var About = "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transpare
 // applyTimeout bounds writing, reading back or removing the rules in one namespace.
 const applyTimeout = 60 * time.Second
 
-// Plugin runs the CNI commands in one of two roles, each made by its constructor: NewNodePlugin,
-// the plugin the container runtime runs, which looks the pod up in the node agent first and reads
-// the API itself when the agent does not answer; and NewStandalone, which reads pods from the
-// PodAPI it is given, and nothing else (tests, the node agent's audits). Whatever the route to
-// the pod, this process writes, checks and removes the rules. The fields are seams for tests.
+// Plugin runs the CNI commands in the role its constructor gives it: NewNodePlugin (the runtime's),
+// NewStandalone (pods from a given PodAPI alone) or NewAgentWriter. The fields are seams for tests.
 type Plugin struct {
 	// Stdout receives the CNI result and nothing else.
 	Stdout io.Writer
@@ -49,8 +47,7 @@ type Plugin struct {
 }
 
 // NewNodePlugin returns the plugin the container runtime runs, on the process's stdout and
-// stderr: the pod from the node agent (agentclient.go), else from the API server through the config's
-// kubeconfig (kubeapi.go).
+// stderr: the pod from the node agent, else the kubelet, else the API server.
 func NewNodePlugin() *Plugin {
 	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewPodAPI: NewKubeClient, nodeAgent: true}
 }
@@ -81,6 +78,8 @@ func ParseCNIArgs(s string) (PodArgs, error) {
 	if strings.TrimSpace(s) == "" {
 		return a, nil
 	}
+	keys := map[string]*string{"K8S_POD_NAMESPACE": &a.Namespace, "K8S_POD_NAME": &a.Name,
+		"K8S_POD_INFRA_CONTAINER_ID": &a.InfraContainerID, "K8S_POD_UID": &a.UID}
 	for _, kv := range strings.Split(s, ";") {
 		if kv == "" {
 			continue
@@ -89,15 +88,8 @@ func ParseCNIArgs(s string) (PodArgs, error) {
 		if !ok {
 			return PodArgs{}, fmt.Errorf("CNI_ARGS %q: element %q is not KEY=VALUE", s, kv)
 		}
-		switch k {
-		case "K8S_POD_NAMESPACE":
-			a.Namespace = v
-		case "K8S_POD_NAME":
-			a.Name = v
-		case "K8S_POD_INFRA_CONTAINER_ID":
-			a.InfraContainerID = v
-		case "K8S_POD_UID":
-			a.UID = v
+		if dst := keys[k]; dst != nil {
+			*dst = v
 		}
 	}
 	return a, nil
@@ -111,11 +103,11 @@ type call struct {
 	conf *NetConf
 	pod  PodArgs
 	log  *slog.Logger
-	// own holds the call's log lines, for the report to the node agent.
+	// own holds the call's log lines, for the report to the node agent; lines is where they go
+	// (stderr, log_file, own), for the lines the agent logged when it wrote.
 	own      *bytes.Buffer
+	lines    io.Writer
 	closeLog func()
-	// lines is where the call's log lines go (stderr, log_file, own), for the agent's lines.
-	lines io.Writer
 	// ex is the open exchange with the node agent (nil without one); lookup is where the pod came
 	// from: "agent", "kubelet" (through the agent or read by the plugin), "api" or "none".
 	ex     *wire.Exchange
@@ -124,10 +116,8 @@ type call struct {
 	// reply held one, is agentAPI, and the agent is not asked again.
 	asked    bool
 	agentAPI *agentLookup
-	// route is who wrote an ADD's rules: wire.RouteAgent or wire.RoutePlugin ("": none).
-	route string
-	// trace is the runtime's trace context (trace.go).
-	trace traceContext
+	route    string // who wrote an ADD's rules: wire.RouteAgent or wire.RoutePlugin ("": none)
+	trace    traceContext
 }
 
 func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
@@ -165,10 +155,9 @@ func (c *call) end(err error) {
 	c.closeLog()
 }
 
-// begin starts an ADD or CHECK, which both need a valid config and valid CNI_ARGS. A prevResult
-// is not needed: without one the plugin runs alone, as a NetworkAttachmentDefinition that Multus
-// (OpenShift, RKE2) calls after the pod's default network. The returned call is usable (and must
-// be ended) even on error.
+// begin starts an ADD or CHECK, which both need a valid config and valid CNI_ARGS (no prevResult:
+// without one the plugin runs alone, as a Multus NetworkAttachmentDefinition). The returned call
+// is usable (and must be ended) even on error.
 func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, argErr := p.start(cmd, args, conf)
@@ -188,8 +177,7 @@ func (c *call) fail(code uint, err error) error {
 }
 
 // Add writes the rules into a meshed pod's namespace and passes prevResult through (or prints an
-// empty result when it runs alone). See the package documentation and docs/cni-plugin.md for the
-// decisions and the failure policy.
+// empty result when it runs alone); docs/cni-plugin.md has the failure policy.
 func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	began := time.Now()
 	c, err := p.begin("ADD", args)
@@ -297,10 +285,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) (err error) {
 	return nil
 }
 
-// Del removes our rules from the pod's namespace if it still exists. It never fails: the rules
-// live in the pod's namespace and die with it, and a failing DEL would block sandbox teardown.
-// Problems are logged. It makes no API call; the node agent, when there is one, hears of it first,
-// so that its audits leave the sandbox alone.
+// Del removes our rules from the pod's namespace if it still exists. It never fails (the rules die
+// with the namespace, and a failing DEL would block sandbox teardown): problems are logged. The
+// node agent hears of it first, so that its audits leave the sandbox alone.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfigLenient(args.StdinData)
 	c, _ := p.start("DEL", args, conf)
@@ -335,10 +322,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	return nil
 }
 
-// Status reports whether the plugin can work: the config must be valid and the kubeconfig
-// readable, with a linkerd-cni-context the API client accepts, and the API server must not have
-// refused the plugin's credentials at every ADD for longer than
-// kubernetes.status-unauthorized-after (refused.go). It sends nothing to the API.
+// Status reports whether the plugin can work: a valid config, a kubeconfig the API client accepts,
+// and credentials not refused for longer than kubernetes.status-unauthorized-after (refused.go).
+// It sends nothing to the API.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	conf, confErr := ParseConfig(args.StdinData)
 	c, _ := p.start("STATUS", args, conf)
@@ -360,8 +346,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // records and lock files of sandboxes gone without a DEL.
 func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 
-// target is the pod's namespace, with the config's backend; the backend choice is logged at
-// debug, since every ADD logs the backend it wrote with.
+// target is the pod's namespace, with the config's backend, whose choice is logged at debug:
+// every ADD logs the backend it wrote with.
 func (c *call) target(netns string) runner.Target {
 	l := c.conf.Linkerd
 	return runner.Target{
@@ -407,8 +393,7 @@ func checkState(st iptables.State, kind Kind) error {
 }
 
 // printPrev writes prevResult, converted to the config's CNI version, as the result. Run alone,
-// with no prevResult, the plugin created no interface and no address: its result is an empty one
-// in the config's version (as Linkerd's plugin prints), which Multus needs to see a success.
+// the plugin prints an empty result (as Linkerd's does), which Multus needs to see a success.
 func (p *Plugin) printPrev(c *call) error {
 	var res types.Result
 	var err error
@@ -430,14 +415,12 @@ func (p *Plugin) printPrev(c *call) error {
 
 // podRules is what the API says about a pod, turned into rules.
 type podRules struct {
-	kind     Kind
-	settings Settings
-	rules    *iptables.Ruleset
-	requests int
-	// inputs are what settings were merged from (record.go); unrecorded says that CHECK or an
-	// audit found no record of them, and used now's.
-	inputs     Inputs
-	unrecorded bool
+	kind       Kind
+	settings   Settings
+	rules      *iptables.Ruleset
+	requests   int
+	inputs     Inputs // what settings were merged from (record.go)
+	unrecorded bool   // CHECK or an audit found no record of inputs, and used now's
 }
 
 // apiError marks failures to learn about the pod, which the runtime should retry.
@@ -453,9 +436,8 @@ func lookupCode(err error) uint {
 	return types.ErrInvalidNetworkConfig
 }
 
-// podRules looks the pod up (one GET), its namespace only if an annotation may have to be inherited
-// (at most one GET), and default/kubernetes only for control-plane pods, all within the config's
-// API timeout; in the node's plugin, the node agent's answer replaces the three. An API failure is
+// podRules looks the pod up, its namespace only if an annotation may be inherited, and
+// default/kubernetes only for control-plane pods, within the config's API timeout. A failure is
 // an error: the pod might be meshed, and must not start unmeshed.
 func (p *Plugin) podRules(c *call) (*podRules, error) {
 	t0 := time.Now()
@@ -499,19 +481,17 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 		}
 		pl.inputs.Namespace = honoured(ns.Annotations)
 	}
-	var apiPorts []string
 	if pl.inputs.ControlPlane {
 		svc, err := api.Service(ctx, "default", "kubernetes")
 		count()
 		if err == nil {
-			apiPorts = APIServerPorts(svc)
+			pl.inputs.APIServerPorts = APIServerPorts(svc)
 		}
-		if len(apiPorts) == 0 {
+		if len(pl.inputs.APIServerPorts) == 0 {
 			c.log.Warn("control-plane pod: cannot read the ports of Service default/kubernetes; skipping 443 and 6443", "error", err)
-			apiPorts = FallbackAPIServerPorts
+			pl.inputs.APIServerPorts = FallbackAPIServerPorts
 		}
 	}
-	pl.inputs.APIServerPorts = apiPorts
 	if pl.settings, err = pl.inputs.merge(c); err != nil {
 		return pl, err // with its inputs: a record of the sandbox's may still settle it
 	}
@@ -523,8 +503,7 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 }
 
 // podAPI is where the call reads the pod: the node agent's answer, else the kubelet's pods API
-// (kubelet.go), else the API server. The kubelet comes before the API because it needs neither
-// the API server nor a token.
+// (which needs neither the API server nor a token), else the API server.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 	if c.agentAPI != nil {
 		c.lookup = c.agentAPI.source
@@ -537,8 +516,7 @@ func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 				return api, nil
 			}
 		}
-		newAPI := func() (PodAPI, error) { return p.NewPodAPI(c.conf) }
-		if api := c.askKubelet(newAPI); api != nil {
+		if api := c.askKubelet(func() (PodAPI, error) { return p.NewPodAPI(c.conf) }); api != nil {
 			c.lookup = wire.SourceKubelet
 			return api, nil
 		}
@@ -547,8 +525,7 @@ func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 	return p.NewPodAPI(c.conf)
 }
 
-// askKubelet reads the call's pod from the kubelet's pods API. It returns nil when the kubelet
-// does not give it: the plugin then reads the API.
+// askKubelet reads the call's pod from the kubelet's pods API; nil when the kubelet does not give it.
 func (c *call) askKubelet(newAPI func() (PodAPI, error)) *kubeletLookup {
 	socket := c.conf.Kubernetes.KubeletPodsSocket
 	if socket == "" {
@@ -568,7 +545,7 @@ func (c *call) askKubelet(newAPI func() (PodAPI, error)) *kubeletLookup {
 		c.log.Log(context.Background(), lvl, "the kubelet did not give the pod; reading it from the API", "socket", socket, "error", err)
 		return nil
 	}
-	return &kubeletLookup{pod: pod, newAPI: newAPI}
+	return &kubeletLookup{pod: pod, api: sync.OnceValues(newAPI)}
 }
 
 func describeSources(src map[string]string) string {

@@ -39,7 +39,7 @@ const (
 	AnnotationRerouteVirtualInterfaces = "config.linkerd.io/reroute-virtual-interfaces"
 )
 
-// Annotations lists every annotation the plugin honours, in the order they are applied.
+// Annotations lists every annotation the plugin honours, in the order messages name them.
 var Annotations = []string{
 	AnnotationSkipOutboundPorts, AnnotationSkipInboundPorts, AnnotationSkipSubnets,
 	AnnotationSkipInboundSubnets, AnnotationSkipOutboundSubnets, AnnotationProxyUID, AnnotationProxyGID, AnnotationInboundPort, AnnotationOutboundPort,
@@ -50,9 +50,8 @@ var Annotations = []string{
 // cannot be read.
 var FallbackAPIServerPorts = []string{"443", "6443"}
 
-// PodAPI is what the plugin reads from Kubernetes: the API server over the kubeconfig
-// (kubeapi.go), what the node agent sent (agentclient.go), or the agent's own watch cache (its audits);
-// tests may substitute their own.
+// PodAPI is what the plugin reads from Kubernetes: the API server (kubeapi.go), what the node agent
+// sent (agentclient.go), or the agent's own watch cache (its audits).
 type PodAPI interface {
 	Pod(ctx context.Context, namespace, name string) (*Pod, error)
 	Namespace(ctx context.Context, name string) (*Namespace, error)
@@ -60,7 +59,7 @@ type PodAPI interface {
 }
 
 // Cached is implemented by a PodAPI that answers from memory (the node agent's watch cache, or
-// what the agent sent): its lookups are not API requests, and the plugin does not count them as such.
+// what the agent sent): its lookups are not counted as API requests.
 type Cached interface{ Cached() bool }
 
 func cached(api PodAPI) bool {
@@ -69,10 +68,8 @@ func cached(api PodAPI) bool {
 }
 
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
-// core/v1, decoded from the API server's JSON. Importing k8s.io/api/core/v1 instead links its
-// scheme and protobuf code, which make the binary larger and every plugin start slower (the
-// figures are in docs/performance.md); even apimachinery's small packages link klog and a CBOR
-// codec, whose initialisation the node's plugin would pay on every start.
+// core/v1. Importing k8s.io/api/core/v1 (or even apimachinery's small packages) would make every
+// plugin start slower (docs/performance.md).
 
 // ObjectMeta is the part of an object's metadata the plugin reads.
 type ObjectMeta struct {
@@ -124,9 +121,8 @@ type ServicePort struct {
 	TargetPort TargetPort `json:"targetPort"`
 }
 
-// TargetPort is a Service port's targetPort: core/v1's IntOrString, a port number or the name of a
-// container port, decoded as apimachinery's intstr decodes it (a JSON string is a name, anything
-// else a number).
+// TargetPort is a Service port's targetPort: core/v1's IntOrString, decoded as apimachinery's
+// intstr decodes it (a JSON string is a name, anything else a number).
 type TargetPort struct {
 	Number int32
 	Name   string
@@ -155,8 +151,7 @@ type Kind string
 const (
 	// KindMeshed has a linkerd-proxy container (a classic sidecar): rules are written.
 	KindMeshed Kind = "meshed"
-	// KindNativeSidecar has linkerd-proxy as an init container with restartPolicy Always:
-	// rules are written.
+	// KindNativeSidecar has linkerd-proxy as an init container with restartPolicy Always.
 	KindNativeSidecar Kind = "native-sidecar"
 	// KindLinkerdInit has a linkerd-init init container, which writes its own rules: left alone.
 	KindLinkerdInit Kind = "linkerd-init"
@@ -200,12 +195,7 @@ func IsControlPlane(labels map[string]string) bool {
 // NeedsNamespace reports whether some honoured annotation is missing from the pod, so that its
 // namespace might supply it. An empty value counts as missing, as in Linkerd.
 func NeedsNamespace(podAnnotations map[string]string) bool {
-	for _, a := range Annotations {
-		if podAnnotations[a] == "" {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(Annotations, func(a string) bool { return podAnnotations[a] == "" })
 }
 
 // Object is a pod or a namespace whose annotations are merged, named for messages.
@@ -228,12 +218,6 @@ type Settings struct {
 	Sources map[string]string
 }
 
-// listAnnotations are the annotations holding lists, which max-annotation-list-entries bounds.
-var listAnnotations = map[string]bool{
-	AnnotationSkipOutboundPorts: true, AnnotationSkipInboundPorts: true, AnnotationSkipSubnets: true,
-	AnnotationSkipInboundSubnets: true, AnnotationSkipOutboundSubnets: true, AnnotationRerouteVirtualInterfaces: true,
-}
-
 // annotationFields maps each annotation to the rule builder's field it sets, so that the
 // builder's own validation of that field is reported as a problem with the annotation.
 var annotationFields = map[string]string{
@@ -251,10 +235,9 @@ var annotationFields = map[string]string{
 	AnnotationRerouteVirtualInterfaces: iptables.FieldRerouteVirtualInterfaces,
 }
 
-// Ceilings bound what a pod's (or its namespace's) annotations may ask of the node. A pod author
-// controls annotations, while the plugin and the agent run as root: without a bound, one pod could
-// hold node-wide conntrack slots for weeks, or make every audit of it cost seconds and megabytes.
-// They are keys of the node's network config; proxy-init's flags, which cluster admins set, have none.
+// Ceilings bound what a pod's (or its namespace's) annotations may ask of the node, which the
+// plugin and agent serve as root: else one pod could hold node-wide conntrack slots for weeks, or
+// make every audit of it cost seconds and megabytes. proxy-init's flags (the admins') have none.
 type Ceilings struct {
 	// MaxCloseWaitSecs is max-close-wait-timeout-secs: the largest close-wait-timeout accepted.
 	MaxCloseWaitSecs int64
@@ -272,23 +255,14 @@ const (
 // DefaultCeilings are the ceilings of a network config that sets none.
 var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxListEntries: DefaultMaxAnnotationListEntries}
 
-// Merge applies the annotations of pod, then of its namespace ns (which may be nil when it was
-// not needed), to base, with Linkerd's semantics:
-//   - skip-outbound-ports replaces the configured outbound-ports-to-ignore;
-//   - skip-inbound-ports is appended to inbound-ports-to-ignore;
-//   - skip-subnets replaces subnets-to-ignore (inbound source subnets);
-//   - skip-inbound-subnets is appended to them, after skip-subnets, as skip-inbound-ports is to
-//     the inbound ports;
-//   - skip-outbound-subnets replaces outbound-subnets-to-ignore (destinations), as
-//     skip-outbound-ports replaces the outbound ports;
-//   - proxy-uid, proxy-gid, inbound-port and outbound-port override;
-//   - close-wait-timeout (a duration such as "1h", or whole seconds) sets the conntrack timeout;
-//   - reroute-virtual-interfaces replaces the configured reroute-virtual-interfaces.
-//
-// Each annotation is taken from the pod when it has a non-empty value there, else from the
-// namespace. apiServerPorts, given for control-plane pods, are appended to the outbound ports to
-// ignore after the annotations. The result is validated by the rule builder, like every other
-// input; every malformed value is reported at once in a *badinput.Error whose problems name the
+// Merge applies the annotations of pod, else of its namespace ns (nil when not needed), to base,
+// with Linkerd's semantics: skip-inbound-ports and skip-inbound-subnets are appended to the
+// configured inbound ports and to skip-subnets' (inbound source) subnets; the other lists
+// (skip-outbound-ports, skip-subnets, skip-outbound-subnets, reroute-virtual-interfaces) replace
+// theirs; proxy-uid, proxy-gid, inbound-port and outbound-port override; close-wait-timeout (a
+// duration such as "1h", or whole seconds) sets the conntrack timeout. apiServerPorts, given for
+// control-plane pods, are appended to the outbound ports to ignore. The rule builder validates
+// the result; every malformed value is reported at once in a *badinput.Error naming the
 // annotation, the object it is on and its whole value. A value beyond one of lim's ceilings is
 // refused too; a list over its ceiling is reported by its length, not echoed.
 func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
@@ -299,17 +273,11 @@ func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServer
 		ns:    ns,
 		found: map[string][]badinput.Problem{},
 	}
-	m.s.Config.PortsToRedirect = clone(base.PortsToRedirect)
-	m.s.Config.InboundPortsToIgnore = clone(base.InboundPortsToIgnore)
-	m.s.Config.OutboundPortsToIgnore = clone(base.OutboundPortsToIgnore)
-	m.s.Config.InboundSubnetsToIgnore = clone(base.InboundSubnetsToIgnore)
-	m.s.Config.OutboundSubnetsToIgnore = clone(base.OutboundSubnetsToIgnore)
+	// base's lists are only ever appended to clipped (copied), never written in place.
 	m.annotations()
-	if len(apiServerPorts) > 0 {
-		m.s.Config.OutboundPortsToIgnore = append(m.s.Config.OutboundPortsToIgnore, apiServerPorts...)
-	}
+	m.s.Config.OutboundPortsToIgnore = append(slices.Clip(m.s.Config.OutboundPortsToIgnore), apiServerPorts...)
 	// Values of the wrong form left their field as it was in base, which is valid, so every
-	// other problem is still found here, at once. (The API server's ports are always valid.)
+	// other problem is still found here, at once.
 	rs, err := iptables.Build(m.s.Config)
 	if verr, ok := badinput.As(err); ok {
 		for _, p := range verr.Problems {
@@ -344,38 +312,35 @@ type merger struct {
 	found map[string][]badinput.Problem
 }
 
-// annotations applies each annotation in Linkerd's order (Merge's comment).
+// annotations applies each annotation in Linkerd's order (Merge's comment): skip-subnets before
+// skip-inbound-subnets, which appends to it.
 func (m *merger) annotations() {
 	c := &m.s.Config
-	m.each(AnnotationSkipOutboundPorts, func(v string) string {
-		c.OutboundPortsToIgnore = splitList(v)
-		return ""
-	})
-	m.each(AnnotationSkipInboundPorts, func(v string) string {
-		c.InboundPortsToIgnore = append(c.InboundPortsToIgnore, splitList(v)...)
-		return ""
-	})
-	m.each(AnnotationSkipSubnets, func(v string) string {
-		c.InboundSubnetsToIgnore = splitList(v)
-		return ""
-	})
-	m.each(AnnotationSkipInboundSubnets, func(v string) string {
-		c.InboundSubnetsToIgnore = append(c.InboundSubnetsToIgnore, splitList(v)...)
-		return ""
-	})
-	m.each(AnnotationSkipOutboundSubnets, func(v string) string {
-		c.OutboundSubnetsToIgnore = splitList(v)
-		return ""
-	})
-	m.each(AnnotationProxyUID, integer(&c.ProxyUID, "UID"))
-	m.each(AnnotationProxyGID, integer(&c.ProxyGID, "GID"))
-	m.each(AnnotationInboundPort, integer(&c.InboundProxyPort, "port"))
-	m.each(AnnotationOutboundPort, integer(&c.OutboundProxyPort, "port"))
-	m.each(AnnotationRerouteVirtualInterfaces, func(v string) string {
-		c.RerouteVirtualInterfaces = splitList(v)
-		return ""
-	})
-	m.each(AnnotationCloseWaitTimeout, func(v string) string {
+	for _, l := range []struct {
+		key     string
+		dst     *[]string
+		appends bool
+	}{
+		{AnnotationSkipOutboundPorts, &c.OutboundPortsToIgnore, false},
+		{AnnotationSkipInboundPorts, &c.InboundPortsToIgnore, true},
+		{AnnotationSkipSubnets, &c.InboundSubnetsToIgnore, false},
+		{AnnotationSkipInboundSubnets, &c.InboundSubnetsToIgnore, true},
+		{AnnotationSkipOutboundSubnets, &c.OutboundSubnetsToIgnore, false},
+		{AnnotationRerouteVirtualInterfaces, &c.RerouteVirtualInterfaces, false},
+	} {
+		m.each(l.key, true, func(v string) string {
+			if !l.appends {
+				*l.dst = nil
+			}
+			*l.dst = append(slices.Clip(*l.dst), splitList(v)...)
+			return ""
+		})
+	}
+	m.each(AnnotationProxyUID, false, integer(&c.ProxyUID, "UID"))
+	m.each(AnnotationProxyGID, false, integer(&c.ProxyGID, "GID"))
+	m.each(AnnotationInboundPort, false, integer(&c.InboundProxyPort, "port"))
+	m.each(AnnotationOutboundPort, false, integer(&c.OutboundProxyPort, "port"))
+	m.each(AnnotationCloseWaitTimeout, false, func(v string) string {
 		secs, reason := parseCloseWait(v)
 		if reason == "" && secs > m.lim.MaxCloseWaitSecs {
 			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, m.lim.MaxCloseWaitSecs)
@@ -387,8 +352,8 @@ func (m *merger) annotations() {
 
 // each takes one annotation when present, from the pod, else from its namespace; set converts
 // its value into the config, and returns why it cannot when the value does not even have the
-// right form.
-func (m *merger) each(key string, set func(v string) string) {
+// right form. A list is bounded by max-annotation-list-entries.
+func (m *merger) each(key string, list bool, set func(v string) string) {
 	var v string
 	var from *Object
 	if v = m.pod.Annotations[key]; v != "" {
@@ -400,7 +365,7 @@ func (m *merger) each(key string, set func(v string) string) {
 		return
 	}
 	src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
-	if n := len(splitList(v)); listAnnotations[key] && n > m.lim.MaxListEntries {
+	if n := len(splitList(v)); list && n > m.lim.MaxListEntries {
 		src.Value = fmt.Sprintf("(%d entries)", n)
 		src.Reason = fmt.Sprintf("more entries than max-annotation-list-entries allows (%d)", m.lim.MaxListEntries)
 		m.probs = append(m.probs, src)
@@ -458,20 +423,18 @@ func integer(dst *int, what string) func(string) string {
 // seconds for convenience, and returns whole seconds. Whether the kernel takes that many is the
 // rule builder's check.
 func parseCloseWait(v string) (int64, string) {
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 1 {
-			return 0, "must be at least 1s"
-		}
-		return n, ""
-	}
-	d, err := time.ParseDuration(v)
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return 0, "not a duration such as \"1h\" or \"3600s\""
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, "not a duration such as \"1h\" or \"3600s\""
+		}
+		n = int64(d / time.Second)
 	}
-	if d < time.Second {
+	if n < 1 {
 		return 0, "must be at least 1s"
 	}
-	return int64(d / time.Second), ""
+	return n, ""
 }
 
 // splitList splits a comma-separated annotation value into trimmed, non-empty items.

@@ -1,17 +1,13 @@
 package cniplugin
 
 // What a pod author controls of a meshed pod's rules (its annotations, its namespace's, its
-// control-plane label) is read once, when the pod's sandbox is set up, as Linkerd's plugin reads
-// it: ADD records what it merged, in a root-only file named after the sandbox, and CHECK and the
-// node agent's audits rebuild the rules from that record, not from the annotations of the moment.
-// A later `kubectl annotate` (of the pod or its namespace) therefore cannot switch a running pod's
-// redirect off, which admission rules written for CREATE would miss; the agent reports such an
-// edit instead. The node's network config is not recorded: it is the cluster admin's, and still
-// applies as it is now.
-//
-// The plugin writes the record itself, rather than sending it to the agent, because it writes the
-// rules even when the agent is absent, and the record must exist whenever the rules do. DEL
-// removes it; the agent sweeps the records of pods gone without a DEL.
+// control-plane label) is read once, at sandbox set-up, as Linkerd's plugin reads it: ADD records
+// what it merged in a root-only file named after the sandbox, and CHECK and the agent's audits
+// rebuild the rules from it. A later `kubectl annotate`, which admission rules written for CREATE
+// would miss, thus cannot switch a running pod's redirect off; the agent reports the edit. The
+// node's network config (the admin's) is not recorded: it applies as it is now. The plugin
+// writes the record itself, as it writes rules without the agent too; DEL removes it, and the
+// agent sweeps the records of pods gone without a DEL.
 
 import (
 	"encoding/json"
@@ -31,8 +27,7 @@ import (
 )
 
 // DefaultStateDir is the node directory, only root's, holding the namespaces' lock files (locks/)
-// and the pods' records (pods/), when the network config has no state-dir. The DaemonSet mounts it
-// into the node agent at the same path.
+// and the pods' records (pods/), when the network config has no state-dir.
 const DefaultStateDir = "/var/run/linkerd-cni"
 
 // Subdirectories of the state directory.
@@ -49,8 +44,7 @@ const recordVersion = 1
 const maxRecord = 1 << 20
 
 // Inputs are what a pod author controls of a meshed pod's rules, as one lookup read them: the
-// honoured annotations on the pod and, when one was missing there, on its namespace; whether the
-// pod is a control-plane one, and then the API server's ports it skips.
+// honoured annotations of the pod and (when needed) its namespace, and the control-plane label.
 type Inputs struct {
 	Pod            map[string]string `json:"pod,omitempty"`
 	Namespace      map[string]string `json:"namespace,omitempty"`
@@ -77,7 +71,6 @@ func honoured(a map[string]string) map[string]string {
 	return out
 }
 
-// merge applies in to the call's network config.
 func (in Inputs) merge(c *call) (Settings, error) {
 	pod := Object{Kind: "pod", Name: c.podName(), Annotations: in.Pod}
 	var ns *Object
@@ -119,14 +112,12 @@ func shortQuote(v string) string {
 	return fmt.Sprintf("%q", v)
 }
 
-// sandboxIDOK says id is what CNI allows in a container ID (and what the runtimes use for
-// sandboxes), and no longer than a file name may be: safe as a file name. Not a regexp with a
-// bounded repetition: compiling {0,254} cost every plugin start 2 ms and 3,000 allocations.
+// sandboxIDOK says id is a CNI container ID no longer than a file name may be: safe as one. Not a
+// regexp with a bounded repetition: compiling {0,254} cost every plugin start 2 ms.
 func sandboxIDOK(id string) bool {
 	return len(id) <= 255 && utils.ValidateContainerID(id) == nil
 }
 
-// recordPath is the call's record, under the state directory.
 func (c *call) recordPath() (string, error) {
 	id := c.args.ContainerID
 	if !sandboxIDOK(id) {
@@ -145,10 +136,7 @@ func (c *call) writeRecord(in Inputs) error {
 	if err := rootonly.Make(dir); err != nil {
 		return fmt.Errorf("the records' directory: %w", err)
 	}
-	b, err := json.Marshal(Record{V: recordVersion, Pod: c.podName(), PodUID: c.pod.UID, Inputs: in})
-	if err != nil {
-		return err
-	}
+	b, _ := json.Marshal(Record{V: recordVersion, Pod: c.podName(), PodUID: c.pod.UID, Inputs: in}) // strings only: no error
 	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
 		return fmt.Errorf("record the pod's settings: %w", err)
@@ -221,9 +209,9 @@ func (c *call) removeRecord() {
 	}
 }
 
-// settle turns the rules of the annotations of the moment into the rules of those the sandbox was
-// set up with, when its record says what they were, and names what changed since. Without a
-// record (a sandbox set up before the plugin kept them, or the record lost) the rules are now's.
+// settle replaces the rules of the annotations of the moment with those of the sandbox's record,
+// and names what changed since. Without a record (a sandbox older than records, or the record
+// lost) the rules are now's.
 func (c *call) settle(pl *podRules, err error) (*podRules, []string, error) {
 	if pl == nil || !pl.kind.NeedsRules() {
 		return pl, nil, err
@@ -249,11 +237,9 @@ func (c *call) settle(pl *podRules, err error) (*podRules, []string, error) {
 	return pl, changed, nil
 }
 
-// SweepRecords removes from dir (the state directory's pods/) the records of pods that live no
-// longer reports on the node (by namespace/name and UID), and the temporary files of writes cut
-// short, once older than grace (a record is written at ADD, when its pod exists already), and
-// returns how many it removed. A record that does not parse is removed too: only the plugin
-// writes there. A missing dir holds nothing.
+// SweepRecords removes from dir (the state directory's pods/) the records, older than grace, of
+// pods that live no longer reports on the node (by namespace/name and UID), or that do not parse,
+// and the temporary files of writes cut short, and returns how many it removed.
 func SweepRecords(dir string, grace time.Duration, live func(pod, uid string) bool) (int, error) {
 	if err := rootonly.Check(dir); errors.Is(err, fs.ErrNotExist) {
 		return 0, nil

@@ -1,19 +1,15 @@
 package cniplugin
 
-// A node whose installer never comes back (its pod evicted for good, its DaemonSet's update stuck)
-// keeps the plugin in its CNI config with a kubeconfig whose token died with the old pod: every
-// ADD is refused by the API server and fails closed, meshed pod or not. The kubelet retries those
-// sandboxes quietly, so nothing would tell anyone. The plugin therefore records when the API
-// server started refusing its credentials (401 or 403), in a file of its state directory created
-// by the first refused ADD and removed by the next ADD that succeeds; STATUS reports the plugin
-// not ready once that is older than kubernetes.status-unauthorized-after, so the runtime reports
-// NetworkReady=false and the kubelet turns the node NotReady with a message naming linkerd-cni.
-// The bound keeps an upgrade's short gap (the old token is dead until the new installer writes
-// its kubeconfig) and API blips from turning a node NotReady. Refusals count only against the
-// kubeconfig they were made with: once the installer has written a newer one (a new pod, a
-// rotated token), an older marker means nothing, even if no ADD has come since to clear it.
+// A node whose installer never comes back (its pod evicted, its DaemonSet's update stuck) keeps
+// the plugin with a kubeconfig whose token died with the old pod: every ADD fails closed, and the
+// kubelet retries quietly. So the first ADD the API server refuses (401 or 403) creates a marker
+// file in the state directory, the next that succeeds removes it, and STATUS fails once the marker
+// is older than kubernetes.status-unauthorized-after: the node turns NotReady, naming linkerd-cni.
+// The bound spares an upgrade's short gap and API blips. A marker older than the kubeconfig (a
+// new installer, a rotated token) means nothing.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -27,9 +23,8 @@ import (
 	"github.com/kubemesh/proxy-init/internal/rootonly"
 )
 
-// DefaultStatusUnauthorizedAfter is how long the API server may refuse the plugin's credentials
-// before STATUS fails, when the config has no kubernetes.status-unauthorized-after: well past an
-// upgrade's gap, and as long as the kubelet's own grace before it evicts a NotReady node's pods.
+// DefaultStatusUnauthorizedAfter is kubernetes.status-unauthorized-after's default: well past an
+// upgrade's gap, and the kubelet's own grace before it evicts a NotReady node's pods.
 const DefaultStatusUnauthorizedAfter = 5 * time.Minute
 
 // RefusedFile is the file, in the state directory, whose modification time is when the API server
@@ -38,10 +33,7 @@ const RefusedFile = "api-refused-since"
 
 // StatusUnauthorizedAfter is the effective bound.
 func (c *NetConf) StatusUnauthorizedAfter() time.Duration {
-	if c.Kubernetes.StatusUnauthorizedAfter > 0 {
-		return c.Kubernetes.StatusUnauthorizedAfter
-	}
-	return DefaultStatusUnauthorizedAfter
+	return cmp.Or(c.Kubernetes.StatusUnauthorizedAfter, DefaultStatusUnauthorizedAfter)
 }
 
 // credentialsRefused tells whether err is the API server refusing the plugin's token: 401, or 403
@@ -51,10 +43,9 @@ func credentialsRefused(err error) bool {
 	return errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden)
 }
 
-// noteLookup keeps the refusal file after an ADD's lookup: created (if absent, so its time is the
-// first refusal's) when the API server refused the credentials, removed when the lookup worked.
-// Other failures (timeouts, an unreachable API server) leave it as it is: they say nothing about
-// the credentials. Problems are logged, never returned: the ADD's own answer matters more.
+// noteLookup keeps the marker after an ADD's lookup: created (if absent, so its time is the first
+// refusal's) when the API server refused the credentials, removed when the lookup worked; other
+// failures say nothing about the credentials. Problems are logged: the ADD's answer matters more.
 func (c *call) noteLookup(err error) {
 	path := filepath.Join(c.conf.StateDir, RefusedFile)
 	switch {

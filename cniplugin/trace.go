@@ -1,13 +1,10 @@
 package cniplugin
 
-// The runtime's trace context. libcni passes the span a runtime's CNI call runs in to the plugin
-// in the environment, as OpenTelemetry's environment carriers spell it: TRACEPARENT (a W3C
-// traceparent), TRACESTATE and BAGGAGE. The plugin starts no span and talks to no tracing
-// backend: it puts the trace ID on every log line of the call and in its report to the node
-// agent, so that the call's lines, here and in the agent's log, are found from the runtime's
-// trace. TRACESTATE (vendors' data) and BAGGAGE (any key-values, which may be private) are
-// neither logged nor kept. Without TRACEPARENT nothing changes: the log lines and the report are
-// byte for byte what they were.
+// The runtime's trace context: libcni passes the caller's span in the environment, as
+// OpenTelemetry's environment carriers spell it (TRACEPARENT, TRACESTATE, BAGGAGE). The plugin
+// starts no span: it puts the trace ID on the call's log lines and in its report to the node
+// agent. TRACESTATE and BAGGAGE (which may be private) are neither logged nor kept. Without
+// TRACEPARENT the log lines and the report are byte for byte what they were.
 
 import (
 	"errors"
@@ -21,16 +18,12 @@ import (
 // EnvTraceParent is the variable libcni puts the W3C traceparent of the caller's span in.
 const EnvTraceParent = "TRACEPARENT"
 
-// traceContext is what the call keeps of the runtime's trace context.
+// traceContext is what the call keeps of the runtime's trace context: the trace ID, or a
+// malformed TRACEPARENT and why, logged at debug once the logger exists, then ignored.
 type traceContext struct {
-	// id is the trace ID, when TRACEPARENT holds a valid traceparent.
-	id string
-	// malformed is a TRACEPARENT that holds none, and why: logged at debug once the logger
-	// exists, then ignored.
-	malformed, why string
+	id, malformed, why string
 }
 
-// readTrace reads TRACEPARENT from the environment.
 func readTrace() traceContext {
 	v, ok := os.LookupEnv(EnvTraceParent)
 	if !ok {
@@ -47,7 +40,6 @@ func readTrace() traceContext {
 	return traceContext{id: id}
 }
 
-// attrs appends the trace ID's log attribute to attrs, when there is one.
 func (t traceContext) attrs(attrs ...any) []any {
 	if t.id == "" {
 		return attrs
@@ -55,7 +47,6 @@ func (t traceContext) attrs(attrs ...any) []any {
 	return append(attrs, "trace_id", t.id)
 }
 
-// logIgnored says, at debug, that a malformed TRACEPARENT was ignored.
 func (t traceContext) logIgnored(log *slog.Logger) {
 	if t.malformed != "" {
 		log.Debug("ignoring "+EnvTraceParent+": not a W3C traceparent", "traceparent", t.malformed, "error", t.why)

@@ -1,13 +1,11 @@
-// Package kubeconfig is the kubeconfig the linkerd-cni plugin reads: the file `linkerd-cni
+// Package kubeconfig is the kubeconfig the linkerd-cni plugin reads: the JSON file `linkerd-cni
 // install` writes beside the node's CNI configuration, in Linkerd's shape (cluster "local", user
-// "linkerd-cni", context "linkerd-cni-context"), as JSON, authenticating with a bearer token.
-// Render writes it; Read reads it back for the plugin's standard-library API client, refusing
-// what that client cannot honour. The tests' kube-apiserver harness writes the same bytes, so what
-// they prove holds for the installer's file.
+// "linkerd-cni", context "linkerd-cni-context"), with a bearer token. Render writes it (so do the
+// tests' kube-apiserver harness); Read reads it back, refusing what the plugin's client cannot
+// honour: anything but JSON, a token or token file and an https server.
 //
-// Limits: JSON only (kubectl and client-go read JSON kubeconfigs too); a token or token file,
-// never a credential plugin, client certificate or password; an https server. Writing the file
-// with a safe mode is the caller's job. Standard library only: the plugin links this package.
+// Limits: writing the file with a safe mode is the caller's job. Standard library only: the
+// plugin links this package.
 package kubeconfig
 
 import (
@@ -39,9 +37,8 @@ type Params struct {
 	InsecureSkipTLSVerify bool
 }
 
-// The parts of a kubeconfig, with the keys kubectl writes. Read decodes the parts it uses with
-// unknown fields refused, so that a setting it would silently ignore (a proxy, an impersonation)
-// is an error instead.
+// The parts of a kubeconfig, with the keys kubectl writes. Read refuses unknown fields, so that a
+// setting it would silently ignore (a proxy, an impersonation) is an error instead.
 type (
 	file struct {
 		APIVersion     string          `json:"apiVersion,omitempty"`

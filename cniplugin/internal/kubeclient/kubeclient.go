@@ -2,12 +2,10 @@
 // repair): typed calls on the few resources they use, over client-go's REST client, with a
 // scheme of core/v1, apps/v1 and events.k8s.io/v1 only.
 //
-// client-go's Clientset, its typed clients and its informer factory all register every API
-// group in one scheme (k8s.io/client-go/kubernetes/scheme), so any of them links every group's
-// types, codecs, listers and informers: more than half of the DaemonSet binary. client-go's
-// generic typed client (gentype) would do, but it links client-go's fake clients and with them
-// OpenAPI and strategic merge patching. The requests here are the ones the typed clients send,
-// protobuf preferred.
+// client-go's Clientset, typed clients and informer factory register every API group in one
+// scheme, so any of them links every group's types, codecs, listers and informers: more than half
+// of the DaemonSet binary; its generic typed client (gentype) links the fake clients, OpenAPI and
+// strategic merge patching. The requests here are the ones the typed clients send.
 package kubeclient
 
 import (
@@ -60,25 +58,22 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", c.Host, err)
 	}
-	group := func(gv schema.GroupVersion, apiPath string) (rest.Interface, error) {
-		gc := c
-		gc.GroupVersion, gc.APIPath = &gv, apiPath
-		gc.NegotiatedSerializer = rest.CodecFactoryForGeneratedClient(scheme, codecs).WithoutConversion()
-		rc, err := rest.RESTClientForConfigAndClient(&gc, httpClient)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes client for %s, %s: %w", c.Host, gv, err)
-		}
-		return rc, nil
-	}
 	var k Client
-	if k.core, err = group(corev1.SchemeGroupVersion, "/api"); err != nil {
-		return nil, err
-	}
-	if k.apps, err = group(appsv1.SchemeGroupVersion, "/apis"); err != nil {
-		return nil, err
-	}
-	if k.events, err = group(eventsv1.SchemeGroupVersion, "/apis"); err != nil {
-		return nil, err
+	for _, g := range []struct {
+		client  *rest.Interface
+		gv      schema.GroupVersion
+		apiPath string
+	}{
+		{&k.core, corev1.SchemeGroupVersion, "/api"},
+		{&k.apps, appsv1.SchemeGroupVersion, "/apis"},
+		{&k.events, eventsv1.SchemeGroupVersion, "/apis"},
+	} {
+		gc := c
+		gc.GroupVersion, gc.APIPath = &g.gv, g.apiPath
+		gc.NegotiatedSerializer = rest.CodecFactoryForGeneratedClient(scheme, codecs).WithoutConversion()
+		if *g.client, err = rest.RESTClientForConfigAndClient(&gc, httpClient); err != nil {
+			return nil, fmt.Errorf("kubernetes client for %s, %s: %w", c.Host, g.gv, err)
+		}
 	}
 	return &k, nil
 }
@@ -141,7 +136,6 @@ func (r Resource[T, L]) request(req *rest.Request, name string) *rest.Request {
 	return req
 }
 
-// into decodes res into obj.
 func into[O runtime.Object](res rest.Result, obj O) (O, error) {
 	return obj, res.Into(obj)
 }
