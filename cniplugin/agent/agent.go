@@ -179,10 +179,7 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
 		return nil, errors.New("audits need a sandbox finder and the node's network config")
 	}
-	log := opts.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	controller := cmp.Or(opts.ReportingController, AgentReportingController)
 	a := &Agent{
 		opts:     opts,
@@ -279,17 +276,8 @@ func (a *Agent) podChanged(old, obj any) {
 func (a *Agent) namespaceChanged(old, obj any) {
 	prev, ok1 := old.(*corev1.Namespace)
 	ns, ok2 := obj.(*corev1.Namespace)
-	if !a.audits() || !ok1 || !ok2 || maps.Equal(prev.Annotations, ns.Annotations) {
-		return
-	}
-	pods, err := a.pods.Pods(ns.Name).List(everything)
-	if err != nil {
-		return
-	}
-	for _, p := range pods {
-		if meshedSpec(p) {
-			a.queue.Add(podKey{p.Namespace, p.Name})
-		}
+	if a.audits() && ok1 && ok2 && !maps.Equal(prev.Annotations, ns.Annotations) {
+		a.queueMeshed(ns.Name)
 	}
 }
 

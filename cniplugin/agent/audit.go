@@ -24,37 +24,35 @@ import (
 // beside the agent, has put it there), then queues every meshed pod once: the audits of the
 // initial list found no config to audit against.
 func (a *Agent) auditWhenChained(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		if _, err := a.opts.NetConf.Load(); err == nil {
+	tick(ctx, time.Second, false, func() bool {
+		_, err := a.opts.NetConf.Load()
+		if err == nil {
 			a.metrics.chained.Set(1)
-			for _, k := range a.meshedPods() {
-				a.queue.Add(k)
-			}
-			return
+			a.queueMeshed("")
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return err != nil
+	})
 }
 
 // auditEvery queues every meshed pod of the node each period, until ctx ends.
 func (a *Agent) auditEvery(ctx context.Context, period time.Duration) {
+	tick(ctx, period, true, func() bool {
+		a.queueMeshed("")
+		a.sweep()
+		return true
+	})
+}
+
+// tick calls fn every period, and at once unless wait, until ctx ends or fn returns false.
+func tick(ctx context.Context, period time.Duration, wait bool, fn func() bool) {
 	t := time.NewTicker(period)
 	defer t.Stop()
-	for {
+	for wait || fn() {
+		wait = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, k := range a.meshedPods() {
-				a.queue.Add(k)
-			}
-			a.sweep()
 		}
 	}
 }
@@ -89,8 +87,16 @@ func (a *Agent) onNode(pod, uid string) bool {
 	return err == nil && (uid == "" || string(p.UID) == uid)
 }
 
-func (a *Agent) meshedPods() []podKey {
-	pods, err := a.pods.List(everything)
+// queueMeshed queues the meshed pods of namespace ("": every namespace).
+func (a *Agent) queueMeshed(namespace string) {
+	for _, k := range a.meshedPods(namespace) {
+		a.queue.Add(k)
+	}
+}
+
+// meshedPods lists the meshed pods of namespace ("": every namespace) not being deleted.
+func (a *Agent) meshedPods(namespace string) []podKey {
+	pods, err := a.pods.Pods(namespace).List(everything)
 	if err != nil {
 		return nil
 	}
@@ -142,7 +148,7 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 			}
 		})
 	}
-	for _, k := range a.meshedPods() {
+	for _, k := range a.meshedPods("") {
 		keys <- k
 	}
 	close(keys)
