@@ -71,15 +71,9 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	if code, done := command.Exit(err, c.AddFlags, stdout, stderr); done {
-		return code
-	}
-	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
-	if err := Run(ctx, c, log); err != nil {
-		log.Error("repair controller failed", "error", err.Error())
-		return 1
-	}
-	return 0
+	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "repair controller failed", func(log *slog.Logger) error {
+		return Run(ctx, c, log)
+	})
 }
 
 // AgentOptions are the node agent's options for c: delete mode, no socket, no audit, Linkerd's
