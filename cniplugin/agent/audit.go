@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
@@ -95,15 +96,15 @@ func (a *Agent) queueMeshed(namespace string) {
 }
 
 // meshedPods lists the meshed pods of namespace ("": every namespace) not being deleted.
-func (a *Agent) meshedPods(namespace string) []podKey {
+func (a *Agent) meshedPods(namespace string) []cache.ObjectName {
 	pods, err := a.pods.Pods(namespace).List(everything)
 	if err != nil {
 		return nil
 	}
-	var keys []podKey
+	var keys []cache.ObjectName
 	for _, p := range pods {
 		if meshedSpec(p) && p.DeletionTimestamp == nil {
-			keys = append(keys, podKey{p.Namespace, p.Name})
+			keys = append(keys, cache.MetaObjectToName(p))
 		}
 	}
 	return keys
@@ -125,13 +126,13 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 		mu    sync.Mutex
 		p     Pass
 		wg    sync.WaitGroup
-		keys  = make(chan podKey)
+		keys  = make(chan cache.ObjectName)
 		start = time.Now()
 	)
 	for range workers {
 		wg.Go(func() {
 			for k := range keys {
-				pod, err := a.pods.Pods(k.namespace).Get(k.name)
+				pod, err := a.pods.Pods(k.Namespace).Get(k.Name)
 				if err != nil {
 					continue
 				}
@@ -214,7 +215,7 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 	p.Runner = a.opts.Runner
 	args := cniplugin.PodArgs{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), InfraContainerID: sb.ID}
 	start := time.Now()
-	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.mode == ModeRepair, log)
+	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.opts.Mode == ModeRepair, log)
 	a.metrics.auditSeconds.Observe(time.Since(start).Seconds())
 	if res.Skipped != "" {
 		return notAudited
@@ -252,7 +253,7 @@ func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditRes
 		a.metrics.healErrors.Inc()
 		log.Error("the pod's rules differ and could not be rewritten", "problem", res.Problem, "error", err.Error())
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonRepairFailed, ActionRewrite,
-			fmt.Sprintf("The redirect rules on node %s differ from the expected ones and could not be rewritten: %s. %s", a.node, err, res.Problem), true)
+			fmt.Sprintf("The redirect rules on node %s differ from the expected ones and could not be rewritten: %s. %s", a.opts.NodeName, err, res.Problem), true)
 	case err != nil:
 		a.metrics.auditErrors.Inc()
 		log.Warn("audit failed", "error", err.Error())
@@ -262,13 +263,13 @@ func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditRes
 		a.metrics.healed.Inc()
 		log.Info("rules were missing or different; rewrote them in place", "backend", res.Backend, "problem", res.Problem)
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonRepaired, ActionRewrite,
-			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and rewrote them in place with %s (mode repair): %s", a.node, res.Backend, res.Problem), false)
-	case a.mode == ModeDelete:
+			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and rewrote them in place with %s (mode repair): %s", a.opts.NodeName, res.Backend, res.Problem), false)
+	case a.opts.Mode == ModeDelete:
 		a.deleteDrifted(ctx, pod, res.Problem)
 	default:
 		log.Warn("rules are missing or different (mode report: left as they are)", "problem", res.Problem)
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonDrift, ActionReport,
-			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.node, res.Problem), true)
+			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.opts.NodeName, res.Problem), true)
 	}
 }
 
@@ -298,7 +299,7 @@ func (a *Agent) reportSettings(ctx context.Context, pod *corev1.Pod, res cniplug
 // reportBusy counts an audit whose namespace lock was not had, and says so once per pod and lock.
 func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.BusyError, log *slog.Logger) {
 	a.metrics.lockBusy.Inc()
-	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.node, busy.Wait, busy.Lock)
+	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.opts.NodeName, busy.Wait, busy.Lock)
 	if a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonLockBusy, ActionReport, note, true) {
 		log.Warn("not audited: the namespace's lock is held", "lock", busy.Lock, "wait", busy.Wait.String())
 		return
@@ -309,8 +310,8 @@ func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.Bu
 // meshedSpec tells, from the spec alone, whether the plugin writes rules for the pod; the spec
 // is read the way the plugin reads it.
 func meshedSpec(pod *corev1.Pod) bool {
-	var spec cniplugin.PodSpec
-	return recode(&pod.Spec, &spec) == nil && cniplugin.Classify(&spec).NeedsRules()
+	spec, err := recode[cniplugin.PodSpec](&pod.Spec)
+	return err == nil && cniplugin.Classify(spec).NeedsRules()
 }
 
 // sandboxReady tells whether the kubelet reports the pod's sandbox ready (it is, once the CNI

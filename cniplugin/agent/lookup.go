@@ -43,8 +43,7 @@ func (c *cacheAPI) Pod(ctx context.Context, namespace, name string) (*cniplugin.
 	if err != nil {
 		return nil, err
 	}
-	var pod cniplugin.Pod
-	return &pod, recode(p, &pod)
+	return recode[cniplugin.Pod](p)
 }
 
 func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
@@ -65,7 +64,7 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 		return p, nil
 	}
 	if !c.wait(ctx, found) {
-		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.node, c.a.opts.LookupWait, errNotSeen)
+		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.opts.NodeName, c.a.opts.LookupWait, errNotSeen)
 	}
 	return pod, nil
 }
@@ -90,8 +89,7 @@ func (c *cacheAPI) Namespace(ctx context.Context, name string) (*cniplugin.Names
 	if err != nil {
 		return nil, err
 	}
-	var ns cniplugin.Namespace
-	return &ns, recode(n, &ns)
+	return recode[cniplugin.Namespace](n)
 }
 
 func (c *cacheAPI) namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
@@ -113,8 +111,7 @@ func (c *cacheAPI) Service(_ context.Context, namespace, name string) (*cniplugi
 	if err != nil {
 		return nil, fmt.Errorf("service %s/%s: not in the agent's watch: %w", namespace, name, err)
 	}
-	var svc cniplugin.Service
-	return &svc, recode(s, &svc)
+	return recode[cniplugin.Service](s)
 }
 
 func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
@@ -170,15 +167,14 @@ func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (
 // service watch holds it.
 func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (wire.Reply, error) {
 	r := wire.Reply{Source: c.source, NamespaceError: nsErr}
-	var p cniplugin.Pod
-	err := recode(pod, &p)
+	p, err := recode[cniplugin.Pod](pod)
 	if err == nil {
-		r.Pod, err = json.Marshal(&p)
+		r.Pod, err = json.Marshal(p)
 	}
 	if err == nil && ns != nil {
-		var n cniplugin.Namespace
-		if err = recode(ns, &n); err == nil {
-			r.Namespace, err = json.Marshal(&n)
+		var n *cniplugin.Namespace
+		if n, err = recode[cniplugin.Namespace](ns); err == nil {
+			r.Namespace, err = json.Marshal(n)
 		}
 	}
 	if svc, serr := c.Service(context.Background(), "default", "kubernetes"); serr == nil && err == nil {
@@ -187,12 +183,13 @@ func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (w
 	return r, err
 }
 
-// recode turns a core/v1 object into the plugin's own small type through its JSON, the way the
+// recode turns a core/v1 object into the plugin's own small type T through its JSON, the way the
 // plugin decodes the API server's answer, so both paths read exactly the same fields.
-func recode(from, into any) error {
+func recode[T any](from any) (*T, error) {
 	b, err := json.Marshal(from)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return json.Unmarshal(b, into)
+	var v T
+	return &v, json.Unmarshal(b, &v)
 }
