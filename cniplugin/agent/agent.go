@@ -325,10 +325,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.synced.Store(true)
 	a.log.Info("agent ready")
-	go func() {
-		<-ctx.Done()
-		a.queue.ShutDown()
-	}()
+	context.AfterFunc(ctx, a.queue.ShutDown)
 	if a.audits() {
 		go a.auditWhenChained(ctx)
 		go a.auditEvery(ctx, a.opts.AuditPeriod)
@@ -356,9 +353,9 @@ func (a *Agent) processNext(ctx context.Context) bool {
 	if err := a.process(ctx, key); err != nil {
 		a.log.Warn("retrying with back-off", "pod", key.String(), "error", err.Error(), "retries", a.queue.NumRequeues(key))
 		a.queue.AddRateLimited(key)
-		return true
+	} else {
+		a.queue.Forget(key)
 	}
-	a.queue.Forget(key)
 	return true
 }
 

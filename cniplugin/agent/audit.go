@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -90,24 +91,15 @@ func (a *Agent) onNode(pod, uid string) bool {
 
 // queueMeshed queues the meshed pods of namespace ("": every namespace).
 func (a *Agent) queueMeshed(namespace string) {
-	for _, k := range a.meshedPods(namespace) {
-		a.queue.Add(k)
+	for _, p := range a.meshedPods(namespace) {
+		a.queue.Add(cache.MetaObjectToName(p))
 	}
 }
 
 // meshedPods lists the meshed pods of namespace ("": every namespace) not being deleted.
-func (a *Agent) meshedPods(namespace string) []cache.ObjectName {
-	pods, err := a.pods.Pods(namespace).List(everything)
-	if err != nil {
-		return nil
-	}
-	var keys []cache.ObjectName
-	for _, p := range pods {
-		if meshedSpec(p) && p.DeletionTimestamp == nil {
-			keys = append(keys, cache.MetaObjectToName(p))
-		}
-	}
-	return keys
+func (a *Agent) meshedPods(namespace string) []*corev1.Pod {
+	pods, _ := a.pods.Pods(namespace).List(everything) // a new slice: the lister appends to it
+	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool { return !meshedSpec(p) || p.DeletionTimestamp != nil })
 }
 
 // Pass is what one AuditAll did.
@@ -126,16 +118,12 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 		mu    sync.Mutex
 		p     Pass
 		wg    sync.WaitGroup
-		keys  = make(chan cache.ObjectName)
+		pods  = make(chan *corev1.Pod)
 		start = time.Now()
 	)
 	for range workers {
 		wg.Go(func() {
-			for k := range keys {
-				pod, err := a.pods.Pods(k.Namespace).Get(k.Name)
-				if err != nil {
-					continue
-				}
+			for pod := range pods {
 				out := a.audit(ctx, pod)
 				mu.Lock()
 				switch out {
@@ -149,10 +137,10 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 			}
 		})
 	}
-	for _, k := range a.meshedPods("") {
-		keys <- k
+	for _, pod := range a.meshedPods("") {
+		pods <- pod
 	}
-	close(keys)
+	close(pods)
 	wg.Wait()
 	p.Took = time.Since(start)
 	return p
