@@ -120,11 +120,9 @@ func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
 	return c.a.arrived.wait(ctx, found)
 }
 
-// lookup is the answer to a plugin's ADD or CHECK once the watches have synced: the pod, its
-// namespace and, when the watch holds it, default/kubernetes, as the plugin reads them (its own
-// small types: nothing else of the objects crosses the socket); an error when the pod or its
-// namespace is not known within the lookup wait. A pod the watch has not delivered yet comes from
-// the kubelet when it can.
+// lookup is the answer to a plugin's ADD or CHECK once the watches have synced (see reply); an
+// error when the pod or its namespace is not known within the lookup wait. A pod the watch has
+// not delivered yet comes from the kubelet when it can.
 func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
 	pod, err := c.pod(ctx, namespace, name)
 	if err != nil {
@@ -137,11 +135,9 @@ func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Rep
 	return c.reply(pod, ns, "")
 }
 
-// unsyncedLookup is the answer before the watches have synced (the agent has just started; the
-// API server may be down): the pod from the kubelet, its namespace from the namespace watch if
-// that one has synced, else from one API read; when neither gives it, the reply says why in
-// place of the namespace, and the plugin fails a pod that needs it. default/kubernetes is sent
-// only when its watch holds it.
+// unsyncedLookup is the answer before the watches have synced (the API server may be down): the
+// pod from the kubelet, its namespace from the namespace watch if synced, else from one API read;
+// failing both, the reply says why in place of the namespace (the plugin fails a pod needing it).
 func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
 	pod, err := c.fromKubelet(ctx, namespace, name)
 	if err != nil {
@@ -164,7 +160,7 @@ func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (
 }
 
 // reply encodes the pod, its namespace (or why there is none) and default/kubernetes when the
-// service watch holds it.
+// service watch holds it, as the plugin reads them: only its own small types cross the socket.
 func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (wire.Reply, error) {
 	r := wire.Reply{Source: c.source, NamespaceError: nsErr}
 	p, err := recode[cniplugin.Pod](pod)

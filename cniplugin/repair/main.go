@@ -36,13 +36,8 @@ var command = agent.Command{Name: "repair", NodeEnv: EnvNodeName, Target: Target
 
 // Config is the command line of `linkerd-cni repair`.
 type Config struct {
-	// NodeName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME.
-	NodeName string
-	// PodName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME; it may be empty.
-	PodName string
-	// AdminAddr serves the admin endpoints.
-	AdminAddr string
-	// Kubeconfig, when set, is used instead of $KUBECONFIG or the in-cluster config.
+	NodeName, PodName   string
+	AdminAddr           string
 	Kubeconfig          string
 	LogFormat, LogLevel string
 }
