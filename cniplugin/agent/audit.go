@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
@@ -311,11 +310,6 @@ func sandboxReady(pod *corev1.Pod) bool {
 		}
 	}
 	return pod.Status.Phase == corev1.PodRunning
-}
-
-// ownedByController tells whether something recreates the pod after a deletion.
-func ownedByController(pod *corev1.Pod) bool {
-	return metav1.GetControllerOf(pod) != nil
 }
 
 func boolGauge(b bool) float64 {

@@ -50,11 +50,8 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 	var pod *corev1.Pod
 	found := func() bool {
 		p, err := c.a.pods.Pods(namespace).Get(name)
-		if err == nil && (c.uid == "" || p.UID == c.uid) {
-			pod = p
-			return true
-		}
-		return false
+		pod = p // used only once found
+		return err == nil && (c.uid == "" || p.UID == c.uid)
 	}
 	if found() {
 		return pod, nil

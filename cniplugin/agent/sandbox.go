@@ -386,14 +386,15 @@ func checkPodNetNS(f *os.File) error {
 	if err := netnsutil.CheckNetNSFile(f); err != nil {
 		return err
 	}
-	var theirs, ours unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &theirs); err != nil {
+	theirs, err := f.Stat()
+	if err != nil {
 		return fmt.Errorf("stat: %w", err)
 	}
-	if err := unix.Stat("/proc/self/ns/net", &ours); err != nil {
+	ours, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
 		return fmt.Errorf("own network namespace: %w", err)
 	}
-	if theirs.Ino == ours.Ino && theirs.Dev == ours.Dev {
+	if os.SameFile(theirs, ours) {
 		return errors.New("the agent's own network namespace (the node's); refusing it")
 	}
 	return nil
