@@ -34,11 +34,8 @@ type metrics struct {
 	auditSeconds                                      prometheus.Histogram
 	chained, installerReady                           prometheus.Gauge
 	// The socket and the plugin's reports.
-	requests    *prometheus.CounterVec
-	calls       *prometheus.CounterVec
-	callSeconds *prometheus.HistogramVec
-	lookups     *prometheus.CounterVec
-	writes      *prometheus.CounterVec
+	requests, calls, lookups, writes *prometheus.CounterVec
+	callSeconds                      *prometheus.HistogramVec
 }
 
 // newMetrics registers the metrics with prefix; installer_ready only with installer (an agent that

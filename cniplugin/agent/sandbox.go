@@ -325,9 +325,6 @@ func parseSandboxInfo(info map[string]string) (nsRef, error) {
 // netnsName returns the name of a namespace the runtime keeps in the node's /var/run/netns (or
 // /run/netns, the same directory), the directory mounted into the agent's container.
 func netnsName(path string) (string, bool) {
-	if path == "" {
-		return "", false
-	}
 	dir, name := filepath.Split(filepath.Clean(path))
 	dir = filepath.Clean(dir)
 	return name, (dir == "/var/run/netns" || dir == "/run/netns") && name != ""
