@@ -297,7 +297,7 @@ func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.Bu
 // meshedSpec tells, from the spec alone, whether the plugin writes rules for the pod; the spec
 // is read the way the plugin reads it.
 func meshedSpec(pod *corev1.Pod) bool {
-	spec, err := recode[cniplugin.PodSpec](&pod.Spec)
+	spec, err := recode[cniplugin.PodSpec](&pod.Spec, nil)
 	return err == nil && cniplugin.Classify(spec).NeedsRules()
 }
 

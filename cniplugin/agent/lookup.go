@@ -39,11 +39,7 @@ type cacheAPI struct {
 func (c *cacheAPI) Cached() bool { return true }
 
 func (c *cacheAPI) Pod(ctx context.Context, namespace, name string) (*cniplugin.Pod, error) {
-	p, err := c.pod(ctx, namespace, name)
-	if err != nil {
-		return nil, err
-	}
-	return recode[cniplugin.Pod](p)
+	return recode[cniplugin.Pod](c.pod(ctx, namespace, name))
 }
 
 func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
@@ -82,11 +78,7 @@ func (c *cacheAPI) fromKubelet(ctx context.Context, namespace, name string) (*co
 }
 
 func (c *cacheAPI) Namespace(ctx context.Context, name string) (*cniplugin.Namespace, error) {
-	n, err := c.namespace(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return recode[cniplugin.Namespace](n)
+	return recode[cniplugin.Namespace](c.namespace(ctx, name))
 }
 
 func (c *cacheAPI) namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
@@ -108,7 +100,7 @@ func (c *cacheAPI) Service(_ context.Context, namespace, name string) (*cniplugi
 	if err != nil {
 		return nil, fmt.Errorf("service %s/%s: not in the agent's watch: %w", namespace, name, err)
 	}
-	return recode[cniplugin.Service](s)
+	return recode[cniplugin.Service](s, nil)
 }
 
 func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
@@ -160,13 +152,13 @@ func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (
 // service watch holds it, as the plugin reads them: only its own small types cross the socket.
 func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (wire.Reply, error) {
 	r := wire.Reply{Source: c.source, NamespaceError: nsErr}
-	p, err := recode[cniplugin.Pod](pod)
+	p, err := recode[cniplugin.Pod](pod, nil)
 	if err == nil {
 		r.Pod, err = json.Marshal(p)
 	}
 	if err == nil && ns != nil {
 		var n *cniplugin.Namespace
-		if n, err = recode[cniplugin.Namespace](ns); err == nil {
+		if n, err = recode[cniplugin.Namespace](ns, nil); err == nil {
 			r.Namespace, err = json.Marshal(n)
 		}
 	}
@@ -177,8 +169,12 @@ func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (w
 }
 
 // recode turns a core/v1 object into the plugin's own small type T through its JSON, the way the
-// plugin decodes the API server's answer, so both paths read exactly the same fields.
-func recode[T any](from any) (*T, error) {
+// plugin decodes the API server's answer, so both paths read exactly the same fields. An err
+// (from's lookup) comes back as is.
+func recode[T any](from any, err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
 	b, err := json.Marshal(from)
 	if err != nil {
 		return nil, err
