@@ -62,12 +62,17 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	return c, command.CheckCommon(nil, c.NodeName, c.AdminAddr, c.LogFormat, c.LogLevel)
 }
 
-// Main runs `linkerd-cni repair` with args (after "repair") until ctx ends, and returns the exit
-// code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
+// Main runs `linkerd-cni repair` (the node agent as Linkerd's repair controller) with args (after
+// "repair") until ctx ends, and returns the exit code: 0 after a clean shutdown, 2 for bad usage,
+// 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
 	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "repair controller failed", func(log *slog.Logger) error {
-		return Run(ctx, c, log)
+		if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
+			return err
+		}
+		log.Info("repair controller stopped")
+		return nil
 	})
 }
 
@@ -76,13 +81,4 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func AgentOptions(c Config, log *slog.Logger) agent.Options {
 	return agent.Options{NodeName: c.NodeName, PodName: c.PodName, Mode: agent.ModeDelete, Log: log,
 		MetricsPrefix: agent.RepairMetricsPrefix, ReportingController: agent.EventReportingController}
-}
-
-// Run runs the node agent as Linkerd's repair controller until ctx ends.
-func Run(ctx context.Context, c Config, log *slog.Logger) error {
-	if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
-		return err
-	}
-	log.Info("repair controller stopped")
-	return nil
 }
