@@ -184,8 +184,8 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
 		workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "linkerd-cni-agent"})
 	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) }, opts.InstallerReadyURL != "")
-	a.events = &eventRecorder{client: client, controller: controller, instance: cmp.Or(opts.PodName, controller+"-"+opts.NodeName),
-		metrics: a.metrics, log: a.log, seen: map[types.UID]map[string]bool{}}
+	a.events = &eventRecorder{client: client, controller: controller, metrics: a.metrics, log: a.log,
+		instance: cmp.Or(opts.PodName, controller+"-"+opts.NodeName), seen: map[types.UID]map[string]bool{}}
 
 	// Linkerd's repair controller watches only meshed pods (they carry this label); the agent
 	// also needs every pod of the node for lookups.

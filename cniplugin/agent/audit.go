@@ -98,7 +98,9 @@ func (a *Agent) queueMeshed(namespace string) {
 // meshedPods lists the meshed pods of namespace ("": every namespace) not being deleted.
 func (a *Agent) meshedPods(namespace string) []*corev1.Pod {
 	pods, _ := a.pods.Pods(namespace).List(everything) // a new slice: the lister appends to it
-	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool { return !meshedSpec(p) || p.DeletionTimestamp != nil })
+	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool {
+		return !meshedSpec(p) || p.DeletionTimestamp != nil
+	})
 }
 
 // Pass is what one AuditAll did.

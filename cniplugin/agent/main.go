@@ -137,7 +137,7 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "agent failed", func(log *slog.Logger) error {
+	run := func(log *slog.Logger) error {
 		opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, KubeletPodsSocket: c.KubeletPodsSocket, HostProc: c.HostProc,
 			InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
 		if c.PluginLogs {
@@ -156,7 +156,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			opts.Sandboxes, opts.NetConf, opts.NetNSDir = cri, &NetConfSource{Dir: c.CNINetDir}, c.NetNSDir
 		}
 		return Run(ctx, opts, c.Kubeconfig, c.AdminAddr, "linkerd-cni-agent")
-	})
+	}
+	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "agent failed", run)
 }
 
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may

@@ -81,8 +81,10 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		writes: auto.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_rules_written_total",
 			Help: "ADDs that wrote a meshed pod's rules, by who wrote them: agent (route 1) or plugin (route 2, the agent's lookup or the plugin's own API reads); reported by plugins that ask for writes."}, []string{"route"}),
 	}
-	auto.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size", Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen)
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	auto.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
+		Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen)
+	reg.MustRegister(collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -67,13 +67,14 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 // 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "repair controller failed", func(log *slog.Logger) error {
+	run := func(log *slog.Logger) error {
 		if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
 			return err
 		}
 		log.Info("repair controller stopped")
 		return nil
-	})
+	}
+	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "repair controller failed", run)
 }
 
 // AgentOptions are the node agent's options for c: delete mode, no socket, no audit, Linkerd's
