@@ -73,21 +73,19 @@ const workers = 4
 type Options struct {
 	// NodeName is the node whose pods are watched.
 	NodeName string
-	// PodName, when set, is the Events' reporting instance; else the controller name and the
-	// node's.
+	// PodName is the Events' reporting instance; empty: the controller name and the node's.
 	PodName string
 	// Mode says what to do about drift and failed validators; empty is ModeRepair.
 	Mode Mode
 	// Socket, when set, is the UNIX socket the plugin asks; its directory is made root-only.
 	Socket string
-	// KubeletPodsSocket, when set with Socket, is the kubelet's pods API socket: lookups the watch
-	// cannot answer (before it has synced, or a pod it has not delivered yet) read the pod there.
+	// KubeletPodsSocket, when set with Socket, is the kubelet's pods API socket, read for the
+	// lookups the watch cannot answer (not synced yet, or a pod not delivered yet).
 	KubeletPodsSocket string
 	// HostProc is the node's /proc, where the socket's peers are checked (wire.CheckPeer); empty
 	// is this process's /proc, for an agent in the node's PID namespace.
 	HostProc string
-	// InstallerReadyURL, when set, is the installer's /ready, polled for the installer_ready
-	// metric.
+	// InstallerReadyURL, when set, is the installer's /ready, polled for installer_ready.
 	InstallerReadyURL string
 	// LookupWait bounds how long a lookup waits for a pod (or namespace) the watch has not
 	// delivered yet; 0 means one second.
@@ -97,22 +95,19 @@ type Options struct {
 	AuditPeriod time.Duration
 	// Sandboxes finds a pod's network namespace (the CRI in production).
 	Sandboxes SandboxFinder
-	// NetConf returns the node's linkerd-cni network config, the one the plugin gets; nil (or
-	// not found) means nothing is audited.
+	// NetConf is the node's linkerd-cni network config; nil (or not found): nothing is audited.
 	NetConf *NetConfSource
-	// NetNSDir is the node's /var/run/netns as the agent sees it (mounted read-only with audits):
-	// a write request's CNI_NETNS must be pinned there (write.go). Empty: the agent writes no
-	// plugin's ADD.
+	// NetNSDir is the node's /var/run/netns as the agent sees it, where a write request's
+	// CNI_NETNS must be pinned (write.go); empty: the agent writes no plugin's ADD.
 	NetNSDir string
 	// OwnNetNS and HostNetNS are the agent's own network namespace and the node's, which a write
 	// never goes to; empty are /proc/self/ns/net and HostProc's 1/ns/net (tests pass stand-ins).
 	OwnNetNS, HostNetNS string
 	// Runner writes and reads the rules; the zero Runner is the real one.
 	Runner runner.Runner
-	// MetricsPrefix starts every metric name; empty is the agent's.
-	MetricsPrefix string
-	// ReportingController names the Events' controller; empty is the agent's.
-	ReportingController string
+	// MetricsPrefix and ReportingController name the metrics and the Events' controller; empty
+	// are the agent's.
+	MetricsPrefix, ReportingController string
 	// Log receives the agent's logs; nil discards them. PluginLog receives the plugin calls'
 	// lines verbatim (nil: not printed).
 	Log       *slog.Logger
@@ -121,21 +116,13 @@ type Options struct {
 	ResyncPeriod time.Duration
 }
 
-// podKey is a work item: a pod by namespace and name. The UID is checked when it is processed.
-type podKey struct{ namespace, name string }
-
-func (k podKey) String() string { return k.namespace + "/" + k.name }
-
 // Agent is the node agent. Create it with New, serve its Handler, then Run it.
 type Agent struct {
-	opts     Options
-	client   *kubeclient.Client
-	node     string
-	mode     Mode
-	instance string
-	log      *slog.Logger
-	metrics  *metrics
-	events   *eventRecorder
+	opts    Options
+	client  *kubeclient.Client
+	log     *slog.Logger
+	metrics *metrics
+	events  *eventRecorder
 
 	podInf cache.SharedIndexInformer
 	pods   listersv1.PodLister
@@ -147,7 +134,7 @@ type Agent struct {
 	// kubelet reads pods from the kubelet's pods API (nil without KubeletPodsSocket).
 	kubelet *kubeletPods
 
-	queue workqueue.TypedRateLimitingInterface[podKey]
+	queue workqueue.TypedRateLimitingInterface[cache.ObjectName]
 
 	running, synced atomic.Bool
 	// notLive is what /live answered last: its changes are logged.
@@ -179,31 +166,26 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
 		return nil, errors.New("audits need a sandbox finder and the node's network config")
 	}
-	log := opts.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	controller := cmp.Or(opts.ReportingController, AgentReportingController)
 	a := &Agent{
-		opts:     opts,
-		client:   client,
-		node:     opts.NodeName,
-		mode:     opts.Mode,
-		instance: cmp.Or(opts.PodName, controller+"-"+opts.NodeName),
-		log:      log.With("node", opts.NodeName),
-		arrived:  newNotifier(),
-		deleted:  map[types.UID]string{},
-		gone:     map[string]time.Time{},
+		opts:    opts,
+		client:  client,
+		log:     log.With("node", opts.NodeName),
+		arrived: newNotifier(),
+		deleted: map[types.UID]string{},
+		gone:    map[string]time.Time{},
 
 		unrecorded: map[types.UID]bool{},
 	}
 	if a.lookups() {
 		a.writeOff = a.whyNoWrites()
 	}
-	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podKey](),
-		workqueue.TypedRateLimitingQueueConfig[podKey]{Name: "linkerd-cni-agent"})
+	a.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
+		workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "linkerd-cni-agent"})
 	a.metrics = newMetrics(cmp.Or(opts.MetricsPrefix, MetricsPrefix), func() float64 { return float64(a.queue.Len()) }, opts.InstallerReadyURL != "")
-	a.events = newEventRecorder(client, controller, a.instance, a.metrics, a.log)
+	a.events = &eventRecorder{client: client, controller: controller, metrics: a.metrics, log: a.log,
+		instance: cmp.Or(opts.PodName, controller+"-"+opts.NodeName), seen: map[types.UID]map[string]bool{}}
 
 	// Linkerd's repair controller watches only meshed pods (they carry this label); the agent
 	// also needs every pod of the node for lookups.
@@ -259,8 +241,8 @@ func (a *Agent) podChanged(old, obj any) {
 	if !ok || pod.DeletionTimestamp != nil {
 		return
 	}
-	key := podKey{pod.Namespace, pod.Name}
-	if _, failed := DetectFailure(pod); failed && (a.mode == ModeDelete || a.audits()) {
+	key := cache.MetaObjectToName(pod)
+	if _, failed := DetectFailure(pod); failed && (a.opts.Mode == ModeDelete || a.audits()) {
 		a.queue.Add(key)
 		return
 	}
@@ -279,17 +261,8 @@ func (a *Agent) podChanged(old, obj any) {
 func (a *Agent) namespaceChanged(old, obj any) {
 	prev, ok1 := old.(*corev1.Namespace)
 	ns, ok2 := obj.(*corev1.Namespace)
-	if !a.audits() || !ok1 || !ok2 || maps.Equal(prev.Annotations, ns.Annotations) {
-		return
-	}
-	pods, err := a.pods.Pods(ns.Name).List(everything)
-	if err != nil {
-		return
-	}
-	for _, p := range pods {
-		if meshedSpec(p) {
-			a.queue.Add(podKey{p.Namespace, p.Name})
-		}
+	if a.audits() && ok1 && ok2 && !maps.Equal(prev.Annotations, ns.Annotations) {
+		a.queueMeshed(ns.Name)
 	}
 }
 
@@ -329,7 +302,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		watches.Go(func() { inf.RunWithContext(ctx) })
 		synced = append(synced, inf.HasSynced)
 	}
-	a.log.Info("agent starting", "mode", string(a.mode), "socket", a.opts.Socket, "kubelet_pods_socket", a.opts.KubeletPodsSocket, "audit_period", a.opts.AuditPeriod.String())
+	a.log.Info("agent starting", "mode", string(a.opts.Mode), "socket", a.opts.Socket, "kubelet_pods_socket", a.opts.KubeletPodsSocket, "audit_period", a.opts.AuditPeriod.String())
 	if a.kubelet != nil {
 		defer a.kubelet.Close()
 	}
@@ -348,14 +321,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		go srv.serve(ctx)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return fmt.Errorf("watch pods on node %s: %w", a.node, context.Cause(ctx))
+		return fmt.Errorf("watch pods on node %s: %w", a.opts.NodeName, context.Cause(ctx))
 	}
 	a.synced.Store(true)
 	a.log.Info("agent ready")
-	go func() {
-		<-ctx.Done()
-		a.queue.ShutDown()
-	}()
+	context.AfterFunc(ctx, a.queue.ShutDown)
 	if a.audits() {
 		go a.auditWhenChained(ctx)
 		go a.auditEvery(ctx, a.opts.AuditPeriod)
@@ -383,20 +353,20 @@ func (a *Agent) processNext(ctx context.Context) bool {
 	if err := a.process(ctx, key); err != nil {
 		a.log.Warn("retrying with back-off", "pod", key.String(), "error", err.Error(), "retries", a.queue.NumRequeues(key))
 		a.queue.AddRateLimited(key)
-		return true
+	} else {
+		a.queue.Forget(key)
 	}
-	a.queue.Forget(key)
 	return true
 }
 
-// process handles one pod as the cache sees it now: a failed validator in delete mode is a
-// deletion; otherwise, with audits, an audit.
-func (a *Agent) process(ctx context.Context, key podKey) error {
-	pod, err := a.pods.Pods(key.namespace).Get(key.name)
+// process handles one pod, by name, as the cache sees it now (whatever its UID): a failed
+// validator in delete mode is a deletion; otherwise, with audits, an audit.
+func (a *Agent) process(ctx context.Context, key cache.ObjectName) error {
+	pod, err := a.pods.Pods(key.Namespace).Get(key.Name)
 	if err != nil || pod.DeletionTimestamp != nil {
 		return nil //nolint:nilerr // gone, or going: nothing to do
 	}
-	if f, failed := DetectFailure(pod); failed && a.mode == ModeDelete {
+	if f, failed := DetectFailure(pod); failed && a.opts.Mode == ModeDelete {
 		return a.deleteFailed(ctx, pod, f)
 	}
 	if a.audits() {

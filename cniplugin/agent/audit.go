@@ -7,12 +7,13 @@ import (
 	"log/slog"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
 	"github.com/kubemesh/proxy-init/internal/badinput"
@@ -24,37 +25,35 @@ import (
 // beside the agent, has put it there), then queues every meshed pod once: the audits of the
 // initial list found no config to audit against.
 func (a *Agent) auditWhenChained(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		if _, err := a.opts.NetConf.Load(); err == nil {
+	tick(ctx, time.Second, false, func() bool {
+		_, err := a.opts.NetConf.Load()
+		if err == nil {
 			a.metrics.chained.Set(1)
-			for _, k := range a.meshedPods() {
-				a.queue.Add(k)
-			}
-			return
+			a.queueMeshed("")
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return err != nil
+	})
 }
 
 // auditEvery queues every meshed pod of the node each period, until ctx ends.
 func (a *Agent) auditEvery(ctx context.Context, period time.Duration) {
+	tick(ctx, period, true, func() bool {
+		a.queueMeshed("")
+		a.sweep()
+		return true
+	})
+}
+
+// tick calls fn every period, and at once unless wait, until ctx ends or fn returns false.
+func tick(ctx context.Context, period time.Duration, wait bool, fn func() bool) {
 	t := time.NewTicker(period)
 	defer t.Stop()
-	for {
+	for wait || fn() {
+		wait = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, k := range a.meshedPods() {
-				a.queue.Add(k)
-			}
-			a.sweep()
 		}
 	}
 }
@@ -89,18 +88,19 @@ func (a *Agent) onNode(pod, uid string) bool {
 	return err == nil && (uid == "" || string(p.UID) == uid)
 }
 
-func (a *Agent) meshedPods() []podKey {
-	pods, err := a.pods.List(everything)
-	if err != nil {
-		return nil
+// queueMeshed queues the meshed pods of namespace ("": every namespace).
+func (a *Agent) queueMeshed(namespace string) {
+	for _, p := range a.meshedPods(namespace) {
+		a.queue.Add(cache.MetaObjectToName(p))
 	}
-	var keys []podKey
-	for _, p := range pods {
-		if meshedSpec(p) && p.DeletionTimestamp == nil {
-			keys = append(keys, podKey{p.Namespace, p.Name})
-		}
-	}
-	return keys
+}
+
+// meshedPods lists the meshed pods of namespace ("": every namespace) not being deleted.
+func (a *Agent) meshedPods(namespace string) []*corev1.Pod {
+	pods, _ := a.pods.Pods(namespace).List(everything) // a new slice: the lister appends to it
+	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool {
+		return !meshedSpec(p) || p.DeletionTimestamp != nil
+	})
 }
 
 // Pass is what one AuditAll did.
@@ -119,16 +119,12 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 		mu    sync.Mutex
 		p     Pass
 		wg    sync.WaitGroup
-		keys  = make(chan podKey)
+		pods  = make(chan *corev1.Pod)
 		start = time.Now()
 	)
 	for range workers {
 		wg.Go(func() {
-			for k := range keys {
-				pod, err := a.pods.Pods(k.namespace).Get(k.name)
-				if err != nil {
-					continue
-				}
+			for pod := range pods {
 				out := a.audit(ctx, pod)
 				mu.Lock()
 				switch out {
@@ -142,10 +138,10 @@ func (a *Agent) AuditAll(ctx context.Context) Pass {
 			}
 		})
 	}
-	for _, k := range a.meshedPods() {
-		keys <- k
+	for _, pod := range a.meshedPods("") {
+		pods <- pod
 	}
-	close(keys)
+	close(pods)
 	wg.Wait()
 	p.Took = time.Since(start)
 	return p
@@ -208,7 +204,7 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 	p.Runner = a.opts.Runner
 	args := cniplugin.PodArgs{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), InfraContainerID: sb.ID}
 	start := time.Now()
-	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.mode == ModeRepair, log)
+	res, err := p.Audit(ctx, conf, args, sb.NetNS, a.opts.Mode == ModeRepair, log)
 	a.metrics.auditSeconds.Observe(time.Since(start).Seconds())
 	if res.Skipped != "" {
 		return notAudited
@@ -246,7 +242,7 @@ func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditRes
 		a.metrics.healErrors.Inc()
 		log.Error("the pod's rules differ and could not be rewritten", "problem", res.Problem, "error", err.Error())
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonRepairFailed, ActionRewrite,
-			fmt.Sprintf("The redirect rules on node %s differ from the expected ones and could not be rewritten: %s. %s", a.node, err, res.Problem), true)
+			fmt.Sprintf("The redirect rules on node %s differ from the expected ones and could not be rewritten: %s. %s", a.opts.NodeName, err, res.Problem), true)
 	case err != nil:
 		a.metrics.auditErrors.Inc()
 		log.Warn("audit failed", "error", err.Error())
@@ -256,13 +252,13 @@ func (a *Agent) act(ctx context.Context, pod *corev1.Pod, res cniplugin.AuditRes
 		a.metrics.healed.Inc()
 		log.Info("rules were missing or different; rewrote them in place", "backend", res.Backend, "problem", res.Problem)
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonRepaired, ActionRewrite,
-			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and rewrote them in place with %s (mode repair): %s", a.node, res.Backend, res.Problem), false)
-	case a.mode == ModeDelete:
+			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and rewrote them in place with %s (mode repair): %s", a.opts.NodeName, res.Backend, res.Problem), false)
+	case a.opts.Mode == ModeDelete:
 		a.deleteDrifted(ctx, pod, res.Problem)
 	default:
 		log.Warn("rules are missing or different (mode report: left as they are)", "problem", res.Problem)
 		a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonDrift, ActionReport,
-			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.node, res.Problem), true)
+			fmt.Sprintf("The linkerd-cni agent on node %s found the redirect rules missing or different and left them (mode report): %s", a.opts.NodeName, res.Problem), true)
 	}
 }
 
@@ -292,7 +288,7 @@ func (a *Agent) reportSettings(ctx context.Context, pod *corev1.Pod, res cniplug
 // reportBusy counts an audit whose namespace lock was not had, and says so once per pod and lock.
 func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.BusyError, log *slog.Logger) {
 	a.metrics.lockBusy.Inc()
-	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.node, busy.Wait, busy.Lock)
+	note := fmt.Sprintf("The linkerd-cni agent on node %s could not take the lock of this pod's network namespace within %s, so it did not audit its redirect rules (it tries again every audit period; the other pods' audits are not delayed). Lock: %s", a.opts.NodeName, busy.Wait, busy.Lock)
 	if a.events.record(ctx, pod, corev1.EventTypeWarning, ReasonLockBusy, ActionReport, note, true) {
 		log.Warn("not audited: the namespace's lock is held", "lock", busy.Lock, "wait", busy.Wait.String())
 		return
@@ -303,8 +299,8 @@ func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.Bu
 // meshedSpec tells, from the spec alone, whether the plugin writes rules for the pod; the spec
 // is read the way the plugin reads it.
 func meshedSpec(pod *corev1.Pod) bool {
-	var spec cniplugin.PodSpec
-	return recode(&pod.Spec, &spec) == nil && cniplugin.Classify(&spec).NeedsRules()
+	spec, err := recode[cniplugin.PodSpec](&pod.Spec, nil)
+	return err == nil && cniplugin.Classify(spec).NeedsRules()
 }
 
 // sandboxReady tells whether the kubelet reports the pod's sandbox ready (it is, once the CNI
@@ -316,11 +312,6 @@ func sandboxReady(pod *corev1.Pod) bool {
 		}
 	}
 	return pod.Status.Phase == corev1.PodRunning
-}
-
-// ownedByController tells whether something recreates the pod after a deletion.
-func ownedByController(pod *corev1.Pod) bool {
-	return metav1.GetControllerOf(pod) != nil
 }
 
 func boolGauge(b bool) float64 {

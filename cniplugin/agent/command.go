@@ -65,33 +65,32 @@ func (cmd Command) CheckCommon(probs []badinput.Problem, nodeName, adminAddr, lo
 	return nil
 }
 
-// Exit handles what Parse and the checks returned: help on stdout (exit 0), bad usage on stderr
-// (exit 2). It returns false when the command is to run.
-func (cmd Command) Exit(err error, addFlags func(*pflag.FlagSet), stdout, stderr io.Writer) (int, bool) {
+// Main ends the command's main with what Parse and the checks returned: help on stdout (exit 0),
+// bad usage on stderr (exit 2); else it runs run with the command's logger on stderr (client-go's
+// klog lines go to it too, in the same format), logging run's error as failed (exit 1).
+func (cmd Command) Main(err error, addFlags func(*pflag.FlagSet), format, level string, stdout, stderr io.Writer,
+	failed string, run func(*slog.Logger) error) int {
 	switch bad, isBad := badinput.As(err); {
-	case err == nil:
-		return 0, false
 	case errors.Is(err, pflag.ErrHelp):
 		fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
 		fs.SortFlags = false
 		addFlags(fs)
 		fmt.Fprint(stdout, cmd.About+"\n\nFlags:\n"+fs.FlagUsages())
+		return 0
 	case isBad:
 		fmt.Fprint(stderr, "linkerd-cni "+cmd.Name+": "+bad.Lines())
-		return 2, true
-	default:
+		return 2
+	case err != nil:
 		fmt.Fprintln(stderr, "linkerd-cni "+cmd.Name+": "+err.Error())
-		return 2, true
+		return 2
 	}
-	return 0, true
-}
-
-// Logger is the command's logger on stderr; client-go's klog lines go to it too, in the same
-// format.
-func (cmd Command) Logger(stderr io.Writer, format, level string) *slog.Logger {
 	filter, _ := logging.ParseFilter(level, cmd.Target)
 	log := logging.New(stderr, format, filter.Level)
 	filter.Log(log)
 	klog.SetSlogLogger(log.With("component", "client-go"))
-	return log
+	if err := run(log); err != nil {
+		log.Error(failed, "error", err.Error())
+		return 1
+	}
+	return 0
 }

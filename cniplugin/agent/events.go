@@ -32,11 +32,6 @@ type eventRecorder struct {
 	seen map[types.UID]map[string]bool
 }
 
-func newEventRecorder(client *kubeclient.Client, controller, instance string, m *metrics, log *slog.Logger) *eventRecorder {
-	return &eventRecorder{client: client, controller: controller, instance: instance, metrics: m, log: log,
-		seen: map[types.UID]map[string]bool{}}
-}
-
 // record records an Event; false when once is set and the pod had it already.
 func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason, action, note string, once bool) bool {
 	if once {

@@ -1,12 +1,10 @@
 package agent
 
-// The kubelet's pods API (KEP-4188; feature gate PodsAPI, beta and on by default from Kubernetes
-// 1.37): the kubelet serves its own node's pods, spec included, over gRPC on a root-only UNIX
-// socket, <kubelet root dir>/pods-api/pods-api.sock (pkg/kubelet/apis/pods and the kubelet's
-// getPodsAPIDir). It needs neither the API server nor a token. The agent asks it only when its
-// own watch cannot answer: at start before the watches have synced (the API server may be down),
-// and for a pod the synced watch has not delivered yet. The kubelet limits the API (100 requests
-// a second, bursts of 10) for every node-local client alike, so the watch stays the first source.
+// The kubelet's pods API (KEP-4188; feature gate PodsAPI, on by default from Kubernetes 1.37)
+// serves the node's pods, spec included, over gRPC on a root-only UNIX socket, with neither the
+// API server nor a token. The agent asks it only when its own watch cannot answer (not synced yet:
+// the API server may be down; a pod not delivered yet): the kubelet limits every node-local client
+// alike (100 requests a second, bursts of 10), so the watch stays the first source.
 
 import (
 	"context"

@@ -39,23 +39,15 @@ type cacheAPI struct {
 func (c *cacheAPI) Cached() bool { return true }
 
 func (c *cacheAPI) Pod(ctx context.Context, namespace, name string) (*cniplugin.Pod, error) {
-	p, err := c.pod(ctx, namespace, name)
-	if err != nil {
-		return nil, err
-	}
-	var pod cniplugin.Pod
-	return &pod, recode(p, &pod)
+	return recode[cniplugin.Pod](c.pod(ctx, namespace, name))
 }
 
 func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	var pod *corev1.Pod
 	found := func() bool {
 		p, err := c.a.pods.Pods(namespace).Get(name)
-		if err == nil && (c.uid == "" || p.UID == c.uid) {
-			pod = p
-			return true
-		}
-		return false
+		pod = p // used only once found
+		return err == nil && (c.uid == "" || p.UID == c.uid)
 	}
 	if found() {
 		return pod, nil
@@ -65,7 +57,7 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 		return p, nil
 	}
 	if !c.wait(ctx, found) {
-		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.node, c.a.opts.LookupWait, errNotSeen)
+		return nil, fmt.Errorf("pod %s/%s (uid %q) is not among the pods of node %s after %s: %w", namespace, name, c.uid, c.a.opts.NodeName, c.a.opts.LookupWait, errNotSeen)
 	}
 	return pod, nil
 }
@@ -86,12 +78,7 @@ func (c *cacheAPI) fromKubelet(ctx context.Context, namespace, name string) (*co
 }
 
 func (c *cacheAPI) Namespace(ctx context.Context, name string) (*cniplugin.Namespace, error) {
-	n, err := c.namespace(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	var ns cniplugin.Namespace
-	return &ns, recode(n, &ns)
+	return recode[cniplugin.Namespace](c.namespace(ctx, name))
 }
 
 func (c *cacheAPI) namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
@@ -113,8 +100,7 @@ func (c *cacheAPI) Service(_ context.Context, namespace, name string) (*cniplugi
 	if err != nil {
 		return nil, fmt.Errorf("service %s/%s: not in the agent's watch: %w", namespace, name, err)
 	}
-	var svc cniplugin.Service
-	return &svc, recode(s, &svc)
+	return recode[cniplugin.Service](s, nil)
 }
 
 func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
@@ -123,11 +109,9 @@ func (c *cacheAPI) wait(ctx context.Context, found func() bool) bool {
 	return c.a.arrived.wait(ctx, found)
 }
 
-// lookup is the answer to a plugin's ADD or CHECK once the watches have synced: the pod, its
-// namespace and, when the watch holds it, default/kubernetes, as the plugin reads them (its own
-// small types: nothing else of the objects crosses the socket); an error when the pod or its
-// namespace is not known within the lookup wait. A pod the watch has not delivered yet comes from
-// the kubelet when it can.
+// lookup is the answer to a plugin's ADD or CHECK once the watches have synced (see reply); an
+// error when the pod or its namespace is not known within the lookup wait. A pod the watch has
+// not delivered yet comes from the kubelet when it can.
 func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
 	pod, err := c.pod(ctx, namespace, name)
 	if err != nil {
@@ -140,11 +124,9 @@ func (c *cacheAPI) lookup(ctx context.Context, namespace, name string) (wire.Rep
 	return c.reply(pod, ns, "")
 }
 
-// unsyncedLookup is the answer before the watches have synced (the agent has just started; the
-// API server may be down): the pod from the kubelet, its namespace from the namespace watch if
-// that one has synced, else from one API read; when neither gives it, the reply says why in
-// place of the namespace, and the plugin fails a pod that needs it. default/kubernetes is sent
-// only when its watch holds it.
+// unsyncedLookup is the answer before the watches have synced (the API server may be down): the
+// pod from the kubelet, its namespace from the namespace watch if synced, else from one API read;
+// failing both, the reply says why in place of the namespace (the plugin fails a pod needing it).
 func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (wire.Reply, error) {
 	pod, err := c.fromKubelet(ctx, namespace, name)
 	if err != nil {
@@ -167,18 +149,17 @@ func (c *cacheAPI) unsyncedLookup(ctx context.Context, namespace, name string) (
 }
 
 // reply encodes the pod, its namespace (or why there is none) and default/kubernetes when the
-// service watch holds it.
+// service watch holds it, as the plugin reads them: only its own small types cross the socket.
 func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (wire.Reply, error) {
 	r := wire.Reply{Source: c.source, NamespaceError: nsErr}
-	var p cniplugin.Pod
-	err := recode(pod, &p)
+	p, err := recode[cniplugin.Pod](pod, nil)
 	if err == nil {
-		r.Pod, err = json.Marshal(&p)
+		r.Pod, err = json.Marshal(p)
 	}
 	if err == nil && ns != nil {
-		var n cniplugin.Namespace
-		if err = recode(ns, &n); err == nil {
-			r.Namespace, err = json.Marshal(&n)
+		var n *cniplugin.Namespace
+		if n, err = recode[cniplugin.Namespace](ns, nil); err == nil {
+			r.Namespace, err = json.Marshal(n)
 		}
 	}
 	if svc, serr := c.Service(context.Background(), "default", "kubernetes"); serr == nil && err == nil {
@@ -187,12 +168,17 @@ func (c *cacheAPI) reply(pod *corev1.Pod, ns *corev1.Namespace, nsErr string) (w
 	return r, err
 }
 
-// recode turns a core/v1 object into the plugin's own small type through its JSON, the way the
-// plugin decodes the API server's answer, so both paths read exactly the same fields.
-func recode(from, into any) error {
+// recode turns a core/v1 object into the plugin's own small type T through its JSON, the way the
+// plugin decodes the API server's answer, so both paths read exactly the same fields. An err
+// (from's lookup) comes back as is.
+func recode[T any](from any, err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
 	b, err := json.Marshal(from)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return json.Unmarshal(b, into)
+	var v T
+	return &v, json.Unmarshal(b, &v)
 }

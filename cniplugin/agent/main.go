@@ -105,38 +105,31 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
+	abs := func(field, path string, checked bool) {
+		if checked && !filepath.IsAbs(path) {
+			bad(field, path, "not an absolute path")
+		}
+	}
 	if !slices.Contains(Modes, c.Mode) {
 		bad("--mode", string(c.Mode), "want repair, delete or report")
 	}
-	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
-		bad("--socket", c.Socket, "not an absolute path")
-	}
-	if c.KubeletPodsSocket != "" && !filepath.IsAbs(c.KubeletPodsSocket) {
-		bad("--kubelet-pods-socket", c.KubeletPodsSocket, "not an absolute path")
-	}
+	abs("--socket", c.Socket, c.Socket != "")
+	abs("--kubelet-pods-socket", c.KubeletPodsSocket, c.KubeletPodsSocket != "")
 	if c.LookupWait <= 0 {
 		bad("--lookup-wait", c.LookupWait.String(), "must be positive")
 	}
 	if c.AuditPeriod < 0 {
 		bad("--audit-period", c.AuditPeriod.String(), "must be 0 (no audits) or positive")
 	}
-	if (c.AuditPeriod > 0 || c.Socket != "") && !filepath.IsAbs(c.HostProc) {
-		bad("--host-proc", c.HostProc, "not an absolute path")
-	}
+	abs("--host-proc", c.HostProc, c.AuditPeriod > 0 || c.Socket != "")
 	if u, err := url.Parse(c.InstallerReadyURL); c.InstallerReadyURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 		bad("--installer-ready-url", c.InstallerReadyURL, "want an http:// URL")
 	}
-	if c.AuditPeriod > 0 {
-		if !strings.HasPrefix(c.CRI, "unix://") && !strings.HasPrefix(c.CRI, "/") {
-			bad("--cri-socket", c.CRI, "want unix:///path/to/socket")
-		}
-		if !filepath.IsAbs(c.NetNSDir) {
-			bad("--netns-dir", c.NetNSDir, "not an absolute path")
-		}
-		if !filepath.IsAbs(c.CNINetDir) {
-			bad("--cni-net-dir", c.CNINetDir, "not an absolute path")
-		}
+	if c.AuditPeriod > 0 && !strings.HasPrefix(strings.TrimPrefix(c.CRI, "unix://"), "/") {
+		bad("--cri-socket", c.CRI, "want unix:///path/to/socket")
 	}
+	abs("--netns-dir", c.NetNSDir, c.AuditPeriod > 0)
+	abs("--cni-net-dir", c.CNINetDir, c.AuditPeriod > 0)
 	return c, command.CheckCommon(probs, c.NodeName, c.AdminAddr, c.LogFormat, c.LogLevel)
 }
 
@@ -144,33 +137,27 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 // code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	if code, done := command.Exit(err, c.AddFlags, stdout, stderr); done {
-		return code
-	}
-	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
-	opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, KubeletPodsSocket: c.KubeletPodsSocket, HostProc: c.HostProc,
-		InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
-	if c.PluginLogs {
-		opts.PluginLog = stdout
-	}
-	if c.AuditPeriod > 0 {
-		criOpts := CRIOptions{Endpoint: c.CRI, NetNSDir: c.NetNSDir, Log: log}
-		if c.PIDFallback {
-			criOpts.HostProc = c.HostProc
+	run := func(log *slog.Logger) error {
+		opts := Options{NodeName: c.NodeName, PodName: c.PodName, Mode: c.Mode, Socket: c.Socket, KubeletPodsSocket: c.KubeletPodsSocket, HostProc: c.HostProc,
+			InstallerReadyURL: c.InstallerReadyURL, LookupWait: c.LookupWait, AuditPeriod: c.AuditPeriod, Log: log}
+		if c.PluginLogs {
+			opts.PluginLog = stdout
 		}
-		cri, err := NewCRI(criOpts)
-		if err != nil {
-			fmt.Fprintln(stderr, "linkerd-cni agent: "+err.Error())
-			return 2
+		if c.AuditPeriod > 0 {
+			criOpts := CRIOptions{Endpoint: c.CRI, NetNSDir: c.NetNSDir, Log: log}
+			if c.PIDFallback {
+				criOpts.HostProc = c.HostProc
+			}
+			cri, err := NewCRI(criOpts)
+			if err != nil {
+				return err
+			}
+			defer cri.Close()
+			opts.Sandboxes, opts.NetConf, opts.NetNSDir = cri, &NetConfSource{Dir: c.CNINetDir}, c.NetNSDir
 		}
-		defer cri.Close()
-		opts.Sandboxes, opts.NetConf, opts.NetNSDir = cri, &NetConfSource{Dir: c.CNINetDir}, c.NetNSDir
+		return Run(ctx, opts, c.Kubeconfig, c.AdminAddr, "linkerd-cni-agent")
 	}
-	if err := Run(ctx, opts, c.Kubeconfig, c.AdminAddr, "linkerd-cni-agent"); err != nil {
-		log.Error("agent failed", "error", err.Error())
-		return 1
-	}
-	return 0
+	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "agent failed", run)
 }
 
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may

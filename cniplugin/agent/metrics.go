@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
@@ -33,21 +34,24 @@ type metrics struct {
 	auditSeconds                                      prometheus.Histogram
 	chained, installerReady                           prometheus.Gauge
 	// The socket and the plugin's reports.
-	requests    *prometheus.CounterVec
-	calls       *prometheus.CounterVec
-	callSeconds *prometheus.HistogramVec
-	lookups     *prometheus.CounterVec
-	writes      *prometheus.CounterVec
+	requests, calls, lookups, writes *prometheus.CounterVec
+	callSeconds                      *prometheus.HistogramVec
 }
 
 // newMetrics registers the metrics with prefix; installer_ready only with installer (an agent that
 // polls the installer's /ready).
 func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics {
+	reg := prometheus.NewRegistry()
+	auto := promauto.With(reg)
 	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: prefix + name, Help: help})
+		return auto.NewCounter(prometheus.CounterOpts{Name: prefix + name, Help: help})
+	}
+	var installerReg prometheus.Registerer // nil: not registered
+	if installer {
+		installerReg = reg
 	}
 	m := &metrics{
-		registry:     prometheus.NewRegistry(),
+		registry:     reg,
 		deleted:      counter("deleted_total", "Pods deleted (delete mode): their linkerd-network-validator exited 95, or an audit found their rules differ."),
 		deleteErrors: counter("delete_errors_total", "Failed attempts to delete such a pod (each is retried)."),
 		eventErrors:  counter("event_errors_total", "Events that could not be recorded."),
@@ -58,35 +62,29 @@ func newMetrics(prefix string, queueLen func() float64, installer bool) *metrics
 		auditErrors:  counter("audit_errors_total", "Audits that could not run: no network namespace, an unreadable pod, an invalid annotation."),
 		lockBusy:     counter("audit_lock_busy_total", "Audits skipped because the pod's namespace lock was held longer than the audit waits (1s); retried next period."),
 		edited:       counter("annotation_edits_total", "Annotation (or control-plane label) edits found on running pods, each distinct edit once: reported, not applied (annotations are read at sandbox set-up)."),
-		auditSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: prefix + "audit_duration_seconds",
+		auditSeconds: auto.NewHistogram(prometheus.HistogramOpts{Name: prefix + "audit_duration_seconds",
 			Help: "Time to audit (and heal) one pod.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		chained: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "cni_config_chained",
+		chained: auto.NewGauge(prometheus.GaugeOpts{Name: prefix + "cni_config_chained",
 			Help: "1 when the node's CNI config the runtime reads chains linkerd-cni (the installer's state), else 0."}),
-		installerReady: prometheus.NewGauge(prometheus.GaugeOpts{Name: prefix + "installer_ready",
+		installerReady: promauto.With(installerReg).NewGauge(prometheus.GaugeOpts{Name: prefix + "installer_ready",
 			Help: "1 while the installer's /ready answers 200 (linkerd-cni is in every CNI config of the node), else 0."}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "socket_requests_total",
+		requests: auto.NewCounterVec(prometheus.CounterOpts{Name: prefix + "socket_requests_total",
 			Help: "Messages on the plugin socket by outcome: write (an ADD the agent ran: route 1), lookup (the pod sent, from the watch), kubelet (the pod sent, from the kubelet's pods API), del (a DEL heard), not-synced, not-seen (the plugin reads the API); refused (a peer without CAP_SYS_ADMIN in the initial user namespace, or descriptors attached), malformed, too-large, version (logged at warning)."},
 			[]string{"outcome"}),
-		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_calls_total",
+		calls: auto.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_calls_total",
 			Help: "CNI plugin calls the plugin reported, by command and result."}, []string{"command", "result"}),
-		callSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: prefix + "plugin_call_duration_seconds",
+		callSeconds: auto.NewHistogramVec(prometheus.HistogramOpts{Name: prefix + "plugin_call_duration_seconds",
 			Help: "Duration of the CNI plugin calls the plugin reported, from its main.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)},
 			[]string{"command"}),
-		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_lookups_total",
+		lookups: auto.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_lookups_total",
 			Help: "Where the plugin's ADD and CHECK calls read the pod: agent (its watch cache), kubelet (the agent's read of the kubelet's pods API) or api."}, []string{"source"}),
-		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_rules_written_total",
+		writes: auto.NewCounterVec(prometheus.CounterOpts{Name: prefix + "plugin_rules_written_total",
 			Help: "ADDs that wrote a meshed pod's rules, by who wrote them: agent (route 1) or plugin (route 2, the agent's lookup or the plugin's own API reads); reported by plugins that ask for writes."}, []string{"route"}),
 	}
-	m.registry.MustRegister(m.deleted, m.deleteErrors, m.eventErrors, m.audited, m.drifted, m.healed, m.healErrors,
-		m.auditErrors, m.lockBusy, m.edited, m.auditSeconds, m.chained, m.requests, m.calls, m.callSeconds, m.lookups, m.writes,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
-			Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen),
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	if installer {
-		m.registry.MustRegister(m.installerReady)
-	}
+	auto.NewGaugeFunc(prometheus.GaugeOpts{Name: prefix + "queue_size",
+		Help: "Pods waiting for the workers (audit or deletion), including retries."}, queueLen)
+	reg.MustRegister(collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -127,16 +125,10 @@ const installerPoll = 5 * time.Second
 // namespace, like the installer) reaches and Prometheus does not.
 func (a *Agent) watchInstaller(ctx context.Context, url string) {
 	client := &http.Client{Timeout: 2 * time.Second}
-	t := time.NewTicker(installerPoll)
-	defer t.Stop()
-	for {
+	tick(ctx, installerPoll, false, func() bool {
 		a.metrics.installerReady.Set(boolGauge(installerReady(ctx, client, url)))
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return true
+	})
 }
 
 func installerReady(ctx context.Context, client *http.Client, url string) bool {

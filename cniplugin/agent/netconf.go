@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"sync"
 	"time"
 
@@ -44,8 +43,7 @@ func (s *NetConfSource) Load() (*cniplugin.NetConf, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("no CNI config in %s yet", s.Dir)
 	}
-	sort.Strings(files)
-	path := files[0]
+	path := files[0] // ConfFiles lists them in name order (os.ReadDir's)
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err

@@ -1,31 +1,22 @@
 package agent
 
-// Finding a running pod's network namespace.
+// Finding a running pod's network namespace through the CRI, the runtime's own API for the
+// kubelet (containerd, CRI-O): it lists every ready sandbox of a pod by the pod's UID, however the
+// sandbox was created, and its verbose status names the sandbox's network namespace by path
+// (testdata/cri holds each runtime's). The runtimes keep it under the node's /var/run/netns, which
+// the DaemonSet mounts read-only at the same path, with HostToContainer propagation so that
+// namespaces made after the agent started appear.
 //
-// Through the CRI, the container runtime's own API for the kubelet (containerd, CRI-O): it lists
-// every ready sandbox of a pod by the pod's UID, whenever and however the sandbox was created
-// (before linkerd-cni was chained, before the agent restarted), and its verbose status names the
-// sandbox's network namespace by path: the sandbox spec's network namespace
-// (runtimeSpec.linux.namespaces) in containerd 1.6 and 2.x and in CRI-O, including CRI-O's
-// sandboxes without an infra process (drop_infra_ctr, its default), and containerd 2's
-// sandboxMetadata too (testdata/cri holds each runtime's). The runtimes keep it under the node's
-// /var/run/netns, which the DaemonSet mounts read-only at the same path, with HostToContainer
-// propagation so that namespaces made after the agent started appear.
+// Each sandbox's namespace is opened once, checked and its descriptor kept while the runtime
+// reports the sandbox ready: audits enter it through that descriptor, never by path again, so
+// nothing put at the path later is ever entered.
 //
-// Each sandbox's namespace is opened once, checked (a network namespace, and not the agent's
-// own: the node's) and the descriptor kept while the runtime reports the sandbox ready: audits
-// enter it through that descriptor, never by path again, so nothing put at the path later is ever
-// entered. It is closed once the sandbox is gone: its pod deleted, its DEL reported, or the
-// runtime no longer reporting it ready.
-//
-// Where the status names no namespace under /var/run/netns (another runtime, or containerd's
-// netns_mounts_under_state_dir), the sandbox's process is the fallback, and only when asked for
-// (--pid-fallback): /proc/<pid>/ns/net in the node's /proc, which needs SYS_PTRACE for a process
-// of another user; the process's cgroup must name the sandbox (a PID can be reused), read through
-// the same descriptor of /proc/<pid> as the namespace. Without it such a pod is not audited, and
+// Where the status names no namespace under /var/run/netns, the sandbox's process is the
+// fallback, only with --pid-fallback (see openByPID). Without it such a pod is not audited, and
 // the agent says so once per sandbox.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -94,8 +85,7 @@ type CRIOptions struct {
 	Endpoint string
 	// NetNSDir is the node's /var/run/netns as this process sees it.
 	NetNSDir string
-	// HostProc, when set, is the node's /proc as this process sees it, and turns the PID fallback
-	// on.
+	// HostProc, when set, is the node's /proc as this process sees it: the PID fallback.
 	HostProc string
 	// Log receives what is said once per sandbox; nil discards it.
 	Log *slog.Logger
@@ -108,24 +98,13 @@ type CRI struct {
 	conn   *grpc.ClientConn
 	rt     runtimeapi.RuntimeServiceClient
 
-	mu   sync.Mutex
-	held map[string]*heldNS // by sandbox ID
+	mu sync.Mutex
+	// held is each sandbox's namespace, open, by sandbox ID: its file is nil when none can be
+	// opened (said once), and its NetNS is empty (take gives each caller a descriptor of its own).
+	held map[string]Sandbox
 	// down is when the runtime began refusing every call (zero while it answers).
 	down    time.Time
 	missing sync.Once
-}
-
-// heldNS is a sandbox's namespace, open; f is nil when none can be opened (said once).
-type heldNS struct {
-	f      *os.File
-	podUID string
-	where  string
-}
-
-func (h *heldNS) close() {
-	if h.f != nil {
-		h.f.Close()
-	}
 }
 
 // criDownFor is how long the runtime may refuse every call before Healthy fails: the DaemonSet's
@@ -179,10 +158,8 @@ func NewCRI(opts CRIOptions) (*CRI, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CRI endpoint %s: %w", opts.Endpoint, err)
 	}
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.DiscardHandler)
-	}
-	return &CRI{opts: opts, socket: socket, conn: conn, rt: runtimeapi.NewRuntimeServiceClient(conn), held: map[string]*heldNS{}}, nil
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
+	return &CRI{opts: opts, socket: socket, conn: conn, rt: runtimeapi.NewRuntimeServiceClient(conn), held: map[string]Sandbox{}}, nil
 }
 
 // Close closes the connection and every namespace held.
@@ -196,9 +173,16 @@ func (c *CRI) Close() error {
 func (c *CRI) Forget(podUID, id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.drop(func(k string, h Sandbox) bool {
+		return (podUID == "" && id == "") || (podUID != "" && h.PodUID == podUID) || k == id
+	})
+}
+
+// drop closes and forgets the held namespaces of the sandboxes that match; c.mu is held.
+func (c *CRI) drop(match func(id string, h Sandbox) bool) {
 	for k, h := range c.held {
-		if (podUID == "" && id == "") || (podUID != "" && h.podUID == podUID) || k == id {
-			h.close()
+		if match(k, h) {
+			h.Close()
 			delete(c.held, k)
 		}
 	}
@@ -233,7 +217,7 @@ func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 	}
 	c.mu.Lock()
 	if _, raced := c.held[newest.Id]; raced {
-		h.close()
+		h.Close()
 	} else {
 		c.held[newest.Id] = h
 	}
@@ -247,56 +231,49 @@ func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 func (c *CRI) take(podUID, id string) (Sandbox, bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k, h := range c.held {
-		if h.podUID == podUID && k != id {
-			h.close()
-			delete(c.held, k)
-		}
-	}
+	c.drop(func(k string, h Sandbox) bool { return h.PodUID == podUID && k != id })
 	h, ok := c.held[id]
 	switch {
 	case !ok:
 		return Sandbox{}, false, nil
-	case h.f == nil:
+	case h.file == nil:
 		return Sandbox{}, true, fmt.Errorf("sandbox %s: %w", id, ErrNoNetNS)
 	}
-	fd, err := unix.FcntlInt(h.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := unix.FcntlInt(h.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return Sandbox{}, true, fmt.Errorf("sandbox %s: duplicate the descriptor of its network namespace: %w", id, err)
 	}
-	f := os.NewFile(uintptr(fd), h.where)
-	return Sandbox{ID: id, PodUID: podUID, NetNS: "/proc/self/fd/" + strconv.Itoa(fd), Where: h.where, file: f}, true, nil
+	h.NetNS, h.file = "/proc/self/fd/"+strconv.Itoa(fd), os.NewFile(uintptr(fd), h.Where)
+	return h, true, nil
 }
 
 // open asks the runtime where sandbox id's network namespace is, and opens it.
-func (c *CRI) open(ctx context.Context, podUID, id string) (*heldNS, error) {
+func (c *CRI) open(ctx context.Context, podUID, id string) (Sandbox, error) {
 	st, err := c.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
 	if err != nil {
-		return nil, fmt.Errorf("status of sandbox %s from the CRI at %s: %w", id, c.opts.Endpoint, err)
+		return Sandbox{}, fmt.Errorf("status of sandbox %s from the CRI at %s: %w", id, c.opts.Endpoint, err)
 	}
 	ref, err := parseSandboxInfo(st.GetInfo())
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	sb := Sandbox{ID: id, PodUID: podUID, Where: ref.path}
 	log := c.opts.Log.With("sandbox", id, "uid", podUID, "runtime_path", ref.path, "pid", ref.pid)
 	switch name, ok := netnsName(ref.path); {
 	case ok:
-		f, err := openNetNS(filepath.Join(c.opts.NetNSDir, name))
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		return &heldNS{f: f, podUID: podUID, where: ref.path}, nil
+		sb.file, err = openNetNS(filepath.Join(c.opts.NetNSDir, name))
 	case c.opts.HostProc != "" && ref.pid > 0:
-		f, err := openByPID(c.opts.HostProc, ref.pid, id)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		sb.Where = "the network namespace of pid " + strconv.Itoa(ref.pid)
+		if sb.file, err = openByPID(c.opts.HostProc, ref.pid, id); err == nil {
+			log.Info("found the sandbox's network namespace through its process (--pid-fallback)")
 		}
-		log.Info("found the sandbox's network namespace through its process (--pid-fallback)")
-		return &heldNS{f: f, podUID: podUID, where: "the network namespace of pid " + strconv.Itoa(ref.pid)}, nil
 	default:
 		log.Warn("not auditing this sandbox: " + ErrNoNetNS.Error() + " (a hostNetwork pod, or a runtime keeping it elsewhere: see agent.pidFallback)")
-		return &heldNS{podUID: podUID, where: ref.path}, nil
 	}
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return sb, nil
 }
 
 // nsRef is where a runtime says a sandbox's network namespace is.
@@ -348,9 +325,6 @@ func parseSandboxInfo(info map[string]string) (nsRef, error) {
 // netnsName returns the name of a namespace the runtime keeps in the node's /var/run/netns (or
 // /run/netns, the same directory), the directory mounted into the agent's container.
 func netnsName(path string) (string, bool) {
-	if path == "" {
-		return "", false
-	}
 	dir, name := filepath.Split(filepath.Clean(path))
 	dir = filepath.Clean(dir)
 	return name, (dir == "/var/run/netns" || dir == "/run/netns") && name != ""
@@ -369,9 +343,9 @@ func openNetNS(path string) (*os.File, error) {
 	return f, nil
 }
 
-// openByPID opens the network namespace of process pid under proc, after checking that the
-// process is still sandbox id's: both are read through one descriptor of /proc/<pid>, which a
-// reused PID would not reach.
+// openByPID opens the network namespace of process pid under proc (the node's /proc: SYS_PTRACE
+// for a process of another user), after checking that the process is still sandbox id's: both
+// are read through one descriptor of /proc/<pid>, which a reused PID would not reach.
 func openByPID(proc string, pid int, id string) (*os.File, error) {
 	dir, err := os.Open(filepath.Join(proc, strconv.Itoa(pid)))
 	if err != nil {
@@ -409,14 +383,15 @@ func checkPodNetNS(f *os.File) error {
 	if err := netnsutil.CheckNetNSFile(f); err != nil {
 		return err
 	}
-	var theirs, ours unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &theirs); err != nil {
+	theirs, err := f.Stat()
+	if err != nil {
 		return fmt.Errorf("stat: %w", err)
 	}
-	if err := unix.Stat("/proc/self/ns/net", &ours); err != nil {
+	ours, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
 		return fmt.Errorf("own network namespace: %w", err)
 	}
-	if theirs.Ino == ours.Ino && theirs.Dev == ours.Dev {
+	if os.SameFile(theirs, ours) {
 		return errors.New("the agent's own network namespace (the node's); refusing it")
 	}
 	return nil

@@ -36,13 +36,8 @@ var command = agent.Command{Name: "repair", NodeEnv: EnvNodeName, Target: Target
 
 // Config is the command line of `linkerd-cni repair`.
 type Config struct {
-	// NodeName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_NODE_NAME.
-	NodeName string
-	// PodName defaults to $LINKERD_CNI_REPAIR_CONTROLLER_POD_NAME; it may be empty.
-	PodName string
-	// AdminAddr serves the admin endpoints.
-	AdminAddr string
-	// Kubeconfig, when set, is used instead of $KUBECONFIG or the in-cluster config.
+	NodeName, PodName   string
+	AdminAddr           string
 	Kubeconfig          string
 	LogFormat, LogLevel string
 }
@@ -67,19 +62,19 @@ func ParseArgs(args []string, getenv func(string) string) (Config, error) {
 	return c, command.CheckCommon(nil, c.NodeName, c.AdminAddr, c.LogFormat, c.LogLevel)
 }
 
-// Main runs `linkerd-cni repair` with args (after "repair") until ctx ends, and returns the exit
-// code: 0 after a clean shutdown, 2 for bad usage, 1 for any other failure.
+// Main runs `linkerd-cni repair` (the node agent as Linkerd's repair controller) with args (after
+// "repair") until ctx ends, and returns the exit code: 0 after a clean shutdown, 2 for bad usage,
+// 1 for any other failure.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := ParseArgs(args, os.Getenv)
-	if code, done := command.Exit(err, c.AddFlags, stdout, stderr); done {
-		return code
+	run := func(log *slog.Logger) error {
+		if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
+			return err
+		}
+		log.Info("repair controller stopped")
+		return nil
 	}
-	log := command.Logger(stderr, c.LogFormat, c.LogLevel)
-	if err := Run(ctx, c, log); err != nil {
-		log.Error("repair controller failed", "error", err.Error())
-		return 1
-	}
-	return 0
+	return command.Main(err, c.AddFlags, c.LogFormat, c.LogLevel, stdout, stderr, "repair controller failed", run)
 }
 
 // AgentOptions are the node agent's options for c: delete mode, no socket, no audit, Linkerd's
@@ -87,13 +82,4 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func AgentOptions(c Config, log *slog.Logger) agent.Options {
 	return agent.Options{NodeName: c.NodeName, PodName: c.PodName, Mode: agent.ModeDelete, Log: log,
 		MetricsPrefix: agent.RepairMetricsPrefix, ReportingController: agent.EventReportingController}
-}
-
-// Run runs the node agent as Linkerd's repair controller until ctx ends.
-func Run(ctx context.Context, c Config, log *slog.Logger) error {
-	if err := agent.Run(ctx, AgentOptions(c, log), c.Kubeconfig, c.AdminAddr, "linkerd-cni-repair-controller"); err != nil {
-		return err
-	}
-	log.Info("repair controller stopped")
-	return nil
 }

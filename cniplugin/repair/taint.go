@@ -14,15 +14,10 @@ import (
 )
 
 // RemoveNodeTaint removes every taint with key (whatever its effect) from node and reports
-// whether it removed any. It is the prevention half of repair: nodes are born with a startup
-// taint (for example --register-with-taints=KEY=:NoSchedule on the kubelet, or in the node
-// group's template), so no meshed pod lands on them before linkerd-cni is ready, and the
-// installer calls this once the node's conflist carries the plugin (its --node-taint KEY option).
-//
-// It reads the node and writes the new taint list with a merge patch carrying the
-// resourceVersion it read, retrying on conflict, so a taint another actor adds meanwhile is never
-// lost. Removing an absent taint is not an error (the installer may restart). RBAC: nodes get and
-// patch.
+// whether it removed any: nodes born with a startup taint get no meshed pod before linkerd-cni is
+// ready, and the installer (--node-taint) calls this once the node's conflist carries the plugin.
+// The merge patch carries the resourceVersion read, retried on conflict, so a taint another actor
+// adds meanwhile is never lost. An absent taint is not an error. RBAC: nodes get and patch.
 func RemoveNodeTaint(ctx context.Context, client *kubeclient.Client, node, key string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("remove taint from node %s: empty taint key", node)
