@@ -44,26 +44,12 @@ func skipValue(data []byte, pos int) (int, error) {
 	switch data[pos] {
 	case '"':
 		return skipString(data, pos)
-	case '{', '[':
-		depth := 0
-		for i := pos; i < len(data); i++ {
-			switch data[i] {
-			case '"':
-				end, err := skipString(data, i)
-				if err != nil {
-					return 0, err
-				}
-				i = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1, nil
-				}
-			}
-		}
-		return 0, errTruncated
+	case '{':
+		_, _, end, err := scanObject(data, pos)
+		return end + 1, err
+	case '[':
+		_, _, end, err := scanArray(data, pos)
+		return end + 1, err
 	default:
 		// Number, true, false or null: runs until a delimiter.
 		i := pos
@@ -91,80 +77,73 @@ func skipString(data []byte, pos int) (int, error) {
 }
 
 // scanObject returns the members of the object starting at data[pos] and
-// the positions of its braces.
+// the positions of its braces (partial members with an error).
 func scanObject(data []byte, pos int) (members []member, open, close int, err error) {
-	pos = skipWS(data, pos)
-	if pos >= len(data) || data[pos] != '{' {
-		return nil, 0, 0, errors.New("not a JSON object")
-	}
-	open = pos
-	pos = skipWS(data, pos+1)
-	if pos < len(data) && data[pos] == '}' {
-		return nil, open, pos, nil
-	}
-	for {
+	open, close, err = scanItems(data, pos, "object", func(pos int) (int, error) {
 		keyEnd, err := skipString(data, pos)
 		if err != nil || data[pos] != '"' {
-			return nil, 0, 0, fmt.Errorf("expected a key at offset %d", pos)
+			return 0, fmt.Errorf("expected a key at offset %d", pos)
 		}
 		var key string
 		if err := json.Unmarshal(data[pos:keyEnd], &key); err != nil {
-			return nil, 0, 0, fmt.Errorf("key at offset %d: %w", pos, err)
+			return 0, fmt.Errorf("key at offset %d: %w", pos, err)
 		}
 		pos = skipWS(data, keyEnd)
 		if pos >= len(data) || data[pos] != ':' {
-			return nil, 0, 0, fmt.Errorf("expected ':' at offset %d", pos)
+			return 0, fmt.Errorf("expected ':' at offset %d", pos)
 		}
 		pos = skipWS(data, pos+1)
 		end, err := skipValue(data, pos)
-		if err != nil {
-			return nil, 0, 0, err
-		}
 		members = append(members, member{key: key, val: span{pos, end}})
-		pos = skipWS(data, end)
-		if pos >= len(data) {
-			return nil, 0, 0, errTruncated
-		}
-		switch data[pos] {
-		case ',':
-			pos = skipWS(data, pos+1)
-		case '}':
-			return members, open, pos, nil
-		default:
-			return nil, 0, 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
-		}
-	}
+		return end, err
+	})
+	return members, open, close, err
 }
 
 // scanArray returns the elements of the array starting at data[pos] and the
 // positions of its brackets.
 func scanArray(data []byte, pos int) (elems []span, open, close int, err error) {
+	open, close, err = scanItems(data, pos, "array", func(pos int) (int, error) {
+		end, err := skipValue(data, pos)
+		elems = append(elems, span{pos, end})
+		return end, err
+	})
+	return elems, open, close, err
+}
+
+// scanItems calls item at the start of each member of the object (kind "object") or element of
+// the array starting at data[pos]; item returns where that one ends. It returns the positions of
+// the brackets.
+func scanItems(data []byte, pos int, kind string, item func(pos int) (int, error)) (open, close int, err error) {
+	openB, closeB := byte('{'), byte('}')
+	if kind == "array" {
+		openB, closeB = '[', ']'
+	}
 	pos = skipWS(data, pos)
-	if pos >= len(data) || data[pos] != '[' {
-		return nil, 0, 0, errors.New("not a JSON array")
+	if pos >= len(data) || data[pos] != openB {
+		return 0, 0, errors.New("not a JSON " + kind)
 	}
 	open = pos
 	pos = skipWS(data, pos+1)
-	if pos < len(data) && data[pos] == ']' {
-		return nil, open, pos, nil
+	if pos < len(data) && data[pos] == closeB {
+		return open, pos, nil
 	}
 	for {
-		end, err := skipValue(data, pos)
+		end, err := item(pos)
 		if err != nil {
-			return nil, 0, 0, err
+			return 0, 0, err
 		}
-		elems = append(elems, span{pos, end})
 		pos = skipWS(data, end)
 		if pos >= len(data) {
-			return nil, 0, 0, errTruncated
+			return 0, 0, errTruncated
 		}
 		switch data[pos] {
 		case ',':
 			pos = skipWS(data, pos+1)
-		case ']':
-			return elems, open, pos, nil
+		case closeB:
+			return open, pos, nil
 		default:
-			return nil, 0, 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
+			return 0, 0, fmt.Errorf("unexpected %q at offset %d", data[pos], pos)
 		}
 	}
 }
