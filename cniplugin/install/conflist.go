@@ -21,15 +21,21 @@ type listDoc struct {
 // jsonError turns a failed json.Valid into a message with the decoder's
 // reason and offset.
 func jsonError(data []byte) error {
-	var v any
-	if err := json.Unmarshal(data, &v); err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
-		}
-		return fmt.Errorf("invalid JSON: %w", err)
+	err := json.Unmarshal(data, new(any))
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
 	}
-	return errors.New("invalid JSON")
+	return fmt.Errorf("invalid JSON: %w", err)
+}
+
+// topMembers returns the members of data's top-level object, if data is valid JSON.
+func topMembers(data []byte) ([]member, error) {
+	if !json.Valid(data) {
+		return nil, jsonError(data)
+	}
+	members, _, _, err := scanObject(data, 0)
+	return members, err
 }
 
 // pluginType returns the "type" of a plugin object, or "" when it has none.
@@ -45,10 +51,7 @@ func pluginType(raw []byte) string {
 
 // parseList locates the plugins of a network configuration list.
 func parseList(data []byte) (*listDoc, error) {
-	if !json.Valid(data) {
-		return nil, jsonError(data)
-	}
-	members, _, _, err := scanObject(data, 0)
+	members, err := topMembers(data)
 	if err != nil {
 		return nil, err
 	}
@@ -73,15 +76,9 @@ func parseList(data []byte) (*listDoc, error) {
 // isList reports whether data is a JSON object with a "plugins" key: a
 // configuration list, whatever its file is called.
 func isList(data []byte) bool {
-	if !json.Valid(data) {
-		return false
-	}
-	members, _, _, err := scanObject(data, 0)
-	if err != nil {
-		return false
-	}
+	members, err := topMembers(data)
 	_, ok := lookup(members, "plugins")
-	return ok
+	return err == nil && ok
 }
 
 // deleteElem removes plugins[i] together with the comma and whitespace that
@@ -107,12 +104,7 @@ func removeEntries(data []byte, typ string) ([]byte, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		idx := -1
-		for i, t := range doc.types {
-			if t == typ {
-				idx = i
-			}
-		}
+		idx := slices.Index(doc.types, typ)
 		if idx < 0 {
 			return data, removed, nil
 		}
@@ -175,10 +167,7 @@ func indentLike(entry, sep []byte) []byte {
 // keeps the .conf's cniVersion and name, holds the original plugin with
 // only its whitespace changed, and ends with entry. name is used when the .conf has none.
 func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
-	if !json.Valid(data) {
-		return nil, jsonError(data)
-	}
-	members, _, _, err := scanObject(data, 0)
+	members, err := topMembers(data)
 	if err != nil {
 		return nil, err
 	}
@@ -194,12 +183,11 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 	if v, ok := lookup(members, "cniVersion"); ok {
 		fmt.Fprintf(&b, "  \"cniVersion\": %s,\n", data[v.start:v.end])
 	}
+	nameJSON, _ := json.Marshal(name)
 	if v, ok := lookup(members, "name"); ok {
-		fmt.Fprintf(&b, "  \"name\": %s,\n", data[v.start:v.end])
-	} else {
-		q, _ := json.Marshal(name)
-		fmt.Fprintf(&b, "  \"name\": %s,\n", q)
+		nameJSON = data[v.start:v.end]
 	}
+	fmt.Fprintf(&b, "  \"name\": %s,\n", nameJSON)
 	b.WriteString("  \"plugins\": [\n    ")
 	// Re-indent the plugin to sit in the list; json.Indent changes only
 	// whitespace between tokens, never keys, order, numbers or strings.
