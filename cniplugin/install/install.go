@@ -66,6 +66,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -261,7 +262,7 @@ func (in *installer) run(ctx context.Context) error {
 	}
 	defer w.Close()
 	if in.entry.logFile != "" {
-		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, in.pluginLogOutput(), in.log)
+		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, cfg.PluginLogOutput, in.log)
 	}
 	if cfg.NodeTaint != "" {
 		tr, err := in.newTaintRemover()
@@ -487,12 +488,11 @@ func (in *installer) removeCompanion() {
 // syncKubeconfig writes the kubeconfig when it is missing or differs from
 // what the current token and CA give, e.g. after a token rotation.
 func (in *installer) syncKubeconfig() error {
-	cr, err := readCredentials(&in.cfg)
+	want, err := renderKubeconfig(&in.cfg)
 	if err != nil {
 		in.kubeOK = false
 		return err
 	}
-	want := renderKubeconfig(&in.cfg, cr)
 	path := in.cfg.kubeconfigPath()
 	if inPlace(path, want, kubeconfigMode) {
 		in.kubeOK = true
@@ -613,16 +613,8 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 		_, err := os.Lstat(filepath.Join(dir, name))
 		return errors.Is(err, fs.ErrNotExist)
 	}
-	for name := range in.files {
-		if gone(name) {
-			delete(in.files, name)
-		}
-	}
-	for name := range in.reported {
-		if gone(name) {
-			delete(in.reported, name)
-		}
-	}
+	maps.DeleteFunc(in.files, func(name string, _ *fileState) bool { return gone(name) })
+	maps.DeleteFunc(in.reported, func(name string, _ [32]byte) bool { return gone(name) })
 	return false, errors.Join(errs...)
 }
 
@@ -723,11 +715,7 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 		in.files[name] = &fileState{written: hashOf(data)}
 		return nil
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	if err := writeAtomic(path, out, mode, path); err != nil {
+	if err := writeLike(path, out, path); err != nil {
 		return err
 	}
 	in.noteWrite(path)
@@ -803,11 +791,7 @@ func (in *installer) convert(name, path string, data []byte) error {
 			return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file already exists", path, tpath))
 		}
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	if err := writeAtomic(tpath, out, mode, path); err != nil {
+	if err := writeLike(tpath, out, path); err != nil {
 		return err
 	}
 	in.noteWrite(tpath)
@@ -888,14 +872,10 @@ func (in *installer) uninstallFile(name string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
 	if st := in.files[name]; st != nil && st.orig != nil && st.written == hashOf(data) {
 		// Unchanged since our write: put the original back, byte for byte.
 		if st.origName == "" {
-			if err := writeAtomic(path, st.orig, mode, path); err != nil {
+			if err := writeLike(path, st.orig, path); err != nil {
 				return err
 			}
 			in.log.Info("restored CNI config", "path", path)
@@ -903,7 +883,7 @@ func (in *installer) uninstallFile(name string) error {
 		}
 		opath := filepath.Join(dir, st.origName)
 		if _, err := os.Lstat(opath); errors.Is(err, fs.ErrNotExist) {
-			if err := writeAtomic(opath, st.orig, mode, path); err != nil {
+			if err := writeLike(opath, st.orig, path); err != nil {
 				return err
 			}
 		}
@@ -932,7 +912,7 @@ func (in *installer) uninstallFile(name string) error {
 	if n == 0 {
 		return nil
 	}
-	if err := writeAtomic(path, out, mode, path); err != nil {
+	if err := writeLike(path, out, path); err != nil {
 		return err
 	}
 	in.log.Info("removed linkerd-cni from CNI config", "path", path)
