@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"time"
 )
 
@@ -46,11 +45,4 @@ func (in *installer) serveAdmin() (func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
-}
-
-func (in *installer) pluginLogOutput() io.Writer {
-	if in.cfg.PluginLogOutput != nil {
-		return in.cfg.PluginLogOutput
-	}
-	return os.Stdout
 }

@@ -3,6 +3,7 @@ package install
 import (
 	"io"
 	"net"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -119,34 +120,14 @@ type Config struct {
 }
 
 // ConfigFromEnv reads the installer's environment variables
-// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's
-// defaults. It reports every bad value at once.
+// (docs/linkerd-compatibility.md, "Installer environment"); unset ones keep
+// their zero value, which means Linkerd's default. It reports every bad value at once.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	get := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
+	cfg := Config{MountPrefix: "/host"} // in a Config, "" means no prefix
+	for _, v := range cfg.envStrings() {
+		if e := getenv(v.name); e != "" {
+			*v.field = e
 		}
-		return def
-	}
-	cfg := Config{
-		DestNetDir:         get("DEST_CNI_NET_DIR", "/etc/cni/net.d"),
-		DestBinDir:         get("DEST_CNI_BIN_DIR", "/opt/cni/bin"),
-		MountPrefix:        get("CONTAINER_MOUNT_PREFIX", "/host"),
-		ContainerBinDir:    get("CONTAINER_CNI_BIN_DIR", "/opt/cni/bin"),
-		NetworkConfig:      get("CNI_NETWORK_CONFIG", DefaultNetworkConfig),
-		NetworkConfigFile:  getenv("CNI_NETWORK_CONFIG_FILE"),
-		KubeconfigFileName: get("KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-kubeconfig"),
-		ServiceAccountDir:  get("SERVICE_ACCOUNT_PATH", DefaultServiceAccountDir),
-		KubeCAFile:         getenv("KUBE_CA_FILE"),
-		ServiceHost:        getenv("KUBERNETES_SERVICE_HOST"),
-		ServicePort:        getenv("KUBERNETES_SERVICE_PORT"),
-		ServiceProtocol:    get("KUBERNETES_SERVICE_PROTOCOL", "https"),
-		NodeName:           getenv("KUBERNETES_NODE_NAME"),
-		CNIMTU:             get("CNI_MTU", "1500"),
-		Namespace:          getenv("POD_NAMESPACE"),
-		PodName:            getenv("POD_NAME"),
-		NodeTaint:          getenv(EnvNodeTaint),
-		StandaloneConf:     getenv(EnvStandaloneConf),
 	}
 	var probs []badinput.Problem
 	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
@@ -214,22 +195,45 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// envString is a string field of Config, its environment variable and its default.
+type envString struct {
+	field     *string
+	name, def string
+}
+
+func (c *Config) envStrings() []envString {
+	return []envString{
+		{&c.DestNetDir, "DEST_CNI_NET_DIR", "/etc/cni/net.d"},
+		{&c.DestBinDir, "DEST_CNI_BIN_DIR", "/opt/cni/bin"},
+		{&c.MountPrefix, "CONTAINER_MOUNT_PREFIX", ""},
+		{&c.ContainerBinDir, "CONTAINER_CNI_BIN_DIR", "/opt/cni/bin"},
+		{&c.NetworkConfig, "CNI_NETWORK_CONFIG", DefaultNetworkConfig},
+		{&c.NetworkConfigFile, "CNI_NETWORK_CONFIG_FILE", ""},
+		{&c.KubeconfigFileName, "KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-kubeconfig"},
+		{&c.ServiceAccountDir, "SERVICE_ACCOUNT_PATH", DefaultServiceAccountDir},
+		{&c.KubeCAFile, "KUBE_CA_FILE", ""},
+		{&c.ServiceHost, "KUBERNETES_SERVICE_HOST", ""},
+		{&c.ServicePort, "KUBERNETES_SERVICE_PORT", ""},
+		{&c.ServiceProtocol, "KUBERNETES_SERVICE_PROTOCOL", "https"},
+		{&c.NodeName, "KUBERNETES_NODE_NAME", ""},
+		{&c.CNIMTU, "CNI_MTU", "1500"},
+		{&c.Namespace, "POD_NAMESPACE", ""},
+		{&c.PodName, "POD_NAME", ""},
+		{&c.NodeTaint, EnvNodeTaint, ""},
+		{&c.StandaloneConf, EnvStandaloneConf, ""},
+	}
+}
+
 // withDefaults fills unset fields.
 func (c Config) withDefaults() Config {
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
+	for _, v := range c.envStrings() {
+		if *v.field == "" {
+			*v.field = v.def
 		}
 	}
-	def(&c.DestNetDir, "/etc/cni/net.d")
-	def(&c.DestBinDir, "/opt/cni/bin")
-	def(&c.ContainerBinDir, "/opt/cni/bin")
-	def(&c.NetworkConfig, DefaultNetworkConfig)
-	def(&c.KubeconfigFileName, "ZZZ-linkerd-cni-kubeconfig")
-	def(&c.ServiceAccountDir, DefaultServiceAccountDir)
-	def(&c.ServiceProtocol, "https")
-	def(&c.CNIMTU, "1500")
-	def(&c.AdminAddr, DefaultAdminAddr)
+	if c.AdminAddr == "" {
+		c.AdminAddr = DefaultAdminAddr
+	}
 	if c.KubeCAFile == "" {
 		c.KubeCAFile = filepath.Join(c.ServiceAccountDir, "ca.crt")
 	}
@@ -241,6 +245,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PluginLogMaxSize <= 0 {
 		c.PluginLogMaxSize = DefaultPluginLogMaxSize
+	}
+	if c.PluginLogOutput == nil {
+		c.PluginLogOutput = os.Stdout
+	}
+	if c.taintBackoff <= 0 {
+		c.taintBackoff = defaultTaintBackoff
+	}
+	if c.taintBackoffMax < c.taintBackoff {
+		c.taintBackoffMax = max(defaultTaintBackoffMax, c.taintBackoff)
 	}
 	return c
 }

@@ -57,13 +57,9 @@ func (c *Config) restConfig() *rest.Config {
 // in place. It runs in its own goroutine so that API latency and retries
 // never delay the file watch loop.
 type taintRemover struct {
-	client     *kubeclient.Client
-	node, key  string
-	backoff    time.Duration
-	backoffMax time.Duration
-	kick       chan struct{} // buffered 1: "readiness may have become true"
-	done       chan struct{} // closed when the goroutine returns
-	inPlace    func() (bool, string)
+	client *kubeclient.Client
+	kick   chan struct{} // buffered 1: "readiness may have become true"
+	done   chan struct{} // closed when the goroutine returns
 }
 
 // newTaintRemover builds the API client; nothing is sent yet.
@@ -72,23 +68,7 @@ func (in *installer) newTaintRemover() (*taintRemover, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--node-taint: %w", err)
 	}
-	tr := &taintRemover{
-		client:     client,
-		node:       in.cfg.NodeName,
-		key:        in.cfg.NodeTaint,
-		backoff:    in.cfg.taintBackoff,
-		backoffMax: in.cfg.taintBackoffMax,
-		kick:       make(chan struct{}, 1),
-		done:       make(chan struct{}),
-		inPlace:    in.pluginInPlace,
-	}
-	if tr.backoff <= 0 {
-		tr.backoff = defaultTaintBackoff
-	}
-	if tr.backoffMax < tr.backoff {
-		tr.backoffMax = max(defaultTaintBackoffMax, tr.backoff)
-	}
-	return tr, nil
+	return &taintRemover{client: client, kick: make(chan struct{}, 1), done: make(chan struct{})}, nil
 }
 
 // poke tells the remover that the plugin may now be in place. It never
@@ -106,9 +86,10 @@ func (tr *taintRemover) poke() {
 // stale by the time it is served.
 func (tr *taintRemover) run(ctx context.Context, in *installer) {
 	defer close(tr.done)
-	log := in.log.With("node", tr.node, "taint", tr.key)
+	node := in.cfg.NodeName
+	log := in.log.With("node", node, "taint", in.cfg.NodeTaint)
 	log.Info("will remove the node's startup taint once linkerd-cni is in every CNI config file")
-	backoff := tr.backoff
+	backoff := in.cfg.taintBackoff
 	for {
 		select {
 		case <-ctx.Done():
@@ -116,12 +97,12 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 		case <-tr.kick:
 		}
 		for {
-			if ok, reason := tr.inPlace(); !ok {
+			if ok, reason := in.pluginInPlace(); !ok {
 				log.Info("not removing the startup taint yet", "reason", reason)
 				break // wait for the next poke
 			}
 			actx, cancel := context.WithTimeout(ctx, taintAttemptTimeout)
-			removed, err := repair.RemoveNodeTaint(actx, tr.client, tr.node, tr.key)
+			removed, err := repair.RemoveNodeTaint(actx, tr.client, node, in.cfg.NodeTaint)
 			cancel()
 			if err == nil {
 				if removed {
@@ -138,11 +119,11 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 			switch {
 			case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
 				args = append(args, "hint", "an admission policy refused the patch: with "+nodeTaintPolicyManifest+
-					", the token must be bound to a pod on node "+tr.node+" (is KUBERNETES_NODE_NAME the pod's spec.nodeName?)")
+					", the token must be bound to a pod on node "+node+" (is KUBERNETES_NODE_NAME the pod's spec.nodeName?)")
 			case apierrors.IsForbidden(err):
 				args = append(args, "hint", "the linkerd-cni ServiceAccount needs get and patch on nodes: apply "+nodeTaintRBACManifest)
 			case apierrors.IsNotFound(err):
-				args = append(args, "hint", "no Node named "+tr.node+": check KUBERNETES_NODE_NAME")
+				args = append(args, "hint", "no Node named "+node+": check KUBERNETES_NODE_NAME")
 			}
 			log.Error("cannot remove the startup taint; retrying", args...)
 			select {
@@ -150,7 +131,7 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 				return
 			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, tr.backoffMax)
+			backoff = min(2*backoff, in.cfg.taintBackoffMax)
 		}
 	}
 }
