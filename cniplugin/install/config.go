@@ -1,6 +1,7 @@
 package install
 
 import (
+	"cmp"
 	"io"
 	"net"
 	"os"
@@ -15,9 +16,8 @@ import (
 	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
-// DefaultNetworkConfig is the CNI network configuration used when neither
-// CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set. It is Linkerd's
-// (docs/linkerd-compatibility.md, "CNI network config").
+// DefaultNetworkConfig is Linkerd's CNI network configuration (docs/linkerd-compatibility.md, "CNI
+// network config"), used when neither CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set.
 const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
  "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
  "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
@@ -32,84 +32,67 @@ const EnvStandaloneConf = "LINKERD_CNI_STANDALONE_CONF"
 // first with CHECK, which Multus and every runtime of the last years speak.
 const standaloneCNIVersion = "0.4.0"
 
-// DefaultServiceAccountDir is where Kubernetes mounts a pod's service
-// account token, CA and namespace.
+// DefaultServiceAccountDir is where Kubernetes mounts a pod's service account token, CA and
+// namespace.
 const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// DefaultAdminAddr is where /ready and /live are served. Loopback, because
-// the DaemonSet runs in the host network namespace and the endpoints have
-// no business on the node's public addresses; the probes name the host.
+// DefaultAdminAddr is where /ready and /live are served. Loopback: the DaemonSet runs in the host
+// network namespace, and the endpoints have no business on the node's public addresses.
 const DefaultAdminAddr = "127.0.0.1:9992"
 
-// Config is the installer's configuration. The zero value of a field means
-// its default; ConfigFromEnv fills it from the environment like Linkerd's
-// install-cni.sh.
+// Config is the installer's configuration. The zero value of a field means its default;
+// ConfigFromEnv fills it from the environment like Linkerd's install-cni.sh (envStrings).
 type Config struct {
-	// DestNetDir and DestBinDir are the node's CNI config and binary
-	// directories as the node (and so the container runtime) sees them:
-	// DEST_CNI_NET_DIR and DEST_CNI_BIN_DIR.
+	// DestNetDir and DestBinDir are the node's CNI config and binary directories as the node (and
+	// so the container runtime) sees them.
 	DestNetDir, DestBinDir string
-	// MountPrefix is where the node's root is mounted in this container
-	// (CONTAINER_MOUNT_PREFIX, default /host): the installer writes
-	// MountPrefix+DestNetDir. In a Config, "" means no prefix: the paths
-	// are used as they are (running on the node itself, and in tests).
+	// MountPrefix is where the node's root is mounted in this container (default /host in the
+	// environment): the installer writes MountPrefix+DestNetDir. In a Config, "" means no prefix.
 	MountPrefix string
-	// ContainerBinDir holds the plugin binary inside the image
-	// (CONTAINER_CNI_BIN_DIR).
+	// ContainerBinDir holds the plugin binary inside the image.
 	ContainerBinDir string
-	// NetworkConfig is the plugin configuration template
-	// (CNI_NETWORK_CONFIG); NetworkConfigFile, when set, wins
-	// (CNI_NETWORK_CONFIG_FILE) and must exist.
+	// NetworkConfig is the plugin configuration template; NetworkConfigFile, when set, wins and
+	// must exist.
 	NetworkConfig, NetworkConfigFile string
-	// KubeconfigFileName is the kubeconfig's name in the net dir
-	// (KUBECONFIG_FILE_NAME).
+	// KubeconfigFileName is the kubeconfig's name in the net dir.
 	KubeconfigFileName string
-	// ServiceAccountDir holds token, ca.crt and namespace
-	// (SERVICE_ACCOUNT_PATH); KubeCAFile overrides the CA (KUBE_CA_FILE).
+	// ServiceAccountDir holds token, ca.crt and namespace; KubeCAFile overrides the CA.
 	ServiceAccountDir, KubeCAFile string
-	// ServiceHost, ServicePort and ServiceProtocol locate the API server
-	// (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT,
-	// KUBERNETES_SERVICE_PROTOCOL, default https).
+	// ServiceHost, ServicePort and ServiceProtocol (default https) locate the API server.
 	ServiceHost, ServicePort, ServiceProtocol string
-	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA
-	// (SKIP_TLS_VERIFY). For Linkerd compatibility only.
+	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA. For Linkerd compatibility
+	// only.
 	SkipTLSVerify bool
-	// NodeName and CNIMTU fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__
-	// placeholders (KUBERNETES_NODE_NAME, CNI_MTU default 1500).
+	// NodeName and CNIMTU (default 1500) fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__
+	// placeholders.
 	NodeName, CNIMTU string
-	// Namespace is the DaemonSet's namespace (POD_NAMESPACE, else the
-	// service account's namespace file). It is put into the plugin's
-	// exclude-namespaces so the plugin never handles its own pods.
+	// Namespace is the DaemonSet's (else the service account's namespace file's). It is put into
+	// the plugin's exclude-namespaces so the plugin never handles its own pods.
 	Namespace string
-	// PodName is the installer's own pod (POD_NAME). At SIGTERM its
-	// DaemonSet is looked up: while that stays, the plugin is left in place
-	// for the next pod (an upgrade). Without it, SIGTERM always uninstalls.
+	// PodName is the installer's own pod. At SIGTERM its DaemonSet is looked up: while that stays,
+	// the plugin is left in place for the next pod (an upgrade). Without it, SIGTERM uninstalls.
 	PodName string
 	// AdminAddr is where /ready and /live are served; "-" disables them.
 	AdminAddr string
-	// Debounce is how long a burst of file events is collected before the
-	// configs are reconciled (default 50ms).
+	// Debounce is how long a burst of file events is collected before a sync (default 50ms).
 	Debounce time.Duration
-	// Resync is how often everything is re-checked without any event, as a
-	// safety net (default 1m). It never replaces the watches: a dead watch
-	// is fatal.
+	// Resync is how often everything is re-checked without any event, as a safety net (default
+	// 1m). It never replaces the watches: a dead watch is fatal.
 	Resync time.Duration
-	// NodeTaint, when set, is the key of a startup taint that the installer
-	// removes (whatever its effect) from the node NodeName once every config
-	// file carries the plugin: --node-taint, or LINKERD_CNI_NODE_TAINT.
-	// It needs get and patch on nodes (deploy/linkerd-cni/optional).
+	// NodeTaint, when set, is the key of a startup taint removed (whatever its effect) from the
+	// node NodeName once every config file carries the plugin (--node-taint). It needs get and
+	// patch on nodes (deploy/linkerd-cni/optional).
 	NodeTaint string
-	// StandaloneConf, when set, is a file name (LINKERD_CNI_STANDALONE_CONF, e.g.
-	// linkerd-cni.conf): the installer then writes the plugin's config alone into that file of
-	// the net dir and chains it into nothing. That is how Multus (OpenShift, RKE2) runs it as a
-	// NetworkAttachmentDefinition: a NAD without spec.config finds the file of its name in
-	// Multus's /etc/cni/multus/net.d.
+	// StandaloneConf, when set, is a file name (e.g. linkerd-cni.conf): the plugin's config is
+	// then written alone into that file of the net dir and chained into nothing. That is how
+	// Multus (OpenShift, RKE2) runs it as a NetworkAttachmentDefinition: a NAD without
+	// spec.config finds the file of its name in Multus's /etc/cni/multus/net.d.
 	StandaloneConf string
-	// PluginLogOutput receives the lines of the plugin's log_file (default:
-	// the process's stdout, so they show in kubectl logs).
+	// PluginLogOutput receives the lines of the plugin's log_file (default: stdout, so they show
+	// in kubectl logs).
 	PluginLogOutput io.Writer
-	// PluginLogMaxSize is the size past which log_file is rotated to
-	// log_file.1 (default DefaultPluginLogMaxSize).
+	// PluginLogMaxSize is the size past which log_file is rotated to log_file.1 (default
+	// DefaultPluginLogMaxSize).
 	PluginLogMaxSize int64
 
 	// Test hooks.
@@ -195,12 +178,13 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// envString is a string field of Config, its environment variable and its default.
+// envString is a string field of Config, its environment variable and its default ("" for none).
 type envString struct {
 	field     *string
 	name, def string
 }
 
+// envStrings are Config's string fields read from the environment, with Linkerd's defaults.
 func (c *Config) envStrings() []envString {
 	return []envString{
 		{&c.DestNetDir, "DEST_CNI_NET_DIR", "/etc/cni/net.d"},
@@ -227,16 +211,11 @@ func (c *Config) envStrings() []envString {
 // withDefaults fills unset fields.
 func (c Config) withDefaults() Config {
 	for _, v := range c.envStrings() {
-		if *v.field == "" {
-			*v.field = v.def
-		}
+		*v.field = cmp.Or(*v.field, v.def)
 	}
-	if c.AdminAddr == "" {
-		c.AdminAddr = DefaultAdminAddr
-	}
-	if c.KubeCAFile == "" {
-		c.KubeCAFile = filepath.Join(c.ServiceAccountDir, "ca.crt")
-	}
+	c.AdminAddr = cmp.Or(c.AdminAddr, DefaultAdminAddr)
+	c.KubeCAFile = cmp.Or(c.KubeCAFile, filepath.Join(c.ServiceAccountDir, "ca.crt"))
+	c.PluginLogOutput = cmp.Or(c.PluginLogOutput, io.Writer(os.Stdout))
 	if c.Debounce <= 0 {
 		c.Debounce = 50 * time.Millisecond
 	}
@@ -245,9 +224,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PluginLogMaxSize <= 0 {
 		c.PluginLogMaxSize = DefaultPluginLogMaxSize
-	}
-	if c.PluginLogOutput == nil {
-		c.PluginLogOutput = os.Stdout
 	}
 	if c.taintBackoff <= 0 {
 		c.taintBackoff = defaultTaintBackoff

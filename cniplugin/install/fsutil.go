@@ -90,29 +90,6 @@ func inPlace(path string, want []byte, mode fs.FileMode) bool {
 	return err == nil && bytes.Equal(have, want)
 }
 
-// sweepTemps removes the temporary files an installer killed mid-write left in dirs (a
-// kubeconfig's holds a token) and returns their paths. Only one installer runs per node, so none
-// is in use.
-func sweepTemps(dirs ...string) ([]string, error) {
-	var removed []string
-	var errs []error
-	for _, d := range dirs {
-		matches, err := filepath.Glob(filepath.Join(d, tmpPrefix+"*"))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, m := range matches {
-			if err := removeIfExists(m); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			removed = append(removed, m)
-		}
-	}
-	return removed, errors.Join(errs...)
-}
-
 // copyFileAtomic copies src to dst like writeAtomic, keeping src's permission bits, owned by
 // root. A runtime executing dst meanwhile sees the old or the new binary ("text file busy" cannot
 // happen either: the old inode is left alone).

@@ -2,61 +2,40 @@
 // `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
 // configuration, keeps it there, and takes it out again.
 //
-// Run writes the plugin's kubeconfig from the pod's service account (and
-// rewrites it when the kubelet rotates the token), then copies the plugin
-// binary into the node's CNI bin dir (removing the companion binary
-// linkerd-cni-api an older release put there), waits for the primary CNI's
-// configuration, and appends the plugin to every *.conflist, *.conf and
-// *.json in the node's CNI net dir (a .conf or .json becomes a .conflist: the
-// runtimes read all three, the first by name). It watches the
-// directories with inotify and re-adds the plugin within a second when the
-// primary CNI rewrites its file. When its context ends (SIGTERM on pod
-// deletion) it removes its entry from every file, leaving every other byte
-// as it was, then the binary and the kubeconfig; unless its DaemonSet
-// stays (an upgrade: see successorComing), when it leaves all of it to the
-// next installer pod.
+// Run writes the plugin's kubeconfig from the pod's service account (again when the kubelet
+// rotates the token), copies the plugin binary into the node's CNI bin dir (removing the companion
+// linkerd-cni-api an older release put there), waits for the primary CNI's configuration, and
+// appends the plugin to every *.conflist, *.conf and *.json of the node's CNI net dir (a .conf or
+// .json becomes a .conflist: the runtimes read all three, the first by name). It watches the
+// directories with inotify and re-adds the plugin within a second when the primary CNI rewrites
+// its file. When its context ends (SIGTERM on pod deletion) it removes its entry from every file,
+// leaving every other byte as it was, then the binary and the kubeconfig; unless its DaemonSet
+// stays (an upgrade: see successorComing), when it leaves all of it to the next installer pod.
 //
-// Files are edited as bytes, not decoded and re-encoded: other plugins'
-// keys, order, numbers and whitespace survive exactly, and removal is the
-// exact inverse of insertion. Every write is a temporary file plus rename.
+// Files are edited as bytes, not decoded and re-encoded: other plugins' keys, order, numbers and
+// whitespace survive exactly, and removal is the exact inverse of insertion. Every write is a
+// temporary file plus rename.
 //
-// Limits: the original bytes of a converted .conf live in memory, so after
-// a crash (SIGKILL) the next installer can only remove its entry from the
-// .conflist, not turn it back into the .conf. A config file that is a
-// symbolic link, or is not valid JSON, is reported and left alone, and the
-// installer stays unready; on removal, one that never named linkerd-cni is
-// only a warning, since it holds nothing of ours.
+// Limits: the original bytes of a converted .conf live in memory, so after a crash (SIGKILL) the
+// next installer can only remove its entry from the .conflist, not turn it back into the .conf. A
+// config file that is a symbolic link, or is not valid JSON, is reported and left alone, and the
+// installer stays unready; on removal, one that never named linkerd-cni is only a warning.
 //
-// The installer talks to the API server only with Config.NodeTaint
-// (--node-taint): it then removes that startup taint from its node, once,
-// after every config file carries the plugin, so that nodes can be born
-// tainted and receive no pod before linkerd-cni is in place. It never adds
-// the taint back, not even on uninstall: an upgrade would otherwise block
-// the node's scheduling.
+// With Config.NodeTaint (--node-taint) the installer removes that startup taint from its node,
+// once, after every config file carries the plugin, so that nodes can be born tainted and receive
+// no pod before linkerd-cni is in place. It never adds the taint back, not even on uninstall: an
+// upgrade would otherwise block the node's scheduling.
 //
 // # Tests
 //
-// On temporary directories laid out like the container's mounts (install_test.go, run_test.go,
-// conflist_test.go, config_test.go): Multus's own configs rendered by Multus (multus_test.go,
-// testdata/multus: thin and thick, once per pod), the standalone config for
-// NetworkAttachmentDefinitions and the example of one, the plugin log's streaming and rotation, the
-// plugin copied intact after the kubeconfig, replaced by a rename, the stale companion of the older
-// layout removed, the plugin removed before the kubeconfig (TestUpgradeFromCompanionLayout), put
-// back when removed, refused at start without it in the image or without a token (no plugin on the
-// node then), a real SIGTERM to a real `linkerd-cni install` (sigterm_test.go).
-//
-// The manifests and chart (manifests_test.go, renderings_test.go): a server-side dry-run of every
-// rendering (the agent in each mode, the repair controller alone, neither), Pod Security admission,
-// the ServiceAccount's exact permissions per rendering with and without the node-taint RBAC: the
-// code's own requests with a pod-bound token work, and another Service, another DaemonSet, a pod on
-// another node are refused (rbac_test.go); the validatorRestart MutatingAdmissionPolicy on real
-// pods (validatorrestart_test.go); the agent container's flags, mounts and exact capabilities; the
-// rendered configs against Linkerd's meaning; bad values refused; `helm lint`; deploy/linkerd-cni
-// up to date (make manifests). --node-taint against a kube-apiserver with pod-bound tokens and the
-// admission policy (taint_test.go); the DaemonSet pod's containers run as processes with the
-// manifest's command and environment (daemonset_test.go, root); a real ADD with the kubeconfig the
-// installer wrote (add_test.go, root); the upgrade-or-uninstall decision at SIGTERM against a
-// kube-apiserver (successor_test.go).
+// On directories laid out like the container's mounts: the conflist edits and their inverse,
+// Multus's own configs (testdata/multus), the standalone config, the plugin log's streaming and
+// rotation, the order of kubeconfig, binary and config writes (TestUpgradeFromCompanionLayout),
+// a real SIGTERM to a real `linkerd-cni install` (sigterm_test.go). Against a kube-apiserver: every
+// rendering of the manifests and chart, dry-run (manifests_test.go, renderings_test.go), the
+// ServiceAccount's exact permissions (rbac_test.go), the validatorRestart policy, --node-taint
+// (taint_test.go), the decision at SIGTERM (successor_test.go). As root: the DaemonSet pod's
+// containers as processes (daemonset_test.go), a real ADD with the written kubeconfig (add_test.go).
 package install
 
 import (
@@ -83,13 +62,10 @@ import (
 
 // fileState is what the installer knows about one config file it manages.
 type fileState struct {
-	// written is the hash of the content we last wrote or found already
-	// carrying our entry; an event for a file still holding it is our own
-	// write echoing back.
+	// written hashes what we last wrote or found carrying our entry: an event for a file still
+	// holding it is our own write echoing back.
 	written [32]byte
-	// orig is the content before we changed it, when it held no entry of
-	// ours; it is written back on removal if the file is unchanged since.
-	orig []byte
+	orig    []byte // the content before our entry, put back on removal if unchanged since
 	// origName is set for a list we made from a .conf: that .conf's name.
 	origName string
 }
@@ -103,26 +79,23 @@ type installer struct {
 
 	files    map[string]*fileState
 	reported map[string][32]byte // problems logged, by file, for the content they were about
-	// bin is the plugin binary copied into the node's CNI bin dir.
-	bin     nodeBinary
-	kubeOK  bool
-	waiting bool          // the "waiting for the primary CNI" line was logged
-	taint   *taintRemover // nil without --node-taint
-	// entryErr is set when the rendered entry is not a config the plugin accepts: it is then
-	// added nowhere, since every ADD on the node, unmeshed pods' included, would fail.
-	entryErr error
-	// lastProblems is what syncAll last logged, so a failure that persists is logged once.
-	lastProblems string
+	binID    fileID              // of the plugin binary we copied into the node's CNI bin dir
+	kubeOK   bool
+	waiting  bool          // the "waiting for the primary CNI" line was logged
+	taint    *taintRemover // nil without --node-taint
+	// entryErr: the rendered entry is not a config the plugin accepts, so it is added nowhere
+	// (every ADD on the node, unmeshed pods' included, would fail).
+	entryErr     error
+	lastProblems string // what syncAll last logged: a failure that persists is logged once
 
 	mu     sync.Mutex
 	ready  bool
 	reason string
 }
 
-// Run installs the plugin and keeps it installed until ctx ends, then
-// removes it and returns nil (or the removal's errors). It returns an error
-// at once if the configuration, the service account credentials or the
-// plugin binary are unusable, and whenever a file watch dies: a restarted
+// Run installs the plugin and keeps it installed until ctx ends, then removes it and returns nil
+// (or the removal's errors). It returns an error at once if the configuration, the service account
+// credentials or the plugin binary are unusable, and whenever a file watch dies: a restarted
 // installer is better than one that no longer sees changes.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.withDefaults()
@@ -182,7 +155,6 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 		entry:    entry,
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
-		bin:      nodeBinary{name: entry.typ},
 		reason:   "starting",
 	}
 	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
@@ -242,10 +214,8 @@ func (in *installer) run(ctx context.Context) error {
 	}
 	in.sweepTemps()
 
-	// The kubeconfig, then the binary, come first, so no plugin runs
-	// without its kubeconfig and no config file ever names a plugin that
-	// is not there yet. Failing here is fatal: the kubelet shows the error
-	// and retries.
+	// The kubeconfig, then the binary, come first, so no plugin runs without its kubeconfig and no
+	// config file names a missing plugin. Failing here is fatal: the kubelet shows it and retries.
 	if err := in.syncKubeconfig(); err != nil {
 		return err
 	}
@@ -253,9 +223,8 @@ func (in *installer) run(ctx context.Context) error {
 		return err
 	}
 	in.removeCompanion()
-	// Watches start after those checks (so a missing service account
-	// directory is reported as such) and before the first full sync below,
-	// so no change after that sync goes unseen.
+	// Watches start after those checks (so a missing service account directory is reported as
+	// such) and before the first full sync, so no change after it goes unseen.
 	w, err := in.watch()
 	if err != nil {
 		return err
@@ -344,9 +313,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 			return fmt.Errorf("file watcher failed: %w", err)
 		case <-debounce.C:
 			if !in.syncAll() {
-				// Something failed (a write, a read): try again soon even
-				// if no further event arrives.
-				debounce.Reset(time.Second)
+				debounce.Reset(time.Second) // a failure: retry soon even without an event
 			}
 		case <-resync.C:
 			in.syncAll()
@@ -358,9 +325,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 func (in *installer) finish(ctx context.Context) error {
 	in.setReady(false, "uninstalling")
 	if in.taint != nil {
-		// Its context ended too: let it return before the
-		// entries go, so no removal is in flight meanwhile.
-		<-in.taint.done
+		<-in.taint.done // its context ended too: no removal in flight while the entries go
 	}
 	keep, why := in.successorComing(context.WithoutCancel(ctx))
 	if keep {
@@ -371,9 +336,8 @@ func (in *installer) finish(ctx context.Context) error {
 	return in.uninstall()
 }
 
-// syncAll brings the binary, the kubeconfig and every config file to the
-// wanted state, updates readiness and reports whether all of it worked.
-// Problems are logged, not returned: the next event or resync retries.
+// syncAll brings the binary, the kubeconfig and every config file to the wanted state, updates
+// readiness and reports whether all of it worked. Problems are logged: the next sync retries.
 func (in *installer) syncAll() bool {
 	var problems []string
 	if err := in.syncKubeconfig(); err != nil {
@@ -405,8 +369,8 @@ func (in *installer) syncAll() bool {
 			}
 		}
 	}
-	// Every failure is logged once when it appears, write errors included (an EBUSY used to
-	// show only in /ready); problems with a file's content were logged by problem already.
+	// Every failure is logged once when it appears, write errors included; problems with a
+	// file's content were logged by problem already.
 	if p := strings.Join(unlogged, "; "); p != in.lastProblems {
 		in.lastProblems = p
 		if p != "" {
@@ -428,29 +392,16 @@ func (in *installer) syncAll() bool {
 	return len(problems) == 0
 }
 
-// nodeBinary is the binary the installer keeps in the node's CNI bin dir.
-type nodeBinary struct {
-	name string
-	id   fileID // of the copy we made
-	ok   bool
-}
-
-// syncBinary copies the plugin binary unless the copy we made is still
-// there untouched.
+// syncBinary copies the plugin binary unless the copy we made is still there untouched.
 func (in *installer) syncBinary() error {
-	b := &in.bin
-	src := filepath.Join(in.cfg.ContainerBinDir, b.name)
-	dst := filepath.Join(in.cfg.binDir(), b.name)
-	if b.ok {
-		if id, err := statID(dst); err == nil && id == b.id {
-			return nil
-		}
+	src := filepath.Join(in.cfg.ContainerBinDir, in.entry.typ)
+	dst := filepath.Join(in.cfg.binDir(), in.entry.typ)
+	if id, err := statID(dst); err == nil && id == in.binID {
+		return nil
 	}
-	b.ok = false
 	if si, err := os.Stat(src); err == nil {
 		if di, err := os.Stat(dst); err == nil && os.SameFile(si, di) {
-			b.ok = true // the image's bin dir is the node's
-			return nil
+			return nil // the image's bin dir is the node's
 		}
 	}
 	if err := copyFileAtomic(src, dst); err != nil {
@@ -461,17 +412,16 @@ func (in *installer) syncBinary() error {
 	if err != nil {
 		return fmt.Errorf("plugin binary: copy to %s: %w", dst, err)
 	}
-	b.id, b.ok = id, true
+	in.binID = id
 	in.log.Info("installed plugin binary", "path", dst)
 	return nil
 }
 
-// staleCompanion is the companion binary of releases whose plugin ran a
-// second binary to read the API; the plugin now reads it itself.
+// staleCompanion is the binary older releases' plugin ran to read the API; it reads it itself now.
 const staleCompanion = "linkerd-cni-api"
 
-// removeCompanion removes the companion an older release left in the node's
-// CNI bin dir, once the plugin that no longer runs it is in place.
+// removeCompanion removes an older release's companion, once the plugin that no longer runs it is
+// in place.
 func (in *installer) removeCompanion() {
 	path := filepath.Join(in.cfg.binDir(), staleCompanion)
 	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
@@ -485,8 +435,7 @@ func (in *installer) removeCompanion() {
 	in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
 }
 
-// syncKubeconfig writes the kubeconfig when it is missing or differs from
-// what the current token and CA give, e.g. after a token rotation.
+// syncKubeconfig writes the kubeconfig unless it is what the current token and CA give.
 func (in *installer) syncKubeconfig() error {
 	want, err := renderKubeconfig(&in.cfg)
 	if err != nil {
@@ -519,16 +468,15 @@ func (in *installer) noteWrite(path string) {
 	}
 }
 
-// isConfigName reports whether a runtime would read name as a network
-// configuration we patch: containerd (go-cni), CRI-O (ocicni) and the CNI
-// library load *.conf, *.conflist and *.json, and use the first by name.
+// isConfigName reports whether a runtime would read name as a network configuration: containerd
+// (go-cni), CRI-O (ocicni) and libcni load *.conf, *.conflist and *.json, the first by name.
 func isConfigName(name string) bool {
 	return !strings.HasPrefix(name, ".") &&
 		(strings.HasSuffix(name, ".conflist") || isSingleName(name))
 }
 
-// isSingleName reports whether the runtimes read name as a single plugin
-// configuration (unless its content is a list): a .conf or a .json.
+// isSingleName reports whether the runtimes read name as a single plugin (unless its content is a
+// list): a .conf or a .json.
 func isSingleName(name string) bool {
 	return strings.HasSuffix(name, ".conf") || strings.HasSuffix(name, ".json")
 }
@@ -548,8 +496,7 @@ func listConfigs(dir string) ([]fs.DirEntry, error) {
 	return out, nil
 }
 
-// problem logs a problem with a file once per content version and returns
-// it as an error.
+// problem logs a problem with a file once per content version and returns it as an error.
 func (in *installer) problem(name string, content []byte, err error) error {
 	h := hashOf(content)
 	if prev, ok := in.reported[name]; !ok || prev != h {
@@ -576,8 +523,7 @@ func splitErrors(err error) []error {
 	return []error{err}
 }
 
-// syncConfigs puts our entry into every config file. waiting is true when
-// there is no config file yet.
+// syncConfigs puts our entry into every config file; waiting: there is none yet.
 func (in *installer) syncConfigs() (waiting bool, _ error) {
 	if in.cfg.StandaloneConf != "" {
 		return false, in.syncStandalone()
@@ -595,20 +541,16 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 		return true, nil
 	}
 	in.waiting = false
-	var errs []error
+	var errs []error // errors.Join drops the nils
 	multus, multusName := findMultus(dir, ents)
 	for _, e := range ents {
-		if err := in.syncFile(e, multus != nil); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, in.syncFile(e, multus != nil))
 	}
 	if multus != nil && multus.kind == multusThick {
-		if err := in.checkMultusPrimary(multusName, multus); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, in.checkMultusPrimary(multusName, multus))
 	}
-	// Forget files that are gone, including .confs we converted. (Not from
-	// the listing above: a conversion just created a file.)
+	// Forget files that are gone, converted .confs included (not from the listing above: a
+	// conversion just created a file).
 	gone := func(name string) bool {
 		_, err := os.Lstat(filepath.Join(dir, name))
 		return errors.Is(err, fs.ErrNotExist)
@@ -758,9 +700,8 @@ func (in *installer) syncStandalone() error {
 	return nil
 }
 
-// convert turns a single-plugin .conf (or .json) into a .conflist carrying
-// our entry and removes the original. The list is written first, so the node
-// is never without a network configuration.
+// convert turns a single-plugin .conf (or .json) into a .conflist carrying our entry, then removes
+// the original: the node is never without a network configuration.
 func (in *installer) convert(name, path string, data []byte) error {
 	dir := in.cfg.netDir()
 	stem := strings.TrimSuffix(strings.TrimSuffix(name, ".conf"), ".json")
@@ -781,9 +722,8 @@ func (in *installer) convert(name, path string, data []byte) error {
 		st := in.files[target]
 		ours := st != nil && st.origName == name && st.written == hashOf(have)
 		if !ours {
-			// After a restart: a list holding our entry and one other plugin of the
-			// .conf's type is a conversion of ours, of this .conf or of an older
-			// version of it (the primary rewrote it meanwhile): it is redone.
+			// After a restart: a list holding our entry and one plugin of the .conf's type is our
+			// conversion of this .conf or an older version of it: it is redone.
 			other, ok := soleOtherPlugin(have, in.entry.typ)
 			ours = ok && (sameJSONText(other, data) || hasEntry(have, in.entry.typ) && pluginType(other) == pluginType(data))
 		}
@@ -805,28 +745,30 @@ func (in *installer) convert(name, path string, data []byte) error {
 	return nil
 }
 
-// sweepTemps removes the temporary files a killed installer left, and logs each.
+// sweepTemps removes, and logs, the temporary files an installer killed mid-write left (a
+// kubeconfig's holds a token). Only one installer runs per node, so none is in use.
 func (in *installer) sweepTemps() {
-	removed, err := sweepTemps(in.cfg.netDir(), in.cfg.binDir())
-	for _, p := range removed {
-		in.log.Info("removed a temporary file an earlier installer left", "path", p)
-	}
-	if err != nil {
-		in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+	for _, d := range []string{in.cfg.netDir(), in.cfg.binDir()} {
+		matches, err := filepath.Glob(filepath.Join(d, tmpPrefix+"*"))
+		for _, m := range matches {
+			if err := removeIfExists(m); err != nil {
+				in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+				continue
+			}
+			in.log.Info("removed a temporary file an earlier installer left", "path", m)
+		}
+		if err != nil { // a bad pattern: a directory name with glob characters
+			in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+		}
 	}
 }
 
-// uninstall removes our entry from every config file, then the plugin, then
-// its kubeconfig, in that order, so that no config ever names a missing
-// plugin, nor a plugin runs without its kubeconfig. It carries on past
-// errors and returns them all.
+// uninstall removes our entry from every config file, then the plugin, then its kubeconfig, so no
+// config names a missing plugin, nor a plugin runs without its kubeconfig. It returns every error.
 func (in *installer) uninstall() error {
 	dir := in.cfg.netDir()
-	var errs []error
 	ents, err := listConfigs(dir)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	errs := []error{err} // errors.Join drops the nils
 	for _, e := range ents {
 		if e.Type()&fs.ModeSymlink != 0 {
 			continue
@@ -837,24 +779,18 @@ func (in *installer) uninstall() error {
 		}
 	}
 	if in.cfg.StandaloneConf != "" {
-		if err := removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)))
 	}
-	bin := filepath.Join(in.cfg.binDir(), in.bin.name)
-	if err := removeIfExists(bin); err != nil {
-		errs = append(errs, err)
+	for _, p := range []string{filepath.Join(in.cfg.binDir(), in.entry.typ), in.cfg.kubeconfigPath()} {
+		errs = append(errs, removeIfExists(p))
+		in.noteWrite(p)
 	}
-	in.noteWrite(bin)
-	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
-		errs = append(errs, err)
-	}
-	in.noteWrite(in.cfg.kubeconfigPath())
 	in.sweepTemps()
-	if len(errs) == 0 {
-		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")
+	return nil
 }
 
 func (in *installer) uninstallFile(name string) error {
@@ -902,8 +838,7 @@ func (in *installer) uninstallFile(name string) error {
 	out, n, err := remove(data, in.entry.typ)
 	if err != nil {
 		if in.files[name] == nil && !bytes.Contains(data, []byte(strconv.Quote(in.entry.typ))) {
-			// A file we never edited, and that does not even name the plugin, holds nothing
-			// of ours: leaving it as it is removes everything we added.
+			// Never edited by us, not even naming the plugin: it holds nothing of ours.
 			in.log.Warn("a CNI config that could not be parsed was left untouched; it holds no linkerd-cni entry", "path", path, "error", err)
 			return nil
 		}
