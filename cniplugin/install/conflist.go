@@ -9,8 +9,7 @@ import (
 	"strings"
 )
 
-// listDoc is a parsed network configuration list: where its "plugins" array
-// and each plugin sit in the original bytes, and each plugin's type.
+// listDoc locates a configuration list's "plugins" array and each plugin, with its type.
 type listDoc struct {
 	members     []member
 	open, close int // the brackets of "plugins"
@@ -18,8 +17,7 @@ type listDoc struct {
 	types       []string
 }
 
-// jsonError turns a failed json.Valid into a message with the decoder's
-// reason and offset.
+// jsonError turns a failed json.Valid into the decoder's reason and offset.
 func jsonError(data []byte) error {
 	err := json.Unmarshal(data, new(any))
 	var se *json.SyntaxError
@@ -73,16 +71,15 @@ func parseList(data []byte) (*listDoc, error) {
 	return doc, nil
 }
 
-// isList reports whether data is a JSON object with a "plugins" key: a
-// configuration list, whatever its file is called.
+// isList reports whether data is a JSON object with a "plugins" key, whatever its file's name.
 func isList(data []byte) bool {
 	members, err := topMembers(data)
 	_, ok := lookup(members, "plugins")
 	return err == nil && ok
 }
 
-// deleteElem removes plugins[i] together with the comma and whitespace that
-// joined it to its predecessor, which is exactly what appendEntry inserted.
+// deleteElem removes plugins[i] with the comma and whitespace joining it to its predecessor:
+// exactly what appendEntry inserted.
 func deleteElem(data []byte, doc *listDoc, i int) []byte {
 	e := doc.elems
 	switch {
@@ -95,8 +92,7 @@ func deleteElem(data []byte, doc *listDoc, i int) []byte {
 	}
 }
 
-// removeEntries returns data without any plugin of type typ, and how many
-// it removed. Every other byte is kept.
+// removeEntries returns data without any plugin of type typ, and how many it removed.
 func removeEntries(data []byte, typ string) ([]byte, int, error) {
 	removed := 0
 	for {
@@ -113,9 +109,8 @@ func removeEntries(data []byte, typ string) ([]byte, int, error) {
 	}
 }
 
-// appendEntry returns data with entry as the last plugin, after removing
-// any plugin of type typ: an old entry is replaced, never duplicated. The
-// entry is indented like the plugin before it.
+// appendEntry returns data with entry as the last plugin, indented like the one before it; an old
+// entry of type typ is replaced, never duplicated.
 func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 	data, _, err := removeEntries(data, typ)
 	if err != nil {
@@ -130,8 +125,7 @@ func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 		return splice(data, span{doc.open + 1, doc.open + 1}, entry), nil
 	}
 	last := doc.elems[n-1]
-	// sep is the whitespace in front of the last plugin, after its comma
-	// or the opening bracket.
+	// sep: the whitespace before the last plugin, after its comma or the bracket.
 	sepStart := doc.open + 1
 	if n > 1 {
 		sepStart = doc.elems[n-2].end + bytes.IndexByte(data[doc.elems[n-2].end:last.start], ',') + 1
@@ -144,8 +138,8 @@ func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 	return splice(data, span{last.end, last.end}, ins), nil
 }
 
-// indentLike formats a compact JSON entry to fit after the whitespace sep:
-// on one line when sep has no newline, else indented below sep's column.
+// indentLike formats a compact entry to follow sep: on one line when sep has no newline, else
+// indented at sep's column.
 func indentLike(entry, sep []byte) []byte {
 	nl := bytes.LastIndexByte(sep, '\n')
 	if nl < 0 {
@@ -163,9 +157,8 @@ func indentLike(entry, sep []byte) []byte {
 	return b.Bytes()
 }
 
-// convertConf turns a single-plugin .conf into a configuration list that
-// keeps the .conf's cniVersion and name, holds the original plugin with
-// only its whitespace changed, and ends with entry. name is used when the .conf has none.
+// convertConf turns a single-plugin .conf into a list with the .conf's cniVersion and name (else
+// name), the original plugin with only its whitespace changed, and entry.
 func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
 	members, err := topMembers(data)
 	if err != nil {
@@ -189,8 +182,7 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 	}
 	fmt.Fprintf(&b, "  \"name\": %s,\n", nameJSON)
 	b.WriteString("  \"plugins\": [\n    ")
-	// Re-indent the plugin to sit in the list; json.Indent changes only
-	// whitespace between tokens, never keys, order, numbers or strings.
+	// json.Indent changes only whitespace between tokens, never keys, order, numbers or strings.
 	if err := json.Indent(&b, bytes.TrimSpace(data), "    ", "  "); err != nil {
 		return nil, err
 	}
@@ -198,15 +190,13 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 	return appendEntry(b.Bytes(), typ, entry)
 }
 
-// sameJSONText reports whether a and b differ at most in whitespace between
-// tokens.
+// sameJSONText reports whether a and b differ at most in whitespace between tokens.
 func sameJSONText(a, b []byte) bool {
 	var ca, cb bytes.Buffer
 	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
-// soleOtherPlugin returns the bytes of the only plugin of a list that is not
-// of type typ, or false when there is not exactly one.
+// soleOtherPlugin returns the only plugin of a list not of type typ, or false.
 func soleOtherPlugin(data []byte, typ string) ([]byte, bool) {
 	doc, err := parseList(data)
 	if err != nil {

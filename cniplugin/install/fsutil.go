@@ -12,10 +12,8 @@ import (
 	"syscall"
 )
 
-// tmpPrefix starts the names of the installer's temporary files. The
-// leading dot and the missing .conf/.conflist extension keep CNI runtimes,
-// which load only *.conf, *.conflist and *.json, from ever reading one, and
-// the installer from reacting to them.
+// tmpPrefix starts the installer's temporary files' names: with the leading dot and no
+// .conf/.conflist/.json extension, no CNI runtime reads one, and the installer ignores them.
 const tmpPrefix = ".linkerd-cni-tmp-"
 
 // writeAtomic replaces path with data. ownerOf names the file whose owner the result keeps (the
@@ -109,8 +107,8 @@ func copyFileAtomic(src, dst string) error {
 	return replaceFile(dst, in, fi.Mode().Perm(), "", "copy "+src+" to "+dst)
 }
 
-// fileID identifies a file's version cheaply: a rename-based write always
-// changes the inode, and any in-place write changes size or mtime.
+// fileID identifies a file's version cheaply: a rename changes the inode, an in-place write its
+// size or mtime.
 type fileID struct {
 	ino, size int64
 	mtime     int64

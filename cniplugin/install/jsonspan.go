@@ -6,11 +6,9 @@ import (
 	"fmt"
 )
 
-// The conflist editor works on byte spans instead of decoding and
-// re-encoding: a decode/encode round trip would reorder keys, reformat
-// numbers and whitespace and so rewrite bytes that belong to other plugins.
-// Editing spans keeps every byte outside our own entry exactly as it was,
-// which is what makes removal restore the original file byte for byte.
+// The conflist editor works on byte spans: a decode/encode round trip would reorder keys and
+// reformat numbers and whitespace of other plugins. Spans keep every byte outside our entry, so
+// removal restores the original file byte for byte.
 
 // span is the half-open byte range [start, end) of one JSON value.
 type span struct{ start, end int }
@@ -25,8 +23,7 @@ var errTruncated = errors.New("unexpected end of JSON")
 
 func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-// skipWS returns the first position at or after pos that is not JSON
-// whitespace.
+// skipWS returns the first position at or after pos that is not JSON whitespace.
 func skipWS(data []byte, pos int) int {
 	for pos < len(data) && isWS(data[pos]) {
 		pos++
@@ -34,9 +31,8 @@ func skipWS(data []byte, pos int) int {
 	return pos
 }
 
-// skipValue returns the end of the JSON value starting at data[pos]. The
-// document must already have passed json.Valid; the checks here only keep
-// a bad caller from looping or panicking.
+// skipValue returns the end of the JSON value starting at data[pos]. The document must have passed
+// json.Valid; the checks here only keep a bad caller from looping or panicking.
 func skipValue(data []byte, pos int) (int, error) {
 	if pos >= len(data) {
 		return 0, errTruncated
@@ -76,8 +72,7 @@ func skipString(data []byte, pos int) (int, error) {
 	return 0, errTruncated
 }
 
-// scanObject returns the members of the object starting at data[pos] and
-// the positions of its braces (partial members with an error).
+// scanObject returns the members of the object starting at data[pos] and its braces' positions.
 func scanObject(data []byte, pos int) (members []member, open, close int, err error) {
 	open, close, err = scanItems(data, pos, "object", func(pos int) (int, error) {
 		keyEnd, err := skipString(data, pos)
@@ -100,8 +95,7 @@ func scanObject(data []byte, pos int) (members []member, open, close int, err er
 	return members, open, close, err
 }
 
-// scanArray returns the elements of the array starting at data[pos] and the
-// positions of its brackets.
+// scanArray returns the elements of the array starting at data[pos] and its brackets' positions.
 func scanArray(data []byte, pos int) (elems []span, open, close int, err error) {
 	open, close, err = scanItems(data, pos, "array", func(pos int) (int, error) {
 		end, err := skipValue(data, pos)
@@ -148,8 +142,7 @@ func scanItems(data []byte, pos int, kind string, item func(pos int) (int, error
 	}
 }
 
-// lookup returns the value span of key in members, the last one if the key
-// repeats (encoding/json and libcni keep the last).
+// lookup returns the value span of key in members, the last if it repeats (as encoding/json does).
 func lookup(members []member, key string) (span, bool) {
 	var s span
 	found := false
@@ -161,8 +154,7 @@ func lookup(members []member, key string) (span, bool) {
 	return s, found
 }
 
-// splice returns data with data[s.start:s.end] replaced by repl, in a new
-// slice.
+// splice returns a new slice: data with data[s.start:s.end] replaced by repl.
 func splice(data []byte, s span, repl []byte) []byte {
 	out := make([]byte, 0, len(data)-(s.end-s.start)+len(repl))
 	out = append(out, data[:s.start]...)

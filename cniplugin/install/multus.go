@@ -1,18 +1,13 @@
 package install
 
-// Multus (k8snetworkplumbingwg/multus-cni) writes its own config first in the net dir
-// (00-multus.conf, or 00-multus.conflist from CNI 1.0.0 on), so the runtime runs Multus, and
-// Multus runs the pod's default network itself:
-//   - the thin plugin (type "multus") from the copies of that network's config embedded in its
-//     "delegates", made when Multus starts (it remakes them only when it runs with
-//     --cleanup-config-on-exit and without --skip-config-watch);
-//   - the thick plugin (type "multus-shim") from the file its "clusterNetwork" names, read on
-//     every ADD.
-// Chaining linkerd-cni after Multus and into the default network would run it twice per pod. So
-// with Multus the installer chains it once, where the default network runs: into the thin
-// plugin's delegates (and into the files on disk, which Multus copies when it remakes them), or
-// into the file the thick plugin names. It never chains after Multus itself, and never turns a
-// .conf into a .conflist, since Multus finds its files by name.
+// Multus writes its own config first in the net dir, so the runtime runs Multus, and Multus runs
+// the pod's default network itself: the thin plugin (type "multus") from the copies of that
+// network's config in its "delegates", made when Multus starts; the thick plugin (type
+// "multus-shim") from the file its "clusterNetwork" names, read on every ADD. Chained after Multus
+// and into the default network, linkerd-cni would run twice per pod. So the installer chains it
+// once, where the default network runs: into the thin plugin's delegates (and the files on disk,
+// which Multus copies when it remakes them), or into the file the thick plugin names. It never
+// turns a .conf into a .conflist beside Multus, which finds its files by name.
 
 import (
 	"bytes"
@@ -20,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 )
 
 // Multus's plugin types.
@@ -49,16 +45,11 @@ func parseMultus(data []byte) (*multusConf, bool) {
 		if err != nil {
 			return nil, false
 		}
-		found := false
-		for i, t := range doc.types {
-			if t == multusThin || t == multusThick {
-				obj, found = doc.elems[i], true
-				break
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(doc.types, func(t string) bool { return t == multusThin || t == multusThick })
+		if i < 0 {
 			return nil, false
 		}
+		obj = doc.elems[i]
 	}
 	members, _, _, err := scanObject(data, obj.start)
 	if err != nil {

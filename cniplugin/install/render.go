@@ -10,23 +10,20 @@ import (
 	"strings"
 )
 
-// pluginEntry is the rendered linkerd-cni plugin configuration that goes
-// into every network configuration list.
+// pluginEntry is the rendered plugin configuration that goes into every configuration list.
 type pluginEntry struct {
 	raw     []byte // compact JSON object
 	typ     string // its "type": the binary's name and how our entry is found
 	logFile string // its "log_file", a path on the node, or ""
 }
 
-// tokenPlaceholder is accepted for compatibility with old Linkerd templates
-// but never filled: a token copied into the conflist outlives its pod and,
-// once revoked, wedges the node. The plugin reads the kubeconfig instead.
+// tokenPlaceholder is accepted for old Linkerd templates but never filled: a token copied into the
+// conflist outlives its pod and, once revoked, wedges the node. The plugin reads the kubeconfig.
 const tokenPlaceholder = "__SERVICEACCOUNT_TOKEN__"
 
-// renderEntry fills the template's placeholders the way Linkerd's
-// install-cni.sh does, checks the result and adds namespace to
-// "kubernetes.exclude-namespaces". source names the template in errors. It returns
-// warnings for the caller to log.
+// renderEntry fills the template's placeholders as Linkerd's install-cni.sh does, checks the result
+// and adds namespace to "kubernetes.exclude-namespaces". source names the template in errors. It
+// returns warnings for the caller to log.
 func renderEntry(source, tmpl string, vars map[string]string, namespace string) (*pluginEntry, []string, error) {
 	var warnings []string
 	if strings.Contains(tmpl, tokenPlaceholder) {
@@ -77,11 +74,9 @@ func parseEntry(data []byte, namespace string) (*pluginEntry, error) {
 	return &pluginEntry{raw: compact.Bytes(), typ: top.Type, logFile: top.LogFile}, nil
 }
 
-// addExcludedNamespace adds ns to the "exclude-namespaces" list of the object's "kubernetes"
-// block, creating the list (and the block) when missing and keeping every other key in place.
-// The kubernetes block is where Linkerd's own schema for the entry accepts any key: its
-// integration tests decode the rest of the entry strictly, so a new top-level key would fail
-// them. A namespace a top-level "exclude-namespaces" (a user's) already lists is left there.
+// addExcludedNamespace adds ns to the "exclude-namespaces" list of the object's "kubernetes" block,
+// creating them when missing. That block is where Linkerd's schema for the entry accepts any key
+// (its tests decode the rest strictly). A namespace a user's top-level list names is left there.
 func addExcludedNamespace(data []byte, members []member, ns string) ([]byte, error) {
 	if s, ok := lookup(members, "exclude-namespaces"); ok {
 		list, err := namespaceList(data[s.start:s.end], "exclude-namespaces")

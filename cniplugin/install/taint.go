@@ -19,25 +19,22 @@ import (
 // EnvNodeTaint is the environment equivalent of --node-taint.
 const EnvNodeTaint = "LINKERD_CNI_NODE_TAINT"
 
-// The optional manifests are named in the log when the API server refuses
-// the patch, so the fix is one copy-paste away.
+// The optional manifests named in the log when the API server refuses the patch.
 const (
 	nodeTaintRBACManifest   = "deploy/linkerd-cni/optional/node-taint-rbac.yaml"
 	nodeTaintPolicyManifest = "deploy/linkerd-cni/optional/node-taint-policy.yaml"
 )
 
-// Retry pacing of the taint removal: quick at first (the API server may
-// just be busy), then at most every 30s (RBAC may be applied later).
+// Retry pacing of the taint removal: quick at first (the API server may be busy), then at most
+// every 30s (RBAC may be applied later).
 const (
 	defaultTaintBackoff    = time.Second
 	defaultTaintBackoffMax = 30 * time.Second
 	taintAttemptTimeout    = 30 * time.Second
 )
 
-// restConfig is the equivalent of rest.InClusterConfig built from the
-// installer's own settings (the same server, token and CA as the plugin's
-// kubeconfig). The token is given as a file, which client-go re-reads, so
-// the kubelet's token rotation is followed.
+// restConfig is rest.InClusterConfig from the installer's settings (the plugin's kubeconfig's
+// server, token and CA). client-go re-reads the token file, so the kubelet's rotation is followed.
 func (c *Config) restConfig() *rest.Config {
 	rc := &rest.Config{
 		Host:            c.serverURL(),
@@ -53,9 +50,8 @@ func (c *Config) restConfig() *rest.Config {
 	return rc
 }
 
-// taintRemover removes the node's startup taint once, after the plugin is
-// in place. It runs in its own goroutine so that API latency and retries
-// never delay the file watch loop.
+// taintRemover removes the node's startup taint once the plugin is in place, in its own goroutine
+// so that API latency and retries never delay the file watch loop.
 type taintRemover struct {
 	client *kubeclient.Client
 	kick   chan struct{} // buffered 1: "readiness may have become true"
@@ -71,8 +67,7 @@ func (in *installer) newTaintRemover() (*taintRemover, error) {
 	return &taintRemover{client: client, kick: make(chan struct{}, 1), done: make(chan struct{})}, nil
 }
 
-// poke tells the remover that the plugin may now be in place. It never
-// blocks: one pending poke is as good as many.
+// poke tells the remover that the plugin may now be in place; one pending poke is as good as many.
 func (tr *taintRemover) poke() {
 	select {
 	case tr.kick <- struct{}{}:
@@ -80,10 +75,8 @@ func (tr *taintRemover) poke() {
 	}
 }
 
-// run waits for pokes and removes the taint, retrying with back-off, until
-// it is gone (or was never there) or ctx ends. Each attempt first checks
-// again, on disk, that every config file carries the plugin: a poke may be
-// stale by the time it is served.
+// run waits for pokes and removes the taint, retrying with back-off, until it is gone (or was never
+// there) or ctx ends. Each attempt first checks again on disk (pluginInPlace): a poke may be stale.
 func (tr *taintRemover) run(ctx context.Context, in *installer) {
 	defer close(tr.done)
 	node := in.cfg.NodeName
@@ -136,13 +129,10 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 	}
 }
 
-// pluginInPlace reports whether the installer is ready (binary, kubeconfig
-// and every config file done at its last sync) and, read again from disk
-// now, the plugin is where the runtime will find it: the standalone config
-// in place, or every config list ending with our plugin (with Multus: every
-// delegate of its own config, and no single-plugin file required). The
-// second check closes the window between a primary CNI rewriting its file
-// and the installer's next sync.
+// pluginInPlace reports whether the installer is ready and, read again from disk now, the plugin is
+// where the runtime will find it: the standalone config in place, or every config list ending with
+// our plugin (with Multus: every delegate of its own config, single-plugin files aside). That
+// closes the window between a primary CNI rewriting its file and the installer's next sync.
 func (in *installer) pluginInPlace() (bool, string) {
 	if ok, reason := in.readiness(); !ok {
 		return false, reason
