@@ -359,13 +359,14 @@ func (in *installer) syncAll() bool {
 	if in.entryErr != nil {
 		problems = append(problems, in.entryErr.Error()) // logged once, at start
 	} else {
-		var err error
-		if waiting, err = in.syncConfigs(); err != nil {
+		var errs []error
+		waiting, errs = in.syncConfigs()
+		if err := errors.Join(errs...); err != nil {
 			problems = append(problems, err.Error())
-			for _, e := range splitErrors(err) {
-				if _, ok := e.(loggedError); !ok {
-					unlogged = append(unlogged, e.Error())
-				}
+		}
+		for _, e := range errs {
+			if _, ok := e.(loggedError); e != nil && !ok {
+				unlogged = append(unlogged, e.Error())
 			}
 		}
 	}
@@ -424,36 +425,29 @@ const staleCompanion = "linkerd-cni-api"
 // in place.
 func (in *installer) removeCompanion() {
 	path := filepath.Join(in.cfg.binDir(), staleCompanion)
-	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
-		return
-	}
-	if err := removeIfExists(path); err != nil {
+	switch err := os.Remove(path); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
 		in.log.Warn("cannot remove the companion binary of an older linkerd-cni", "path", path, "error", err)
-		return
+	default:
+		in.noteWrite(path)
+		in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
 	}
-	in.noteWrite(path)
-	in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
 }
 
 // syncKubeconfig writes the kubeconfig unless it is what the current token and CA give.
 func (in *installer) syncKubeconfig() error {
 	want, err := renderKubeconfig(&in.cfg)
-	if err != nil {
-		in.kubeOK = false
+	path, existed := in.cfg.kubeconfigPath(), in.kubeOK
+	in.kubeOK = err == nil
+	if err != nil || inPlace(path, want, kubeconfigMode) {
 		return err
 	}
-	path := in.cfg.kubeconfigPath()
-	if inPlace(path, want, kubeconfigMode) {
-		in.kubeOK = true
-		return nil
-	}
-	existed := in.kubeOK
 	if err := writeAtomic(path, want, kubeconfigMode, ""); err != nil {
 		in.kubeOK = false
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	in.noteWrite(path)
-	in.kubeOK = true
 	if existed {
 		in.log.Info("rewrote kubeconfig (token or CA changed)", "path", path)
 	} else {
@@ -487,13 +481,7 @@ func listConfigs(dir string) ([]fs.DirEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list CNI configs: %w", err)
 	}
-	var out []fs.DirEntry
-	for _, e := range ents {
-		if isConfigName(e.Name()) && !e.IsDir() {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return slices.DeleteFunc(ents, func(e fs.DirEntry) bool { return !isConfigName(e.Name()) || e.IsDir() }), nil
 }
 
 // problem logs a problem with a file once per content version and returns it as an error.
@@ -515,23 +503,16 @@ type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-// splitErrors returns the errors errors.Join put together, or err alone.
-func splitErrors(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
-}
-
-// syncConfigs puts our entry into every config file; waiting: there is none yet.
-func (in *installer) syncConfigs() (waiting bool, _ error) {
+// syncConfigs puts our entry into every config file; waiting: there is none yet. errs may hold
+// nils.
+func (in *installer) syncConfigs() (waiting bool, errs []error) {
 	if in.cfg.StandaloneConf != "" {
-		return false, in.syncStandalone()
+		return false, []error{in.syncStandalone()}
 	}
 	dir := in.cfg.netDir()
 	ents, err := listConfigs(dir)
 	if err != nil {
-		return false, err
+		return false, []error{err}
 	}
 	if len(ents) == 0 {
 		if !in.waiting {
@@ -541,7 +522,6 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 		return true, nil
 	}
 	in.waiting = false
-	var errs []error // errors.Join drops the nils
 	multus, multusName := findMultus(dir, ents)
 	for _, e := range ents {
 		errs = append(errs, in.syncFile(e, multus != nil))
@@ -557,7 +537,7 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 	}
 	maps.DeleteFunc(in.files, func(name string, _ *fileState) bool { return gone(name) })
 	maps.DeleteFunc(in.reported, func(name string, _ [32]byte) bool { return gone(name) })
-	return false, errors.Join(errs...)
+	return false, errs
 }
 
 // findMultus returns the first of the configs that is Multus's (the one the runtime runs), and
@@ -624,30 +604,24 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if st := in.files[name]; st != nil && st.written == h {
 		return nil
 	}
+	add, remove, msg := appendEntry, removeEntries, "added linkerd-cni to CNI config"
 	if _, ok := parseMultus(data); ok {
-		out, err := chainMultus(data, in.entry.typ, in.entry.raw)
-		if err != nil {
-			return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
-		}
-		_, n, _ := unchainMultus(data, in.entry.typ)
-		return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to the default network Multus runs")
-	}
-	if isSingleName(name) && !isList(data) {
+		add, remove, msg = chainMultus, unchainMultus, "added linkerd-cni to the default network Multus runs"
+	} else if isSingleName(name) && !isList(data) {
 		if withMultus {
 			return nil
 		}
 		return in.convert(name, path, data)
-	}
-	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
+	} else if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
 		// A chained plugin alone gets no prevResult: every ADD would fail.
 		return in.problem(name, data, fmt.Errorf("%s has no plugin for linkerd-cni to chain after: waiting for the primary CNI to fill it", path))
 	}
-	out, err := appendEntry(data, in.entry.typ, in.entry.raw)
+	out, err := add(data, in.entry.typ, in.entry.raw)
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
-	_, n, _ := removeEntries(data, in.entry.typ)
-	return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to CNI config")
+	_, n, _ := remove(data, in.entry.typ)
+	return in.writeEdited(name, path, data, out, n == 0, msg)
 }
 
 // writeEdited writes out over data, unless they are the same, and remembers it; pristine says

@@ -55,7 +55,11 @@ func (l *lineBuffer) reset() { l.partial = l.partial[:0] }
 // maxSize and is streamed to its end, it is renamed to path.1, so it cannot fill the node's disk.
 func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
 	t := &logTail{path: path, maxSize: maxSize, out: out, log: log, first: true, buf: make([]byte, 32*1024)}
-	defer t.close()
+	defer func() {
+		if t.f != nil {
+			t.f.Close()
+		}
+	}()
 	tick := time.NewTicker(logPollInterval)
 	defer tick.Stop()
 	for {
@@ -86,12 +90,6 @@ type logTail struct {
 	lines        lineBuffer
 	first        bool // the first open skips what the file holds
 	buf          []byte
-}
-
-func (t *logTail) close() {
-	if t.f != nil {
-		t.f.Close()
-	}
 }
 
 // open opens the file, at its end the first time, at its start after that.
