@@ -11,26 +11,21 @@ import (
 
 // listDoc locates a configuration list's "plugins" array and each plugin, with its type.
 type listDoc struct {
-	members     []member
-	open, close int // the brackets of "plugins"
-	elems       []span
-	types       []string
+	open  int // the bracket of "plugins"
+	elems []span
+	types []string
 }
 
-// jsonError turns a failed json.Valid into the decoder's reason and offset.
-func jsonError(data []byte) error {
-	err := json.Unmarshal(data, new(any))
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
-	}
-	return fmt.Errorf("invalid JSON: %w", err)
-}
-
-// topMembers returns the members of data's top-level object, if data is valid JSON.
+// topMembers returns the members of data's top-level object, if data is valid JSON (else the
+// decoder's reason and offset).
 func topMembers(data []byte) ([]member, error) {
 	if !json.Valid(data) {
-		return nil, jsonError(data)
+		err := json.Unmarshal(data, new(any))
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
+		}
+		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
 	members, _, _, err := scanObject(data, 0)
 	return members, err
@@ -57,11 +52,11 @@ func parseList(data []byte) (*listDoc, error) {
 	if !ok {
 		return nil, errors.New(`no "plugins" list`)
 	}
-	elems, open, closeAt, err := scanArray(data, ps.start)
+	elems, open, _, err := scanArray(data, ps.start)
 	if err != nil {
 		return nil, fmt.Errorf(`"plugins": %w`, err)
 	}
-	doc := &listDoc{members: members, open: open, close: closeAt, elems: elems}
+	doc := &listDoc{open: open, elems: elems}
 	for i, e := range elems {
 		if data[e.start] != '{' {
 			return nil, fmt.Errorf("plugins[%d] is not an object", i)
@@ -78,20 +73,6 @@ func isList(data []byte) bool {
 	return err == nil && ok
 }
 
-// deleteElem removes plugins[i] with the comma and whitespace joining it to its predecessor:
-// exactly what appendEntry inserted.
-func deleteElem(data []byte, doc *listDoc, i int) []byte {
-	e := doc.elems
-	switch {
-	case i > 0:
-		return splice(data, span{e[i-1].end, e[i].end}, nil)
-	case len(e) > 1:
-		return splice(data, span{e[0].start, e[1].start}, nil)
-	default:
-		return splice(data, e[0], nil)
-	}
-}
-
 // removeEntries returns data without any plugin of type typ, and how many it removed.
 func removeEntries(data []byte, typ string) ([]byte, int, error) {
 	removed := 0
@@ -100,11 +81,19 @@ func removeEntries(data []byte, typ string) ([]byte, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		idx := slices.Index(doc.types, typ)
-		if idx < 0 {
+		i := slices.Index(doc.types, typ)
+		if i < 0 {
 			return data, removed, nil
 		}
-		data = deleteElem(data, doc, idx)
+		// plugins[i] goes with the comma and whitespace joining it to its predecessor (exactly
+		// what appendEntry inserted), or to its successor when it is first.
+		s := doc.elems[i]
+		if i > 0 {
+			s.start = doc.elems[i-1].end
+		} else if len(doc.elems) > 1 {
+			s.end = doc.elems[1].start
+		}
+		data = splice(data, s, nil)
 		removed++
 	}
 }

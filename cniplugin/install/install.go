@@ -58,6 +58,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // fileState is what the installer knows about one config file it manages.
@@ -234,10 +235,11 @@ func (in *installer) run(ctx context.Context) error {
 		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, cfg.PluginLogOutput, in.log)
 	}
 	if cfg.NodeTaint != "" {
-		tr, err := in.newTaintRemover()
+		client, err := kubeclient.New(cfg.restConfig())
 		if err != nil {
-			return err
+			return fmt.Errorf("--node-taint: %w", err)
 		}
+		tr := &taintRemover{client: client, kick: make(chan struct{}, 1), done: make(chan struct{})}
 		tctx, stop := context.WithCancel(ctx)
 		go tr.run(tctx, in)
 		// Whatever ends Run, no API call outlives it.
@@ -559,10 +561,10 @@ func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 // checkMultusPrimary reports a thick Multus's default network that linkerd-cni cannot be chained
 // into here. A list in the net dir is chained by syncFile like any other.
 func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
-	file := m.clusterNetworkFile()
-	if file == "" {
+	if !filepath.IsAbs(m.clusterNetwork) {
 		return nil // a network name, which Multus resolves itself
 	}
+	file := filepath.Base(m.clusterNetwork)
 	path := filepath.Join(in.cfg.netDir(), file)
 	data, err := readConfig(path)
 	var big *tooBigError
@@ -620,15 +622,8 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
-	_, n, _ := remove(data, in.entry.typ)
-	return in.writeEdited(name, path, data, out, n == 0, msg)
-}
-
-// writeEdited writes out over data, unless they are the same, and remembers it; pristine says
-// data held no entry of ours, so uninstall may put it back byte for byte.
-func (in *installer) writeEdited(name, path string, data, out []byte, pristine bool, msg string) error {
 	if bytes.Equal(out, data) {
-		in.files[name] = &fileState{written: hashOf(data)}
+		in.files[name] = &fileState{written: h}
 		return nil
 	}
 	if err := writeLike(path, out, path); err != nil {
@@ -636,8 +631,8 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 	}
 	in.noteWrite(path)
 	st := &fileState{written: hashOf(out)}
-	if pristine {
-		st.orig = data
+	if _, n, _ := remove(data, in.entry.typ); n == 0 {
+		st.orig = data // no entry of ours in it: uninstall may put it back byte for byte
 	}
 	in.files[name] = st
 	delete(in.reported, name)
@@ -648,7 +643,8 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 // standalone is the plugin's config alone, as a single-plugin config file: the entry, with a
 // cniVersion when it has none.
 func (in *installer) standalone() []byte {
-	if pluginHasKey(in.entry.raw, "cniVersion") {
+	members, _ := topMembers(in.entry.raw)
+	if _, ok := lookup(members, "cniVersion"); ok {
 		return append(slices.Clone(in.entry.raw), '\n')
 	}
 	out := splice(in.entry.raw, span{1, 1}, []byte(`"cniVersion":"`+standaloneCNIVersion+`",`))

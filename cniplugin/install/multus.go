@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 )
 
@@ -135,13 +134,4 @@ func editDelegates(data []byte, edit func([]byte) ([]byte, error)) ([]byte, erro
 		data = splice(data, d, out)
 	}
 	return data, nil
-}
-
-// clusterNetworkFile is the name, in the net dir, of the file a thick Multus config runs as the
-// pod's default network ("" when it names a network, not a file).
-func (m *multusConf) clusterNetworkFile() string {
-	if !filepath.IsAbs(m.clusterNetwork) {
-		return ""
-	}
-	return filepath.Base(m.clusterNetwork)
 }

@@ -123,10 +123,3 @@ func appendMember(data []byte, members []member, open int, key string, value []b
 	last := members[len(members)-1].val.end
 	return splice(data, span{last, last}, append([]byte{','}, ins...))
 }
-
-// pluginHasKey reports whether the JSON object data has key at its top level.
-func pluginHasKey(data []byte, key string) bool {
-	members, err := topMembers(data)
-	_, ok := lookup(members, key)
-	return err == nil && ok
-}

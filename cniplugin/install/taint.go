@@ -58,15 +58,6 @@ type taintRemover struct {
 	done   chan struct{} // closed when the goroutine returns
 }
 
-// newTaintRemover builds the API client; nothing is sent yet.
-func (in *installer) newTaintRemover() (*taintRemover, error) {
-	client, err := kubeclient.New(in.cfg.restConfig())
-	if err != nil {
-		return nil, fmt.Errorf("--node-taint: %w", err)
-	}
-	return &taintRemover{client: client, kick: make(chan struct{}, 1), done: make(chan struct{})}, nil
-}
-
 // poke tells the remover that the plugin may now be in place; one pending poke is as good as many.
 func (tr *taintRemover) poke() {
 	select {
