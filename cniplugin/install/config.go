@@ -32,8 +32,7 @@ const EnvStandaloneConf = "LINKERD_CNI_STANDALONE_CONF"
 // first with CHECK, which Multus and every runtime of the last years speak.
 const standaloneCNIVersion = "0.4.0"
 
-// DefaultServiceAccountDir is where Kubernetes mounts a pod's service account token, CA and
-// namespace.
+// DefaultServiceAccountDir is where Kubernetes mounts a pod's service account.
 const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // DefaultAdminAddr is where /ready and /live are served. Loopback: the DaemonSet runs in the host
@@ -43,16 +42,14 @@ const DefaultAdminAddr = "127.0.0.1:9992"
 // Config is the installer's configuration. The zero value of a field means its default;
 // ConfigFromEnv fills it from the environment like Linkerd's install-cni.sh (envStrings).
 type Config struct {
-	// DestNetDir and DestBinDir are the node's CNI config and binary directories as the node (and
-	// so the container runtime) sees them.
+	// DestNetDir and DestBinDir are the node's CNI config and binary directories, as on the node.
 	DestNetDir, DestBinDir string
 	// MountPrefix is where the node's root is mounted in this container (default /host in the
 	// environment): the installer writes MountPrefix+DestNetDir. In a Config, "" means no prefix.
 	MountPrefix string
 	// ContainerBinDir holds the plugin binary inside the image.
 	ContainerBinDir string
-	// NetworkConfig is the plugin configuration template; NetworkConfigFile, when set, wins and
-	// must exist.
+	// NetworkConfig is the plugin configuration template; NetworkConfigFile, if set, wins.
 	NetworkConfig, NetworkConfigFile string
 	// KubeconfigFileName is the kubeconfig's name in the net dir.
 	KubeconfigFileName string
@@ -60,39 +57,32 @@ type Config struct {
 	ServiceAccountDir, KubeCAFile string
 	// ServiceHost, ServicePort and ServiceProtocol (default https) locate the API server.
 	ServiceHost, ServicePort, ServiceProtocol string
-	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA. For Linkerd compatibility
-	// only.
+	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA (Linkerd compatibility).
 	SkipTLSVerify bool
-	// NodeName and CNIMTU (default 1500) fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__
-	// placeholders.
+	// NodeName and CNIMTU fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__ placeholders.
 	NodeName, CNIMTU string
-	// Namespace is the DaemonSet's (else the service account's namespace file's). It is put into
-	// the plugin's exclude-namespaces so the plugin never handles its own pods.
+	// Namespace is the DaemonSet's, put into exclude-namespaces: the plugin skips its own pods.
 	Namespace string
-	// PodName is the installer's own pod. At SIGTERM its DaemonSet is looked up: while that stays,
-	// the plugin is left in place for the next pod (an upgrade). Without it, SIGTERM uninstalls.
+	// PodName is the installer's own pod, whose DaemonSet is looked up at SIGTERM
+	// (successorComing). Without it, SIGTERM uninstalls.
 	PodName string
 	// AdminAddr is where /ready and /live are served; "-" disables them.
 	AdminAddr string
 	// Debounce is how long a burst of file events is collected before a sync (default 50ms).
 	Debounce time.Duration
-	// Resync is how often everything is re-checked without any event, as a safety net (default
-	// 1m). It never replaces the watches: a dead watch is fatal.
+	// Resync is how often everything is re-checked without any event (default 1m), a safety net:
+	// a dead watch is still fatal.
 	Resync time.Duration
-	// NodeTaint, when set, is the key of a startup taint removed (whatever its effect) from the
-	// node NodeName once every config file carries the plugin (--node-taint). It needs get and
-	// patch on nodes (deploy/linkerd-cni/optional).
+	// NodeTaint is the key of a startup taint removed (any effect) from node NodeName once every
+	// config file carries the plugin. It needs get and patch on nodes (deploy/linkerd-cni/optional).
 	NodeTaint string
-	// StandaloneConf, when set, is a file name (e.g. linkerd-cni.conf): the plugin's config is
-	// then written alone into that file of the net dir and chained into nothing. That is how
-	// Multus (OpenShift, RKE2) runs it as a NetworkAttachmentDefinition: a NAD without
-	// spec.config finds the file of its name in Multus's /etc/cni/multus/net.d.
+	// StandaloneConf is a file name (e.g. linkerd-cni.conf): the plugin's config is then written
+	// alone into that file of the net dir and chained into nothing, for Multus (OpenShift, RKE2) to
+	// run as a NetworkAttachmentDefinition without spec.config, found by its name.
 	StandaloneConf string
-	// PluginLogOutput receives the lines of the plugin's log_file (default: stdout, so they show
-	// in kubectl logs).
+	// PluginLogOutput receives the plugin's log_file lines (default stdout: kubectl logs).
 	PluginLogOutput io.Writer
-	// PluginLogMaxSize is the size past which log_file is rotated to log_file.1 (default
-	// DefaultPluginLogMaxSize).
+	// PluginLogMaxSize is the size past which log_file is rotated to log_file.1.
 	PluginLogMaxSize int64
 
 	// Test hooks.
@@ -241,8 +231,7 @@ func (c *Config) hostPath(p string) string { return filepath.Join(c.MountPrefix,
 func (c *Config) netDir() string { return c.hostPath(c.DestNetDir) }
 func (c *Config) binDir() string { return c.hostPath(c.DestBinDir) }
 
-// kubeconfigPath is the kubeconfig as the container sees it;
-// kubeconfigHostPath is the path the plugin, on the node, is told to read.
+// kubeconfigPath is the kubeconfig as the container sees it, kubeconfigHostPath as the node does.
 func (c *Config) kubeconfigPath() string { return filepath.Join(c.netDir(), c.KubeconfigFileName) }
 func (c *Config) kubeconfigHostPath() string {
 	return path.Join(c.DestNetDir, c.KubeconfigFileName)
@@ -254,6 +243,5 @@ func (c *Config) serverURL() string {
 	return c.ServiceProtocol + "://" + net.JoinHostPort(host, c.ServicePort)
 }
 
-// DefaultPluginLogMaxSize bounds the plugin's log_file on the node: with the
-// one rotated generation beside it, at most about twice this.
+// DefaultPluginLogMaxSize bounds the plugin's log_file (and so, with log_file.1, about twice it).
 const DefaultPluginLogMaxSize = 10 << 20

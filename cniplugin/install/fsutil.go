@@ -16,9 +16,8 @@ import (
 // .conf/.conflist/.json extension, no CNI runtime reads one, and the installer ignores them.
 const tmpPrefix = ".linkerd-cni-tmp-"
 
-// writeAtomic replaces path with data. ownerOf names the file whose owner the result keeps (the
-// primary CNI's config, which is theirs); "" makes it root's, as every file of ours is, whoever
-// owned the one it replaces.
+// writeAtomic replaces path with data, owned like ownerOf (the primary CNI's config is theirs), or
+// by root when "" (every file of ours), whoever owned the one it replaces.
 func writeAtomic(path string, data []byte, mode fs.FileMode, ownerOf string) error {
 	return replaceFile(path, bytes.NewReader(data), mode, ownerOf, "write "+path)
 }
@@ -88,9 +87,8 @@ func inPlace(path string, want []byte, mode fs.FileMode) bool {
 	return err == nil && bytes.Equal(have, want)
 }
 
-// copyFileAtomic copies src to dst like writeAtomic, keeping src's permission bits, owned by
-// root. A runtime executing dst meanwhile sees the old or the new binary ("text file busy" cannot
-// happen either: the old inode is left alone).
+// copyFileAtomic copies src to dst like writeAtomic, with src's permission bits, owned by root: a
+// runtime executing dst meanwhile runs the old binary (no "text file busy": the inode stays).
 func copyFileAtomic(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -137,9 +135,8 @@ func removeIfExists(path string) error {
 	return nil
 }
 
-// MaxConfigSize bounds a CNI config file the installer reads: real conflists are a few KB, and a
-// file read whole could otherwise exhaust the installer's memory limit (64 Mi in the chart) and
-// have it OOM-killed in a loop. A larger file is reported on /ready and left alone.
+// MaxConfigSize bounds a CNI config file the installer reads (real ones are a few KB): a file read
+// whole could exhaust its memory limit in an OOM-kill loop. A larger one is reported and left.
 const MaxConfigSize = 1 << 20
 
 // tooBigError is a config file over MaxConfigSize.
@@ -152,9 +149,8 @@ func (e *tooBigError) Error() string {
 	return fmt.Sprintf("%s is %d bytes, over the %d-byte (1 MiB) bound on a CNI config file: not read, left untouched", e.path, e.size, MaxConfigSize)
 }
 
-// readConfig reads a config file of the node's CNI dir, never more than MaxConfigSize+1 bytes
-// whatever its size (it may grow while read). It does not follow a symbolic link, does not block
-// on a FIFO, and refuses anything but a regular file.
+// readConfig reads a config file, never more than MaxConfigSize+1 bytes (it may grow while read),
+// following no symbolic link, not blocking on a FIFO, refusing anything but a regular file.
 func readConfig(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {

@@ -2,15 +2,13 @@
 // `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
 // configuration, keeps it there, and takes it out again.
 //
-// Run writes the plugin's kubeconfig from the pod's service account (again when the kubelet
-// rotates the token), copies the plugin binary into the node's CNI bin dir (removing the companion
-// linkerd-cni-api an older release put there), waits for the primary CNI's configuration, and
-// appends the plugin to every *.conflist, *.conf and *.json of the node's CNI net dir (a .conf or
-// .json becomes a .conflist: the runtimes read all three, the first by name). It watches the
-// directories with inotify and re-adds the plugin within a second when the primary CNI rewrites
-// its file. When its context ends (SIGTERM on pod deletion) it removes its entry from every file,
-// leaving every other byte as it was, then the binary and the kubeconfig; unless its DaemonSet
-// stays (an upgrade: see successorComing), when it leaves all of it to the next installer pod.
+// Run writes the plugin's kubeconfig from the pod's service account (again when the token
+// rotates), copies the plugin binary into the node's CNI bin dir, waits for the primary CNI's
+// configuration, and appends the plugin to every *.conflist, *.conf and *.json of the net dir (a
+// .conf or .json becomes a .conflist). It watches the directories with inotify and re-adds the
+// plugin within a second when the primary CNI rewrites its file. At SIGTERM it removes its entry
+// from every file, then the binary and the kubeconfig, unless its DaemonSet stays (an upgrade:
+// successorComing).
 //
 // Files are edited as bytes, not decoded and re-encoded: other plugins' keys, order, numbers and
 // whitespace survive exactly, and removal is the exact inverse of insertion. Every write is a
@@ -21,21 +19,15 @@
 // config file that is a symbolic link, or is not valid JSON, is reported and left alone, and the
 // installer stays unready; on removal, one that never named linkerd-cni is only a warning.
 //
-// With Config.NodeTaint (--node-taint) the installer removes that startup taint from its node,
-// once, after every config file carries the plugin, so that nodes can be born tainted and receive
-// no pod before linkerd-cni is in place. It never adds the taint back, not even on uninstall: an
-// upgrade would otherwise block the node's scheduling.
+// With Config.NodeTaint it removes that startup taint from its node once every config file
+// carries the plugin; never adds it back, not even on uninstall, which would block an upgrade.
 //
 // # Tests
 //
-// On directories laid out like the container's mounts: the conflist edits and their inverse,
-// Multus's own configs (testdata/multus), the standalone config, the plugin log's streaming and
-// rotation, the order of kubeconfig, binary and config writes (TestUpgradeFromCompanionLayout),
-// a real SIGTERM to a real `linkerd-cni install` (sigterm_test.go). Against a kube-apiserver: every
-// rendering of the manifests and chart, dry-run (manifests_test.go, renderings_test.go), the
-// ServiceAccount's exact permissions (rbac_test.go), the validatorRestart policy, --node-taint
-// (taint_test.go), the decision at SIGTERM (successor_test.go). As root: the DaemonSet pod's
-// containers as processes (daemonset_test.go), a real ADD with the written kubeconfig (add_test.go).
+// On directories laid out like the container's mounts: the edits and their inverse, Multus's own
+// configs, the standalone config, the plugin log, the order of writes, a real SIGTERM. Against a
+// kube-apiserver: the manifests and chart dry-run, the ServiceAccount's exact permissions,
+// --node-taint, the decision at SIGTERM. As root: the DaemonSet's containers, a real ADD.
 package install
 
 import (
@@ -71,8 +63,7 @@ type fileState struct {
 	origName string
 }
 
-// installer is one Run. Only the run goroutine touches its fields, except
-// ready (guarded by mu) which the admin server reads.
+// installer is one Run. Only the run goroutine touches its fields, except those under mu.
 type installer struct {
 	cfg   Config
 	log   *slog.Logger

@@ -15,9 +15,8 @@ import (
 // 0644 and so hands the token to every local user.
 const kubeconfigMode fs.FileMode = 0o600
 
-// renderKubeconfig returns the plugin's kubeconfig, made of the service account token and the CA.
-// Both must exist and be non-empty: a kubeconfig without them would only make every pod sandbox
-// creation on the node fail later, far from the cause.
+// renderKubeconfig returns the plugin's kubeconfig from the service account token and CA. Both must
+// exist and be non-empty: else every pod sandbox creation on the node fails later, far from here.
 func renderKubeconfig(c *Config) ([]byte, error) {
 	tokenPath := filepath.Join(c.ServiceAccountDir, "token")
 	token, err := os.ReadFile(tokenPath)

@@ -24,9 +24,7 @@ const maxPartialLine = 64 << 10
 const cutMarker = " [linkerd-cni: line cut at 64 KiB; it continues on the next line]\n"
 
 // lineBuffer passes complete lines on and holds at most maxPartialLine bytes of an unfinished one.
-type lineBuffer struct {
-	partial []byte
-}
+type lineBuffer struct{ partial []byte }
 
 // write passes every complete line so far to out, then cuts the unfinished rest into pieces of at
 // most maxPartialLine bytes (not inside a UTF-8 sequence), each ended by cutMarker, until it fits.

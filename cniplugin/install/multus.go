@@ -1,13 +1,11 @@
 package install
 
-// Multus writes its own config first in the net dir, so the runtime runs Multus, and Multus runs
-// the pod's default network itself: the thin plugin (type "multus") from the copies of that
-// network's config in its "delegates", made when Multus starts; the thick plugin (type
-// "multus-shim") from the file its "clusterNetwork" names, read on every ADD. Chained after Multus
-// and into the default network, linkerd-cni would run twice per pod. So the installer chains it
-// once, where the default network runs: into the thin plugin's delegates (and the files on disk,
-// which Multus copies when it remakes them), or into the file the thick plugin names. It never
-// turns a .conf into a .conflist beside Multus, which finds its files by name.
+// Multus writes its config first in the net dir, and runs the pod's default network itself: the
+// thin plugin (type "multus") from the copies in its "delegates", the thick one ("multus-shim")
+// from the file its "clusterNetwork" names. So linkerd-cni is chained once, where the default
+// network runs (after Multus too, it would run twice per pod): into the delegates (and the files
+// on disk, which Multus copies again), or the thick plugin's file. Beside Multus, which finds its
+// files by name, no .conf becomes a .conflist.
 
 import (
 	"bytes"

@@ -1,6 +1,7 @@
 package install
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -21,13 +22,10 @@ import (
 const successorTimeout = 5 * time.Second
 
 // successorComing tells, at SIGTERM, whether another installer pod will take over this node: the
-// pod (Config.PodName) belongs to a DaemonSet that still exists, is not being deleted and still
-// targets this node (a rolling upgrade, a `rollout restart`, a deleted pod). Everything then stays,
-// so no pod starts unmeshed in between; the old pod's token dies with it, so ADDs fail closed
-// (and are retried) until the next installer rewrites the kubeconfig. Otherwise (the node
-// relabelled or tainted out of the DaemonSet, an API error on the pod or the DaemonSet) the
-// installer removes everything: no installer would come back, and the dead token would fail every
-// ADD on the node forever. why says which.
+// pod's DaemonSet still exists, is not being deleted and still targets this node (an upgrade, a
+// restart, a deleted pod). Everything then stays, so no pod starts unmeshed in between (ADDs fail
+// closed until the next installer's kubeconfig). Otherwise no installer would come back, and the
+// dead token would fail every ADD on the node forever: everything goes. why says which.
 func (in *installer) successorComing(ctx context.Context) (keep bool, why string) {
 	if in.cfg.PodName == "" {
 		return false, "POD_NAME not set: cannot tell an upgrade from an uninstall"
@@ -64,9 +62,7 @@ func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName,
 	case ds.DeletionTimestamp != nil:
 		return false, fmt.Sprintf("DaemonSet %s/%s is being deleted: uninstall", ns, owner.Name)
 	}
-	if pod.Spec.NodeName != "" {
-		nodeName = pod.Spec.NodeName
-	}
+	nodeName = cmp.Or(pod.Spec.NodeName, nodeName)
 	if nodeName == "" {
 		return true, fmt.Sprintf("DaemonSet %s/%s stays; the pod names no node, so whether it still targets this one is unknown: kept, as for an upgrade", ns, owner.Name)
 	}

@@ -41,10 +41,9 @@ func (c *Config) restConfig() *rest.Config {
 		BearerTokenFile: filepath.Join(c.ServiceAccountDir, "token"),
 		UserAgent:       "linkerd-cni-install",
 		Timeout:         taintAttemptTimeout,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: c.SkipTLSVerify},
 	}
-	if c.SkipTLSVerify {
-		rc.TLSClientConfig.Insecure = true
-	} else {
+	if !c.SkipTLSVerify {
 		rc.TLSClientConfig.CAFile = c.KubeCAFile
 	}
 	return rc
@@ -121,9 +120,9 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 }
 
 // pluginInPlace reports whether the installer is ready and, read again from disk now, the plugin is
-// where the runtime will find it: the standalone config in place, or every config list ending with
-// our plugin (with Multus: every delegate of its own config, single-plugin files aside). That
-// closes the window between a primary CNI rewriting its file and the installer's next sync.
+// where the runtime will find it: the standalone config, or every config file (with Multus: every
+// delegate of its own, single-plugin files aside) as a sync leaves it. That closes the window
+// between a primary CNI rewriting its file and the installer's next sync.
 func (in *installer) pluginInPlace() (bool, string) {
 	if ok, reason := in.readiness(); !ok {
 		return false, reason
@@ -150,24 +149,15 @@ func (in *installer) pluginInPlace() (bool, string) {
 		if err != nil {
 			return false, fmt.Sprintf("read %s: %v", p, err)
 		}
-		if m, ok := parseMultus(data); ok {
-			for _, d := range m.delegates {
-				if !hasEntry(data[d.start:d.end], in.entry.typ) {
-					return false, p + ": a delegate of Multus's does not run the " + in.entry.typ + " plugin yet"
-				}
-			}
-			continue
-		}
-		if multus != nil && !isList(data) {
+		add := appendEntry
+		if _, ok := parseMultus(data); ok {
+			add = chainMultus
+		} else if multus != nil && !isList(data) {
 			continue // a single plugin, which syncFile leaves alone beside Multus
 		}
-		doc, err := parseList(data)
-		if err != nil {
-			return false, fmt.Sprintf("%s: %v", p, err)
-		}
-		n := len(doc.types)
-		if n == 0 || doc.types[n-1] != in.entry.typ {
-			return false, p + " does not end with the " + in.entry.typ + " plugin yet"
+		// In place: as syncFile leaves it, with nothing left to add.
+		if out, err := add(data, in.entry.typ, in.entry.raw); err != nil || !bytes.Equal(out, data) {
+			return false, p + " does not run the " + in.entry.typ + " plugin as configured yet"
 		}
 	}
 	return true, ""
