@@ -120,8 +120,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// validate checks what can be checked without touching the file system, and returns a
-// *badinput.Error naming each variable (or flag) and value it refuses.
+// validate returns a *badinput.Error naming each variable (or flag) and value it refuses.
 func (c *Config) validate() error {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {

@@ -16,8 +16,7 @@ type listDoc struct {
 	types []string
 }
 
-// topMembers returns the members of data's top-level object, if data is valid JSON (else the
-// decoder's reason and offset).
+// topMembers returns the members of data's top-level object, if data is valid JSON.
 func topMembers(data []byte) ([]member, error) {
 	if !json.Valid(data) {
 		err := json.Unmarshal(data, new(any))
@@ -36,9 +35,7 @@ func pluginType(raw []byte) string {
 	var p struct {
 		Type string `json:"type"`
 	}
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return ""
-	}
+	_ = json.Unmarshal(raw, &p) // sets nothing on invalid JSON or a "type" not a string
 	return p.Type
 }
 
@@ -120,15 +117,11 @@ func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 		sepStart = doc.elems[n-2].end + bytes.IndexByte(data[doc.elems[n-2].end:last.start], ',') + 1
 	}
 	sep := data[sepStart:last.start]
-	ins := make([]byte, 0, len(entry)*2)
-	ins = append(ins, ',')
-	ins = append(ins, sep...)
-	ins = append(ins, indentLike(entry, sep)...)
+	ins := slices.Concat([]byte{','}, sep, indentLike(entry, sep))
 	return splice(data, span{last.end, last.end}, ins), nil
 }
 
-// indentLike formats a compact entry to follow sep: on one line when sep has no newline, else
-// indented at sep's column.
+// indentLike formats a compact entry to follow sep: on its line, or indented at sep's column.
 func indentLike(entry, sep []byte) []byte {
 	nl := bytes.LastIndexByte(sep, '\n')
 	if nl < 0 {
@@ -146,8 +139,8 @@ func indentLike(entry, sep []byte) []byte {
 	return b.Bytes()
 }
 
-// convertConf turns a single-plugin .conf into a list with the .conf's cniVersion and name (else
-// name), the original plugin with only its whitespace changed, and entry.
+// convertConf turns a single-plugin .conf into a list of it (whitespace aside) and entry, with the
+// .conf's cniVersion and name (else name).
 func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
 	members, err := topMembers(data)
 	if err != nil {
@@ -191,17 +184,12 @@ func soleOtherPlugin(data []byte, typ string) ([]byte, bool) {
 	if err != nil {
 		return nil, false
 	}
-	var found []byte
-	for i, t := range doc.types {
-		if t == typ {
-			continue
-		}
-		if found != nil {
-			return nil, false
-		}
-		found = data[doc.elems[i].start:doc.elems[i].end]
+	other := func(t string) bool { return t != typ }
+	i := slices.IndexFunc(doc.types, other)
+	if i < 0 || slices.ContainsFunc(doc.types[i+1:], other) {
+		return nil, false
 	}
-	return found, found != nil
+	return data[doc.elems[i].start:doc.elems[i].end], true
 }
 
 // hasEntry reports whether the list holds a plugin of type typ.

@@ -105,8 +105,7 @@ func copyFileAtomic(src, dst string) error {
 	return replaceFile(dst, in, fi.Mode().Perm(), "", "copy "+src+" to "+dst)
 }
 
-// fileID identifies a file's version cheaply: a rename changes the inode, an in-place write its
-// size or mtime.
+// fileID identifies a file's version: a rename changes the inode, a write its size or mtime.
 type fileID struct {
 	ino, size int64
 	mtime     int64

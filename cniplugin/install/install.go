@@ -57,10 +57,9 @@ import (
 type fileState struct {
 	// written hashes what we last wrote or found carrying our entry: an event for a file still
 	// holding it is our own write echoing back.
-	written [32]byte
-	orig    []byte // the content before our entry, put back on removal if unchanged since
-	// origName is set for a list we made from a .conf: that .conf's name.
-	origName string
+	written  [32]byte
+	orig     []byte // the content before our entry, put back on removal if unchanged since
+	origName string // for a list we made from a .conf: that .conf's name
 }
 
 // installer is one Run. Only the run goroutine touches its fields, except those under mu.
@@ -241,8 +240,7 @@ func (in *installer) run(ctx context.Context) error {
 	return in.loop(ctx, w)
 }
 
-// watch starts watching the directories whose files the installer keeps: the net and bin
-// directories, the service account's, and the cluster CA's when it is elsewhere.
+// watch watches the net and bin directories, the service account's, and the CA's if elsewhere.
 func (in *installer) watch() (*fsnotify.Watcher, error) {
 	cfg := &in.cfg
 	w, err := fsnotify.NewWatcher()
@@ -266,8 +264,8 @@ func (in *installer) watch() (*fsnotify.Watcher, error) {
 	return w, nil
 }
 
-// loop syncs after each burst of file events (debounced) and every resync period, until ctx
-// ends (then it uninstalls, or leaves everything to a successor) or the watch fails.
+// loop syncs after each burst of file events and every resync period, until ctx ends or the
+// watch fails.
 func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 	cfg := &in.cfg
 	debounce := time.NewTimer(time.Hour)
@@ -329,8 +327,8 @@ func (in *installer) finish(ctx context.Context) error {
 	return in.uninstall()
 }
 
-// syncAll brings the binary, the kubeconfig and every config file to the wanted state, updates
-// readiness and reports whether all of it worked. Problems are logged: the next sync retries.
+// syncAll syncs everything, updates readiness and reports whether all of it worked; problems are
+// logged, and the next sync retries.
 func (in *installer) syncAll() bool {
 	var problems []string
 	if err := in.syncKubeconfig(); err != nil {
@@ -342,12 +340,10 @@ func (in *installer) syncAll() bool {
 	}
 	waiting := false
 	var unlogged []string
-	if lf := in.entry.logFile; lf != "" {
-		// The entry goes in regardless: the plugin then logs to stderr only, and says why there.
-		if err := checkLogFile(in.cfg.MountPrefix, lf); err != nil {
-			problems = append(problems, err.Error())
-			unlogged = append(unlogged, err.Error())
-		}
+	// A bad log_file does not keep the entry out: the plugin then logs to stderr only, and why.
+	if err := checkLogFile(in.cfg.MountPrefix, in.entry.logFile); in.entry.logFile != "" && err != nil {
+		problems = append(problems, err.Error())
+		unlogged = append(unlogged, err.Error())
 	}
 	if in.entryErr != nil {
 		problems = append(problems, in.entryErr.Error()) // logged once, at start
@@ -414,8 +410,7 @@ func (in *installer) syncBinary() error {
 // staleCompanion is the binary older releases' plugin ran to read the API; it reads it itself now.
 const staleCompanion = "linkerd-cni-api"
 
-// removeCompanion removes an older release's companion, once the plugin that no longer runs it is
-// in place.
+// removeCompanion removes it once the plugin that no longer runs it is in place.
 func (in *installer) removeCompanion() {
 	path := filepath.Join(in.cfg.binDir(), staleCompanion)
 	switch err := os.Remove(path); {
@@ -462,8 +457,7 @@ func isConfigName(name string) bool {
 		(strings.HasSuffix(name, ".conflist") || isSingleName(name))
 }
 
-// isSingleName reports whether the runtimes read name as a single plugin (unless its content is a
-// list): a .conf or a .json.
+// isSingleName reports whether the runtimes read name as a single plugin unless it holds a list.
 func isSingleName(name string) bool {
 	return strings.HasSuffix(name, ".conf") || strings.HasSuffix(name, ".json")
 }
@@ -479,6 +473,9 @@ func listConfigs(dir string) ([]fs.DirEntry, error) {
 
 // problem logs a problem with a file once per content version and returns it as an error.
 func (in *installer) problem(name string, content []byte, err error) error {
+	if big := (*tooBigError)(nil); errors.As(err, &big) {
+		content = fmt.Append(nil, big.size) // never read: a new size is logged again
+	}
 	h := hashOf(content)
 	if prev, ok := in.reported[name]; !ok || prev != h {
 		in.reported[name] = h
@@ -487,22 +484,25 @@ func (in *installer) problem(name string, content []byte, err error) error {
 	return loggedError{err}
 }
 
-// sizeKey stands for a file too big to read in problem's once-per-content log: a new size is
-// logged again.
-func sizeKey(e *tooBigError) []byte { return []byte(strconv.FormatInt(e.size, 10)) }
-
 // loggedError is a problem problem has logged already.
 type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-// syncConfigs puts our entry into every config file; waiting: there is none yet. errs may hold
-// nils.
+// syncConfigs puts our entry into every config file (errs may hold nils); waiting: none yet.
 func (in *installer) syncConfigs() (waiting bool, errs []error) {
-	if in.cfg.StandaloneConf != "" {
-		return false, []error{in.syncStandalone()}
-	}
 	dir := in.cfg.netDir()
+	if in.cfg.StandaloneConf != "" {
+		path := filepath.Join(dir, in.cfg.StandaloneConf)
+		if want := in.standalone(); !inPlace(path, want, standaloneMode) {
+			if err := writeAtomic(path, want, standaloneMode, ""); err != nil {
+				return false, []error{err}
+			}
+			in.noteWrite(path)
+			in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
+		}
+		return false, nil
+	}
 	ents, err := listConfigs(dir)
 	if err != nil {
 		return false, []error{err}
@@ -533,8 +533,7 @@ func (in *installer) syncConfigs() (waiting bool, errs []error) {
 	return false, errs
 }
 
-// findMultus returns the first of the configs that is Multus's (the one the runtime runs), and
-// its name, or nil.
+// findMultus returns the first config that is Multus's (the one the runtime runs) and its name.
 func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 	for _, e := range ents {
 		if e.Type()&fs.ModeSymlink != 0 {
@@ -550,7 +549,7 @@ func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 }
 
 // checkMultusPrimary reports a thick Multus's default network that linkerd-cni cannot be chained
-// into here. A list in the net dir is chained by syncFile like any other.
+// into here (a list in the net dir is chained by syncFile).
 func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
 	if !filepath.IsAbs(m.clusterNetwork) {
 		return nil // a network name, which Multus resolves itself
@@ -558,13 +557,12 @@ func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
 	file := filepath.Base(m.clusterNetwork)
 	path := filepath.Join(in.cfg.netDir(), file)
 	data, err := readConfig(path)
-	var big *tooBigError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return in.problem(name, nil, fmt.Errorf("the pods' default network that Multus (%s) runs, %s, is not in %s: linkerd-cni cannot be chained into it from here; "+
 			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
-	case errors.As(err, &big):
-		return in.problem(file, sizeKey(big), big)
+	case errors.As(err, new(*tooBigError)):
+		return in.problem(file, nil, err)
 	case err != nil:
 		return fmt.Errorf("read %s: %w", path, err)
 	case !isList(data):
@@ -587,8 +585,8 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // gone since the listing; its own event follows
 	}
-	if big := (*tooBigError)(nil); errors.As(err, &big) {
-		return in.problem(name, sizeKey(big), big)
+	if errors.As(err, new(*tooBigError)) {
+		return in.problem(name, nil, err)
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
@@ -631,8 +629,7 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	return nil
 }
 
-// standalone is the plugin's config alone, as a single-plugin config file: the entry, with a
-// cniVersion when it has none.
+// standalone is the plugin's config alone: the entry, with a cniVersion when it has none.
 func (in *installer) standalone() []byte {
 	members, _ := topMembers(in.entry.raw)
 	if _, ok := lookup(members, "cniVersion"); ok {
@@ -646,35 +643,19 @@ func (in *installer) standalone() []byte {
 // CIS benchmark. Multus, the one reader, runs as root.
 const standaloneMode fs.FileMode = 0o600
 
-// syncStandalone writes the standalone config file unless it is in place already.
-func (in *installer) syncStandalone() error {
-	path := filepath.Join(in.cfg.netDir(), in.cfg.StandaloneConf)
-	want := in.standalone()
-	if inPlace(path, want, standaloneMode) {
-		return nil
-	}
-	if err := writeAtomic(path, want, standaloneMode, ""); err != nil {
-		return err
-	}
-	in.noteWrite(path)
-	in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
-	return nil
-}
-
 // convert turns a single-plugin .conf (or .json) into a .conflist carrying our entry, then removes
 // the original: the node is never without a network configuration.
 func (in *installer) convert(name, path string, data []byte) error {
-	dir := in.cfg.netDir()
 	stem := strings.TrimSuffix(strings.TrimSuffix(name, ".conf"), ".json")
 	target := stem + ".conflist"
-	tpath := filepath.Join(dir, target)
+	tpath := filepath.Join(in.cfg.netDir(), target)
 	out, err := convertConf(data, in.entry.typ, in.entry.raw, stem)
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
 	have, err := readConfig(tpath)
-	if big := (*tooBigError)(nil); errors.As(err, &big) {
-		return in.problem(name, sizeKey(big), fmt.Errorf("%s cannot become %s: %w", path, target, big))
+	if errors.As(err, new(*tooBigError)) {
+		return in.problem(name, nil, fmt.Errorf("%s cannot become %s: %w", path, target, err))
 	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file exists and cannot be read: %w", path, tpath, err))

@@ -144,14 +144,12 @@ func scanItems(data []byte, pos int, kind string, item func(pos int) (int, error
 
 // lookup returns the value span of key in members, the last if it repeats (as encoding/json does).
 func lookup(members []member, key string) (span, bool) {
-	var s span
-	found := false
-	for _, m := range members {
-		if m.key == key {
-			s, found = m.val, true
+	for i := len(members) - 1; i >= 0; i-- {
+		if members[i].key == key {
+			return members[i].val, true
 		}
 	}
-	return s, found
+	return span{}, false
 }
 
 // splice returns a new slice: data with data[s.start:s.end] replaced by repl.

@@ -11,8 +11,7 @@ import (
 	"github.com/kubemesh/proxy-init/internal/kubeconfig"
 )
 
-// kubeconfigMode keeps the token readable by root only; Linkerd writes
-// 0644 and so hands the token to every local user.
+// kubeconfigMode keeps the token root's alone (Linkerd's 0644 hands it to every local user).
 const kubeconfigMode fs.FileMode = 0o600
 
 // renderKubeconfig returns the plugin's kubeconfig from the service account token and CA. Both must
@@ -20,11 +19,10 @@ const kubeconfigMode fs.FileMode = 0o600
 func renderKubeconfig(c *Config) ([]byte, error) {
 	tokenPath := filepath.Join(c.ServiceAccountDir, "token")
 	token, err := os.ReadFile(tokenPath)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("service account token %s does not exist: "+
-				"is automountServiceAccountToken disabled for the DaemonSet's pods?", tokenPath)
-		}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("service account token %s does not exist: "+
+			"is automountServiceAccountToken disabled for the DaemonSet's pods?", tokenPath)
+	} else if err != nil {
 		return nil, fmt.Errorf("read service account token: %w", err)
 	}
 	token = bytes.TrimSpace(token)

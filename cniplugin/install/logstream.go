@@ -124,8 +124,7 @@ func (t *logTail) drain() {
 	}
 }
 
-// follow streams the open file, then handles its replacement, truncation or rotation; it
-// reports whether to look again at once.
+// follow streams the open file, then handles its replacement, truncation or rotation; true: again.
 func (t *logTail) follow() bool {
 	t.drain()
 	cur, err := statID(t.path)

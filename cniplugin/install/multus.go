@@ -67,8 +67,7 @@ func parseMultus(data []byte) (*multusConf, bool) {
 	return m, true
 }
 
-// chainMultus returns a Multus config with entry chained into each of the thin plugin's
-// delegates, and no entry of type typ after Multus itself.
+// chainMultus chains entry into each delegate of a thin Multus config, and none after Multus.
 func chainMultus(data []byte, typ string, entry []byte) ([]byte, error) {
 	data, _, err := removeAfterMultus(data, typ)
 	if err != nil {
@@ -113,8 +112,7 @@ func removeAfterMultus(data []byte, typ string) ([]byte, int, error) {
 	return removeEntries(data, typ)
 }
 
-// editDelegates applies edit to each delegate of a thin Multus config, last first so the
-// earlier spans stay valid.
+// editDelegates edits each delegate of a thin Multus config, last first: earlier spans stay valid.
 func editDelegates(data []byte, edit func([]byte) ([]byte, error)) ([]byte, error) {
 	m, ok := parseMultus(data)
 	if !ok {

@@ -17,8 +17,7 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
-// successorTimeout bounds the API requests deciding, at SIGTERM, between upgrade and uninstall:
-// the grace period must still cover the removal.
+// successorTimeout bounds successorComing's requests: the grace period must cover the removal.
 const successorTimeout = 5 * time.Second
 
 // successorComing tells, at SIGTERM, whether another installer pod will take over this node: the
