@@ -55,11 +55,9 @@ import (
 
 // fileState is what the installer knows about one config file it manages.
 type fileState struct {
-	// written hashes what we last wrote or found carrying our entry: an event for a file still
-	// holding it is our own write echoing back.
-	written  [32]byte
-	orig     []byte // the content before our entry, put back on removal if unchanged since
-	origName string // for a list we made from a .conf: that .conf's name
+	written  [32]byte // hash of what we last wrote or found with our entry: events then echo ours
+	orig     []byte   // the content before our entry, put back on removal if unchanged since
+	origName string   // for a list we made from a .conf: that .conf's name
 }
 
 // installer is one Run. Only the run goroutine touches its fields, except those under mu.
@@ -68,16 +66,14 @@ type installer struct {
 	log   *slog.Logger
 	entry *pluginEntry
 
-	files    map[string]*fileState
-	reported map[string][32]byte // problems logged, by file, for the content they were about
-	binID    fileID              // of the plugin binary we copied into the node's CNI bin dir
-	kubeOK   bool
-	waiting  bool          // the "waiting for the primary CNI" line was logged
-	taint    *taintRemover // nil without --node-taint
-	// entryErr: the rendered entry is not a config the plugin accepts, so it is added nowhere
-	// (every ADD on the node, unmeshed pods' included, would fail).
-	entryErr     error
-	lastProblems string // what syncAll last logged: a failure that persists is logged once
+	files        map[string]*fileState
+	reported     map[string][32]byte // problems logged, by file, for the content they were about
+	binID        fileID              // of the plugin binary we copied into the node's CNI bin dir
+	kubeOK       bool
+	waiting      bool          // the "waiting for the primary CNI" line was logged
+	taint        *taintRemover // nil without --node-taint
+	entryErr     error         // the entry is not a config the plugin accepts: added nowhere (ADDs would fail)
+	lastProblems string        // what syncAll last logged: a failure that persists is logged once
 
 	mu     sync.Mutex
 	ready  bool
@@ -419,7 +415,8 @@ func (in *installer) removeCompanion() {
 		in.log.Warn("cannot remove the companion binary of an older linkerd-cni", "path", path, "error", err)
 	default:
 		in.noteWrite(path)
-		in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
+		in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself",
+			"path", path)
 	}
 }
 
@@ -603,7 +600,8 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 			return nil
 		}
 		return in.convert(name, path, data)
-	} else if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
+	} else if doc, err := parseList(data); err == nil &&
+		!slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
 		// A chained plugin alone gets no prevResult: every ADD would fail.
 		return in.problem(name, data, fmt.Errorf("%s has no plugin for linkerd-cni to chain after: waiting for the primary CNI to fill it", path))
 	}

@@ -108,7 +108,7 @@ func scanArray(data []byte, pos int) (elems []span, open, close int, err error) 
 // scanItems calls item at the start of each member of the object (kind "object") or element of
 // the array starting at data[pos]; item returns where that one ends. It returns the positions of
 // the brackets.
-func scanItems(data []byte, pos int, kind string, item func(pos int) (int, error)) (open, close int, err error) {
+func scanItems(data []byte, pos int, kind string, item func(int) (int, error)) (open, close int, err error) {
 	openB, closeB := byte('{'), byte('}')
 	if kind == "array" {
 		openB, closeB = '[', ']'
