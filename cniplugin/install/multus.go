@@ -23,12 +23,9 @@ const (
 
 // multusConf is a config file of Multus's, located in its bytes.
 type multusConf struct {
-	kind string // multusThin or multusThick
-	// delegates are the thin plugin's embedded configs.
-	delegates []span
-	// clusterNetwork is the thick plugin's default network: a file path, as Multus's daemon
-	// sees it, or a network name.
-	clusterNetwork string
+	kind           string // multusThin or multusThick
+	delegates      []span // the thin plugin's embedded configs
+	clusterNetwork string // the thick plugin's default network: a path (as Multus sees it) or a name
 }
 
 // parseMultus recognises a config of Multus's: a single plugin of its type, or a list holding one.
