@@ -35,7 +35,9 @@ func pluginType(raw []byte) string {
 	var p struct {
 		Type string `json:"type"`
 	}
-	_ = json.Unmarshal(raw, &p) // sets nothing on invalid JSON or a "type" not a string
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return ""
+	}
 	return p.Type
 }
 
