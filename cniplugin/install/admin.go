@@ -7,12 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"time"
 )
 
-// serveAdmin serves /live (the process is up) and /ready (linkerd-cni is in
-// every CNI config file) on cfg.AdminAddr. The returned func stops it.
+// serveAdmin serves /live and /ready on cfg.AdminAddr; the returned func stops it.
 func (in *installer) serveAdmin() (func(), error) {
 	ln, err := net.Listen("tcp", in.cfg.AdminAddr)
 	if err != nil {
@@ -26,10 +24,8 @@ func (in *installer) serveAdmin() (func(), error) {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		ok, reason := in.readiness()
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			io.WriteString(w, "not ready: "+reason+"\n")
+		if ok, reason := in.readiness(); !ok {
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n")
@@ -46,11 +42,4 @@ func (in *installer) serveAdmin() (func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
-}
-
-func (in *installer) pluginLogOutput() io.Writer {
-	if in.cfg.PluginLogOutput != nil {
-		return in.cfg.PluginLogOutput
-	}
-	return os.Stdout
 }

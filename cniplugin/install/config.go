@@ -1,8 +1,10 @@
 package install
 
 import (
+	"cmp"
 	"io"
 	"net"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -14,9 +16,8 @@ import (
 	"github.com/kubemesh/proxy-init/internal/badinput"
 )
 
-// DefaultNetworkConfig is the CNI network configuration used when neither
-// CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set. It is Linkerd's
-// (docs/linkerd-compatibility.md, "CNI network config").
+// DefaultNetworkConfig is Linkerd's CNI network configuration (docs/linkerd-compatibility.md, "CNI
+// network config"), used when neither CNI_NETWORK_CONFIG nor CNI_NETWORK_CONFIG_FILE is set.
 const DefaultNetworkConfig = `{"name":"linkerd-cni","type":"linkerd-cni","log_level":"info",
  "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"},
  "linkerd":{"incoming-proxy-port":4143,"outgoing-proxy-port":4140,"proxy-uid":2102,
@@ -31,84 +32,57 @@ const EnvStandaloneConf = "LINKERD_CNI_STANDALONE_CONF"
 // first with CHECK, which Multus and every runtime of the last years speak.
 const standaloneCNIVersion = "0.4.0"
 
-// DefaultServiceAccountDir is where Kubernetes mounts a pod's service
-// account token, CA and namespace.
+// DefaultServiceAccountDir is where Kubernetes mounts a pod's service account.
 const DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// DefaultAdminAddr is where /ready and /live are served. Loopback, because
-// the DaemonSet runs in the host network namespace and the endpoints have
-// no business on the node's public addresses; the probes name the host.
+// DefaultAdminAddr is where /ready and /live are served. Loopback: the DaemonSet runs in the host
+// network namespace, and the endpoints have no business on the node's public addresses.
 const DefaultAdminAddr = "127.0.0.1:9992"
 
-// Config is the installer's configuration. The zero value of a field means
-// its default; ConfigFromEnv fills it from the environment like Linkerd's
-// install-cni.sh.
+// Config is the installer's configuration. The zero value of a field means its default;
+// ConfigFromEnv fills it from the environment like Linkerd's install-cni.sh (envStrings).
 type Config struct {
-	// DestNetDir and DestBinDir are the node's CNI config and binary
-	// directories as the node (and so the container runtime) sees them:
-	// DEST_CNI_NET_DIR and DEST_CNI_BIN_DIR.
+	// DestNetDir and DestBinDir are the node's CNI config and binary directories, as on the node.
 	DestNetDir, DestBinDir string
-	// MountPrefix is where the node's root is mounted in this container
-	// (CONTAINER_MOUNT_PREFIX, default /host): the installer writes
-	// MountPrefix+DestNetDir. In a Config, "" means no prefix: the paths
-	// are used as they are (running on the node itself, and in tests).
+	// MountPrefix is where the node's root is mounted in this container (default /host in the
+	// environment): the installer writes MountPrefix+DestNetDir. In a Config, "" means no prefix.
 	MountPrefix string
-	// ContainerBinDir holds the plugin binary inside the image
-	// (CONTAINER_CNI_BIN_DIR).
+	// ContainerBinDir holds the plugin binary inside the image.
 	ContainerBinDir string
-	// NetworkConfig is the plugin configuration template
-	// (CNI_NETWORK_CONFIG); NetworkConfigFile, when set, wins
-	// (CNI_NETWORK_CONFIG_FILE) and must exist.
+	// NetworkConfig is the plugin configuration template; NetworkConfigFile, if set, wins.
 	NetworkConfig, NetworkConfigFile string
-	// KubeconfigFileName is the kubeconfig's name in the net dir
-	// (KUBECONFIG_FILE_NAME).
+	// KubeconfigFileName is the kubeconfig's name in the net dir.
 	KubeconfigFileName string
-	// ServiceAccountDir holds token, ca.crt and namespace
-	// (SERVICE_ACCOUNT_PATH); KubeCAFile overrides the CA (KUBE_CA_FILE).
+	// ServiceAccountDir holds token, ca.crt and namespace; KubeCAFile overrides the CA.
 	ServiceAccountDir, KubeCAFile string
-	// ServiceHost, ServicePort and ServiceProtocol locate the API server
-	// (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT,
-	// KUBERNETES_SERVICE_PROTOCOL, default https).
+	// ServiceHost, ServicePort and ServiceProtocol (default https) locate the API server.
 	ServiceHost, ServicePort, ServiceProtocol string
-	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA
-	// (SKIP_TLS_VERIFY). For Linkerd compatibility only.
+	// SkipTLSVerify writes insecure-skip-tls-verify instead of the CA (Linkerd compatibility).
 	SkipTLSVerify bool
-	// NodeName and CNIMTU fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__
-	// placeholders (KUBERNETES_NODE_NAME, CNI_MTU default 1500).
+	// NodeName and CNIMTU fill the __KUBERNETES_NODE_NAME__ and __CNI_MTU__ placeholders.
 	NodeName, CNIMTU string
-	// Namespace is the DaemonSet's namespace (POD_NAMESPACE, else the
-	// service account's namespace file). It is put into the plugin's
-	// exclude-namespaces so the plugin never handles its own pods.
+	// Namespace is the DaemonSet's, put into exclude-namespaces: the plugin skips its own pods.
 	Namespace string
-	// PodName is the installer's own pod (POD_NAME). At SIGTERM its
-	// DaemonSet is looked up: while that stays, the plugin is left in place
-	// for the next pod (an upgrade). Without it, SIGTERM always uninstalls.
+	// PodName is the installer's own pod, whose DaemonSet is looked up at SIGTERM
+	// (successorComing). Without it, SIGTERM uninstalls.
 	PodName string
 	// AdminAddr is where /ready and /live are served; "-" disables them.
 	AdminAddr string
-	// Debounce is how long a burst of file events is collected before the
-	// configs are reconciled (default 50ms).
+	// Debounce is how long a burst of file events is collected before a sync (default 50ms).
 	Debounce time.Duration
-	// Resync is how often everything is re-checked without any event, as a
-	// safety net (default 1m). It never replaces the watches: a dead watch
-	// is fatal.
+	// Resync is how often everything is re-checked without any event (default 1m), a safety net:
+	// a dead watch is still fatal.
 	Resync time.Duration
-	// NodeTaint, when set, is the key of a startup taint that the installer
-	// removes (whatever its effect) from the node NodeName once every config
-	// file carries the plugin: --node-taint, or LINKERD_CNI_NODE_TAINT.
-	// It needs get and patch on nodes (deploy/linkerd-cni/optional).
+	// NodeTaint is the key of a startup taint removed (any effect) from node NodeName once every
+	// config file carries the plugin. It needs get and patch on nodes (deploy/linkerd-cni/optional).
 	NodeTaint string
-	// StandaloneConf, when set, is a file name (LINKERD_CNI_STANDALONE_CONF, e.g.
-	// linkerd-cni.conf): the installer then writes the plugin's config alone into that file of
-	// the net dir and chains it into nothing. That is how Multus (OpenShift, RKE2) runs it as a
-	// NetworkAttachmentDefinition: a NAD without spec.config finds the file of its name in
-	// Multus's /etc/cni/multus/net.d.
+	// StandaloneConf is a file name (e.g. linkerd-cni.conf): the plugin's config is then written
+	// alone into that file of the net dir and chained into nothing, for Multus (OpenShift, RKE2) to
+	// run as a NetworkAttachmentDefinition without spec.config, found by its name.
 	StandaloneConf string
-	// PluginLogOutput receives the lines of the plugin's log_file (default:
-	// the process's stdout, so they show in kubectl logs).
+	// PluginLogOutput receives the plugin's log_file lines (default stdout: kubectl logs).
 	PluginLogOutput io.Writer
-	// PluginLogMaxSize is the size past which log_file is rotated to
-	// log_file.1 (default DefaultPluginLogMaxSize).
+	// PluginLogMaxSize is the size past which log_file is rotated to log_file.1.
 	PluginLogMaxSize int64
 
 	// Test hooks.
@@ -119,34 +93,14 @@ type Config struct {
 }
 
 // ConfigFromEnv reads the installer's environment variables
-// (docs/linkerd-compatibility.md, "Installer environment") with Linkerd's
-// defaults. It reports every bad value at once.
+// (docs/linkerd-compatibility.md, "Installer environment"); unset ones keep
+// their zero value, which means Linkerd's default. It reports every bad value at once.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	get := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
+	cfg := Config{MountPrefix: "/host"} // in a Config, "" means no prefix
+	for _, v := range cfg.envStrings() {
+		if e := getenv(v.name); e != "" {
+			*v.field = e
 		}
-		return def
-	}
-	cfg := Config{
-		DestNetDir:         get("DEST_CNI_NET_DIR", "/etc/cni/net.d"),
-		DestBinDir:         get("DEST_CNI_BIN_DIR", "/opt/cni/bin"),
-		MountPrefix:        get("CONTAINER_MOUNT_PREFIX", "/host"),
-		ContainerBinDir:    get("CONTAINER_CNI_BIN_DIR", "/opt/cni/bin"),
-		NetworkConfig:      get("CNI_NETWORK_CONFIG", DefaultNetworkConfig),
-		NetworkConfigFile:  getenv("CNI_NETWORK_CONFIG_FILE"),
-		KubeconfigFileName: get("KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-kubeconfig"),
-		ServiceAccountDir:  get("SERVICE_ACCOUNT_PATH", DefaultServiceAccountDir),
-		KubeCAFile:         getenv("KUBE_CA_FILE"),
-		ServiceHost:        getenv("KUBERNETES_SERVICE_HOST"),
-		ServicePort:        getenv("KUBERNETES_SERVICE_PORT"),
-		ServiceProtocol:    get("KUBERNETES_SERVICE_PROTOCOL", "https"),
-		NodeName:           getenv("KUBERNETES_NODE_NAME"),
-		CNIMTU:             get("CNI_MTU", "1500"),
-		Namespace:          getenv("POD_NAMESPACE"),
-		PodName:            getenv("POD_NAME"),
-		NodeTaint:          getenv(EnvNodeTaint),
-		StandaloneConf:     getenv(EnvStandaloneConf),
 	}
 	var probs []badinput.Problem
 	if v := getenv("SKIP_TLS_VERIFY"); v != "" {
@@ -166,8 +120,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-// validate checks what can be checked without touching the file system, and returns a
-// *badinput.Error naming each variable (or flag) and value it refuses.
+// validate returns a *badinput.Error naming each variable (or flag) and value it refuses.
 func (c *Config) validate() error {
 	var probs []badinput.Problem
 	bad := func(field, value, reason string) {
@@ -214,25 +167,44 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// envString is a string field of Config, its environment variable and its default ("" for none).
+type envString struct {
+	field     *string
+	name, def string
+}
+
+// envStrings are Config's string fields read from the environment, with Linkerd's defaults.
+func (c *Config) envStrings() []envString {
+	return []envString{
+		{&c.DestNetDir, "DEST_CNI_NET_DIR", "/etc/cni/net.d"},
+		{&c.DestBinDir, "DEST_CNI_BIN_DIR", "/opt/cni/bin"},
+		{&c.MountPrefix, "CONTAINER_MOUNT_PREFIX", ""},
+		{&c.ContainerBinDir, "CONTAINER_CNI_BIN_DIR", "/opt/cni/bin"},
+		{&c.NetworkConfig, "CNI_NETWORK_CONFIG", DefaultNetworkConfig},
+		{&c.NetworkConfigFile, "CNI_NETWORK_CONFIG_FILE", ""},
+		{&c.KubeconfigFileName, "KUBECONFIG_FILE_NAME", "ZZZ-linkerd-cni-kubeconfig"},
+		{&c.ServiceAccountDir, "SERVICE_ACCOUNT_PATH", DefaultServiceAccountDir},
+		{&c.KubeCAFile, "KUBE_CA_FILE", ""},
+		{&c.ServiceHost, "KUBERNETES_SERVICE_HOST", ""},
+		{&c.ServicePort, "KUBERNETES_SERVICE_PORT", ""},
+		{&c.ServiceProtocol, "KUBERNETES_SERVICE_PROTOCOL", "https"},
+		{&c.NodeName, "KUBERNETES_NODE_NAME", ""},
+		{&c.CNIMTU, "CNI_MTU", "1500"},
+		{&c.Namespace, "POD_NAMESPACE", ""},
+		{&c.PodName, "POD_NAME", ""},
+		{&c.NodeTaint, EnvNodeTaint, ""},
+		{&c.StandaloneConf, EnvStandaloneConf, ""},
+	}
+}
+
 // withDefaults fills unset fields.
 func (c Config) withDefaults() Config {
-	def := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
+	for _, v := range c.envStrings() {
+		*v.field = cmp.Or(*v.field, v.def)
 	}
-	def(&c.DestNetDir, "/etc/cni/net.d")
-	def(&c.DestBinDir, "/opt/cni/bin")
-	def(&c.ContainerBinDir, "/opt/cni/bin")
-	def(&c.NetworkConfig, DefaultNetworkConfig)
-	def(&c.KubeconfigFileName, "ZZZ-linkerd-cni-kubeconfig")
-	def(&c.ServiceAccountDir, DefaultServiceAccountDir)
-	def(&c.ServiceProtocol, "https")
-	def(&c.CNIMTU, "1500")
-	def(&c.AdminAddr, DefaultAdminAddr)
-	if c.KubeCAFile == "" {
-		c.KubeCAFile = filepath.Join(c.ServiceAccountDir, "ca.crt")
-	}
+	c.AdminAddr = cmp.Or(c.AdminAddr, DefaultAdminAddr)
+	c.KubeCAFile = cmp.Or(c.KubeCAFile, filepath.Join(c.ServiceAccountDir, "ca.crt"))
+	c.PluginLogOutput = cmp.Or(c.PluginLogOutput, io.Writer(os.Stdout))
 	if c.Debounce <= 0 {
 		c.Debounce = 50 * time.Millisecond
 	}
@@ -241,6 +213,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PluginLogMaxSize <= 0 {
 		c.PluginLogMaxSize = DefaultPluginLogMaxSize
+	}
+	if c.taintBackoff <= 0 {
+		c.taintBackoff = defaultTaintBackoff
+	}
+	if c.taintBackoffMax < c.taintBackoff {
+		c.taintBackoffMax = max(defaultTaintBackoffMax, c.taintBackoff)
 	}
 	return c
 }
@@ -252,8 +230,7 @@ func (c *Config) hostPath(p string) string { return filepath.Join(c.MountPrefix,
 func (c *Config) netDir() string { return c.hostPath(c.DestNetDir) }
 func (c *Config) binDir() string { return c.hostPath(c.DestBinDir) }
 
-// kubeconfigPath is the kubeconfig as the container sees it;
-// kubeconfigHostPath is the path the plugin, on the node, is told to read.
+// kubeconfigPath is the kubeconfig as the container sees it, kubeconfigHostPath as the node does.
 func (c *Config) kubeconfigPath() string { return filepath.Join(c.netDir(), c.KubeconfigFileName) }
 func (c *Config) kubeconfigHostPath() string {
 	return path.Join(c.DestNetDir, c.KubeconfigFileName)
@@ -265,6 +242,5 @@ func (c *Config) serverURL() string {
 	return c.ServiceProtocol + "://" + net.JoinHostPort(host, c.ServicePort)
 }
 
-// DefaultPluginLogMaxSize bounds the plugin's log_file on the node: with the
-// one rotated generation beside it, at most about twice this.
+// DefaultPluginLogMaxSize bounds the plugin's log_file (and so, with log_file.1, about twice it).
 const DefaultPluginLogMaxSize = 10 << 20

@@ -9,27 +9,25 @@ import (
 	"strings"
 )
 
-// listDoc is a parsed network configuration list: where its "plugins" array
-// and each plugin sit in the original bytes, and each plugin's type.
+// listDoc locates a configuration list's "plugins" array and each plugin, with its type.
 type listDoc struct {
-	members     []member
-	open, close int // the brackets of "plugins"
-	elems       []span
-	types       []string
+	open  int // the bracket of "plugins"
+	elems []span
+	types []string
 }
 
-// jsonError turns a failed json.Valid into a message with the decoder's
-// reason and offset.
-func jsonError(data []byte) error {
-	var v any
-	if err := json.Unmarshal(data, &v); err != nil {
+// topMembers returns the members of data's top-level object, if data is valid JSON.
+func topMembers(data []byte) ([]member, error) {
+	if !json.Valid(data) {
+		err := json.Unmarshal(data, new(any))
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
-			return fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
+			return nil, fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
 		}
-		return fmt.Errorf("invalid JSON: %w", err)
+		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
-	return errors.New("invalid JSON")
+	members, _, _, err := scanObject(data, 0)
+	return members, err
 }
 
 // pluginType returns the "type" of a plugin object, or "" when it has none.
@@ -45,10 +43,7 @@ func pluginType(raw []byte) string {
 
 // parseList locates the plugins of a network configuration list.
 func parseList(data []byte) (*listDoc, error) {
-	if !json.Valid(data) {
-		return nil, jsonError(data)
-	}
-	members, _, _, err := scanObject(data, 0)
+	members, err := topMembers(data)
 	if err != nil {
 		return nil, err
 	}
@@ -56,11 +51,11 @@ func parseList(data []byte) (*listDoc, error) {
 	if !ok {
 		return nil, errors.New(`no "plugins" list`)
 	}
-	elems, open, closeAt, err := scanArray(data, ps.start)
+	elems, open, _, err := scanArray(data, ps.start)
 	if err != nil {
 		return nil, fmt.Errorf(`"plugins": %w`, err)
 	}
-	doc := &listDoc{members: members, open: open, close: closeAt, elems: elems}
+	doc := &listDoc{open: open, elems: elems}
 	for i, e := range elems {
 		if data[e.start] != '{' {
 			return nil, fmt.Errorf("plugins[%d] is not an object", i)
@@ -70,36 +65,14 @@ func parseList(data []byte) (*listDoc, error) {
 	return doc, nil
 }
 
-// isList reports whether data is a JSON object with a "plugins" key: a
-// configuration list, whatever its file is called.
+// isList reports whether data is a JSON object with a "plugins" key, whatever its file's name.
 func isList(data []byte) bool {
-	if !json.Valid(data) {
-		return false
-	}
-	members, _, _, err := scanObject(data, 0)
-	if err != nil {
-		return false
-	}
+	members, err := topMembers(data)
 	_, ok := lookup(members, "plugins")
-	return ok
+	return err == nil && ok
 }
 
-// deleteElem removes plugins[i] together with the comma and whitespace that
-// joined it to its predecessor, which is exactly what appendEntry inserted.
-func deleteElem(data []byte, doc *listDoc, i int) []byte {
-	e := doc.elems
-	switch {
-	case i > 0:
-		return splice(data, span{e[i-1].end, e[i].end}, nil)
-	case len(e) > 1:
-		return splice(data, span{e[0].start, e[1].start}, nil)
-	default:
-		return splice(data, e[0], nil)
-	}
-}
-
-// removeEntries returns data without any plugin of type typ, and how many
-// it removed. Every other byte is kept.
+// removeEntries returns data without any plugin of type typ, and how many it removed.
 func removeEntries(data []byte, typ string) ([]byte, int, error) {
 	removed := 0
 	for {
@@ -107,23 +80,25 @@ func removeEntries(data []byte, typ string) ([]byte, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		idx := -1
-		for i, t := range doc.types {
-			if t == typ {
-				idx = i
-			}
-		}
-		if idx < 0 {
+		i := slices.Index(doc.types, typ)
+		if i < 0 {
 			return data, removed, nil
 		}
-		data = deleteElem(data, doc, idx)
+		// plugins[i] goes with the comma and whitespace joining it to its predecessor (exactly
+		// what appendEntry inserted), or to its successor when it is first.
+		s := doc.elems[i]
+		if i > 0 {
+			s.start = doc.elems[i-1].end
+		} else if len(doc.elems) > 1 {
+			s.end = doc.elems[1].start
+		}
+		data = splice(data, s, nil)
 		removed++
 	}
 }
 
-// appendEntry returns data with entry as the last plugin, after removing
-// any plugin of type typ: an old entry is replaced, never duplicated. The
-// entry is indented like the plugin before it.
+// appendEntry returns data with entry as the last plugin, indented like the one before it; an old
+// entry of type typ is replaced, never duplicated.
 func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 	data, _, err := removeEntries(data, typ)
 	if err != nil {
@@ -138,22 +113,17 @@ func appendEntry(data []byte, typ string, entry []byte) ([]byte, error) {
 		return splice(data, span{doc.open + 1, doc.open + 1}, entry), nil
 	}
 	last := doc.elems[n-1]
-	// sep is the whitespace in front of the last plugin, after its comma
-	// or the opening bracket.
+	// sep: the whitespace before the last plugin, after its comma or the bracket.
 	sepStart := doc.open + 1
 	if n > 1 {
 		sepStart = doc.elems[n-2].end + bytes.IndexByte(data[doc.elems[n-2].end:last.start], ',') + 1
 	}
 	sep := data[sepStart:last.start]
-	ins := make([]byte, 0, len(entry)*2)
-	ins = append(ins, ',')
-	ins = append(ins, sep...)
-	ins = append(ins, indentLike(entry, sep)...)
+	ins := slices.Concat([]byte{','}, sep, indentLike(entry, sep))
 	return splice(data, span{last.end, last.end}, ins), nil
 }
 
-// indentLike formats a compact JSON entry to fit after the whitespace sep:
-// on one line when sep has no newline, else indented below sep's column.
+// indentLike formats a compact entry to follow sep: on its line, or indented at sep's column.
 func indentLike(entry, sep []byte) []byte {
 	nl := bytes.LastIndexByte(sep, '\n')
 	if nl < 0 {
@@ -171,14 +141,10 @@ func indentLike(entry, sep []byte) []byte {
 	return b.Bytes()
 }
 
-// convertConf turns a single-plugin .conf into a configuration list that
-// keeps the .conf's cniVersion and name, holds the original plugin with
-// only its whitespace changed, and ends with entry. name is used when the .conf has none.
+// convertConf turns a single-plugin .conf into a list of it (whitespace aside) and entry, with the
+// .conf's cniVersion and name (else name).
 func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, error) {
-	if !json.Valid(data) {
-		return nil, jsonError(data)
-	}
-	members, _, _, err := scanObject(data, 0)
+	members, err := topMembers(data)
 	if err != nil {
 		return nil, err
 	}
@@ -194,15 +160,13 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 	if v, ok := lookup(members, "cniVersion"); ok {
 		fmt.Fprintf(&b, "  \"cniVersion\": %s,\n", data[v.start:v.end])
 	}
+	nameJSON, _ := json.Marshal(name)
 	if v, ok := lookup(members, "name"); ok {
-		fmt.Fprintf(&b, "  \"name\": %s,\n", data[v.start:v.end])
-	} else {
-		q, _ := json.Marshal(name)
-		fmt.Fprintf(&b, "  \"name\": %s,\n", q)
+		nameJSON = data[v.start:v.end]
 	}
+	fmt.Fprintf(&b, "  \"name\": %s,\n", nameJSON)
 	b.WriteString("  \"plugins\": [\n    ")
-	// Re-indent the plugin to sit in the list; json.Indent changes only
-	// whitespace between tokens, never keys, order, numbers or strings.
+	// json.Indent changes only whitespace between tokens, never keys, order, numbers or strings.
 	if err := json.Indent(&b, bytes.TrimSpace(data), "    ", "  "); err != nil {
 		return nil, err
 	}
@@ -210,31 +174,24 @@ func convertConf(data []byte, typ string, entry []byte, name string) ([]byte, er
 	return appendEntry(b.Bytes(), typ, entry)
 }
 
-// sameJSONText reports whether a and b differ at most in whitespace between
-// tokens.
+// sameJSONText reports whether a and b differ at most in whitespace between tokens.
 func sameJSONText(a, b []byte) bool {
 	var ca, cb bytes.Buffer
 	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
-// soleOtherPlugin returns the bytes of the only plugin of a list that is not
-// of type typ, or false when there is not exactly one.
+// soleOtherPlugin returns the only plugin of a list not of type typ, or false.
 func soleOtherPlugin(data []byte, typ string) ([]byte, bool) {
 	doc, err := parseList(data)
 	if err != nil {
 		return nil, false
 	}
-	var found []byte
-	for i, t := range doc.types {
-		if t == typ {
-			continue
-		}
-		if found != nil {
-			return nil, false
-		}
-		found = data[doc.elems[i].start:doc.elems[i].end]
+	other := func(t string) bool { return t != typ }
+	i := slices.IndexFunc(doc.types, other)
+	if i < 0 || slices.ContainsFunc(doc.types[i+1:], other) {
+		return nil, false
 	}
-	return found, found != nil
+	return data[doc.elems[i].start:doc.elems[i].end], true
 }
 
 // hasEntry reports whether the list holds a plugin of type typ.

@@ -12,56 +12,46 @@ import (
 	"syscall"
 )
 
-// tmpPrefix starts the names of the installer's temporary files. The
-// leading dot and the missing .conf/.conflist extension keep CNI runtimes,
-// which load only *.conf, *.conflist and *.json, from ever reading one, and
-// the installer from reacting to them.
+// tmpPrefix starts the installer's temporary files' names: with the leading dot and no
+// .conf/.conflist/.json extension, no CNI runtime reads one, and the installer ignores them.
 const tmpPrefix = ".linkerd-cni-tmp-"
 
-// writeAtomic replaces path with data: a temporary file in the same
-// directory is written, synced, given mode and an owner, and renamed over
-// path, so a reader sees the old or the new content, never a mix. The
-// directory is synced so the rename survives a crash. ownerOf names the file
-// whose owner the result keeps (the primary CNI's config, which is theirs);
-// "" makes it root's, as every file of ours is, whoever owned the one it
-// replaces.
+// writeAtomic replaces path with data, owned like ownerOf (the primary CNI's config is theirs), or
+// by root when "" (every file of ours), whoever owned the one it replaces.
 func writeAtomic(path string, data []byte, mode fs.FileMode, ownerOf string) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, tmpPrefix+"*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // a no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := finishTemp(f, path, mode, ownerOf); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	syncDir(dir)
-	return nil
+	return replaceFile(path, bytes.NewReader(data), mode, ownerOf, "write "+path)
 }
 
-// finishTemp syncs, chmods (CreateTemp's 0600 and the umask are not what we
-// want), gives f the owner of ownerOf (root's when "" or when ownerOf is
-// gone), and closes f.
-func finishTemp(f *os.File, target string, mode fs.FileMode, ownerOf string) error {
-	err := f.Sync()
+// writeLike is writeAtomic keeping like's permission bits (0644 when it is gone) and owner.
+func writeLike(path string, data []byte, like string) error {
+	mode := fs.FileMode(0o644)
+	if fi, err := os.Stat(like); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	return writeAtomic(path, data, mode, like)
+}
+
+// replaceFile copies r into a temporary file in path's directory, syncs it, gives it mode and
+// ownerOf's owner, and renames it over path, so a reader sees the old or the new content, never a
+// mix; the directory is synced so the rename survives a crash. what starts its errors.
+func replaceFile(path string, r io.Reader, mode fs.FileMode, ownerOf, what string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), tmpPrefix+"*")
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	defer os.Remove(f.Name()) // a no-op after the rename
+	_, err = io.Copy(f, r)
 	if err == nil {
-		err = f.Chmod(mode)
+		err = f.Sync()
+	}
+	if err == nil {
+		err = f.Chmod(mode) // CreateTemp's 0600 and the umask are not what we want
 	}
 	if err == nil {
 		uid, gid := 0, 0
-		if ownerOf != "" {
-			if fi, serr := os.Stat(ownerOf); serr == nil {
-				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-					uid, gid = int(st.Uid), int(st.Gid)
-				}
+		if fi, serr := os.Stat(ownerOf); ownerOf != "" && serr == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				uid, gid = int(st.Uid), int(st.Gid)
 			}
 		}
 		if cerr := f.Chown(uid, gid); cerr != nil && os.Geteuid() == 0 {
@@ -71,8 +61,15 @@ func finishTemp(f *os.File, target string, mode fs.FileMode, ownerOf string) err
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
 	if err != nil {
-		return fmt.Errorf("write %s: %w", target, err)
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
 	}
 	return nil
 }
@@ -90,40 +87,8 @@ func inPlace(path string, want []byte, mode fs.FileMode) bool {
 	return err == nil && bytes.Equal(have, want)
 }
 
-// sweepTemps removes the temporary files an installer killed mid-write left in dirs (a
-// kubeconfig's holds a token) and returns their paths. Only one installer runs per node, so none
-// is in use.
-func sweepTemps(dirs ...string) ([]string, error) {
-	var removed []string
-	var errs []error
-	for _, d := range dirs {
-		matches, err := filepath.Glob(filepath.Join(d, tmpPrefix+"*"))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, m := range matches {
-			if err := removeIfExists(m); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			removed = append(removed, m)
-		}
-	}
-	return removed, errors.Join(errs...)
-}
-
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-}
-
-// copyFileAtomic copies src to dst through a temporary file and a rename,
-// keeping src's permission bits, owned by root. A runtime executing dst meanwhile sees the
-// old or the new binary, never a half-written one ("text file busy" cannot
-// happen either: the old inode is left alone).
+// copyFileAtomic copies src to dst like writeAtomic, with src's permission bits, owned by root: a
+// runtime executing dst meanwhile runs the old binary (no "text file busy": the inode stays).
 func copyFileAtomic(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
@@ -137,28 +102,10 @@ func copyFileAtomic(src, dst string) error {
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("copy: %s is not a regular file", src)
 	}
-	f, err := os.CreateTemp(filepath.Dir(dst), tmpPrefix+"*")
-	if err != nil {
-		return fmt.Errorf("copy to %s: %w", dst, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := io.Copy(f, in); err != nil {
-		f.Close()
-		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
-	}
-	if err := finishTemp(f, dst, fi.Mode().Perm(), ""); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("copy to %s: %w", dst, err)
-	}
-	syncDir(filepath.Dir(dst))
-	return nil
+	return replaceFile(dst, in, fi.Mode().Perm(), "", "copy "+src+" to "+dst)
 }
 
-// fileID identifies a file's version cheaply: a rename-based write always
-// changes the inode, and any in-place write changes size or mtime.
+// fileID identifies a file's version: a rename changes the inode, a write its size or mtime.
 type fileID struct {
 	ino, size int64
 	mtime     int64
@@ -187,9 +134,8 @@ func removeIfExists(path string) error {
 	return nil
 }
 
-// MaxConfigSize bounds a CNI config file the installer reads: real conflists are a few KB, and a
-// file read whole could otherwise exhaust the installer's memory limit (64 Mi in the chart) and
-// have it OOM-killed in a loop. A larger file is reported on /ready and left alone.
+// MaxConfigSize bounds a CNI config file the installer reads (real ones are a few KB): a file read
+// whole could exhaust its memory limit in an OOM-kill loop. A larger one is reported and left.
 const MaxConfigSize = 1 << 20
 
 // tooBigError is a config file over MaxConfigSize.
@@ -202,9 +148,8 @@ func (e *tooBigError) Error() string {
 	return fmt.Sprintf("%s is %d bytes, over the %d-byte (1 MiB) bound on a CNI config file: not read, left untouched", e.path, e.size, MaxConfigSize)
 }
 
-// readConfig reads a config file of the node's CNI dir, never more than MaxConfigSize+1 bytes
-// whatever its size (it may grow while read). It does not follow a symbolic link, does not block
-// on a FIFO, and refuses anything but a regular file.
+// readConfig reads a config file, never more than MaxConfigSize+1 bytes (it may grow while read),
+// following no symbolic link, not blocking on a FIFO, refusing anything but a regular file.
 func readConfig(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {

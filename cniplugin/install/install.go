@@ -2,61 +2,32 @@
 // `linkerd-cni install`: it puts the linkerd-cni plugin into a node's CNI
 // configuration, keeps it there, and takes it out again.
 //
-// Run writes the plugin's kubeconfig from the pod's service account (and
-// rewrites it when the kubelet rotates the token), then copies the plugin
-// binary into the node's CNI bin dir (removing the companion binary
-// linkerd-cni-api an older release put there), waits for the primary CNI's
-// configuration, and appends the plugin to every *.conflist, *.conf and
-// *.json in the node's CNI net dir (a .conf or .json becomes a .conflist: the
-// runtimes read all three, the first by name). It watches the
-// directories with inotify and re-adds the plugin within a second when the
-// primary CNI rewrites its file. When its context ends (SIGTERM on pod
-// deletion) it removes its entry from every file, leaving every other byte
-// as it was, then the binary and the kubeconfig; unless its DaemonSet
-// stays (an upgrade: see successorComing), when it leaves all of it to the
-// next installer pod.
+// Run writes the plugin's kubeconfig from the pod's service account (again when the token
+// rotates), copies the plugin binary into the node's CNI bin dir, waits for the primary CNI's
+// configuration, and appends the plugin to every *.conflist, *.conf and *.json of the net dir (a
+// .conf or .json becomes a .conflist). It watches the directories with inotify and re-adds the
+// plugin within a second when the primary CNI rewrites its file. At SIGTERM it removes its entry
+// from every file, then the binary and the kubeconfig, unless its DaemonSet stays (an upgrade:
+// successorComing).
 //
-// Files are edited as bytes, not decoded and re-encoded: other plugins'
-// keys, order, numbers and whitespace survive exactly, and removal is the
-// exact inverse of insertion. Every write is a temporary file plus rename.
+// Files are edited as bytes, not decoded and re-encoded: other plugins' keys, order, numbers and
+// whitespace survive exactly, and removal is the exact inverse of insertion. Every write is a
+// temporary file plus rename.
 //
-// Limits: the original bytes of a converted .conf live in memory, so after
-// a crash (SIGKILL) the next installer can only remove its entry from the
-// .conflist, not turn it back into the .conf. A config file that is a
-// symbolic link, or is not valid JSON, is reported and left alone, and the
-// installer stays unready; on removal, one that never named linkerd-cni is
-// only a warning, since it holds nothing of ours.
+// Limits: the original bytes of a converted .conf live in memory, so after a crash (SIGKILL) the
+// next installer can only remove its entry from the .conflist, not turn it back into the .conf. A
+// config file that is a symbolic link, or is not valid JSON, is reported and left alone, and the
+// installer stays unready; on removal, one that never named linkerd-cni is only a warning.
 //
-// The installer talks to the API server only with Config.NodeTaint
-// (--node-taint): it then removes that startup taint from its node, once,
-// after every config file carries the plugin, so that nodes can be born
-// tainted and receive no pod before linkerd-cni is in place. It never adds
-// the taint back, not even on uninstall: an upgrade would otherwise block
-// the node's scheduling.
+// With Config.NodeTaint it removes that startup taint from its node once every config file
+// carries the plugin; never adds it back, not even on uninstall, which would block an upgrade.
 //
 // # Tests
 //
-// On temporary directories laid out like the container's mounts (install_test.go, run_test.go,
-// conflist_test.go, config_test.go): Multus's own configs rendered by Multus (multus_test.go,
-// testdata/multus: thin and thick, once per pod), the standalone config for
-// NetworkAttachmentDefinitions and the example of one, the plugin log's streaming and rotation, the
-// plugin copied intact after the kubeconfig, replaced by a rename, the stale companion of the older
-// layout removed, the plugin removed before the kubeconfig (TestUpgradeFromCompanionLayout), put
-// back when removed, refused at start without it in the image or without a token (no plugin on the
-// node then), a real SIGTERM to a real `linkerd-cni install` (sigterm_test.go).
-//
-// The manifests and chart (manifests_test.go, renderings_test.go): a server-side dry-run of every
-// rendering (the agent in each mode, the repair controller alone, neither), Pod Security admission,
-// the ServiceAccount's exact permissions per rendering with and without the node-taint RBAC: the
-// code's own requests with a pod-bound token work, and another Service, another DaemonSet, a pod on
-// another node are refused (rbac_test.go); the validatorRestart MutatingAdmissionPolicy on real
-// pods (validatorrestart_test.go); the agent container's flags, mounts and exact capabilities; the
-// rendered configs against Linkerd's meaning; bad values refused; `helm lint`; deploy/linkerd-cni
-// up to date (make manifests). --node-taint against a kube-apiserver with pod-bound tokens and the
-// admission policy (taint_test.go); the DaemonSet pod's containers run as processes with the
-// manifest's command and environment (daemonset_test.go, root); a real ADD with the kubeconfig the
-// installer wrote (add_test.go, root); the upgrade-or-uninstall decision at SIGTERM against a
-// kube-apiserver (successor_test.go).
+// On directories laid out like the container's mounts: the edits and their inverse, Multus's own
+// configs, the standalone config, the plugin log, the order of writes, a real SIGTERM. Against a
+// kube-apiserver: the manifests and chart dry-run, the ServiceAccount's exact permissions,
+// --node-taint, the decision at SIGTERM. As root: the DaemonSet's containers, a real ADD.
 package install
 
 import (
@@ -66,6 +37,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,50 +50,39 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kubemesh/proxy-init/cniplugin"
+	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
 // fileState is what the installer knows about one config file it manages.
 type fileState struct {
-	// written is the hash of the content we last wrote or found already
-	// carrying our entry; an event for a file still holding it is our own
-	// write echoing back.
-	written [32]byte
-	// orig is the content before we changed it, when it held no entry of
-	// ours; it is written back on removal if the file is unchanged since.
-	orig []byte
-	// origName is set for a list we made from a .conf: that .conf's name.
-	origName string
+	written  [32]byte // hash of what we last wrote or found with our entry: events then echo ours
+	orig     []byte   // the content before our entry, put back on removal if unchanged since
+	origName string   // for a list we made from a .conf: that .conf's name
 }
 
-// installer is one Run. Only the run goroutine touches its fields, except
-// ready (guarded by mu) which the admin server reads.
+// installer is one Run. Only the run goroutine touches its fields, except those under mu.
 type installer struct {
 	cfg   Config
 	log   *slog.Logger
 	entry *pluginEntry
 
-	files    map[string]*fileState
-	reported map[string][32]byte // problems logged, by file, for the content they were about
-	// bin is the plugin binary copied into the node's CNI bin dir.
-	bin     nodeBinary
-	kubeOK  bool
-	waiting bool          // the "waiting for the primary CNI" line was logged
-	taint   *taintRemover // nil without --node-taint
-	// entryErr is set when the rendered entry is not a config the plugin accepts: it is then
-	// added nowhere, since every ADD on the node, unmeshed pods' included, would fail.
-	entryErr error
-	// lastProblems is what syncAll last logged, so a failure that persists is logged once.
-	lastProblems string
+	files        map[string]*fileState
+	reported     map[string][32]byte // problems logged, by file, for the content they were about
+	binID        fileID              // of the plugin binary we copied into the node's CNI bin dir
+	kubeOK       bool
+	waiting      bool          // the "waiting for the primary CNI" line was logged
+	taint        *taintRemover // nil without --node-taint
+	entryErr     error         // the entry is not a config the plugin accepts: added nowhere (ADDs would fail)
+	lastProblems string        // what syncAll last logged: a failure that persists is logged once
 
 	mu     sync.Mutex
 	ready  bool
 	reason string
 }
 
-// Run installs the plugin and keeps it installed until ctx ends, then
-// removes it and returns nil (or the removal's errors). It returns an error
-// at once if the configuration, the service account credentials or the
-// plugin binary are unusable, and whenever a file watch dies: a restarted
+// Run installs the plugin and keeps it installed until ctx ends, then removes it and returns nil
+// (or the removal's errors). It returns an error at once if the configuration, the service account
+// credentials or the plugin binary are unusable, and whenever a file watch dies: a restarted
 // installer is better than one that no longer sees changes.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.withDefaults()
@@ -181,7 +142,6 @@ func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
 		entry:    entry,
 		files:    map[string]*fileState{},
 		reported: map[string][32]byte{},
-		bin:      nodeBinary{name: entry.typ},
 		reason:   "starting",
 	}
 	// The plugin's own parser decides, so the installer accepts exactly what ADD will.
@@ -241,10 +201,8 @@ func (in *installer) run(ctx context.Context) error {
 	}
 	in.sweepTemps()
 
-	// The kubeconfig, then the binary, come first, so no plugin runs
-	// without its kubeconfig and no config file ever names a plugin that
-	// is not there yet. Failing here is fatal: the kubelet shows the error
-	// and retries.
+	// The kubeconfig, then the binary, come first, so no plugin runs without its kubeconfig and no
+	// config file names a missing plugin. Failing here is fatal: the kubelet shows it and retries.
 	if err := in.syncKubeconfig(); err != nil {
 		return err
 	}
@@ -252,22 +210,22 @@ func (in *installer) run(ctx context.Context) error {
 		return err
 	}
 	in.removeCompanion()
-	// Watches start after those checks (so a missing service account
-	// directory is reported as such) and before the first full sync below,
-	// so no change after that sync goes unseen.
+	// Watches start after those checks (so a missing service account directory is reported as
+	// such) and before the first full sync, so no change after it goes unseen.
 	w, err := in.watch()
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 	if in.entry.logFile != "" {
-		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, in.pluginLogOutput(), in.log)
+		go streamLog(ctx, cfg.hostPath(in.entry.logFile), cfg.PluginLogMaxSize, cfg.PluginLogOutput, in.log)
 	}
 	if cfg.NodeTaint != "" {
-		tr, err := in.newTaintRemover()
+		client, err := kubeclient.New(cfg.restConfig())
 		if err != nil {
-			return err
+			return fmt.Errorf("--node-taint: %w", err)
 		}
+		tr := &taintRemover{client: client, kick: make(chan struct{}, 1), done: make(chan struct{})}
 		tctx, stop := context.WithCancel(ctx)
 		go tr.run(tctx, in)
 		// Whatever ends Run, no API call outlives it.
@@ -278,8 +236,7 @@ func (in *installer) run(ctx context.Context) error {
 	return in.loop(ctx, w)
 }
 
-// watch starts watching the directories whose files the installer keeps: the net and bin
-// directories, the service account's, and the cluster CA's when it is elsewhere.
+// watch watches the net and bin directories, the service account's, and the CA's if elsewhere.
 func (in *installer) watch() (*fsnotify.Watcher, error) {
 	cfg := &in.cfg
 	w, err := fsnotify.NewWatcher()
@@ -303,8 +260,8 @@ func (in *installer) watch() (*fsnotify.Watcher, error) {
 	return w, nil
 }
 
-// loop syncs after each burst of file events (debounced) and every resync period, until ctx
-// ends (then it uninstalls, or leaves everything to a successor) or the watch fails.
+// loop syncs after each burst of file events and every resync period, until ctx ends or the
+// watch fails.
 func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 	cfg := &in.cfg
 	debounce := time.NewTimer(time.Hour)
@@ -343,9 +300,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 			return fmt.Errorf("file watcher failed: %w", err)
 		case <-debounce.C:
 			if !in.syncAll() {
-				// Something failed (a write, a read): try again soon even
-				// if no further event arrives.
-				debounce.Reset(time.Second)
+				debounce.Reset(time.Second) // a failure: retry soon even without an event
 			}
 		case <-resync.C:
 			in.syncAll()
@@ -357,9 +312,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 func (in *installer) finish(ctx context.Context) error {
 	in.setReady(false, "uninstalling")
 	if in.taint != nil {
-		// Its context ended too: let it return before the
-		// entries go, so no removal is in flight meanwhile.
-		<-in.taint.done
+		<-in.taint.done // its context ended too: no removal in flight while the entries go
 	}
 	keep, why := in.successorComing(context.WithoutCancel(ctx))
 	if keep {
@@ -370,9 +323,8 @@ func (in *installer) finish(ctx context.Context) error {
 	return in.uninstall()
 }
 
-// syncAll brings the binary, the kubeconfig and every config file to the
-// wanted state, updates readiness and reports whether all of it worked.
-// Problems are logged, not returned: the next event or resync retries.
+// syncAll syncs everything, updates readiness and reports whether all of it worked; problems are
+// logged, and the next sync retries.
 func (in *installer) syncAll() bool {
 	var problems []string
 	if err := in.syncKubeconfig(); err != nil {
@@ -384,28 +336,27 @@ func (in *installer) syncAll() bool {
 	}
 	waiting := false
 	var unlogged []string
-	if lf := in.entry.logFile; lf != "" {
-		// The entry goes in regardless: the plugin then logs to stderr only, and says why there.
-		if err := checkLogFile(in.cfg.MountPrefix, lf); err != nil {
-			problems = append(problems, err.Error())
-			unlogged = append(unlogged, err.Error())
-		}
+	// A bad log_file does not keep the entry out: the plugin then logs to stderr only, and why.
+	if err := checkLogFile(in.cfg.MountPrefix, in.entry.logFile); in.entry.logFile != "" && err != nil {
+		problems = append(problems, err.Error())
+		unlogged = append(unlogged, err.Error())
 	}
 	if in.entryErr != nil {
 		problems = append(problems, in.entryErr.Error()) // logged once, at start
 	} else {
-		var err error
-		if waiting, err = in.syncConfigs(); err != nil {
+		var errs []error
+		waiting, errs = in.syncConfigs()
+		if err := errors.Join(errs...); err != nil {
 			problems = append(problems, err.Error())
-			for _, e := range splitErrors(err) {
-				if _, ok := e.(loggedError); !ok {
-					unlogged = append(unlogged, e.Error())
-				}
+		}
+		for _, e := range errs {
+			if _, ok := e.(loggedError); e != nil && !ok {
+				unlogged = append(unlogged, e.Error())
 			}
 		}
 	}
-	// Every failure is logged once when it appears, write errors included (an EBUSY used to
-	// show only in /ready); problems with a file's content were logged by problem already.
+	// Every failure is logged once when it appears, write errors included; problems with a
+	// file's content were logged by problem already.
 	if p := strings.Join(unlogged, "; "); p != in.lastProblems {
 		in.lastProblems = p
 		if p != "" {
@@ -427,29 +378,16 @@ func (in *installer) syncAll() bool {
 	return len(problems) == 0
 }
 
-// nodeBinary is the binary the installer keeps in the node's CNI bin dir.
-type nodeBinary struct {
-	name string
-	id   fileID // of the copy we made
-	ok   bool
-}
-
-// syncBinary copies the plugin binary unless the copy we made is still
-// there untouched.
+// syncBinary copies the plugin binary unless the copy we made is still there untouched.
 func (in *installer) syncBinary() error {
-	b := &in.bin
-	src := filepath.Join(in.cfg.ContainerBinDir, b.name)
-	dst := filepath.Join(in.cfg.binDir(), b.name)
-	if b.ok {
-		if id, err := statID(dst); err == nil && id == b.id {
-			return nil
-		}
+	src := filepath.Join(in.cfg.ContainerBinDir, in.entry.typ)
+	dst := filepath.Join(in.cfg.binDir(), in.entry.typ)
+	if id, err := statID(dst); err == nil && id == in.binID {
+		return nil
 	}
-	b.ok = false
 	if si, err := os.Stat(src); err == nil {
 		if di, err := os.Stat(dst); err == nil && os.SameFile(si, di) {
-			b.ok = true // the image's bin dir is the node's
-			return nil
+			return nil // the image's bin dir is the node's
 		}
 	}
 	if err := copyFileAtomic(src, dst); err != nil {
@@ -460,51 +398,41 @@ func (in *installer) syncBinary() error {
 	if err != nil {
 		return fmt.Errorf("plugin binary: copy to %s: %w", dst, err)
 	}
-	b.id, b.ok = id, true
+	in.binID = id
 	in.log.Info("installed plugin binary", "path", dst)
 	return nil
 }
 
-// staleCompanion is the companion binary of releases whose plugin ran a
-// second binary to read the API; the plugin now reads it itself.
+// staleCompanion is the binary older releases' plugin ran to read the API; it reads it itself now.
 const staleCompanion = "linkerd-cni-api"
 
-// removeCompanion removes the companion an older release left in the node's
-// CNI bin dir, once the plugin that no longer runs it is in place.
+// removeCompanion removes it once the plugin that no longer runs it is in place.
 func (in *installer) removeCompanion() {
 	path := filepath.Join(in.cfg.binDir(), staleCompanion)
-	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
-		return
-	}
-	if err := removeIfExists(path); err != nil {
+	switch err := os.Remove(path); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
 		in.log.Warn("cannot remove the companion binary of an older linkerd-cni", "path", path, "error", err)
-		return
+	default:
+		in.noteWrite(path)
+		in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself",
+			"path", path)
 	}
-	in.noteWrite(path)
-	in.log.Info("removed the companion binary of an older linkerd-cni: the plugin reads the API itself", "path", path)
 }
 
-// syncKubeconfig writes the kubeconfig when it is missing or differs from
-// what the current token and CA give, e.g. after a token rotation.
+// syncKubeconfig writes the kubeconfig unless it is what the current token and CA give.
 func (in *installer) syncKubeconfig() error {
-	cr, err := readCredentials(&in.cfg)
-	if err != nil {
-		in.kubeOK = false
+	want, err := renderKubeconfig(&in.cfg)
+	path, existed := in.cfg.kubeconfigPath(), in.kubeOK
+	in.kubeOK = err == nil
+	if err != nil || inPlace(path, want, kubeconfigMode) {
 		return err
 	}
-	want := renderKubeconfig(&in.cfg, cr)
-	path := in.cfg.kubeconfigPath()
-	if inPlace(path, want, kubeconfigMode) {
-		in.kubeOK = true
-		return nil
-	}
-	existed := in.kubeOK
 	if err := writeAtomic(path, want, kubeconfigMode, ""); err != nil {
 		in.kubeOK = false
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	in.noteWrite(path)
-	in.kubeOK = true
 	if existed {
 		in.log.Info("rewrote kubeconfig (token or CA changed)", "path", path)
 	} else {
@@ -519,16 +447,14 @@ func (in *installer) noteWrite(path string) {
 	}
 }
 
-// isConfigName reports whether a runtime would read name as a network
-// configuration we patch: containerd (go-cni), CRI-O (ocicni) and the CNI
-// library load *.conf, *.conflist and *.json, and use the first by name.
+// isConfigName reports whether a runtime would read name as a network configuration: containerd
+// (go-cni), CRI-O (ocicni) and libcni load *.conf, *.conflist and *.json, the first by name.
 func isConfigName(name string) bool {
 	return !strings.HasPrefix(name, ".") &&
 		(strings.HasSuffix(name, ".conflist") || isSingleName(name))
 }
 
-// isSingleName reports whether the runtimes read name as a single plugin
-// configuration (unless its content is a list): a .conf or a .json.
+// isSingleName reports whether the runtimes read name as a single plugin unless it holds a list.
 func isSingleName(name string) bool {
 	return strings.HasSuffix(name, ".conf") || strings.HasSuffix(name, ".json")
 }
@@ -539,18 +465,14 @@ func listConfigs(dir string) ([]fs.DirEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list CNI configs: %w", err)
 	}
-	var out []fs.DirEntry
-	for _, e := range ents {
-		if isConfigName(e.Name()) && !e.IsDir() {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return slices.DeleteFunc(ents, func(e fs.DirEntry) bool { return !isConfigName(e.Name()) || e.IsDir() }), nil
 }
 
-// problem logs a problem with a file once per content version and returns
-// it as an error.
+// problem logs a problem with a file once per content version and returns it as an error.
 func (in *installer) problem(name string, content []byte, err error) error {
+	if big := (*tooBigError)(nil); errors.As(err, &big) {
+		content = fmt.Append(nil, big.size) // never read: a new size is logged again
+	}
 	h := hashOf(content)
 	if prev, ok := in.reported[name]; !ok || prev != h {
 		in.reported[name] = h
@@ -559,33 +481,28 @@ func (in *installer) problem(name string, content []byte, err error) error {
 	return loggedError{err}
 }
 
-// sizeKey stands for a file too big to read in problem's once-per-content log: a new size is
-// logged again.
-func sizeKey(e *tooBigError) []byte { return []byte(strconv.FormatInt(e.size, 10)) }
-
 // loggedError is a problem problem has logged already.
 type loggedError struct{ error }
 
 func (e loggedError) Unwrap() error { return e.error }
 
-// splitErrors returns the errors errors.Join put together, or err alone.
-func splitErrors(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
-}
-
-// syncConfigs puts our entry into every config file. waiting is true when
-// there is no config file yet.
-func (in *installer) syncConfigs() (waiting bool, _ error) {
-	if in.cfg.StandaloneConf != "" {
-		return false, in.syncStandalone()
-	}
+// syncConfigs puts our entry into every config file (errs may hold nils); waiting: none yet.
+func (in *installer) syncConfigs() (waiting bool, errs []error) {
 	dir := in.cfg.netDir()
+	if in.cfg.StandaloneConf != "" {
+		path := filepath.Join(dir, in.cfg.StandaloneConf)
+		if want := in.standalone(); !inPlace(path, want, standaloneMode) {
+			if err := writeAtomic(path, want, standaloneMode, ""); err != nil {
+				return false, []error{err}
+			}
+			in.noteWrite(path)
+			in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
+		}
+		return false, nil
+	}
 	ents, err := listConfigs(dir)
 	if err != nil {
-		return false, err
+		return false, []error{err}
 	}
 	if len(ents) == 0 {
 		if !in.waiting {
@@ -595,39 +512,25 @@ func (in *installer) syncConfigs() (waiting bool, _ error) {
 		return true, nil
 	}
 	in.waiting = false
-	var errs []error
 	multus, multusName := findMultus(dir, ents)
 	for _, e := range ents {
-		if err := in.syncFile(e, multus != nil); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, in.syncFile(e, multus != nil))
 	}
 	if multus != nil && multus.kind == multusThick {
-		if err := in.checkMultusPrimary(multusName, multus); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, in.checkMultusPrimary(multusName, multus))
 	}
-	// Forget files that are gone, including .confs we converted. (Not from
-	// the listing above: a conversion just created a file.)
+	// Forget files that are gone, converted .confs included (not from the listing above: a
+	// conversion just created a file).
 	gone := func(name string) bool {
 		_, err := os.Lstat(filepath.Join(dir, name))
 		return errors.Is(err, fs.ErrNotExist)
 	}
-	for name := range in.files {
-		if gone(name) {
-			delete(in.files, name)
-		}
-	}
-	for name := range in.reported {
-		if gone(name) {
-			delete(in.reported, name)
-		}
-	}
-	return false, errors.Join(errs...)
+	maps.DeleteFunc(in.files, func(name string, _ *fileState) bool { return gone(name) })
+	maps.DeleteFunc(in.reported, func(name string, _ [32]byte) bool { return gone(name) })
+	return false, errs
 }
 
-// findMultus returns the first of the configs that is Multus's (the one the runtime runs), and
-// its name, or nil.
+// findMultus returns the first config that is Multus's (the one the runtime runs) and its name.
 func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 	for _, e := range ents {
 		if e.Type()&fs.ModeSymlink != 0 {
@@ -643,21 +546,20 @@ func findMultus(dir string, ents []fs.DirEntry) (*multusConf, string) {
 }
 
 // checkMultusPrimary reports a thick Multus's default network that linkerd-cni cannot be chained
-// into here. A list in the net dir is chained by syncFile like any other.
+// into here (a list in the net dir is chained by syncFile).
 func (in *installer) checkMultusPrimary(name string, m *multusConf) error {
-	file := m.clusterNetworkFile()
-	if file == "" {
+	if !filepath.IsAbs(m.clusterNetwork) {
 		return nil // a network name, which Multus resolves itself
 	}
+	file := filepath.Base(m.clusterNetwork)
 	path := filepath.Join(in.cfg.netDir(), file)
 	data, err := readConfig(path)
-	var big *tooBigError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return in.problem(name, nil, fmt.Errorf("the pods' default network that Multus (%s) runs, %s, is not in %s: linkerd-cni cannot be chained into it from here; "+
 			"point DEST_CNI_NET_DIR at that file's directory, or run linkerd-cni as a NetworkAttachmentDefinition (docs/install.md, Multus and OpenShift)", name, m.clusterNetwork, in.cfg.DestNetDir))
-	case errors.As(err, &big):
-		return in.problem(file, sizeKey(big), big)
+	case errors.As(err, new(*tooBigError)):
+		return in.problem(file, nil, err)
 	case err != nil:
 		return fmt.Errorf("read %s: %w", path, err)
 	case !isList(data):
@@ -680,8 +582,8 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // gone since the listing; its own event follows
 	}
-	if big := (*tooBigError)(nil); errors.As(err, &big) {
-		return in.problem(name, sizeKey(big), big)
+	if errors.As(err, new(*tooBigError)) {
+		return in.problem(name, nil, err)
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
@@ -690,50 +592,34 @@ func (in *installer) syncFile(e fs.DirEntry, withMultus bool) error {
 	if st := in.files[name]; st != nil && st.written == h {
 		return nil
 	}
+	add, remove, msg := appendEntry, removeEntries, "added linkerd-cni to CNI config"
 	if _, ok := parseMultus(data); ok {
-		out, err := chainMultus(data, in.entry.typ, in.entry.raw)
-		if err != nil {
-			return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
-		}
-		_, n, _ := unchainMultus(data, in.entry.typ)
-		return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to the default network Multus runs")
-	}
-	if isSingleName(name) && !isList(data) {
+		add, remove, msg = chainMultus, unchainMultus, "added linkerd-cni to the default network Multus runs"
+	} else if isSingleName(name) && !isList(data) {
 		if withMultus {
 			return nil
 		}
 		return in.convert(name, path, data)
-	}
-	if doc, err := parseList(data); err == nil && !slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
+	} else if doc, err := parseList(data); err == nil &&
+		!slices.ContainsFunc(doc.types, func(t string) bool { return t != in.entry.typ }) {
 		// A chained plugin alone gets no prevResult: every ADD would fail.
 		return in.problem(name, data, fmt.Errorf("%s has no plugin for linkerd-cni to chain after: waiting for the primary CNI to fill it", path))
 	}
-	out, err := appendEntry(data, in.entry.typ, in.entry.raw)
+	out, err := add(data, in.entry.typ, in.entry.raw)
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
-	_, n, _ := removeEntries(data, in.entry.typ)
-	return in.writeEdited(name, path, data, out, n == 0, "added linkerd-cni to CNI config")
-}
-
-// writeEdited writes out over data, unless they are the same, and remembers it; pristine says
-// data held no entry of ours, so uninstall may put it back byte for byte.
-func (in *installer) writeEdited(name, path string, data, out []byte, pristine bool, msg string) error {
 	if bytes.Equal(out, data) {
-		in.files[name] = &fileState{written: hashOf(data)}
+		in.files[name] = &fileState{written: h}
 		return nil
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	if err := writeAtomic(path, out, mode, path); err != nil {
+	if err := writeLike(path, out, path); err != nil {
 		return err
 	}
 	in.noteWrite(path)
 	st := &fileState{written: hashOf(out)}
-	if pristine {
-		st.orig = data
+	if _, n, _ := remove(data, in.entry.typ); n == 0 {
+		st.orig = data // no entry of ours in it: uninstall may put it back byte for byte
 	}
 	in.files[name] = st
 	delete(in.reported, name)
@@ -741,10 +627,10 @@ func (in *installer) writeEdited(name, path string, data, out []byte, pristine b
 	return nil
 }
 
-// standalone is the plugin's config alone, as a single-plugin config file: the entry, with a
-// cniVersion when it has none.
+// standalone is the plugin's config alone: the entry, with a cniVersion when it has none.
 func (in *installer) standalone() []byte {
-	if pluginHasKey(in.entry.raw, "cniVersion") {
+	members, _ := topMembers(in.entry.raw)
+	if _, ok := lookup(members, "cniVersion"); ok {
 		return append(slices.Clone(in.entry.raw), '\n')
 	}
 	out := splice(in.entry.raw, span{1, 1}, []byte(`"cniVersion":"`+standaloneCNIVersion+`",`))
@@ -755,36 +641,19 @@ func (in *installer) standalone() []byte {
 // CIS benchmark. Multus, the one reader, runs as root.
 const standaloneMode fs.FileMode = 0o600
 
-// syncStandalone writes the standalone config file unless it is in place already.
-func (in *installer) syncStandalone() error {
-	path := filepath.Join(in.cfg.netDir(), in.cfg.StandaloneConf)
-	want := in.standalone()
-	if inPlace(path, want, standaloneMode) {
-		return nil
-	}
-	if err := writeAtomic(path, want, standaloneMode, ""); err != nil {
-		return err
-	}
-	in.noteWrite(path)
-	in.log.Info("wrote linkerd-cni's config alone, for NetworkAttachmentDefinitions", "path", path)
-	return nil
-}
-
-// convert turns a single-plugin .conf (or .json) into a .conflist carrying
-// our entry and removes the original. The list is written first, so the node
-// is never without a network configuration.
+// convert turns a single-plugin .conf (or .json) into a .conflist carrying our entry, then removes
+// the original: the node is never without a network configuration.
 func (in *installer) convert(name, path string, data []byte) error {
-	dir := in.cfg.netDir()
 	stem := strings.TrimSuffix(strings.TrimSuffix(name, ".conf"), ".json")
 	target := stem + ".conflist"
-	tpath := filepath.Join(dir, target)
+	tpath := filepath.Join(in.cfg.netDir(), target)
 	out, err := convertConf(data, in.entry.typ, in.entry.raw, stem)
 	if err != nil {
 		return in.problem(name, data, fmt.Errorf("%s: %w", path, err))
 	}
 	have, err := readConfig(tpath)
-	if big := (*tooBigError)(nil); errors.As(err, &big) {
-		return in.problem(name, sizeKey(big), fmt.Errorf("%s cannot become %s: %w", path, target, big))
+	if errors.As(err, new(*tooBigError)) {
+		return in.problem(name, nil, fmt.Errorf("%s cannot become %s: %w", path, target, err))
 	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file exists and cannot be read: %w", path, tpath, err))
@@ -793,9 +662,8 @@ func (in *installer) convert(name, path string, data []byte) error {
 		st := in.files[target]
 		ours := st != nil && st.origName == name && st.written == hashOf(have)
 		if !ours {
-			// After a restart: a list holding our entry and one other plugin of the
-			// .conf's type is a conversion of ours, of this .conf or of an older
-			// version of it (the primary rewrote it meanwhile): it is redone.
+			// After a restart: a list holding our entry and one plugin of the .conf's type is our
+			// conversion of this .conf or an older version of it: it is redone.
 			other, ok := soleOtherPlugin(have, in.entry.typ)
 			ours = ok && (sameJSONText(other, data) || hasEntry(have, in.entry.typ) && pluginType(other) == pluginType(data))
 		}
@@ -803,11 +671,7 @@ func (in *installer) convert(name, path string, data []byte) error {
 			return in.problem(name, data, fmt.Errorf("%s: cannot turn it into %s: that file already exists", path, tpath))
 		}
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	if err := writeAtomic(tpath, out, mode, path); err != nil {
+	if err := writeLike(tpath, out, path); err != nil {
 		return err
 	}
 	in.noteWrite(tpath)
@@ -821,28 +685,30 @@ func (in *installer) convert(name, path string, data []byte) error {
 	return nil
 }
 
-// sweepTemps removes the temporary files a killed installer left, and logs each.
+// sweepTemps removes, and logs, the temporary files an installer killed mid-write left (a
+// kubeconfig's holds a token). Only one installer runs per node, so none is in use.
 func (in *installer) sweepTemps() {
-	removed, err := sweepTemps(in.cfg.netDir(), in.cfg.binDir())
-	for _, p := range removed {
-		in.log.Info("removed a temporary file an earlier installer left", "path", p)
-	}
-	if err != nil {
-		in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+	for _, d := range []string{in.cfg.netDir(), in.cfg.binDir()} {
+		matches, err := filepath.Glob(filepath.Join(d, tmpPrefix+"*"))
+		for _, m := range matches {
+			if err := removeIfExists(m); err != nil {
+				in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+				continue
+			}
+			in.log.Info("removed a temporary file an earlier installer left", "path", m)
+		}
+		if err != nil { // a bad pattern: a directory name with glob characters
+			in.log.Warn("cannot remove temporary files an earlier installer left", "error", err)
+		}
 	}
 }
 
-// uninstall removes our entry from every config file, then the plugin, then
-// its kubeconfig, in that order, so that no config ever names a missing
-// plugin, nor a plugin runs without its kubeconfig. It carries on past
-// errors and returns them all.
+// uninstall removes our entry from every config file, then the plugin, then its kubeconfig, so no
+// config names a missing plugin, nor a plugin runs without its kubeconfig. It returns every error.
 func (in *installer) uninstall() error {
 	dir := in.cfg.netDir()
-	var errs []error
 	ents, err := listConfigs(dir)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	errs := []error{err} // errors.Join drops the nils
 	for _, e := range ents {
 		if e.Type()&fs.ModeSymlink != 0 {
 			continue
@@ -853,24 +719,18 @@ func (in *installer) uninstall() error {
 		}
 	}
 	if in.cfg.StandaloneConf != "" {
-		if err := removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, removeIfExists(filepath.Join(dir, in.cfg.StandaloneConf)))
 	}
-	bin := filepath.Join(in.cfg.binDir(), in.bin.name)
-	if err := removeIfExists(bin); err != nil {
-		errs = append(errs, err)
+	for _, p := range []string{filepath.Join(in.cfg.binDir(), in.entry.typ), in.cfg.kubeconfigPath()} {
+		errs = append(errs, removeIfExists(p))
+		in.noteWrite(p)
 	}
-	in.noteWrite(bin)
-	if err := removeIfExists(in.cfg.kubeconfigPath()); err != nil {
-		errs = append(errs, err)
-	}
-	in.noteWrite(in.cfg.kubeconfigPath())
 	in.sweepTemps()
-	if len(errs) == 0 {
-		in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	in.log.Info("uninstalled: linkerd-cni removed from every CNI config; binary and kubeconfig removed")
+	return nil
 }
 
 func (in *installer) uninstallFile(name string) error {
@@ -888,14 +748,10 @@ func (in *installer) uninstallFile(name string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
-	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
 	if st := in.files[name]; st != nil && st.orig != nil && st.written == hashOf(data) {
 		// Unchanged since our write: put the original back, byte for byte.
 		if st.origName == "" {
-			if err := writeAtomic(path, st.orig, mode, path); err != nil {
+			if err := writeLike(path, st.orig, path); err != nil {
 				return err
 			}
 			in.log.Info("restored CNI config", "path", path)
@@ -903,7 +759,7 @@ func (in *installer) uninstallFile(name string) error {
 		}
 		opath := filepath.Join(dir, st.origName)
 		if _, err := os.Lstat(opath); errors.Is(err, fs.ErrNotExist) {
-			if err := writeAtomic(opath, st.orig, mode, path); err != nil {
+			if err := writeLike(opath, st.orig, path); err != nil {
 				return err
 			}
 		}
@@ -922,8 +778,7 @@ func (in *installer) uninstallFile(name string) error {
 	out, n, err := remove(data, in.entry.typ)
 	if err != nil {
 		if in.files[name] == nil && !bytes.Contains(data, []byte(strconv.Quote(in.entry.typ))) {
-			// A file we never edited, and that does not even name the plugin, holds nothing
-			// of ours: leaving it as it is removes everything we added.
+			// Never edited by us, not even naming the plugin: it holds nothing of ours.
 			in.log.Warn("a CNI config that could not be parsed was left untouched; it holds no linkerd-cni entry", "path", path, "error", err)
 			return nil
 		}
@@ -932,7 +787,7 @@ func (in *installer) uninstallFile(name string) error {
 	if n == 0 {
 		return nil
 	}
-	if err := writeAtomic(path, out, mode, path); err != nil {
+	if err := writeLike(path, out, path); err != nil {
 		return err
 	}
 	in.log.Info("removed linkerd-cni from CNI config", "path", path)

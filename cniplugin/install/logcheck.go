@@ -10,13 +10,10 @@ import (
 	"syscall"
 )
 
-// checkLogFile validates the entry's log_file (a path on the node) as the plugin will open it,
-// from this container's view of the node (prefix, the node's root here): the plugin appends to
-// it as root, so it must be a regular file owned by root with one link, or absent, in a directory
-// owned by root that nobody else may write, reached through no symbolic link. "Root" is the
-// installer's own user: root in the DaemonSet, the test's user in unit tests. The plugin refuses
-// anything else (and logs to stderr only); the installer says so on /ready, naming the path and
-// the reason, so that it is fixed before a pod's log line is lost.
+// checkLogFile checks the entry's log_file (a path on the node, under prefix here) as the plugin,
+// appending as root, will: absent, or a regular file of root's with one link, in a directory of
+// root's nobody else may write, reached through no symbolic link ("root" is the installer's user).
+// The plugin refuses anything else; /ready says so before a pod's log line is lost.
 func checkLogFile(prefix, logFile string) error {
 	bad := func(reason string) error { return fmt.Errorf("log_file %s: %s", logFile, reason) }
 	if !filepath.IsAbs(logFile) {

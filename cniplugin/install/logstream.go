@@ -12,29 +12,22 @@ import (
 	"unicode/utf8"
 )
 
-// logPollInterval is how often the plugin's log file is checked for new
-// lines. Polling, not inotify: the file may not exist yet, and may be
-// replaced or truncated, and a poll handles all of that the same way.
+// logPollInterval is how often the plugin's log file is checked for new lines. Polling, not
+// inotify: a poll handles a file not there yet, replaced or truncated all the same way.
 const logPollInterval = 200 * time.Millisecond
 
-// maxPartialLine bounds the start of a line held while its newline has not come: a plugin
-// process killed mid-line, or anything else that appends to the file without newlines, would
-// otherwise grow the installer's memory up to its limit (the kubelet then kills it in a loop).
-// The plugin's own lines are a few hundred bytes.
+// maxPartialLine bounds the start of a line held until its newline: anything appending without
+// newlines would otherwise grow the installer's memory up to its limit (and an OOM kill loop).
 const maxPartialLine = 64 << 10
 
-// cutMarker ends each maxPartialLine piece of a longer line written before its end arrived; the
-// rest of the line follows on the next one.
+// cutMarker ends each maxPartialLine piece of a longer unfinished line.
 const cutMarker = " [linkerd-cni: line cut at 64 KiB; it continues on the next line]\n"
 
 // lineBuffer passes complete lines on and holds at most maxPartialLine bytes of an unfinished one.
-type lineBuffer struct {
-	partial []byte
-}
+type lineBuffer struct{ partial []byte }
 
-// write passes every complete line of what has come so far with b to out, then cuts the
-// unfinished rest into pieces of at most maxPartialLine bytes (not inside a UTF-8 sequence),
-// each ended by cutMarker, until what it holds fits the bound.
+// write passes every complete line so far to out, then cuts the unfinished rest into pieces of at
+// most maxPartialLine bytes (not inside a UTF-8 sequence), each ended by cutMarker, until it fits.
 func (l *lineBuffer) write(out io.Writer, b []byte) {
 	l.partial = append(l.partial, b...)
 	if i := bytes.LastIndexByte(l.partial, '\n'); i >= 0 {
@@ -54,16 +47,17 @@ func (l *lineBuffer) write(out io.Writer, b []byte) {
 // reset drops an unfinished line: its file was replaced or truncated.
 func (l *lineBuffer) reset() { l.partial = l.partial[:0] }
 
-// streamLog copies complete lines appended to path to out until ctx ends,
-// like `tail -F -n0`: lines already in the file at start are skipped (they
-// were streamed by an earlier installer), a file created later is read
-// from its start, and a replaced or truncated file is followed. Once the file
-// has reached maxSize and is streamed to its end, it is renamed to path.1
-// (replacing the previous one), so it cannot fill the node's disk. An unfinished line is held up
-// to maxPartialLine bytes, then passed on in pieces (lineBuffer).
+// streamLog copies complete lines appended to path to out until ctx ends, like `tail -F -n0`:
+// lines in the file at start are skipped (an earlier installer streamed them), a file created
+// later is read from its start, a replaced or truncated file is followed. Once it has reached
+// maxSize and is streamed to its end, it is renamed to path.1, so it cannot fill the node's disk.
 func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
 	t := &logTail{path: path, maxSize: maxSize, out: out, log: log, first: true, buf: make([]byte, 32*1024)}
-	defer t.close()
+	defer func() {
+		if t.f != nil {
+			t.f.Close()
+		}
+	}()
 	tick := time.NewTicker(logPollInterval)
 	defer tick.Stop()
 	for {
@@ -94,12 +88,6 @@ type logTail struct {
 	lines        lineBuffer
 	first        bool // the first open skips what the file holds
 	buf          []byte
-}
-
-func (t *logTail) close() {
-	if t.f != nil {
-		t.f.Close()
-	}
 }
 
 // open opens the file, at its end the first time, at its start after that.
@@ -136,8 +124,7 @@ func (t *logTail) drain() {
 	}
 }
 
-// follow streams the open file, then handles its replacement, truncation or rotation; it
-// reports whether to look again at once.
+// follow streams the open file, then handles its replacement, truncation or rotation; true: again.
 func (t *logTail) follow() bool {
 	t.drain()
 	cur, err := statID(t.path)
@@ -157,9 +144,8 @@ func (t *logTail) follow() bool {
 		}
 		return true
 	case cur.size >= t.maxSize && t.off >= cur.size && !t.rotateFailed:
-		// All streamed, and big: keep the node's disk bounded, with one old generation
-		// beside it. Plugin processes open the file anew on every call, so the next one
-		// creates a fresh file; the next pass finishes the old one and follows.
+		// All streamed, and big: rotate. Plugin processes open the file anew on every call, so
+		// the next one creates a fresh file; the next pass finishes the old one and follows.
 		if err := os.Rename(t.path, t.path+".1"); err != nil {
 			t.rotateFailed = true
 			t.log.Warn("cannot rotate the plugin's log file; it will keep growing", "path", t.path, "error", err)

@@ -17,17 +17,11 @@ import (
 	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
-// Main is `linkerd-cni install [flags]`: it reads the environment, runs the
-// installer until SIGTERM or SIGINT, and returns the exit code: 0 after a
-// clean removal, 1 on a runtime error, 2 on bad flags or environment.
-//
-// `--node-taint KEY` (or LINKERD_CNI_NODE_TAINT) removes that startup taint
-// from the node named by KUBERNETES_NODE_NAME once the plugin is in place.
-//
-// `--pre-stop` is for the DaemonSet's preStop hook: it sends SIGTERM to the
-// installer (PID 1 of the container, checked to be `linkerd-cni install`)
-// and returns, so removal starts while the kubelet is still honouring the
-// grace period.
+// Main is `linkerd-cni install [flags]`: it reads the environment, runs the installer until
+// SIGTERM or SIGINT, and returns the exit code: 0 after a clean removal, 1 on a runtime error, 2 on
+// bad flags or environment. `--pre-stop` is for the DaemonSet's preStop hook: it sends SIGTERM to
+// the installer (PID 1, checked to be `linkerd-cni install`) and returns, so removal starts while
+// the kubelet still honours the grace period.
 func Main(args []string) int {
 	return mainWith(args, os.Getenv, os.Stderr)
 }
@@ -95,9 +89,8 @@ func mainWith(args []string, getenv func(string) string, stderr io.Writer) int {
 	return 0
 }
 
-// signalInstaller sends SIGTERM to pid after checking, via its command
-// line, that it is `linkerd-cni install`: a preStop hook run in a pod that
-// shares a PID namespace must not terminate anything else.
+// signalInstaller sends SIGTERM to pid after checking its command line: a preStop hook in a pod
+// that shares a PID namespace must not terminate anything but `linkerd-cni install`.
 func signalInstaller(pid int) error {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {

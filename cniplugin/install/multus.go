@@ -1,25 +1,18 @@
 package install
 
-// Multus (k8snetworkplumbingwg/multus-cni) writes its own config first in the net dir
-// (00-multus.conf, or 00-multus.conflist from CNI 1.0.0 on), so the runtime runs Multus, and
-// Multus runs the pod's default network itself:
-//   - the thin plugin (type "multus") from the copies of that network's config embedded in its
-//     "delegates", made when Multus starts (it remakes them only when it runs with
-//     --cleanup-config-on-exit and without --skip-config-watch);
-//   - the thick plugin (type "multus-shim") from the file its "clusterNetwork" names, read on
-//     every ADD.
-// Chaining linkerd-cni after Multus and into the default network would run it twice per pod. So
-// with Multus the installer chains it once, where the default network runs: into the thin
-// plugin's delegates (and into the files on disk, which Multus copies when it remakes them), or
-// into the file the thick plugin names. It never chains after Multus itself, and never turns a
-// .conf into a .conflist, since Multus finds its files by name.
+// Multus writes its config first in the net dir, and runs the pod's default network itself: the
+// thin plugin (type "multus") from the copies in its "delegates", the thick one ("multus-shim")
+// from the file its "clusterNetwork" names. So linkerd-cni is chained once, where the default
+// network runs (after Multus too, it would run twice per pod): into the delegates (and the files
+// on disk, which Multus copies again), or the thick plugin's file. Beside Multus, which finds its
+// files by name, no .conf becomes a .conflist.
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"slices"
 )
 
 // Multus's plugin types.
@@ -30,12 +23,9 @@ const (
 
 // multusConf is a config file of Multus's, located in its bytes.
 type multusConf struct {
-	kind string // multusThin or multusThick
-	// delegates are the thin plugin's embedded configs.
-	delegates []span
-	// clusterNetwork is the thick plugin's default network: a file path, as Multus's daemon
-	// sees it, or a network name.
-	clusterNetwork string
+	kind           string // multusThin or multusThick
+	delegates      []span // the thin plugin's embedded configs
+	clusterNetwork string // the thick plugin's default network: a path (as Multus sees it) or a name
 }
 
 // parseMultus recognises a config of Multus's: a single plugin of its type, or a list holding one.
@@ -49,16 +39,11 @@ func parseMultus(data []byte) (*multusConf, bool) {
 		if err != nil {
 			return nil, false
 		}
-		found := false
-		for i, t := range doc.types {
-			if t == multusThin || t == multusThick {
-				obj, found = doc.elems[i], true
-				break
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(doc.types, func(t string) bool { return t == multusThin || t == multusThick })
+		if i < 0 {
 			return nil, false
 		}
+		obj = doc.elems[i]
 	}
 	members, _, _, err := scanObject(data, obj.start)
 	if err != nil {
@@ -79,8 +64,7 @@ func parseMultus(data []byte) (*multusConf, bool) {
 	return m, true
 }
 
-// chainMultus returns a Multus config with entry chained into each of the thin plugin's
-// delegates, and no entry of type typ after Multus itself.
+// chainMultus chains entry into each delegate of a thin Multus config, and none after Multus.
 func chainMultus(data []byte, typ string, entry []byte) ([]byte, error) {
 	data, _, err := removeAfterMultus(data, typ)
 	if err != nil {
@@ -125,8 +109,7 @@ func removeAfterMultus(data []byte, typ string) ([]byte, int, error) {
 	return removeEntries(data, typ)
 }
 
-// editDelegates applies edit to each delegate of a thin Multus config, last first so the
-// earlier spans stay valid.
+// editDelegates edits each delegate of a thin Multus config, last first: earlier spans stay valid.
 func editDelegates(data []byte, edit func([]byte) ([]byte, error)) ([]byte, error) {
 	m, ok := parseMultus(data)
 	if !ok {
@@ -144,13 +127,4 @@ func editDelegates(data []byte, edit func([]byte) ([]byte, error)) ([]byte, erro
 		data = splice(data, d, out)
 	}
 	return data, nil
-}
-
-// clusterNetworkFile is the name, in the net dir, of the file a thick Multus config runs as the
-// pod's default network ("" when it names a network, not a file).
-func (m *multusConf) clusterNetworkFile() string {
-	if !filepath.IsAbs(m.clusterNetwork) {
-		return ""
-	}
-	return filepath.Base(m.clusterNetwork)
 }

@@ -3,28 +3,27 @@ package install
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
 
-// pluginEntry is the rendered linkerd-cni plugin configuration that goes
-// into every network configuration list.
+// pluginEntry is the rendered plugin configuration that goes into every configuration list.
 type pluginEntry struct {
 	raw     []byte // compact JSON object
 	typ     string // its "type": the binary's name and how our entry is found
 	logFile string // its "log_file", a path on the node, or ""
 }
 
-// tokenPlaceholder is accepted for compatibility with old Linkerd templates
-// but never filled: a token copied into the conflist outlives its pod and,
-// once revoked, wedges the node. The plugin reads the kubeconfig instead.
+// tokenPlaceholder is accepted for old Linkerd templates but never filled: a token copied into the
+// conflist outlives its pod and, once revoked, wedges the node. The plugin reads the kubeconfig.
 const tokenPlaceholder = "__SERVICEACCOUNT_TOKEN__"
 
-// renderEntry fills the template's placeholders the way Linkerd's
-// install-cni.sh does, checks the result and adds namespace to
-// "kubernetes.exclude-namespaces". source names the template in errors. It returns
-// warnings for the caller to log.
+// renderEntry fills the template's placeholders as Linkerd's install-cni.sh does, checks the result
+// and adds namespace to "kubernetes.exclude-namespaces". source names the template in errors. It
+// returns warnings for the caller to log.
 func renderEntry(source, tmpl string, vars map[string]string, namespace string) (*pluginEntry, []string, error) {
 	var warnings []string
 	if strings.Contains(tmpl, tokenPlaceholder) {
@@ -32,56 +31,53 @@ func renderEntry(source, tmpl string, vars map[string]string, namespace string) 
 			"the plugin authenticates with the kubeconfig, which is kept up to date", source, tokenPlaceholder))
 		tmpl = strings.ReplaceAll(tmpl, tokenPlaceholder, "")
 	}
-	keys := make([]string, 0, len(vars))
-	for k := range vars {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
 		// Placeholders sit inside JSON strings; escape the value for one.
 		q, _ := json.Marshal(vars[k])
 		tmpl = strings.ReplaceAll(tmpl, k, string(q[1:len(q)-1]))
 	}
-	data := []byte(strings.TrimSpace(tmpl))
-	if !json.Valid(data) {
-		return nil, nil, fmt.Errorf("%s: %w", source, jsonError(data))
-	}
-	members, open, _, err := scanObject(data, 0)
+	entry, err := parseEntry([]byte(strings.TrimSpace(tmpl)), namespace)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", source, err)
+	}
+	return entry, warnings, nil
+}
+
+// parseEntry checks a rendered entry and adds namespace to its exclude-namespaces.
+func parseEntry(data []byte, namespace string) (*pluginEntry, error) {
+	members, err := topMembers(data)
+	if err != nil {
+		return nil, err
 	}
 	var top struct {
 		Type    string `json:"type"`
 		LogFile string `json:"log_file"`
 	}
 	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", source, err)
+		return nil, err
 	}
 	if top.Type == "" {
-		return nil, nil, fmt.Errorf(`%s: "type" must be a non-empty string (the plugin binary's name)`, source)
+		return nil, errors.New(`"type" must be a non-empty string (the plugin binary's name)`)
 	}
 	if strings.ContainsAny(top.Type, `/\`) || top.Type == "." || top.Type == ".." {
-		return nil, nil, fmt.Errorf(`%s: "type" %q must be a plain file name`, source, top.Type)
+		return nil, fmt.Errorf(`"type" %q must be a plain file name`, top.Type)
 	}
 	if namespace != "" {
-		data, err = addExcludedNamespace(data, members, open, namespace)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", source, err)
+		if data, err = addExcludedNamespace(data, members, namespace); err != nil {
+			return nil, err
 		}
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, data); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", source, err)
+		return nil, err
 	}
-	return &pluginEntry{raw: compact.Bytes(), typ: top.Type, logFile: top.LogFile}, warnings, nil
+	return &pluginEntry{raw: compact.Bytes(), typ: top.Type, logFile: top.LogFile}, nil
 }
 
-// addExcludedNamespace adds ns to the "exclude-namespaces" list of the object's "kubernetes"
-// block, creating the list (and the block) when missing and keeping every other key in place.
-// The kubernetes block is where Linkerd's own schema for the entry accepts any key: its
-// integration tests decode the rest of the entry strictly, so a new top-level key would fail
-// them. A namespace a top-level "exclude-namespaces" (a user's) already lists is left there.
-func addExcludedNamespace(data []byte, members []member, open int, ns string) ([]byte, error) {
+// addExcludedNamespace adds ns to the "exclude-namespaces" list of the object's "kubernetes" block,
+// creating them when missing. That block is where Linkerd's schema for the entry accepts any key
+// (its tests decode the rest strictly). A namespace a user's top-level list names is left there.
+func addExcludedNamespace(data []byte, members []member, ns string) ([]byte, error) {
 	if s, ok := lookup(members, "exclude-namespaces"); ok {
 		list, err := namespaceList(data[s.start:s.end], "exclude-namespaces")
 		if err != nil || slices.Contains(list, ns) {
@@ -91,7 +87,7 @@ func addExcludedNamespace(data []byte, members []member, open int, ns string) ([
 	k8s, ok := lookup(members, "kubernetes")
 	if !ok {
 		enc, _ := json.Marshal(map[string][]string{"exclude-namespaces": {ns}})
-		return appendMember(data, members, open, "kubernetes", enc), nil
+		return appendMember(data, members, 0, "kubernetes", enc), nil // data starts with its brace
 	}
 	inner, innerOpen, _, err := scanObject(data, k8s.start)
 	if err != nil {
@@ -126,14 +122,4 @@ func appendMember(data []byte, members []member, open int, key string, value []b
 	}
 	last := members[len(members)-1].val.end
 	return splice(data, span{last, last}, append([]byte{','}, ins...))
-}
-
-// pluginHasKey reports whether the JSON object data has key at its top level.
-func pluginHasKey(data []byte, key string) bool {
-	members, _, _, err := scanObject(data, 0)
-	if err != nil {
-		return false
-	}
-	_, ok := lookup(members, key)
-	return ok
 }

@@ -1,6 +1,7 @@
 package install
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -16,20 +17,14 @@ import (
 	"github.com/kubemesh/proxy-init/cniplugin/internal/kubeclient"
 )
 
-// successorTimeout bounds the API requests that decide, at SIGTERM, between an upgrade and an
-// uninstall: the grace period must still cover the removal.
+// successorTimeout bounds successorComing's requests: the grace period must cover the removal.
 const successorTimeout = 5 * time.Second
 
-// successorComing tells, at SIGTERM, whether another installer pod will take over this node:
-// the pod (Config.PodName) belongs to a DaemonSet that still exists, is not being deleted and
-// still targets this node, as in a rolling upgrade, a `rollout restart` or a deleted pod. The
-// plugin, its kubeconfig and its entries then stay where they are, so no pod on the node starts
-// unmeshed in between; the old pod's token dies with it, so ADDs fail closed (and the kubelet
-// retries them) until the next installer rewrites the kubeconfig. In every other case (the node
-// relabelled out of the DaemonSet's nodeSelector or required node affinity, or tainted with a
-// taint it does not tolerate, an API error on the pod or the DaemonSet) the answer is no and the
-// installer removes everything: no installer would come back, and the dead token would fail
-// every ADD on the node forever. why says which.
+// successorComing tells, at SIGTERM, whether another installer pod will take over this node: the
+// pod's DaemonSet still exists, is not being deleted and still targets this node (an upgrade, a
+// restart, a deleted pod). Everything then stays, so no pod starts unmeshed in between (ADDs fail
+// closed until the next installer's kubeconfig). Otherwise no installer would come back, and the
+// dead token would fail every ADD on the node forever: everything goes. why says which.
 func (in *installer) successorComing(ctx context.Context) (keep bool, why string) {
 	if in.cfg.PodName == "" {
 		return false, "POD_NAME not set: cannot tell an upgrade from an uninstall"
@@ -66,16 +61,13 @@ func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName,
 	case ds.DeletionTimestamp != nil:
 		return false, fmt.Sprintf("DaemonSet %s/%s is being deleted: uninstall", ns, owner.Name)
 	}
-	if pod.Spec.NodeName != "" {
-		nodeName = pod.Spec.NodeName
-	}
+	nodeName = cmp.Or(pod.Spec.NodeName, nodeName)
 	if nodeName == "" {
 		return true, fmt.Sprintf("DaemonSet %s/%s stays; the pod names no node, so whether it still targets this one is unknown: kept, as for an upgrade", ns, owner.Name)
 	}
 	node, err := client.Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
-		// Kept: an upgrade is by far the commonest SIGTERM, and removing the plugin there would let
-		// pods start unmeshed until the next installer. If this was in fact a relabel, the
+		// Kept: an upgrade is by far the commonest SIGTERM. If this was in fact a relabel, the
 		// plugin's STATUS turns the node NotReady once its token has been refused long enough
 		// (kubernetes.status-unauthorized-after), so the node is not wedged silently.
 		return true, fmt.Sprintf("DaemonSet %s/%s stays, but get node %s failed (%v): kept, as for an upgrade", ns, owner.Name, nodeName, err)
@@ -87,10 +79,9 @@ func daemonSetStays(ctx context.Context, client *kubeclient.Client, ns, podName,
 }
 
 // targetsNode tells whether the DaemonSet controller would run a pod of ds on node, as its
-// NodeShouldRunDaemonPod does: the template's nodeSelector and required node affinity must match,
-// and every NoSchedule or NoExecute taint of the node must be tolerated by the template's
-// tolerations plus those the controller adds to every daemon pod. The scheduling helpers are
-// Kubernetes' own, so the match is the controller's, operators and field selectors included.
+// NodeShouldRunDaemonPod does (with Kubernetes' own scheduling helpers): the template's
+// nodeSelector and required node affinity match, and every NoSchedule or NoExecute taint is
+// tolerated by the template's tolerations plus those the controller adds to every daemon pod.
 func targetsNode(ds *appsv1.DaemonSet, node *corev1.Node) (bool, string) {
 	spec := ds.Spec.Template.Spec
 	match, err := nodeaffinity.NewRequiredNodeAffinity(spec.NodeSelector, spec.Affinity).Match(node)
@@ -111,13 +102,10 @@ func targetsNode(ds *appsv1.DaemonSet, node *corev1.Node) (bool, string) {
 	return true, ""
 }
 
-// daemonPodTolerations are the tolerations the DaemonSet controller adds to every pod it creates
-// (pkg/controller/daemon/util.AddOrUpdateDaemonPodTolerations in Kubernetes), so a cordoned node
-// or one under pressure is still targeted; and, beyond those, the not-ready and unreachable taints
-// of any effect. The node's lifecycle puts these on while a node is down or starting (a new Node
-// is born with not-ready:NoSchedule) and takes them off when it is back, and the controller then
-// places its pod: they are no decision to leave the node, and an installer stopped meanwhile (a
-// node's shutdown) must not uninstall.
+// daemonPodTolerations are those the DaemonSet controller adds to every pod
+// (AddOrUpdateDaemonPodTolerations), so a cordoned node or one under pressure is still targeted;
+// and the not-ready and unreachable taints of any effect: the node's lifecycle puts these on while
+// a node is down or starting, and an installer stopped meanwhile (a shutdown) must not uninstall.
 func daemonPodTolerations(hostNetwork bool) []corev1.Toleration {
 	t := []corev1.Toleration{
 		{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists},

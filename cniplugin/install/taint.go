@@ -19,80 +19,45 @@ import (
 // EnvNodeTaint is the environment equivalent of --node-taint.
 const EnvNodeTaint = "LINKERD_CNI_NODE_TAINT"
 
-// The optional manifests are named in the log when the API server refuses
-// the patch, so the fix is one copy-paste away.
+// The optional manifests named in the log when the API server refuses the patch.
 const (
 	nodeTaintRBACManifest   = "deploy/linkerd-cni/optional/node-taint-rbac.yaml"
 	nodeTaintPolicyManifest = "deploy/linkerd-cni/optional/node-taint-policy.yaml"
 )
 
-// Retry pacing of the taint removal: quick at first (the API server may
-// just be busy), then at most every 30s (RBAC may be applied later).
+// Retry pacing of the taint removal: quick at first (the API server may be busy), then at most
+// every 30s (RBAC may be applied later).
 const (
 	defaultTaintBackoff    = time.Second
 	defaultTaintBackoffMax = 30 * time.Second
 	taintAttemptTimeout    = 30 * time.Second
 )
 
-// restConfig is the equivalent of rest.InClusterConfig built from the
-// installer's own settings (the same server, token and CA as the plugin's
-// kubeconfig). The token is given as a file, which client-go re-reads, so
-// the kubelet's token rotation is followed.
+// restConfig is rest.InClusterConfig from the installer's settings (the plugin's kubeconfig's
+// server, token and CA). client-go re-reads the token file, so the kubelet's rotation is followed.
 func (c *Config) restConfig() *rest.Config {
 	rc := &rest.Config{
 		Host:            c.serverURL(),
 		BearerTokenFile: filepath.Join(c.ServiceAccountDir, "token"),
 		UserAgent:       "linkerd-cni-install",
 		Timeout:         taintAttemptTimeout,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: c.SkipTLSVerify},
 	}
-	if c.SkipTLSVerify {
-		rc.TLSClientConfig.Insecure = true
-	} else {
+	if !c.SkipTLSVerify {
 		rc.TLSClientConfig.CAFile = c.KubeCAFile
 	}
 	return rc
 }
 
-// taintRemover removes the node's startup taint once, after the plugin is
-// in place. It runs in its own goroutine so that API latency and retries
-// never delay the file watch loop.
+// taintRemover removes the node's startup taint once the plugin is in place, in its own goroutine
+// so that API latency and retries never delay the file watch loop.
 type taintRemover struct {
-	client     *kubeclient.Client
-	node, key  string
-	backoff    time.Duration
-	backoffMax time.Duration
-	kick       chan struct{} // buffered 1: "readiness may have become true"
-	done       chan struct{} // closed when the goroutine returns
-	inPlace    func() (bool, string)
+	client *kubeclient.Client
+	kick   chan struct{} // buffered 1: "readiness may have become true"
+	done   chan struct{} // closed when the goroutine returns
 }
 
-// newTaintRemover builds the API client; nothing is sent yet.
-func (in *installer) newTaintRemover() (*taintRemover, error) {
-	client, err := kubeclient.New(in.cfg.restConfig())
-	if err != nil {
-		return nil, fmt.Errorf("--node-taint: %w", err)
-	}
-	tr := &taintRemover{
-		client:     client,
-		node:       in.cfg.NodeName,
-		key:        in.cfg.NodeTaint,
-		backoff:    in.cfg.taintBackoff,
-		backoffMax: in.cfg.taintBackoffMax,
-		kick:       make(chan struct{}, 1),
-		done:       make(chan struct{}),
-		inPlace:    in.pluginInPlace,
-	}
-	if tr.backoff <= 0 {
-		tr.backoff = defaultTaintBackoff
-	}
-	if tr.backoffMax < tr.backoff {
-		tr.backoffMax = max(defaultTaintBackoffMax, tr.backoff)
-	}
-	return tr, nil
-}
-
-// poke tells the remover that the plugin may now be in place. It never
-// blocks: one pending poke is as good as many.
+// poke tells the remover that the plugin may now be in place; one pending poke is as good as many.
 func (tr *taintRemover) poke() {
 	select {
 	case tr.kick <- struct{}{}:
@@ -100,15 +65,14 @@ func (tr *taintRemover) poke() {
 	}
 }
 
-// run waits for pokes and removes the taint, retrying with back-off, until
-// it is gone (or was never there) or ctx ends. Each attempt first checks
-// again, on disk, that every config file carries the plugin: a poke may be
-// stale by the time it is served.
+// run waits for pokes and removes the taint, retrying with back-off, until it is gone (or was never
+// there) or ctx ends. Each attempt first checks again on disk (pluginInPlace): a poke may be stale.
 func (tr *taintRemover) run(ctx context.Context, in *installer) {
 	defer close(tr.done)
-	log := in.log.With("node", tr.node, "taint", tr.key)
+	node := in.cfg.NodeName
+	log := in.log.With("node", node, "taint", in.cfg.NodeTaint)
 	log.Info("will remove the node's startup taint once linkerd-cni is in every CNI config file")
-	backoff := tr.backoff
+	backoff := in.cfg.taintBackoff
 	for {
 		select {
 		case <-ctx.Done():
@@ -116,12 +80,12 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 		case <-tr.kick:
 		}
 		for {
-			if ok, reason := tr.inPlace(); !ok {
+			if ok, reason := in.pluginInPlace(); !ok {
 				log.Info("not removing the startup taint yet", "reason", reason)
 				break // wait for the next poke
 			}
 			actx, cancel := context.WithTimeout(ctx, taintAttemptTimeout)
-			removed, err := repair.RemoveNodeTaint(actx, tr.client, tr.node, tr.key)
+			removed, err := repair.RemoveNodeTaint(actx, tr.client, node, in.cfg.NodeTaint)
 			cancel()
 			if err == nil {
 				if removed {
@@ -138,11 +102,11 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 			switch {
 			case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
 				args = append(args, "hint", "an admission policy refused the patch: with "+nodeTaintPolicyManifest+
-					", the token must be bound to a pod on node "+tr.node+" (is KUBERNETES_NODE_NAME the pod's spec.nodeName?)")
+					", the token must be bound to a pod on node "+node+" (is KUBERNETES_NODE_NAME the pod's spec.nodeName?)")
 			case apierrors.IsForbidden(err):
 				args = append(args, "hint", "the linkerd-cni ServiceAccount needs get and patch on nodes: apply "+nodeTaintRBACManifest)
 			case apierrors.IsNotFound(err):
-				args = append(args, "hint", "no Node named "+tr.node+": check KUBERNETES_NODE_NAME")
+				args = append(args, "hint", "no Node named "+node+": check KUBERNETES_NODE_NAME")
 			}
 			log.Error("cannot remove the startup taint; retrying", args...)
 			select {
@@ -150,18 +114,15 @@ func (tr *taintRemover) run(ctx context.Context, in *installer) {
 				return
 			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, tr.backoffMax)
+			backoff = min(2*backoff, in.cfg.taintBackoffMax)
 		}
 	}
 }
 
-// pluginInPlace reports whether the installer is ready (binary, kubeconfig
-// and every config file done at its last sync) and, read again from disk
-// now, the plugin is where the runtime will find it: the standalone config
-// in place, or every config list ending with our plugin (with Multus: every
-// delegate of its own config, and no single-plugin file required). The
-// second check closes the window between a primary CNI rewriting its file
-// and the installer's next sync.
+// pluginInPlace reports whether the installer is ready and, read again from disk now, the plugin is
+// where the runtime will find it: the standalone config, or every config file (with Multus: every
+// delegate of its own, single-plugin files aside) as a sync leaves it. That closes the window
+// between a primary CNI rewriting its file and the installer's next sync.
 func (in *installer) pluginInPlace() (bool, string) {
 	if ok, reason := in.readiness(); !ok {
 		return false, reason
@@ -188,24 +149,15 @@ func (in *installer) pluginInPlace() (bool, string) {
 		if err != nil {
 			return false, fmt.Sprintf("read %s: %v", p, err)
 		}
-		if m, ok := parseMultus(data); ok {
-			for _, d := range m.delegates {
-				if !hasEntry(data[d.start:d.end], in.entry.typ) {
-					return false, p + ": a delegate of Multus's does not run the " + in.entry.typ + " plugin yet"
-				}
-			}
-			continue
-		}
-		if multus != nil && !isList(data) {
+		add := appendEntry
+		if _, ok := parseMultus(data); ok {
+			add = chainMultus
+		} else if multus != nil && !isList(data) {
 			continue // a single plugin, which syncFile leaves alone beside Multus
 		}
-		doc, err := parseList(data)
-		if err != nil {
-			return false, fmt.Sprintf("%s: %v", p, err)
-		}
-		n := len(doc.types)
-		if n == 0 || doc.types[n-1] != in.entry.typ {
-			return false, p + " does not end with the " + in.entry.typ + " plugin yet"
+		// In place: as syncFile leaves it, with nothing left to add.
+		if out, err := add(data, in.entry.typ, in.entry.raw); err != nil || !bytes.Equal(out, data) {
+			return false, p + " does not run the " + in.entry.typ + " plugin as configured yet"
 		}
 	}
 	return true, ""
