@@ -37,7 +37,7 @@ const (
 // anywhere on the line. "validate" is not among them: it has the network validator's own flags and
 // Main dispatches it, as the first argument, before these flags are parsed. "apply" is not listed
 // because Linkerd users never name it: no subcommand means apply.
-var commands = []Command{CommandCleanup, CommandShow, CommandVersion}
+var commands = []string{string(CommandCleanup), string(CommandShow), string(CommandVersion)}
 
 // Flag names beyond the iptables.Field* ones, which double as flag names.
 const (
@@ -87,15 +87,15 @@ var ErrHelp = pflag.ErrHelp
 // parsing, so a malformed number is one more reported problem instead of aborting the parse at
 // the first one.
 type flagValues struct {
-	inPort, outPort, uid, gid, closeWait  *lenientInt
+	inPort, outPort, uid, gid, closeWait  *lenient[int]
 	redirect, inPorts, outPorts           *rawList
 	inSubnets, outSubnets                 *rawList
-	simulate, wait, ipv6                  *lenientBool
+	simulate, wait, ipv6                  *lenient[bool]
 	netns, logFormat, logLevel, mode      string
 	firewallBin, firewallSave, outputMode string
 	// The features beyond Linkerd's.
-	dnsPort                              *lenientInt
-	dnsServersOnly, dropInvalid          *lenientBool
+	dnsPort                              *lenient[int]
+	dnsServersOnly, dropInvalid          *lenient[bool]
 	inboundMode                          string
 	outRedirectPorts, outRedirectSubnets *rawList
 	interfaces, uids, gids               *rawList
@@ -255,11 +255,11 @@ func parseCommand(pos []string) (Command, error) {
 		if pos[0] == "help" {
 			return "", ErrHelp
 		}
-		cmd, ok := lookupCommand(pos[0])
-		if !ok {
-			return "", &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
+		if !slices.Contains(commands, pos[0]) {
+			return "", &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)",
+				pos[0], strings.Join(commands, ", "))}
 		}
-		return cmd, nil
+		return Command(pos[0]), nil
 	}
 	return "", &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
 }
@@ -274,7 +274,7 @@ func (p *flagReader) bad(field, value, reason string) {
 	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
-func (p *flagReader) intOf(name string, f *lenientInt) int {
+func (p *flagReader) intOf(name string, f *lenient[int]) int {
 	n, err := f.value()
 	if err != nil {
 		p.bad(name, f.raw, "not an integer")
@@ -283,7 +283,7 @@ func (p *flagReader) intOf(name string, f *lenientInt) int {
 	return n
 }
 
-func (p *flagReader) boolOf(name string, f *lenientBool) bool {
+func (p *flagReader) boolOf(name string, f *lenient[bool]) bool {
 	b, err := f.value()
 	if err != nil {
 		p.bad(name, f.raw, "not a boolean (want true or false)")
@@ -401,23 +401,6 @@ func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pfl
 	return out, nil
 }
 
-func lookupCommand(s string) (Command, bool) {
-	for _, c := range commands {
-		if string(c) == s {
-			return c, true
-		}
-	}
-	return "", false
-}
-
-func commandList() string {
-	names := make([]string, len(commands))
-	for i, c := range commands {
-		names[i] = string(c)
-	}
-	return strings.Join(names, ", ")
-}
-
 // resolveMode picks the backend mode. An explicit --iptables-mode wins, as in Linkerd, where it
 // overrides the firewall paths; otherwise the paths' base names select the mode, for charts that
 // still pass them; otherwise auto.
@@ -435,21 +418,16 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	if !binSet && !saveSet {
 		return iptables.ModeAuto, "default", nil, nil
 	}
+	binMode, binOK := modeFromBinary(v.firewallBin, false)
+	saveMode, saveOK := modeFromBinary(v.firewallSave, true)
 	var probs []badinput.Problem
-	var binMode, saveMode iptables.Mode
-	if binSet {
-		var ok bool
-		if binMode, ok = modeFromBinary(v.firewallBin, false); !ok {
-			probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
-				Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
-		}
+	if binSet && !binOK {
+		probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
+			Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
 	}
-	if saveSet {
-		var ok bool
-		if saveMode, ok = modeFromBinary(v.firewallSave, true); !ok {
-			probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
-				Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
-		}
+	if saveSet && !saveOK {
+		probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
+			Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
 	}
 	if len(probs) > 0 {
 		return iptables.ModeAuto, "", nil, probs
@@ -483,47 +461,35 @@ func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
 	return "", false
 }
 
-// lenientInt is an int flag that keeps its text, so a bad number is reported with the others.
-type lenientInt struct {
-	raw string
-	def int
+// lenient is an int or bool flag that keeps its text, so a bad value is reported with the others.
+type lenient[T any] struct {
+	raw, typ string
+	def      T
+	parse    func(string) (T, error)
 }
 
-func newInt(def int) *lenientInt { return &lenientInt{raw: strconv.Itoa(def), def: def} }
+func newInt(def int) *lenient[int] {
+	return &lenient[int]{raw: strconv.Itoa(def), typ: "int", def: def, parse: strconv.Atoi}
+}
 
-func (f *lenientInt) String() string     { return f.raw }
-func (f *lenientInt) Set(s string) error { f.raw = s; return nil }
-func (f *lenientInt) Type() string       { return "int" }
+func newBool(def bool) *lenient[bool] {
+	return &lenient[bool]{raw: strconv.FormatBool(def), typ: "bool", def: def, parse: strconv.ParseBool}
+}
 
-func (f *lenientInt) value() (int, error) {
-	n, err := strconv.Atoi(strings.TrimSpace(f.raw))
+func (f *lenient[T]) String() string     { return f.raw }
+func (f *lenient[T]) Set(s string) error { f.raw = s; return nil }
+func (f *lenient[T]) Type() string       { return f.typ }
+
+// IsBoolFlag lets pflag accept a bool flag ("--simulate", "--ipv6=false") without a value,
+// meaning true.
+func (f *lenient[T]) IsBoolFlag() bool { return f.typ == "bool" }
+
+func (f *lenient[T]) value() (T, error) {
+	v, err := f.parse(strings.TrimSpace(f.raw))
 	if err != nil {
 		return f.def, err
 	}
-	return n, nil
-}
-
-// lenientBool is a bool flag ("--simulate", "--ipv6=false") that keeps its text.
-type lenientBool struct {
-	raw string
-	def bool
-}
-
-func newBool(def bool) *lenientBool { return &lenientBool{raw: strconv.FormatBool(def), def: def} }
-
-func (f *lenientBool) String() string     { return f.raw }
-func (f *lenientBool) Set(s string) error { f.raw = s; return nil }
-func (f *lenientBool) Type() string       { return "bool" }
-
-// IsBoolFlag lets pflag accept the flag without a value, meaning true.
-func (f *lenientBool) IsBoolFlag() bool { return true }
-
-func (f *lenientBool) value() (bool, error) {
-	b, err := strconv.ParseBool(strings.TrimSpace(f.raw))
-	if err != nil {
-		return f.def, err
-	}
-	return b, nil
+	return v, nil
 }
 
 // rawList is a repeatable, comma-separated list flag that keeps each occurrence as typed. It

@@ -115,12 +115,7 @@ func inspect(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 		return err
 	}
 	rep := NewFoundReport(iptables.Inspect(in), o.Config.Mode, o.ModeSource)
-	if o.Output == "json" {
-		err = writeJSON(stdout, rep)
-	} else {
-		err = rep.WriteText(stdout)
-	}
-	if err != nil {
+	if err := writeReport(stdout, o.Output, rep, rep.WriteText); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Whole {

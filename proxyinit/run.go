@@ -106,11 +106,10 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 
 func version(stdout io.Writer, output string) error {
 	info := buildinfo.Get()
-	if output == "json" {
-		return writeJSON(stdout, info)
-	}
-	_, err := fmt.Fprintln(stdout, "proxy-init "+info.String())
-	return err
+	return writeReport(stdout, output, info, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, "proxy-init "+info.String())
+		return err
+	})
 }
 
 // target is where and how the command line asks to work. In its pod, proxy-init takes the
@@ -311,12 +310,7 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 		return err
 	}
 	rep := NewShowReport(st, rs)
-	if o.Output == "json" {
-		err = writeJSON(stdout, rep)
-	} else {
-		err = rep.WriteText(stdout)
-	}
-	if err != nil {
+	if err := writeReport(stdout, o.Output, rep, rep.WriteText); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Match {
@@ -349,7 +343,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	}
 	redirect := "all"
 	if len(rs.RedirectPorts) > 0 {
-		redirect = joinRanges(rs.RedirectPorts)
+		redirect = join(rs.RedirectPorts)
 	}
 	attrs := []any{
 		"incoming_proxy_port", c.InboundProxyPort,
@@ -357,10 +351,10 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"proxy_uid", c.ProxyUID,
 		"proxy_gid", c.ProxyGID,
 		"ports_to_redirect", redirect,
-		"inbound_ports_to_ignore", joinRanges(rs.InboundIgnorePorts),
-		"outbound_ports_to_ignore", joinRanges(rs.OutboundIgnorePorts),
-		"inbound_subnets_to_ignore", joinPrefixes(rs.InboundIgnoreSubnets),
-		"outbound_subnets_to_ignore", joinPrefixes(rs.OutboundIgnoreSubnets),
+		"inbound_ports_to_ignore", join(rs.InboundIgnorePorts),
+		"outbound_ports_to_ignore", join(rs.OutboundIgnorePorts),
+		"inbound_subnets_to_ignore", join(rs.InboundIgnoreSubnets),
+		"outbound_subnets_to_ignore", join(rs.OutboundIgnoreSubnets),
 		"families", strings.Join(fams, ","),
 		"mode", string(c.Mode),
 		"netns", netnsutil.Label(o.NetNS),
@@ -371,16 +365,16 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		attrs = append(attrs, "ipv6", "auto")
 	}
 	if rs.DNSPort != 0 {
-		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", joinPrefixes(rs.DNSServers))
+		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers))
 	}
 	if rs.TPROXY {
 		attrs = append(attrs, "inbound_mode", string(iptables.InboundTPROXY))
 	}
 	if len(rs.OutboundRedirectPorts) > 0 {
-		attrs = append(attrs, "outbound_ports_to_redirect", joinRanges(rs.OutboundRedirectPorts))
+		attrs = append(attrs, "outbound_ports_to_redirect", join(rs.OutboundRedirectPorts))
 	}
 	if len(rs.OutboundRedirectSubnets) > 0 {
-		attrs = append(attrs, "outbound_subnets_to_redirect", joinPrefixes(rs.OutboundRedirectSubnets))
+		attrs = append(attrs, "outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets))
 	}
 	if len(rs.IgnoreInterfaces) > 0 {
 		attrs = append(attrs, "interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ","))
@@ -397,15 +391,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	return attrs
 }
 
-func joinRanges(rs []iptables.PortRange) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = r.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-func joinPrefixes[T fmt.Stringer](ps []T) string {
+func join[T fmt.Stringer](ps []T) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
 		parts[i] = p.String()
@@ -413,7 +399,11 @@ func joinPrefixes[T fmt.Stringer](ps []T) string {
 	return strings.Join(parts, ",")
 }
 
-func writeJSON(w io.Writer, v any) error {
+// writeReport writes v as --output asks: indented JSON, or text.
+func writeReport(w io.Writer, output string, v any, text func(io.Writer) error) error {
+	if output != "json" {
+		return text(w)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
