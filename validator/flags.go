@@ -150,19 +150,22 @@ func (c Config) Validate() error {
 	bad := func(flag, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: "--" + flag, Value: value, Reason: reason})
 	}
-	addr := func(flag, value string, wantPort bool) {
+	addr := func(flag, value string, v6 bool) {
 		ap, err := netip.ParseAddrPort(value)
 		switch {
 		case err != nil:
 			bad(flag, value, "want an IP address and port, such as 1.1.1.1:20001 or [fd00::1]:20001")
-		case wantPort && ap.Port() == 0:
+		case ap.Port() == 0:
 			bad(flag, value, "port 0 cannot be connected to")
 		case ap.Addr().Zone() != "":
 			bad(flag, value, "zoned addresses are not supported")
 		}
+		if err == nil && v6 && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
+			bad(flag, value, "not an IPv6 address")
+		}
 	}
-	addr(FlagConnectAddr, c.ConnectAddr, true)
-	addr(FlagListenAddr, c.ListenAddr, true)
+	addr(FlagConnectAddr, c.ConnectAddr, false)
+	addr(FlagListenAddr, c.ListenAddr, false)
 	if !listenCanReceive(c.ListenAddr, c.ConnectAddr) {
 		bad(FlagListenAddr, c.ListenAddr, "cannot receive a redirected "+c.ConnectAddr+"; listen on an address of the same family, or on [::] for both")
 	}
@@ -177,14 +180,8 @@ func (c Config) Validate() error {
 	}
 	if c.IPv6 {
 		addr(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, true)
-		if ap, err := netip.ParseAddrPort(c.IPv6ConnectAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
-			bad(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "not an IPv6 address")
-		}
 		if c.IPv6ListenAddr != "" {
 			addr(FlagIPv6ListenAddr, c.IPv6ListenAddr, true)
-			if ap, err := netip.ParseAddrPort(c.IPv6ListenAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
-				bad(FlagIPv6ListenAddr, c.IPv6ListenAddr, "not an IPv6 address")
-			}
 		}
 	}
 	switch {

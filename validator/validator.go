@@ -82,16 +82,6 @@ func (f *Failure) Error() string {
 
 func (f *Failure) Unwrap() error { return f.Err }
 
-// ExitCode returns ExitRedirectFailed.
-func (f *Failure) ExitCode() int { return ExitRedirectFailed }
-
-// IsFailure reports whether err contains a Failure, that is whether the redirect was proven not
-// to work.
-func IsFailure(err error) bool {
-	var f *Failure
-	return errors.As(err, &f)
-}
-
 // ExitCode maps an error from Parse or Run to the process exit code: 0 for nil, 95 when a check
 // failed, 2 for bad usage, 1 otherwise.
 func ExitCode(err error) int {
@@ -99,7 +89,7 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil:
 		return ExitOK
-	case IsFailure(err):
+	case errors.As(err, new(*Failure)):
 		return ExitRedirectFailed
 	case errors.As(err, &u):
 		return ExitUsage
@@ -122,8 +112,11 @@ type check struct {
 func (c Config) checks() []check {
 	connect := netip.MustParseAddrPort(c.ConnectAddr)
 	listen := netip.MustParseAddrPort(c.ListenAddr)
-	main := check{name: familyName(connect), connect: connect, listen: listen}
-	out := []check{main}
+	name := "ipv6"
+	if connect.Addr().Unmap().Is4() {
+		name = "ipv4"
+	}
+	out := []check{{name: name, connect: connect, listen: listen}}
 	if c.IPv6 && !connect.Addr().Unmap().Is6() {
 		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr)}
 		if c.IPv6ListenAddr != "" {
@@ -134,13 +127,6 @@ func (c Config) checks() []check {
 		out = append(out, v6)
 	}
 	return out
-}
-
-func familyName(ap netip.AddrPort) string {
-	if ap.Addr().Unmap().Is4() {
-		return "ipv4"
-	}
-	return "ipv6"
 }
 
 // Run performs every check c asks for and returns nil when the redirect works. When it does not,

@@ -15,8 +15,9 @@ import (
 // (iptables.Inspect). It chooses no backend. A kernel without nf_tables holds nothing there, and
 // iptables-legacy's tables are read only where /proc lists one.
 func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
+	r = r.withDefaults()
 	var in iptables.InPlace
-	err := r.enter()(t, false, func() error {
+	err := r.Enter(t, false, func() error {
 		hs, err := nfnl.Read(ctx)
 		if err != nil && (iptables.IsCapabilityError(err) || !errors.Is(err, iptables.ErrUnsupported)) {
 			return err
@@ -33,7 +34,7 @@ func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 			}
 			in.Holdings = append(in.Holdings, h)
 		}
-		if in.Routes, err = r.routing().Read(); err != nil {
+		if in.Routes, err = r.Routing.Read(); err != nil {
 			return fmt.Errorf("read the policy routing: %w", err)
 		}
 		return nil

@@ -23,16 +23,6 @@ import (
 // configuration asks for; nothing was written.
 var ErrKernelLacks = errors.New("the kernel lacks support")
 
-// CheckKernel says whether the kernel cannot run rs in mode: iptables-legacy without the legacy
-// ip_tables (legacy mode, and plain where the host's iptables is legacy); TPROXY without
-// iptables' TPROXY target (legacy, nft and plain modes), without nftables' tproxy expression
-// (nftables mode), or without either (auto, which falls back from one to the other). The Runner
-// asks it after a write failed, which wrote nothing, to name what is missing; where the kernel
-// cannot be asked (no nf_tables netlink, no privilege), the write's own error stands.
-func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
-	return CheckKernelWith(Probes{})(ctx, mode, rs)
-}
-
 // Probes are what CheckKernelWith asks the kernel; a nil one asks the real kernel.
 type Probes struct {
 	// TPROXY says which TPROXYs the kernel has (nfnl.ProbeTPROXY).
@@ -41,8 +31,13 @@ type Probes struct {
 	Legacy func(f iptables.Family) error
 }
 
-// CheckKernelWith is CheckKernel asking p what the kernel has, the Runner's Kernel: a test
-// stands a kernel that lacks something in for one that has it.
+// CheckKernelWith, the Runner's Kernel, says whether the kernel (as p finds it) cannot run rs in
+// mode: iptables-legacy without the legacy ip_tables (legacy mode, and plain where the host's
+// iptables is legacy); TPROXY without iptables' TPROXY target (legacy, nft and plain modes),
+// without nftables' tproxy expression (nftables mode), or without either (auto, which falls back
+// from one to the other). The Runner asks it after a write failed, which wrote nothing, to name
+// what is missing; where the kernel cannot be asked (no nf_tables netlink, no privilege), the
+// write's own error stands.
 func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
 	if p.TPROXY == nil {
 		p.TPROXY = nfnl.ProbeTPROXY
@@ -80,7 +75,7 @@ func writesLegacy(mode iptables.Mode) bool {
 	return mode == iptables.ModeLegacy
 }
 
-// legacyVerdict is CheckKernel's answer for iptables-legacy's families: the mode stays what it
+// legacyVerdict is CheckKernelWith's answer for iptables-legacy's families: the mode stays what it
 // was asked to be (the rules are not moved to nf_tables behind the operator's back), and the
 // error says what the kernel lacks and which modes work without it.
 func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(iptables.Family) error) error {
@@ -99,7 +94,7 @@ func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(
 		mode, ErrKernelLacks, strings.Join(why, "; "))
 }
 
-// tproxyVerdict is CheckKernel's answer for what the probe found.
+// tproxyVerdict is CheckKernelWith's answer for what the probe found.
 func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
 	const (
 		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY)"

@@ -55,9 +55,6 @@ func (t Target) log() *slog.Logger {
 	return t.Log
 }
 
-// NetNSLabel names the target namespace in messages.
-func (t Target) NetNSLabel() string { return netnsutil.Label(t.NetNS) }
-
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
 	Backend string
@@ -106,11 +103,12 @@ type Routing interface {
 // the new ones are in place, so redirection never stops), and sets the close-wait timeout when
 // rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
+	r = r.withDefaults()
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		// The policy routing goes in first, so that the first packet TPROXY marks has its
 		// route; it is taken out again if the rules fail.
-		undo, err := r.routing().Ensure(rs.PolicyRoutes())
+		undo, err := r.Routing.Ensure(rs.PolicyRoutes())
 		if err != nil {
 			return fmt.Errorf("add the policy routing TPROXY needs (nothing else was written): %w", err)
 		}
@@ -123,7 +121,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 			// Every backend's write is all or nothing, so a kernel without TPROXY refuses the
 			// rules whole; only then is it asked what it lacks, for an error that names it
 			// (asking costs the kernel an aborted transaction, several ms, on every apply).
-			if kerr := r.kernel()(ctx, t.Mode, rs); kerr != nil {
+			if kerr := r.Kernel(ctx, t.Mode, rs); kerr != nil {
 				return fmt.Errorf("%w (%v)", kerr, err)
 			}
 			return err
@@ -131,13 +129,13 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		// After Apply: in the modes that decide by writing, it is the backend that wrote.
 		out.Backend, out.Changed = a.Name(), res.Changed
 		if res.Note != "" {
-			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
+			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", netnsutil.Label(t.NetNS))
 		}
 		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
 		// After the rules: policy routing an earlier TPROXY configuration needed.
-		if err := r.routing().Prune(rs.PolicyRoutes()); err != nil {
+		if err := r.Routing.Prune(rs.PolicyRoutes()); err != nil {
 			return fmt.Errorf("remove the policy routing the rules no longer need: %w", err)
 		}
 		if rs.CloseWaitSecs > 0 {
@@ -151,18 +149,19 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 // Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
 // that other backends hold (which should be none), and the close-wait timeout when rs sets one.
 func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
+	r = r.withDefaults()
 	var st iptables.State
 	err := r.in(t, false, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		var err error
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
-		have, err := r.routing().Read()
+		have, err := r.Routing.Read()
 		if err != nil {
 			return fmt.Errorf("read the policy routing: %w", err)
 		}
 		st.Routes = iptables.CompareRoutes(rs.PolicyRoutes(), have)
-		for _, o := range r.others(a.Covers()) {
+		for _, o := range r.Others(a.Covers()) {
 			es, err := o.Present(ctx)
 			if notInKernel(t, o, err) {
 				continue
@@ -183,6 +182,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 // Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
 // nothing else. It succeeds when there is nothing to remove.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
+	r = r.withDefaults()
 	var out Outcome
 	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
 		if err := a.Cleanup(ctx); err != nil && !notInKernel(t, a, err) {
@@ -192,7 +192,7 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
-		if err := r.routing().Prune(nil); err != nil {
+		if err := r.Routing.Prune(nil); err != nil {
 			return fmt.Errorf("remove the policy routing of ours: %w", err)
 		}
 		return nil
@@ -204,24 +204,20 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 // namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
 // IPv6 where it is left to the namespace (ipv6=auto), logging why.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
-	return r.enter()(t, exclusive, func() error {
-		choose := r.Choose
-		if choose == nil {
-			choose = New
-		}
+	return r.Enter(t, exclusive, func() error {
 		opts, log := t.Options, t.log()
-		userns := ownerUserNS("")
+		userns, _ := netnsutil.ForeignUserNS("")
 		if userns != "" {
 			opts.Mode, log = iptables.ModeNFTables, log.With("userns", userns)
 		}
-		a, reason, err := choose(opts)
+		a, reason, err := r.Choose(opts)
 		if err != nil {
 			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
 		}
 		if userns != "" {
 			reason = fmt.Sprintf(userNSReason, userns)
 		}
-		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
+		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", netnsutil.Label(t.NetNS))
 		return fn(a, r.decideIPv6(t, rs))
 	})
 }
@@ -232,38 +228,36 @@ func (r Runner) decideIPv6(t Target, rs *iptables.Ruleset) *iptables.Ruleset {
 	if rs == nil || !rs.IPv6Auto {
 		return rs
 	}
-	look := r.IPv6
-	if look == nil {
-		look = NamespaceIPv6
-	}
-	on, why := look()
+	on, why := r.IPv6()
 	msg := "ipv6=auto: writing IPv6 rules"
 	if !on {
 		msg = "ipv6=auto: writing no IPv6 rules"
 	}
-	t.log().Log(context.Background(), t.ChoiceLevel, msg, "reason", why, "netns", t.NetNSLabel())
+	t.log().Log(context.Background(), t.ChoiceLevel, msg, "reason", why, "netns", netnsutil.Label(t.NetNS))
 	return rs.ForIPv6(on)
 }
 
-func (r Runner) kernel() func(context.Context, iptables.Mode, *iptables.Ruleset) error {
-	if r.Kernel != nil {
-		return r.Kernel
+// withDefaults fills the seams left nil with the real ones.
+func (r Runner) withDefaults() Runner {
+	if r.Choose == nil {
+		r.Choose = New
 	}
-	return CheckKernel
-}
-
-func (r Runner) routing() Routing {
-	if r.Routing != nil {
-		return r.Routing
+	if r.Others == nil {
+		r.Others = realOthers
 	}
-	return routing.Netlink{}
-}
-
-func (r Runner) enter() func(Target, bool, func() error) error {
-	if r.Enter != nil {
-		return r.Enter
+	if r.Enter == nil {
+		r.Enter = enterLocked
 	}
-	return enterLocked
+	if r.Kernel == nil {
+		r.Kernel = CheckKernelWith(Probes{})
+	}
+	if r.Routing == nil {
+		r.Routing = routing.Netlink{}
+	}
+	if r.IPv6 == nil {
+		r.IPv6 = NamespaceIPv6
+	}
+	return r
 }
 
 func (r Runner) closeWaitFile() string {
@@ -320,20 +314,12 @@ func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
 	return s
 }
 
-// others are what looks at the backends not covered.
-func (r Runner) others(covered []iptables.Backend) []iptables.Applier {
-	if r.Others != nil {
-		return r.Others(covered)
-	}
-	return realOthers(covered)
-}
-
 // removeOthers removes our rules from every backend the chosen applier does not cover. Each
 // first checks, without exec, whether there is anything to remove, so this costs no process in
 // the common case.
 func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Applier) error {
 	var errs []error
-	for _, o := range r.others(chosen.Covers()) {
+	for _, o := range r.Others(chosen.Covers()) {
 		if err := o.Cleanup(ctx); err != nil && !notInKernel(t, o, err) {
 			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name(), err))
 		}
@@ -349,7 +335,7 @@ func notInKernel(t Target, a iptables.Applier, err error) bool {
 		return false
 	}
 	t.log().Debug("backend skipped: the kernel offers no interface for it, so it holds nothing of ours",
-		"backend", a.Name(), "why", err.Error(), "netns", t.NetNSLabel())
+		"backend", a.Name(), "why", err.Error(), "netns", netnsutil.Label(t.NetNS))
 	return true
 }
 

@@ -95,17 +95,8 @@ func New(opts Options) (iptables.Applier, string, error) {
 // refuses CLONE_NEWUSER to a threaded process). Native nftables' meta skuid has no such check and
 // maps the UID in the namespace's owner, so it is written in every mode there; proxy-init in the
 // pod's own init container runs inside that user namespace, finds no foreign owner, and keeps its
-// mode.
+// mode. Where the owner cannot be told (no /proc), the mode's own backend writes.
 const userNSReason = "network namespace owned by user namespace %s (a pod with hostUsers: false): iptables' owner match is refused there from outside it; writing the native nftables table instead"
-
-// ownerUserNS names the user namespace that owns the network namespace at path (the calling
-// thread's for "") when it is not ours, and is "" otherwise. Where that cannot be told (no /proc)
-// it is "", and the mode's own backend writes: in a pod's user namespace the kernel then refuses
-// its owner match with EINVAL.
-func ownerUserNS(path string) string {
-	userns, _ := netnsutil.ForeignUserNS(path)
-	return userns
-}
 
 // Simulate renders what Apply (rs non-nil) or Cleanup (rs nil) would do in the target namespace
 // in its mode, and changes nothing. The netlink writers show the batch they would send, one
@@ -116,8 +107,9 @@ func ownerUserNS(path string) string {
 // network namespace another user namespace owns, every mode shows the native table, as Apply
 // writes it there.
 func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) string {
+	r = r.withDefaults()
 	var pre string
-	if userns := ownerUserNS(t.NetNS); userns != "" {
+	if userns, _ := netnsutil.ForeignUserNS(t.NetNS); userns != "" {
 		t.Mode, pre = iptables.ModeNFTables, "# "+fmt.Sprintf(userNSReason, userns)+"\n"
 	}
 	binaries := t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain
@@ -125,7 +117,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 		return simulation(t.Mode, rs, nil)
 	}
 	var out string
-	err := r.enter()(t, false, func() error {
+	err := r.Enter(t, false, func() error {
 		rs := r.decideIPv6(t, rs)
 		if binaries {
 			out = simulation(t.Mode, rs, nil)
