@@ -10,13 +10,10 @@ import (
 )
 
 // Fallback is the applier of the modes that decide by trying: it writes with the first of its
-// backends that the kernel accepts. Trying is the real write, committed, not a probe: in a fresh
-// namespace the preferred backend costs what it costs when named explicitly.
-//
-// A backend is passed over only when it cannot exist here (its binaries are missing) or the
-// kernel lacks what it needs (iptables.ErrUnsupported). A missing capability, a cancelled
-// context or any other failure stops the search: it would fail the next backend as well, or
-// hide a real problem behind a backend nobody asked for.
+// backends the kernel accepts. Trying is the real write, not a probe, so the preferred backend
+// costs what it costs when named. A backend is passed over only when its binaries are missing or
+// the kernel lacks what it needs (iptables.ErrUnsupported); any other failure (a missing
+// capability, a cancelled context) stops the search rather than hide behind another backend.
 type Fallback struct {
 	tries  []try
 	chosen iptables.Applier
@@ -55,8 +52,8 @@ func passedOver(err error) bool {
 	return !iptables.IsCapabilityError(err) && errors.Is(err, iptables.ErrUnsupported)
 }
 
-// first calls fn with each backend in turn until one succeeds or fails in a way that stops the
-// search, and remembers the one that succeeded. It returns why earlier backends were passed over.
+// first calls fn with each backend until one succeeds (remembered) or fails in a way that stops
+// the search, and returns why earlier backends were passed over.
 func (f *Fallback) first(fn func(a iptables.Applier) error) ([]string, error) {
 	var passed []string
 	for _, t := range f.tries {
@@ -82,8 +79,7 @@ func withPassed(err error, passed []string) error {
 	return fmt.Errorf("%w (after passing over %s)", err, strings.Join(passed, "; "))
 }
 
-// Apply writes with the first backend that works, and says in Result.Note why earlier ones
-// were passed over.
+// Apply writes with the first backend that works; Result.Note says why earlier ones did not.
 func (f *Fallback) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
 	var res iptables.Result
 	passed, err := f.first(func(a iptables.Applier) (err error) {
@@ -147,8 +143,7 @@ func (f *Fallback) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	return es, err
 }
 
-// Cleanup removes our rules with the first backend that works; the Runner then removes those of
-// every backend it does not cover.
+// Cleanup removes our rules with the first backend that works (the Runner does the others).
 func (f *Fallback) Cleanup(ctx context.Context) error {
 	_, err := f.first(func(a iptables.Applier) error { return a.Cleanup(ctx) })
 	return err

@@ -11,9 +11,8 @@ import (
 )
 
 // Read reads what of ours the target namespace holds in every backend, and its policy routing,
-// under the namespace's shared lock: what show inspects when it is not told the configuration
-// (iptables.Inspect). It chooses no backend. A kernel without nf_tables holds nothing there, and
-// iptables-legacy's tables are read only where /proc lists one.
+// under the shared lock, for iptables.Inspect. It chooses no backend; iptables-legacy's tables
+// are read only where /proc lists one.
 func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 	r = r.withDefaults()
 	var in iptables.InPlace

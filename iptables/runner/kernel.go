@@ -1,8 +1,7 @@
 package runner
 
-// What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
-// run iptables-legacy and TPROXY, when a write failed, and whether the namespace has IPv6, for
-// ipv6=auto.
+// What the Runner asks the kernel beside the rules: after a failed write, whether it can run
+// iptables-legacy and TPROXY; for ipv6=auto, whether the namespace has IPv6.
 
 import (
 	"context"
@@ -32,12 +31,9 @@ type Probes struct {
 }
 
 // CheckKernelWith, the Runner's Kernel, says whether the kernel (as p finds it) cannot run rs in
-// mode: iptables-legacy without the legacy ip_tables (legacy mode, and plain where the host's
-// iptables is legacy); TPROXY without iptables' TPROXY target (legacy, nft and plain modes),
-// without nftables' tproxy expression (nftables mode), or without either (auto, which falls back
-// from one to the other). The Runner asks it after a write failed, which wrote nothing, to name
-// what is missing; where the kernel cannot be asked (no nf_tables netlink, no privilege), the
-// write's own error stands.
+// mode: iptables-legacy without the legacy ip_tables; TPROXY without iptables' TPROXY target, or
+// nftables' tproxy expression (nftables mode), or either (auto). Where the kernel cannot be asked
+// (no nf_tables netlink, no privilege), it says nothing and the write's own error stands.
 func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
 	if p.TPROXY == nil {
 		p.TPROXY = nfnl.ProbeTPROXY
@@ -65,8 +61,8 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 	}
 }
 
-// writesLegacy reports whether mode writes with iptables-legacy alone: auto reaches it only
-// after nf_tables refused, and says so in its own error.
+// writesLegacy reports whether mode writes with iptables-legacy alone (auto's own error says when
+// it fell back to it).
 func writesLegacy(mode iptables.Mode) bool {
 	if mode == iptables.ModePlain {
 		f, err := xtables.DetectPlain()
@@ -75,9 +71,8 @@ func writesLegacy(mode iptables.Mode) bool {
 	return mode == iptables.ModeLegacy
 }
 
-// legacyVerdict is CheckKernelWith's answer for iptables-legacy's families: the mode stays what it
-// was asked to be (the rules are not moved to nf_tables behind the operator's back), and the
-// error says what the kernel lacks and which modes work without it.
+// legacyVerdict is CheckKernelWith's answer for iptables-legacy: the rules are not moved to
+// nf_tables behind the operator's back; the error says which modes work without it.
 func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(iptables.Family) error) error {
 	var why []string
 	for _, f := range families {
@@ -122,9 +117,8 @@ func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
 		ErrKernelLacks, mode, strings.Join(missing, ", or "))
 }
 
-// NamespaceIPv6 says whether the calling thread's network namespace has IPv6 to write rules for:
-// IPv6 enabled, and an IPv6 address other than loopback and link-local on some interface. The
-// reason names what decided, for the log.
+// NamespaceIPv6 says whether the calling thread's network namespace has IPv6 enabled and an IPv6
+// address other than loopback and link-local, and why, for the log.
 func NamespaceIPv6() (bool, string) {
 	v, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
 	switch {

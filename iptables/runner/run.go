@@ -1,9 +1,7 @@
 package runner
 
-// The one path from a ruleset to a namespace: enter it, take its lock, choose the backend and
-// log why, write or read or remove, keep the other backends free of our rules, and set or check
-// the conntrack close-wait timeout. proxy-init (apply, cleanup, show) and the CNI plugin (ADD,
-// CHECK, DEL) all go through Runner, so they cannot differ in any of these steps.
+// proxy-init (apply, cleanup, show) and the CNI plugin (ADD, CHECK, DEL) all go through Runner,
+// so they cannot differ in any step.
 
 import (
 	"context"
@@ -28,23 +26,18 @@ import (
 type Target struct {
 	Options
 	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); empty means the
-	// namespace the process is in.
+	// process's own.
 	NetNS string
-	// Log receives the backend choice and its reason, at ChoiceLevel (Info unless set); nil
-	// discards it.
+	// Log receives the backend choice and why, at ChoiceLevel (Info unless set); nil discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
-	// HostLockDir, when set, is where the namespace's host lock lives: a file named after the
-	// namespace's nsfs device and inode in this directory, which must be the caller's alone
-	// (lock.go). No process in the pod can reach it. Empty means the in-pod lock alone.
+	// HostLockDir, when set, holds the namespace's host lock (lock.go); empty means the in-pod
+	// lock alone. InPodLock then also takes the in-pod lock, after the host one.
 	HostLockDir string
-	// InPodLock, with HostLockDir set, also takes the in-pod lock (flock on the namespace's own
-	// nsfs file), after the host one; without HostLockDir the in-pod lock is always taken.
-	InPodLock bool
+	InPodLock   bool
 	// LockWait bounds the wait for the locks; 0 means DefaultLockWait.
 	LockWait time.Duration
-	// RemoveHostLock makes a Cleanup remove the host lock's file before releasing it: the
-	// namespace is going (the plugin's DEL).
+	// RemoveHostLock makes a Cleanup remove the host lock's file: the namespace is going (DEL).
 	RemoveHostLock bool
 }
 
@@ -62,40 +55,32 @@ type Outcome struct {
 	Changed bool
 }
 
-// Runner runs the path. The zero Runner is the real one; tests replace its seams to run the same
-// path against a fake applier without root.
+// Runner runs the path. The zero Runner is the real one; tests replace its seams (nil means the
+// real one) to run the same path against a fake applier without root.
 type Runner struct {
-	// Choose picks the applier for the options and says why; nil means New.
+	// Choose picks the applier for the options and says why (New).
 	Choose func(Options) (iptables.Applier, string, error)
-	// Others returns what looks for and removes rules of ours in every backend but the covered
-	// ones (those the chosen applier works on); nil means the real ones.
+	// Others looks for and removes rules of ours in every backend but the covered ones.
 	Others func(covered []iptables.Backend) []iptables.Applier
-	// Enter runs fn inside the target's namespace holding the locks the target asks for, shared
-	// or exclusive, and logs to its logger what it must; nil means the real one (netnsutil.Do,
-	// then the locks of lock.go).
+	// Enter runs fn inside the target's namespace holding the locks it asks for (enterLocked).
 	Enter func(t Target, exclusive bool, fn func() error) error
 	// CloseWaitFile, when set, is where the close-wait timeout is written and read (tests); empty
-	// means over netlink (iptables/conntrack), or iptables.CloseWaitSysctl where the kernel
-	// refuses that.
+	// means over netlink, or iptables.CloseWaitSysctl where the kernel refuses that.
 	CloseWaitFile string
-	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
-	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
+	// Kernel says, after an apply failed, whether the kernel lacks what rs needs in mode.
 	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
-	// Routing writes, reads back and removes the policy routing TPROXY needs; nil means the
-	// namespace's own (iptables/routing).
+	// Routing writes, reads back and removes the policy routing TPROXY needs (routing.Netlink).
 	Routing Routing
-	// IPv6 says whether the namespace has IPv6 to write rules for, under ipv6=auto, and why;
-	// nil means looking at the namespace (kernel.go).
+	// IPv6 says whether the namespace has IPv6 to write rules for (ipv6=auto), and why.
 	IPv6 func() (bool, string)
 }
 
-// Routing is the policy routing of the namespace the Runner is in (routing.Netlink).
+// Routing is the policy routing of the namespace the Runner is in: Read renders ours in place as
+// iptables.PolicyRoute.Lines does, Ensure adds what of want is missing and returns what undoes
+// exactly that, Prune removes ours that want does not hold.
 type Routing interface {
-	// Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it.
 	Read() ([]string, error)
-	// Ensure adds what of want is missing and returns what undoes exactly that.
 	Ensure(want []iptables.PolicyRoute) (undo func() error, err error)
-	// Prune removes the policy routing of ours that want does not hold.
 	Prune(want []iptables.PolicyRoute) error
 }
 
@@ -118,9 +103,8 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 			if uerr := undo(); uerr != nil {
 				return errors.Join(err, fmt.Errorf("and removing the policy routing added for them failed: %w", uerr))
 			}
-			// Every backend's write is all or nothing, so a kernel without TPROXY refuses the
-			// rules whole; only then is it asked what it lacks, for an error that names it
-			// (asking costs the kernel an aborted transaction, several ms, on every apply).
+			// A write is all or nothing; only a refused one asks the kernel what it lacks (asking
+			// costs an aborted transaction, several ms).
 			if kerr := r.Kernel(ctx, t.Mode, rs); kerr != nil {
 				return fmt.Errorf("%w (%v)", kerr, err)
 			}
@@ -200,9 +184,8 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	return out, err
 }
 
-// in enters the target, takes its lock and chooses the backend (the native table in a network
-// namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
-// IPv6 where it is left to the namespace (ipv6=auto), logging why.
+// in enters the target, takes its lock, chooses the backend (the native table in a network
+// namespace another user namespace owns) and decides rs's IPv6 under ipv6=auto, logging both.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
 	return r.Enter(t, exclusive, func() error {
 		opts, log := t.Options, t.log()
@@ -222,8 +205,7 @@ func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptab
 	})
 }
 
-// decideIPv6 returns rs with its IPv6 decided by the namespace the caller is in, when rs leaves
-// it to the namespace, and logs the decision.
+// decideIPv6 returns rs with its IPv6 decided by the caller's namespace under ipv6=auto, logged.
 func (r Runner) decideIPv6(t Target, rs *iptables.Ruleset) *iptables.Ruleset {
 	if rs == nil || !rs.IPv6Auto {
 		return rs
@@ -267,9 +249,8 @@ func (r Runner) closeWaitFile() string {
 	return iptables.CloseWaitSysctl
 }
 
-// setCloseWait sets the namespace's conntrack close-wait timeout over netlink (CAP_NET_ADMIN is
-// enough: the sysctl file needs a writable /proc/sys, which a container rarely has), or, with
-// CloseWaitFile set or a kernel refusing netlink, through the sysctl file.
+// setCloseWait sets the conntrack close-wait timeout over netlink (CAP_NET_ADMIN is enough; the
+// sysctl file needs a writable /proc/sys, which a container rarely has), else the file.
 func (r Runner) setCloseWait(t Target, secs int64) error {
 	if r.CloseWaitFile == "" {
 		err := conntrack.SetCloseWait(uint32(secs))
@@ -290,8 +271,7 @@ func (r Runner) setCloseWait(t Target, secs int64) error {
 	return nil
 }
 
-// readCloseWait reads the namespace's close-wait timeout back the way setCloseWait writes it. The
-// setting is named by its sysctl, whose value netlink reads too.
+// readCloseWait reads the close-wait timeout back as setCloseWait writes it, named by its sysctl.
 func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
 	s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(want, 10)}
 	if r.CloseWaitFile == "" {
@@ -314,9 +294,8 @@ func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
 	return s
 }
 
-// removeOthers removes our rules from every backend the chosen applier does not cover. Each
-// first checks, without exec, whether there is anything to remove, so this costs no process in
-// the common case.
+// removeOthers removes our rules from every backend the chosen applier does not cover; each
+// checks first, without exec, whether there is anything to remove.
 func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Applier) error {
 	var errs []error
 	for _, o := range r.Others(chosen.Covers()) {
@@ -327,9 +306,8 @@ func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Appl
 	return errors.Join(errs...)
 }
 
-// notInKernel reports whether err says the kernel offers no interface for backend a, where
-// nothing of ours can be, and says so at debug level: the iptables-legacy fallback under qemu-user
-// or on a kernel without nf_tables then neither fails on nor hides behind the netlink backends.
+// notInKernel reports, and logs at debug level, whether err says the kernel has no interface for
+// backend a, which then holds nothing of ours (qemu-user, a kernel without nf_tables).
 func notInKernel(t Target, a iptables.Applier, err error) bool {
 	if !errors.Is(err, iptables.ErrNotInKernel) {
 		return false
@@ -339,11 +317,9 @@ func notInKernel(t Target, a iptables.Applier, err error) bool {
 	return true
 }
 
-// realOthers looks at the backends not covered: iptables-nft's rules and the native table
-// through one nf_tables applier covering those of the two not covered (one read and one batch
-// for both), and iptables-legacy's rules, which /proc shows without exec (in a fresh namespace
-// the legacy binaries are not even looked up, and without them no earlier run could have
-// written legacy rules).
+// realOthers looks at the backends not covered: those of iptables-nft's rules and the native table
+// through one nf_tables applier (one read and one batch), and iptables-legacy's only where /proc
+// lists a legacy table (no exec in a fresh namespace; without the binaries none was written).
 func realOthers(covered []iptables.Backend) []iptables.Applier {
 	var out []iptables.Applier
 	var netlink []iptables.Backend
