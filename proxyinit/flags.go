@@ -33,10 +33,8 @@ const (
 	CommandVersion Command = "version"
 )
 
-// commands are the subcommands that take proxy-init's flags, accepted as a positional argument
-// anywhere on the line. "validate" is not among them: it has the network validator's own flags and
-// Main dispatches it, as the first argument, before these flags are parsed. "apply" is not listed
-// because Linkerd users never name it: no subcommand means apply.
+// commands are the subcommands that take proxy-init's flags, anywhere on the line. Not "validate",
+// which Main dispatches first, with its own flags; not "apply", which Linkerd users never name.
 var commands = []string{string(CommandCleanup), string(CommandShow), string(CommandVersion)}
 
 // Flag names beyond the iptables.Field* ones, which double as flag names.
@@ -57,11 +55,10 @@ const (
 // Options is a parsed and validated command line.
 type Options struct {
 	Command Command
-	// Config is the rule configuration; it has passed Validate (except that cleanup, which needs
-	// no ports, accepts the proxy ports unset).
+	// Config has passed Validate (but cleanup, which needs no ports, accepts them unset).
 	Config iptables.Config
-	// ModeSource says where Config.Mode came from, for the logs: "--iptables-mode",
-	// "--firewall-bin-path", "--firewall-save-bin-path" or "default".
+	// ModeSource says where Config.Mode came from, for the logs: a flag ("--iptables-mode") or
+	// "default".
 	ModeSource string
 	Simulate   bool
 	// NetNS is the path of the network namespace to work in; empty means the current one.
@@ -70,13 +67,12 @@ type Options struct {
 	LogFormat   string // "plain" or "json"
 	LogLevel    slog.Level
 	Output      string // "text" or "json": how show and version print
-	// Inspect is set for show without rule flags: it reads the rules in place, tells the
-	// configuration they were written from and whether they are whole, and compares with none.
+	// Inspect is set for show without rule flags: it tells the configuration the rules in place
+	// were written from and whether they are whole.
 	Inspect bool
 	// Warnings are accepted but ignored inputs, logged once the logger exists.
 	Warnings []string
-	// rules is Config built while it was validated (nil if it was not valid), so that a thousand
-	// subnets are parsed once per run, not twice.
+	// rules is Config built while it was validated, so a thousand subnets are parsed once.
 	rules *iptables.Ruleset
 }
 
@@ -84,22 +80,18 @@ type Options struct {
 var ErrHelp = pflag.ErrHelp
 
 // flagValues holds the raw flag values. Ints and bools are kept as text and converted after
-// parsing, so a malformed number is one more reported problem instead of aborting the parse at
-// the first one.
+// parsing, so a malformed number is one more reported problem instead of ending the parse.
 type flagValues struct {
-	inPort, outPort, uid, gid, closeWait  *lenient[int]
-	redirect, inPorts, outPorts           *rawList
-	inSubnets, outSubnets                 *rawList
-	simulate, wait, ipv6                  *lenient[bool]
-	netns, logFormat, logLevel, mode      string
-	firewallBin, firewallSave, outputMode string
+	inPort, outPort, uid, gid, closeWait               *lenient[int]
+	redirect, inPorts, outPorts, inSubnets, outSubnets *rawList
+	simulate, wait, ipv6                               *lenient[bool]
+	netns, logFormat, logLevel, mode                   string
+	firewallBin, firewallSave, outputMode              string
 	// The features beyond Linkerd's.
-	dnsPort                              *lenient[int]
-	dnsServersOnly, dropInvalid          *lenient[bool]
-	inboundMode                          string
-	outRedirectPorts, outRedirectSubnets *rawList
-	interfaces, uids, gids               *rawList
-	reroute                              *rawList
+	dnsPort                                                               *lenient[int]
+	dnsServersOnly, dropInvalid                                           *lenient[bool]
+	inboundMode                                                           string
+	outRedirectPorts, outRedirectSubnets, interfaces, uids, gids, reroute *rawList
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
@@ -153,8 +145,7 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	return fs, v
 }
 
-// resolvConf is the resolver configuration --dns-servers-only reads: the pod's, where
-// proxy-init runs as its init container.
+// resolvConf is what --dns-servers-only reads: the pod's, where proxy-init is its init container.
 var resolvConf = "/etc/resolv.conf"
 
 // nameservers returns the nameserver addresses of a resolv.conf, as written.
@@ -196,9 +187,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input (nothing is written).
 `
 }
 
-// Parse turns a command line (without the program name) into validated Options. Every problem
-// is reported at once in a *badinput.UsageError; -h or --help returns ErrHelp. Parse reads nothing but the
-// --netns path's existence.
+// Parse turns a command line (without the program name) into validated Options, every problem at
+// once in a *badinput.UsageError; -h or --help returns ErrHelp. It reads only the --netns path.
 func Parse(args []string) (*Options, error) {
 	fs, v := newFlagSet()
 	if err := fs.Parse(args); err != nil {
@@ -291,8 +281,7 @@ func (p *flagReader) boolOf(name string, f *lenient[bool]) bool {
 	return b
 }
 
-// ruleConfig is the rule builder's configuration the flags give, but for the close-wait timeout
-// and the mode. With --dns-servers-only it reads the nameservers of resolvConf.
+// ruleConfig is the rule configuration the flags give, but the close-wait timeout and the mode.
 func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Config {
 	c := iptables.NewConfig()
 	c.InboundProxyPort = p.intOf(iptables.FieldInboundProxyPort, v.inPort)
@@ -351,8 +340,8 @@ func (p *flagReader) output(o *Options, v *flagValues) {
 	}
 }
 
-// sortByFlagOrder lists problems in the order the flags appear in --help, which is stable and
-// easy to scan, whatever order the checks ran in.
+// sortByFlagOrder lists problems in the order of the flags in --help, whatever order the checks
+// ran in.
 func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	order := map[string]int{}
 	i := 0
@@ -375,9 +364,8 @@ func ruleFlagSet(fs *pflag.FlagSet) bool {
 }
 
 // configProblems validates the rule configuration, and returns the rules when it is valid.
-// Cleanup and show without rule flags need no ports, so they accept them unset (but still refuse
-// bad values). Problems about the inbound subnets name the alias when that is the flag the user
-// typed.
+// Cleanup and show without rule flags accept the ports unset. Problems name the inbound subnets'
+// alias when the user typed that.
 func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
 	rs, err := iptables.Build(c)
 	verr, ok := badinput.As(err)
@@ -401,9 +389,8 @@ func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pfl
 	return out, nil
 }
 
-// resolveMode picks the backend mode. An explicit --iptables-mode wins, as in Linkerd, where it
-// overrides the firewall paths; otherwise the paths' base names select the mode, for charts that
-// still pass them; otherwise auto.
+// resolveMode picks the backend mode: --iptables-mode, which wins over the firewall paths as in
+// Linkerd; else the paths' base names, for charts that still pass them; else auto.
 func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []badinput.Problem) {
 	binSet := v.firewallBin != ""
 	saveSet := v.firewallSave != ""
@@ -492,9 +479,8 @@ func (f *lenient[T]) value() (T, error) {
 	return v, nil
 }
 
-// rawList is a repeatable, comma-separated list flag that keeps each occurrence as typed. It
-// accepts what Linkerd's IntSlice and StringSlice flags accept ("-r 80,81 -r 82"); splitting and
-// checking each element is iptables.Config.Validate's job, so the error names the exact element.
+// rawList is a repeatable, comma-separated list flag ("-r 80,81 -r 82", as Linkerd's slices) that
+// keeps each occurrence as typed: iptables.Config.Validate splits it and names a bad element.
 type rawList struct {
 	values []string
 	typ    string

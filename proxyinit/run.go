@@ -33,24 +33,21 @@ const (
 var ErrMismatch = errors.New("the rules in place do not match the configuration")
 
 // Main runs proxy-init with args (without the program name), printing results to stdout and
-// logs and errors to stderr, and returns the exit code. It changes nothing process-wide: the
-// settings a one-shot run wants (see OneShot) are cmd/proxy-init's to make.
+// logs and errors to stderr, and returns the exit code. It changes nothing process-wide (OneShot).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return run(ctx, args, stdout, stderr, runner.Runner{})
 }
 
-// OneShot reports whether args run a command that writes, reads or prints rules and exits within
-// milliseconds: every one but validate, which waits on the network and is stopped by signals.
-// Such a run wants no garbage collection, and SIGINT and SIGTERM ignored while it writes.
+// OneShot reports whether args run a command that exits within milliseconds (all but validate),
+// which wants no garbage collection, and SIGINT and SIGTERM ignored while it writes.
 func OneShot(args []string) bool { return len(args) == 0 || args[0] != "validate" }
 
 // run is Main with the backend path as a seam: tests give it a fake applier.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.Runner) int {
-	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
-	// dispatched before proxy-init's flags are parsed.
+	// The network validator has its own flags, so it is dispatched before they are parsed.
 	if len(args) > 0 && args[0] == "validate" {
-		// Only the validator runs long enough to need a context that signals cancel. Watching
-		// signals costs a goroutine and a thread, which the other commands do not pay.
+		// Only the validator runs long enough to be cancelled by signals; watching them costs a
+		// goroutine and a thread.
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return validator.Main(ctx, args[1:], stdout, stderr)
@@ -112,11 +109,9 @@ func version(stdout io.Writer, output string) error {
 	})
 }
 
-// target is where and how the command line asks to work. In its pod, proxy-init takes the
-// in-pod lock, which another proxy-init of that pod takes too. With --netns it runs on the node,
-// where the CNI plugin and the node agent may write the same namespace under their host lock: it
-// takes that one too, first, when the node has its directory (no linkerd-cni there: nobody else
-// takes it).
+// target is where and how the command line asks to work. With --netns proxy-init runs on the
+// node, where the CNI plugin and the node agent may write the namespace under their host lock: it
+// takes that one too, first, when the node has its directory.
 func (o *Options) target(log *slog.Logger) runner.Target {
 	t := runner.Target{
 		Options: runner.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
@@ -165,17 +160,15 @@ type ShowReport struct {
 	Match    bool            `json:"match"`
 	Families []FamilyReport  `json:"families"`
 	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
-	// HalfApplied explains a state with one family complete and the other empty, in a backend
-	// written one transaction per family; WrittenWithout explains it in one that writes both
-	// families at once.
+	// HalfApplied and WrittenWithout explain a state with one family complete and the other empty,
+	// in a backend written one transaction per family or both at once.
 	HalfApplied    string `json:"half_applied,omitempty"`
 	WrittenWithout string `json:"written_without,omitempty"`
 	// Elsewhere holds rules of ours in backends other than Backend, which should hold none.
 	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
 	// Sysctls are settings the configuration asks for, read back.
 	Sysctls []iptables.SysctlState `json:"sysctls,omitempty"`
-	// Routes is the policy routing of ours (inbound-mode tproxy's), when any is expected or in
-	// place.
+	// Routes is the policy routing of ours (inbound-mode tproxy's), when expected or in place.
 	Routes *RouteReport `json:"routes,omitempty"`
 }
 
@@ -320,8 +313,7 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 	return nil
 }
 
-// simulate prints what apply or cleanup would do, changing nothing (runner.Runner.Simulate):
-// for the netlink modes the batch that would be sent now.
+// simulate prints what apply or cleanup would do, changing nothing (runner.Runner.Simulate).
 func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	var rs *iptables.Ruleset
 	if o.Command == CommandApply {
@@ -359,8 +351,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"mode", string(c.Mode),
 		"netns", netnsutil.Label(o.NetNS),
 	}
-	// The features beyond Linkerd's, each only when on, so a Linkerd command line logs what it
-	// always did.
+	// The features beyond Linkerd's, only when on: a Linkerd command line logs what it always did.
 	if rs.IPv6Auto {
 		attrs = append(attrs, "ipv6", "auto")
 	}
