@@ -16,8 +16,8 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Defaults: Linkerd's validator's own for --connect-addr and --listen-addr (Linkerd's chart
-// passes --connect-addr 1.1.1.1:20001, or [fd00::1]:20001 on IPv6, the --ipv6 check's default).
+// Defaults: Linkerd's validator's (its chart passes --connect-addr 1.1.1.1:20001, or
+// [fd00::1]:20001 on IPv6, the --ipv6 check's default).
 const (
 	DefaultConnectAddr     = "192.0.2.2:1404"
 	DefaultListenAddr      = "0.0.0.0:4140"
@@ -38,8 +38,7 @@ const (
 	FlagProxyUID        = "proxy-uid"
 )
 
-// Target is the validator's tracing target in Linkerd (its crate name): a --log-level filter's
-// directives for it apply to us.
+// Target is the validator's tracing target in Linkerd: --log-level directives for it apply to us.
 const Target = "linkerd_network_validator"
 
 // Linkerd's validator also takes its log flags from these variables; a flag wins.
@@ -50,21 +49,17 @@ const (
 
 // Config is what the validator checks. The zero value is not useful; start from DefaultConfig.
 type Config struct {
-	// ConnectAddr is dialled and must be redirected to ListenAddr (IP literal and port).
-	ConnectAddr string
-	// ListenAddr is the outbound proxy port the redirect must reach.
-	ListenAddr string
+	// ConnectAddr is dialled and must be redirected to ListenAddr, the outbound proxy port.
+	ConnectAddr, ListenAddr string
 	// Timeout bounds each check's wait for the redirected connection.
-	Timeout time.Duration
-	// LogFormat ("plain" or "json") and LogLevel are used by Main to build the logger.
+	Timeout             time.Duration
 	LogFormat, LogLevel string
 	// IPv6 adds an IPv6 check of IPv6ConnectAddr against IPv6ListenAddr (empty: [::] on
 	// ListenAddr's port). It is skipped when ConnectAddr already is IPv6.
 	IPv6            bool
 	IPv6ConnectAddr string
 	IPv6ListenAddr  string
-	// ProxyUID, when not -1, is checked to be exempt: a connection made as this UID must not be
-	// redirected.
+	// ProxyUID, when not -1, is checked to be exempt from the redirect.
 	ProxyUID int
 }
 
@@ -81,8 +76,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// AddFlags registers the validator's flags on fs, bound to c; c's current values are the
-// defaults shown.
+// AddFlags registers the validator's flags on fs, bound to c, with c's values as defaults.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ConnectAddr, FlagConnectAddr, c.ConnectAddr, "address to connect to; the connection must be redirected to --listen-addr (it is never really reached)")
 	fs.StringVar(&c.ListenAddr, FlagListenAddr, c.ListenAddr, "address to listen on: the proxy's outbound port")
@@ -98,8 +92,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
 
-// Parse turns the arguments after "validate" into a validated Config, with the log defaults
-// from $LINKERD_NETWORK_VALIDATOR_LOG_LEVEL and $LINKERD_NETWORK_VALIDATOR_LOG_FORMAT.
+// Parse turns the arguments after "validate" into a validated Config, with the log defaults from
+// EnvLogLevel and EnvLogFormat.
 func Parse(args []string) (Config, error) { return ParseEnv(args, os.Getenv) }
 
 // ParseEnv is Parse with the environment read through getenv.
@@ -197,8 +191,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// NewLogger returns the logger for c's --log-format and --log-level, writing to w, and logs how
-// a filter was read. An unknown level falls back to info (Validate reports it).
+// NewLogger returns c's logger, writing to w, and logs how a filter was read.
 func (c Config) NewLogger(w io.Writer) *slog.Logger {
 	f, _ := logging.ParseFilter(c.LogLevel, Target)
 	log := logging.New(w, c.LogFormat, f.Level)
@@ -206,9 +199,8 @@ func (c Config) NewLogger(w io.Writer) *slog.Logger {
 	return log
 }
 
-// listenCanReceive reports whether a listener on listen can accept a connection to connect once
-// it is redirected: the families must match, except that [::] is dual-stack. Unparsable
-// addresses are reported elsewhere, so they pass here.
+// listenCanReceive reports whether a listener on listen can accept a redirected connection to
+// connect: the same family, or [::]. Unparsable addresses are reported elsewhere.
 func listenCanReceive(listen, connect string) bool {
 	l, err1 := netip.ParseAddrPort(listen)
 	c, err2 := netip.ParseAddrPort(connect)

@@ -27,8 +27,8 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1
 	ExitUsage   = 2
-	// ExitRedirectFailed is Linkerd's validator exit code for "the redirect does not work"; the
-	// repair controller deletes pods whose validator exited with it.
+	// ExitRedirectFailed is Linkerd's "the redirect does not work"; the repair controller deletes
+	// pods whose validator exited with it.
 	ExitRedirectFailed = 95
 )
 
@@ -40,15 +40,14 @@ const (
 	ReasonNotRedirected Reason = "not-redirected"
 	// ReasonTokenMismatch: the connection was answered, but not by the validator's listener.
 	ReasonTokenMismatch Reason = "token-mismatch"
-	// ReasonWrongOriginalDst: the connection reached the listener, but conntrack does not record
-	// it as NATed from the connect address.
+	// ReasonWrongOriginalDst: the connection reached the listener, but not NATed from the connect
+	// address.
 	ReasonWrongOriginalDst Reason = "wrong-original-destination"
-	// ReasonProxyUIDRedirected: a connection made as the proxy UID was redirected too, so the
-	// proxy's own outbound traffic would loop back into it.
+	// ReasonProxyUIDRedirected: a connection made as the proxy UID was redirected too: the proxy
+	// would loop into itself.
 	ReasonProxyUIDRedirected Reason = "proxy-uid-redirected"
-	// ReasonDestinationRewritten: the connection was redirected, but its original destination is
-	// not the address dialled: something rewrote it before the pod's netfilter rules, as Cilium's
-	// socket-level load balancing does to a Service's ClusterIP.
+	// ReasonDestinationRewritten: the connection was redirected, but from another address than
+	// the one dialled, as Cilium's socket-level load balancing does to a Service's ClusterIP.
 	ReasonDestinationRewritten Reason = "destination-rewritten"
 )
 
@@ -62,14 +61,11 @@ const SocketLBHint = "something rewrote the destination before the pod's netfilt
 // Run may return several, joined with errors.Join; find them with errors.As.
 type Failure struct {
 	// Check names the check: "ipv4", "ipv6", "proxy-uid ipv4", "proxy-uid ipv6".
-	Check  string
-	Reason Reason
-	// ConnectAddr and ListenAddr are the check's addresses.
+	Check                   string
+	Reason                  Reason
 	ConnectAddr, ListenAddr string
-	// Detail is the human-readable explanation.
-	Detail string
-	// Err is the underlying error, if any (a dial error, for example).
-	Err error
+	Detail                  string // for people
+	Err                     error  // the underlying error, if any (a dial error, say)
 }
 
 func (f *Failure) Error() string {
@@ -97,9 +93,8 @@ func ExitCode(err error) int {
 	return ExitFailure
 }
 
-// uidCheckWait bounds the proxy UID check's dial. A redirected connect completes locally in well
-// under a millisecond; an exempt one goes out with TTL 1 and never completes, so waiting longer
-// would only slow every pod start.
+// uidCheckWait bounds the proxy UID check's dial: a redirected connect completes locally in under
+// a millisecond, and an exempt one (TTL 1) never does, so waiting longer only slows pod starts.
 const uidCheckWait = 2 * time.Second
 
 // check is one family's redirect check.
@@ -129,15 +124,13 @@ func (c Config) checks() []check {
 	return out
 }
 
-// Run performs every check c asks for and returns nil when the redirect works. When it does not,
-// the error contains one *Failure per failed check (ExitCode maps it to 95); an error without a
-// Failure (bad config, the listen port taken, ctx cancelled) says nothing about the redirect.
+// Run performs every check c asks for and returns nil when the redirect works; else one *Failure
+// per failed check (exit 95). An error without one (the port taken, say) says nothing about it.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	// Every check runs even after one failed, so the log names everything that is wrong. A
-	// proven failure decides the exit code (95) even if another check could not run.
+	// Every check runs, so the log names everything wrong; a proven failure decides the exit code.
 	var errs []error
 	for _, ck := range c.checks() {
 		if err := runCheck(ctx, c, ck, log); err != nil {
@@ -150,9 +143,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
-// runCheck proves that a connection to ck.connect lands on a listener at ck.listen with
-// ck.connect as its original destination, and then, if asked, that the proxy UID's connections
-// do not.
+// runCheck proves that a connection to ck.connect lands on ck.listen with ck.connect as its
+// original destination, and then, if asked, that the proxy UID's connections do not.
 func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	log = log.With("check", ck.name, "connect_addr", ck.connect.String(), "listen_addr", ck.listen.String())
 	srv, err := listen(ctx, ck, c.Timeout)
@@ -186,8 +178,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	}
 	a, ok := srv.await(ctx, token)
 	if !ok {
-		// The listener records a connection before echoing its token, so this means another
-		// process echoed our token; treat it as not ours.
+		// The listener records a connection before echoing its token: another process echoed it.
 		return fail(ReasonTokenMismatch, nil, "the token was echoed, but the validator's listener on %s never saw the connection", ck.listen)
 	}
 	switch {
@@ -210,8 +201,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	return checkUID(ctx, c, ck, srv, log)
 }
 
-// checkUID connects to ck.connect as the proxy UID and expects that connection NOT to reach the
-// listener.
+// checkUID expects a connection to ck.connect made as the proxy UID NOT to reach the listener.
 func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Logger) error {
 	token := newToken()
 	wait := min(c.Timeout, uidCheckWait)
@@ -220,7 +210,6 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 	type result struct {
 		reply     string
 		connected bool
-		err       error
 		skipped   error
 	}
 	done := make(chan result, 1)
@@ -232,8 +221,8 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 			done <- result{skipped: err}
 			return
 		}
-		reply, connected, err := exchange(ctx, ck.connect, token)
-		done <- result{reply, connected, err, nil}
+		reply, connected, _ := exchange(ctx, ck.connect, token)
+		done <- result{reply, connected, nil}
 	}()
 	r := <-done
 	uidLog := log.With("proxy_uid", c.ProxyUID)
@@ -255,8 +244,7 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 	return nil
 }
 
-// setThreadUID switches only the calling OS thread to uid with the raw system call;
-// syscall.Setresuid would switch every thread of the process.
+// setThreadUID switches only the calling OS thread to uid (syscall.Setresuid switches them all).
 func setThreadUID(uid int) error {
 	u := uintptr(uid)
 	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, u, u, u); errno != 0 {
@@ -265,8 +253,8 @@ func setThreadUID(uid int) error {
 	return nil
 }
 
-// exchange connects to addr, sends token and reads one line back. connected reports whether the
-// TCP connection was established; err explains a failed connect or read.
+// exchange connects to addr, sends token and reads one line back; connected reports whether the
+// TCP connection was established.
 func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply string, connected bool, err error) {
 	network := "tcp4"
 	if !addr.Addr().Unmap().Is4() {
@@ -291,9 +279,8 @@ func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply str
 	return strings.TrimSpace(line), true, nil
 }
 
-// hopLimitOne keeps a connection that is not redirected from ever reaching the connect address:
-// its SYN expires at the first router. A redirected connection is delivered locally and never
-// routed, so its TTL does not matter.
+// hopLimitOne keeps a connection that is not redirected from reaching the connect address: its SYN
+// expires at the first router. A redirected one is delivered locally.
 func hopLimitOne(network, _ string, rc syscall.RawConn) error {
 	var serr error
 	err := rc.Control(func(fd uintptr) {
@@ -312,9 +299,8 @@ func hopLimitOne(network, _ string, rc syscall.RawConn) error {
 	return nil
 }
 
-// newToken returns a value a stray server cannot guess by accident. math/rand/v2 is seeded from
-// the kernel's random source at start; crypto/rand would add its initialisation to every run of
-// proxy-init, which shares this binary.
+// newToken returns a value a stray server cannot guess by accident. math/rand/v2 is seeded by the
+// kernel; crypto/rand would add its set-up to every run of proxy-init, which shares this binary.
 func newToken() string {
 	return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 }
@@ -362,14 +348,12 @@ func (s *server) serve() {
 		if err != nil {
 			return // closed
 		}
-		// Handlers are not waited for: each ends at its deadline, and a stray client must
-		// not hold up the validator's exit.
+		// Handlers are not waited for: each ends at its deadline; a stray must not delay exit.
 		go s.handle(conn.(*net.TCPConn))
 	}
 }
 
-// handle records the connection, then echoes its token: a client that has read its echo can
-// rely on the arrival being queued already.
+// handle records the connection, then echoes its token, so a client that read it finds it queued.
 func (s *server) handle(conn *net.TCPConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(s.timeout))
