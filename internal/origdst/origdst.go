@@ -1,10 +1,7 @@
-// Package origdst reads the original destination of a redirected TCP connection: the address
-// and port it was headed to before a nat REDIRECT or DNAT rule rewrote it, as conntrack
-// remembers it (SO_ORIGINAL_DST for IPv4, IP6T_SO_ORIGINAL_DST for IPv6). This is what
-// Linkerd's proxy asks to learn where a redirected connection was going.
-//
-// Limits: Linux only; TCP only; the connection must be tracked by conntrack in the namespace
-// that accepted it (with no nat rule there, the kernel usually has no entry and Lookup fails).
+// Package origdst reads the original destination of a redirected TCP connection, before a nat
+// REDIRECT or DNAT rewrote it, from conntrack (SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST), as
+// Linkerd's proxy does. Limits: Linux and TCP only; the connection must be tracked by conntrack
+// in the namespace that accepted it (with no nat rule there, Lookup usually fails).
 package origdst
 
 import (
@@ -22,10 +19,8 @@ import (
 // number as SO_ORIGINAL_DST, at level SOL_IPV6. x/sys/unix does not define it.
 const ip6tSoOriginalDst = 80
 
-// Lookup asks conntrack for the destination c had before NAT, with IPv4-mapped addresses
-// unmapped. An IPv4 connection (including one accepted on a dual-stack socket) is asked at the
-// IPv4 level first, where its conntrack entry lives, then at the IPv6 level; an IPv6 one only at
-// the IPv6 level.
+// Lookup asks conntrack for the destination c had before NAT, unmapped. An IPv4 connection (also
+// on a dual-stack socket) is asked at the IPv4 level first, where its entry lives, then IPv6.
 func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 	local := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	raw, err := c.SyscallConn()
