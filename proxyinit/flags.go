@@ -80,18 +80,18 @@ type Options struct {
 var ErrHelp = pflag.ErrHelp
 
 // flagValues holds the raw flag values. Ints and bools are kept as text and converted after
-// parsing, so a malformed number is one more reported problem instead of ending the parse.
+// parsing, so a malformed number is one more reported problem instead of ending the parse. The
+// lists go straight into config.
 type flagValues struct {
-	inPort, outPort, uid, gid, closeWait               *lenient[int]
-	redirect, inPorts, outPorts, inSubnets, outSubnets *rawList
-	simulate, wait, ipv6                               *lenient[bool]
-	netns, logFormat, logLevel, mode                   string
-	firewallBin, firewallSave, outputMode              string
+	config                                iptables.Config
+	inPort, outPort, uid, gid, closeWait  *lenient[int]
+	simulate, wait, ipv6                  *lenient[bool]
+	netns, logFormat, logLevel, mode      string
+	firewallBin, firewallSave, outputMode string
 	// The features beyond Linkerd's.
-	dnsPort                                                               *lenient[int]
-	dnsServersOnly, dropInvalid                                           *lenient[bool]
-	inboundMode                                                           string
-	outRedirectPorts, outRedirectSubnets, interfaces, uids, gids, reroute *rawList
+	dnsPort                     *lenient[int]
+	dnsServersOnly, dropInvalid *lenient[bool]
+	inboundMode                 string
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
@@ -100,25 +100,23 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.SortFlags = false
 	d := iptables.NewConfig()
 	v := &flagValues{
-		inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
-		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
-		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
-		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
+		config: d, inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID),
+		gid: newInt(d.ProxyGID), closeWait: newInt(0), simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
 		dnsPort: newInt(0), dnsServersOnly: newBool(false), dropInvalid: newBool(false),
-		outRedirectPorts: &rawList{typ: "ports"}, outRedirectSubnets: &rawList{typ: "cidrs"},
-		interfaces: &rawList{typ: "names"}, uids: &rawList{typ: "uids"}, gids: &rawList{typ: "gids"},
-		reroute: &rawList{typ: "names"},
 	}
+	c := &v.config
+	list := func(dst *[]string, typ string) *rawList { return &rawList{values: dst, typ: typ} }
+	inSubnets := list(&c.InboundSubnetsToIgnore, "cidrs")
 	fs.VarP(v.inPort, iptables.FieldInboundProxyPort, "p", "port the proxy accepts inbound traffic on; inbound TCP is redirected here (required)")
 	fs.VarP(v.outPort, iptables.FieldOutboundProxyPort, "o", "port the proxy accepts outbound traffic on; outbound TCP is redirected here (required)")
 	fs.VarP(v.uid, iptables.FieldProxyUID, "u", "UID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
 	fs.VarP(v.gid, iptables.FieldProxyGID, "g", "GID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
-	fs.VarP(v.redirect, iptables.FieldPortsToRedirect, "r", "redirect only these inbound ports and ranges (default: all); comma list, repeatable")
-	fs.Var(v.inPorts, iptables.FieldInboundPortsToIgnore, "inbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
-	fs.Var(v.outPorts, iptables.FieldOutboundPortsToIgnore, "outbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
-	fs.Var(v.inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
-	fs.Var(v.inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
-	fs.Var(v.outSubnets, iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
+	fs.VarP(list(&c.PortsToRedirect, "ports"), iptables.FieldPortsToRedirect, "r", "redirect only these inbound ports and ranges (default: all); comma list, repeatable")
+	fs.Var(list(&c.InboundPortsToIgnore, "ports"), iptables.FieldInboundPortsToIgnore, "inbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(list(&c.OutboundPortsToIgnore, "ports"), iptables.FieldOutboundPortsToIgnore, "outbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
+	fs.Var(inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
+	fs.Var(list(&c.OutboundSubnetsToIgnore, "cidrs"), iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
 	fs.Var(v.simulate, flagSimulate, "print what would be written and change nothing: the iptables-restore payloads (legacy, plain), the nf_tables batch for the namespace's current rules (nft, nftables), or each of auto's choices in turn")
 	fs.StringVar(&v.netns, flagNetNS, "", "path of the network namespace to work in (e.g. /run/netns/pod), entered in-process")
 	fs.VarP(v.wait, flagUseWait, "w", "wait for the xtables lock (bounded) instead of failing when it is held")
@@ -135,13 +133,13 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.dnsPort, iptables.FieldRedirectDNS, "send the pod's DNS (UDP and TCP to port 53) to this port on loopback, but the exempt users' and groups' (0: capture none)")
 	fs.Var(v.dnsServersOnly, iptables.FieldDNSServersOnly, "capture DNS only to the nameservers of /etc/resolv.conf (needs --"+iptables.FieldRedirectDNS+")")
 	fs.StringVar(&v.inboundMode, iptables.FieldInboundMode, string(iptables.InboundRedirect), "how inbound TCP reaches the proxy: redirect (REDIRECT; the proxy asks for the original destination) or tproxy (TPROXY and a policy route; the proxy's transparent socket keeps it)")
-	fs.Var(v.outRedirectPorts, iptables.FieldOutboundPortsToRedirect, "redirect only outbound TCP to these ports and ranges (default: all); comma list, repeatable")
-	fs.Var(v.outRedirectSubnets, iptables.FieldOutboundSubnetsToRedirect, "redirect only outbound TCP to these destination CIDRs (default: all); comma list, repeatable")
-	fs.Var(v.interfaces, iptables.FieldInterfacesToIgnore, "traffic in or out of these interfaces is never redirected; comma list, repeatable")
-	fs.Var(v.uids, iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
-	fs.Var(v.gids, iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
+	fs.Var(list(&c.OutboundPortsToRedirect, "ports"), iptables.FieldOutboundPortsToRedirect, "redirect only outbound TCP to these ports and ranges (default: all); comma list, repeatable")
+	fs.Var(list(&c.OutboundSubnetsToRedirect, "cidrs"), iptables.FieldOutboundSubnetsToRedirect, "redirect only outbound TCP to these destination CIDRs (default: all); comma list, repeatable")
+	fs.Var(list(&c.InterfacesToIgnore, "names"), iptables.FieldInterfacesToIgnore, "traffic in or out of these interfaces is never redirected; comma list, repeatable")
+	fs.Var(list(&c.UIDsToIgnore, "uids"), iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
+	fs.Var(list(&c.GIDsToIgnore, "gids"), iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
 	fs.Var(v.dropInvalid, iptables.FieldDropInvalid, "drop inbound TCP that conntrack marks INVALID, instead of letting it reach the application unredirected")
-	fs.Var(v.reroute, iptables.FieldRerouteVirtualInterfaces, "a virtual machine's interfaces (KubeVirt's tap or bridge): TCP arriving on them is the VM's outbound traffic and goes to the outbound proxy port, with the outbound ignore lists; comma list, repeatable")
+	fs.Var(list(&c.RerouteVirtualInterfaces, "names"), iptables.FieldRerouteVirtualInterfaces, "a virtual machine's interfaces (KubeVirt's tap or bridge): TCP arriving on them is the VM's outbound traffic and goes to the outbound proxy port, with the outbound ignore lists; comma list, repeatable")
 	return fs, v
 }
 
@@ -283,16 +281,11 @@ func (p *flagReader) boolOf(name string, f *lenient[bool]) bool {
 
 // ruleConfig is the rule configuration the flags give, but the close-wait timeout and the mode.
 func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Config {
-	c := iptables.NewConfig()
+	c := v.config
 	c.InboundProxyPort = p.intOf(iptables.FieldInboundProxyPort, v.inPort)
 	c.OutboundProxyPort = p.intOf(iptables.FieldOutboundProxyPort, v.outPort)
 	c.ProxyUID = p.intOf(iptables.FieldProxyUID, v.uid)
 	c.ProxyGID = p.intOf(iptables.FieldProxyGID, v.gid)
-	c.PortsToRedirect = v.redirect.values
-	c.InboundPortsToIgnore = v.inPorts.values
-	c.OutboundPortsToIgnore = v.outPorts.values
-	c.InboundSubnetsToIgnore = v.inSubnets.values
-	c.OutboundSubnetsToIgnore = v.outSubnets.values
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
 	} else if b, err := v.ipv6.value(); err != nil {
@@ -313,13 +306,7 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	if fs.Changed(iptables.FieldInboundMode) {
 		c.InboundMode = iptables.InboundMode(v.inboundMode)
 	}
-	c.OutboundPortsToRedirect = v.outRedirectPorts.values
-	c.OutboundSubnetsToRedirect = v.outRedirectSubnets.values
-	c.InterfacesToIgnore = v.interfaces.values
-	c.UIDsToIgnore = v.uids.values
-	c.GIDsToIgnore = v.gids.values
 	c.DropInvalid = p.boolOf(iptables.FieldDropInvalid, v.dropInvalid)
-	c.RerouteVirtualInterfaces = v.reroute.values
 	return c
 }
 
@@ -482,14 +469,14 @@ func (f *lenient[T]) value() (T, error) {
 // rawList is a repeatable, comma-separated list flag ("-r 80,81 -r 82", as Linkerd's slices) that
 // keeps each occurrence as typed: iptables.Config.Validate splits it and names a bad element.
 type rawList struct {
-	values []string
+	values *[]string
 	typ    string
 }
 
 // String is empty for an empty list so that help shows no "(default [])".
-func (l *rawList) String() string { return strings.Join(l.values, ",") }
+func (l *rawList) String() string { return strings.Join(*l.values, ",") }
 func (l *rawList) Set(s string) error {
-	l.values = append(l.values, s)
+	*l.values = append(*l.values, s)
 	return nil
 }
 

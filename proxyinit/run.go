@@ -57,13 +57,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 		fmt.Fprint(stdout, Usage())
 		return ExitOK
 	}
-	var uerr *badinput.UsageError
-	if errors.As(err, &uerr) {
-		fmt.Fprintln(stderr, "proxy-init: "+uerr.Error())
-		return ExitUsage
-	}
 	if err != nil {
 		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
+		if errors.As(err, new(*badinput.UsageError)) {
+			return ExitUsage
+		}
 		return ExitFailure
 	}
 	log := logging.New(stderr, o.LogFormat, o.LogLevel)

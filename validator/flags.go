@@ -105,10 +105,7 @@ func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 	if v := getenv(EnvLogFormat); v != "" {
 		c.LogFormat = v
 	}
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	c.AddFlags(fs)
+	fs := c.flagSet()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return c, ErrHelp
@@ -124,18 +121,23 @@ func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 // Usage is the help text of `proxy-init validate`.
 func Usage() string {
 	c := DefaultConfig()
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SortFlags = false
-	c.AddFlags(fs)
 	return `proxy-init validate proves that the pod's outbound TCP is redirected to the proxy port.
 
 Usage:
   proxy-init validate [flags]
 
 Flags:
-` + fs.FlagUsages() + `
+` + c.flagSet().FlagUsages() + `
 Exit codes: 0 the redirect works, 95 it does not (the message says what failed), 2 bad usage, 1 other errors.
 `
+}
+
+func (c *Config) flagSet() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	return fs
 }
 
 // Validate reports every problem in c at once, naming the flag and value.

@@ -36,14 +36,11 @@ func Do(nsPath string, fn func() error) error {
 		fnErr = fn()
 		return fnErr
 	})
-	if ran {
+	if ran || err == nil {
 		// err is fn's (ns.Do reports a failure to switch back only by discarding the thread).
 		return fnErr
 	}
-	if err != nil {
-		return fmt.Errorf("enter netns %s: %w", nsPath, err)
-	}
-	return nil
+	return fmt.Errorf("enter netns %s: %w", nsPath, err)
 }
 
 // Label names the namespace at nsPath in messages: the path, or "(current)" for "".
@@ -68,11 +65,9 @@ func Current() string {
 // without entering it; the error says what path is instead.
 func CheckNetNS(path string) error {
 	f, err := os.Open(path)
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			return pe.Err
-		}
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
+		return pe.Err
+	} else if err != nil {
 		return err
 	}
 	defer f.Close()
