@@ -57,8 +57,7 @@ type Options struct {
 	Command Command
 	// Config has passed Validate (but cleanup, which needs no ports, accepts them unset).
 	Config iptables.Config
-	// ModeSource says where Config.Mode came from, for the logs: a flag ("--iptables-mode") or
-	// "default".
+	// ModeSource says where Config.Mode came from: a flag ("--iptables-mode") or "default".
 	ModeSource string
 	Simulate   bool
 	// NetNS is the path of the network namespace to work in; empty means the current one.
@@ -327,8 +326,7 @@ func (p *flagReader) output(o *Options, v *flagValues) {
 	}
 }
 
-// sortByFlagOrder lists problems in the order of the flags in --help, whatever order the checks
-// ran in.
+// sortByFlagOrder lists problems in the order of the flags in --help.
 func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	order := map[string]int{}
 	i := 0
@@ -336,8 +334,7 @@ func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order[a.Field] - order[b.Field] })
 }
 
-// ruleFlagSet reports whether the command line sets a flag that configures the rules (every one
-// but those saying where, how and what to print).
+// ruleFlagSet reports whether the command line sets a flag that configures the rules.
 func ruleFlagSet(fs *pflag.FlagSet) bool {
 	set := false
 	fs.Visit(func(f *pflag.Flag) {
@@ -454,8 +451,7 @@ func (f *lenient[T]) String() string     { return f.raw }
 func (f *lenient[T]) Set(s string) error { f.raw = s; return nil }
 func (f *lenient[T]) Type() string       { return f.typ }
 
-// IsBoolFlag lets pflag accept a bool flag ("--simulate", "--ipv6=false") without a value,
-// meaning true.
+// IsBoolFlag lets pflag take a bool flag ("--simulate") without a value, meaning true.
 func (f *lenient[T]) IsBoolFlag() bool { return f.typ == "bool" }
 
 func (f *lenient[T]) value() (T, error) {

@@ -1,7 +1,6 @@
 package proxyinit
 
-// show without rule flags: read what every backend holds, rebuild the configuration the rules
-// were written from, and say whether they are whole (iptables.Inspect).
+// show without rule flags: what every backend holds, its command line, whether whole (Inspect).
 
 import (
 	"context"

@@ -46,8 +46,7 @@ func OneShot(args []string) bool { return len(args) == 0 || args[0] != "validate
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.Runner) int {
 	// The network validator has its own flags, so it is dispatched before they are parsed.
 	if len(args) > 0 && args[0] == "validate" {
-		// Only the validator runs long enough to be cancelled by signals; watching them costs a
-		// goroutine and a thread.
+		// Only the validator runs long enough to watch signals (a goroutine and a thread).
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return validator.Main(ctx, args[1:], stdout, stderr)

@@ -92,8 +92,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
 
-// Parse turns the arguments after "validate" into a validated Config, with the log defaults from
-// EnvLogLevel and EnvLogFormat.
+// Parse turns the arguments after "validate" into a Config, log defaults from EnvLogLevel/Format.
 func Parse(args []string) (Config, error) { return ParseEnv(args, os.Getenv) }
 
 // ParseEnv is Parse with the environment read through getenv.

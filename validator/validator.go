@@ -40,11 +40,9 @@ const (
 	ReasonNotRedirected Reason = "not-redirected"
 	// ReasonTokenMismatch: the connection was answered, but not by the validator's listener.
 	ReasonTokenMismatch Reason = "token-mismatch"
-	// ReasonWrongOriginalDst: the connection reached the listener, but not NATed from the connect
-	// address.
+	// ReasonWrongOriginalDst: the connection reached the listener, not NATed from ConnectAddr.
 	ReasonWrongOriginalDst Reason = "wrong-original-destination"
-	// ReasonProxyUIDRedirected: a connection made as the proxy UID was redirected too: the proxy
-	// would loop into itself.
+	// ReasonProxyUIDRedirected: the proxy UID's connection was redirected: it would loop.
 	ReasonProxyUIDRedirected Reason = "proxy-uid-redirected"
 	// ReasonDestinationRewritten: the connection was redirected, but from another address than
 	// the one dialled, as Cilium's socket-level load balancing does to a Service's ClusterIP.
@@ -78,8 +76,7 @@ func (f *Failure) Error() string {
 
 func (f *Failure) Unwrap() error { return f.Err }
 
-// ExitCode maps an error from Parse or Run to the process exit code: 0 for nil, 95 when a check
-// failed, 2 for bad usage, 1 otherwise.
+// ExitCode maps an error from Parse or Run to the exit code: 0, 95 (a check failed), 2 or 1.
 func ExitCode(err error) int {
 	var u *badinput.UsageError
 	switch {
@@ -253,8 +250,7 @@ func setThreadUID(uid int) error {
 	return nil
 }
 
-// exchange connects to addr, sends token and reads one line back; connected reports whether the
-// TCP connection was established.
+// exchange connects to addr (connected says if it did), sends token and reads one line back.
 func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply string, connected bool, err error) {
 	network := "tcp4"
 	if !addr.Addr().Unmap().Is4() {

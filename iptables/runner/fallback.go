@@ -52,8 +52,7 @@ func passedOver(err error) bool {
 	return !iptables.IsCapabilityError(err) && errors.Is(err, iptables.ErrUnsupported)
 }
 
-// first calls fn with each backend until one succeeds (remembered) or fails in a way that stops
-// the search, and returns why earlier backends were passed over.
+// first calls fn with each backend until one succeeds or stops the search; it says why it passed.
 func (f *Fallback) first(fn func(a iptables.Applier) error) ([]string, error) {
 	var passed []string
 	for _, t := range f.tries {
@@ -95,8 +94,7 @@ func (f *Fallback) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Re
 	return res, nil
 }
 
-// Show reads with the first backend that holds rules of ours, or else the first that can read:
-// the rules in place may be from a run that chose another backend.
+// Show reads with the first backend that holds rules of ours (any run's), else the first that can.
 func (f *Fallback) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	var first *iptables.State
 	var passed []string

@@ -18,8 +18,7 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-// ErrKernelLacks marks an apply refused because the kernel cannot run a feature or backend the
-// configuration asks for; nothing was written.
+// ErrKernelLacks marks an apply refused for a feature or backend the kernel lacks; none written.
 var ErrKernelLacks = errors.New("the kernel lacks support")
 
 // Probes are what CheckKernelWith asks the kernel; a nil one asks the real kernel.
@@ -61,8 +60,7 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 	}
 }
 
-// writesLegacy reports whether mode writes with iptables-legacy alone (auto's own error says when
-// it fell back to it).
+// writesLegacy reports whether mode writes with iptables-legacy alone (auto's errors say it).
 func writesLegacy(mode iptables.Mode) bool {
 	if mode == iptables.ModePlain {
 		f, err := xtables.DetectPlain()
@@ -117,8 +115,7 @@ func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
 		ErrKernelLacks, mode, strings.Join(missing, ", or "))
 }
 
-// NamespaceIPv6 says whether the calling thread's network namespace has IPv6 enabled and an IPv6
-// address other than loopback and link-local, and why, for the log.
+// NamespaceIPv6 says whether the thread's namespace has IPv6 and a global address, and why.
 func NamespaceIPv6() (bool, string) {
 	v, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
 	switch {

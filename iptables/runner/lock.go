@@ -223,8 +223,7 @@ func SweepHostLocks(dir string) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// openLockFile opens (creating it when missing) the host lock file at path, not close-on-exec
-// (flockUntil says why), and refuses anything but a regular file of this process's user.
+// openLockFile opens or creates the host lock file at path, refusing all but our regular files.
 func openLockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {

@@ -1,7 +1,6 @@
 package runner
 
-// proxy-init (apply, cleanup, show) and the CNI plugin (ADD, CHECK, DEL) all go through Runner,
-// so they cannot differ in any step.
+// proxy-init and the CNI plugin both go through Runner, so they cannot differ in any step.
 
 import (
 	"context"
@@ -25,8 +24,7 @@ import (
 // Target is one namespace to work in, and how.
 type Target struct {
 	Options
-	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); empty means the
-	// process's own.
+	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); "" is the process's.
 	NetNS string
 	// Log receives the backend choice and why, at ChoiceLevel (Info unless set); nil discards it.
 	Log         *slog.Logger
@@ -91,8 +89,7 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 	r = r.withDefaults()
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
-		// The policy routing goes in first, so that the first packet TPROXY marks has its
-		// route; it is taken out again if the rules fail.
+		// Policy routing first, so the first packet TPROXY marks has its route.
 		undo, err := r.Routing.Ensure(rs.PolicyRoutes())
 		if err != nil {
 			return fmt.Errorf("add the policy routing TPROXY needs (nothing else was written): %w", err)
@@ -163,8 +160,7 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 	return st, err
 }
 
-// Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
-// nothing else. It succeeds when there is nothing to remove.
+// Cleanup removes every rule and chain of ours from every backend, and nothing else.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	r = r.withDefaults()
 	var out Outcome
@@ -294,8 +290,7 @@ func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
 	return s
 }
 
-// removeOthers removes our rules from every backend the chosen applier does not cover; each
-// checks first, without exec, whether there is anything to remove.
+// removeOthers removes our rules from the backends chosen does not cover (checked without exec).
 func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Applier) error {
 	var errs []error
 	for _, o := range r.Others(chosen.Covers()) {

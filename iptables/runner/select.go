@@ -38,8 +38,7 @@ var (
 	netlinkNative = try{"native nftables", func() (iptables.Applier, error) { return nfnl.New(iptables.BackendNFTables, iptables.BackendNFT), nil }}
 )
 
-// New returns the applier for opts.Mode and why, for the log: in auto mode the only record of why
-// a node got its backend. The modes nft and auto decide by writing (Fallback).
+// New returns the applier for opts.Mode and why, for the log; nft and auto decide by writing.
 func New(opts Options) (iptables.Applier, string, error) {
 	xo := xtables.Options{Wait: opts.Wait}
 	binaries := func(m iptables.Mode) func() (iptables.Applier, error) {
