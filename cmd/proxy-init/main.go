@@ -29,8 +29,7 @@ func main() {
 		os.Exit(proxyinit.ExitUsage)
 	}
 	if proxyinit.OneShot(args) {
-		// A one-shot run allocates a few megabytes; collecting garbage would only slow the pod's
-		// start. The limit bounds a pathological input.
+		// A one-shot run allocates a few megabytes: GC would only slow the pod's start.
 		debug.SetGCPercent(-1)
 		debug.SetMemoryLimit(256 << 20)
 		// A write takes milliseconds, and stopping between the IPv4 and IPv6 transactions, or

@@ -21,8 +21,7 @@ type Info struct {
 	Version   string `json:"version"`
 	GoVersion string `json:"goVersion"`
 	Platform  string `json:"platform"`
-	// Module and ModuleVersion are the main module's path and version as the toolchain recorded
-	// them ("(devel)" for a build from a checkout).
+	// Module and ModuleVersion are the main module's ("(devel)" for a build from a checkout).
 	Module        string `json:"module,omitempty"`
 	ModuleVersion string `json:"moduleVersion,omitempty"`
 	Revision      string `json:"revision,omitempty"`
@@ -51,8 +50,7 @@ func Get() Info {
 	return info
 }
 
-// String renders the information on one line, e.g.
-// "v1.2.3 (revision 4fa3da8, 2026-11-29T10:00:00Z; go1.26.8 linux/amd64)".
+// String renders it on one line: "v1.2.3 (revision 4fa3da8, 2026-11-29T10:00:00Z; go1.26.8 ...)".
 func (i Info) String() string {
 	var details []string
 	if i.Revision != "" {

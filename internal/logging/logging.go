@@ -13,8 +13,7 @@ import (
 // LevelTrace is Linkerd's "trace", below slog's debug.
 const LevelTrace = slog.LevelDebug - 4
 
-// ParseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic),
-// in any case and with surrounding space. fatal and panic map to error: a logger never exits.
+// ParseLevel accepts slog's and logrus's level names in any case; fatal and panic are error.
 func ParseLevel(s string) (slog.Level, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "trace":

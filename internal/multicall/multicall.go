@@ -21,8 +21,7 @@ type Name struct {
 	Subcommand string // put before the arguments ("" for none)
 }
 
-// Names are every name of Linkerd's that our binaries answer to, with where Linkerd puts them
-// (its images hold them in /usr/lib/linkerd, and the CNI installer in /usr/bin).
+// Names are Linkerd's names our binaries answer to (in its /usr/lib/linkerd, or /usr/bin).
 var Names = []Name{
 	{"linkerd2-proxy-init", ProxyInit, ""},                  // proxy-init, from the proxy image
 	{"linkerd2-network-validator", ProxyInit, "validate"},   // the validator, from the proxy image
@@ -32,8 +31,7 @@ var Names = []Name{
 }
 
 // Args returns the arguments program runs with when started as argv: argv[1:], after the
-// subcommand argv[0]'s name stands for unless they start with it. The other program's name is an
-// error.
+// subcommand argv[0]'s name stands for unless they start with it; the other program's is an error.
 func Args(program string, argv []string) ([]string, error) {
 	if len(argv) == 0 {
 		return nil, nil

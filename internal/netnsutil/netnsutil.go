@@ -51,8 +51,7 @@ func Label(nsPath string) string {
 	return nsPath
 }
 
-// Current names the calling thread's network namespace as the kernel does ("net:[4026532281]"),
-// for messages; inside Do, the namespace entered.
+// Current names the thread's network namespace as the kernel does ("net:[4026532281]").
 func Current() string {
 	name, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
@@ -61,8 +60,7 @@ func Current() string {
 	return name
 }
 
-// CheckNetNS reports whether path names a network namespace (an nsfs file of type CLONE_NEWNET),
-// without entering it; the error says what path is instead.
+// CheckNetNS reports whether path names a network namespace, without entering it; else what it is.
 func CheckNetNS(path string) error {
 	f, err := os.Open(path)
 	if pe := (*os.PathError)(nil); errors.As(err, &pe) {

@@ -40,8 +40,7 @@ func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 			serr error
 		)
 		if err := raw.Control(func(fd uintptr) {
-			// x/sys/unix has no getsockopt returning a raw sockaddr; the kernel writes a
-			// sockaddr_in or sockaddr_in6 into buf.
+			// x/sys/unix has no getsockopt returning a raw sockaddr.
 			_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(o.level), uintptr(o.name),
 				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
 			if errno != 0 {
@@ -59,8 +58,7 @@ func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 	return netip.AddrPort{}, errors.Join(errs...)
 }
 
-// parseSockaddr decodes a sockaddr_in or sockaddr_in6: the family in host byte order, the port
-// in network byte order, then the address.
+// parseSockaddr decodes a sockaddr_in or sockaddr_in6 (family in host order, port in network).
 func parseSockaddr(b []byte) (netip.AddrPort, error) {
 	if len(b) < 4 {
 		return netip.AddrPort{}, errors.New("short sockaddr")
@@ -71,8 +69,7 @@ func parseSockaddr(b []byte) (netip.AddrPort, error) {
 	case family == unix.AF_INET && len(b) >= unix.SizeofSockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port), nil
 	case family == unix.AF_INET6 && len(b) >= unix.SizeofSockaddrInet6:
-		// Bytes 4-8 are the flow label and 24-28 the scope id; neither matters here (redirect
-		// targets are never link-local).
+		// Bytes 4-8 are the flow label, 24-28 the scope id (redirect targets are not link-local).
 		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])), port), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unexpected sockaddr family %d, length %d", family, len(b))

@@ -13,8 +13,7 @@ import (
 	"syscall"
 )
 
-// Make creates dir (and its missing parents) with mode 0700 and checks it (Check). An existing
-// directory is never loosened or tightened: one that fails the checks is refused.
+// Make creates dir (and parents) with mode 0700 and checks it; an existing one is never changed.
 func Make(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("make the directory %s: %w", dir, err)
