@@ -99,8 +99,9 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.SortFlags = false
 	d := iptables.NewConfig()
 	v := &flagValues{
-		config: d, inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID),
-		gid: newInt(d.ProxyGID), closeWait: newInt(0), simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
+		config: d, inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort),
+		uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
+		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
 		dnsPort: newInt(0), dnsServersOnly: newBool(false), dropInvalid: newBool(false),
 	}
 	c := &v.config
@@ -201,9 +202,9 @@ func Parse(args []string) (*Options, error) {
 	o := &Options{Command: cmd}
 	p := &flagReader{badFields: map[string]bool{}}
 	c := p.ruleConfig(fs, v)
-	o.Simulate = p.boolOf(flagSimulate, v.simulate)
-	o.UseWaitFlag = p.boolOf(flagUseWait, v.wait)
-	c.CloseWaitSecs = int64(p.intOf(flagCloseWait, v.closeWait))
+	o.Simulate = valueOf(p, flagSimulate, v.simulate)
+	o.UseWaitFlag = valueOf(p, flagUseWait, v.wait)
+	c.CloseWaitSecs = int64(valueOf(p, flagCloseWait, v.closeWait))
 	o.NetNS = v.netns
 
 	mode, source, warnings, modeProbs := resolveMode(fs, v)
@@ -261,30 +262,23 @@ func (p *flagReader) bad(field, value, reason string) {
 	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
-func (p *flagReader) intOf(name string, f *lenient[int]) int {
-	n, err := f.value()
+// valueOf converts f's text, reporting a malformed value once (Validate then skips the field).
+func valueOf[T any](p *flagReader, name string, f *lenient[T]) T {
+	v, err := f.value()
 	if err != nil {
-		p.bad(name, f.raw, "not an integer")
+		p.bad(name, f.raw, f.notA)
 		p.badFields[name] = true
 	}
-	return n
-}
-
-func (p *flagReader) boolOf(name string, f *lenient[bool]) bool {
-	b, err := f.value()
-	if err != nil {
-		p.bad(name, f.raw, "not a boolean (want true or false)")
-	}
-	return b
+	return v
 }
 
 // ruleConfig is the rule configuration the flags give, but the close-wait timeout and the mode.
 func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Config {
 	c := v.config
-	c.InboundProxyPort = p.intOf(iptables.FieldInboundProxyPort, v.inPort)
-	c.OutboundProxyPort = p.intOf(iptables.FieldOutboundProxyPort, v.outPort)
-	c.ProxyUID = p.intOf(iptables.FieldProxyUID, v.uid)
-	c.ProxyGID = p.intOf(iptables.FieldProxyGID, v.gid)
+	c.InboundProxyPort = valueOf(p, iptables.FieldInboundProxyPort, v.inPort)
+	c.OutboundProxyPort = valueOf(p, iptables.FieldOutboundProxyPort, v.outPort)
+	c.ProxyUID = valueOf(p, iptables.FieldProxyUID, v.uid)
+	c.ProxyGID = valueOf(p, iptables.FieldProxyGID, v.gid)
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
 	} else if b, err := v.ipv6.value(); err != nil {
@@ -292,8 +286,8 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	} else {
 		c.IPv6 = b
 	}
-	c.RedirectDNSToPort = p.intOf(iptables.FieldRedirectDNS, v.dnsPort)
-	c.DNSServersOnly = p.boolOf(iptables.FieldDNSServersOnly, v.dnsServersOnly)
+	c.RedirectDNSToPort = valueOf(p, iptables.FieldRedirectDNS, v.dnsPort)
+	c.DNSServersOnly = valueOf(p, iptables.FieldDNSServersOnly, v.dnsServersOnly)
 	if c.DNSServersOnly && c.RedirectDNSToPort > 0 {
 		servers, err := nameservers(resolvConf)
 		if err != nil {
@@ -305,7 +299,7 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	if fs.Changed(iptables.FieldInboundMode) {
 		c.InboundMode = iptables.InboundMode(v.inboundMode)
 	}
-	c.DropInvalid = p.boolOf(iptables.FieldDropInvalid, v.dropInvalid)
+	c.DropInvalid = valueOf(p, iptables.FieldDropInvalid, v.dropInvalid)
 	return c
 }
 
@@ -434,17 +428,19 @@ func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
 
 // lenient is an int or bool flag that keeps its text, so a bad value is reported with the others.
 type lenient[T any] struct {
-	raw, typ string
-	def      T
-	parse    func(string) (T, error)
+	raw, typ, notA string
+	def            T
+	parse          func(string) (T, error)
 }
 
 func newInt(def int) *lenient[int] {
-	return &lenient[int]{raw: strconv.Itoa(def), typ: "int", def: def, parse: strconv.Atoi}
+	return &lenient[int]{raw: strconv.Itoa(def), typ: "int", notA: "not an integer", def: def,
+		parse: strconv.Atoi}
 }
 
 func newBool(def bool) *lenient[bool] {
-	return &lenient[bool]{raw: strconv.FormatBool(def), typ: "bool", def: def, parse: strconv.ParseBool}
+	return &lenient[bool]{raw: strconv.FormatBool(def), typ: "bool", def: def, parse: strconv.ParseBool,
+		notA: "not a boolean (want true or false)"}
 }
 
 func (f *lenient[T]) String() string     { return f.raw }

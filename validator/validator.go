@@ -332,13 +332,11 @@ func listen(ctx context.Context, ck check, timeout time.Duration) (*server, erro
 		return nil, fmt.Errorf("listen on %s: %w", ck.listen, err)
 	}
 	s := &server{ln: ln, timeout: timeout, arrivals: make(chan arrival, 16)}
-	s.wg.Add(1)
-	go s.serve()
+	s.wg.Go(s.serve)
 	return s, nil
 }
 
 func (s *server) serve() {
-	defer s.wg.Done()
 	for {
 		conn, err := s.ln.Accept()
 		if err != nil {

@@ -3,6 +3,7 @@ package runner
 // proxy-init and the CNI plugin both go through Runner, so they cannot differ in any step.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -238,16 +239,10 @@ func (r Runner) withDefaults() Runner {
 	return r
 }
 
-func (r Runner) closeWaitFile() string {
-	if r.CloseWaitFile != "" {
-		return r.CloseWaitFile
-	}
-	return iptables.CloseWaitSysctl
-}
-
 // setCloseWait sets the conntrack close-wait timeout over netlink (CAP_NET_ADMIN is enough; the
 // sysctl file needs a writable /proc/sys, which a container rarely has), else the file.
 func (r Runner) setCloseWait(t Target, secs int64) error {
+	file := cmp.Or(r.CloseWaitFile, iptables.CloseWaitSysctl)
 	if r.CloseWaitFile == "" {
 		err := conntrack.SetCloseWait(uint32(secs))
 		switch {
@@ -257,26 +252,27 @@ func (r Runner) setCloseWait(t Target, secs int64) error {
 		case !errors.Is(err, conntrack.ErrUnsupported):
 			return err
 		}
-		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", r.closeWaitFile(), "error", err.Error())
+		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", file, "error", err.Error())
 	}
 	v := strconv.FormatInt(secs, 10)
-	if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(v), 0o644); err != nil {
 		return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
 	}
-	t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", secs)
+	t.log().Debug("conntrack close-wait timeout set", "file", file, "seconds", secs)
 	return nil
 }
 
 // readCloseWait reads the close-wait timeout back as setCloseWait writes it, named by its sysctl.
 func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
-	s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(want, 10)}
+	s := iptables.SysctlState{File: cmp.Or(r.CloseWaitFile, iptables.CloseWaitSysctl),
+		Want: strconv.FormatInt(want, 10)}
 	if r.CloseWaitFile == "" {
 		v, err := conntrack.CloseWait()
-		if err == nil {
+		switch {
+		case err == nil:
 			s.Have = strconv.FormatUint(uint64(v), 10)
 			return s
-		}
-		if !errors.Is(err, conntrack.ErrUnsupported) {
+		case !errors.Is(err, conntrack.ErrUnsupported):
 			s.Have = "unreadable: " + err.Error()
 			return s
 		}
