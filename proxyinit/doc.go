@@ -1,7 +1,6 @@
 // Package proxyinit is the proxy-init command: it turns a Linkerd-compatible command line into an
 // iptables.Config, validates all of it, and then applies, shows or removes the rules in the pod's
 // network namespace, or only prints them (--simulate). cmd/proxy-init is a main around Main.
-//
 // Contract: the flag names, shorthands and defaults are Linkerd's (docs/linkerd-compatibility.md)
 // but --iptables-mode, which defaults to auto instead of legacy. Exit codes: 0 success, 1
 // failure, 2 bad usage or input, all reported at once before anything is entered or written.
@@ -11,8 +10,7 @@
 //
 // # Tests
 //
-// Without root: Linkerd's command lines parse, bad input, help, the flag defaults (TestDefaults),
-// the exact --simulate payloads and batches (golden, testdata/simulate-*.txt; `go test ./proxyinit
-// -update`), the show report, and that Main changes nothing process-wide
-// (TestMainLeavesTheProcessAlone). The binary's own tests are cmd/proxy-init's.
+// Without root: Linkerd's command lines parse, bad input, help, the flag defaults, the exact
+// --simulate payloads and batches (golden, testdata/simulate-*.txt), the show report, and that
+// Main changes nothing process-wide. The binary's own tests are cmd/proxy-init's.
 package proxyinit

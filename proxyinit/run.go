@@ -78,21 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 
 // execute runs a parsed command line through r.
 func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
-	switch o.Command {
-	case CommandVersion:
+	switch cmd := o.Command; {
+	case cmd == CommandVersion:
 		return version(stdout, o.Output)
-	case CommandApply, CommandCleanup:
-		if o.Simulate {
-			return simulate(ctx, o, stdout, log, r)
-		}
-		if o.Command == CommandCleanup {
-			return cleanup(ctx, o, log, r)
-		}
+	case o.Simulate && (cmd == CommandApply || cmd == CommandCleanup):
+		return simulate(ctx, o, stdout, log, r)
+	case cmd == CommandApply:
 		return apply(ctx, o, log, r)
-	case CommandShow:
-		if o.Inspect {
-			return inspect(ctx, o, stdout, log, r)
-		}
+	case cmd == CommandCleanup:
+		return cleanup(ctx, o, log, r)
+	case cmd == CommandShow && o.Inspect:
+		return inspect(ctx, o, stdout, log, r)
+	case cmd == CommandShow:
 		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
@@ -159,14 +156,11 @@ type ShowReport struct {
 	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
 	// HalfApplied and WrittenWithout explain a state with one family complete and the other empty,
 	// in a backend written one transaction per family or both at once.
-	HalfApplied    string `json:"half_applied,omitempty"`
-	WrittenWithout string `json:"written_without,omitempty"`
-	// Elsewhere holds rules of ours in backends other than Backend, which should hold none.
-	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
-	// Sysctls are settings the configuration asks for, read back.
-	Sysctls []iptables.SysctlState `json:"sysctls,omitempty"`
-	// Routes is the policy routing of ours (inbound-mode tproxy's), when expected or in place.
-	Routes *RouteReport `json:"routes,omitempty"`
+	HalfApplied    string                 `json:"half_applied,omitempty"`
+	WrittenWithout string                 `json:"written_without,omitempty"`
+	Elsewhere      []iptables.Elsewhere   `json:"elsewhere,omitempty"` // ours in other backends: none expected
+	Sysctls        []iptables.SysctlState `json:"sysctls,omitempty"`   // the settings asked for, read back
+	Routes         *RouteReport           `json:"routes,omitempty"`    // tproxy's, when expected or in place
 }
 
 // RouteReport is the policy routing in place and its difference from the expected.

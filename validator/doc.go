@@ -1,8 +1,6 @@
-// Package validator is the network validator: an init container that proves, from inside a pod,
-// that the proxy redirect really works before the application starts. It is Linkerd's
-// linkerd-network-validator, command line and exit code included, run as `proxy-init validate`.
-//
-// How it works: it listens on the outbound proxy port (--listen-addr, default 0.0.0.0:4140),
+// Package validator is the network validator, Linkerd's linkerd-network-validator (command line
+// and exit code included) run as `proxy-init validate`: an init container that proves, from inside
+// a pod, that the proxy redirect works before the application starts. It listens on the outbound proxy port (--listen-addr, default 0.0.0.0:4140),
 // connects to an address nothing answers (--connect-addr, default 192.0.2.2:1404 as in Linkerd)
 // and expects that connection to land on its own listener: the client sends a random token, the
 // listener echoes it and checks with SO_ORIGINAL_DST that the connection was NATed from the
@@ -11,9 +9,7 @@
 // does not work; 2 bad flags; 1 anything else, which says nothing about the redirect.
 //
 // The connect address is never contacted: every socket has an IP TTL (IPv6 hop limit) of 1, so an
-// unredirected SYN dies at the node. Only an address on the pod's own link would be reached.
-//
-// Limits: the proxy UID check needs root or CAP_SETUID, else it is skipped with a log line; it
+// unredirected SYN dies at the node. Limits: the proxy UID check needs root or CAP_SETUID, else it is skipped with a log line; it
 // runs in the pod's network namespace only (no --netns); addresses are IP literals, so no DNS;
 // it proves TCP redirection only, without the proxy (not started yet).
 //

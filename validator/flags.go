@@ -56,9 +56,8 @@ type Config struct {
 	LogFormat, LogLevel string
 	// IPv6 adds an IPv6 check of IPv6ConnectAddr against IPv6ListenAddr (empty: [::] on
 	// ListenAddr's port). It is skipped when ConnectAddr already is IPv6.
-	IPv6            bool
-	IPv6ConnectAddr string
-	IPv6ListenAddr  string
+	IPv6                            bool
+	IPv6ConnectAddr, IPv6ListenAddr string
 	// ProxyUID, when not -1, is checked to be exempt from the redirect.
 	ProxyUID int
 }

@@ -78,13 +78,12 @@ func (f *Failure) Unwrap() error { return f.Err }
 
 // ExitCode maps an error from Parse or Run to the exit code: 0, 95 (a check failed), 2 or 1.
 func ExitCode(err error) int {
-	var u *badinput.UsageError
 	switch {
 	case err == nil:
 		return ExitOK
 	case errors.As(err, new(*Failure)):
 		return ExitRedirectFailed
-	case errors.As(err, &u):
+	case errors.As(err, new(*badinput.UsageError)):
 		return ExitUsage
 	}
 	return ExitFailure

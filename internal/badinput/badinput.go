@@ -57,11 +57,7 @@ func (e *Error) Lines() string {
 }
 
 // As returns the *Error err is or wraps.
-func As(err error) (*Error, bool) {
-	var e *Error
-	ok := errors.As(err, &e)
-	return e, ok
-}
+func As(err error) (*Error, bool) { return errors.AsType[*Error](err) }
 
 // UsageError is a command line a command refuses for its values (Input) or its shape (Message: an
 // unknown flag or subcommand, a missing value). The commands exit 2 on it and write nothing.

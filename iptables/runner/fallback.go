@@ -25,8 +25,6 @@ type try struct {
 	new  func() (iptables.Applier, error)
 }
 
-var _ iptables.Applier = (*Fallback)(nil)
-
 // Name is the name of the backend that wrote, once one has; before, the first one's.
 func (f *Fallback) Name() string {
 	if f.chosen != nil {

@@ -3,7 +3,7 @@ package runner
 // The namespace locks. Writing is read, restore (per family), maybe roll back: two runs
 // interleaving those steps duplicate jumps, mix families of two configs, or roll back each other's
 // work. So every writer holds the namespace's lock, exclusive to write and shared to read. Both
-// locks are flock(2):
+// locks are flock(2), and the host lock is taken first, so no two callers wait for each other:
 //
 //   - The in-pod lock (Lock), on the namespace's own nsfs file: every process that opens the
 //     namespace, from any mount namespace, locks the same inode, and no file is made or removed.
@@ -12,8 +12,6 @@ package runner
 //   - The host lock (HostLock), on a file named after the nsfs device and inode in a root-only
 //     directory (rootonly). The CNI plugin and the node agent take it, so no pod can hold them up;
 //     proxy-init --netns on the node takes it too when the directory is there, then the in-pod one.
-//
-// The host lock is taken first, so no two callers can wait for each other.
 
 import (
 	"cmp"
@@ -68,21 +66,21 @@ func enterLocked(t Target, exclusive bool, fn func() error) error {
 }
 
 // lock takes the target's locks, the host one first, within one wait, and returns their release.
-func (t Target) lock(exclusive bool) (unlock func(), err error) {
+func (t Target) lock(exclusive bool) (func(), error) {
 	wait := cmp.Or(t.LockWait, DefaultLockWait)
 	deadline := time.Now().Add(wait)
-	unlock = func() {}
+	host := func() {}
 	if t.HostLockDir != "" {
 		l, err := HostLock(t.HostLockDir, t.NetNS, exclusive, wait)
 		if err != nil {
 			return nil, err
 		}
-		unlock = l.Release
+		host = l.Release
 		if t.RemoveHostLock && exclusive {
-			unlock = func() { _ = l.Remove() }
+			host = func() { _ = l.Remove() }
 		}
 		if !t.InPodLock {
-			return unlock, nil
+			return host, nil
 		}
 	}
 	inPod, err := Lock(t.NetNS, exclusive, time.Until(deadline))
@@ -95,11 +93,10 @@ func (t Target) lock(exclusive bool) (unlock func(), err error) {
 		inPod, err = func() {}, nil
 	}
 	if err != nil {
-		unlock()
+		host()
 		return nil, err
 	}
-	hostUnlock := unlock
-	return func() { inPod(); hostUnlock() }, nil
+	return func() { inPod(); host() }, nil
 }
 
 // Lock takes the in-pod lock of the network namespace at path, or of the calling thread's when

@@ -1,17 +1,15 @@
-// Package runner holds the Runner, the one path from a ruleset to a namespace (enter, lock,
-// choose the backend and log why, write or read or remove, clear the other backends, set or check
-// the close-wait sysctl), and the choice of the applier for a mode, so one backend's rules
-// redirect at a time. Which rules exist is the builder's (package iptables) business.
+// Package runner holds the Runner, the one path from a ruleset to a namespace (enter, lock, choose
+// the backend, write or read or remove, clear the other backends, set the close-wait sysctl), and
+// the choice of the applier for a mode. Which rules exist is package iptables' business.
 //
 // # Tests
 //
-// As root: real TCP through every backend (TestRealTraffic), a backend switch leaves one,
-// cleanup removes every backend, show reports other backends, concurrent applies end with one
-// config, /0 subnets are idempotent, half-applied is named and completed; the close-wait timeout
-// over netlink; nft and auto with an empty PATH; the real fallbacks where the kernel refuses; a
-// pod with its own user namespace gets the native table in every mode, with real TCP and the
-// proxy's UID exempt (TestUserNamespacePod), and rules written from inside it are replaced or
-// cleaned up from outside. Without root: the fallback order over fake appliers.
+// As root: real TCP through every backend, a backend switch leaves one, cleanup removes every
+// backend, show reports other backends, concurrent applies end with one config, /0 subnets are
+// idempotent, half-applied is named and completed; close-wait over netlink; nft and auto with an
+// empty PATH; the real fallbacks; a pod with its own user namespace gets the native table, with
+// real TCP and the proxy's UID exempt, and rules written from inside it are replaced or cleaned up
+// from outside. Without root: the fallback order over fake appliers.
 package runner
 
 import (
