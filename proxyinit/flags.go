@@ -78,9 +78,8 @@ type Options struct {
 // ErrHelp is returned by Parse for -h and --help; Main prints Usage and exits 0.
 var ErrHelp = pflag.ErrHelp
 
-// flagValues holds the raw flag values. Ints and bools are kept as text and converted after
-// parsing, so a malformed number is one more reported problem instead of ending the parse. The
-// lists go straight into config.
+// flagValues holds the raw flag values, the lists in config. Ints and bools are kept as text, so a
+// malformed number is one more reported problem instead of ending the parse.
 type flagValues struct {
 	config                                iptables.Config
 	inPort, outPort, uid, gid, closeWait  *lenient[int]
@@ -341,9 +340,8 @@ func ruleFlagSet(fs *pflag.FlagSet) bool {
 	return set
 }
 
-// configProblems validates the rule configuration, and returns the rules when it is valid.
-// Cleanup and show without rule flags accept the ports unset. Problems name the inbound subnets'
-// alias when the user typed that.
+// configProblems validates the rule configuration and returns the rules when it is valid; cleanup
+// and show without rule flags accept the ports unset, and the alias is named when typed.
 func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
 	rs, err := iptables.Build(c)
 	verr, ok := badinput.As(err)

@@ -22,9 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Do runs fn inside the network namespace at nsPath (/var/run/netns/NAME, /proc/PID/ns/net) on a
-// locked OS thread and switches the thread back; an empty nsPath means the current one. Errors
-// entering the namespace name nsPath; fn's own error is returned unchanged.
+// Do runs fn inside the network namespace at nsPath ("" for the current one) on a locked OS thread
+// and switches it back. Errors entering it name nsPath; fn's own error is returned unchanged.
 func Do(nsPath string, fn func() error) error {
 	if nsPath == "" {
 		return fn()

@@ -10,9 +10,8 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-// Read reads what of ours the target namespace holds in every backend, and its policy routing,
-// under the shared lock, for iptables.Inspect. It chooses no backend; iptables-legacy's tables
-// are read only where /proc lists one.
+// Read reads, under the shared lock and for iptables.Inspect, what of ours every backend holds
+// (iptables-legacy only where /proc lists a table) and the policy routing.
 func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 	r = r.withDefaults()
 	var in iptables.InPlace

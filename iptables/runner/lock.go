@@ -99,9 +99,8 @@ func (t Target) lock(exclusive bool) (func(), error) {
 	return func() { inPod(); host() }, nil
 }
 
-// Lock takes the in-pod lock of the network namespace at path, or of the calling thread's when
-// path is empty (callers enter it first), shared for reading or exclusive for writing, waiting at
-// most wait, and returns its release.
+// Lock takes the in-pod lock of the network namespace at path (the calling thread's for ""),
+// shared or exclusive, waiting at most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(wait)
 	if path == "" {
