@@ -197,19 +197,13 @@ func routeReport(rt *iptables.RouteState) *RouteReport {
 	if rt == nil {
 		return nil
 	}
-	r := &RouteReport{Match: rt.Diff.Empty(), Lines: rt.Lines, Missing: rt.Diff.Missing, Extra: rt.Diff.Extra}
-	if r.Lines == nil {
-		r.Lines = []string{}
-	}
-	return r
+	// Lines and Rules are never null in the JSON.
+	return &RouteReport{Match: rt.Diff.Empty(), Lines: append([]string{}, rt.Lines...), Missing: rt.Diff.Missing,
+		Extra: rt.Diff.Extra}
 }
 
 func familyReport(f iptables.FamilyState) FamilyReport {
-	rules := f.Rules
-	if rules == nil {
-		rules = []string{}
-	}
-	return FamilyReport{Family: string(f.Family), Match: f.Diff.Empty(), Rules: rules,
+	return FamilyReport{Family: string(f.Family), Match: f.Diff.Empty(), Rules: append([]string{}, f.Rules...),
 		Missing: f.Diff.Missing, Extra: f.Diff.Extra, Reordered: f.Diff.Reordered}
 }
 
