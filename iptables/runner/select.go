@@ -57,11 +57,8 @@ func New(opts Options) (iptables.Applier, string, error) {
 		}
 		fallthrough
 	case iptables.ModeLegacy:
-		a, err := xtables.New(opts.Mode, xo)
-		if err != nil {
-			return nil, "", err
-		}
-		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+		a, err := binaries(opts.Mode)()
+		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), err
 	case iptables.ModeNFT:
 		return &Fallback{tries: []try{netlinkXT, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
 			"--iptables-mode=nft asks for iptables-nft's rules: written over netlink, or by the iptables-nft binaries where the kernel refuses that", nil
