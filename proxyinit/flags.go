@@ -33,11 +33,9 @@ const (
 	CommandVersion Command = "version"
 )
 
-// commands are the subcommands that take proxy-init's flags, accepted as a positional argument
-// anywhere on the line. "validate" is not among them: it has the network validator's own flags and
-// Main dispatches it, as the first argument, before these flags are parsed. "apply" is not listed
-// because Linkerd users never name it: no subcommand means apply.
-var commands = []Command{CommandCleanup, CommandShow, CommandVersion}
+// commands are the subcommands that take proxy-init's flags, anywhere on the line. Not "validate",
+// which Main dispatches first, with its own flags; not "apply", which Linkerd users never name.
+var commands = []string{string(CommandCleanup), string(CommandShow), string(CommandVersion)}
 
 // Flag names beyond the iptables.Field* ones, which double as flag names.
 const (
@@ -57,11 +55,9 @@ const (
 // Options is a parsed and validated command line.
 type Options struct {
 	Command Command
-	// Config is the rule configuration; it has passed Validate (except that cleanup, which needs
-	// no ports, accepts the proxy ports unset).
+	// Config has passed Validate (but cleanup, which needs no ports, accepts them unset).
 	Config iptables.Config
-	// ModeSource says where Config.Mode came from, for the logs: "--iptables-mode",
-	// "--firewall-bin-path", "--firewall-save-bin-path" or "default".
+	// ModeSource says where Config.Mode came from: a flag ("--iptables-mode") or "default".
 	ModeSource string
 	Simulate   bool
 	// NetNS is the path of the network namespace to work in; empty means the current one.
@@ -70,36 +66,30 @@ type Options struct {
 	LogFormat   string // "plain" or "json"
 	LogLevel    slog.Level
 	Output      string // "text" or "json": how show and version print
-	// Inspect is set for show without rule flags: it reads the rules in place, tells the
-	// configuration they were written from and whether they are whole, and compares with none.
+	// Inspect is set for show without rule flags: it tells the configuration the rules in place
+	// were written from and whether they are whole.
 	Inspect bool
 	// Warnings are accepted but ignored inputs, logged once the logger exists.
 	Warnings []string
-	// rules is Config built while it was validated (nil if it was not valid), so that a thousand
-	// subnets are parsed once per run, not twice.
+	// rules is Config built while it was validated, so a thousand subnets are parsed once.
 	rules *iptables.Ruleset
 }
 
 // ErrHelp is returned by Parse for -h and --help; Main prints Usage and exits 0.
 var ErrHelp = pflag.ErrHelp
 
-// flagValues holds the raw flag values. Ints and bools are kept as text and converted after
-// parsing, so a malformed number is one more reported problem instead of aborting the parse at
-// the first one.
+// flagValues holds the raw flag values, the lists in config. Ints and bools are kept as text, so a
+// malformed number is one more reported problem instead of ending the parse.
 type flagValues struct {
-	inPort, outPort, uid, gid, closeWait  *lenientInt
-	redirect, inPorts, outPorts           *rawList
-	inSubnets, outSubnets                 *rawList
-	simulate, wait, ipv6                  *lenientBool
+	config                                iptables.Config
+	inPort, outPort, uid, gid, closeWait  *lenient[int]
+	simulate, wait, ipv6                  *lenient[bool]
 	netns, logFormat, logLevel, mode      string
 	firewallBin, firewallSave, outputMode string
 	// The features beyond Linkerd's.
-	dnsPort                              *lenientInt
-	dnsServersOnly, dropInvalid          *lenientBool
-	inboundMode                          string
-	outRedirectPorts, outRedirectSubnets *rawList
-	interfaces, uids, gids               *rawList
-	reroute                              *rawList
+	dnsPort                     *lenient[int]
+	dnsServersOnly, dropInvalid *lenient[bool]
+	inboundMode                 string
 }
 
 func newFlagSet() (*pflag.FlagSet, *flagValues) {
@@ -108,25 +98,24 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.SortFlags = false
 	d := iptables.NewConfig()
 	v := &flagValues{
-		inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort), uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
-		redirect: &rawList{typ: "ports"}, inPorts: &rawList{typ: "ports"}, outPorts: &rawList{typ: "ports"},
-		inSubnets: &rawList{typ: "cidrs"}, outSubnets: &rawList{typ: "cidrs"},
+		config: d, inPort: newInt(d.InboundProxyPort), outPort: newInt(d.OutboundProxyPort),
+		uid: newInt(d.ProxyUID), gid: newInt(d.ProxyGID), closeWait: newInt(0),
 		simulate: newBool(false), wait: newBool(false), ipv6: newBool(true),
 		dnsPort: newInt(0), dnsServersOnly: newBool(false), dropInvalid: newBool(false),
-		outRedirectPorts: &rawList{typ: "ports"}, outRedirectSubnets: &rawList{typ: "cidrs"},
-		interfaces: &rawList{typ: "names"}, uids: &rawList{typ: "uids"}, gids: &rawList{typ: "gids"},
-		reroute: &rawList{typ: "names"},
 	}
+	c := &v.config
+	list := func(dst *[]string, typ string) *rawList { return &rawList{values: dst, typ: typ} }
+	inSubnets := list(&c.InboundSubnetsToIgnore, "cidrs")
 	fs.VarP(v.inPort, iptables.FieldInboundProxyPort, "p", "port the proxy accepts inbound traffic on; inbound TCP is redirected here (required)")
 	fs.VarP(v.outPort, iptables.FieldOutboundProxyPort, "o", "port the proxy accepts outbound traffic on; outbound TCP is redirected here (required)")
 	fs.VarP(v.uid, iptables.FieldProxyUID, "u", "UID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
 	fs.VarP(v.gid, iptables.FieldProxyGID, "g", "GID the proxy runs as; its outbound traffic is not redirected (-1: none; 0 is refused)")
-	fs.VarP(v.redirect, iptables.FieldPortsToRedirect, "r", "redirect only these inbound ports and ranges (default: all); comma list, repeatable")
-	fs.Var(v.inPorts, iptables.FieldInboundPortsToIgnore, "inbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
-	fs.Var(v.outPorts, iptables.FieldOutboundPortsToIgnore, "outbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
-	fs.Var(v.inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
-	fs.Var(v.inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
-	fs.Var(v.outSubnets, iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
+	fs.VarP(list(&c.PortsToRedirect, "ports"), iptables.FieldPortsToRedirect, "r", "redirect only these inbound ports and ranges (default: all); comma list, repeatable")
+	fs.Var(list(&c.InboundPortsToIgnore, "ports"), iptables.FieldInboundPortsToIgnore, "inbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(list(&c.OutboundPortsToIgnore, "ports"), iptables.FieldOutboundPortsToIgnore, "outbound ports and ranges (a-b) that skip the proxy; comma list, repeatable")
+	fs.Var(inSubnets, iptables.FieldInboundSubnetsToIgnore, "inbound traffic from these source CIDRs skips the proxy; comma list, repeatable")
+	fs.Var(inSubnets, flagInboundSubnetsAlias, "alias of --"+iptables.FieldInboundSubnetsToIgnore)
+	fs.Var(list(&c.OutboundSubnetsToIgnore, "cidrs"), iptables.FieldOutboundSubnetsToIgnore, "outbound traffic to these destination CIDRs skips the proxy; comma list, repeatable")
 	fs.Var(v.simulate, flagSimulate, "print what would be written and change nothing: the iptables-restore payloads (legacy, plain), the nf_tables batch for the namespace's current rules (nft, nftables), or each of auto's choices in turn")
 	fs.StringVar(&v.netns, flagNetNS, "", "path of the network namespace to work in (e.g. /run/netns/pod), entered in-process")
 	fs.VarP(v.wait, flagUseWait, "w", "wait for the xtables lock (bounded) instead of failing when it is held")
@@ -143,18 +132,17 @@ func newFlagSet() (*pflag.FlagSet, *flagValues) {
 	fs.Var(v.dnsPort, iptables.FieldRedirectDNS, "send the pod's DNS (UDP and TCP to port 53) to this port on loopback, but the exempt users' and groups' (0: capture none)")
 	fs.Var(v.dnsServersOnly, iptables.FieldDNSServersOnly, "capture DNS only to the nameservers of /etc/resolv.conf (needs --"+iptables.FieldRedirectDNS+")")
 	fs.StringVar(&v.inboundMode, iptables.FieldInboundMode, string(iptables.InboundRedirect), "how inbound TCP reaches the proxy: redirect (REDIRECT; the proxy asks for the original destination) or tproxy (TPROXY and a policy route; the proxy's transparent socket keeps it)")
-	fs.Var(v.outRedirectPorts, iptables.FieldOutboundPortsToRedirect, "redirect only outbound TCP to these ports and ranges (default: all); comma list, repeatable")
-	fs.Var(v.outRedirectSubnets, iptables.FieldOutboundSubnetsToRedirect, "redirect only outbound TCP to these destination CIDRs (default: all); comma list, repeatable")
-	fs.Var(v.interfaces, iptables.FieldInterfacesToIgnore, "traffic in or out of these interfaces is never redirected; comma list, repeatable")
-	fs.Var(v.uids, iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
-	fs.Var(v.gids, iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
+	fs.Var(list(&c.OutboundPortsToRedirect, "ports"), iptables.FieldOutboundPortsToRedirect, "redirect only outbound TCP to these ports and ranges (default: all); comma list, repeatable")
+	fs.Var(list(&c.OutboundSubnetsToRedirect, "cidrs"), iptables.FieldOutboundSubnetsToRedirect, "redirect only outbound TCP to these destination CIDRs (default: all); comma list, repeatable")
+	fs.Var(list(&c.InterfacesToIgnore, "names"), iptables.FieldInterfacesToIgnore, "traffic in or out of these interfaces is never redirected; comma list, repeatable")
+	fs.Var(list(&c.UIDsToIgnore, "uids"), iptables.FieldUIDsToIgnore, "more UIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyUID+"; comma list, repeatable")
+	fs.Var(list(&c.GIDsToIgnore, "gids"), iptables.FieldGIDsToIgnore, "more GIDs whose outbound traffic is not redirected, like --"+iptables.FieldProxyGID+"; comma list, repeatable")
 	fs.Var(v.dropInvalid, iptables.FieldDropInvalid, "drop inbound TCP that conntrack marks INVALID, instead of letting it reach the application unredirected")
-	fs.Var(v.reroute, iptables.FieldRerouteVirtualInterfaces, "a virtual machine's interfaces (KubeVirt's tap or bridge): TCP arriving on them is the VM's outbound traffic and goes to the outbound proxy port, with the outbound ignore lists; comma list, repeatable")
+	fs.Var(list(&c.RerouteVirtualInterfaces, "names"), iptables.FieldRerouteVirtualInterfaces, "a virtual machine's interfaces (KubeVirt's tap or bridge): TCP arriving on them is the VM's outbound traffic and goes to the outbound proxy port, with the outbound ignore lists; comma list, repeatable")
 	return fs, v
 }
 
-// resolvConf is the resolver configuration --dns-servers-only reads: the pod's, where
-// proxy-init runs as its init container.
+// resolvConf is what --dns-servers-only reads: the pod's, where proxy-init is its init container.
 var resolvConf = "/etc/resolv.conf"
 
 // nameservers returns the nameserver addresses of a resolv.conf, as written.
@@ -196,9 +184,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input (nothing is written).
 `
 }
 
-// Parse turns a command line (without the program name) into validated Options. Every problem
-// is reported at once in a *badinput.UsageError; -h or --help returns ErrHelp. Parse reads nothing but the
-// --netns path's existence.
+// Parse turns a command line (without the program name) into validated Options, every problem at
+// once in a *badinput.UsageError; -h or --help returns ErrHelp. It reads only the --netns path.
 func Parse(args []string) (*Options, error) {
 	fs, v := newFlagSet()
 	if err := fs.Parse(args); err != nil {
@@ -214,9 +201,9 @@ func Parse(args []string) (*Options, error) {
 	o := &Options{Command: cmd}
 	p := &flagReader{badFields: map[string]bool{}}
 	c := p.ruleConfig(fs, v)
-	o.Simulate = p.boolOf(flagSimulate, v.simulate)
-	o.UseWaitFlag = p.boolOf(flagUseWait, v.wait)
-	c.CloseWaitSecs = int64(p.intOf(flagCloseWait, v.closeWait))
+	o.Simulate = valueOf(p, flagSimulate, v.simulate)
+	o.UseWaitFlag = valueOf(p, flagUseWait, v.wait)
+	c.CloseWaitSecs = int64(valueOf(p, flagCloseWait, v.closeWait))
 	o.NetNS = v.netns
 
 	mode, source, warnings, modeProbs := resolveMode(fs, v)
@@ -255,11 +242,11 @@ func parseCommand(pos []string) (Command, error) {
 		if pos[0] == "help" {
 			return "", ErrHelp
 		}
-		cmd, ok := lookupCommand(pos[0])
-		if !ok {
-			return "", &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)", pos[0], commandList())}
+		if !slices.Contains(commands, pos[0]) {
+			return "", &badinput.UsageError{Message: fmt.Sprintf("unknown command %q; want one of %s (see proxy-init --help)",
+				pos[0], strings.Join(commands, ", "))}
 		}
-		return cmd, nil
+		return Command(pos[0]), nil
 	}
 	return "", &badinput.UsageError{Message: fmt.Sprintf("unexpected arguments %q: proxy-init takes at most one subcommand (see proxy-init --help)", pos)}
 }
@@ -274,36 +261,23 @@ func (p *flagReader) bad(field, value, reason string) {
 	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
-func (p *flagReader) intOf(name string, f *lenientInt) int {
-	n, err := f.value()
+// valueOf converts f's text, reporting a malformed value once (Validate then skips the field).
+func valueOf[T any](p *flagReader, name string, f *lenient[T]) T {
+	v, err := f.value()
 	if err != nil {
-		p.bad(name, f.raw, "not an integer")
+		p.bad(name, f.raw, f.notA)
 		p.badFields[name] = true
 	}
-	return n
+	return v
 }
 
-func (p *flagReader) boolOf(name string, f *lenientBool) bool {
-	b, err := f.value()
-	if err != nil {
-		p.bad(name, f.raw, "not a boolean (want true or false)")
-	}
-	return b
-}
-
-// ruleConfig is the rule builder's configuration the flags give, but for the close-wait timeout
-// and the mode. With --dns-servers-only it reads the nameservers of resolvConf.
+// ruleConfig is the rule configuration the flags give, but the close-wait timeout and the mode.
 func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Config {
-	c := iptables.NewConfig()
-	c.InboundProxyPort = p.intOf(iptables.FieldInboundProxyPort, v.inPort)
-	c.OutboundProxyPort = p.intOf(iptables.FieldOutboundProxyPort, v.outPort)
-	c.ProxyUID = p.intOf(iptables.FieldProxyUID, v.uid)
-	c.ProxyGID = p.intOf(iptables.FieldProxyGID, v.gid)
-	c.PortsToRedirect = v.redirect.values
-	c.InboundPortsToIgnore = v.inPorts.values
-	c.OutboundPortsToIgnore = v.outPorts.values
-	c.InboundSubnetsToIgnore = v.inSubnets.values
-	c.OutboundSubnetsToIgnore = v.outSubnets.values
+	c := v.config
+	c.InboundProxyPort = valueOf(p, iptables.FieldInboundProxyPort, v.inPort)
+	c.OutboundProxyPort = valueOf(p, iptables.FieldOutboundProxyPort, v.outPort)
+	c.ProxyUID = valueOf(p, iptables.FieldProxyUID, v.uid)
+	c.ProxyGID = valueOf(p, iptables.FieldProxyGID, v.gid)
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
 	} else if b, err := v.ipv6.value(); err != nil {
@@ -311,8 +285,8 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	} else {
 		c.IPv6 = b
 	}
-	c.RedirectDNSToPort = p.intOf(iptables.FieldRedirectDNS, v.dnsPort)
-	c.DNSServersOnly = p.boolOf(iptables.FieldDNSServersOnly, v.dnsServersOnly)
+	c.RedirectDNSToPort = valueOf(p, iptables.FieldRedirectDNS, v.dnsPort)
+	c.DNSServersOnly = valueOf(p, iptables.FieldDNSServersOnly, v.dnsServersOnly)
 	if c.DNSServersOnly && c.RedirectDNSToPort > 0 {
 		servers, err := nameservers(resolvConf)
 		if err != nil {
@@ -324,13 +298,7 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	if fs.Changed(iptables.FieldInboundMode) {
 		c.InboundMode = iptables.InboundMode(v.inboundMode)
 	}
-	c.OutboundPortsToRedirect = v.outRedirectPorts.values
-	c.OutboundSubnetsToRedirect = v.outRedirectSubnets.values
-	c.InterfacesToIgnore = v.interfaces.values
-	c.UIDsToIgnore = v.uids.values
-	c.GIDsToIgnore = v.gids.values
-	c.DropInvalid = p.boolOf(iptables.FieldDropInvalid, v.dropInvalid)
-	c.RerouteVirtualInterfaces = v.reroute.values
+	c.DropInvalid = valueOf(p, iptables.FieldDropInvalid, v.dropInvalid)
 	return c
 }
 
@@ -351,8 +319,7 @@ func (p *flagReader) output(o *Options, v *flagValues) {
 	}
 }
 
-// sortByFlagOrder lists problems in the order the flags appear in --help, which is stable and
-// easy to scan, whatever order the checks ran in.
+// sortByFlagOrder lists problems in the order of the flags in --help.
 func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	order := map[string]int{}
 	i := 0
@@ -360,8 +327,7 @@ func sortByFlagOrder(fs *pflag.FlagSet, probs []badinput.Problem) {
 	slices.SortStableFunc(probs, func(a, b badinput.Problem) int { return order[a.Field] - order[b.Field] })
 }
 
-// ruleFlagSet reports whether the command line sets a flag that configures the rules (every one
-// but those saying where, how and what to print).
+// ruleFlagSet reports whether the command line sets a flag that configures the rules.
 func ruleFlagSet(fs *pflag.FlagSet) bool {
 	set := false
 	fs.Visit(func(f *pflag.Flag) {
@@ -374,10 +340,8 @@ func ruleFlagSet(fs *pflag.FlagSet) bool {
 	return set
 }
 
-// configProblems validates the rule configuration, and returns the rules when it is valid.
-// Cleanup and show without rule flags need no ports, so they accept them unset (but still refuse
-// bad values). Problems about the inbound subnets name the alias when that is the flag the user
-// typed.
+// configProblems validates the rule configuration and returns the rules when it is valid; cleanup
+// and show without rule flags accept the ports unset, and the alias is named when typed.
 func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
 	rs, err := iptables.Build(c)
 	verr, ok := badinput.As(err)
@@ -401,26 +365,8 @@ func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pfl
 	return out, nil
 }
 
-func lookupCommand(s string) (Command, bool) {
-	for _, c := range commands {
-		if string(c) == s {
-			return c, true
-		}
-	}
-	return "", false
-}
-
-func commandList() string {
-	names := make([]string, len(commands))
-	for i, c := range commands {
-		names[i] = string(c)
-	}
-	return strings.Join(names, ", ")
-}
-
-// resolveMode picks the backend mode. An explicit --iptables-mode wins, as in Linkerd, where it
-// overrides the firewall paths; otherwise the paths' base names select the mode, for charts that
-// still pass them; otherwise auto.
+// resolveMode picks the backend mode: --iptables-mode, which wins over the firewall paths as in
+// Linkerd; else the paths' base names, for charts that still pass them; else auto.
 func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []badinput.Problem) {
 	binSet := v.firewallBin != ""
 	saveSet := v.firewallSave != ""
@@ -435,21 +381,16 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	if !binSet && !saveSet {
 		return iptables.ModeAuto, "default", nil, nil
 	}
+	binMode, binOK := modeFromBinary(v.firewallBin, false)
+	saveMode, saveOK := modeFromBinary(v.firewallSave, true)
 	var probs []badinput.Problem
-	var binMode, saveMode iptables.Mode
-	if binSet {
-		var ok bool
-		if binMode, ok = modeFromBinary(v.firewallBin, false); !ok {
-			probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
-				Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
-		}
+	if binSet && !binOK {
+		probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
+			Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
 	}
-	if saveSet {
-		var ok bool
-		if saveMode, ok = modeFromBinary(v.firewallSave, true); !ok {
-			probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
-				Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
-		}
+	if saveSet && !saveOK {
+		probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
+			Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
 	}
 	if len(probs) > 0 {
 		return iptables.ModeAuto, "", nil, probs
@@ -483,61 +424,49 @@ func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
 	return "", false
 }
 
-// lenientInt is an int flag that keeps its text, so a bad number is reported with the others.
-type lenientInt struct {
-	raw string
-	def int
+// lenient is an int or bool flag that keeps its text, so a bad value is reported with the others.
+type lenient[T any] struct {
+	raw, typ, notA string
+	def            T
+	parse          func(string) (T, error)
 }
 
-func newInt(def int) *lenientInt { return &lenientInt{raw: strconv.Itoa(def), def: def} }
+func newInt(def int) *lenient[int] {
+	return &lenient[int]{raw: strconv.Itoa(def), typ: "int", notA: "not an integer", def: def,
+		parse: strconv.Atoi}
+}
 
-func (f *lenientInt) String() string     { return f.raw }
-func (f *lenientInt) Set(s string) error { f.raw = s; return nil }
-func (f *lenientInt) Type() string       { return "int" }
+func newBool(def bool) *lenient[bool] {
+	return &lenient[bool]{raw: strconv.FormatBool(def), typ: "bool", def: def, parse: strconv.ParseBool,
+		notA: "not a boolean (want true or false)"}
+}
 
-func (f *lenientInt) value() (int, error) {
-	n, err := strconv.Atoi(strings.TrimSpace(f.raw))
+func (f *lenient[T]) String() string     { return f.raw }
+func (f *lenient[T]) Set(s string) error { f.raw = s; return nil }
+func (f *lenient[T]) Type() string       { return f.typ }
+
+// IsBoolFlag lets pflag take a bool flag ("--simulate") without a value, meaning true.
+func (f *lenient[T]) IsBoolFlag() bool { return f.typ == "bool" }
+
+func (f *lenient[T]) value() (T, error) {
+	v, err := f.parse(strings.TrimSpace(f.raw))
 	if err != nil {
 		return f.def, err
 	}
-	return n, nil
+	return v, nil
 }
 
-// lenientBool is a bool flag ("--simulate", "--ipv6=false") that keeps its text.
-type lenientBool struct {
-	raw string
-	def bool
-}
-
-func newBool(def bool) *lenientBool { return &lenientBool{raw: strconv.FormatBool(def), def: def} }
-
-func (f *lenientBool) String() string     { return f.raw }
-func (f *lenientBool) Set(s string) error { f.raw = s; return nil }
-func (f *lenientBool) Type() string       { return "bool" }
-
-// IsBoolFlag lets pflag accept the flag without a value, meaning true.
-func (f *lenientBool) IsBoolFlag() bool { return true }
-
-func (f *lenientBool) value() (bool, error) {
-	b, err := strconv.ParseBool(strings.TrimSpace(f.raw))
-	if err != nil {
-		return f.def, err
-	}
-	return b, nil
-}
-
-// rawList is a repeatable, comma-separated list flag that keeps each occurrence as typed. It
-// accepts what Linkerd's IntSlice and StringSlice flags accept ("-r 80,81 -r 82"); splitting and
-// checking each element is iptables.Config.Validate's job, so the error names the exact element.
+// rawList is a repeatable, comma-separated list flag ("-r 80,81 -r 82", as Linkerd's slices) that
+// keeps each occurrence as typed: iptables.Config.Validate splits it and names a bad element.
 type rawList struct {
-	values []string
+	values *[]string
 	typ    string
 }
 
 // String is empty for an empty list so that help shows no "(default [])".
-func (l *rawList) String() string { return strings.Join(l.values, ",") }
+func (l *rawList) String() string { return strings.Join(*l.values, ",") }
 func (l *rawList) Set(s string) error {
-	l.values = append(l.values, s)
+	*l.values = append(*l.values, s)
 	return nil
 }
 

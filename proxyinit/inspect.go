@@ -1,7 +1,6 @@
 package proxyinit
 
-// show without rule flags: read what every backend holds, rebuild the configuration the rules
-// were written from, and say whether they are whole (iptables.Inspect).
+// show without rule flags: what every backend holds, its command line, whether whole (Inspect).
 
 import (
 	"context"
@@ -21,10 +20,9 @@ type FoundReport struct {
 	// Backend holds the rules ("" when none does); Writes says how that backend writes them.
 	Backend string `json:"backend"`
 	Writes  string `json:"writes,omitempty"`
-	// Families are the rules in place, and their difference from what Args writes.
-	Families []FamilyReport `json:"families"`
-	// Args is the proxy-init command line the rules were written from, read back from them;
-	// DNSServers the nameservers its --dns-servers-only found.
+	// Families are the rules in place, and their difference from what Args writes: the command
+	// line they were written from, whose --dns-servers-only found DNSServers.
+	Families   []FamilyReport       `json:"families"`
 	Args       []string             `json:"args,omitempty"`
 	DNSServers []string             `json:"dns_servers,omitempty"`
 	Elsewhere  []iptables.Elsewhere `json:"elsewhere,omitempty"`
@@ -47,8 +45,8 @@ var backendModes = map[iptables.Backend]iptables.Mode{
 	iptables.BackendLegacy: iptables.ModeLegacy, iptables.BackendNFT: iptables.ModeNFT, iptables.BackendNFTables: iptables.ModeNFTables,
 }
 
-// NewFoundReport converts what Inspect found into the report show prints; mode and modeSource
-// are the command line's, whose backend the rules must be in when the mode was given.
+// NewFoundReport converts what Inspect found into the report show prints; a mode given on the
+// command line (modeSource) must write the rules' backend.
 func NewFoundReport(f iptables.Found, mode iptables.Mode, modeSource string) FoundReport {
 	r := FoundReport{Backend: string(f.Backend), Elsewhere: f.Elsewhere, Notes: f.Notes, Problems: f.Problems, Routes: routeReport(f.Routes)}
 	switch {
@@ -115,12 +113,7 @@ func inspect(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 		return err
 	}
 	rep := NewFoundReport(iptables.Inspect(in), o.Config.Mode, o.ModeSource)
-	if o.Output == "json" {
-		err = writeJSON(stdout, rep)
-	} else {
-		err = rep.WriteText(stdout)
-	}
-	if err != nil {
+	if err := writeReport(stdout, o.Output, rep, rep.WriteText); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Whole {

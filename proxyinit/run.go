@@ -33,24 +33,20 @@ const (
 var ErrMismatch = errors.New("the rules in place do not match the configuration")
 
 // Main runs proxy-init with args (without the program name), printing results to stdout and
-// logs and errors to stderr, and returns the exit code. It changes nothing process-wide: the
-// settings a one-shot run wants (see OneShot) are cmd/proxy-init's to make.
+// logs and errors to stderr, and returns the exit code. It changes nothing process-wide (OneShot).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return run(ctx, args, stdout, stderr, runner.Runner{})
 }
 
-// OneShot reports whether args run a command that writes, reads or prints rules and exits within
-// milliseconds: every one but validate, which waits on the network and is stopped by signals.
-// Such a run wants no garbage collection, and SIGINT and SIGTERM ignored while it writes.
+// OneShot reports whether args run a command that exits within milliseconds (all but validate),
+// which wants no garbage collection, and SIGINT and SIGTERM ignored while it writes.
 func OneShot(args []string) bool { return len(args) == 0 || args[0] != "validate" }
 
 // run is Main with the backend path as a seam: tests give it a fake applier.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.Runner) int {
-	// The network validator has its own flags (Linkerd's linkerd-network-validator), so it is
-	// dispatched before proxy-init's flags are parsed.
+	// The network validator has its own flags, so it is dispatched before they are parsed.
 	if len(args) > 0 && args[0] == "validate" {
-		// Only the validator runs long enough to need a context that signals cancel. Watching
-		// signals costs a goroutine and a thread, which the other commands do not pay.
+		// Only the validator runs long enough to watch signals (a goroutine and a thread).
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return validator.Main(ctx, args[1:], stdout, stderr)
@@ -60,13 +56,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 		fmt.Fprint(stdout, Usage())
 		return ExitOK
 	}
-	var uerr *badinput.UsageError
-	if errors.As(err, &uerr) {
-		fmt.Fprintln(stderr, "proxy-init: "+uerr.Error())
-		return ExitUsage
-	}
 	if err != nil {
 		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
+		if errors.As(err, new(*badinput.UsageError)) {
+			return ExitUsage
+		}
 		return ExitFailure
 	}
 	log := logging.New(stderr, o.LogFormat, o.LogLevel)
@@ -84,21 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 
 // execute runs a parsed command line through r.
 func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
-	switch o.Command {
-	case CommandVersion:
+	switch cmd := o.Command; {
+	case cmd == CommandVersion:
 		return version(stdout, o.Output)
-	case CommandApply, CommandCleanup:
-		if o.Simulate {
-			return simulate(ctx, o, stdout, log, r)
-		}
-		if o.Command == CommandCleanup {
-			return cleanup(ctx, o, log, r)
-		}
+	case o.Simulate && (cmd == CommandApply || cmd == CommandCleanup):
+		return simulate(ctx, o, stdout, log, r)
+	case cmd == CommandApply:
 		return apply(ctx, o, log, r)
-	case CommandShow:
-		if o.Inspect {
-			return inspect(ctx, o, stdout, log, r)
-		}
+	case cmd == CommandCleanup:
+		return cleanup(ctx, o, log, r)
+	case cmd == CommandShow && o.Inspect:
+		return inspect(ctx, o, stdout, log, r)
+	case cmd == CommandShow:
 		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
@@ -106,18 +97,15 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 
 func version(stdout io.Writer, output string) error {
 	info := buildinfo.Get()
-	if output == "json" {
-		return writeJSON(stdout, info)
-	}
-	_, err := fmt.Fprintln(stdout, "proxy-init "+info.String())
-	return err
+	return writeReport(stdout, output, info, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, "proxy-init "+info.String())
+		return err
+	})
 }
 
-// target is where and how the command line asks to work. In its pod, proxy-init takes the
-// in-pod lock, which another proxy-init of that pod takes too. With --netns it runs on the node,
-// where the CNI plugin and the node agent may write the same namespace under their host lock: it
-// takes that one too, first, when the node has its directory (no linkerd-cni there: nobody else
-// takes it).
+// target is where and how the command line asks to work. With --netns proxy-init runs on the
+// node, where the CNI plugin and the node agent may write the namespace under their host lock: it
+// takes that one too, first, when the node has its directory.
 func (o *Options) target(log *slog.Logger) runner.Target {
 	t := runner.Target{
 		Options: runner.Options{Mode: o.Config.Mode, Wait: o.UseWaitFlag},
@@ -166,18 +154,13 @@ type ShowReport struct {
 	Match    bool            `json:"match"`
 	Families []FamilyReport  `json:"families"`
 	Expected map[string]bool `json:"expected"` // family -> whether rules are expected in it
-	// HalfApplied explains a state with one family complete and the other empty, in a backend
-	// written one transaction per family; WrittenWithout explains it in one that writes both
-	// families at once.
-	HalfApplied    string `json:"half_applied,omitempty"`
-	WrittenWithout string `json:"written_without,omitempty"`
-	// Elsewhere holds rules of ours in backends other than Backend, which should hold none.
-	Elsewhere []iptables.Elsewhere `json:"elsewhere,omitempty"`
-	// Sysctls are settings the configuration asks for, read back.
-	Sysctls []iptables.SysctlState `json:"sysctls,omitempty"`
-	// Routes is the policy routing of ours (inbound-mode tproxy's), when any is expected or in
-	// place.
-	Routes *RouteReport `json:"routes,omitempty"`
+	// HalfApplied and WrittenWithout explain a state with one family complete and the other empty,
+	// in a backend written one transaction per family or both at once.
+	HalfApplied    string                 `json:"half_applied,omitempty"`
+	WrittenWithout string                 `json:"written_without,omitempty"`
+	Elsewhere      []iptables.Elsewhere   `json:"elsewhere,omitempty"` // ours in other backends: none expected
+	Sysctls        []iptables.SysctlState `json:"sysctls,omitempty"`   // the settings asked for, read back
+	Routes         *RouteReport           `json:"routes,omitempty"`    // tproxy's, when expected or in place
 }
 
 // RouteReport is the policy routing in place and its difference from the expected.
@@ -214,19 +197,13 @@ func routeReport(rt *iptables.RouteState) *RouteReport {
 	if rt == nil {
 		return nil
 	}
-	r := &RouteReport{Match: rt.Diff.Empty(), Lines: rt.Lines, Missing: rt.Diff.Missing, Extra: rt.Diff.Extra}
-	if r.Lines == nil {
-		r.Lines = []string{}
-	}
-	return r
+	// Lines and Rules are never null in the JSON.
+	return &RouteReport{Match: rt.Diff.Empty(), Lines: append([]string{}, rt.Lines...), Missing: rt.Diff.Missing,
+		Extra: rt.Diff.Extra}
 }
 
 func familyReport(f iptables.FamilyState) FamilyReport {
-	rules := f.Rules
-	if rules == nil {
-		rules = []string{}
-	}
-	return FamilyReport{Family: string(f.Family), Match: f.Diff.Empty(), Rules: rules,
+	return FamilyReport{Family: string(f.Family), Match: f.Diff.Empty(), Rules: append([]string{}, f.Rules...),
 		Missing: f.Diff.Missing, Extra: f.Diff.Extra, Reordered: f.Diff.Reordered}
 }
 
@@ -311,12 +288,7 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 		return err
 	}
 	rep := NewShowReport(st, rs)
-	if o.Output == "json" {
-		err = writeJSON(stdout, rep)
-	} else {
-		err = rep.WriteText(stdout)
-	}
-	if err != nil {
+	if err := writeReport(stdout, o.Output, rep, rep.WriteText); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	if !rep.Match {
@@ -326,8 +298,7 @@ func show(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r
 	return nil
 }
 
-// simulate prints what apply or cleanup would do, changing nothing (runner.Runner.Simulate):
-// for the netlink modes the batch that would be sent now.
+// simulate prints what apply or cleanup would do, changing nothing (runner.Runner.Simulate).
 func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	var rs *iptables.Ruleset
 	if o.Command == CommandApply {
@@ -349,7 +320,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	}
 	redirect := "all"
 	if len(rs.RedirectPorts) > 0 {
-		redirect = joinRanges(rs.RedirectPorts)
+		redirect = join(rs.RedirectPorts)
 	}
 	attrs := []any{
 		"incoming_proxy_port", c.InboundProxyPort,
@@ -357,30 +328,29 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"proxy_uid", c.ProxyUID,
 		"proxy_gid", c.ProxyGID,
 		"ports_to_redirect", redirect,
-		"inbound_ports_to_ignore", joinRanges(rs.InboundIgnorePorts),
-		"outbound_ports_to_ignore", joinRanges(rs.OutboundIgnorePorts),
-		"inbound_subnets_to_ignore", joinPrefixes(rs.InboundIgnoreSubnets),
-		"outbound_subnets_to_ignore", joinPrefixes(rs.OutboundIgnoreSubnets),
+		"inbound_ports_to_ignore", join(rs.InboundIgnorePorts),
+		"outbound_ports_to_ignore", join(rs.OutboundIgnorePorts),
+		"inbound_subnets_to_ignore", join(rs.InboundIgnoreSubnets),
+		"outbound_subnets_to_ignore", join(rs.OutboundIgnoreSubnets),
 		"families", strings.Join(fams, ","),
 		"mode", string(c.Mode),
 		"netns", netnsutil.Label(o.NetNS),
 	}
-	// The features beyond Linkerd's, each only when on, so a Linkerd command line logs what it
-	// always did.
+	// The features beyond Linkerd's, only when on: a Linkerd command line logs what it always did.
 	if rs.IPv6Auto {
 		attrs = append(attrs, "ipv6", "auto")
 	}
 	if rs.DNSPort != 0 {
-		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", joinPrefixes(rs.DNSServers))
+		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers))
 	}
 	if rs.TPROXY {
 		attrs = append(attrs, "inbound_mode", string(iptables.InboundTPROXY))
 	}
 	if len(rs.OutboundRedirectPorts) > 0 {
-		attrs = append(attrs, "outbound_ports_to_redirect", joinRanges(rs.OutboundRedirectPorts))
+		attrs = append(attrs, "outbound_ports_to_redirect", join(rs.OutboundRedirectPorts))
 	}
 	if len(rs.OutboundRedirectSubnets) > 0 {
-		attrs = append(attrs, "outbound_subnets_to_redirect", joinPrefixes(rs.OutboundRedirectSubnets))
+		attrs = append(attrs, "outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets))
 	}
 	if len(rs.IgnoreInterfaces) > 0 {
 		attrs = append(attrs, "interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ","))
@@ -397,15 +367,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	return attrs
 }
 
-func joinRanges(rs []iptables.PortRange) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = r.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-func joinPrefixes[T fmt.Stringer](ps []T) string {
+func join[T fmt.Stringer](ps []T) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
 		parts[i] = p.String()
@@ -413,7 +375,11 @@ func joinPrefixes[T fmt.Stringer](ps []T) string {
 	return strings.Join(parts, ",")
 }
 
-func writeJSON(w io.Writer, v any) error {
+// writeReport writes v as --output asks: indented JSON, or text.
+func writeReport(w io.Writer, output string, v any, text func(io.Writer) error) error {
+	if output != "json" {
+		return text(w)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)

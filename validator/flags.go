@@ -16,8 +16,8 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// Defaults: Linkerd's validator's own for --connect-addr and --listen-addr (Linkerd's chart
-// passes --connect-addr 1.1.1.1:20001, or [fd00::1]:20001 on IPv6, the --ipv6 check's default).
+// Defaults: Linkerd's validator's (its chart passes --connect-addr 1.1.1.1:20001, or
+// [fd00::1]:20001 on IPv6, the --ipv6 check's default).
 const (
 	DefaultConnectAddr     = "192.0.2.2:1404"
 	DefaultListenAddr      = "0.0.0.0:4140"
@@ -38,8 +38,7 @@ const (
 	FlagProxyUID        = "proxy-uid"
 )
 
-// Target is the validator's tracing target in Linkerd (its crate name): a --log-level filter's
-// directives for it apply to us.
+// Target is the validator's tracing target in Linkerd: --log-level directives for it apply to us.
 const Target = "linkerd_network_validator"
 
 // Linkerd's validator also takes its log flags from these variables; a flag wins.
@@ -50,21 +49,16 @@ const (
 
 // Config is what the validator checks. The zero value is not useful; start from DefaultConfig.
 type Config struct {
-	// ConnectAddr is dialled and must be redirected to ListenAddr (IP literal and port).
-	ConnectAddr string
-	// ListenAddr is the outbound proxy port the redirect must reach.
-	ListenAddr string
+	// ConnectAddr is dialled and must be redirected to ListenAddr, the outbound proxy port.
+	ConnectAddr, ListenAddr string
 	// Timeout bounds each check's wait for the redirected connection.
-	Timeout time.Duration
-	// LogFormat ("plain" or "json") and LogLevel are used by Main to build the logger.
+	Timeout             time.Duration
 	LogFormat, LogLevel string
 	// IPv6 adds an IPv6 check of IPv6ConnectAddr against IPv6ListenAddr (empty: [::] on
 	// ListenAddr's port). It is skipped when ConnectAddr already is IPv6.
-	IPv6            bool
-	IPv6ConnectAddr string
-	IPv6ListenAddr  string
-	// ProxyUID, when not -1, is checked to be exempt: a connection made as this UID must not be
-	// redirected.
+	IPv6                            bool
+	IPv6ConnectAddr, IPv6ListenAddr string
+	// ProxyUID, when not -1, is checked to be exempt from the redirect.
 	ProxyUID int
 }
 
@@ -81,8 +75,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// AddFlags registers the validator's flags on fs, bound to c; c's current values are the
-// defaults shown.
+// AddFlags registers the validator's flags on fs, bound to c, with c's values as defaults.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ConnectAddr, FlagConnectAddr, c.ConnectAddr, "address to connect to; the connection must be redirected to --listen-addr (it is never really reached)")
 	fs.StringVar(&c.ListenAddr, FlagListenAddr, c.ListenAddr, "address to listen on: the proxy's outbound port")
@@ -98,8 +91,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // ErrHelp is returned by Parse for -h and --help.
 var ErrHelp = pflag.ErrHelp
 
-// Parse turns the arguments after "validate" into a validated Config, with the log defaults
-// from $LINKERD_NETWORK_VALIDATOR_LOG_LEVEL and $LINKERD_NETWORK_VALIDATOR_LOG_FORMAT.
+// Parse turns the arguments after "validate" into a Config, log defaults from EnvLogLevel/Format.
 func Parse(args []string) (Config, error) { return ParseEnv(args, os.Getenv) }
 
 // ParseEnv is Parse with the environment read through getenv.
@@ -111,10 +103,7 @@ func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 	if v := getenv(EnvLogFormat); v != "" {
 		c.LogFormat = v
 	}
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	c.AddFlags(fs)
+	fs := c.flagSet()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return c, ErrHelp
@@ -130,18 +119,23 @@ func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 // Usage is the help text of `proxy-init validate`.
 func Usage() string {
 	c := DefaultConfig()
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SortFlags = false
-	c.AddFlags(fs)
 	return `proxy-init validate proves that the pod's outbound TCP is redirected to the proxy port.
 
 Usage:
   proxy-init validate [flags]
 
 Flags:
-` + fs.FlagUsages() + `
+` + c.flagSet().FlagUsages() + `
 Exit codes: 0 the redirect works, 95 it does not (the message says what failed), 2 bad usage, 1 other errors.
 `
+}
+
+func (c *Config) flagSet() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	c.AddFlags(fs)
+	return fs
 }
 
 // Validate reports every problem in c at once, naming the flag and value.
@@ -150,19 +144,22 @@ func (c Config) Validate() error {
 	bad := func(flag, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: "--" + flag, Value: value, Reason: reason})
 	}
-	addr := func(flag, value string, wantPort bool) {
+	addr := func(flag, value string, v6 bool) {
 		ap, err := netip.ParseAddrPort(value)
 		switch {
 		case err != nil:
 			bad(flag, value, "want an IP address and port, such as 1.1.1.1:20001 or [fd00::1]:20001")
-		case wantPort && ap.Port() == 0:
+		case ap.Port() == 0:
 			bad(flag, value, "port 0 cannot be connected to")
 		case ap.Addr().Zone() != "":
 			bad(flag, value, "zoned addresses are not supported")
 		}
+		if err == nil && v6 && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
+			bad(flag, value, "not an IPv6 address")
+		}
 	}
-	addr(FlagConnectAddr, c.ConnectAddr, true)
-	addr(FlagListenAddr, c.ListenAddr, true)
+	addr(FlagConnectAddr, c.ConnectAddr, false)
+	addr(FlagListenAddr, c.ListenAddr, false)
 	if !listenCanReceive(c.ListenAddr, c.ConnectAddr) {
 		bad(FlagListenAddr, c.ListenAddr, "cannot receive a redirected "+c.ConnectAddr+"; listen on an address of the same family, or on [::] for both")
 	}
@@ -177,14 +174,8 @@ func (c Config) Validate() error {
 	}
 	if c.IPv6 {
 		addr(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, true)
-		if ap, err := netip.ParseAddrPort(c.IPv6ConnectAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
-			bad(FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "not an IPv6 address")
-		}
 		if c.IPv6ListenAddr != "" {
 			addr(FlagIPv6ListenAddr, c.IPv6ListenAddr, true)
-			if ap, err := netip.ParseAddrPort(c.IPv6ListenAddr); err == nil && (!ap.Addr().Is6() || ap.Addr().Is4In6()) {
-				bad(FlagIPv6ListenAddr, c.IPv6ListenAddr, "not an IPv6 address")
-			}
 		}
 	}
 	switch {
@@ -200,8 +191,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// NewLogger returns the logger for c's --log-format and --log-level, writing to w, and logs how
-// a filter was read. An unknown level falls back to info (Validate reports it).
+// NewLogger returns c's logger, writing to w, and logs how a filter was read.
 func (c Config) NewLogger(w io.Writer) *slog.Logger {
 	f, _ := logging.ParseFilter(c.LogLevel, Target)
 	log := logging.New(w, c.LogFormat, f.Level)
@@ -209,9 +199,8 @@ func (c Config) NewLogger(w io.Writer) *slog.Logger {
 	return log
 }
 
-// listenCanReceive reports whether a listener on listen can accept a connection to connect once
-// it is redirected: the families must match, except that [::] is dual-stack. Unparsable
-// addresses are reported elsewhere, so they pass here.
+// listenCanReceive reports whether a listener on listen can accept a redirected connection to
+// connect: the same family, or [::]. Unparsable addresses are reported elsewhere.
 func listenCanReceive(listen, connect string) bool {
 	l, err1 := netip.ParseAddrPort(listen)
 	c, err2 := netip.ParseAddrPort(connect)

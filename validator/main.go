@@ -7,9 +7,8 @@ import (
 	"io"
 )
 
-// Main runs `proxy-init validate` with args (the arguments after "validate"), writing help to
-// stdout and logs to stderr, and returns the exit code: 0 the redirect works, 95 it does not, 2
-// bad usage, 1 anything else.
+// Main runs `proxy-init validate` with the arguments after "validate", writing help to stdout and
+// logs to stderr, and returns the exit code (ExitCode).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := Parse(args)
 	if errors.Is(err, ErrHelp) {

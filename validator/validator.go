@@ -27,8 +27,8 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1
 	ExitUsage   = 2
-	// ExitRedirectFailed is Linkerd's validator exit code for "the redirect does not work"; the
-	// repair controller deletes pods whose validator exited with it.
+	// ExitRedirectFailed is Linkerd's "the redirect does not work"; the repair controller deletes
+	// pods whose validator exited with it.
 	ExitRedirectFailed = 95
 )
 
@@ -40,15 +40,12 @@ const (
 	ReasonNotRedirected Reason = "not-redirected"
 	// ReasonTokenMismatch: the connection was answered, but not by the validator's listener.
 	ReasonTokenMismatch Reason = "token-mismatch"
-	// ReasonWrongOriginalDst: the connection reached the listener, but conntrack does not record
-	// it as NATed from the connect address.
+	// ReasonWrongOriginalDst: the connection reached the listener, not NATed from ConnectAddr.
 	ReasonWrongOriginalDst Reason = "wrong-original-destination"
-	// ReasonProxyUIDRedirected: a connection made as the proxy UID was redirected too, so the
-	// proxy's own outbound traffic would loop back into it.
+	// ReasonProxyUIDRedirected: the proxy UID's connection was redirected: it would loop.
 	ReasonProxyUIDRedirected Reason = "proxy-uid-redirected"
-	// ReasonDestinationRewritten: the connection was redirected, but its original destination is
-	// not the address dialled: something rewrote it before the pod's netfilter rules, as Cilium's
-	// socket-level load balancing does to a Service's ClusterIP.
+	// ReasonDestinationRewritten: the connection was redirected, but from another address than
+	// the one dialled, as Cilium's socket-level load balancing does to a Service's ClusterIP.
 	ReasonDestinationRewritten Reason = "destination-rewritten"
 )
 
@@ -62,14 +59,11 @@ const SocketLBHint = "something rewrote the destination before the pod's netfilt
 // Run may return several, joined with errors.Join; find them with errors.As.
 type Failure struct {
 	// Check names the check: "ipv4", "ipv6", "proxy-uid ipv4", "proxy-uid ipv6".
-	Check  string
-	Reason Reason
-	// ConnectAddr and ListenAddr are the check's addresses.
+	Check                   string
+	Reason                  Reason
 	ConnectAddr, ListenAddr string
-	// Detail is the human-readable explanation.
-	Detail string
-	// Err is the underlying error, if any (a dial error, for example).
-	Err error
+	Detail                  string // for people
+	Err                     error  // the underlying error, if any (a dial error, say)
 }
 
 func (f *Failure) Error() string {
@@ -82,34 +76,21 @@ func (f *Failure) Error() string {
 
 func (f *Failure) Unwrap() error { return f.Err }
 
-// ExitCode returns ExitRedirectFailed.
-func (f *Failure) ExitCode() int { return ExitRedirectFailed }
-
-// IsFailure reports whether err contains a Failure, that is whether the redirect was proven not
-// to work.
-func IsFailure(err error) bool {
-	var f *Failure
-	return errors.As(err, &f)
-}
-
-// ExitCode maps an error from Parse or Run to the process exit code: 0 for nil, 95 when a check
-// failed, 2 for bad usage, 1 otherwise.
+// ExitCode maps an error from Parse or Run to the exit code: 0, 95 (a check failed), 2 or 1.
 func ExitCode(err error) int {
-	var u *badinput.UsageError
 	switch {
 	case err == nil:
 		return ExitOK
-	case IsFailure(err):
+	case errors.As(err, new(*Failure)):
 		return ExitRedirectFailed
-	case errors.As(err, &u):
+	case errors.As(err, new(*badinput.UsageError)):
 		return ExitUsage
 	}
 	return ExitFailure
 }
 
-// uidCheckWait bounds the proxy UID check's dial. A redirected connect completes locally in well
-// under a millisecond; an exempt one goes out with TTL 1 and never completes, so waiting longer
-// would only slow every pod start.
+// uidCheckWait bounds the proxy UID check's dial: a redirected connect completes locally in under
+// a millisecond, and an exempt one (TTL 1) never does, so waiting longer only slows pod starts.
 const uidCheckWait = 2 * time.Second
 
 // check is one family's redirect check.
@@ -122,8 +103,11 @@ type check struct {
 func (c Config) checks() []check {
 	connect := netip.MustParseAddrPort(c.ConnectAddr)
 	listen := netip.MustParseAddrPort(c.ListenAddr)
-	main := check{name: familyName(connect), connect: connect, listen: listen}
-	out := []check{main}
+	name := "ipv6"
+	if connect.Addr().Unmap().Is4() {
+		name = "ipv4"
+	}
+	out := []check{{name: name, connect: connect, listen: listen}}
 	if c.IPv6 && !connect.Addr().Unmap().Is6() {
 		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr)}
 		if c.IPv6ListenAddr != "" {
@@ -136,22 +120,13 @@ func (c Config) checks() []check {
 	return out
 }
 
-func familyName(ap netip.AddrPort) string {
-	if ap.Addr().Unmap().Is4() {
-		return "ipv4"
-	}
-	return "ipv6"
-}
-
-// Run performs every check c asks for and returns nil when the redirect works. When it does not,
-// the error contains one *Failure per failed check (ExitCode maps it to 95); an error without a
-// Failure (bad config, the listen port taken, ctx cancelled) says nothing about the redirect.
+// Run performs every check c asks for and returns nil when the redirect works; else one *Failure
+// per failed check (exit 95). An error without one (the port taken, say) says nothing about it.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	// Every check runs even after one failed, so the log names everything that is wrong. A
-	// proven failure decides the exit code (95) even if another check could not run.
+	// Every check runs, so the log names everything wrong; a proven failure decides the exit code.
 	var errs []error
 	for _, ck := range c.checks() {
 		if err := runCheck(ctx, c, ck, log); err != nil {
@@ -164,9 +139,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
-// runCheck proves that a connection to ck.connect lands on a listener at ck.listen with
-// ck.connect as its original destination, and then, if asked, that the proxy UID's connections
-// do not.
+// runCheck proves that a connection to ck.connect lands on ck.listen with ck.connect as its
+// original destination, and then, if asked, that the proxy UID's connections do not.
 func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	log = log.With("check", ck.name, "connect_addr", ck.connect.String(), "listen_addr", ck.listen.String())
 	srv, err := listen(ctx, ck, c.Timeout)
@@ -200,8 +174,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	}
 	a, ok := srv.await(ctx, token)
 	if !ok {
-		// The listener records a connection before echoing its token, so this means another
-		// process echoed our token; treat it as not ours.
+		// The listener records a connection before echoing its token: another process echoed it.
 		return fail(ReasonTokenMismatch, nil, "the token was echoed, but the validator's listener on %s never saw the connection", ck.listen)
 	}
 	switch {
@@ -224,8 +197,7 @@ func runCheck(ctx context.Context, c Config, ck check, log *slog.Logger) error {
 	return checkUID(ctx, c, ck, srv, log)
 }
 
-// checkUID connects to ck.connect as the proxy UID and expects that connection NOT to reach the
-// listener.
+// checkUID expects a connection to ck.connect made as the proxy UID NOT to reach the listener.
 func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Logger) error {
 	token := newToken()
 	wait := min(c.Timeout, uidCheckWait)
@@ -234,7 +206,6 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 	type result struct {
 		reply     string
 		connected bool
-		err       error
 		skipped   error
 	}
 	done := make(chan result, 1)
@@ -246,8 +217,8 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 			done <- result{skipped: err}
 			return
 		}
-		reply, connected, err := exchange(ctx, ck.connect, token)
-		done <- result{reply, connected, err, nil}
+		reply, connected, _ := exchange(ctx, ck.connect, token)
+		done <- result{reply, connected, nil}
 	}()
 	r := <-done
 	uidLog := log.With("proxy_uid", c.ProxyUID)
@@ -269,8 +240,7 @@ func checkUID(ctx context.Context, c Config, ck check, srv *server, log *slog.Lo
 	return nil
 }
 
-// setThreadUID switches only the calling OS thread to uid with the raw system call;
-// syscall.Setresuid would switch every thread of the process.
+// setThreadUID switches only the calling OS thread to uid (syscall.Setresuid switches them all).
 func setThreadUID(uid int) error {
 	u := uintptr(uid)
 	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, u, u, u); errno != 0 {
@@ -279,8 +249,7 @@ func setThreadUID(uid int) error {
 	return nil
 }
 
-// exchange connects to addr, sends token and reads one line back. connected reports whether the
-// TCP connection was established; err explains a failed connect or read.
+// exchange connects to addr (connected says if it did), sends token and reads one line back.
 func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply string, connected bool, err error) {
 	network := "tcp4"
 	if !addr.Addr().Unmap().Is4() {
@@ -305,9 +274,8 @@ func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply str
 	return strings.TrimSpace(line), true, nil
 }
 
-// hopLimitOne keeps a connection that is not redirected from ever reaching the connect address:
-// its SYN expires at the first router. A redirected connection is delivered locally and never
-// routed, so its TTL does not matter.
+// hopLimitOne keeps a connection that is not redirected from reaching the connect address: its SYN
+// expires at the first router. A redirected one is delivered locally.
 func hopLimitOne(network, _ string, rc syscall.RawConn) error {
 	var serr error
 	err := rc.Control(func(fd uintptr) {
@@ -326,9 +294,8 @@ func hopLimitOne(network, _ string, rc syscall.RawConn) error {
 	return nil
 }
 
-// newToken returns a value a stray server cannot guess by accident. math/rand/v2 is seeded from
-// the kernel's random source at start; crypto/rand would add its initialisation to every run of
-// proxy-init, which shares this binary.
+// newToken returns a value a stray server cannot guess by accident. math/rand/v2 is seeded by the
+// kernel; crypto/rand would add its set-up to every run of proxy-init, which shares this binary.
 func newToken() string {
 	return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 }
@@ -364,26 +331,22 @@ func listen(ctx context.Context, ck check, timeout time.Duration) (*server, erro
 		return nil, fmt.Errorf("listen on %s: %w", ck.listen, err)
 	}
 	s := &server{ln: ln, timeout: timeout, arrivals: make(chan arrival, 16)}
-	s.wg.Add(1)
-	go s.serve()
+	s.wg.Go(s.serve)
 	return s, nil
 }
 
 func (s *server) serve() {
-	defer s.wg.Done()
 	for {
 		conn, err := s.ln.Accept()
 		if err != nil {
 			return // closed
 		}
-		// Handlers are not waited for: each ends at its deadline, and a stray client must
-		// not hold up the validator's exit.
+		// Handlers are not waited for: each ends at its deadline; a stray must not delay exit.
 		go s.handle(conn.(*net.TCPConn))
 	}
 }
 
-// handle records the connection, then echoes its token: a client that has read its echo can
-// rely on the arrival being queued already.
+// handle records the connection, then echoes its token, so a client that read it finds it queued.
 func (s *server) handle(conn *net.TCPConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(s.timeout))

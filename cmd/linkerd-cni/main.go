@@ -1,20 +1,15 @@
-// Command linkerd-cni is the Linkerd-compatible chained CNI plugin. With CNI_COMMAND set (the
-// container runtime calling it) it is the plugin; otherwise it runs a subcommand. All logic lives
-// in package cniplugin and its sub-packages. Under one of Linkerd's names
-// (linkerd-cni-repair-controller, linkerd2-cni-install; see package multicall) it runs that
-// subcommand.
+// Command linkerd-cni is the Linkerd-compatible chained CNI plugin when CNI_COMMAND is set, else
+// it runs a subcommand (or, under one of Linkerd's names, that one; package multicall). All logic
+// lives in package cniplugin and its sub-packages.
 //
-// Built with -tags pluginonly it is only the plugin (plus `version`): that is the binary the
-// installer copies onto the node. Go runs the package initialisers of everything linked in on
-// every start, and the installer's, agent's and repair controller's dependencies (client-go,
-// informers, Prometheus, gRPC) would add tens of milliseconds to every pod's sandbox set-up. Both
-// builds run the same plugin, whose API client is the standard library's.
+// Built with -tags pluginonly it is only the plugin (plus `version`), the binary copied onto the
+// node: Go runs every linked package's initialisers on each start, and the DaemonSet's
+// dependencies (client-go, Prometheus, gRPC) would add tens of milliseconds to every pod's set-up.
 //
 // # Tests
 //
-// The lean plugin build links none of the DaemonSet's dependencies (TestPluginStaysLean), both
-// builds are the same plugin (TestBothBuildsAreThePlugin), and Linkerd's names run what they run in
-// Linkerd.
+// The lean build links none of the DaemonSet's dependencies, both builds are the same plugin, and
+// Linkerd's names run what they run in Linkerd.
 package main
 
 import (

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,18 +17,14 @@ import (
 // subcommands are the long-running DaemonSet processes, left out of the pluginonly build.
 var subcommands = map[string]func(args []string) int{
 	"install": install.Main,
-	"repair": untilSignal(func(ctx context.Context, args []string) int {
-		return repair.Main(ctx, args, os.Stdout, os.Stderr)
-	}),
-	"agent": untilSignal(func(ctx context.Context, args []string) int {
-		return agent.Main(ctx, args, os.Stdout, os.Stderr)
-	}),
+	"repair":  untilSignal(repair.Main),
+	"agent":   untilSignal(agent.Main),
 }
 
-func untilSignal(run func(context.Context, []string) int) func([]string) int {
+func untilSignal(run func(context.Context, []string, io.Writer, io.Writer) int) func([]string) int {
 	return func(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return run(ctx, args)
+		return run(ctx, args, os.Stdout, os.Stderr)
 	}
 }

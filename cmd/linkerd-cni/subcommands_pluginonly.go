@@ -7,8 +7,7 @@ import (
 	"os"
 )
 
-// The node's copy of the plugin leaves the DaemonSet processes out; say where they are rather
-// than calling them unknown.
+// The node's copy of the plugin leaves the DaemonSet processes out; say where they are.
 var subcommands = map[string]func(args []string) int{
 	"install": imageOnly("install"),
 	"repair":  imageOnly("repair"),

@@ -1,10 +1,8 @@
-// Package badinput is the one error type for input refused before anything is written. Every
-// front end reports its problems the same way, each naming where the value came from (a flag, a
-// key of the CNI network config, a pod annotation, an environment variable), the value as given,
-// and why it is refused, all at once: proxy-init's and the validator's flags, the CNI network
-// config and annotations, the installer's environment and the repair controller's flags. The
-// rule builder's own checks (iptables.Build) produce it too, so a front end only renames the
-// fields to the names its user typed. UsageError wraps it for the commands, which exit 2 on it.
+// Package badinput is the one error type for input refused before anything is written: every
+// front end (flags, CNI network config, annotations, environment) reports all its problems at
+// once, each naming where the value came from, the value and why. The rule builder's checks
+// produce it too, so a front end only renames the fields to what its user typed. UsageError wraps
+// it for the commands, which exit 2 on it.
 package badinput
 
 import (
@@ -15,9 +13,8 @@ import (
 
 // Problem is one refused value.
 type Problem struct {
-	// Field is what the user set: "--proxy-uid", "linkerd.proxy-uid",
-	// "annotation config.linkerd.io/proxy-uid", "CNI_NETWORK_CONFIG"; the rule builder uses its
-	// field names ("proxy-uid"), which the front ends rename.
+	// Field is what the user set: "--proxy-uid", "annotation config.linkerd.io/proxy-uid", ...;
+	// the rule builder's field names ("proxy-uid") are renamed by the front ends.
 	Field string
 	// Value is the refused value, as given.
 	Value  string
@@ -60,15 +57,10 @@ func (e *Error) Lines() string {
 }
 
 // As returns the *Error err is or wraps.
-func As(err error) (*Error, bool) {
-	var e *Error
-	ok := errors.As(err, &e)
-	return e, ok
-}
+func As(err error) (*Error, bool) { return errors.AsType[*Error](err) }
 
-// UsageError is a command line a command refuses: its values (Input, every problem naming the
-// flag as typed and the value), or its shape (Message: an unknown flag, a missing value, an
-// unknown subcommand). The commands exit 2 on it and write nothing.
+// UsageError is a command line a command refuses for its values (Input) or its shape (Message: an
+// unknown flag or subcommand, a missing value). The commands exit 2 on it and write nothing.
 type UsageError struct {
 	Input   *Error
 	Message string

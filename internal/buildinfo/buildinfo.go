@@ -1,12 +1,9 @@
-// Package buildinfo reports what a binary was built from, for the `version` subcommands of
-// proxy-init and linkerd-cni.
-//
-// The release version cannot be known by the Go toolchain, so it is stamped at link time:
+// Package buildinfo reports what a binary was built from, for the `version` subcommands. The
+// release version is stamped at link time:
 //
 //	go build -ldflags "-X github.com/kubemesh/proxy-init/internal/buildinfo.Version=v1.2.3"
 //
-// Everything else comes from runtime/debug.ReadBuildInfo. VCS fields are empty when the binary
-// was built with -buildvcs=false or outside a git checkout; that is reported, not guessed.
+// The rest comes from runtime/debug.ReadBuildInfo; VCS fields built without VCS stay empty.
 package buildinfo
 
 import (
@@ -24,8 +21,7 @@ type Info struct {
 	Version   string `json:"version"`
 	GoVersion string `json:"goVersion"`
 	Platform  string `json:"platform"`
-	// Module and ModuleVersion are the main module's path and version as the toolchain recorded
-	// them ("(devel)" for a build from a checkout).
+	// Module and ModuleVersion are the main module's ("(devel)" for a build from a checkout).
 	Module        string `json:"module,omitempty"`
 	ModuleVersion string `json:"moduleVersion,omitempty"`
 	Revision      string `json:"revision,omitempty"`
@@ -54,15 +50,11 @@ func Get() Info {
 	return info
 }
 
-// String renders the information on one line, e.g.
-// "v1.2.3 (revision 4fa3da8, 2026-11-29T10:00:00Z; go1.26.8 linux/amd64)".
+// String renders it on one line: "v1.2.3 (revision 4fa3da8, 2026-11-29T10:00:00Z; go1.26.8 ...)".
 func (i Info) String() string {
 	var details []string
 	if i.Revision != "" {
-		rev := i.Revision
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
+		rev := i.Revision[:min(12, len(i.Revision))]
 		if i.Modified {
 			rev += "-dirty"
 		}
@@ -71,10 +63,8 @@ func (i Info) String() string {
 	if i.Time != "" {
 		details = append(details, i.Time)
 	}
-	details = append(details, i.GoVersion+" "+i.Platform)
-	if len(details) == 1 {
-		return fmt.Sprintf("%s (%s)", i.Version, details[0])
+	if len(details) == 0 {
+		return fmt.Sprintf("%s (%s %s)", i.Version, i.GoVersion, i.Platform)
 	}
-	last := len(details) - 1
-	return fmt.Sprintf("%s (%s; %s)", i.Version, strings.Join(details[:last], ", "), details[last])
+	return fmt.Sprintf("%s (%s; %s %s)", i.Version, strings.Join(details, ", "), i.GoVersion, i.Platform)
 }

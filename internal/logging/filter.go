@@ -14,22 +14,15 @@ const LevelOff = slog.LevelError + 4
 type Filter struct {
 	// Level is what the logger writes at.
 	Level slog.Level
-	// Note says how Level was chosen from a multi-directive filter, for the log; "" when the value
-	// was a plain level.
+	// Note says how Level was chosen from a multi-directive filter, for the log.
 	Note string
 }
 
-// ParseFilter reads a --log-level as Linkerd's Rust programs (the network validator, the repair
-// controller) take it: either one level, or a tracing-style filter of comma-separated directives,
-// each a level or target=level, such as "linkerd_cni_repair_controller=info,warn". target is this
-// program's tracing target (its Rust crate name). A directive applies when it has no target, or
-// when its target is a prefix of ours (tracing matches targets by prefix); directives for other
-// targets (libraries we do not have) are ignored. Of the directives that apply, the most verbose
-// wins: one logger cannot keep a level per module. When none applies, tracing would log nothing
-// of ours; Level is then error, so that failures still show.
-//
-// Span and field selectors (target[span{field=value}]=level) are refused: an error naming the
-// value, as for an unknown level.
+// ParseFilter reads a --log-level as Linkerd's Rust programs take it: one level, or tracing-style
+// comma-separated directives, each a level or target=level ("a_crate=info,warn"; target is this
+// program's crate name). A directive applies without a target or when its target is a prefix of
+// ours; of those, the most verbose wins (one logger has one level). When none applies, Level is
+// error, so failures still show. Span and field selectors are refused.
 func ParseFilter(s, target string) (Filter, error) {
 	if !strings.ContainsAny(s, "=,[]{}") {
 		lvl, err := parseFilterLevel(s)

@@ -1,9 +1,6 @@
-// Package logging reads the --log-level and --log-format flags that proxy-init, its validator and
-// linkerd-cni share with Linkerd, and builds their slog loggers.
-//
-// Limits: levels are Linkerd's logrus names mapped to slog (no numeric offsets); formats are
-// "plain" (slog's text handler) and "json". The CNI plugin's per-invocation logger, which also
-// appends to a file, is cniplugin's own.
+// Package logging reads the --log-level and --log-format flags that our programs share with
+// Linkerd, and builds their slog loggers. Limits: levels are Linkerd's logrus names; formats are
+// "plain" (slog's text handler) and "json"; the CNI plugin's file logger is cniplugin's own.
 package logging
 
 import (
@@ -16,8 +13,7 @@ import (
 // LevelTrace is Linkerd's "trace", below slog's debug.
 const LevelTrace = slog.LevelDebug - 4
 
-// ParseLevel accepts slog's level names and Linkerd's logrus ones (trace, warning, fatal, panic),
-// in any case and with surrounding space. fatal and panic map to error: a logger never exits.
+// ParseLevel accepts slog's and logrus's level names in any case; fatal and panic are error.
 func ParseLevel(s string) (slog.Level, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "trace":
@@ -42,8 +38,7 @@ func CheckFormat(format string) error {
 	return nil
 }
 
-// New returns a logger writing to w at level: JSON lines for format "json", slog's text lines
-// for anything else ("plain").
+// New returns a logger writing to w at level: JSON lines for "json", else slog's text lines.
 func New(w io.Writer, format string, level slog.Level) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if format == "json" {

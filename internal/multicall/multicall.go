@@ -1,9 +1,6 @@
 // Package multicall maps the names Linkerd gives its binaries to our programs, so that a copy or
-// link of proxy-init or linkerd-cni under one of those names runs Linkerd's command line as it is
-// (Linkerd's charts name the binary and pass its flags directly, with no subcommand).
-//
-// Limits: only the base name of argv[0] is looked at; a name not in Names runs the program as
-// usual. The package uses only the standard library: the CNI plugin's lean build links it.
+// link under one of those names runs Linkerd's command line as it is (no subcommand). Limits:
+// only argv[0]'s base name counts; standard library only (the lean plugin links it).
 package multicall
 
 import (
@@ -19,16 +16,12 @@ const (
 
 // Name is one name a binary answers to.
 type Name struct {
-	// Name is the base name of argv[0].
-	Name string
-	// Program is the binary that serves it.
-	Program string
-	// Subcommand is put before the arguments ("" for none).
-	Subcommand string
+	Name       string // the base name of argv[0]
+	Program    string // the binary that serves it
+	Subcommand string // put before the arguments ("" for none)
 }
 
-// Names are every name of Linkerd's that our binaries answer to, with where Linkerd puts them
-// (its images hold them in /usr/lib/linkerd, and the CNI installer in /usr/bin).
+// Names are Linkerd's names our binaries answer to (in its /usr/lib/linkerd, or /usr/bin).
 var Names = []Name{
 	{"linkerd2-proxy-init", ProxyInit, ""},                  // proxy-init, from the proxy image
 	{"linkerd2-network-validator", ProxyInit, "validate"},   // the validator, from the proxy image
@@ -37,10 +30,8 @@ var Names = []Name{
 	{"linkerd2-cni-install", LinkerdCNI, "install"},         // the cni-plugin image's CMD
 }
 
-// Args returns the arguments program runs with when started as argv: argv[1:], preceded by the
-// subcommand argv[0]'s name stands for. An argument list that already starts with that
-// subcommand is left alone, so `linkerd-network-validator validate ...` keeps working. A name
-// that belongs to the other program is an error naming both.
+// Args returns the arguments program runs with when started as argv: argv[1:], after the
+// subcommand argv[0]'s name stands for unless they start with it; the other program's is an error.
 func Args(program string, argv []string) ([]string, error) {
 	if len(argv) == 0 {
 		return nil, nil

@@ -1,24 +1,16 @@
-// Package netnsutil is the one place in production code that enters Linux
-// network namespaces.
+// Package netnsutil is the one place in production code that enters Linux network namespaces
+// (proxy-init --netns, the CNI plugin, the appliers that exec iptables all go through Do), so the
+// rules about thread locking live in one spot.
 //
-// Everything else (the proxy-init --netns flag, the CNI plugin acting on a pod
-// sandbox, the appliers that exec iptables binaries) funnels through Do, so the
-// rules about thread locking live in exactly one spot.
-//
-// Limits: a network namespace is a property of an OS thread, not of a
-// goroutine. Do locks a fresh goroutine to its thread for the duration of fn
-// and switches only that thread, so:
-//   - goroutines started by fn run on other threads and are NOT inside the
-//     namespace (unless they enter it themselves);
-//   - file descriptors opened inside fn (sockets, netlink handles) stay bound to
-//     the namespace after Do returns and may be used from any goroutine;
-//   - child processes started from inside fn (os/exec) inherit the namespace,
-//     because the Go runtime forks them from the calling, locked thread.
+// Limits: a network namespace is a property of an OS thread. Do locks a fresh goroutine to its
+// thread for fn and switches only that thread, so goroutines fn starts are NOT inside the
+// namespace; descriptors opened inside fn (sockets, netlink) stay bound to it after Do returns,
+// usable from any goroutine; processes fn starts inherit it (Go forks from the locked thread).
 //
 // # Tests
 //
-// Its tests: entering namespaces, telling a network namespace from other files, finding a foreign
-// user namespace.
+// Entering namespaces, telling a network namespace from other files, finding a foreign user
+// namespace.
 package netnsutil
 
 import (
@@ -30,13 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Do runs fn inside the network namespace at nsPath (for example
-// /var/run/netns/NAME or /proc/PID/ns/net) on a locked OS thread and switches
-// the thread back afterwards. An empty nsPath means the current namespace: fn
-// is simply called.
-//
-// Errors from opening or entering the namespace name nsPath; fn's own error is
-// returned unchanged so callers can inspect it with errors.Is/As.
+// Do runs fn inside the network namespace at nsPath ("" for the current one) on a locked OS thread
+// and switches it back. Errors entering it name nsPath; fn's own error is returned unchanged.
 func Do(nsPath string, fn func() error) error {
 	if nsPath == "" {
 		return fn()
@@ -48,19 +35,14 @@ func Do(nsPath string, fn func() error) error {
 		fnErr = fn()
 		return fnErr
 	})
-	if ran {
-		// fn ran, so err is fn's own error (ns.Do reports a failure to switch
-		// back only by discarding the thread): return it unwrapped.
+	if ran || err == nil {
+		// err is fn's (ns.Do reports a failure to switch back only by discarding the thread).
 		return fnErr
 	}
-	if err != nil {
-		return fmt.Errorf("enter netns %s: %w", nsPath, err)
-	}
-	return nil
+	return fmt.Errorf("enter netns %s: %w", nsPath, err)
 }
 
-// Label names the namespace at nsPath in messages and logs: the path, or "(current)" for the
-// empty path Do takes as the current namespace.
+// Label names the namespace at nsPath in messages: the path, or "(current)" for "".
 func Label(nsPath string) string {
 	if nsPath == "" {
 		return "(current)"
@@ -68,9 +50,7 @@ func Label(nsPath string) string {
 	return nsPath
 }
 
-// Current names the calling thread's network namespace as the kernel does ("net:[4026532281]",
-// what `ls -l /proc/PID/ns/net` shows), for messages. Call it from inside Do to name the
-// namespace entered.
+// Current names the thread's network namespace as the kernel does ("net:[4026532281]").
 func Current() string {
 	name, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
@@ -79,25 +59,19 @@ func Current() string {
 	return name
 }
 
-// CheckNetNS reports whether path names a network namespace (an nsfs file of type CLONE_NEWNET,
-// such as /proc/PID/ns/net or a bind mount of one under /run/netns), without entering it. The
-// error says what path is instead: missing, a plain file or directory, or another kind of
-// namespace.
+// CheckNetNS reports whether path names a network namespace, without entering it; else what it is.
 func CheckNetNS(path string) error {
 	f, err := os.Open(path)
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			return pe.Err
-		}
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
+		return pe.Err
+	} else if err != nil {
 		return err
 	}
 	defer f.Close()
 	return CheckNetNSFile(f)
 }
 
-// CheckNetNSFile is CheckNetNS for a namespace already open, so that what is checked is what is
-// then used: no path is looked up again.
+// CheckNetNSFile is CheckNetNS for a namespace already open, so what is checked is what is used.
 func CheckNetNSFile(f *os.File) error {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {

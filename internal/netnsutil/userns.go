@@ -10,14 +10,10 @@ import (
 )
 
 // ForeignUserNS names the user namespace that owns the network namespace at nsPath ("" for the
-// calling thread's) as the kernel does ("user:[4026532281]") when that is not the caller's own
-// user namespace, as for a Kubernetes pod with hostUsers: false seen from the host; "" when it is.
-// It costs an open, an ioctl and two stats, so callers can ask it for every namespace they write
-// to.
-//
-// A namespace whose owner the caller may not see (an ancestor of its own user namespace: the
-// kernel answers EPERM) or a kernel without NS_GET_USERNS (before 4.9) gives "": the caller can
-// do nothing there but write as it always does.
+// calling thread's) as the kernel does ("user:[4026532281]") when it is not the caller's own (a
+// pod with hostUsers: false, seen from the host), else "". It costs an open, an ioctl and two
+// stats. An owner the caller may not see (EPERM) or a kernel before 4.9 gives "": the caller can
+// only write as it always does.
 func ForeignUserNS(nsPath string) (string, error) {
 	if nsPath == "" {
 		nsPath = "/proc/thread-self/ns/net"

@@ -1,10 +1,7 @@
-// Package origdst reads the original destination of a redirected TCP connection: the address
-// and port it was headed to before a nat REDIRECT or DNAT rule rewrote it, as conntrack
-// remembers it (SO_ORIGINAL_DST for IPv4, IP6T_SO_ORIGINAL_DST for IPv6). This is what
-// Linkerd's proxy asks to learn where a redirected connection was going.
-//
-// Limits: Linux only; TCP only; the connection must be tracked by conntrack in the namespace
-// that accepted it (with no nat rule there, the kernel usually has no entry and Lookup fails).
+// Package origdst reads the original destination of a redirected TCP connection, before a nat
+// REDIRECT or DNAT rewrote it, from conntrack (SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST), as
+// Linkerd's proxy does. Limits: Linux and TCP only; the connection must be tracked by conntrack
+// in the namespace that accepted it (with no nat rule there, Lookup usually fails).
 package origdst
 
 import (
@@ -22,10 +19,8 @@ import (
 // number as SO_ORIGINAL_DST, at level SOL_IPV6. x/sys/unix does not define it.
 const ip6tSoOriginalDst = 80
 
-// Lookup asks conntrack for the destination c had before NAT, with IPv4-mapped addresses
-// unmapped. An IPv4 connection (including one accepted on a dual-stack socket) is asked at the
-// IPv4 level first, where its conntrack entry lives, then at the IPv6 level; an IPv6 one only at
-// the IPv6 level.
+// Lookup asks conntrack for the destination c had before NAT, unmapped. An IPv4 connection (also
+// on a dual-stack socket) is asked at the IPv4 level first, where its entry lives, then IPv6.
 func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 	local := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	raw, err := c.SyscallConn()
@@ -45,8 +40,7 @@ func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 			serr error
 		)
 		if err := raw.Control(func(fd uintptr) {
-			// x/sys/unix has no getsockopt returning a raw sockaddr; the kernel writes a
-			// sockaddr_in or sockaddr_in6 into buf.
+			// x/sys/unix has no getsockopt returning a raw sockaddr.
 			_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(o.level), uintptr(o.name),
 				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
 			if errno != 0 {
@@ -64,8 +58,7 @@ func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 	return netip.AddrPort{}, errors.Join(errs...)
 }
 
-// parseSockaddr decodes a sockaddr_in or sockaddr_in6: the family in host byte order, the port
-// in network byte order, then the address.
+// parseSockaddr decodes a sockaddr_in or sockaddr_in6 (family in host order, port in network).
 func parseSockaddr(b []byte) (netip.AddrPort, error) {
 	if len(b) < 4 {
 		return netip.AddrPort{}, errors.New("short sockaddr")
@@ -76,8 +69,7 @@ func parseSockaddr(b []byte) (netip.AddrPort, error) {
 	case family == unix.AF_INET && len(b) >= unix.SizeofSockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), port), nil
 	case family == unix.AF_INET6 && len(b) >= unix.SizeofSockaddrInet6:
-		// Bytes 4-8 are the flow label and 24-28 the scope id; neither matters here (redirect
-		// targets are never link-local).
+		// Bytes 4-8 are the flow label, 24-28 the scope id (redirect targets are not link-local).
 		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])), port), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unexpected sockaddr family %d, length %d", family, len(b))

@@ -1,11 +1,7 @@
-// Package rootonly makes and checks the directories on the node where linkerd-cni keeps what
-// decides, as root, how it writes a pod's rules: the namespaces' lock files and the records of
-// each pod's settings at sandbox set-up. Only the user the plugin runs as (root on a node) may
-// reach them, so no pod and no unprivileged process on the node can hold, plant or remove what is
-// in them.
-//
-// Limits: standard library only (the node's plugin links it); a directory is checked where it
-// is used, not watched.
+// Package rootonly makes and checks the node's directories where linkerd-cni keeps what decides,
+// as root, how it writes a pod's rules (lock files, records of pod settings): only the plugin's
+// user may reach them, so nothing unprivileged can hold, plant or remove what is in them.
+// Limits: standard library only (the plugin links it); checked where used, not watched.
 package rootonly
 
 import (
@@ -17,8 +13,7 @@ import (
 	"syscall"
 )
 
-// Make creates dir (and its missing parents) with mode 0700 and checks it (Check). An existing
-// directory is never loosened or tightened: one that fails the checks is refused.
+// Make creates dir (and parents) with mode 0700 and checks it; an existing one is never changed.
 func Make(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("make the directory %s: %w", dir, err)
@@ -26,9 +21,8 @@ func Make(dir string) error {
 	return Check(dir)
 }
 
-// Check refuses dir unless it is a directory (not a symbolic link) owned by this process's user
-// with no access for group or others, in a parent that only that user may write (so the directory
-// cannot be swapped for another). A missing dir is an fs.ErrNotExist error.
+// Check refuses dir unless it is a directory (not a symlink) of this process's user, closed to
+// group and others, in a parent only that user may write. A missing dir is fs.ErrNotExist.
 func Check(dir string) error {
 	if err := check(dir, 0o077); err != nil {
 		return err

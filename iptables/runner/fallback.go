@@ -10,13 +10,10 @@ import (
 )
 
 // Fallback is the applier of the modes that decide by trying: it writes with the first of its
-// backends that the kernel accepts. Trying is the real write, committed, not a probe: in a fresh
-// namespace the preferred backend costs what it costs when named explicitly.
-//
-// A backend is passed over only when it cannot exist here (its binaries are missing) or the
-// kernel lacks what it needs (iptables.ErrUnsupported). A missing capability, a cancelled
-// context or any other failure stops the search: it would fail the next backend as well, or
-// hide a real problem behind a backend nobody asked for.
+// backends the kernel accepts. Trying is the real write, not a probe, so the preferred backend
+// costs what it costs when named. A backend is passed over only when its binaries are missing or
+// the kernel lacks what it needs (iptables.ErrUnsupported); any other failure (a missing
+// capability, a cancelled context) stops the search rather than hide behind another backend.
 type Fallback struct {
 	tries  []try
 	chosen iptables.Applier
@@ -27,8 +24,6 @@ type try struct {
 	what string // how notes and errors call it, e.g. "iptables-nft over netlink"
 	new  func() (iptables.Applier, error)
 }
-
-var _ iptables.Applier = (*Fallback)(nil)
 
 // Name is the name of the backend that wrote, once one has; before, the first one's.
 func (f *Fallback) Name() string {
@@ -55,8 +50,7 @@ func passedOver(err error) bool {
 	return !iptables.IsCapabilityError(err) && errors.Is(err, iptables.ErrUnsupported)
 }
 
-// first calls fn with each backend in turn until one succeeds or fails in a way that stops the
-// search, and remembers the one that succeeded. It returns why earlier backends were passed over.
+// first calls fn with each backend until one succeeds or stops the search; it says why it passed.
 func (f *Fallback) first(fn func(a iptables.Applier) error) ([]string, error) {
 	var passed []string
 	for _, t := range f.tries {
@@ -82,8 +76,7 @@ func withPassed(err error, passed []string) error {
 	return fmt.Errorf("%w (after passing over %s)", err, strings.Join(passed, "; "))
 }
 
-// Apply writes with the first backend that works, and says in Result.Note why earlier ones
-// were passed over.
+// Apply writes with the first backend that works; Result.Note says why earlier ones did not.
 func (f *Fallback) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Result, error) {
 	var res iptables.Result
 	passed, err := f.first(func(a iptables.Applier) (err error) {
@@ -99,8 +92,7 @@ func (f *Fallback) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Re
 	return res, nil
 }
 
-// Show reads with the first backend that holds rules of ours, or else the first that can read:
-// the rules in place may be from a run that chose another backend.
+// Show reads with the first backend that holds rules of ours (any run's), else the first that can.
 func (f *Fallback) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.State, error) {
 	var first *iptables.State
 	var passed []string
@@ -147,8 +139,7 @@ func (f *Fallback) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	return es, err
 }
 
-// Cleanup removes our rules with the first backend that works; the Runner then removes those of
-// every backend it does not cover.
+// Cleanup removes our rules with the first backend that works (the Runner does the others).
 func (f *Fallback) Cleanup(ctx context.Context) error {
 	_, err := f.first(func(a iptables.Applier) error { return a.Cleanup(ctx) })
 	return err

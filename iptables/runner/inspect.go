@@ -10,13 +10,12 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-// Read reads what of ours the target namespace holds in every backend, and its policy routing,
-// under the namespace's shared lock: what show inspects when it is not told the configuration
-// (iptables.Inspect). It chooses no backend. A kernel without nf_tables holds nothing there, and
-// iptables-legacy's tables are read only where /proc lists one.
+// Read reads, under the shared lock and for iptables.Inspect, what of ours every backend holds
+// (iptables-legacy only where /proc lists a table) and the policy routing.
 func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
+	r = r.withDefaults()
 	var in iptables.InPlace
-	err := r.enter()(t, false, func() error {
+	err := r.Enter(t, false, func() error {
 		hs, err := nfnl.Read(ctx)
 		if err != nil && (iptables.IsCapabilityError(err) || !errors.Is(err, iptables.ErrUnsupported)) {
 			return err
@@ -33,7 +32,7 @@ func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 			}
 			in.Holdings = append(in.Holdings, h)
 		}
-		if in.Routes, err = r.routing().Read(); err != nil {
+		if in.Routes, err = r.Routing.Read(); err != nil {
 			return fmt.Errorf("read the policy routing: %w", err)
 		}
 		return nil

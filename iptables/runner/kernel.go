@@ -1,8 +1,7 @@
 package runner
 
-// What the Runner asks of the namespace and its kernel beside the rules: whether the kernel can
-// run iptables-legacy and TPROXY, when a write failed, and whether the namespace has IPv6, for
-// ipv6=auto.
+// What the Runner asks the kernel beside the rules: after a failed write, whether it can run
+// iptables-legacy and TPROXY; for ipv6=auto, whether the namespace has IPv6.
 
 import (
 	"context"
@@ -19,19 +18,8 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/xtables"
 )
 
-// ErrKernelLacks marks an apply refused because the kernel cannot run a feature or backend the
-// configuration asks for; nothing was written.
+// ErrKernelLacks marks an apply refused for a feature or backend the kernel lacks; none written.
 var ErrKernelLacks = errors.New("the kernel lacks support")
-
-// CheckKernel says whether the kernel cannot run rs in mode: iptables-legacy without the legacy
-// ip_tables (legacy mode, and plain where the host's iptables is legacy); TPROXY without
-// iptables' TPROXY target (legacy, nft and plain modes), without nftables' tproxy expression
-// (nftables mode), or without either (auto, which falls back from one to the other). The Runner
-// asks it after a write failed, which wrote nothing, to name what is missing; where the kernel
-// cannot be asked (no nf_tables netlink, no privilege), the write's own error stands.
-func CheckKernel(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error {
-	return CheckKernelWith(Probes{})(ctx, mode, rs)
-}
 
 // Probes are what CheckKernelWith asks the kernel; a nil one asks the real kernel.
 type Probes struct {
@@ -41,8 +29,10 @@ type Probes struct {
 	Legacy func(f iptables.Family) error
 }
 
-// CheckKernelWith is CheckKernel asking p what the kernel has, the Runner's Kernel: a test
-// stands a kernel that lacks something in for one that has it.
+// CheckKernelWith, the Runner's Kernel, says whether the kernel (as p finds it) cannot run rs in
+// mode: iptables-legacy without the legacy ip_tables; TPROXY without iptables' TPROXY target, or
+// nftables' tproxy expression (nftables mode), or either (auto). Where the kernel cannot be asked
+// (no nf_tables netlink, no privilege), it says nothing and the write's own error stands.
 func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ruleset) error {
 	if p.TPROXY == nil {
 		p.TPROXY = nfnl.ProbeTPROXY
@@ -70,8 +60,7 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 	}
 }
 
-// writesLegacy reports whether mode writes with iptables-legacy alone: auto reaches it only
-// after nf_tables refused, and says so in its own error.
+// writesLegacy reports whether mode writes with iptables-legacy alone (auto's errors say it).
 func writesLegacy(mode iptables.Mode) bool {
 	if mode == iptables.ModePlain {
 		f, err := xtables.DetectPlain()
@@ -80,9 +69,8 @@ func writesLegacy(mode iptables.Mode) bool {
 	return mode == iptables.ModeLegacy
 }
 
-// legacyVerdict is CheckKernel's answer for iptables-legacy's families: the mode stays what it
-// was asked to be (the rules are not moved to nf_tables behind the operator's back), and the
-// error says what the kernel lacks and which modes work without it.
+// legacyVerdict is CheckKernelWith's answer for iptables-legacy: the rules are not moved to
+// nf_tables behind the operator's back; the error says which modes work without it.
 func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(iptables.Family) error) error {
 	var why []string
 	for _, f := range families {
@@ -99,7 +87,7 @@ func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(
 		mode, ErrKernelLacks, strings.Join(why, "; "))
 }
 
-// tproxyVerdict is CheckKernel's answer for what the probe found.
+// tproxyVerdict is CheckKernelWith's answer for what the probe found.
 func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
 	const (
 		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY)"
@@ -127,9 +115,7 @@ func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
 		ErrKernelLacks, mode, strings.Join(missing, ", or "))
 }
 
-// NamespaceIPv6 says whether the calling thread's network namespace has IPv6 to write rules for:
-// IPv6 enabled, and an IPv6 address other than loopback and link-local on some interface. The
-// reason names what decided, for the log.
+// NamespaceIPv6 says whether the thread's namespace has IPv6 and a global address, and why.
 func NamespaceIPv6() (bool, string) {
 	v, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
 	switch {

@@ -1,22 +1,17 @@
 package runner
 
-// The namespace locks. Writing is read, then restore (per family), then maybe roll back: two runs
-// interleaving those steps duplicate jumps, mix families from different configs, or roll back over
-// each other's work. So every writer of a namespace holds its lock, exclusive to write and shared
-// to read. There are two locks, both flock(2):
+// The namespace locks. Writing is read, restore (per family), maybe roll back: two runs
+// interleaving those steps duplicate jumps, mix families of two configs, or roll back each other's
+// work. So every writer holds the namespace's lock, exclusive to write and shared to read. Both
+// locks are flock(2), and the host lock is taken first, so no two callers wait for each other:
 //
-//   - The in-pod lock (Lock) is on the namespace's own nsfs file. Every process that opens the
-//     namespace, from any container or mount namespace, locks the same inode, and there is no file
-//     to create or remove. But any process in the pod, however unprivileged, can open its
-//     /proc/self/ns/net and hold that lock forever. proxy-init in its pod takes it, because it has
-//     to meet another proxy-init of the same pod.
-//   - The host lock (HostLock) is on a file named after the namespace's nsfs device and inode, in
-//     a directory only root reaches (rootonly). The CNI plugin and the node agent take it, so no
-//     process in a pod can hold them up. proxy-init --netns on the node takes it too, when the
-//     directory is there, and then the in-pod lock.
-//
-// A caller taking both takes the host lock first, so nobody waits for the host lock while holding
-// the in-pod one, and no two callers can wait for each other.
+//   - The in-pod lock (Lock), on the namespace's own nsfs file: every process that opens the
+//     namespace, from any mount namespace, locks the same inode, and no file is made or removed.
+//     But any process in the pod can open /proc/self/ns/net and hold it forever. proxy-init in its
+//     pod takes it, to meet another proxy-init of the same pod.
+//   - The host lock (HostLock), on a file named after the nsfs device and inode in a root-only
+//     directory (rootonly). The CNI plugin and the node agent take it, so no pod can hold them up;
+//     proxy-init --netns on the node takes it too when the directory is there, then the in-pod one.
 
 import (
 	"cmp"
@@ -35,15 +30,12 @@ import (
 	"github.com/kubemesh/proxy-init/internal/rootonly"
 )
 
-// DefaultLockWait is how long a writer waits for the namespace's locks when its Target sets no
-// other bound (an audit sets a shorter one): long enough to outlast another writer's apply, short
-// enough that a lock held for good fails the pod's ADD, or proxy-init, visibly instead of hanging
-// it. It is this package's own bound, not the xtables lock's (xtables.WaitTimeout, which the
-// iptables binaries wait on inside it), although both are 10 s today.
+// DefaultLockWait bounds the wait for the namespace's locks when the Target sets no other: long
+// enough to outlast another writer's apply, short enough that a lock held for good fails the ADD,
+// or proxy-init, visibly. It is not the xtables lock's bound (xtables.WaitTimeout).
 const DefaultLockWait = 10 * time.Second
 
-// DefaultHostLockDir is the host locks' directory on a node: the CNI plugin and the node agent
-// keep them there (in linkerd-cni's state directory), and proxy-init --netns looks there.
+// DefaultHostLockDir is the host locks' directory on a node, in linkerd-cni's state directory.
 const DefaultHostLockDir = "/var/run/linkerd-cni/locks"
 
 // BusyError is a lock that someone else still held when the wait ran out.
@@ -57,15 +49,11 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting (lock: %s)", e.Wait, e.Lock)
 }
 
-// errStillHeld is flockUntil's deadline.
 var errStillHeld = errors.New("still held")
 
-// inPodLabel names the in-pod lock in messages.
 const inPodLabel = "the namespace's own file, which any process in the pod can hold too"
 
-// enterLocked runs fn inside the target's namespace holding the locks it asks for. Without /proc
-// (a chroot, a container started without it) the current namespace cannot be named, so there is
-// no in-pod lock to take: that is logged, and fn runs without it.
+// enterLocked runs fn inside the target's namespace holding the locks it asks for.
 func enterLocked(t Target, exclusive bool, fn func() error) error {
 	return netnsutil.Do(t.NetNS, func() error {
 		unlock, err := t.lock(exclusive)
@@ -78,42 +66,41 @@ func enterLocked(t Target, exclusive bool, fn func() error) error {
 }
 
 // lock takes the target's locks, the host one first, within one wait, and returns their release.
-func (t Target) lock(exclusive bool) (unlock func(), err error) {
+func (t Target) lock(exclusive bool) (func(), error) {
 	wait := cmp.Or(t.LockWait, DefaultLockWait)
 	deadline := time.Now().Add(wait)
-	unlock = func() {}
+	host := func() {}
 	if t.HostLockDir != "" {
 		l, err := HostLock(t.HostLockDir, t.NetNS, exclusive, wait)
 		if err != nil {
 			return nil, err
 		}
-		unlock = l.Release
+		host = l.Release
 		if t.RemoveHostLock && exclusive {
-			unlock = func() { _ = l.Remove() }
+			host = func() { _ = l.Remove() }
 		}
 		if !t.InPodLock {
-			return unlock, nil
+			return host, nil
 		}
 	}
 	inPod, err := Lock(t.NetNS, exclusive, time.Until(deadline))
 	if busy := (*BusyError)(nil); errors.As(err, &busy) {
 		busy.Wait = wait // both locks' wait
 	}
+	// Without /proc (a chroot, a container without it) the current namespace cannot be named.
 	if errors.Is(err, fs.ErrNotExist) && t.NetNS == "" {
 		t.log().Warn("no /proc: writing without the namespace lock, so a concurrent writer in this namespace is not waited for", "error", err)
 		inPod, err = func() {}, nil
 	}
 	if err != nil {
-		unlock()
+		host()
 		return nil, err
 	}
-	hostUnlock := unlock
-	return func() { inPod(); hostUnlock() }, nil
+	return func() { inPod(); host() }, nil
 }
 
-// Lock takes the in-pod lock of the network namespace at path, or of the calling thread's when
-// path is empty (callers enter it first), shared for reading or exclusive for writing, waiting at
-// most wait, and returns its release.
+// Lock takes the in-pod lock of the network namespace at path (the calling thread's for ""),
+// shared or exclusive, waiting at most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(wait)
 	if path == "" {
@@ -137,10 +124,8 @@ type HostLockFile struct {
 }
 
 // HostLock takes the host lock of the network namespace at netns (the calling thread's for "")
-// in dir, shared or exclusive, waiting at most wait. dir is made mode 0700 when missing, and
-// refused when anyone but this process's user (root on a node) may reach it. The lock file is
-// created when missing, and is taken again when it was removed while this call waited for it,
-// so a removal (Remove, SweepHostLocks) never lets two holders in.
+// in dir (made 0700, refused when others may reach it), shared or exclusive, waiting at most wait.
+// A lock file removed while this call waited is taken anew, so a removal never lets two holders in.
 func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockFile, error) {
 	if netns == "" {
 		netns = "/proc/thread-self/ns/net"
@@ -194,11 +179,9 @@ func hostLockName(dev, ino uint64) string {
 	return strconv.FormatUint(dev, 10) + "-" + strconv.FormatUint(ino, 10)
 }
 
-// SweepHostLocks removes from dir every lock file nobody holds, and returns how many. A lock file
-// holds no state, so one nobody holds can always go, whether its namespace still exists or not:
-// the next writer makes it again (HostLock), so nothing needs to tell the two apart. This is
-// how the lock files of namespaces gone without a DEL (a runtime that lost it, a plugin killed
-// first) are cleaned up. A missing dir holds nothing.
+// SweepHostLocks removes from dir every lock file nobody holds, and returns how many: a lock file
+// holds no state, and the next writer makes it again, so the files of namespaces gone without a
+// DEL (a runtime that lost it, a plugin killed first) go too. A missing dir holds nothing.
 func SweepHostLocks(dir string) (int, error) {
 	if err := rootonly.Check(dir); errors.Is(err, fs.ErrNotExist) {
 		return 0, nil
@@ -236,8 +219,7 @@ func SweepHostLocks(dir string) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// openLockFile opens (creating it when missing) the host lock file at path, not close-on-exec
-// (flockUntil says why), and refuses anything but a regular file of this process's user.
+// openLockFile opens or creates the host lock file at path, refusing all but our regular files.
 func openLockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -270,11 +252,9 @@ func stillAt(f *os.File, path string) (bool, error) {
 	return held.Dev == now.Dev && held.Ino == now.Ino, nil
 }
 
-// flockUntil takes flock on f, polling until deadline. The descriptor is made inheritable: an
-// iptables-restore started under the lock inherits it, and with it the lock, so a writer killed
-// while its restore runs keeps the namespace locked until that restore finishes, instead of
-// letting the next writer read a state it is about to change. A lock still held at the deadline
-// is errStillHeld.
+// flockUntil takes flock on f, polling until deadline (then errStillHeld). The descriptor is made
+// inheritable: an iptables-restore started under the lock keeps it, so a writer killed while its
+// restore runs keeps the namespace locked until that restore finishes.
 func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
 		return err

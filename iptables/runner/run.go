@@ -1,11 +1,9 @@
 package runner
 
-// The one path from a ruleset to a namespace: enter it, take its lock, choose the backend and
-// log why, write or read or remove, keep the other backends free of our rules, and set or check
-// the conntrack close-wait timeout. proxy-init (apply, cleanup, show) and the CNI plugin (ADD,
-// CHECK, DEL) all go through Runner, so they cannot differ in any of these steps.
+// proxy-init and the CNI plugin both go through Runner, so they cannot differ in any step.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,24 +25,18 @@ import (
 // Target is one namespace to work in, and how.
 type Target struct {
 	Options
-	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); empty means the
-	// namespace the process is in.
+	// NetNS is the namespace's path (/proc/PID/ns/net, /run/netns/NAME); "" is the process's.
 	NetNS string
-	// Log receives the backend choice and its reason, at ChoiceLevel (Info unless set); nil
-	// discards it.
+	// Log receives the backend choice and why, at ChoiceLevel (Info unless set); nil discards it.
 	Log         *slog.Logger
 	ChoiceLevel slog.Level
-	// HostLockDir, when set, is where the namespace's host lock lives: a file named after the
-	// namespace's nsfs device and inode in this directory, which must be the caller's alone
-	// (lock.go). No process in the pod can reach it. Empty means the in-pod lock alone.
+	// HostLockDir, when set, holds the namespace's host lock (lock.go); empty means the in-pod
+	// lock alone. InPodLock then also takes the in-pod lock, after the host one.
 	HostLockDir string
-	// InPodLock, with HostLockDir set, also takes the in-pod lock (flock on the namespace's own
-	// nsfs file), after the host one; without HostLockDir the in-pod lock is always taken.
-	InPodLock bool
+	InPodLock   bool
 	// LockWait bounds the wait for the locks; 0 means DefaultLockWait.
 	LockWait time.Duration
-	// RemoveHostLock makes a Cleanup remove the host lock's file before releasing it: the
-	// namespace is going (the plugin's DEL).
+	// RemoveHostLock makes a Cleanup remove the host lock's file: the namespace is going (DEL).
 	RemoveHostLock bool
 }
 
@@ -55,9 +47,6 @@ func (t Target) log() *slog.Logger {
 	return t.Log
 }
 
-// NetNSLabel names the target namespace in messages.
-func (t Target) NetNSLabel() string { return netnsutil.Label(t.NetNS) }
-
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
 	Backend string
@@ -65,40 +54,32 @@ type Outcome struct {
 	Changed bool
 }
 
-// Runner runs the path. The zero Runner is the real one; tests replace its seams to run the same
-// path against a fake applier without root.
+// Runner runs the path. The zero Runner is the real one; tests replace its seams (nil means the
+// real one) to run the same path against a fake applier without root.
 type Runner struct {
-	// Choose picks the applier for the options and says why; nil means New.
+	// Choose picks the applier for the options and says why (New).
 	Choose func(Options) (iptables.Applier, string, error)
-	// Others returns what looks for and removes rules of ours in every backend but the covered
-	// ones (those the chosen applier works on); nil means the real ones.
+	// Others looks for and removes rules of ours in every backend but the covered ones.
 	Others func(covered []iptables.Backend) []iptables.Applier
-	// Enter runs fn inside the target's namespace holding the locks the target asks for, shared
-	// or exclusive, and logs to its logger what it must; nil means the real one (netnsutil.Do,
-	// then the locks of lock.go).
+	// Enter runs fn inside the target's namespace holding the locks it asks for (enterLocked).
 	Enter func(t Target, exclusive bool, fn func() error) error
 	// CloseWaitFile, when set, is where the close-wait timeout is written and read (tests); empty
-	// means over netlink (iptables/conntrack), or iptables.CloseWaitSysctl where the kernel
-	// refuses that.
+	// means over netlink, or iptables.CloseWaitSysctl where the kernel refuses that.
 	CloseWaitFile string
-	// Kernel says, in the namespace and after an apply failed, whether the kernel lacks what rs
-	// needs in mode (TPROXY); nil means asking the kernel (kernel.go).
+	// Kernel says, after an apply failed, whether the kernel lacks what rs needs in mode.
 	Kernel func(ctx context.Context, mode iptables.Mode, rs *iptables.Ruleset) error
-	// Routing writes, reads back and removes the policy routing TPROXY needs; nil means the
-	// namespace's own (iptables/routing).
+	// Routing writes, reads back and removes the policy routing TPROXY needs (routing.Netlink).
 	Routing Routing
-	// IPv6 says whether the namespace has IPv6 to write rules for, under ipv6=auto, and why;
-	// nil means looking at the namespace (kernel.go).
+	// IPv6 says whether the namespace has IPv6 to write rules for (ipv6=auto), and why.
 	IPv6 func() (bool, string)
 }
 
-// Routing is the policy routing of the namespace the Runner is in (routing.Netlink).
+// Routing is the policy routing of the namespace the Runner is in: Read renders ours in place as
+// iptables.PolicyRoute.Lines does, Ensure adds what of want is missing and returns what undoes
+// exactly that, Prune removes ours that want does not hold.
 type Routing interface {
-	// Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it.
 	Read() ([]string, error)
-	// Ensure adds what of want is missing and returns what undoes exactly that.
 	Ensure(want []iptables.PolicyRoute) (undo func() error, err error)
-	// Prune removes the policy routing of ours that want does not hold.
 	Prune(want []iptables.PolicyRoute) error
 }
 
@@ -106,11 +87,11 @@ type Routing interface {
 // the new ones are in place, so redirection never stops), and sets the close-wait timeout when
 // rs has one (after the rules: the nat rules load conntrack, which creates the sysctl).
 func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outcome, error) {
+	r = r.withDefaults()
 	var out Outcome
 	err := r.in(t, true, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
-		// The policy routing goes in first, so that the first packet TPROXY marks has its
-		// route; it is taken out again if the rules fail.
-		undo, err := r.routing().Ensure(rs.PolicyRoutes())
+		// Policy routing first, so the first packet TPROXY marks has its route.
+		undo, err := r.Routing.Ensure(rs.PolicyRoutes())
 		if err != nil {
 			return fmt.Errorf("add the policy routing TPROXY needs (nothing else was written): %w", err)
 		}
@@ -120,10 +101,9 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 			if uerr := undo(); uerr != nil {
 				return errors.Join(err, fmt.Errorf("and removing the policy routing added for them failed: %w", uerr))
 			}
-			// Every backend's write is all or nothing, so a kernel without TPROXY refuses the
-			// rules whole; only then is it asked what it lacks, for an error that names it
-			// (asking costs the kernel an aborted transaction, several ms, on every apply).
-			if kerr := r.kernel()(ctx, t.Mode, rs); kerr != nil {
+			// A write is all or nothing; only a refused one asks the kernel what it lacks (asking
+			// costs an aborted transaction, several ms).
+			if kerr := r.Kernel(ctx, t.Mode, rs); kerr != nil {
 				return fmt.Errorf("%w (%v)", kerr, err)
 			}
 			return err
@@ -131,13 +111,13 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 		// After Apply: in the modes that decide by writing, it is the backend that wrote.
 		out.Backend, out.Changed = a.Name(), res.Changed
 		if res.Note != "" {
-			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", t.NetNSLabel())
+			t.log().Warn("backend fallback", "backend", a.Name(), "why", res.Note, "netns", netnsutil.Label(t.NetNS))
 		}
 		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
 		// After the rules: policy routing an earlier TPROXY configuration needed.
-		if err := r.routing().Prune(rs.PolicyRoutes()); err != nil {
+		if err := r.Routing.Prune(rs.PolicyRoutes()); err != nil {
 			return fmt.Errorf("remove the policy routing the rules no longer need: %w", err)
 		}
 		if rs.CloseWaitSecs > 0 {
@@ -151,18 +131,19 @@ func (r Runner) Apply(ctx context.Context, t Target, rs *iptables.Ruleset) (Outc
 // Show reads the rules in place and compares them with rs: the chosen backend's, any of ours
 // that other backends hold (which should be none), and the close-wait timeout when rs sets one.
 func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptables.State, error) {
+	r = r.withDefaults()
 	var st iptables.State
 	err := r.in(t, false, rs, func(a iptables.Applier, rs *iptables.Ruleset) error {
 		var err error
 		if st, err = a.Show(ctx, rs); err != nil {
 			return fmt.Errorf("read rules with %s: %w", a.Name(), err)
 		}
-		have, err := r.routing().Read()
+		have, err := r.Routing.Read()
 		if err != nil {
 			return fmt.Errorf("read the policy routing: %w", err)
 		}
 		st.Routes = iptables.CompareRoutes(rs.PolicyRoutes(), have)
-		for _, o := range r.others(a.Covers()) {
+		for _, o := range r.Others(a.Covers()) {
 			es, err := o.Present(ctx)
 			if notInKernel(t, o, err) {
 				continue
@@ -180,9 +161,9 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 	return st, err
 }
 
-// Cleanup removes every rule and chain of ours from every backend, whatever the mode, and
-// nothing else. It succeeds when there is nothing to remove.
+// Cleanup removes every rule and chain of ours from every backend, and nothing else.
 func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
+	r = r.withDefaults()
 	var out Outcome
 	err := r.in(t, true, nil, func(a iptables.Applier, _ *iptables.Ruleset) error {
 		if err := a.Cleanup(ctx); err != nil && !notInKernel(t, a, err) {
@@ -192,7 +173,7 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 		if err := r.removeOthers(ctx, t, a); err != nil {
 			return err
 		}
-		if err := r.routing().Prune(nil); err != nil {
+		if err := r.Routing.Prune(nil); err != nil {
 			return fmt.Errorf("remove the policy routing of ours: %w", err)
 		}
 		return nil
@@ -200,83 +181,68 @@ func (r Runner) Cleanup(ctx context.Context, t Target) (Outcome, error) {
 	return out, err
 }
 
-// in enters the target, takes its lock and chooses the backend (the native table in a network
-// namespace another user namespace owns, whatever the mode), logging the choice, and decides rs's
-// IPv6 where it is left to the namespace (ipv6=auto), logging why.
+// in enters the target, takes its lock, chooses the backend (the native table in a network
+// namespace another user namespace owns) and decides rs's IPv6 under ipv6=auto, logging both.
 func (r Runner) in(t Target, exclusive bool, rs *iptables.Ruleset, fn func(iptables.Applier, *iptables.Ruleset) error) error {
-	return r.enter()(t, exclusive, func() error {
-		choose := r.Choose
-		if choose == nil {
-			choose = New
-		}
+	return r.Enter(t, exclusive, func() error {
 		opts, log := t.Options, t.log()
-		userns := ownerUserNS("")
+		userns, _ := netnsutil.ForeignUserNS("")
 		if userns != "" {
 			opts.Mode, log = iptables.ModeNFTables, log.With("userns", userns)
 		}
-		a, reason, err := choose(opts)
+		a, reason, err := r.Choose(opts)
 		if err != nil {
 			return fmt.Errorf("choose a backend for iptables mode %q: %w", t.Mode, err)
 		}
 		if userns != "" {
 			reason = fmt.Sprintf(userNSReason, userns)
 		}
-		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", t.NetNSLabel())
+		log.Log(context.Background(), t.ChoiceLevel, "backend chosen", "backend", a.Name(), "reason", reason, "mode", string(t.Mode), "netns", netnsutil.Label(t.NetNS))
 		return fn(a, r.decideIPv6(t, rs))
 	})
 }
 
-// decideIPv6 returns rs with its IPv6 decided by the namespace the caller is in, when rs leaves
-// it to the namespace, and logs the decision.
+// decideIPv6 returns rs with its IPv6 decided by the caller's namespace under ipv6=auto, logged.
 func (r Runner) decideIPv6(t Target, rs *iptables.Ruleset) *iptables.Ruleset {
 	if rs == nil || !rs.IPv6Auto {
 		return rs
 	}
-	look := r.IPv6
-	if look == nil {
-		look = NamespaceIPv6
-	}
-	on, why := look()
+	on, why := r.IPv6()
 	msg := "ipv6=auto: writing IPv6 rules"
 	if !on {
 		msg = "ipv6=auto: writing no IPv6 rules"
 	}
-	t.log().Log(context.Background(), t.ChoiceLevel, msg, "reason", why, "netns", t.NetNSLabel())
+	t.log().Log(context.Background(), t.ChoiceLevel, msg, "reason", why, "netns", netnsutil.Label(t.NetNS))
 	return rs.ForIPv6(on)
 }
 
-func (r Runner) kernel() func(context.Context, iptables.Mode, *iptables.Ruleset) error {
-	if r.Kernel != nil {
-		return r.Kernel
+// withDefaults fills the seams left nil with the real ones.
+func (r Runner) withDefaults() Runner {
+	if r.Choose == nil {
+		r.Choose = New
 	}
-	return CheckKernel
+	if r.Others == nil {
+		r.Others = realOthers
+	}
+	if r.Enter == nil {
+		r.Enter = enterLocked
+	}
+	if r.Kernel == nil {
+		r.Kernel = CheckKernelWith(Probes{})
+	}
+	if r.Routing == nil {
+		r.Routing = routing.Netlink{}
+	}
+	if r.IPv6 == nil {
+		r.IPv6 = NamespaceIPv6
+	}
+	return r
 }
 
-func (r Runner) routing() Routing {
-	if r.Routing != nil {
-		return r.Routing
-	}
-	return routing.Netlink{}
-}
-
-func (r Runner) enter() func(Target, bool, func() error) error {
-	if r.Enter != nil {
-		return r.Enter
-	}
-	return enterLocked
-}
-
-func (r Runner) closeWaitFile() string {
-	if r.CloseWaitFile != "" {
-		return r.CloseWaitFile
-	}
-	return iptables.CloseWaitSysctl
-}
-
-// setCloseWait sets the namespace's conntrack close-wait timeout over netlink (CAP_NET_ADMIN is
-// enough: the sysctl file needs a writable /proc/sys, which a container rarely has), or, with
-// CloseWaitFile set or a kernel refusing netlink, through the sysctl file.
+// setCloseWait sets the conntrack close-wait timeout over netlink (CAP_NET_ADMIN is enough; the
+// sysctl file needs a writable /proc/sys, which a container rarely has), else the file.
 func (r Runner) setCloseWait(t Target, secs int64) error {
+	file := cmp.Or(r.CloseWaitFile, iptables.CloseWaitSysctl)
 	if r.CloseWaitFile == "" {
 		err := conntrack.SetCloseWait(uint32(secs))
 		switch {
@@ -286,27 +252,27 @@ func (r Runner) setCloseWait(t Target, secs int64) error {
 		case !errors.Is(err, conntrack.ErrUnsupported):
 			return err
 		}
-		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", r.closeWaitFile(), "error", err.Error())
+		t.log().Warn("conntrack timeouts over netlink refused; writing the sysctl file instead", "file", file, "error", err.Error())
 	}
 	v := strconv.FormatInt(secs, 10)
-	if err := os.WriteFile(r.closeWaitFile(), []byte(v), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(v), 0o644); err != nil {
 		return fmt.Errorf("set the conntrack close-wait timeout to %s s: %w", v, err)
 	}
-	t.log().Debug("conntrack close-wait timeout set", "file", r.closeWaitFile(), "seconds", secs)
+	t.log().Debug("conntrack close-wait timeout set", "file", file, "seconds", secs)
 	return nil
 }
 
-// readCloseWait reads the namespace's close-wait timeout back the way setCloseWait writes it. The
-// setting is named by its sysctl, whose value netlink reads too.
+// readCloseWait reads the close-wait timeout back as setCloseWait writes it, named by its sysctl.
 func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
-	s := iptables.SysctlState{File: r.closeWaitFile(), Want: strconv.FormatInt(want, 10)}
+	s := iptables.SysctlState{File: cmp.Or(r.CloseWaitFile, iptables.CloseWaitSysctl),
+		Want: strconv.FormatInt(want, 10)}
 	if r.CloseWaitFile == "" {
 		v, err := conntrack.CloseWait()
-		if err == nil {
+		switch {
+		case err == nil:
 			s.Have = strconv.FormatUint(uint64(v), 10)
 			return s
-		}
-		if !errors.Is(err, conntrack.ErrUnsupported) {
+		case !errors.Is(err, conntrack.ErrUnsupported):
 			s.Have = "unreadable: " + err.Error()
 			return s
 		}
@@ -320,20 +286,10 @@ func (r Runner) readCloseWait(t Target, want int64) iptables.SysctlState {
 	return s
 }
 
-// others are what looks at the backends not covered.
-func (r Runner) others(covered []iptables.Backend) []iptables.Applier {
-	if r.Others != nil {
-		return r.Others(covered)
-	}
-	return realOthers(covered)
-}
-
-// removeOthers removes our rules from every backend the chosen applier does not cover. Each
-// first checks, without exec, whether there is anything to remove, so this costs no process in
-// the common case.
+// removeOthers removes our rules from the backends chosen does not cover (checked without exec).
 func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Applier) error {
 	var errs []error
-	for _, o := range r.others(chosen.Covers()) {
+	for _, o := range r.Others(chosen.Covers()) {
 		if err := o.Cleanup(ctx); err != nil && !notInKernel(t, o, err) {
 			errs = append(errs, fmt.Errorf("remove rules of ours left in %s by an earlier run: %w", o.Name(), err))
 		}
@@ -341,23 +297,20 @@ func (r Runner) removeOthers(ctx context.Context, t Target, chosen iptables.Appl
 	return errors.Join(errs...)
 }
 
-// notInKernel reports whether err says the kernel offers no interface for backend a, where
-// nothing of ours can be, and says so at debug level: the iptables-legacy fallback under qemu-user
-// or on a kernel without nf_tables then neither fails on nor hides behind the netlink backends.
+// notInKernel reports, and logs at debug level, whether err says the kernel has no interface for
+// backend a, which then holds nothing of ours (qemu-user, a kernel without nf_tables).
 func notInKernel(t Target, a iptables.Applier, err error) bool {
 	if !errors.Is(err, iptables.ErrNotInKernel) {
 		return false
 	}
 	t.log().Debug("backend skipped: the kernel offers no interface for it, so it holds nothing of ours",
-		"backend", a.Name(), "why", err.Error(), "netns", t.NetNSLabel())
+		"backend", a.Name(), "why", err.Error(), "netns", netnsutil.Label(t.NetNS))
 	return true
 }
 
-// realOthers looks at the backends not covered: iptables-nft's rules and the native table
-// through one nf_tables applier covering those of the two not covered (one read and one batch
-// for both), and iptables-legacy's rules, which /proc shows without exec (in a fresh namespace
-// the legacy binaries are not even looked up, and without them no earlier run could have
-// written legacy rules).
+// realOthers looks at the backends not covered: those of iptables-nft's rules and the native table
+// through one nf_tables applier (one read and one batch), and iptables-legacy's only where /proc
+// lists a legacy table (no exec in a fresh namespace; without the binaries none was written).
 func realOthers(covered []iptables.Backend) []iptables.Applier {
 	var out []iptables.Applier
 	var netlink []iptables.Backend

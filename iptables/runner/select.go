@@ -1,22 +1,15 @@
-// Package runner holds the Runner, the one path from a ruleset to a namespace (enter, lock,
-// choose the backend and log why, write or read or remove, clear the other backends, set or check
-// the close-wait sysctl), and the choice of the applier for a mode, including "auto", so one
-// backend's rules redirect at a time. It decides nothing about which rules exist; that is the
-// builder's job. The Applier interface itself is declared in package iptables.
+// Package runner holds the Runner, the one path from a ruleset to a namespace (enter, lock, choose
+// the backend, write or read or remove, clear the other backends, set the close-wait sysctl), and
+// the choice of the applier for a mode. Which rules exist is package iptables' business.
 //
 // # Tests
 //
-// As root: real TCP through every backend (TestRealTraffic), a backend switch leaves one
-// (TestBackendSwitchLeavesOne), cleanup removes every backend, show reports other backends,
-// concurrent applies end with one config, /0 subnets are idempotent, half-applied is named and
-// completed; the close-wait timeout set over netlink and read back
-// (TestRunnerSetsCloseWaitOverNetlink); nft and auto run the traffic suite with an empty PATH; the
-// real fallbacks (auto to nftables, nft to the binaries) where the kernel refuses; a pod with its
-// own user namespace gets the native table in every mode, logged once per operation, with real TCP
-// and the proxy's UID inside the pod exempt (TestUserNamespacePod), and iptables rules of ours
-// written from inside that user namespace are replaced or cleaned up from outside
-// (TestUserNamespacePodRulesFromInside). Without root: the fallback order over fake appliers
-// (fallback_test.go).
+// As root: real TCP through every backend, a backend switch leaves one, cleanup removes every
+// backend, show reports other backends, concurrent applies end with one config, /0 subnets are
+// idempotent, half-applied is named and completed; close-wait over netlink; nft and auto with an
+// empty PATH; the real fallbacks; a pod with its own user namespace gets the native table, with
+// real TCP and the proxy's UID exempt, and rules written from inside it are replaced or cleaned up
+// from outside. Without root: the fallback order over fake appliers.
 package runner
 
 import (
@@ -37,17 +30,13 @@ type Options struct {
 	Wait bool
 }
 
-// The two netlink writers: each covers both representations, so its one batch also clears the
-// other of ours.
+// The two netlink writers: each covers both representations, so its batch clears the other.
 var (
 	netlinkXT     = try{"iptables-nft over netlink", func() (iptables.Applier, error) { return nfnl.New(iptables.BackendNFT, iptables.BackendNFTables), nil }}
 	netlinkNative = try{"native nftables", func() (iptables.Applier, error) { return nfnl.New(iptables.BackendNFTables, iptables.BackendNFT), nil }}
 )
 
-// New returns the applier for opts.Mode and a human-readable reason for the choice, which callers
-// log: in auto mode it is the only record of why a node got the backend it got. The modes nft
-// and auto decide by writing (see Fallback); their Result.Note says which backend wrote when the
-// first could not.
+// New returns the applier for opts.Mode and why, for the log; nft and auto decide by writing.
 func New(opts Options) (iptables.Applier, string, error) {
 	xo := xtables.Options{Wait: opts.Wait}
 	binaries := func(m iptables.Mode) func() (iptables.Applier, error) {
@@ -61,19 +50,15 @@ func New(opts Options) (iptables.Applier, string, error) {
 	}
 	switch opts.Mode {
 	case iptables.ModePlain:
-		// Plain iptables that drives nf_tables writes iptables-nft's rules, which the netlink
-		// writer writes too, in one transaction for both families and without exec.
+		// Plain iptables on nf_tables writes iptables-nft's rules, as the netlink writer does.
 		if f, err := xtables.DetectPlain(); err == nil && f == iptables.BackendNFT {
 			return &Fallback{tries: []try{netlinkXT, {"the iptables binaries", binaries(iptables.ModePlain)}}},
 				"--iptables-mode=plain, and the iptables binaries drive nf_tables: their rules written over netlink, or by the binaries where the kernel refuses that", nil
 		}
 		fallthrough
 	case iptables.ModeLegacy:
-		a, err := xtables.New(opts.Mode, xo)
-		if err != nil {
-			return nil, "", err
-		}
-		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), nil
+		a, err := binaries(opts.Mode)()
+		return a, fmt.Sprintf("--iptables-mode=%s asks for it", opts.Mode), err
 	case iptables.ModeNFT:
 		return &Fallback{tries: []try{netlinkXT, {"the iptables-nft binaries", binaries(iptables.ModeNFT)}}},
 			"--iptables-mode=nft asks for iptables-nft's rules: written over netlink, or by the iptables-nft binaries where the kernel refuses that", nil
@@ -87,37 +72,23 @@ func New(opts Options) (iptables.Applier, string, error) {
 	return nil, "", fmt.Errorf("iptables mode %q has no backend", opts.Mode)
 }
 
-// userNSReason is the backend choice's reason in a network namespace another user namespace
-// owns (%s): a pod with hostUsers: false, seen from the host. The kernel checks an xtables owner
-// match (iptables --uid-owner, --gid-owner: the proxy's exemption, over nft_compat or
-// iptables-legacy) against the writer's user namespace and refuses it with EINVAL unless that is
-// the network namespace's owner, and a Go process cannot join another user namespace (setns(2)
-// refuses CLONE_NEWUSER to a threaded process). Native nftables' meta skuid has no such check and
-// maps the UID in the namespace's owner, so it is written in every mode there; proxy-init in the
-// pod's own init container runs inside that user namespace, finds no foreign owner, and keeps its
-// mode.
+// userNSReason is the backend choice's reason in a network namespace another user namespace owns
+// (%s; a pod with hostUsers: false, seen from the host). The kernel refuses an xtables owner match
+// (the proxy's exemption) with EINVAL unless the writer is in the namespace's owner, and a Go
+// process cannot join another user namespace (setns(2) refuses CLONE_NEWUSER to a threaded
+// process). Native nftables' meta skuid has no such check, so it is written in every mode there.
+// Where the owner cannot be told (no /proc), the mode's own backend writes.
 const userNSReason = "network namespace owned by user namespace %s (a pod with hostUsers: false): iptables' owner match is refused there from outside it; writing the native nftables table instead"
 
-// ownerUserNS names the user namespace that owns the network namespace at path (the calling
-// thread's for "") when it is not ours, and is "" otherwise. Where that cannot be told (no /proc)
-// it is "", and the mode's own backend writes: in a pod's user namespace the kernel then refuses
-// its owner match with EINVAL.
-func ownerUserNS(path string) string {
-	userns, _ := netnsutil.ForeignUserNS(path)
-	return userns
-}
-
-// Simulate renders what Apply (rs non-nil) or Cleanup (rs nil) would do in the target namespace
-// in its mode, and changes nothing. The netlink writers show the batch they would send, one
-// message a line, planned from the state in place, read under the namespace's shared lock; where
-// the namespace cannot be entered or its state read (without privileges, say), the batch for a
-// namespace holding nothing, which says why. The iptables binaries show their restore payloads
-// for a namespace holding none of our rules. Auto shows each of its choices, in order. In a
-// network namespace another user namespace owns, every mode shows the native table, as Apply
-// writes it there.
+// Simulate renders what Apply (rs non-nil) or Cleanup (rs nil) would do in the target namespace,
+// and changes nothing. The netlink writers show the batch they would send, planned from the state
+// read under the shared lock, or, where it cannot be read, for a namespace holding nothing, saying
+// why. The iptables binaries show their restore payloads for a namespace holding none of ours.
+// Auto shows each of its choices; a foreign user namespace's network namespace, the native table.
 func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) string {
+	r = r.withDefaults()
 	var pre string
-	if userns := ownerUserNS(t.NetNS); userns != "" {
+	if userns, _ := netnsutil.ForeignUserNS(t.NetNS); userns != "" {
 		t.Mode, pre = iptables.ModeNFTables, "# "+fmt.Sprintf(userNSReason, userns)+"\n"
 	}
 	binaries := t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain
@@ -125,7 +96,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 		return simulation(t.Mode, rs, nil)
 	}
 	var out string
-	err := r.enter()(t, false, func() error {
+	err := r.Enter(t, false, func() error {
 		rs := r.decideIPv6(t, rs)
 		if binaries {
 			out = simulation(t.Mode, rs, nil)
@@ -144,8 +115,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 	return pre + out
 }
 
-// simulation renders Simulate's text for mode; plan renders the batch of the netlink writer
-// covering backends.
+// simulation renders Simulate's text; plan renders the batch of the writer covering backends.
 func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...iptables.Backend) string) string {
 	var b strings.Builder
 	netlink := func(title string, bs ...iptables.Backend) {
