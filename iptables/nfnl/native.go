@@ -243,123 +243,254 @@ func decrement(k []byte) []byte {
 	return out
 }
 
-// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs. Each
-// match and the verdict count only if nativeExprs writes exactly the expressions read for them;
-// anything else reads back as an NFTMatchUnknown, so it shows in a diff.
+// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
 func nativeRule(r rule) iptables.NFTRule {
-	out := iptables.NFTRule{Comment: r.comment}
-	unknown := func(what string) {
-		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: what})
-	}
+	d := &nativeReader{ex: r.exprs, out: iptables.NFTRule{Comment: r.comment}}
 	if r.foreign != "" {
-		unknown("expression " + r.foreign)
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
 	}
-	for ex := r.exprs; len(ex) > 0; {
-		if v, ok := nativeVerdict(ex); ok { // a verdict is the rule's last statement
-			v.Comment, v.Matches = out.Comment, out.Matches
-			return v
-		}
-		if m, n := nativeMatch(ex); n > 0 {
-			out.Matches, ex = append(out.Matches, m), ex[n:]
+	ex := r.exprs
+	for i := 0; i < len(ex); i++ {
+		// meta load + cmp eq: the start of most matches.
+		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
+			i = d.readMeta(m, i)
 			continue
 		}
-		unknown(fmt.Sprintf("%T%+v", ex[0], ex[0]))
-		ex = ex[1:]
+		if d.readCTState(i) {
+			i += 2
+			continue
+		}
+		if d.readVerdict(ex[i:]) {
+			break // a verdict is the rule's last statement
+		}
+		d.unknown(ex[i])
 	}
-	unknown("no verdict of ours")
-	return out
+	if !d.verdict {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
+	}
+	return d.out
 }
 
-// nativeMatch reads the match of ours that starts ex, and how many expressions it takes (0 for
-// none): it tries every kind, with the parameters found where that kind's encoding holds them,
-// the longest encodings (those with a protocol dependency) first.
-func nativeMatch(ex []expr.Any) (iptables.NFTMatch, int) {
-	d1, _ := cmpData(ex, 1)
-	d3, _ := cmpData(ex, 3)
-	var fam iptables.Family
-	if len(d1) == 1 {
-		fam = familyOf(d1[0])
+// nativeReader holds a rule being read back: its expressions and the model built so far.
+type nativeReader struct {
+	ex      []expr.Any
+	out     iptables.NFTRule
+	verdict bool // the rule ends in a verdict of ours
+}
+
+func (d *nativeReader) match(m iptables.NFTMatch) { d.out.Matches = append(d.out.Matches, m) }
+
+// unknown records an expression the model does not hold, so it shows in a diff.
+func (d *nativeReader) unknown(e expr.Any) {
+	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
+}
+
+// readMeta reads the meta load m at ex[i] and the comparison after it, and what follows them
+// when the pair is a protocol dependency; it returns the index of the last expression it read.
+func (d *nativeReader) readMeta(m *expr.Meta, i int) int {
+	c, ok := d.ex[i+1].(*expr.Cmp)
+	if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
+		d.unknown(m)
+		return i
 	}
-	var set string
-	var setID uint32
-	if l, ok := next[*expr.Lookup](ex, 3); ok {
-		set, setID = l.SetName, l.SetID
+	i++
+	l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
+	switch {
+	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
+		return d.readNFProto(c, i)
+	case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
+		return d.readL4Proto(m, c, i)
+	case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+	case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+	case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+	case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+	default:
+		d.unknown(m)
+		d.unknown(c)
 	}
-	var mask []byte
-	if b, ok := next[*expr.Bitwise](ex, 1); ok {
-		mask = b.Mask
+	return i
+}
+
+// readNFProto reads a family comparison c at ex[i]: alone, a family match; followed by an
+// address lookup, the dependency nft adds for it.
+func (d *nativeReader) readNFProto(c *expr.Cmp, i int) int {
+	fam := familyOf(c.Data[0])
+	if fam == "" {
+		d.unknown(c)
+		return i
 	}
-	ids := map[string]uint32{set: setID}
-	port := uint32(uint16At(d3, binary.BigEndian))
-	name := string(bytes.TrimRight(d1, "\x00"))
-	for _, m := range []iptables.NFTMatch{
-		{Kind: iptables.NFTMatchDPortSet, Set: set},
-		{Kind: iptables.NFTMatchSAddrSet, Family: fam, Set: set},
-		{Kind: iptables.NFTMatchDAddrSet, Family: fam, Set: set},
-		{Kind: iptables.NFTMatchTCPDPort, ID: port},
-		{Kind: iptables.NFTMatchUDPDPort, ID: port},
-		{Kind: iptables.NFTMatchUDPSPort, ID: port},
-		{Kind: iptables.NFTMatchCTState, ID: uint32At(mask)},
-		{Kind: iptables.NFTMatchNFProto, Family: fam},
-		{Kind: iptables.NFTMatchTCP},
-		{Kind: iptables.NFTMatchSkUID, ID: uint32At(d1)},
-		{Kind: iptables.NFTMatchSkGID, ID: uint32At(d1)},
-		{Kind: iptables.NFTMatchOIFName, Name: name},
-		{Kind: iptables.NFTMatchIIFName, Name: name},
-	} {
-		want, err := appendNativeMatch(nil, m, ids)
-		if err == nil && len(want) <= len(ex) && sameExprs(famInet, want, ex[:len(want)]) {
-			return m, len(want)
+	if kind, set, ok := addrLookup(d.ex, i+1, fam); ok {
+		d.match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
+		return i + 2
+	}
+	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
+	return i
+}
+
+// readL4Proto reads a tcp or udp comparison c at ex[i]: alone, "meta l4proto tcp"; followed by a
+// port's load and its lookup or comparison, the dependency nft adds for the port match.
+func (d *nativeReader) readL4Proto(m *expr.Meta, c *expr.Cmp, i int) int {
+	tcp := c.Data[0] == unix.IPPROTO_TCP
+	if pm, ok := portMatch(d.ex, i+1, tcp); ok {
+		d.match(pm)
+		return i + 2
+	}
+	if tcp {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
+	} else {
+		d.unknown(m)
+		d.unknown(c)
+	}
+	return i
+}
+
+// portMatch matches a transport port's load at ex[i] and the set lookup or comparison after it,
+// under a tcp (or else udp) dependency: the port matches nativeExprs writes.
+func portMatch(ex []expr.Any, i int, tcp bool) (iptables.NFTMatch, bool) {
+	p, ok := next[*expr.Payload](ex, i)
+	if !ok || p.Base != expr.PayloadBaseTransportHeader || p.Len != 2 || (p.Offset != 2 && p.Offset != 0) {
+		return iptables.NFTMatch{}, false
+	}
+	if l, ok := next[*expr.Lookup](ex, i+1); ok && tcp && p.Offset == 2 && !l.Invert && l.SourceRegister == p.DestRegister {
+		return iptables.NFTMatch{Kind: iptables.NFTMatchDPortSet, Set: l.SetName}, true
+	}
+	pc, ok := next[*expr.Cmp](ex, i+1)
+	if !ok || pc.Op != expr.CmpOpEq || pc.Register != p.DestRegister || len(pc.Data) != 2 {
+		return iptables.NFTMatch{}, false
+	}
+	kind := iptables.NFTMatchUDPDPort
+	switch {
+	case tcp && p.Offset == 2:
+		kind = iptables.NFTMatchTCPDPort
+	case !tcp && p.Offset == 0:
+		kind = iptables.NFTMatchUDPSPort
+	case tcp:
+		return iptables.NFTMatch{}, false
+	}
+	return iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))}, true
+}
+
+// readCTState reads a ct state match at ex[i:]: ct load state, bitwise mask, cmp neq 0.
+func (d *nativeReader) readCTState(i int) bool {
+	ex := d.ex
+	ct, ok := ex[i].(*expr.Ct)
+	if !ok || ct.SourceRegister || ct.Key != expr.CtKeySTATE || i+2 >= len(ex) {
+		return false
+	}
+	bw, ok1 := ex[i+1].(*expr.Bitwise)
+	c, ok2 := ex[i+2].(*expr.Cmp)
+	if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
+		bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
+		return true
+	}
+	return false
+}
+
+// readVerdict reads tail, the rule's last expressions, as one of our verdicts: return or drop;
+// an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate port,
+// tproxy, an immediate mark, meta mark set, accept.
+func (d *nativeReader) readVerdict(tail []expr.Any) bool {
+	var ok bool
+	switch len(tail) {
+	case 1:
+		ok = d.readReturnOrDrop(tail[0])
+	case 2:
+		ok = d.readRedirectOrZone(tail[0], tail[1])
+	case 5:
+		ok = d.readTPROXY(tail)
+	}
+	d.verdict = d.verdict || ok
+	return ok
+}
+
+func (d *nativeReader) readReturnOrDrop(e expr.Any) bool {
+	v, ok := e.(*expr.Verdict)
+	switch {
+	case ok && v.Kind == expr.VerdictReturn:
+		return true
+	case ok && v.Kind == expr.VerdictDrop:
+		d.out.Verdict = iptables.NFTDrop
+		return true
+	}
+	return false
+}
+
+func (d *nativeReader) readRedirectOrZone(first, second expr.Any) bool {
+	im, ok := first.(*expr.Immediate)
+	if !ok || len(im.Data) != 2 {
+		return false
+	}
+	if rd, ok := second.(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
+		(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
+		d.out.Verdict, d.out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+		return true
+	}
+	if ct, ok := second.(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
+		d.out.Verdict, d.out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+		return true
+	}
+	return false
+}
+
+func (d *nativeReader) readTPROXY(tail []expr.Any) bool {
+	im, ok0 := tail[0].(*expr.Immediate)
+	tp, ok1 := tail[1].(*expr.TProxy)
+	mk, ok2 := tail[2].(*expr.Immediate)
+	ms, ok3 := tail[3].(*expr.Meta)
+	ac, ok4 := tail[4].(*expr.Verdict)
+	if !ok0 || !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
+		!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
+		(tp.Family != unix.NFPROTO_UNSPEC && familyOf(tp.Family) == "") {
+		return false
+	}
+	d.out.Verdict, d.out.RedirectPort, d.out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
+	d.out.TPROXYFamily = familyOf(tp.Family)
+	return true
+}
+
+// addrLookup matches an address load and a lookup of it, at ex[i:], for family fam.
+func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKind, string, bool) {
+	if i+1 >= len(ex) {
+		return 0, "", false
+	}
+	p, ok := ex[i].(*expr.Payload)
+	if !ok || p.Base != expr.PayloadBaseNetworkHeader {
+		return 0, "", false
+	}
+	l, ok := ex[i+1].(*expr.Lookup)
+	if !ok || l.Invert || l.SourceRegister != p.DestRegister {
+		return 0, "", false
+	}
+	for _, src := range []bool{true, false} {
+		if off, ln := addrOffset(fam, src); p.Offset == off && p.Len == ln {
+			if src {
+				return iptables.NFTMatchSAddrSet, l.SetName, true
+			}
+			return iptables.NFTMatchDAddrSet, l.SetName, true
 		}
 	}
-	return iptables.NFTMatch{}, 0
+	return 0, "", false
 }
 
-// nativeVerdict reads ex, the rule's last expressions, as one of our verdicts, with the port,
-// zone, mark and family found where their encodings hold them.
-func nativeVerdict(ex []expr.Any) (iptables.NFTRule, bool) {
-	var port, zone uint16
-	if im, ok := next[*expr.Immediate](ex, 0); ok {
-		port, zone = uint16At(im.Data, binary.BigEndian), uint16At(im.Data, binary.NativeEndian)
+func familyOf(b byte) iptables.Family {
+	switch b {
+	case famIP:
+		return iptables.IPv4
+	case famIP6:
+		return iptables.IPv6
 	}
-	var mark uint32
-	if im, ok := next[*expr.Immediate](ex, 2); ok {
-		mark = uint32At(im.Data)
-	}
-	var fam iptables.Family
-	if tp, ok := next[*expr.TProxy](ex, 1); ok {
-		fam = familyOf(tp.Family)
-	}
-	for _, v := range []iptables.NFTRule{
-		{Verdict: iptables.NFTReturn},
-		{Verdict: iptables.NFTDrop},
-		{Verdict: iptables.NFTRedirect, RedirectPort: port},
-		{Verdict: iptables.NFTZone, Zone: zone},
-		{Verdict: iptables.NFTTPROXY, RedirectPort: port, Mark: mark, TPROXYFamily: fam},
-	} {
-		if want, err := appendNativeVerdict(nil, v); err == nil && sameExprs(famInet, want, ex) {
-			return v, true
-		}
-	}
-	return iptables.NFTRule{}, false
+	return ""
 }
 
-// uint16At and uint32At read an integer of exactly that size, and 0 from anything else.
+// uint16At reads an integer of exactly that size, and 0 from anything else.
 func uint16At(b []byte, order binary.ByteOrder) uint16 {
 	if len(b) != 2 {
 		return 0
 	}
 	return order.Uint16(b)
-}
-
-func uint32At(b []byte) uint32 {
-	if len(b) != 4 {
-		return 0
-	}
-	return binary.NativeEndian.Uint32(b)
-}
-
-// familyOf is the iptables family of an nf_tables family number, or "" for another.
-func familyOf(b byte) iptables.Family {
-	return map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}[b]
 }
