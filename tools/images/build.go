@@ -79,23 +79,6 @@ func layerFor(img Image, in Inputs) (layer []byte, goarch string, debs []DebPack
 	return layer, goarch, debs, err
 }
 
-// BuildPlatform builds img from the binaries in in.BinDir, for their architecture.
-func BuildPlatform(img Image, in Inputs) (PlatformImage, error) {
-	layer, goarch, debs, err := layerFor(img, in)
-	if err != nil {
-		return PlatformImage{}, err
-	}
-	var labels map[string]string
-	if len(debs) > 0 {
-		labels = map[string]string{LabelDebian: strings.Join(DebVersions(debs), " ")}
-	}
-	im, err := OCIImage(img, layer, goarch, labels, in)
-	if err != nil {
-		return PlatformImage{}, fmt.Errorf("image %s: %w", img.Name, err)
-	}
-	return PlatformImage{Platform: v1.Platform{OS: "linux", Architecture: goarch}, Image: im, BinDir: in.BinDir, Debian: debs}, nil
-}
-
 // Build builds img, tagged tag, for every platform, each from its binaries in
 // PlatformBinDir(in.BinDir, platform), as one OCI image index.
 func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error) {
@@ -111,13 +94,26 @@ func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error)
 		}
 		pin := in
 		pin.BinDir, pin.Debs = PlatformBinDir(in.BinDir, p), nil
-		pi, err := BuildPlatform(img, pin)
+		layer, goarch, debs, err := layerFor(img, pin)
 		if err != nil {
 			return nil, err
 		}
-		if pi.Platform.Architecture != want.Architecture {
-			return nil, fmt.Errorf("image %s: the binaries in %s are for %s, want %s (make platform-bins)", img.Name, pin.BinDir, pi.Platform.Architecture, want.Architecture)
+		if goarch != want.Architecture {
+			return nil, fmt.Errorf("image %s: the binaries in %s are for %s, want %s (make platform-bins)", img.Name, pin.BinDir, goarch, want.Architecture)
 		}
+		var labels map[string]string
+		if len(debs) > 0 {
+			var versions []string
+			for _, d := range debs {
+				versions = append(versions, d.Name+"="+d.Version)
+			}
+			labels = map[string]string{LabelDebian: strings.Join(versions, " ")}
+		}
+		im, err := OCIImage(img, layer, goarch, labels, in)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		pi := PlatformImage{Platform: v1.Platform{OS: "linux", Architecture: goarch}, Image: im, BinDir: pin.BinDir, Debian: debs}
 		b.Platforms = append(b.Platforms, pi)
 		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &pi.Platform}})
 	}

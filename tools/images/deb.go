@@ -5,9 +5,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -123,10 +121,6 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 		}
 		return out, nil
 	}
-	update := func() error {
-		_, err := apt(empty, "update")
-		return err
-	}
 	fetch := func() ([]DebPackage, error) {
 		out, err := apt(empty, append([]string{"download", "--print-uris"}, pkgs...)...)
 		if err != nil {
@@ -163,14 +157,14 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	}
 	lists, _ := filepath.Glob(filepath.Join(dir, "state", "lists", "*_Packages*"))
 	if len(lists) == 0 {
-		if err := update(); err != nil {
+		if _, err := apt(empty, "update"); err != nil {
 			return nil, err
 		}
 	}
 	got, err := fetch()
 	if err != nil && len(lists) > 0 {
 		// The lists may name versions the mirror has replaced since.
-		if uerr := update(); uerr != nil {
+		if _, uerr := apt(empty, "update"); uerr != nil {
 			return nil, uerr
 		}
 		got, err = fetch()
@@ -215,40 +209,24 @@ func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
 
 // readDeb reads the name, version and architecture of the package in file.
 func readDeb(file string) (DebPackage, error) {
-	out, err := exec.Command("dpkg-deb", "--field", file, "Package", "Version", "Architecture").Output()
+	out, err := exec.Command("dpkg-deb", "--show", "--showformat=${Package} ${Version} ${Architecture}", file).Output()
 	if err != nil {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: %w", file, err)
+		return DebPackage{}, fmt.Errorf("dpkg-deb --show %s: %w", file, err)
 	}
-	d := DebPackage{File: file}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		k, v, _ := strings.Cut(line, ": ")
-		switch k {
-		case "Package":
-			d.Name = v
-		case "Version":
-			d.Version = v
-		case "Architecture":
-			d.Arch = v
-		}
+	f := strings.Fields(string(out))
+	if len(f) != 3 {
+		return DebPackage{}, fmt.Errorf("dpkg-deb --show %s: no package, version or architecture in %q", file, out)
 	}
-	if d.Name == "" || d.Version == "" || d.Arch == "" {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: no package, version or architecture in %q", file, out)
-	}
-	return d, nil
+	return DebPackage{Name: f[0], Version: f[1], Arch: f[2], File: file}, nil
 }
 
 // checkSHA256 reports whether the file at p has the SHA-256 sum want (hex).
 func checkSHA256(p, want string) error {
-	f, err := os.Open(p)
+	data, err := os.ReadFile(p)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return err
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+	if got := fmt.Sprintf("%x", sha256.Sum256(data)); got != want {
 		return fmt.Errorf("%s: SHA-256 %s, want %s (from the package lists)", p, got, want)
 	}
 	return nil
@@ -293,7 +271,8 @@ func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
 	}
 	for _, e := range files {
 		name := strings.TrimPrefix(path.Clean(e.hdr.Name), "./")
-		if name == "." || skippedDebPath(name) {
+		skip := slices.ContainsFunc(debSkipped, func(p string) bool { return strings.HasPrefix(name+"/", p) })
+		if name == "." || skip {
 			continue
 		}
 		if e.hdr.Typeflag == tar.TypeDir {
@@ -311,31 +290,4 @@ func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
 		entries[name] = e
 	}
 	return nil
-}
-
-func skippedDebPath(name string) bool {
-	for _, p := range debSkipped {
-		if strings.HasPrefix(name+"/", p) {
-			return true
-		}
-	}
-	return false
-}
-
-// DebVersions returns "package=version" of every package of debs, for the image's label.
-func DebVersions(debs []DebPackage) []string {
-	var out []string
-	for _, d := range debs {
-		out = append(out, d.Name+"="+d.Version)
-	}
-	return out
-}
-
-// tempDir is os.MkdirTemp with the error named.
-func tempDir(pattern string) (string, error) {
-	d, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", fmt.Errorf("temporary directory: %w", err)
-	}
-	return d, nil
 }

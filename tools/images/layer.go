@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -66,14 +67,9 @@ func Layer(img Image, in Inputs) ([]byte, error) {
 			}
 		}
 	}
-	names := make([]string, 0, len(entries))
-	for name := range entries {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[name]
 		h := e.hdr
 		h.Name = name
