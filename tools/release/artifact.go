@@ -16,31 +16,34 @@ import (
 // none.
 var emptyConfig = []byte("{}")
 
-// blob is one layer of an artifact.
+// blob is the layer of an artifact.
 type blob struct {
 	data        []byte
 	mediaType   types.MediaType
 	annotations map[string]string
 }
 
-// artifact is an OCI image manifest whose layers are not a file system (an SBOM, a signature),
+// artifact is an OCI image manifest whose layer is not a file system (an SBOM, a signature),
 // as a v1.Image so that go-containerregistry's remote.Write pushes it, its subject's referrers
 // (or the referrers tag where a registry lacks the API) included.
 type artifact struct {
-	config   []byte
-	raw      []byte
-	layers   map[v1.Hash]v1.Layer
-	manifest v1.Manifest
+	config, raw []byte
+	layer       v1.Layer
+	manifest    v1.Manifest
 }
 
 // newArtifact builds the manifest: artifactType, a configuration (configType over config, the
-// empty descriptor when config is nil), the blobs as layers, an optional subject.
-func newArtifact(artifactType string, configType types.MediaType, config []byte, blobs []blob, subject *v1.Descriptor, annotations map[string]string) (v1.Image, error) {
+// empty descriptor when config is nil), b as its one layer, an optional subject.
+func newArtifact(artifactType string, configType types.MediaType, config []byte, b blob, subject *v1.Descriptor) (v1.Image, error) {
 	if config == nil {
 		config, configType = emptyConfig, types.OCIEmptyJSON
 	}
-	a := &artifact{config: config, layers: map[v1.Hash]v1.Layer{}}
 	h, size, err := v1.SHA256(bytes.NewReader(config))
+	if err != nil {
+		return nil, err
+	}
+	a := &artifact{config: config, layer: static.NewLayer(b.data, b.mediaType)}
+	d, err := a.layer.Digest()
 	if err != nil {
 		return nil, err
 	}
@@ -49,17 +52,10 @@ func newArtifact(artifactType string, configType types.MediaType, config []byte,
 		MediaType:     types.OCIManifestSchema1,
 		ArtifactType:  artifactType,
 		Config:        v1.Descriptor{MediaType: configType, Digest: h, Size: size},
-		Subject:       subject,
-		Annotations:   annotations,
-	}
-	for _, b := range blobs {
-		l := static.NewLayer(b.data, b.mediaType)
-		d, err := l.Digest()
-		if err != nil {
-			return nil, err
-		}
-		a.layers[d] = l
-		a.manifest.Layers = append(a.manifest.Layers, v1.Descriptor{MediaType: b.mediaType, Digest: d, Size: int64(len(b.data)), Annotations: b.annotations})
+		Layers: []v1.Descriptor{{
+			MediaType: b.mediaType, Digest: d, Size: int64(len(b.data)), Annotations: b.annotations,
+		}},
+		Subject: subject,
 	}
 	if a.raw, err = json.Marshal(a.manifest); err != nil {
 		return nil, err
@@ -72,11 +68,11 @@ func (a *artifact) MediaType() (types.MediaType, error) { return a.manifest.Medi
 func (a *artifact) RawManifest() ([]byte, error)        { return a.raw, nil }
 
 func (a *artifact) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
-	if h == a.manifest.Config.Digest {
+	switch h {
+	case a.manifest.Config.Digest:
 		return static.NewLayer(a.config, a.manifest.Config.MediaType), nil
-	}
-	if l, ok := a.layers[h]; ok {
-		return l, nil
+	case a.manifest.Layers[0].Digest:
+		return a.layer, nil
 	}
 	return nil, fmt.Errorf("artifact has no blob %s", h)
 }

@@ -24,9 +24,7 @@ package release
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -222,45 +220,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// writeSBOM writes one platform's SBOM beside the archive: IMAGE.OS-ARCH.spdx.json.
-func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) (ReleasedPlatform, error) {
-	plat := pi.Platform.OS + "/" + pi.Platform.Architecture
-	d, err := pi.Image.Digest()
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	m, err := pi.Image.Manifest()
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	size := m.Config.Size
-	for _, l := range m.Layers {
-		size += l.Size
-	}
-	var programs []string
-	for _, f := range b.Image.Files {
-		if f.Bin != "" && !slices.Contains(programs, f.Bin) {
-			programs = append(programs, f.Bin)
-		}
-	}
-	doc, err := SBOM(SBOMInput{
-		Ref: b.Image.Ref(b.Tag), Digest: d, Image: pi, Programs: programs,
-		Distro: Distro(), Created: o.Epoch, Version: o.Version,
-	})
-	if err != nil {
-		return ReleasedPlatform{}, fmt.Errorf("image %s (%s): %w", b.Image.Name, plat, err)
-	}
-	data, err := MarshalSBOM(doc)
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	p := filepath.Join(dir, b.Image.Name+"."+strings.ReplaceAll(plat, "/", "-")+".spdx.json")
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		return ReleasedPlatform{}, err
-	}
-	return ReleasedPlatform{Platform: plat, Digest: d, SBOM: p, Size: size}, nil
-}
-
 // push pushes one image's index, each platform's SBOM as its referrer, and the signatures of
 // the index, of each platform's image and of each SBOM.
 func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
@@ -288,7 +247,7 @@ func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts
 			return err
 		}
 		subject := &v1.Descriptor{MediaType: mt, Digest: rp.Digest, Size: int64(len(raw))}
-		art, err := newArtifact(SBOMArtifactType, "", nil, []blob{{data: data, mediaType: SBOMArtifactType}}, subject, nil)
+		art, err := newArtifact(SBOMArtifactType, "", nil, blob{data: data, mediaType: SBOMArtifactType}, subject)
 		if err != nil {
 			return err
 		}
@@ -332,18 +291,12 @@ func writeSums(dir string) (string, error) {
 	sort.Strings(files)
 	var b strings.Builder
 	for _, p := range files {
-		f, err := os.Open(p)
-		if err != nil {
-			return "", err
-		}
-		h := sha256.New()
-		_, err = io.Copy(h, f)
-		f.Close()
+		data, err := os.ReadFile(p)
 		if err != nil {
 			return "", err
 		}
 		rel, _ := filepath.Rel(dir, p)
-		fmt.Fprintf(&b, "%s  %s\n", hex.EncodeToString(h.Sum(nil)), filepath.ToSlash(rel))
+		fmt.Fprintf(&b, "%x  %s\n", sha256.Sum256(data), filepath.ToSlash(rel))
 	}
 	out := filepath.Join(dir, SumsFile)
 	return out, os.WriteFile(out, []byte(b.String()), 0o644)

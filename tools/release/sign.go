@@ -76,10 +76,10 @@ func (s *Signer) Sign(ctx context.Context, d name.Digest, opts ...remote.Option)
 	if err != nil {
 		return name.Tag{}, fmt.Errorf("sign %s: %w", d, err)
 	}
-	img, err := newArtifact("", types.OCIConfigJSON, signatureConfig(body), []blob{{
+	img, err := newArtifact("", types.OCIConfigJSON, signatureConfig(body), blob{
 		data: body, mediaType: SimpleSigningMediaType,
 		annotations: map[string]string{AnnotationSignature: base64.StdEncoding.EncodeToString(sig)},
-	}}, nil, nil)
+	}, nil)
 	if err != nil {
 		return name.Tag{}, err
 	}
