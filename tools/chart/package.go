@@ -87,17 +87,7 @@ func Package(root, dir, version, image string) (string, error) {
 	if !found {
 		return "", fmt.Errorf("chart %s has no %s", helmchart.ChartDir, chartutil.ValuesfileName)
 	}
-	img, _ := ch.Values["image"].(map[string]any)
-	if img == nil {
-		return "", fmt.Errorf("chart %s: no image values", helmchart.ChartDir)
-	}
-	img["version"] = version
-	if image != "" {
-		img["name"] = image
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
+	// Save writes values.yaml from its text (ch.Raw), not from ch.Values, and creates dir.
 	p, err := chartutil.Save(ch, dir)
 	if err != nil {
 		return "", fmt.Errorf("package chart %s: %w", helmchart.ChartDir, err)
