@@ -51,13 +51,21 @@ func main() {
 
 const commands = "build, overlay, release, chart, rootfs or dockerfiles"
 
+// defaultOut is each command's output directory when --out is not given (rootfs has none).
+var defaultOut = map[string]string{
+	"build":       filepath.Join("bin", "images"),
+	"release":     filepath.Join("bin", "release"),
+	"chart":       filepath.Join("bin", "chart"),
+	"dockerfiles": filepath.Join("deploy", "docker"),
+}
+
 func run(args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("want a command: %s", commands)
 	}
 	fs := pflag.NewFlagSet(args[0], pflag.ContinueOnError)
 	bin := fs.String("bin", "bin", "directory of the built binaries (make build; make platform-bins writes BIN/OS-ARCH)")
-	out := fs.String("out", "", "output directory")
+	out := fs.String("out", defaultOut[args[0]], "output directory")
 	tag := fs.String("tag", "dev", "image tag")
 	image := fs.String("image", "", "image name (rootfs)")
 	epoch := fs.Int64("epoch", 0, "modification and creation time, in seconds since 1970 (SOURCE_DATE_EPOCH)")
@@ -78,11 +86,7 @@ func run(args []string) error {
 	keychain := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}
 	switch args[0] {
 	case "build":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "images")
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(*out, 0o755); err != nil {
 			return err
 		}
 		list := images.Images
@@ -97,7 +101,7 @@ func run(args []string) error {
 			}
 		}
 		for _, img := range list {
-			dst := filepath.Join(dir, img.Name+".tar")
+			dst := filepath.Join(*out, img.Name+".tar")
 			if _, err := images.BuildOCI(dst, img, *tag, plats, in); err != nil {
 				return err
 			}
@@ -121,14 +125,16 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		signed := []string{res.Ref.DigestStr()}
 		for _, p := range res.Platforms {
 			fmt.Printf("%s\t%s (base %s)\n", p.Platform.OS+"/"+p.Platform.Architecture, p.Digest, p.Base)
+			signed = append(signed, p.Digest.String())
 		}
 		if len(res.Dropped) > 0 {
 			fmt.Printf("left out %d attestation manifests of the base (they attest Linkerd's images, not these)\n", len(res.Dropped))
 		}
 		if signer != nil {
-			for _, d := range append([]string{res.Ref.DigestStr()}, digests(res)...) {
+			for _, d := range signed {
 				if _, err := signer.Sign(ctx, res.Ref.Context().Digest(d), keychain...); err != nil {
 					return err
 				}
@@ -138,12 +144,8 @@ func run(args []string) error {
 		fmt.Printf("pushed %s\n", res.Ref)
 		return nil
 	case "release":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "release")
-		}
 		res, err := release.Run(ctx, release.Options{
-			Version: *version, BinDir: *bin, Platforms: plats, Out: dir, RepoDir: ".", DebCache: *debCache,
+			Version: *version, BinDir: *bin, Platforms: plats, Out: *out, RepoDir: ".", DebCache: *debCache,
 			Epoch: in.Epoch, Registry: *registry, KeyFile: *key, Password: []byte(os.Getenv("COSIGN_PASSWORD")),
 			Remote: keychain, Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 		})
@@ -166,11 +168,7 @@ func run(args []string) error {
 		fmt.Printf("checksums %s\n", res.Sums)
 		return nil
 	case "chart":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "chart")
-		}
-		pkg, err := chart.Package(".", dir, *version, "")
+		pkg, err := chart.Package(".", *out, *version, "")
 		if err != nil {
 			return err
 		}
@@ -193,25 +191,12 @@ func run(args []string) error {
 		}
 		return images.WriteRootFS(*out, img, in)
 	case "dockerfiles":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("deploy", "docker")
-		}
 		for _, img := range append(append([]images.Image{}, images.Images...), images.Overlay) {
-			if err := os.WriteFile(filepath.Join(dir, img.Name+".Dockerfile"), []byte(images.Dockerfile(img)), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(*out, img.Name+".Dockerfile"), []byte(images.Dockerfile(img)), 0o644); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	return fmt.Errorf("unknown command %q; want %s", args[0], commands)
-}
-
-// digests are the overlay's platform images.
-func digests(res *release.Overlaid) []string {
-	var out []string
-	for _, p := range res.Platforms {
-		out = append(out, p.Digest.String())
-	}
-	return out
 }
