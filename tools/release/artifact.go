@@ -16,33 +16,23 @@ import (
 // none.
 var emptyConfig = []byte("{}")
 
-// blob is the layer of an artifact.
-type blob struct {
-	data        []byte
-	mediaType   types.MediaType
-	annotations map[string]string
-}
-
-// artifact is an OCI image manifest whose layer is not a file system (an SBOM, a signature),
-// as a v1.Image so that go-containerregistry's remote.Write pushes it, its subject's referrers
-// (or the referrers tag where a registry lacks the API) included.
+// artifact is an OCI image manifest whose one layer is not a file system (an SBOM), as a
+// v1.Image so that go-containerregistry's remote.Write pushes it, its subject's referrers (or
+// the referrers tag where a registry lacks the API) included.
 type artifact struct {
-	config, raw []byte
-	layer       v1.Layer
-	manifest    v1.Manifest
+	raw      []byte
+	layer    v1.Layer
+	manifest v1.Manifest
 }
 
-// newArtifact builds the manifest: artifactType, a configuration (configType over config, the
-// empty descriptor when config is nil), b as its one layer, an optional subject.
-func newArtifact(artifactType string, configType types.MediaType, config []byte, b blob, subject *v1.Descriptor) (v1.Image, error) {
-	if config == nil {
-		config, configType = emptyConfig, types.OCIEmptyJSON
-	}
-	h, size, err := v1.SHA256(bytes.NewReader(config))
+// newArtifact builds the manifest: data as its layer, of mediaType (the artifact's type too),
+// the empty configuration, and subject.
+func newArtifact(mediaType types.MediaType, data []byte, subject *v1.Descriptor) (v1.Image, error) {
+	h, size, err := v1.SHA256(bytes.NewReader(emptyConfig))
 	if err != nil {
 		return nil, err
 	}
-	a := &artifact{config: config, layer: static.NewLayer(b.data, b.mediaType)}
+	a := &artifact{layer: static.NewLayer(data, mediaType)}
 	d, err := a.layer.Digest()
 	if err != nil {
 		return nil, err
@@ -50,12 +40,10 @@ func newArtifact(artifactType string, configType types.MediaType, config []byte,
 	a.manifest = v1.Manifest{
 		SchemaVersion: 2,
 		MediaType:     types.OCIManifestSchema1,
-		ArtifactType:  artifactType,
-		Config:        v1.Descriptor{MediaType: configType, Digest: h, Size: size},
-		Layers: []v1.Descriptor{{
-			MediaType: b.mediaType, Digest: d, Size: int64(len(b.data)), Annotations: b.annotations,
-		}},
-		Subject: subject,
+		ArtifactType:  string(mediaType),
+		Config:        v1.Descriptor{MediaType: types.OCIEmptyJSON, Digest: h, Size: size},
+		Layers:        []v1.Descriptor{{MediaType: mediaType, Digest: d, Size: int64(len(data))}},
+		Subject:       subject,
 	}
 	if a.raw, err = json.Marshal(a.manifest); err != nil {
 		return nil, err
@@ -63,14 +51,14 @@ func newArtifact(artifactType string, configType types.MediaType, config []byte,
 	return partial.CompressedToImage(a)
 }
 
-func (a *artifact) RawConfigFile() ([]byte, error)      { return a.config, nil }
+func (a *artifact) RawConfigFile() ([]byte, error)      { return emptyConfig, nil }
 func (a *artifact) MediaType() (types.MediaType, error) { return a.manifest.MediaType, nil }
 func (a *artifact) RawManifest() ([]byte, error)        { return a.raw, nil }
 
 func (a *artifact) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
 	switch h {
 	case a.manifest.Config.Digest:
-		return static.NewLayer(a.config, a.manifest.Config.MediaType), nil
+		return static.NewLayer(emptyConfig, types.OCIEmptyJSON), nil
 	case a.manifest.Layers[0].Digest:
 		return a.layer, nil
 	}

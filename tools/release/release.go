@@ -11,14 +11,7 @@
 // signatures a digest had; the files of the release directory (binaries, SHA256SUMS) are not
 // signed. SBOMs list Go modules and Debian packages, not licenses.
 //
-// # Tests
-//
-// Against go-containerregistry's registry in the test process (loopback only): the overlay layer by
-// layer for both platforms and its refusals, a signed release with and without the referrers API
-// (SBOM referrers, signatures that verify and fail, the chart), bad input, and `helm install` from
-// the oci:// reference into a kube-apiserver; install.md's install-from-a-checkout blocks run
-// against the unsigned releases, and the sizes in images.md and performance.md stay within 10% of
-// what was built (docs/images.md#tests).
+// Tests: docs/images.md#tests.
 package release
 
 import (
@@ -35,6 +28,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kubemesh/proxy-init/tools/chart"
@@ -61,8 +55,7 @@ type Options struct {
 	Password []byte
 	// Remote are go-containerregistry's options for the registry (authentication, transport).
 	Remote []remote.Option
-	// Logf reports progress.
-	Logf func(format string, a ...any)
+	Logf   func(format string, a ...any)
 }
 
 // Result is what a release wrote and pushed.
@@ -113,8 +106,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	chartImage := ""
 	if o.Registry != "" {
-		if _, err := name.NewRepository(o.Registry + "/linkerd-cni"); err != nil {
+		chartImage = o.Registry + "/linkerd-cni"
+		if _, err := name.NewRepository(chartImage); err != nil {
 			return nil, fmt.Errorf("registry %q: want host[:port]/namespace: %w", o.Registry, err)
 		}
 	}
@@ -170,10 +165,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if err := os.WriteFile(filepath.Join(o.Out, DigestsFile), []byte(digests.String()), 0o644); err != nil {
 		return nil, err
-	}
-	chartImage := ""
-	if o.Registry != "" {
-		chartImage = o.Registry + "/linkerd-cni"
 	}
 	if res.Chart, err = chart.Package(o.RepoDir, o.Out, o.Version, chartImage); err != nil {
 		return nil, err
@@ -238,16 +229,12 @@ func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts
 		if err != nil {
 			return err
 		}
-		mt, err := pi.Image.MediaType()
+		desc, err := partial.Descriptor(pi.Image)
 		if err != nil {
 			return err
 		}
-		raw, err := pi.Image.RawManifest()
-		if err != nil {
-			return err
-		}
-		subject := &v1.Descriptor{MediaType: mt, Digest: rp.Digest, Size: int64(len(raw))}
-		art, err := newArtifact(SBOMArtifactType, "", nil, blob{data: data, mediaType: SBOMArtifactType}, subject)
+		subject := &v1.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size}
+		art, err := newArtifact(SBOMArtifactType, data, subject)
 		if err != nil {
 			return err
 		}

@@ -162,23 +162,14 @@ func goModules(dir string, programs []string) ([]goModule, error) {
 // release the private apt directory fetches from (FetchDebs uses the machine's sources), or ""
 // when /etc/os-release does not say.
 func Distro() string {
-	b, err := os.ReadFile("/etc/os-release")
-	if err != nil {
-		return ""
-	}
-	var id, version string
+	b, _ := os.ReadFile("/etc/os-release")
+	kv := map[string]string{}
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, _ := strings.Cut(line, "=")
-		v = strings.Trim(v, `"`)
-		switch k {
-		case "ID":
-			id = v
-		case "VERSION_ID":
-			version = v
-		}
+		kv[k] = strings.Trim(v, `"`)
 	}
-	if id == "" || version == "" {
+	if kv["ID"] == "" || kv["VERSION_ID"] == "" {
 		return ""
 	}
-	return id + "-" + version
+	return kv["ID"] + "-" + kv["VERSION_ID"]
 }
