@@ -271,13 +271,7 @@ func missingPaths(img v1.Image, paths []string) ([]string, error) {
 		}
 		have["/"+strings.TrimPrefix(path.Clean("/"+h.Name), "/")] = true
 	}
-	var missing []string
-	for _, p := range paths {
-		if !have[p] {
-			missing = append(missing, p)
-		}
-	}
-	return missing, nil
+	return slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return have[p] }), nil
 }
 
 // openBase opens the base: an index, or a single image. cleanup removes what reading a local
