@@ -56,24 +56,18 @@ type Built struct {
 	Platforms []PlatformImage
 }
 
-// layerFor builds img's layer for the architecture of in.BinDir's binaries, fetching its Debian
-// packages when in.Debs is not set.
+// layerFor builds img's layer for the architecture of in.BinDir's binaries, with its Debian
+// packages (FetchDebs returns them in img.Debian's order).
 func layerFor(img Image, in Inputs) (layer []byte, goarch string, debs []DebPackage, err error) {
 	goarch, err = GoArch(filepath.Join(in.BinDir, BinProxyInit))
 	if err != nil {
 		return nil, "", nil, err
 	}
-	if len(img.Debian) > 0 && in.Debs == nil {
-		if in.Debs, err = FetchDebs(in.DebCache, goarch, img.Debian); err != nil {
+	if len(img.Debian) > 0 {
+		if debs, err = FetchDebs(in.DebCache, goarch, img.Debian); err != nil {
 			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
 		}
-	}
-	for _, pkg := range img.Debian {
-		d, err := findDeb(in.Debs, pkg)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
-		}
-		debs = append(debs, d)
+		in.Debs = debs
 	}
 	layer, err = Layer(img, in)
 	return layer, goarch, debs, err
@@ -93,7 +87,7 @@ func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error)
 			return nil, fmt.Errorf("platform %q: want linux/ARCH, such as linux/arm64", p)
 		}
 		pin := in
-		pin.BinDir, pin.Debs = PlatformBinDir(in.BinDir, p), nil
+		pin.BinDir = PlatformBinDir(in.BinDir, p)
 		layer, goarch, debs, err := layerFor(img, pin)
 		if err != nil {
 			return nil, err
@@ -162,33 +156,28 @@ func Unpack(dst string, layer []byte) error {
 		mode := os.FileMode(e.hdr.Mode & 0o777)
 		switch e.hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				return err
-			}
+			err = os.MkdirAll(p, 0o755)
 		case tar.TypeSymlink:
-			if err := os.Symlink(e.hdr.Linkname, p); err != nil {
-				return err
-			}
-			continue
+			err = os.Symlink(e.hdr.Linkname, p)
 		case tar.TypeLink:
-			if err := os.Link(filepath.Join(dst, e.hdr.Linkname), p); err != nil {
-				return err
-			}
-			continue
+			err = os.Link(filepath.Join(dst, e.hdr.Linkname), p)
 		case tar.TypeReg:
-			if err := os.WriteFile(p, e.data, mode); err != nil {
-				return err
-			}
+			err = os.WriteFile(p, e.data, mode)
 		default:
-			return fmt.Errorf("%s: unsupported entry type %q", e.hdr.Name, e.hdr.Typeflag)
+			err = fmt.Errorf("%s: unsupported entry type %q", e.hdr.Name, e.hdr.Typeflag)
+		}
+		if err != nil {
+			return err
+		}
+		if e.hdr.Typeflag == tar.TypeSymlink || e.hdr.Typeflag == tar.TypeLink {
+			continue
 		}
 		// Chmod after WriteFile (umask) and for the sticky bit, then the xattr, last: a write or
 		// a chown would clear it.
-		m := mode
 		if e.hdr.Mode&0o1000 != 0 {
-			m |= os.ModeSticky
+			mode |= os.ModeSticky
 		}
-		if err := os.Chmod(p, m); err != nil {
+		if err := os.Chmod(p, mode); err != nil {
 			return err
 		}
 		if x, ok := e.hdr.PAXRecords[XattrCaps]; ok {

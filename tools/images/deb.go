@@ -275,16 +275,15 @@ func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
 		if name == "." || skip {
 			continue
 		}
-		if e.hdr.Typeflag == tar.TypeDir {
-			if _, ok := entries[name]; ok {
-				continue // directories are shared between packages
-			}
+		old, ok := entries[name]
+		if ok && e.hdr.Typeflag == tar.TypeDir {
+			continue // directories are shared between packages
+		}
+		if ok && old.hdr.Typeflag != tar.TypeDir {
+			return fmt.Errorf("%s: %s is also in another package", d.File, name)
 		}
 		if e.hdr.Typeflag == tar.TypeLink {
 			e.hdr.Linkname = strings.TrimPrefix(path.Clean(e.hdr.Linkname), "./")
-		}
-		if old, ok := entries[name]; ok && old.hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("%s: %s is also in another package", d.File, name)
 		}
 		e.hdr.PAXRecords = nil
 		entries[name] = e

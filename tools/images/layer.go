@@ -3,6 +3,7 @@ package images
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -26,7 +27,7 @@ type Inputs struct {
 	BinDir string
 	// RepoDir is the repository root, for Repo files.
 	RepoDir string
-	// Debs are the image's Debian packages (FetchDebs); when nil, the builders fetch them into
+	// Debs are the Debian packages Layer extracts; the builders fetch them (FetchDebs) into
 	// DebCache ("": DefaultDebCache).
 	Debs     []DebPackage
 	DebCache string
@@ -99,45 +100,37 @@ func addFile(entries map[string]*entry, f File, in Inputs) error {
 	if !path.IsAbs(f.Path) || name == "" {
 		return fmt.Errorf("not an absolute path")
 	}
-	mode := f.Mode
 	var e *entry
+	def := fs.FileMode(0o644) // the mode when f.Mode is not set
 	switch {
 	case f.Debian:
 		e = entries[name]
 		if e == nil || e.hdr.Typeflag != tar.TypeReg {
 			return fmt.Errorf("not a regular file of the image's Debian packages")
 		}
-		if mode == 0 {
-			mode = fs.FileMode(e.hdr.Mode)
-		}
+		def = fs.FileMode(e.hdr.Mode)
 	case f.Link != "":
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Linkname: f.Link}}
-		mode = 0o777
+		f.Mode = 0o777
 	case f.Dir:
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeDir}}
-		if mode == 0 {
-			mode = 0o755
-		}
+		def = 0o755
 	case f.Bin != "" || f.Repo != "":
 		src := filepath.Join(in.BinDir, f.Bin)
 		if f.Repo != "" {
 			src = filepath.Join(in.RepoDir, f.Repo)
+		} else {
+			def = 0o755
 		}
 		data, err := os.ReadFile(src)
 		if err != nil {
 			return err
 		}
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeReg}, data: data}
-		if mode == 0 {
-			mode = 0o644
-			if f.Bin != "" {
-				mode = 0o755
-			}
-		}
 	default:
 		return fmt.Errorf("no source: set one of Bin, Repo, Link, Dir or Debian")
 	}
-	e.hdr.Mode = tarMode(mode)
+	e.hdr.Mode = tarMode(cmp.Or(f.Mode, def))
 	if f.Caps != "" {
 		if e.hdr.Typeflag != tar.TypeReg {
 			return fmt.Errorf("capabilities %q on a file that is not regular", f.Caps)

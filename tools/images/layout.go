@@ -13,12 +13,7 @@
 // building machine's sources (its release). The proxy-image overlay's layer is built here;
 // putting it over Linkerd's image is tools/release's (it needs a registry).
 //
-// # Tests
-//
-// Every archive opened with archive/tar and checked path by path for both platforms, each program's
-// ELF architecture (ours static), capabilities against setcap, the images' programs run from the
-// unpacked layers as nobody (root), the private apt directory leaving the machine's apt and dpkg
-// state alone, the Dockerfiles up to date (docs/images.md#tests).
+// Tests: docs/images.md#tests.
 package images
 
 import "io/fs"
