@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/google/go-containerregistry/pkg/name"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/registry"
@@ -75,17 +77,12 @@ func Package(root, dir, version, image string) (string, error) {
 		return "", err
 	}
 	ch.Metadata.Version, ch.Metadata.AppVersion = cv, version
-	found := false
-	for _, f := range ch.Raw {
-		if f.Name == chartutil.ValuesfileName {
-			if f.Data, err = setImageDefaults(f.Data, image, version); err != nil {
-				return "", err
-			}
-			found = true
-		}
-	}
-	if !found {
+	i := slices.IndexFunc(ch.Raw, func(f *chart.File) bool { return f.Name == chartutil.ValuesfileName })
+	if i < 0 {
 		return "", fmt.Errorf("chart %s has no %s", helmchart.ChartDir, chartutil.ValuesfileName)
+	}
+	if ch.Raw[i].Data, err = setImageDefaults(ch.Raw[i].Data, image, version); err != nil {
+		return "", err
 	}
 	// Save writes values.yaml from its text (ch.Raw), not from ch.Values, and creates dir.
 	p, err := chartutil.Save(ch, dir)
