@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -103,13 +104,11 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	}
 	// apt-get download prints no URI of a file its directory already holds: it asks in an empty
 	// one, and downloads into debs.
-	empty := filepath.Join(dir, "empty")
-	if err := os.RemoveAll(empty); err != nil {
+	empty, err := os.MkdirTemp(dir, "empty-")
+	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(empty, 0o755); err != nil {
-		return nil, err
-	}
+	defer os.RemoveAll(empty)
 	apt := func(cwd string, args ...string) ([]byte, error) {
 		cmd := exec.Command("apt-get", append([]string{"-c", conf, "-q"}, args...)...)
 		cmd.Dir = cwd
@@ -132,8 +131,8 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 		}
 		var missing []string
 		for _, u := range want {
-			if checkSHA256(filepath.Join(debs, u.file), u.sha256) != nil {
-				missing = append(missing, u.pkg)
+			if checkSHA256(filepath.Join(debs, u.File), u.sha256) != nil {
+				missing = append(missing, u.Name)
 			}
 		}
 		if len(missing) > 0 {
@@ -143,15 +142,11 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 		}
 		var got []DebPackage
 		for _, u := range want {
-			file := filepath.Join(debs, u.file)
-			if err := checkSHA256(file, u.sha256); err != nil {
+			u.File = filepath.Join(debs, u.File)
+			if err := checkSHA256(u.File, u.sha256); err != nil {
 				return nil, err
 			}
-			d, err := readDeb(file)
-			if err != nil {
-				return nil, err
-			}
-			got = append(got, d)
+			got = append(got, u.DebPackage)
 		}
 		return got, nil
 	}
@@ -176,8 +171,13 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	return got, nil
 }
 
-// debURI is one line of `apt-get download --print-uris`: 'URI' FILE SIZE SHA256:HEX.
-type debURI struct{ pkg, file, sha256 string }
+// debURI is one line of `apt-get download --print-uris`: 'URI' FILE SIZE SHA256:HEX. apt names
+// FILE NAME_VERSION_ARCH.deb from the package lists' fields (the version's colon as %3a), so
+// the file's name says which package and version it is; File is that name.
+type debURI struct {
+	DebPackage
+	sha256 string
+}
 
 // parseURIs reads `apt-get download --print-uris`, one line per name of pkgs.
 func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
@@ -188,13 +188,16 @@ func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
 		if len(f) != 4 || !strings.HasPrefix(f[0], "'") {
 			continue
 		}
-		// FILE is NAME_VERSION_ARCH.deb.
 		parts := strings.Split(strings.TrimSuffix(f[1], ".deb"), "_")
 		sum, ok := strings.CutPrefix(f[3], "SHA256:")
 		if !ok || len(parts) != 3 || (parts[2] != arch && parts[2] != "all") || filepath.Base(f[1]) != f[1] {
 			return nil, fmt.Errorf("apt-get download --print-uris: unexpected line %q", sc.Text())
 		}
-		byName[parts[0]] = debURI{pkg: parts[0], file: f[1], sha256: sum}
+		version, err := url.PathUnescape(parts[1])
+		if err != nil {
+			return nil, fmt.Errorf("apt-get download --print-uris: unexpected line %q: %w", sc.Text(), err)
+		}
+		byName[parts[0]] = debURI{DebPackage{Name: parts[0], Version: version, Arch: parts[2], File: f[1]}, sum}
 	}
 	var uris []debURI
 	for _, p := range pkgs {
@@ -205,19 +208,6 @@ func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
 		uris = append(uris, u)
 	}
 	return uris, nil
-}
-
-// readDeb reads the name, version and architecture of the package in file.
-func readDeb(file string) (DebPackage, error) {
-	out, err := exec.Command("dpkg-deb", "--show", "--showformat=${Package} ${Version} ${Architecture}", file).Output()
-	if err != nil {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --show %s: %w", file, err)
-	}
-	f := strings.Fields(string(out))
-	if len(f) != 3 {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --show %s: no package, version or architecture in %q", file, out)
-	}
-	return DebPackage{Name: f[0], Version: f[1], Arch: f[2], File: file}, nil
 }
 
 // checkSHA256 reports whether the file at p has the SHA-256 sum want (hex).
@@ -245,22 +235,14 @@ func pruneDebs(dir string, keep []DebPackage) {
 	}
 }
 
-// findDeb returns the package named pkg among debs.
-func findDeb(debs []DebPackage, pkg string) (DebPackage, error) {
-	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
-	if i < 0 {
-		return DebPackage{}, fmt.Errorf("the Debian package %s: not fetched (see FetchDebs)", pkg)
-	}
-	return debs[i], nil
-}
-
 // addDeb adds the files of Debian package pkg (its data archive, as dpkg would unpack it, less
 // documentation) to entries.
 func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
-	d, err := findDeb(debs, pkg)
-	if err != nil {
-		return err
+	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
+	if i < 0 {
+		return fmt.Errorf("the Debian package %s: not fetched (see FetchDebs)", pkg)
 	}
+	d := debs[i]
 	out, err := exec.Command("dpkg-deb", "--fsys-tarfile", d.File).Output()
 	if err != nil {
 		return fmt.Errorf("dpkg-deb --fsys-tarfile %s: %w", d.File, err)
