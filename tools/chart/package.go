@@ -43,24 +43,18 @@ func setImageDefaults(values []byte, name, version string) ([]byte, error) {
 	if loc == nil {
 		return nil, fmt.Errorf("values.yaml: no top-level image: block")
 	}
-	block := string(values[loc[2]:loc[3]])
-	set := func(key, value string) error {
-		re := regexp.MustCompile(`(?m)^  ` + key + `: .*$`)
-		if !re.MatchString(block) {
-			return fmt.Errorf("values.yaml: no image.%s", key)
+	block := values[loc[2]:loc[3]]
+	for _, kv := range [][2]string{{"version", version}, {"name", name}} {
+		if kv[1] == "" {
+			continue
 		}
-		block = re.ReplaceAllLiteralString(block, "  "+key+": "+value)
-		return nil
-	}
-	if err := set("version", version); err != nil {
-		return nil, err
-	}
-	if name != "" {
-		if err := set("name", name); err != nil {
-			return nil, err
+		re := regexp.MustCompile(`(?m)^  ` + kv[0] + `: .*$`)
+		if !re.Match(block) {
+			return nil, fmt.Errorf("values.yaml: no image.%s", kv[0])
 		}
+		block = re.ReplaceAllLiteral(block, []byte("  "+kv[0]+": "+kv[1]))
 	}
-	return append(append(append([]byte{}, values[:loc[2]]...), block...), values[loc[3]:]...), nil
+	return slices.Concat(values[:loc[2]], block, values[loc[3]:]), nil
 }
 
 // Package writes the chart at root as a Helm package in dir, for release version: the chart's

@@ -193,12 +193,10 @@ func CapXattr(s string) ([]byte, error) {
 			return nil, fmt.Errorf("capabilities %q: unknown flag %q; want e, p or i", s, f)
 		}
 	}
-	b := make([]byte, 20)
-	binary.LittleEndian.PutUint32(b[0:], magic)
-	binary.LittleEndian.PutUint32(b[4:], uint32(permitted))
-	binary.LittleEndian.PutUint32(b[8:], uint32(inheritable))
-	binary.LittleEndian.PutUint32(b[12:], uint32(permitted>>32))
-	binary.LittleEndian.PutUint32(b[16:], uint32(inheritable>>32))
+	var b []byte
+	for _, v := range []uint64{uint64(magic), permitted, inheritable, permitted >> 32, inheritable >> 32} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(v))
+	}
 	return b, nil
 }
 

@@ -37,10 +37,9 @@ type File struct {
 	Bin string
 	// Repo is a file of this repository, relative to its root.
 	Repo string
-	// Link makes Path a symbolic link to Link.
+	// Link makes Path a symbolic link to Link; Dir, a directory.
 	Link string
-	// Dir makes Path a directory.
-	Dir bool
+	Dir  bool
 	// Debian marks a file that one of the image's Debian packages provides; the entry only
 	// adds Caps to it.
 	Debian bool
