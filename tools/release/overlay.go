@@ -51,9 +51,8 @@ type OverlayOptions struct {
 	BinDir string
 	// Platforms are those we build; a base platform outside them is refused.
 	Platforms []string
-	// Epoch stamps the layer's files and its history entry.
-	Epoch time.Time
-	// Version is ours, for the history entry.
+	// Epoch stamps the layer's files and its history entry; Version (ours) is in the latter.
+	Epoch   time.Time
 	Version string
 	// Remote are go-containerregistry's options for the registries (authentication, transport).
 	Remote []remote.Option
@@ -269,7 +268,7 @@ func missingPaths(img v1.Image, paths []string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read the file system: %w", err)
 		}
-		have["/"+strings.TrimPrefix(path.Clean("/"+h.Name), "/")] = true
+		have[path.Clean("/"+h.Name)] = true
 	}
 	return slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return have[p] }), nil
 }

@@ -76,6 +76,7 @@ type Released struct {
 	Digest    v1.Hash
 	Archive   string
 	Platforms []ReleasedPlatform
+	built     *images.Built
 }
 
 // ReleasedPlatform is one platform's image.
@@ -135,7 +136,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{}
 	in := images.Inputs{BinDir: o.BinDir, RepoDir: o.RepoDir, DebCache: o.DebCache, Epoch: o.Epoch}
-	var builds []*images.Built
 	var digests strings.Builder
 	for _, img := range images.Images {
 		if o.Registry != "" {
@@ -150,7 +150,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := Released{Name: img.Name, Ref: img.Ref(o.Version), Digest: d, Archive: archive}
+		r := Released{Name: img.Name, Ref: img.Ref(o.Version), Digest: d, Archive: archive, built: b}
 		for _, pi := range b.Platforms {
 			rp, err := writeSBOM(imgDir, b, pi, o)
 			if err != nil {
@@ -160,7 +160,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		logf("built %s (%s) %s", r.Ref, d, archive)
 		fmt.Fprintf(&digests, "%s@%s\n", r.Ref, d)
-		builds = append(builds, b)
 		res.Images = append(res.Images, r)
 	}
 	if err := os.WriteFile(filepath.Join(o.Out, DigestsFile), []byte(digests.String()), 0o644); err != nil {
@@ -187,8 +186,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return res, nil
 	}
 	opts := append(slices.Clone(o.Remote), remote.WithContext(ctx))
-	for i, b := range builds {
-		if err := push(ctx, b, res.Images[i], signer, opts, logf); err != nil {
+	for _, r := range res.Images {
+		if err := push(ctx, r, signer, opts, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -213,11 +212,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 // push pushes one image's index, each platform's SBOM as its referrer, and the signatures of
 // the index, of each platform's image and of each SBOM.
-func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
+func push(ctx context.Context, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
 	tag, err := name.NewTag(r.Ref)
 	if err != nil {
 		return err
 	}
+	b := r.built
 	if err := remote.WriteIndex(tag, b.Index, opts...); err != nil {
 		return fmt.Errorf("push %s: %w", r.Ref, err)
 	}

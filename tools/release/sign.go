@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -38,17 +37,9 @@ type Signer struct {
 // LoadSigner reads a PEM private key: cosign's own (`cosign generate-key-pair`, encrypted with
 // password, which may be empty) or a plain PKCS#8, SEC 1 or PKCS#1 key.
 func LoadSigner(file string, password []byte) (*Signer, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("signing key: %w", err)
-	}
-	priv, err := cryptoutils.UnmarshalPEMToPrivateKey(b, func(bool) ([]byte, error) { return password, nil })
+	sv, err := signature.LoadSignerVerifierFromPEMFile(file, crypto.SHA256, func(bool) ([]byte, error) { return password, nil })
 	if err != nil {
 		return nil, fmt.Errorf("signing key %s: %w (a cosign key needs its password in COSIGN_PASSWORD)", file, err)
-	}
-	sv, err := signature.LoadSignerVerifier(priv, crypto.SHA256)
-	if err != nil {
-		return nil, fmt.Errorf("signing key %s: %w", file, err)
 	}
 	return &Signer{sv: sv}, nil
 }
