@@ -1,25 +1,20 @@
 // Command images builds the images described in tools/images without a container daemon,
 // and publishes them (tools/release). `make tools-bin` builds it into bin/tools; run it from the
-// repository root, whose paths (bin/, deploy/) it takes.
+// repository root, whose paths (bin/, deploy/) it takes. Its commands (flags: COMMAND --help):
 //
-//	images build [--bin bin] [--platforms 'linux/amd64 linux/arm64'] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
-//	    OCI image archives, one per image, each an index of every platform: OUT/NAME.tar (all
-//	    images when no NAME is given), from the binaries in BIN/OS-ARCH
-//	images overlay --base REF --to REF [--bin bin] [--platforms ...] [--key FILE]
-//	    Linkerd's proxy image (a registry reference, an OCI layout or archive) with our proxy-init
-//	    and validator, every platform, pushed to --to
-//	images release --version vX.Y.Z [--bin bin/release/bin] [--out bin/release] [--registry HOST/NS] [--key FILE]
-//	    the release: archives, SBOMs, the chart package, SHA256SUMS; pushed (and signed) given a
-//	    registry (and a key; COSIGN_PASSWORD decrypts a cosign key)
-//	images chart --version vX.Y.Z [--out bin/chart] [--registry HOST/NS]
-//	    the linkerd2-cni chart as a Helm package of that version (and pushed, given a registry)
-//	images rootfs --image NAME [--bin bin] --out DIR [--epoch SECONDS]
-//	    the image's file system in DIR (the Dockerfiles' build stage runs this)
-//	images dockerfiles [--out deploy/docker]
-//	    writes the Dockerfiles generated from the same description
+//	build [NAME...]  OCI image archives OUT/NAME.tar (all images without NAME), each an index of
+//	                 every platform, from the binaries in BIN/OS-ARCH
+//	overlay          Linkerd's proxy image (--base: a registry reference, an OCI layout or
+//	                 archive) with our proxy-init and validator, every platform, pushed to --to
+//	release          the release of --version vX.Y.Z: archives, SBOMs, the chart package,
+//	                 SHA256SUMS; pushed (and signed) given --registry (and --key)
+//	chart            the linkerd2-cni chart as a Helm package of --version (pushed given --registry)
+//	rootfs           the --image's file system in --out (the Dockerfiles' build stage runs this)
+//	dockerfiles      writes the Dockerfiles generated from the same description
 //
 // Registries are reached with the credentials of `docker login` (the docker config and its
 // credential helpers); the chart's push uses Helm's, which fall back to Docker's.
+// COSIGN_PASSWORD decrypts a cosign --key.
 package main
 
 import (
