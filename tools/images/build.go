@@ -141,30 +141,37 @@ func WriteRootFS(dst string, img Image, in Inputs) error {
 	return Unpack(dst, layer)
 }
 
-// Unpack writes the entries of a layer under dst, as a container runtime would: modes, links,
-// and the security.capability xattr.
+// Unpack writes the entries of a layer (or of an OCI archive) under dst, as a container runtime
+// would: modes, links, and the security.capability xattr. No entry leaves dst (os.Root),
+// whatever its name or the links before it say.
 func Unpack(dst string, layer []byte) error {
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return err
 	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	entries, err := readLayer(bytes.NewReader(layer))
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		p := filepath.Join(dst, e.hdr.Name)
-		mode := os.FileMode(e.hdr.Mode & 0o777)
+		name, mode := e.hdr.Name, os.FileMode(e.hdr.Mode&0o777)
 		switch e.hdr.Typeflag {
 		case tar.TypeDir:
-			err = os.MkdirAll(p, 0o755)
+			err = root.MkdirAll(name, 0o755)
 		case tar.TypeSymlink:
-			err = os.Symlink(e.hdr.Linkname, p)
+			err = root.Symlink(e.hdr.Linkname, name)
 		case tar.TypeLink:
-			err = os.Link(filepath.Join(dst, e.hdr.Linkname), p)
+			err = root.Link(e.hdr.Linkname, name)
 		case tar.TypeReg:
-			err = os.WriteFile(p, e.data, mode)
+			if err = root.MkdirAll(filepath.Dir(name), 0o755); err == nil {
+				err = root.WriteFile(name, e.data, mode)
+			}
 		default:
-			err = fmt.Errorf("%s: unsupported entry type %q", e.hdr.Name, e.hdr.Typeflag)
+			err = fmt.Errorf("%s: unsupported entry type %q", name, e.hdr.Typeflag)
 		}
 		if err != nil {
 			return err
@@ -177,14 +184,24 @@ func Unpack(dst string, layer []byte) error {
 		if e.hdr.Mode&0o1000 != 0 {
 			mode |= os.ModeSticky
 		}
-		if err := os.Chmod(p, mode); err != nil {
+		if err := root.Chmod(name, mode); err != nil {
 			return err
 		}
 		if x, ok := e.hdr.PAXRecords[XattrCaps]; ok {
-			if err := unix.Setxattr(p, "security.capability", []byte(x), 0); err != nil {
-				return fmt.Errorf("%s: set file capabilities: %w", e.hdr.Name, err)
+			if err := setCaps(root, name, x); err != nil {
+				return fmt.Errorf("%s: set file capabilities: %w", name, err)
 			}
 		}
 	}
 	return nil
+}
+
+// setCaps sets the security.capability xattr of the file name under root.
+func setCaps(root *os.Root, name, x string) error {
+	f, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fsetxattr(int(f.Fd()), "security.capability", []byte(x), 0)
 }

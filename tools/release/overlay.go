@@ -310,9 +310,13 @@ func openBase(ref string, opts []remote.Option) (idx v1.ImageIndex, img v1.Image
 		if err != nil {
 			return nil, nil, cleanup, err
 		}
-		dir, cleanup = tmp, func() { os.RemoveAll(tmp) }
-		if err := untar(ref, tmp); err != nil {
+		dir, cleanup = filepath.Join(tmp, "layout"), func() { os.RemoveAll(tmp) }
+		data, err := os.ReadFile(ref)
+		if err != nil {
 			return nil, nil, cleanup, err
+		}
+		if err := images.Unpack(dir, data); err != nil {
+			return nil, nil, cleanup, fmt.Errorf("not an OCI archive: %w", err)
 		}
 	}
 	p, err := layout.FromPath(dir)
@@ -336,42 +340,4 @@ func openBase(ref string, opts []remote.Option) (idx v1.ImageIndex, img v1.Image
 		img, err = top.Image(d.Digest)
 	}
 	return idx, img, cleanup, err
-}
-
-// untar unpacks the regular files and directories of an OCI archive into dir.
-func untar(archive, dir string) error {
-	f, err := os.Open(archive)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("not an OCI archive: %w", err)
-		}
-		name := path.Clean(h.Name)
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("entry %q leaves the archive", h.Name)
-		}
-		p := filepath.Join(dir, name)
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(p, 0o755)
-		case tar.TypeReg:
-			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
-				var data []byte
-				if data, err = io.ReadAll(tr); err == nil {
-					err = os.WriteFile(p, data, 0o644)
-				}
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
 }
