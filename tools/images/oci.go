@@ -115,13 +115,8 @@ func WriteOCIArchive(dst string, item any, ref string, in Inputs) error {
 	if err != nil {
 		return fmt.Errorf("write OCI layout: %w", err)
 	}
-	tmp := dst + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	tw := tar.NewWriter(f)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
 	// WalkDir's lexical order keeps the archive the same for the same image.
 	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || path == dir {
@@ -149,7 +144,9 @@ func WriteOCIArchive(dst string, item any, ref string, in Inputs) error {
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	tmp := dst + ".tmp"
+	defer os.Remove(tmp)
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dst)
