@@ -46,12 +46,6 @@ func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) 
 	for _, l := range m.Layers {
 		size += l.Size
 	}
-	var programs []string
-	for _, f := range b.Image.Files {
-		if f.Bin != "" && !slices.Contains(programs, f.Bin) {
-			programs = append(programs, f.Bin)
-		}
-	}
 	ref := b.Image.Ref(b.Tag)
 	repo, tag := splitTag(ref)
 	imageID := common.ElementID("Image")
@@ -78,7 +72,7 @@ func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) 
 			RefA: common.MakeDocElementID("", string(imageID)), RefB: common.MakeDocElementID("", id), Relationship: common.TypeRelationshipContains,
 		})
 	}
-	mods, err := goModules(pi.BinDir, programs)
+	mods, err := goModules(pi.BinDir, b.Image.Files)
 	if err != nil {
 		return ReleasedPlatform{}, fmt.Errorf("image %s (%s): %w", b.Image.Name, plat, err)
 	}
@@ -134,12 +128,16 @@ type goModule struct {
 	main          bool
 }
 
-// goModules reads the build info of the programs in dir: their main module, every dependency
-// (a replacement as the module it is replaced with) and the standard library, each once.
-func goModules(dir string, programs []string) ([]goModule, error) {
+// goModules reads the build info of the programs (the Bin files) in dir: their main module,
+// every dependency (a replacement as the module it is replaced with) and the standard library,
+// each once.
+func goModules(dir string, files []images.File) ([]goModule, error) {
 	seen := map[string]goModule{}
-	for _, p := range programs {
-		file := filepath.Join(dir, p)
+	for _, f := range files {
+		if f.Bin == "" {
+			continue
+		}
+		file := filepath.Join(dir, f.Bin)
 		bi, err := buildinfo.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("read the Go build info of %s: %w", file, err)
