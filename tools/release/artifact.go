@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
@@ -63,12 +62,4 @@ func (a *artifact) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
 		return a.layer, nil
 	}
 	return nil, fmt.Errorf("artifact has no blob %s", h)
-}
-
-// splitTag splits repository:tag (a tag after the last slash).
-func splitTag(ref string) (repo, tag string) {
-	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
-		return ref[:i], ref[i+1:]
-	}
-	return ref, ""
 }

@@ -198,8 +198,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.ChartRef = "oci://" + ref
 	logf("pushed chart %s@%s", res.ChartRef, digest)
 	if signer != nil {
-		repo, _ := splitTag(ref)
-		if res.ChartDigest, err = name.NewDigest(repo + "@" + digest); err != nil {
+		// ref is REPO/NAME:VERSION.
+		if res.ChartDigest, err = name.NewDigest(ref[:strings.LastIndex(ref, ":")] + "@" + digest); err != nil {
 			return nil, err
 		}
 		if _, err := signer.Sign(ctx, res.ChartDigest, opts...); err != nil {

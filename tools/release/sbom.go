@@ -46,8 +46,7 @@ func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) 
 	for _, l := range m.Layers {
 		size += l.Size
 	}
-	ref := b.Image.Ref(b.Tag)
-	repo, tag := splitTag(ref)
+	ref, repo, tag := b.Image.Ref(b.Tag), b.Image.Repository, b.Tag+b.Image.TagSuffix
 	imageID := common.ElementID("Image")
 	doc := &spdx.Document{
 		SPDXVersion:       spdx.Version,
