@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/google/go-containerregistry/pkg/name"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/registry"
@@ -41,24 +43,18 @@ func setImageDefaults(values []byte, name, version string) ([]byte, error) {
 	if loc == nil {
 		return nil, fmt.Errorf("values.yaml: no top-level image: block")
 	}
-	block := string(values[loc[2]:loc[3]])
-	set := func(key, value string) error {
-		re := regexp.MustCompile(`(?m)^  ` + key + `: .*$`)
-		if !re.MatchString(block) {
-			return fmt.Errorf("values.yaml: no image.%s", key)
+	block := values[loc[2]:loc[3]]
+	for _, kv := range [][2]string{{"version", version}, {"name", name}} {
+		if kv[1] == "" {
+			continue
 		}
-		block = re.ReplaceAllLiteralString(block, "  "+key+": "+value)
-		return nil
-	}
-	if err := set("version", version); err != nil {
-		return nil, err
-	}
-	if name != "" {
-		if err := set("name", name); err != nil {
-			return nil, err
+		re := regexp.MustCompile(`(?m)^  ` + kv[0] + `: .*$`)
+		if !re.Match(block) {
+			return nil, fmt.Errorf("values.yaml: no image.%s", kv[0])
 		}
+		block = re.ReplaceAllLiteral(block, []byte("  "+kv[0]+": "+kv[1]))
 	}
-	return append(append(append([]byte{}, values[:loc[2]]...), block...), values[loc[3]:]...), nil
+	return slices.Concat(values[:loc[2]], block, values[loc[3]:]), nil
 }
 
 // Package writes the chart at root as a Helm package in dir, for release version: the chart's
@@ -75,29 +71,14 @@ func Package(root, dir, version, image string) (string, error) {
 		return "", err
 	}
 	ch.Metadata.Version, ch.Metadata.AppVersion = cv, version
-	found := false
-	for _, f := range ch.Raw {
-		if f.Name == chartutil.ValuesfileName {
-			if f.Data, err = setImageDefaults(f.Data, image, version); err != nil {
-				return "", err
-			}
-			found = true
-		}
-	}
-	if !found {
+	i := slices.IndexFunc(ch.Raw, func(f *chart.File) bool { return f.Name == chartutil.ValuesfileName })
+	if i < 0 {
 		return "", fmt.Errorf("chart %s has no %s", helmchart.ChartDir, chartutil.ValuesfileName)
 	}
-	img, _ := ch.Values["image"].(map[string]any)
-	if img == nil {
-		return "", fmt.Errorf("chart %s: no image values", helmchart.ChartDir)
-	}
-	img["version"] = version
-	if image != "" {
-		img["name"] = image
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if ch.Raw[i].Data, err = setImageDefaults(ch.Raw[i].Data, image, version); err != nil {
 		return "", err
 	}
+	// Save writes values.yaml from its text (ch.Raw), not from ch.Values, and creates dir.
 	p, err := chartutil.Save(ch, dir)
 	if err != nil {
 		return "", fmt.Errorf("package chart %s: %w", helmchart.ChartDir, err)

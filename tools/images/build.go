@@ -56,44 +56,21 @@ type Built struct {
 	Platforms []PlatformImage
 }
 
-// layerFor builds img's layer for the architecture of in.BinDir's binaries, fetching its Debian
-// packages when in.Debs is not set.
+// layerFor builds img's layer for the architecture of in.BinDir's binaries, with its Debian
+// packages (FetchDebs returns them in img.Debian's order).
 func layerFor(img Image, in Inputs) (layer []byte, goarch string, debs []DebPackage, err error) {
 	goarch, err = GoArch(filepath.Join(in.BinDir, BinProxyInit))
 	if err != nil {
 		return nil, "", nil, err
 	}
-	if len(img.Debian) > 0 && in.Debs == nil {
-		if in.Debs, err = FetchDebs(in.DebCache, goarch, img.Debian); err != nil {
+	if len(img.Debian) > 0 {
+		if debs, err = FetchDebs(in.DebCache, goarch, img.Debian); err != nil {
 			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
 		}
-	}
-	for _, pkg := range img.Debian {
-		d, err := findDeb(in.Debs, pkg)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("image %s: %w", img.Name, err)
-		}
-		debs = append(debs, d)
+		in.Debs = debs
 	}
 	layer, err = Layer(img, in)
 	return layer, goarch, debs, err
-}
-
-// BuildPlatform builds img from the binaries in in.BinDir, for their architecture.
-func BuildPlatform(img Image, in Inputs) (PlatformImage, error) {
-	layer, goarch, debs, err := layerFor(img, in)
-	if err != nil {
-		return PlatformImage{}, err
-	}
-	var labels map[string]string
-	if len(debs) > 0 {
-		labels = map[string]string{LabelDebian: strings.Join(DebVersions(debs), " ")}
-	}
-	im, err := OCIImage(img, layer, goarch, labels, in)
-	if err != nil {
-		return PlatformImage{}, fmt.Errorf("image %s: %w", img.Name, err)
-	}
-	return PlatformImage{Platform: v1.Platform{OS: "linux", Architecture: goarch}, Image: im, BinDir: in.BinDir, Debian: debs}, nil
 }
 
 // Build builds img, tagged tag, for every platform, each from its binaries in
@@ -110,14 +87,27 @@ func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error)
 			return nil, fmt.Errorf("platform %q: want linux/ARCH, such as linux/arm64", p)
 		}
 		pin := in
-		pin.BinDir, pin.Debs = PlatformBinDir(in.BinDir, p), nil
-		pi, err := BuildPlatform(img, pin)
+		pin.BinDir = PlatformBinDir(in.BinDir, p)
+		layer, goarch, debs, err := layerFor(img, pin)
 		if err != nil {
 			return nil, err
 		}
-		if pi.Platform.Architecture != want.Architecture {
-			return nil, fmt.Errorf("image %s: the binaries in %s are for %s, want %s (make platform-bins)", img.Name, pin.BinDir, pi.Platform.Architecture, want.Architecture)
+		if goarch != want.Architecture {
+			return nil, fmt.Errorf("image %s: the binaries in %s are for %s, want %s (make platform-bins)", img.Name, pin.BinDir, goarch, want.Architecture)
 		}
+		var labels map[string]string
+		if len(debs) > 0 {
+			var versions []string
+			for _, d := range debs {
+				versions = append(versions, d.Name+"="+d.Version)
+			}
+			labels = map[string]string{LabelDebian: strings.Join(versions, " ")}
+		}
+		im, err := OCIImage(img, layer, goarch, labels, in)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		pi := PlatformImage{Platform: v1.Platform{OS: "linux", Architecture: goarch}, Image: im, BinDir: pin.BinDir, Debian: debs}
 		b.Platforms = append(b.Platforms, pi)
 		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &pi.Platform}})
 	}
@@ -151,55 +141,67 @@ func WriteRootFS(dst string, img Image, in Inputs) error {
 	return Unpack(dst, layer)
 }
 
-// Unpack writes the entries of a layer under dst, as a container runtime would: modes, links,
-// and the security.capability xattr.
+// Unpack writes the entries of a layer (or of an OCI archive) under dst, as a container runtime
+// would: modes, links, and the security.capability xattr. No entry leaves dst (os.Root),
+// whatever its name or the links before it say.
 func Unpack(dst string, layer []byte) error {
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return err
 	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
 	entries, err := readLayer(bytes.NewReader(layer))
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		p := filepath.Join(dst, e.hdr.Name)
-		mode := os.FileMode(e.hdr.Mode & 0o777)
+		name, mode := e.hdr.Name, os.FileMode(e.hdr.Mode&0o777)
 		switch e.hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				return err
-			}
+			err = root.MkdirAll(name, 0o755)
 		case tar.TypeSymlink:
-			if err := os.Symlink(e.hdr.Linkname, p); err != nil {
-				return err
-			}
-			continue
+			err = root.Symlink(e.hdr.Linkname, name)
 		case tar.TypeLink:
-			if err := os.Link(filepath.Join(dst, e.hdr.Linkname), p); err != nil {
-				return err
-			}
-			continue
+			err = root.Link(e.hdr.Linkname, name)
 		case tar.TypeReg:
-			if err := os.WriteFile(p, e.data, mode); err != nil {
-				return err
+			if err = root.MkdirAll(filepath.Dir(name), 0o755); err == nil {
+				err = root.WriteFile(name, e.data, mode)
 			}
 		default:
-			return fmt.Errorf("%s: unsupported entry type %q", e.hdr.Name, e.hdr.Typeflag)
+			err = fmt.Errorf("%s: unsupported entry type %q", name, e.hdr.Typeflag)
+		}
+		if err != nil {
+			return err
+		}
+		if e.hdr.Typeflag == tar.TypeSymlink || e.hdr.Typeflag == tar.TypeLink {
+			continue
 		}
 		// Chmod after WriteFile (umask) and for the sticky bit, then the xattr, last: a write or
 		// a chown would clear it.
-		m := mode
 		if e.hdr.Mode&0o1000 != 0 {
-			m |= os.ModeSticky
+			mode |= os.ModeSticky
 		}
-		if err := os.Chmod(p, m); err != nil {
+		if err := root.Chmod(name, mode); err != nil {
 			return err
 		}
 		if x, ok := e.hdr.PAXRecords[XattrCaps]; ok {
-			if err := unix.Setxattr(p, "security.capability", []byte(x), 0); err != nil {
-				return fmt.Errorf("%s: set file capabilities: %w", e.hdr.Name, err)
+			if err := setCaps(root, name, x); err != nil {
+				return fmt.Errorf("%s: set file capabilities: %w", name, err)
 			}
 		}
 	}
 	return nil
+}
+
+// setCaps sets the security.capability xattr of the file name under root.
+func setCaps(root *os.Root, name, x string) error {
+	f, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fsetxattr(int(f.Fd()), "security.capability", []byte(x), 0)
 }

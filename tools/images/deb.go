@@ -5,9 +5,8 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -105,13 +104,11 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	}
 	// apt-get download prints no URI of a file its directory already holds: it asks in an empty
 	// one, and downloads into debs.
-	empty := filepath.Join(dir, "empty")
-	if err := os.RemoveAll(empty); err != nil {
+	empty, err := os.MkdirTemp(dir, "empty-")
+	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(empty, 0o755); err != nil {
-		return nil, err
-	}
+	defer os.RemoveAll(empty)
 	apt := func(cwd string, args ...string) ([]byte, error) {
 		cmd := exec.Command("apt-get", append([]string{"-c", conf, "-q"}, args...)...)
 		cmd.Dir = cwd
@@ -122,10 +119,6 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 			return out, fmt.Errorf("apt-get %s (configuration %s): %w\n%s", strings.Join(args, " "), conf, err, stderr.Bytes())
 		}
 		return out, nil
-	}
-	update := func() error {
-		_, err := apt(empty, "update")
-		return err
 	}
 	fetch := func() ([]DebPackage, error) {
 		out, err := apt(empty, append([]string{"download", "--print-uris"}, pkgs...)...)
@@ -138,8 +131,8 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 		}
 		var missing []string
 		for _, u := range want {
-			if checkSHA256(filepath.Join(debs, u.file), u.sha256) != nil {
-				missing = append(missing, u.pkg)
+			if checkSHA256(filepath.Join(debs, u.File), u.sha256) != nil {
+				missing = append(missing, u.Name)
 			}
 		}
 		if len(missing) > 0 {
@@ -149,28 +142,24 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 		}
 		var got []DebPackage
 		for _, u := range want {
-			file := filepath.Join(debs, u.file)
-			if err := checkSHA256(file, u.sha256); err != nil {
+			u.File = filepath.Join(debs, u.File)
+			if err := checkSHA256(u.File, u.sha256); err != nil {
 				return nil, err
 			}
-			d, err := readDeb(file)
-			if err != nil {
-				return nil, err
-			}
-			got = append(got, d)
+			got = append(got, u.DebPackage)
 		}
 		return got, nil
 	}
 	lists, _ := filepath.Glob(filepath.Join(dir, "state", "lists", "*_Packages*"))
 	if len(lists) == 0 {
-		if err := update(); err != nil {
+		if _, err := apt(empty, "update"); err != nil {
 			return nil, err
 		}
 	}
 	got, err := fetch()
 	if err != nil && len(lists) > 0 {
 		// The lists may name versions the mirror has replaced since.
-		if uerr := update(); uerr != nil {
+		if _, uerr := apt(empty, "update"); uerr != nil {
 			return nil, uerr
 		}
 		got, err = fetch()
@@ -182,8 +171,13 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	return got, nil
 }
 
-// debURI is one line of `apt-get download --print-uris`: 'URI' FILE SIZE SHA256:HEX.
-type debURI struct{ pkg, file, sha256 string }
+// debURI is one line of `apt-get download --print-uris`: 'URI' FILE SIZE SHA256:HEX. apt names
+// FILE NAME_VERSION_ARCH.deb from the package lists' fields (the version's colon as %3a), so
+// the file's name says which package and version it is; File is that name.
+type debURI struct {
+	DebPackage
+	sha256 string
+}
 
 // parseURIs reads `apt-get download --print-uris`, one line per name of pkgs.
 func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
@@ -194,13 +188,16 @@ func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
 		if len(f) != 4 || !strings.HasPrefix(f[0], "'") {
 			continue
 		}
-		// FILE is NAME_VERSION_ARCH.deb.
 		parts := strings.Split(strings.TrimSuffix(f[1], ".deb"), "_")
 		sum, ok := strings.CutPrefix(f[3], "SHA256:")
 		if !ok || len(parts) != 3 || (parts[2] != arch && parts[2] != "all") || filepath.Base(f[1]) != f[1] {
 			return nil, fmt.Errorf("apt-get download --print-uris: unexpected line %q", sc.Text())
 		}
-		byName[parts[0]] = debURI{pkg: parts[0], file: f[1], sha256: sum}
+		version, err := url.PathUnescape(parts[1])
+		if err != nil {
+			return nil, fmt.Errorf("apt-get download --print-uris: unexpected line %q: %w", sc.Text(), err)
+		}
+		byName[parts[0]] = debURI{DebPackage{Name: parts[0], Version: version, Arch: parts[2], File: f[1]}, sum}
 	}
 	var uris []debURI
 	for _, p := range pkgs {
@@ -213,42 +210,13 @@ func parseURIs(out []byte, pkgs []string, arch string) ([]debURI, error) {
 	return uris, nil
 }
 
-// readDeb reads the name, version and architecture of the package in file.
-func readDeb(file string) (DebPackage, error) {
-	out, err := exec.Command("dpkg-deb", "--field", file, "Package", "Version", "Architecture").Output()
-	if err != nil {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: %w", file, err)
-	}
-	d := DebPackage{File: file}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		k, v, _ := strings.Cut(line, ": ")
-		switch k {
-		case "Package":
-			d.Name = v
-		case "Version":
-			d.Version = v
-		case "Architecture":
-			d.Arch = v
-		}
-	}
-	if d.Name == "" || d.Version == "" || d.Arch == "" {
-		return DebPackage{}, fmt.Errorf("dpkg-deb --field %s: no package, version or architecture in %q", file, out)
-	}
-	return d, nil
-}
-
 // checkSHA256 reports whether the file at p has the SHA-256 sum want (hex).
 func checkSHA256(p, want string) error {
-	f, err := os.Open(p)
+	data, err := os.ReadFile(p)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return err
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+	if got := fmt.Sprintf("%x", sha256.Sum256(data)); got != want {
 		return fmt.Errorf("%s: SHA-256 %s, want %s (from the package lists)", p, got, want)
 	}
 	return nil
@@ -267,22 +235,14 @@ func pruneDebs(dir string, keep []DebPackage) {
 	}
 }
 
-// findDeb returns the package named pkg among debs.
-func findDeb(debs []DebPackage, pkg string) (DebPackage, error) {
-	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
-	if i < 0 {
-		return DebPackage{}, fmt.Errorf("the Debian package %s: not fetched (see FetchDebs)", pkg)
-	}
-	return debs[i], nil
-}
-
 // addDeb adds the files of Debian package pkg (its data archive, as dpkg would unpack it, less
 // documentation) to entries.
 func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
-	d, err := findDeb(debs, pkg)
-	if err != nil {
-		return err
+	i := slices.IndexFunc(debs, func(d DebPackage) bool { return d.Name == pkg })
+	if i < 0 {
+		return fmt.Errorf("the Debian package %s: not fetched (see FetchDebs)", pkg)
 	}
+	d := debs[i]
 	out, err := exec.Command("dpkg-deb", "--fsys-tarfile", d.File).Output()
 	if err != nil {
 		return fmt.Errorf("dpkg-deb --fsys-tarfile %s: %w", d.File, err)
@@ -293,49 +253,22 @@ func addDeb(entries map[string]*entry, debs []DebPackage, pkg string) error {
 	}
 	for _, e := range files {
 		name := strings.TrimPrefix(path.Clean(e.hdr.Name), "./")
-		if name == "." || skippedDebPath(name) {
+		skip := slices.ContainsFunc(debSkipped, func(p string) bool { return strings.HasPrefix(name+"/", p) })
+		if name == "." || skip {
 			continue
 		}
-		if e.hdr.Typeflag == tar.TypeDir {
-			if _, ok := entries[name]; ok {
-				continue // directories are shared between packages
-			}
+		old, ok := entries[name]
+		if ok && e.hdr.Typeflag == tar.TypeDir {
+			continue // directories are shared between packages
+		}
+		if ok && old.hdr.Typeflag != tar.TypeDir {
+			return fmt.Errorf("%s: %s is also in another package", d.File, name)
 		}
 		if e.hdr.Typeflag == tar.TypeLink {
 			e.hdr.Linkname = strings.TrimPrefix(path.Clean(e.hdr.Linkname), "./")
-		}
-		if old, ok := entries[name]; ok && old.hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("%s: %s is also in another package", d.File, name)
 		}
 		e.hdr.PAXRecords = nil
 		entries[name] = e
 	}
 	return nil
-}
-
-func skippedDebPath(name string) bool {
-	for _, p := range debSkipped {
-		if strings.HasPrefix(name+"/", p) {
-			return true
-		}
-	}
-	return false
-}
-
-// DebVersions returns "package=version" of every package of debs, for the image's label.
-func DebVersions(debs []DebPackage) []string {
-	var out []string
-	for _, d := range debs {
-		out = append(out, d.Name+"="+d.Version)
-	}
-	return out
-}
-
-// tempDir is os.MkdirTemp with the error named.
-func tempDir(pattern string) (string, error) {
-	d, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", fmt.Errorf("temporary directory: %w", err)
-	}
-	return d, nil
 }

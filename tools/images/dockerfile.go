@@ -13,8 +13,8 @@ const GoImage = "golang:1.26-bookworm"
 // Dockerfile renders img's Dockerfile. The build stage runs `make build` and then this package
 // (tools/cmd/images rootfs, which `make tools-bin` builds) to lay out the file system exactly as
 // `make images` does; the final stage copies it into scratch (or over Linkerd's proxy image, for
-// the overlay) and sets what the image configuration says. It needs BuildKit (Docker 23 or later), whose COPY keeps the
-// security.capability xattr.
+// the overlay) with the image's configuration. BuildKit (Docker 23 or later) keeps the
+// security.capability xattr on COPY.
 func Dockerfile(img Image) string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format+"\n", a...) }

@@ -3,14 +3,16 @@ package images
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -25,7 +27,7 @@ type Inputs struct {
 	BinDir string
 	// RepoDir is the repository root, for Repo files.
 	RepoDir string
-	// Debs are the image's Debian packages (FetchDebs); when nil, the builders fetch them into
+	// Debs are the Debian packages Layer extracts; the builders fetch them (FetchDebs) into
 	// DebCache ("": DefaultDebCache).
 	Debs     []DebPackage
 	DebCache string
@@ -66,14 +68,9 @@ func Layer(img Image, in Inputs) ([]byte, error) {
 			}
 		}
 	}
-	names := make([]string, 0, len(entries))
-	for name := range entries {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(entries)) {
 		e := entries[name]
 		h := e.hdr
 		h.Name = name
@@ -103,45 +100,37 @@ func addFile(entries map[string]*entry, f File, in Inputs) error {
 	if !path.IsAbs(f.Path) || name == "" {
 		return fmt.Errorf("not an absolute path")
 	}
-	mode := f.Mode
 	var e *entry
+	def := fs.FileMode(0o644) // the mode when f.Mode is not set
 	switch {
 	case f.Debian:
 		e = entries[name]
 		if e == nil || e.hdr.Typeflag != tar.TypeReg {
 			return fmt.Errorf("not a regular file of the image's Debian packages")
 		}
-		if mode == 0 {
-			mode = fs.FileMode(e.hdr.Mode)
-		}
+		def = fs.FileMode(e.hdr.Mode)
 	case f.Link != "":
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Linkname: f.Link}}
-		mode = 0o777
+		f.Mode = 0o777
 	case f.Dir:
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeDir}}
-		if mode == 0 {
-			mode = 0o755
-		}
+		def = 0o755
 	case f.Bin != "" || f.Repo != "":
 		src := filepath.Join(in.BinDir, f.Bin)
 		if f.Repo != "" {
 			src = filepath.Join(in.RepoDir, f.Repo)
+		} else {
+			def = 0o755
 		}
 		data, err := os.ReadFile(src)
 		if err != nil {
 			return err
 		}
 		e = &entry{hdr: tar.Header{Typeflag: tar.TypeReg}, data: data}
-		if mode == 0 {
-			mode = 0o644
-			if f.Bin != "" {
-				mode = 0o755
-			}
-		}
 	default:
 		return fmt.Errorf("no source: set one of Bin, Repo, Link, Dir or Debian")
 	}
-	e.hdr.Mode = tarMode(mode)
+	e.hdr.Mode = tarMode(cmp.Or(f.Mode, def))
 	if f.Caps != "" {
 		if e.hdr.Typeflag != tar.TypeReg {
 			return fmt.Errorf("capabilities %q on a file that is not regular", f.Caps)
@@ -204,12 +193,10 @@ func CapXattr(s string) ([]byte, error) {
 			return nil, fmt.Errorf("capabilities %q: unknown flag %q; want e, p or i", s, f)
 		}
 	}
-	b := make([]byte, 20)
-	binary.LittleEndian.PutUint32(b[0:], magic)
-	binary.LittleEndian.PutUint32(b[4:], uint32(permitted))
-	binary.LittleEndian.PutUint32(b[8:], uint32(inheritable))
-	binary.LittleEndian.PutUint32(b[12:], uint32(permitted>>32))
-	binary.LittleEndian.PutUint32(b[16:], uint32(inheritable>>32))
+	var b []byte
+	for _, v := range []uint64{uint64(magic), permitted, inheritable, permitted >> 32, inheritable >> 32} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(v))
+	}
 	return b, nil
 }
 

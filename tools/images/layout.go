@@ -13,12 +13,7 @@
 // building machine's sources (its release). The proxy-image overlay's layer is built here;
 // putting it over Linkerd's image is tools/release's (it needs a registry).
 //
-// # Tests
-//
-// Every archive opened with archive/tar and checked path by path for both platforms, each program's
-// ELF architecture (ours static), capabilities against setcap, the images' programs run from the
-// unpacked layers as nobody (root), the private apt directory leaving the machine's apt and dpkg
-// state alone, the Dockerfiles up to date (docs/images.md#tests).
+// Tests: docs/images.md#tests.
 package images
 
 import "io/fs"
@@ -42,10 +37,9 @@ type File struct {
 	Bin string
 	// Repo is a file of this repository, relative to its root.
 	Repo string
-	// Link makes Path a symbolic link to Link.
+	// Link makes Path a symbolic link to Link; Dir, a directory.
 	Link string
-	// Dir makes Path a directory.
-	Dir bool
+	Dir  bool
 	// Debian marks a file that one of the image's Debian packages provides; the entry only
 	// adds Caps to it.
 	Debian bool

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -36,6 +35,12 @@ const LabelDebian = "io.kubemesh.debian-packages"
 // Ref is the image's full name for tag.
 func (img Image) Ref(tag string) string { return img.Repository + ":" + tag + img.TagSuffix }
 
+// goArches are Go's names of the ELF machines.
+var goArches = map[elf.Machine]string{
+	elf.EM_X86_64: "amd64", elf.EM_AARCH64: "arm64", elf.EM_ARM: "arm", elf.EM_386: "386",
+	elf.EM_PPC64: "ppc64le", elf.EM_S390: "s390x", elf.EM_RISCV: "riscv64",
+}
+
 // GoArch returns the architecture of the ELF binary at path, as Go names it.
 func GoArch(path string) (string, error) {
 	f, err := elf.Open(path)
@@ -43,21 +48,8 @@ func GoArch(path string) (string, error) {
 		return "", fmt.Errorf("read the architecture of %s: %w", path, err)
 	}
 	defer f.Close()
-	switch f.Machine {
-	case elf.EM_X86_64:
-		return "amd64", nil
-	case elf.EM_AARCH64:
-		return "arm64", nil
-	case elf.EM_ARM:
-		return "arm", nil
-	case elf.EM_386:
-		return "386", nil
-	case elf.EM_PPC64:
-		return "ppc64le", nil
-	case elf.EM_S390:
-		return "s390x", nil
-	case elf.EM_RISCV:
-		return "riscv64", nil
+	if arch, ok := goArches[f.Machine]; ok {
+		return arch, nil
 	}
 	return "", fmt.Errorf("%s: unsupported machine %v", path, f.Machine)
 }
@@ -101,9 +93,9 @@ func OCIImage(img Image, layerTar []byte, goarch string, labels map[string]strin
 // archive at dst, its index entry annotated with ref (and ref's tag), the files sorted and
 // stamped with in.Epoch.
 func WriteOCIArchive(dst string, item any, ref string, in Inputs) error {
-	dir, err := tempDir("oci-layout-")
+	dir, err := os.MkdirTemp("", "oci-layout-")
 	if err != nil {
-		return err
+		return fmt.Errorf("temporary directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	p, err := layout.Write(dir, empty.Index)
@@ -123,50 +115,38 @@ func WriteOCIArchive(dst string, item any, ref string, in Inputs) error {
 	if err != nil {
 		return fmt.Errorf("write OCI layout: %w", err)
 	}
-	var files []string
-	if err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && path != dir {
-			files = append(files, path)
-		}
-		return err
-	}); err != nil {
-		return err
-	}
-	sort.Strings(files)
-	tmp := dst + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp)
-	tw := tar.NewWriter(f)
-	for _, path := range files {
-		st, err := os.Stat(path)
-		if err != nil {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	// WalkDir's lexical order keeps the archive the same for the same image.
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == dir {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, path)
-		h := &tar.Header{Name: filepath.ToSlash(rel), Mode: 0o644, ModTime: in.Epoch, Typeflag: tar.TypeReg, Size: st.Size()}
-		if st.IsDir() {
-			h.Name, h.Mode, h.Typeflag, h.Size = h.Name+"/", 0o755, tar.TypeDir, 0
+		h := &tar.Header{Name: filepath.ToSlash(rel) + "/", Mode: 0o755, ModTime: in.Epoch, Typeflag: tar.TypeDir}
+		if d.IsDir() {
+			return tw.WriteHeader(h)
 		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		h.Name, h.Mode, h.Typeflag, h.Size = filepath.ToSlash(rel), 0o644, tar.TypeReg, int64(len(data))
 		if err := tw.WriteHeader(h); err != nil {
 			return err
 		}
-		if !st.IsDir() {
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			if _, err := tw.Write(data); err != nil {
-				return err
-			}
-		}
+		_, err = tw.Write(data)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	tmp := dst + ".tmp"
+	defer os.Remove(tmp)
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dst)

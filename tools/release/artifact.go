@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
@@ -16,50 +15,34 @@ import (
 // none.
 var emptyConfig = []byte("{}")
 
-// blob is one layer of an artifact.
-type blob struct {
-	data        []byte
-	mediaType   types.MediaType
-	annotations map[string]string
-}
-
-// artifact is an OCI image manifest whose layers are not a file system (an SBOM, a signature),
-// as a v1.Image so that go-containerregistry's remote.Write pushes it, its subject's referrers
-// (or the referrers tag where a registry lacks the API) included.
+// artifact is an OCI image manifest whose one layer is not a file system (an SBOM), as a
+// v1.Image so that go-containerregistry's remote.Write pushes it, its subject's referrers (or
+// the referrers tag where a registry lacks the API) included.
 type artifact struct {
-	config   []byte
 	raw      []byte
-	layers   map[v1.Hash]v1.Layer
+	layer    v1.Layer
 	manifest v1.Manifest
 }
 
-// newArtifact builds the manifest: artifactType, a configuration (configType over config, the
-// empty descriptor when config is nil), the blobs as layers, an optional subject.
-func newArtifact(artifactType string, configType types.MediaType, config []byte, blobs []blob, subject *v1.Descriptor, annotations map[string]string) (v1.Image, error) {
-	if config == nil {
-		config, configType = emptyConfig, types.OCIEmptyJSON
+// newArtifact builds the manifest: data as its layer, of mediaType (the artifact's type too),
+// the empty configuration, and subject.
+func newArtifact(mediaType types.MediaType, data []byte, subject *v1.Descriptor) (v1.Image, error) {
+	h, size, err := v1.SHA256(bytes.NewReader(emptyConfig))
+	if err != nil {
+		return nil, err
 	}
-	a := &artifact{config: config, layers: map[v1.Hash]v1.Layer{}}
-	h, size, err := v1.SHA256(bytes.NewReader(config))
+	a := &artifact{layer: static.NewLayer(data, mediaType)}
+	d, err := a.layer.Digest()
 	if err != nil {
 		return nil, err
 	}
 	a.manifest = v1.Manifest{
 		SchemaVersion: 2,
 		MediaType:     types.OCIManifestSchema1,
-		ArtifactType:  artifactType,
-		Config:        v1.Descriptor{MediaType: configType, Digest: h, Size: size},
+		ArtifactType:  string(mediaType),
+		Config:        v1.Descriptor{MediaType: types.OCIEmptyJSON, Digest: h, Size: size},
+		Layers:        []v1.Descriptor{{MediaType: mediaType, Digest: d, Size: int64(len(data))}},
 		Subject:       subject,
-		Annotations:   annotations,
-	}
-	for _, b := range blobs {
-		l := static.NewLayer(b.data, b.mediaType)
-		d, err := l.Digest()
-		if err != nil {
-			return nil, err
-		}
-		a.layers[d] = l
-		a.manifest.Layers = append(a.manifest.Layers, v1.Descriptor{MediaType: b.mediaType, Digest: d, Size: int64(len(b.data)), Annotations: b.annotations})
 	}
 	if a.raw, err = json.Marshal(a.manifest); err != nil {
 		return nil, err
@@ -67,24 +50,16 @@ func newArtifact(artifactType string, configType types.MediaType, config []byte,
 	return partial.CompressedToImage(a)
 }
 
-func (a *artifact) RawConfigFile() ([]byte, error)      { return a.config, nil }
+func (a *artifact) RawConfigFile() ([]byte, error)      { return emptyConfig, nil }
 func (a *artifact) MediaType() (types.MediaType, error) { return a.manifest.MediaType, nil }
 func (a *artifact) RawManifest() ([]byte, error)        { return a.raw, nil }
 
 func (a *artifact) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
-	if h == a.manifest.Config.Digest {
-		return static.NewLayer(a.config, a.manifest.Config.MediaType), nil
-	}
-	if l, ok := a.layers[h]; ok {
-		return l, nil
+	switch h {
+	case a.manifest.Config.Digest:
+		return static.NewLayer(emptyConfig, types.OCIEmptyJSON), nil
+	case a.manifest.Layers[0].Digest:
+		return a.layer, nil
 	}
 	return nil, fmt.Errorf("artifact has no blob %s", h)
-}
-
-// splitTag splits repository:tag (a tag after the last slash).
-func splitTag(ref string) (repo, tag string) {
-	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
-		return ref[:i], ref[i+1:]
-	}
-	return ref, ""
 }

@@ -51,9 +51,8 @@ type OverlayOptions struct {
 	BinDir string
 	// Platforms are those we build; a base platform outside them is refused.
 	Platforms []string
-	// Epoch stamps the layer's files and its history entry.
-	Epoch time.Time
-	// Version is ours, for the history entry.
+	// Epoch stamps the layer's files and its history entry; Version (ours) is in the latter.
+	Epoch   time.Time
 	Version string
 	// Remote are go-containerregistry's options for the registries (authentication, transport).
 	Remote []remote.Option
@@ -94,7 +93,8 @@ func Overlay(ctx context.Context, o OverlayOptions) (*Overlaid, error) {
 	}
 	defer cleanup()
 	res := &Overlaid{}
-	var item interface {
+	var out interface {
+		remote.Taggable
 		Digest() (v1.Hash, error)
 	}
 	if img != nil {
@@ -105,25 +105,18 @@ func Overlay(ctx context.Context, o OverlayOptions) (*Overlaid, error) {
 		if err != nil {
 			return nil, fmt.Errorf("base %s: %w", o.Base, err)
 		}
-		out, p, err := overlayImage(img, cf.Platform(), res.Base, o)
+		single, p, err := overlayImage(img, cf.Platform(), res.Base, o)
 		if err != nil {
 			return nil, err
 		}
-		res.Platforms, item = append(res.Platforms, p), out
-		if err := remote.Write(target, out, opts...); err != nil {
-			return nil, fmt.Errorf("push %s: %w", target, err)
-		}
-	} else {
-		out, err := overlayIndex(idx, res, o)
-		if err != nil {
-			return nil, err
-		}
-		item = out
-		if err := remote.WriteIndex(target, out, opts...); err != nil {
-			return nil, fmt.Errorf("push %s: %w", target, err)
-		}
+		res.Platforms, out = append(res.Platforms, p), single
+	} else if out, err = overlayIndex(idx, res, o); err != nil {
+		return nil, err
 	}
-	d, err := item.Digest()
+	if err := remote.Push(target, out, opts...); err != nil {
+		return nil, fmt.Errorf("push %s: %w", target, err)
+	}
+	d, err := out.Digest()
 	if err != nil {
 		return nil, err
 	}
@@ -177,34 +170,17 @@ func overlayIndex(idx v1.ImageIndex, res *Overlaid, o OverlayOptions) (v1.ImageI
 		mt = types.OCIImageIndex
 	}
 	out := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, mt), adds...)
-	ann := maps.Clone(im.Annotations)
+	return mutate.Annotations(out, withBase(im.Annotations, res.Base, o.Base)).(v1.ImageIndex), nil
+}
+
+// withBase is a copy of ann that records the base in AnnotationBaseDigest and AnnotationBaseName.
+func withBase(ann map[string]string, digest v1.Hash, base string) map[string]string {
+	ann = maps.Clone(ann)
 	if ann == nil {
 		ann = map[string]string{}
 	}
-	ann[AnnotationBaseDigest], ann[AnnotationBaseName] = res.Base.String(), o.Base
-	return mutate.Annotations(out, ann).(v1.ImageIndex), nil
-}
-
-// platformString is os/arch[/variant].
-func platformString(p v1.Platform) string {
-	s := p.OS + "/" + p.Architecture
-	if p.Variant != "" {
-		s += "/" + p.Variant
-	}
-	return s
-}
-
-// builtPlatform returns which of ours p is: arm64's v8 variant is arm64.
-func builtPlatform(p v1.Platform, ours []string) (string, bool) {
-	v := p.Variant
-	if p.Architecture == "arm64" && v == "v8" {
-		v = ""
-	}
-	want := p.OS + "/" + p.Architecture
-	if v != "" {
-		want += "/" + v
-	}
-	return want, slices.Contains(ours, want)
+	ann[AnnotationBaseDigest], ann[AnnotationBaseName] = digest.String(), base
+	return ann
 }
 
 // overlayImage appends our layer to one platform's image, once it has checked the platform and
@@ -213,9 +189,13 @@ func overlayImage(img v1.Image, p *v1.Platform, baseDigest v1.Hash, o OverlayOpt
 	if p == nil {
 		return nil, OverlaidPlatform{}, fmt.Errorf("base %s: the image names no platform", o.Base)
 	}
-	plat, ok := builtPlatform(*p, o.Platforms)
-	if !ok {
-		return nil, OverlaidPlatform{}, fmt.Errorf("platform %s is not one we build (%s)", platformString(*p), strings.Join(o.Platforms, ", "))
+	// arm64's v8 variant is plain arm64.
+	plat := p.OS + "/" + p.Architecture
+	if v := p.Variant; v != "" && (p.Architecture != "arm64" || v != "v8") {
+		plat += "/" + v
+	}
+	if !slices.Contains(o.Platforms, plat) {
+		return nil, OverlaidPlatform{}, fmt.Errorf("platform %s is not one we build (%s)", p, strings.Join(o.Platforms, ", "))
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -265,12 +245,7 @@ func overlayImage(img v1.Image, p *v1.Platform, baseDigest v1.Hash, o OverlayOpt
 	if err != nil {
 		return nil, OverlaidPlatform{}, err
 	}
-	ann := maps.Clone(m.Annotations)
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[AnnotationBaseDigest], ann[AnnotationBaseName] = baseDigest.String(), o.Base
-	out = mutate.Annotations(out, ann).(v1.Image)
+	out = mutate.Annotations(out, withBase(m.Annotations, baseDigest, o.Base)).(v1.Image)
 	d, err := out.Digest()
 	if err != nil {
 		return nil, OverlaidPlatform{}, err
@@ -293,127 +268,76 @@ func missingPaths(img v1.Image, paths []string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read the file system: %w", err)
 		}
-		have["/"+strings.TrimPrefix(path.Clean("/"+h.Name), "/")] = true
+		have[path.Clean("/"+h.Name)] = true
 	}
-	var missing []string
-	for _, p := range paths {
-		if !have[p] {
-			missing = append(missing, p)
-		}
-	}
-	return missing, nil
+	return slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return have[p] }), nil
 }
 
 // openBase opens the base: an index, or a single image. cleanup removes what reading a local
 // archive unpacked.
-func openBase(ref string, opts []remote.Option) (v1.ImageIndex, v1.Image, func(), error) {
-	nothing := func() {}
+func openBase(ref string, opts []remote.Option) (idx v1.ImageIndex, img v1.Image, cleanup func(), err error) {
+	cleanup = func() {}
 	fi, statErr := os.Stat(ref)
-	if looksLikePath(ref) && statErr != nil {
-		return nil, nil, nothing, fmt.Errorf("base %s: %w", ref, statErr)
-	}
 	if statErr != nil {
+		// A missing file must not become a request to a default registry.
+		if strings.HasPrefix(ref, "/") || strings.HasPrefix(ref, ".") || strings.HasSuffix(ref, ".tar") {
+			return nil, nil, cleanup, fmt.Errorf("base %s: %w", ref, statErr)
+		}
 		r, err := name.ParseReference(ref)
 		if err != nil {
-			return nil, nil, nothing, fmt.Errorf("base %q is neither a file nor a registry reference: %w", ref, err)
+			return nil, nil, cleanup, fmt.Errorf("base %q is neither a file nor a registry reference: %w", ref, err)
 		}
 		desc, err := remote.Get(r, opts...)
 		if err != nil {
-			return nil, nil, nothing, fmt.Errorf("base %s: %w", ref, err)
+			return nil, nil, cleanup, fmt.Errorf("base %s: %w", ref, err)
 		}
 		if desc.MediaType.IsIndex() {
-			idx, err := desc.ImageIndex()
-			return idx, nil, nothing, err
+			idx, err = desc.ImageIndex()
+		} else {
+			img, err = desc.Image()
 		}
-		img, err := desc.Image()
-		return nil, img, nothing, err
+		return idx, img, cleanup, err
 	}
-	dir, cleanup := ref, nothing
+	defer func() {
+		if err != nil {
+			cleanup()
+			err = fmt.Errorf("base %s: %w", ref, err)
+		}
+	}()
+	dir := ref
 	if !fi.IsDir() {
 		tmp, err := os.MkdirTemp("", "overlay-base-")
 		if err != nil {
-			return nil, nil, nothing, err
+			return nil, nil, cleanup, err
 		}
-		cleanup = func() { os.RemoveAll(tmp) }
-		if err := untar(ref, tmp); err != nil {
-			cleanup()
-			return nil, nil, nothing, fmt.Errorf("base %s: %w", ref, err)
+		dir, cleanup = filepath.Join(tmp, "layout"), func() { os.RemoveAll(tmp) }
+		data, err := os.ReadFile(ref)
+		if err != nil {
+			return nil, nil, cleanup, err
 		}
-		dir = tmp
-	}
-	fail := func(err error) (v1.ImageIndex, v1.Image, func(), error) {
-		cleanup()
-		return nil, nil, nothing, fmt.Errorf("base %s: %w", ref, err)
+		if err := images.Unpack(dir, data); err != nil {
+			return nil, nil, cleanup, fmt.Errorf("not an OCI archive: %w", err)
+		}
 	}
 	p, err := layout.FromPath(dir)
 	if err != nil {
-		return fail(fmt.Errorf("not an OCI image layout: %w", err))
+		return nil, nil, cleanup, fmt.Errorf("not an OCI image layout: %w", err)
 	}
 	top, err := p.ImageIndex()
 	if err != nil {
-		return fail(err)
+		return nil, nil, cleanup, err
 	}
 	im, err := top.IndexManifest()
 	if err != nil {
-		return fail(err)
+		return nil, nil, cleanup, err
 	}
 	if len(im.Manifests) != 1 {
-		return fail(fmt.Errorf("the layout holds %d entries, want one image or index", len(im.Manifests)))
+		return nil, nil, cleanup, fmt.Errorf("the layout holds %d entries, want one image or index", len(im.Manifests))
 	}
 	if d := im.Manifests[0]; d.MediaType.IsIndex() {
-		idx, err := top.ImageIndex(d.Digest)
-		if err != nil {
-			return fail(err)
-		}
-		return idx, nil, cleanup, nil
+		idx, err = top.ImageIndex(d.Digest)
+	} else {
+		img, err = top.Image(d.Digest)
 	}
-	img, err := top.Image(im.Manifests[0].Digest)
-	if err != nil {
-		return fail(err)
-	}
-	return nil, img, cleanup, nil
-}
-
-// looksLikePath says whether ref names a file rather than a registry's image: a missing file
-// must not become a request to a default registry.
-func looksLikePath(ref string) bool {
-	return strings.HasPrefix(ref, "/") || strings.HasPrefix(ref, ".") || strings.HasSuffix(ref, ".tar")
-}
-
-// untar unpacks the regular files and directories of an OCI archive into dir.
-func untar(archive, dir string) error {
-	f, err := os.Open(archive)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("not an OCI archive: %w", err)
-		}
-		name := path.Clean(h.Name)
-		if !filepath.IsLocal(name) {
-			return fmt.Errorf("entry %q leaves the archive", h.Name)
-		}
-		p := filepath.Join(dir, name)
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(p, 0o755)
-		case tar.TypeReg:
-			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
-				var data []byte
-				if data, err = io.ReadAll(tr); err == nil {
-					err = os.WriteFile(p, data, 0o644)
-				}
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return idx, img, cleanup, err
 }

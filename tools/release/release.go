@@ -11,22 +11,13 @@
 // signatures a digest had; the files of the release directory (binaries, SHA256SUMS) are not
 // signed. SBOMs list Go modules and Debian packages, not licenses.
 //
-// # Tests
-//
-// Against go-containerregistry's registry in the test process (loopback only): the overlay layer by
-// layer for both platforms and its refusals, a signed release with and without the referrers API
-// (SBOM referrers, signatures that verify and fail, the chart), bad input, and `helm install` from
-// the oci:// reference into a kube-apiserver; install.md's install-from-a-checkout blocks run
-// against the unsigned releases, and the sizes in images.md and performance.md stay within 10% of
-// what was built (docs/images.md#tests).
+// Tests: docs/images.md#tests.
 package release
 
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -37,6 +28,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kubemesh/proxy-init/tools/chart"
@@ -63,8 +55,7 @@ type Options struct {
 	Password []byte
 	// Remote are go-containerregistry's options for the registry (authentication, transport).
 	Remote []remote.Option
-	// Logf reports progress.
-	Logf func(format string, a ...any)
+	Logf   func(format string, a ...any)
 }
 
 // Result is what a release wrote and pushed.
@@ -85,6 +76,7 @@ type Released struct {
 	Digest    v1.Hash
 	Archive   string
 	Platforms []ReleasedPlatform
+	built     *images.Built
 }
 
 // ReleasedPlatform is one platform's image.
@@ -115,8 +107,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	chartImage := ""
 	if o.Registry != "" {
-		if _, err := name.NewRepository(o.Registry + "/linkerd-cni"); err != nil {
+		chartImage = o.Registry + "/linkerd-cni"
+		if _, err := name.NewRepository(chartImage); err != nil {
 			return nil, fmt.Errorf("registry %q: want host[:port]/namespace: %w", o.Registry, err)
 		}
 	}
@@ -142,7 +136,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{}
 	in := images.Inputs{BinDir: o.BinDir, RepoDir: o.RepoDir, DebCache: o.DebCache, Epoch: o.Epoch}
-	var builds []*images.Built
 	var digests strings.Builder
 	for _, img := range images.Images {
 		if o.Registry != "" {
@@ -157,7 +150,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := Released{Name: img.Name, Ref: img.Ref(o.Version), Digest: d, Archive: archive}
+		r := Released{Name: img.Name, Ref: img.Ref(o.Version), Digest: d, Archive: archive, built: b}
 		for _, pi := range b.Platforms {
 			rp, err := writeSBOM(imgDir, b, pi, o)
 			if err != nil {
@@ -167,15 +160,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		logf("built %s (%s) %s", r.Ref, d, archive)
 		fmt.Fprintf(&digests, "%s@%s\n", r.Ref, d)
-		builds = append(builds, b)
 		res.Images = append(res.Images, r)
 	}
 	if err := os.WriteFile(filepath.Join(o.Out, DigestsFile), []byte(digests.String()), 0o644); err != nil {
 		return nil, err
-	}
-	chartImage := ""
-	if o.Registry != "" {
-		chartImage = o.Registry + "/linkerd-cni"
 	}
 	if res.Chart, err = chart.Package(o.RepoDir, o.Out, o.Version, chartImage); err != nil {
 		return nil, err
@@ -198,8 +186,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return res, nil
 	}
 	opts := append(slices.Clone(o.Remote), remote.WithContext(ctx))
-	for i, b := range builds {
-		if err := push(ctx, b, res.Images[i], signer, opts, logf); err != nil {
+	for _, r := range res.Images {
+		if err := push(ctx, r, signer, opts, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -210,8 +198,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.ChartRef = "oci://" + ref
 	logf("pushed chart %s@%s", res.ChartRef, digest)
 	if signer != nil {
-		repo, _ := splitTag(ref)
-		if res.ChartDigest, err = name.NewDigest(repo + "@" + digest); err != nil {
+		// ref is REPO/NAME:VERSION.
+		if res.ChartDigest, err = name.NewDigest(ref[:strings.LastIndex(ref, ":")] + "@" + digest); err != nil {
 			return nil, err
 		}
 		if _, err := signer.Sign(ctx, res.ChartDigest, opts...); err != nil {
@@ -222,52 +210,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// writeSBOM writes one platform's SBOM beside the archive: IMAGE.OS-ARCH.spdx.json.
-func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) (ReleasedPlatform, error) {
-	plat := pi.Platform.OS + "/" + pi.Platform.Architecture
-	d, err := pi.Image.Digest()
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	m, err := pi.Image.Manifest()
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	size := m.Config.Size
-	for _, l := range m.Layers {
-		size += l.Size
-	}
-	var programs []string
-	for _, f := range b.Image.Files {
-		if f.Bin != "" && !slices.Contains(programs, f.Bin) {
-			programs = append(programs, f.Bin)
-		}
-	}
-	doc, err := SBOM(SBOMInput{
-		Ref: b.Image.Ref(b.Tag), Digest: d, Image: pi, Programs: programs,
-		Distro: Distro(), Created: o.Epoch, Version: o.Version,
-	})
-	if err != nil {
-		return ReleasedPlatform{}, fmt.Errorf("image %s (%s): %w", b.Image.Name, plat, err)
-	}
-	data, err := MarshalSBOM(doc)
-	if err != nil {
-		return ReleasedPlatform{}, err
-	}
-	p := filepath.Join(dir, b.Image.Name+"."+strings.ReplaceAll(plat, "/", "-")+".spdx.json")
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		return ReleasedPlatform{}, err
-	}
-	return ReleasedPlatform{Platform: plat, Digest: d, SBOM: p, Size: size}, nil
-}
-
 // push pushes one image's index, each platform's SBOM as its referrer, and the signatures of
 // the index, of each platform's image and of each SBOM.
-func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
+func push(ctx context.Context, r Released, signer *Signer, opts []remote.Option, logf func(string, ...any)) error {
 	tag, err := name.NewTag(r.Ref)
 	if err != nil {
 		return err
 	}
+	b := r.built
 	if err := remote.WriteIndex(tag, b.Index, opts...); err != nil {
 		return fmt.Errorf("push %s: %w", r.Ref, err)
 	}
@@ -279,16 +229,12 @@ func push(ctx context.Context, b *images.Built, r Released, signer *Signer, opts
 		if err != nil {
 			return err
 		}
-		mt, err := pi.Image.MediaType()
+		desc, err := partial.Descriptor(pi.Image)
 		if err != nil {
 			return err
 		}
-		raw, err := pi.Image.RawManifest()
-		if err != nil {
-			return err
-		}
-		subject := &v1.Descriptor{MediaType: mt, Digest: rp.Digest, Size: int64(len(raw))}
-		art, err := newArtifact(SBOMArtifactType, "", nil, []blob{{data: data, mediaType: SBOMArtifactType}}, subject, nil)
+		subject := &v1.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size}
+		art, err := newArtifact(SBOMArtifactType, data, subject)
 		if err != nil {
 			return err
 		}
@@ -332,18 +278,12 @@ func writeSums(dir string) (string, error) {
 	sort.Strings(files)
 	var b strings.Builder
 	for _, p := range files {
-		f, err := os.Open(p)
-		if err != nil {
-			return "", err
-		}
-		h := sha256.New()
-		_, err = io.Copy(h, f)
-		f.Close()
+		data, err := os.ReadFile(p)
 		if err != nil {
 			return "", err
 		}
 		rel, _ := filepath.Rel(dir, p)
-		fmt.Fprintf(&b, "%s  %s\n", hex.EncodeToString(h.Sum(nil)), filepath.ToSlash(rel))
+		fmt.Fprintf(&b, "%x  %s\n", sha256.Sum256(data), filepath.ToSlash(rel))
 	}
 	out := filepath.Join(dir, SumsFile)
 	return out, os.WriteFile(out, []byte(b.String()), 0o644)

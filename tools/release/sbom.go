@@ -2,16 +2,17 @@ package release
 
 import (
 	"bytes"
+	"cmp"
 	"debug/buildinfo"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	spdxjson "github.com/spdx/tools-golang/json"
 	"github.com/spdx/tools-golang/spdx/v2/common"
 	spdx "github.com/spdx/tools-golang/spdx/v2/v2_3"
@@ -26,39 +27,36 @@ const SBOMArtifactType = "application/spdx+json"
 // noAssertion is SPDX's "we do not say".
 const noAssertion = "NOASSERTION"
 
-// SBOMInput is what one platform's SBOM describes.
-type SBOMInput struct {
-	// Ref is the image's name (repository:tag) and Digest its platform manifest's digest.
-	Ref    string
-	Digest v1.Hash
-	Image  images.PlatformImage
-	// Programs are the image's Go binaries (the layout's Bin files), read for their build info.
-	Programs []string
-	// Distro is the Debian release the packages come from, as in a purl ("debian-12").
-	Distro  string
-	Created time.Time
-	// Version is the release: our main module's version where the build info says "(devel)"
-	// (a build from a checkout), and the creator's (kubemesh-proxy-init-release-VERSION).
-	Version string
-}
-
-// SBOM returns the SPDX 2.3 document of one platform's image: the image, every Go module its
-// programs were built from at the version their build info records (the Go standard library
-// as "stdlib" at the toolchain's version), and every Debian package at its version. The same
-// inputs give the same document.
-func SBOM(in SBOMInput) (*spdx.Document, error) {
-	plat := in.Image.Platform.OS + "/" + in.Image.Platform.Architecture
-	repo, tag := splitTag(in.Ref)
+// writeSBOM writes one platform's SPDX 2.3 document beside the archive
+// (IMAGE.OS-ARCH.spdx.json): the image, every Go module its programs (the layout's Bin files)
+// were built from at the version their build info records (the Go standard library as "stdlib"
+// at the toolchain's version; our main module at o.Version where it says "(devel)"), and every
+// Debian package at its version. The same inputs give the same document.
+func writeSBOM(dir string, b *images.Built, pi images.PlatformImage, o Options) (ReleasedPlatform, error) {
+	plat := pi.Platform.OS + "/" + pi.Platform.Architecture
+	digest, err := pi.Image.Digest()
+	if err != nil {
+		return ReleasedPlatform{}, err
+	}
+	m, err := pi.Image.Manifest()
+	if err != nil {
+		return ReleasedPlatform{}, err
+	}
+	size := m.Config.Size
+	for _, l := range m.Layers {
+		size += l.Size
+	}
+	ref, repo, tag := b.Image.Ref(b.Tag), b.Image.Repository, b.Tag+b.Image.TagSuffix
 	imageID := common.ElementID("Image")
 	doc := &spdx.Document{
 		SPDXVersion:       spdx.Version,
 		DataLicense:       spdx.DataLicense,
 		SPDXIdentifier:    "DOCUMENT",
-		DocumentName:      in.Ref + " " + plat,
-		DocumentNamespace: "https://github.com/kubemesh/proxy-init/spdx/" + repo + "/" + tag + "/" + in.Digest.String(),
+		DocumentName:      ref + " " + plat,
+		DocumentNamespace: "https://github.com/kubemesh/proxy-init/spdx/" + repo + "/" + tag + "/" + digest.String(),
 		CreationInfo: &spdx.CreationInfo{
-			Creators: []common.Creator{{CreatorType: "Tool", Creator: "kubemesh-proxy-init-release-" + in.Version}},
-			Created:  in.Created.UTC().Format(time.RFC3339),
+			Creators: []common.Creator{{CreatorType: "Tool", Creator: "kubemesh-proxy-init-release-" + o.Version}},
+			Created:  o.Epoch.UTC().Format(time.RFC3339),
 		},
 		Relationships: []*spdx.Relationship{{
 			RefA: common.MakeDocElementID("", "DOCUMENT"), RefB: common.MakeDocElementID("", string(imageID)), Relationship: common.TypeRelationshipDescribe,
@@ -66,35 +64,44 @@ func SBOM(in SBOMInput) (*spdx.Document, error) {
 	}
 	name := repo[strings.LastIndex(repo, "/")+1:]
 	doc.Packages = append(doc.Packages, pkg(imageID, repo, tag, "CONTAINER",
-		fmt.Sprintf("pkg:oci/%s@%s?arch=%s&repository_url=%s&tag=%s", name, in.Digest, in.Image.Platform.Architecture, repo, tag)))
+		fmt.Sprintf("pkg:oci/%s@%s?arch=%s&repository_url=%s&tag=%s", name, digest, pi.Platform.Architecture, repo, tag)))
 	add := func(id, name, version, purpose, purl string) {
 		doc.Packages = append(doc.Packages, pkg(common.ElementID(id), name, version, purpose, purl))
 		doc.Relationships = append(doc.Relationships, &spdx.Relationship{
 			RefA: common.MakeDocElementID("", string(imageID)), RefB: common.MakeDocElementID("", id), Relationship: common.TypeRelationshipContains,
 		})
 	}
-	mods, err := goModules(in.Image.BinDir, in.Programs)
+	mods, err := goModules(pi.BinDir, b.Image.Files)
 	if err != nil {
-		return nil, err
+		return ReleasedPlatform{}, fmt.Errorf("image %s (%s): %w", b.Image.Name, plat, err)
 	}
 	for _, m := range mods {
 		purpose := "LIBRARY"
 		if m.main {
 			purpose = "APPLICATION"
 			if m.version == "(devel)" || m.version == "" {
-				m.version = in.Version
+				m.version = o.Version
 			}
 		}
 		add("Go-"+spdxID(m.path+"-"+m.version), m.path, m.version, purpose, "pkg:golang/"+m.path+"@"+m.version)
 	}
-	for _, d := range in.Image.Debian {
+	distro := Distro()
+	for _, d := range pi.Debian {
 		purl := fmt.Sprintf("pkg:deb/debian/%s@%s?arch=%s", d.Name, strings.ReplaceAll(d.Version, ":", "%3A"), d.Arch)
-		if in.Distro != "" {
-			purl += "&distro=" + in.Distro
+		if distro != "" {
+			purl += "&distro=" + distro
 		}
 		add("Deb-"+spdxID(d.Name+"-"+d.Version+"-"+d.Arch), d.Name, d.Version, "", purl)
 	}
-	return doc, nil
+	var data bytes.Buffer
+	if err := spdxjson.Write(doc, &data, spdxjson.Indent("  "), spdxjson.EscapeHTML(false)); err != nil {
+		return ReleasedPlatform{}, fmt.Errorf("write SPDX JSON: %w", err)
+	}
+	p := filepath.Join(dir, b.Image.Name+"."+strings.ReplaceAll(plat, "/", "-")+".spdx.json")
+	if err := os.WriteFile(p, data.Bytes(), 0o644); err != nil {
+		return ReleasedPlatform{}, err
+	}
+	return ReleasedPlatform{Platform: plat, Digest: digest, SBOM: p, Size: size}, nil
 }
 
 // pkg is one SPDX package that says nothing it does not know.
@@ -120,12 +127,16 @@ type goModule struct {
 	main          bool
 }
 
-// goModules reads the build info of the programs in dir: their main module, every dependency
-// (a replacement as the module it is replaced with) and the standard library, each once.
-func goModules(dir string, programs []string) ([]goModule, error) {
+// goModules reads the build info of the programs (the Bin files) in dir: their main module,
+// every dependency (a replacement as the module it is replaced with) and the standard library,
+// each once.
+func goModules(dir string, files []images.File) ([]goModule, error) {
 	seen := map[string]goModule{}
-	for _, p := range programs {
-		file := filepath.Join(dir, p)
+	for _, f := range files {
+		if f.Bin == "" {
+			continue
+		}
+		file := filepath.Join(dir, f.Bin)
 		bi, err := buildinfo.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("read the Go build info of %s: %w", file, err)
@@ -139,49 +150,23 @@ func goModules(dir string, programs []string) ([]goModule, error) {
 			seen[d.Path+"@"+d.Version] = goModule{path: d.Path, version: d.Version}
 		}
 	}
-	mods := make([]goModule, 0, len(seen))
-	for _, m := range seen {
-		mods = append(mods, m)
-	}
-	sort.Slice(mods, func(i, j int) bool {
-		if mods[i].path != mods[j].path {
-			return mods[i].path < mods[j].path
-		}
-		return mods[i].version < mods[j].version
-	})
-	return mods, nil
-}
-
-// MarshalSBOM is the document as indented SPDX JSON.
-func MarshalSBOM(doc *spdx.Document) ([]byte, error) {
-	var b bytes.Buffer
-	if err := spdxjson.Write(doc, &b, spdxjson.Indent("  "), spdxjson.EscapeHTML(false)); err != nil {
-		return nil, fmt.Errorf("write SPDX JSON: %w", err)
-	}
-	return b.Bytes(), nil
+	return slices.SortedFunc(maps.Values(seen), func(a, b goModule) int {
+		return cmp.Or(strings.Compare(a.path, b.path), strings.Compare(a.version, b.version))
+	}), nil
 }
 
 // Distro returns the building machine's Debian release as a purl names it ("debian-12"), the
 // release the private apt directory fetches from (FetchDebs uses the machine's sources), or ""
 // when /etc/os-release does not say.
 func Distro() string {
-	b, err := os.ReadFile("/etc/os-release")
-	if err != nil {
-		return ""
-	}
-	var id, version string
+	b, _ := os.ReadFile("/etc/os-release")
+	kv := map[string]string{}
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, _ := strings.Cut(line, "=")
-		v = strings.Trim(v, `"`)
-		switch k {
-		case "ID":
-			id = v
-		case "VERSION_ID":
-			version = v
-		}
+		kv[k] = strings.Trim(v, `"`)
 	}
-	if id == "" || version == "" {
+	if kv["ID"] == "" || kv["VERSION_ID"] == "" {
 		return ""
 	}
-	return id + "-" + version
+	return kv["ID"] + "-" + kv["VERSION_ID"]
 }

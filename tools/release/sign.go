@@ -7,12 +7,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/sigstore/sigstore/pkg/cryptoutils"
 	"github.com/sigstore/sigstore/pkg/signature"
@@ -36,17 +37,9 @@ type Signer struct {
 // LoadSigner reads a PEM private key: cosign's own (`cosign generate-key-pair`, encrypted with
 // password, which may be empty) or a plain PKCS#8, SEC 1 or PKCS#1 key.
 func LoadSigner(file string, password []byte) (*Signer, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("signing key: %w", err)
-	}
-	priv, err := cryptoutils.UnmarshalPEMToPrivateKey(b, func(bool) ([]byte, error) { return password, nil })
+	sv, err := signature.LoadSignerVerifierFromPEMFile(file, crypto.SHA256, func(bool) ([]byte, error) { return password, nil })
 	if err != nil {
 		return nil, fmt.Errorf("signing key %s: %w (a cosign key needs its password in COSIGN_PASSWORD)", file, err)
-	}
-	sv, err := signature.LoadSignerVerifier(priv, crypto.SHA256)
-	if err != nil {
-		return nil, fmt.Errorf("signing key %s: %w", file, err)
 	}
 	return &Signer{sv: sv}, nil
 }
@@ -76,10 +69,13 @@ func (s *Signer) Sign(ctx context.Context, d name.Digest, opts ...remote.Option)
 	if err != nil {
 		return name.Tag{}, fmt.Errorf("sign %s: %w", d, err)
 	}
-	img, err := newArtifact("", types.OCIConfigJSON, signatureConfig(body), []blob{{
-		data: body, mediaType: SimpleSigningMediaType,
-		annotations: map[string]string{AnnotationSignature: base64.StdEncoding.EncodeToString(sig)},
-	}}, nil, nil)
+	// The image cosign itself writes: its configuration names the payload as the one layer, which
+	// registries that insist on an image configuration take.
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.Append(base, mutate.Addendum{
+		Layer:       static.NewLayer(body, SimpleSigningMediaType),
+		Annotations: map[string]string{AnnotationSignature: base64.StdEncoding.EncodeToString(sig)},
+	})
 	if err != nil {
 		return name.Tag{}, err
 	}
@@ -88,15 +84,4 @@ func (s *Signer) Sign(ctx context.Context, d name.Digest, opts ...remote.Option)
 		return name.Tag{}, fmt.Errorf("push the signature of %s: %w", d, err)
 	}
 	return tag, nil
-}
-
-// signatureConfig is an image configuration naming the payload as the one layer, as cosign
-// writes it: registries that insist on an image configuration take it.
-func signatureConfig(body []byte) []byte {
-	h, _, _ := v1.SHA256(bytes.NewReader(body))
-	b, _ := json.Marshal(map[string]any{
-		"architecture": "", "os": "", "config": map[string]any{},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{h.String()}},
-	})
-	return b
 }

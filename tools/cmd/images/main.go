@@ -1,25 +1,20 @@
 // Command images builds the images described in tools/images without a container daemon,
 // and publishes them (tools/release). `make tools-bin` builds it into bin/tools; run it from the
-// repository root, whose paths (bin/, deploy/) it takes.
+// repository root, whose paths (bin/, deploy/) it takes. Its commands (flags: COMMAND --help):
 //
-//	images build [--bin bin] [--platforms 'linux/amd64 linux/arm64'] [--out bin/images] [--tag TAG] [--epoch SECONDS] [NAME...]
-//	    OCI image archives, one per image, each an index of every platform: OUT/NAME.tar (all
-//	    images when no NAME is given), from the binaries in BIN/OS-ARCH
-//	images overlay --base REF --to REF [--bin bin] [--platforms ...] [--key FILE]
-//	    Linkerd's proxy image (a registry reference, an OCI layout or archive) with our proxy-init
-//	    and validator, every platform, pushed to --to
-//	images release --version vX.Y.Z [--bin bin/release/bin] [--out bin/release] [--registry HOST/NS] [--key FILE]
-//	    the release: archives, SBOMs, the chart package, SHA256SUMS; pushed (and signed) given a
-//	    registry (and a key; COSIGN_PASSWORD decrypts a cosign key)
-//	images chart --version vX.Y.Z [--out bin/chart] [--registry HOST/NS]
-//	    the linkerd2-cni chart as a Helm package of that version (and pushed, given a registry)
-//	images rootfs --image NAME [--bin bin] --out DIR [--epoch SECONDS]
-//	    the image's file system in DIR (the Dockerfiles' build stage runs this)
-//	images dockerfiles [--out deploy/docker]
-//	    writes the Dockerfiles generated from the same description
+//	build [NAME...]  OCI image archives OUT/NAME.tar (all images without NAME), each an index of
+//	                 every platform, from the binaries in BIN/OS-ARCH
+//	overlay          Linkerd's proxy image (--base: a registry reference, an OCI layout or
+//	                 archive) with our proxy-init and validator, every platform, pushed to --to
+//	release          the release of --version vX.Y.Z: archives, SBOMs, the chart package,
+//	                 SHA256SUMS; pushed (and signed) given --registry (and --key)
+//	chart            the linkerd2-cni chart as a Helm package of --version (pushed given --registry)
+//	rootfs           the --image's file system in --out (the Dockerfiles' build stage runs this)
+//	dockerfiles      writes the Dockerfiles generated from the same description
 //
 // Registries are reached with the credentials of `docker login` (the docker config and its
 // credential helpers); the chart's push uses Helm's, which fall back to Docker's.
+// COSIGN_PASSWORD decrypts a cosign --key.
 package main
 
 import (
@@ -51,13 +46,21 @@ func main() {
 
 const commands = "build, overlay, release, chart, rootfs or dockerfiles"
 
+// defaultOut is each command's output directory when --out is not given (rootfs has none).
+var defaultOut = map[string]string{
+	"build":       filepath.Join("bin", "images"),
+	"release":     filepath.Join("bin", "release"),
+	"chart":       filepath.Join("bin", "chart"),
+	"dockerfiles": filepath.Join("deploy", "docker"),
+}
+
 func run(args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("want a command: %s", commands)
 	}
 	fs := pflag.NewFlagSet(args[0], pflag.ContinueOnError)
 	bin := fs.String("bin", "bin", "directory of the built binaries (make build; make platform-bins writes BIN/OS-ARCH)")
-	out := fs.String("out", "", "output directory")
+	out := fs.String("out", defaultOut[args[0]], "output directory")
 	tag := fs.String("tag", "dev", "image tag")
 	image := fs.String("image", "", "image name (rootfs)")
 	epoch := fs.Int64("epoch", 0, "modification and creation time, in seconds since 1970 (SOURCE_DATE_EPOCH)")
@@ -78,11 +81,7 @@ func run(args []string) error {
 	keychain := []remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}
 	switch args[0] {
 	case "build":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "images")
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(*out, 0o755); err != nil {
 			return err
 		}
 		list := images.Images
@@ -97,7 +96,7 @@ func run(args []string) error {
 			}
 		}
 		for _, img := range list {
-			dst := filepath.Join(dir, img.Name+".tar")
+			dst := filepath.Join(*out, img.Name+".tar")
 			if _, err := images.BuildOCI(dst, img, *tag, plats, in); err != nil {
 				return err
 			}
@@ -121,14 +120,16 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		signed := []string{res.Ref.DigestStr()}
 		for _, p := range res.Platforms {
 			fmt.Printf("%s\t%s (base %s)\n", p.Platform.OS+"/"+p.Platform.Architecture, p.Digest, p.Base)
+			signed = append(signed, p.Digest.String())
 		}
 		if len(res.Dropped) > 0 {
 			fmt.Printf("left out %d attestation manifests of the base (they attest Linkerd's images, not these)\n", len(res.Dropped))
 		}
 		if signer != nil {
-			for _, d := range append([]string{res.Ref.DigestStr()}, digests(res)...) {
+			for _, d := range signed {
 				if _, err := signer.Sign(ctx, res.Ref.Context().Digest(d), keychain...); err != nil {
 					return err
 				}
@@ -138,12 +139,8 @@ func run(args []string) error {
 		fmt.Printf("pushed %s\n", res.Ref)
 		return nil
 	case "release":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "release")
-		}
 		res, err := release.Run(ctx, release.Options{
-			Version: *version, BinDir: *bin, Platforms: plats, Out: dir, RepoDir: ".", DebCache: *debCache,
+			Version: *version, BinDir: *bin, Platforms: plats, Out: *out, RepoDir: ".", DebCache: *debCache,
 			Epoch: in.Epoch, Registry: *registry, KeyFile: *key, Password: []byte(os.Getenv("COSIGN_PASSWORD")),
 			Remote: keychain, Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 		})
@@ -166,11 +163,7 @@ func run(args []string) error {
 		fmt.Printf("checksums %s\n", res.Sums)
 		return nil
 	case "chart":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("bin", "chart")
-		}
-		pkg, err := chart.Package(".", dir, *version, "")
+		pkg, err := chart.Package(".", *out, *version, "")
 		if err != nil {
 			return err
 		}
@@ -193,25 +186,12 @@ func run(args []string) error {
 		}
 		return images.WriteRootFS(*out, img, in)
 	case "dockerfiles":
-		dir := *out
-		if dir == "" {
-			dir = filepath.Join("deploy", "docker")
-		}
 		for _, img := range append(append([]images.Image{}, images.Images...), images.Overlay) {
-			if err := os.WriteFile(filepath.Join(dir, img.Name+".Dockerfile"), []byte(images.Dockerfile(img)), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(*out, img.Name+".Dockerfile"), []byte(images.Dockerfile(img)), 0o644); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	return fmt.Errorf("unknown command %q; want %s", args[0], commands)
-}
-
-// digests are the overlay's platform images.
-func digests(res *release.Overlaid) []string {
-	var out []string
-	for _, p := range res.Platforms {
-		out = append(out, p.Digest.String())
-	}
-	return out
 }

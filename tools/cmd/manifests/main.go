@@ -27,15 +27,12 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	for _, dir := range []string{helmchart.ManifestsDir, filepath.Join(helmchart.ManifestsDir, "optional")} {
-		old, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-		if err != nil {
+	// Glob fails only on a bad pattern.
+	old, _ := filepath.Glob(filepath.Join(helmchart.ManifestsDir, "*.yaml"))
+	optional, _ := filepath.Glob(filepath.Join(helmchart.ManifestsDir, "optional", "*.yaml"))
+	for _, f := range append(old, optional...) {
+		if err := os.Remove(f); err != nil {
 			return err
-		}
-		for _, f := range old {
-			if err := os.Remove(f); err != nil {
-				return err
-			}
 		}
 	}
 	for _, name := range helmchart.Names(files) {
