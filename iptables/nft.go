@@ -145,13 +145,9 @@ var nftIDMatches = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatc
 // ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
 func ctStateNames(mask uint32) string {
 	var names []string
-	for _, b := range []struct {
-		bit  uint32
-		name string
-	}{{NFTCTInvalid, "invalid"}, {NFTCTEstablished, "established"}, {NFTCTRelated, "related"}} {
-		if mask&b.bit != 0 {
-			names = append(names, b.name)
-			mask &^= b.bit
+	for i, name := range []string{"invalid", "established", "related"} { // NFTCTInvalid << i
+		if bit := uint32(NFTCTInvalid) << i; mask&bit != 0 {
+			names, mask = append(names, name), mask&^bit
 		}
 	}
 	if mask != 0 || len(names) == 0 {

@@ -242,11 +242,7 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := append(saved[iptables.IPv4].Present(iptables.IPv4), saved[iptables.IPv6].Present(iptables.IPv6)...)
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return []iptables.Elsewhere{{Backend: a.backend, Rules: out}}, nil
+	return iptables.Holding{Backend: a.backend, Saved: saved}.Elsewhere(), nil
 }
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
