@@ -61,7 +61,12 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 	for _, p := range want {
 		lines := p.Lines()
 		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
-			r := o.localRoute(p)
+			bits := 128
+			if p.Family == iptables.IPv4 {
+				bits = 32
+			}
+			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
+				LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
 			if err := netlink.RouteAdd(r); err != nil {
 				if errors.Is(err, unix.ENETDOWN) {
 					// The kernel refuses an IPv6 route through a loopback that is down.
@@ -72,7 +77,8 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 			added = append(added, func() error { return del(lines[1], netlink.RouteDel(r)) })
 		}
 		if !slices.ContainsFunc(o.rules[p.Family], func(r netlink.Rule) bool { return ruleLine(p.Family, r) == lines[0] }) {
-			r := markRule(p)
+			r := netlink.NewRule()
+			r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
 			if err := netlink.RuleAdd(r); err != nil {
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[0], err), undo())
 			}
@@ -165,21 +171,6 @@ func del(what string, err error) error {
 		return nil // gone already: what a removal wants
 	}
 	return fmt.Errorf("remove %s: %w", what, err)
-}
-
-func markRule(p iptables.PolicyRoute) *netlink.Rule {
-	r := netlink.NewRule()
-	r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
-	return r
-}
-
-func (o *current) localRoute(p iptables.PolicyRoute) *netlink.Route {
-	bits := 32
-	if p.Family == iptables.IPv6 {
-		bits = 128
-	}
-	return &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
-		LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
 }
 
 // ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does; anything beyond a mark shows.
