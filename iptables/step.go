@@ -3,6 +3,8 @@ package iptables
 // The steps of the plan: one type per kind of decision, each in its feature's file with its
 // constructor and both renderings (docs/rule-features.md).
 
+import "fmt"
+
 // Step is one decision of the plan: one feature's rule, or its rules over a list.
 type Step interface {
 	// Common returns what every step has: its name, and where it is limited to.
@@ -32,6 +34,22 @@ func (c StepCommon) Common() StepCommon { return c }
 func comment[S Step](s S, items string) string {
 	c := s.Common()
 	return CommentPrefix + c.Name + items + c.NameTail
+}
+
+// appendPer appends x once, named after s, or with items once per item that set (which fills it
+// in) takes, named after it.
+func appendPer[T fmt.Stringer](out []XTRule, x XTRule, s Step, items []T, set func(*XTRule, T) bool) []XTRule {
+	if len(items) == 0 {
+		x.Comment = comment(s, "")
+		return append(out, x)
+	}
+	for _, v := range items {
+		if y := x; set(&y, v) {
+			y.Comment = comment(s, v.String())
+			out = append(out, y)
+		}
+	}
+	return out
 }
 
 // portsComment names a rule over the whole of ports, each spelled by label: xtPorts ("a:b") or

@@ -59,7 +59,7 @@ func (s tproxyStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	if f == IPv6 {
 		x.OnIP = netip.IPv6Unspecified()
 	}
-	return appendPerPort(out, x, s, s.Ports)
+	return appendPer(out, x, s, s.Ports, setDPort)
 }
 
 // nftRules: the TPROXY rule, then one that drops what no transparent socket took.
