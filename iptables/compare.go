@@ -47,17 +47,6 @@ func (s SavedState) Tables() []string {
 	return out
 }
 
-// Jumps returns our saved jumps into our chains, parsed back to be deleted exactly as they are.
-func (s SavedState) Jumps() []Rule {
-	var out []Rule
-	for _, l := range s.Rules {
-		if r := savedRule(l); !IsOurChain(r.Chain) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>").
 func savedRule(line string) Rule {
 	r := Rule{Table: Table}
@@ -256,7 +245,9 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 			keep = append(keep, c.Name)
 		}
 	}
-	curJumps, foreign := inTable(t, current.Jumps()), inTable(t, savedRules(current.ForeignJumps))
+	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
+	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool { return IsOurChain(r.Chain) })
+	foreign := inTable(t, savedRules(current.ForeignJumps))
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}
