@@ -100,7 +100,8 @@ func ChainTable(name string) string {
 // ParseSave extracts our chains and rules from iptables-save output of any tables, in
 // SavedState's order whatever the output's.
 func ParseSave(save string) SavedState {
-	per := map[string]*SavedState{}
+	tables := XTTables()
+	per := make([]SavedState, len(tables)) // in XTTables order
 	var cur *SavedState
 	table := ""
 	for _, l := range strings.Split(save, "\n") {
@@ -108,9 +109,8 @@ func ParseSave(save string) SavedState {
 		switch {
 		case strings.HasPrefix(l, "*"):
 			table, cur = l[1:], nil
-			if slices.ContainsFunc(XTTables(), func(t XTTable) bool { return t.Name == table }) {
-				cur = &SavedState{}
-				per[table] = cur
+			if i := slices.IndexFunc(tables, func(t XTTable) bool { return t.Name == table }); i >= 0 {
+				cur = &per[i]
 			}
 		case cur == nil:
 		case strings.HasPrefix(l, ":"):
@@ -133,12 +133,10 @@ func ParseSave(save string) SavedState {
 		}
 	}
 	var s SavedState
-	for _, t := range XTTables() {
-		if p := per[t.Name]; p != nil {
-			s.Chains = append(s.Chains, p.Chains...)
-			s.Rules = append(s.Rules, p.Rules...)
-			s.ForeignJumps = append(s.ForeignJumps, p.ForeignJumps...)
-		}
+	for _, p := range per {
+		s.Chains = append(s.Chains, p.Chains...)
+		s.Rules = append(s.Rules, p.Rules...)
+		s.ForeignJumps = append(s.ForeignJumps, p.ForeignJumps...)
 	}
 	return s
 }
