@@ -244,7 +244,9 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		}
 	}
 	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
-	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool { return IsOurChain(r.Chain) })
+	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool {
+		return IsOurChain(r.Chain)
+	})
 	foreign := inTable(t, savedRules(current.ForeignJumps))
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return

@@ -46,7 +46,8 @@ func (h Holding) Elsewhere() []Elsewhere {
 
 // OtherObjects is the line a diff gets for n objects in the native table beyond chains and sets.
 func OtherObjects(n int) string {
-	return fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)", n, NFTFamily, NFTTableName)
+	return fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
+		n, NFTFamily, NFTTableName)
 }
 
 // InPlace is what of ours a namespace holds: each backend's rules, and the policy routing.

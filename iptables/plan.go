@@ -97,7 +97,10 @@ func (r *Ruleset) Plan() []PlanChain {
 		rawOut.Steps, rawIn.Steps = r.dnsZoneSteps(exempts)
 	}
 	r.reroute(in, out.Steps)
-	return append(all[:2:2], slices.DeleteFunc(all[2:], func(c PlanChain) bool { return len(c.Steps) == 0 })...)
+	// Linkerd's two chains always, the others only with steps.
+	return append(all[:2:2], slices.DeleteFunc(all[2:], func(c PlanChain) bool {
+		return len(c.Steps) == 0
+	})...)
 }
 
 // mangleSteps are the mangle chain's: the INVALID drop, and TPROXY with its skips.

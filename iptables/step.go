@@ -36,14 +36,14 @@ func comment[S Step](s S, items string) string {
 	return CommentPrefix + c.Name + items + c.NameTail
 }
 
-// appendPer appends x once, named after s, or with items once per item that set (which fills it
+// appendPer appends x once, named after s, or with a list once per item that set (which fills it
 // in) takes, named after it.
-func appendPer[T fmt.Stringer](out []XTRule, x XTRule, s Step, items []T, set func(*XTRule, T) bool) []XTRule {
-	if len(items) == 0 {
+func appendPer[T fmt.Stringer](out []XTRule, x XTRule, s Step, list []T, set func(*XTRule, T) bool) []XTRule {
+	if len(list) == 0 {
 		x.Comment = comment(s, "")
 		return append(out, x)
 	}
-	for _, v := range items {
+	for _, v := range list {
 		if y := x; set(&y, v) {
 			y.Comment = comment(s, v.String())
 			out = append(out, y)

@@ -266,9 +266,9 @@ func (s *State) present(backends []iptables.Backend) []iptables.Elsewhere {
 }
 
 // Read returns what of ours nf_tables holds, for show to inspect without a configuration:
-// iptables-nft's rules per family, and the native table (Table nil when absent). Both are written over
-// netlink in one transaction for both families; the iptables-nft binaries, which write one per
-// family, leave the same rules, and cannot be told apart.
+// iptables-nft's rules per family, and the native table (Table nil when absent). Both are written
+// over netlink in one transaction for both families; the iptables-nft binaries, which write one
+// per family, leave the same rules, and cannot be told apart.
 func Read(ctx context.Context) ([]iptables.Holding, error) {
 	s, err := readOnce(ctx, func(*State) detail { return detail{xt: true, native: true} })
 	if err != nil {

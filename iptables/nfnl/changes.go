@@ -187,7 +187,9 @@ func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) 
 		b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
 		b.str(unix.NFTA_CHAIN_TABLE, name)
 		b.str(unix.NFTA_CHAIN_NAME, c)
-		b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), name, c) }})
+		b.add(what{del: true, render: func() string {
+			return fmt.Sprintf("delete chain %s %s %s", famName(fam), name, c)
+		}})
 	}
 }
 

@@ -174,7 +174,7 @@ func nativeTable(t *ruleTable, comment string) *iptables.NFTTable {
 // model turns a set read back into the model: its interval set elements back into inclusive
 // intervals.
 func (s set) model() iptables.NFTSet {
-	out := iptables.NFTSet{Name: s.name, Type: iptables.NFTSetType("type-" + strconv.FormatUint(uint64(s.keyType), 10))}
+	out := iptables.NFTSet{Name: s.name, Type: iptables.NFTSetType("type-" + strconv.Itoa(int(s.keyType)))}
 	for t, k := range keyTypes {
 		if uint32(k[0]) == s.keyType {
 			out.Type = t

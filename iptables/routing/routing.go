@@ -65,8 +65,9 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 			if p.Family == iptables.IPv4 {
 				bits = 32
 			}
-			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
-				LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
+			dst := &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
+			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+				Table: int(p.Table), LinkIndex: o.lo, Dst: dst}
 			if err := netlink.RouteAdd(r); err != nil {
 				if errors.Is(err, unix.ENETDOWN) {
 					// The kernel refuses an IPv6 route through a loopback that is down.
