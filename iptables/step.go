@@ -36,15 +36,16 @@ func comment[S Step](s S, items string) string {
 	return CommentPrefix + c.Name + items + c.NameTail
 }
 
-// appendPer appends x once, named after s, or with a list once per item that set (which fills it
-// in) takes, named after it.
-func appendPer[T fmt.Stringer](out []XTRule, x XTRule, s Step, list []T, set func(*XTRule, T) bool) []XTRule {
+// appendPer appends x once, named after s, or with a list once per item that set takes, as set
+// fills it in, named after it. (Generic, and given a copy, so that neither s nor a rule is boxed.)
+func appendPer[S Step, T fmt.Stringer](out []XTRule, x XTRule, s S, list []T,
+	set func(XTRule, T) (XTRule, bool)) []XTRule {
 	if len(list) == 0 {
 		x.Comment = comment(s, "")
 		return append(out, x)
 	}
 	for _, v := range list {
-		if y := x; set(&y, v) {
+		if y, ok := set(x, v); ok {
 			y.Comment = comment(s, v.String())
 			out = append(out, y)
 		}

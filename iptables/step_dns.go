@@ -127,10 +127,10 @@ func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 }
 
 // dnsServer is appendPer's setter of a nameserver of family f.
-func dnsServer(f Family) func(*XTRule, netip.Addr) bool {
-	return func(y *XTRule, a netip.Addr) bool {
+func dnsServer(f Family) func(XTRule, netip.Addr) (XTRule, bool) {
+	return func(y XTRule, a netip.Addr) (XTRule, bool) {
 		y.Destination = netip.PrefixFrom(a, a.BitLen())
-		return a.Is4() == (f == IPv4)
+		return y, a.Is4() == (f == IPv4)
 	}
 }
 

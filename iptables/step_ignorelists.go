@@ -49,13 +49,13 @@ func (s ignoreSubnetsStep) rerouted(iface string) Step { return reroutedStep(s, 
 
 // xtRules: one rule per subnet of family f.
 func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	return appendPer(out, x, s, s.Subnets, func(y *XTRule, p netip.Prefix) bool {
+	return appendPer(out, x, s, s.Subnets, func(y XTRule, p netip.Prefix) (XTRule, bool) {
 		if s.Source {
 			y.Source = p
 		} else {
 			y.Destination = p
 		}
-		return f.Contains(p)
+		return y, f.Contains(p)
 	})
 }
 

@@ -32,9 +32,9 @@ func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 }
 
 // setDPort is appendPer's setter of a redirect's destination ports.
-func setDPort(y *XTRule, p PortRange) bool {
+func setDPort(y XTRule, p PortRange) (XTRule, bool) {
 	y.DPort = p
-	return true
+	return y, true
 }
 
 // redirectPorts is the port match of a redirecting step: any TCP port, or the direction's set of
