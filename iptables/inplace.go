@@ -28,10 +28,6 @@ type Holding struct {
 	Other int
 }
 
-func (h Holding) empty() bool {
-	return h.Table == nil && h.Saved[IPv4].Empty() && h.Saved[IPv6].Empty()
-}
-
 // Elsewhere is what of ours the holding has, as Applier.Present lists it: none, or its lines.
 func (h Holding) Elsewhere() []Elsewhere {
 	lines := append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
@@ -91,12 +87,12 @@ func Inspect(in InPlace) Found {
 	})
 	var main Holding
 	for _, h := range hs {
-		switch {
-		case h.empty():
+		switch els := h.Elsewhere(); {
+		case els == nil: // holds nothing of ours
 		case f.Backend == "":
 			f.Backend, f.PerFamily, main = h.Backend, h.PerFamily, h
 		default:
-			f.Elsewhere = append(f.Elsewhere, h.Elsewhere()...)
+			f.Elsewhere = append(f.Elsewhere, els...)
 			f.Problems = append(f.Problems, fmt.Sprintf("%s also holds rules of ours, left by a run in another mode (apply or cleanup removes them)", h.Backend))
 		}
 	}

@@ -126,11 +126,9 @@ func (m NFTMatch) String() string {
 	case NFTMatchDAddrSet:
 		return ip + " daddr @" + m.Set
 	case NFTMatchSkUID, NFTMatchSkGID, NFTMatchTCPDPort, NFTMatchUDPDPort, NFTMatchUDPSPort:
-		return nftIDMatches[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchOIFName:
-		return "oifname " + strconv.Quote(m.Name)
-	case NFTMatchIIFName:
-		return "iifname " + strconv.Quote(m.Name)
+		return nftMatchPrefixes[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchOIFName, NFTMatchIIFName:
+		return nftMatchPrefixes[m.Kind] + strconv.Quote(m.Name)
 	case NFTMatchCTState:
 		return "ct state " + ctStateNames(m.ID)
 	case NFTMatchUnknown:
@@ -139,8 +137,9 @@ func (m NFTMatch) String() string {
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
 
-var nftIDMatches = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
-	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport "}
+var nftMatchPrefixes = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
+	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport ",
+	NFTMatchOIFName: "oifname ", NFTMatchIIFName: "iifname "}
 
 // ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
 func ctStateNames(mask uint32) string {

@@ -122,6 +122,9 @@ var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
 var nlFamilies = map[iptables.Family]int{iptables.IPv4: netlink.FAMILY_V4, iptables.IPv6: netlink.FAMILY_V6}
 
+// ourFamilies is nlFamilies the other way round.
+var ourFamilies = map[int]iptables.Family{netlink.FAMILY_V4: iptables.IPv4, netlink.FAMILY_V6: iptables.IPv6}
+
 // current is what of ours one read found, by family, and the loopback interface's index.
 type current struct {
 	rules  map[iptables.Family][]netlink.Rule
@@ -141,11 +144,9 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		for _, f := range families {
-			if r.Family == nlFamilies[f] && r.Priority == iptables.TPROXYRulePriority &&
-				r.Table == int(iptables.TPROXYTable) {
-				o.rules[f] = append(o.rules[f], r)
-			}
+		if f, ok := ourFamilies[r.Family]; ok && r.Priority == iptables.TPROXYRulePriority &&
+			r.Table == int(iptables.TPROXYTable) {
+			o.rules[f] = append(o.rules[f], r)
 		}
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
@@ -153,10 +154,8 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		for _, f := range families {
-			if r.Family == nlFamilies[f] {
-				o.routes[f] = append(o.routes[f], r)
-			}
+		if f, ok := ourFamilies[r.Family]; ok {
+			o.routes[f] = append(o.routes[f], r)
 		}
 	}
 	lo, err := netlink.LinkByName("lo")

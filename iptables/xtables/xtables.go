@@ -228,11 +228,10 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 // Holding reads what of ours the backend holds, per family, for show to inspect without a config.
 func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
 	h := iptables.Holding{Backend: a.backend, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
-	if err := a.capable("read the " + a.name + " rules"); err != nil {
-		return h, err
+	err := a.capable("read the " + a.name + " rules")
+	if err == nil {
+		h.Saved, err = a.readAll(ctx)
 	}
-	var err error
-	h.Saved, err = a.readAll(ctx)
 	return h, err
 }
 
