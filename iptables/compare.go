@@ -47,17 +47,6 @@ func (s SavedState) Tables() []string {
 	return out
 }
 
-// Jumps returns our saved jumps into our chains, parsed back to be deleted exactly as they are.
-func (s SavedState) Jumps() []Rule {
-	var out []Rule
-	for _, l := range s.Rules {
-		if r := savedRule(l); !IsOurChain(r.Chain) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // savedRule parses a line as Rule.String renders it ("[-t <table> ]-A <chain> <spec>").
 func savedRule(line string) Rule {
 	r := Rule{Table: Table}
@@ -111,7 +100,8 @@ func ChainTable(name string) string {
 // ParseSave extracts our chains and rules from iptables-save output of any tables, in
 // SavedState's order whatever the output's.
 func ParseSave(save string) SavedState {
-	per := map[string]*SavedState{}
+	tables := XTTables()
+	per := make([]SavedState, len(tables)) // in XTTables order
 	var cur *SavedState
 	table := ""
 	for _, l := range strings.Split(save, "\n") {
@@ -119,9 +109,8 @@ func ParseSave(save string) SavedState {
 		switch {
 		case strings.HasPrefix(l, "*"):
 			table, cur = l[1:], nil
-			if slices.ContainsFunc(XTTables(), func(t XTTable) bool { return t.Name == table }) {
-				cur = &SavedState{}
-				per[table] = cur
+			if i := slices.IndexFunc(tables, func(t XTTable) bool { return t.Name == table }); i >= 0 {
+				cur = &per[i]
 			}
 		case cur == nil:
 		case strings.HasPrefix(l, ":"):
@@ -144,12 +133,10 @@ func ParseSave(save string) SavedState {
 		}
 	}
 	var s SavedState
-	for _, t := range XTTables() {
-		if p := per[t.Name]; p != nil {
-			s.Chains = append(s.Chains, p.Chains...)
-			s.Rules = append(s.Rules, p.Rules...)
-			s.ForeignJumps = append(s.ForeignJumps, p.ForeignJumps...)
-		}
+	for _, p := range per {
+		s.Chains = append(s.Chains, p.Chains...)
+		s.Rules = append(s.Rules, p.Rules...)
+		s.ForeignJumps = append(s.ForeignJumps, p.ForeignJumps...)
 	}
 	return s
 }
@@ -256,7 +243,11 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 			keep = append(keep, c.Name)
 		}
 	}
-	curJumps, foreign := inTable(t, current.Jumps()), inTable(t, savedRules(current.ForeignJumps))
+	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
+	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool {
+		return IsOurChain(r.Chain)
+	})
+	foreign := inTable(t, savedRules(current.ForeignJumps))
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}

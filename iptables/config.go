@@ -29,15 +29,6 @@ const (
 // Modes lists every valid mode, in the order they are documented.
 var Modes = []Mode{ModeAuto, ModeLegacy, ModeNFT, ModePlain, ModeNFTables}
 
-// ModeList is Modes as a comma-separated list, for messages and help.
-func ModeList() string {
-	names := make([]string, len(Modes))
-	for i, m := range Modes {
-		names[i] = string(m)
-	}
-	return strings.Join(names, ", ")
-}
-
 // Field names of validation errors: the proxy-init flag names, also the keys of the CNI network
 // config's "linkerd" block, so one message serves both front ends.
 const (
@@ -254,7 +245,7 @@ func Build(c Config) (*Ruleset, error) {
 		rs.Families = append(rs.Families, IPv6)
 	}
 	if c.Mode != "" && !slices.Contains(Modes, c.Mode) {
-		bad(FieldMode, string(c.Mode), "unknown mode; want one of "+ModeList())
+		bad(FieldMode, string(c.Mode), "unknown mode; want one of "+strings.Join(strs(Modes), ", "))
 	}
 	if c.CloseWaitSecs < 0 || c.CloseWaitSecs > MaxCloseWaitSecs {
 		bad(FieldCloseWait, strconv.FormatInt(c.CloseWaitSecs, 10),

@@ -28,16 +28,22 @@ type Holding struct {
 	Other int
 }
 
-func (h Holding) empty() bool {
-	return h.Table == nil && h.Saved[IPv4].Empty() && h.Saved[IPv6].Empty()
+// Elsewhere is what of ours the holding has, as Applier.Present lists it: none, or its lines.
+func (h Holding) Elsewhere() []Elsewhere {
+	lines := append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
+	if h.Table != nil {
+		lines = h.Table.Statements()
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	return []Elsewhere{{Backend: h.Backend, Rules: lines}}
 }
 
-// lines lists what of ours the holding has, as Present does.
-func (h Holding) lines() []string {
-	if h.Table != nil {
-		return h.Table.Statements()
-	}
-	return append(h.Saved[IPv4].Present(IPv4), h.Saved[IPv6].Present(IPv6)...)
+// OtherObjects is the line a diff gets for n objects in the native table beyond chains and sets.
+func OtherObjects(n int) string {
+	return fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
+		n, NFTFamily, NFTTableName)
 }
 
 // InPlace is what of ours a namespace holds: each backend's rules, and the policy routing.
@@ -81,12 +87,12 @@ func Inspect(in InPlace) Found {
 	})
 	var main Holding
 	for _, h := range hs {
-		switch {
-		case h.empty():
+		switch els := h.Elsewhere(); {
+		case els == nil: // holds nothing of ours
 		case f.Backend == "":
 			f.Backend, f.PerFamily, main = h.Backend, h.PerFamily, h
 		default:
-			f.Elsewhere = append(f.Elsewhere, Elsewhere{Backend: h.Backend, Rules: h.lines()})
+			f.Elsewhere = append(f.Elsewhere, els...)
 			f.Problems = append(f.Problems, fmt.Sprintf("%s also holds rules of ours, left by a run in another mode (apply or cleanup removes them)", h.Backend))
 		}
 	}
@@ -155,7 +161,7 @@ func (f *Found) inspectNative(h Holding) {
 		}
 	}
 	if h.Other > 0 {
-		st.Diff.Extra = append(st.Diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)", h.Other, NFTFamily, NFTTableName))
+		st.Diff.Extra = append(st.Diff.Extra, OtherObjects(h.Other))
 	}
 	f.Families = append(f.Families, st)
 	d := st.Diff

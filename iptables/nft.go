@@ -126,11 +126,9 @@ func (m NFTMatch) String() string {
 	case NFTMatchDAddrSet:
 		return ip + " daddr @" + m.Set
 	case NFTMatchSkUID, NFTMatchSkGID, NFTMatchTCPDPort, NFTMatchUDPDPort, NFTMatchUDPSPort:
-		return nftIDMatches[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
-	case NFTMatchOIFName:
-		return "oifname " + strconv.Quote(m.Name)
-	case NFTMatchIIFName:
-		return "iifname " + strconv.Quote(m.Name)
+		return nftMatchPrefixes[m.Kind] + strconv.FormatUint(uint64(m.ID), 10)
+	case NFTMatchOIFName, NFTMatchIIFName:
+		return nftMatchPrefixes[m.Kind] + strconv.Quote(m.Name)
 	case NFTMatchCTState:
 		return "ct state " + ctStateNames(m.ID)
 	case NFTMatchUnknown:
@@ -139,19 +137,16 @@ func (m NFTMatch) String() string {
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
 
-var nftIDMatches = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
-	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport "}
+var nftMatchPrefixes = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
+	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport ",
+	NFTMatchOIFName: "oifname ", NFTMatchIIFName: "iifname "}
 
 // ctStateNames spells a state mask as nft lists it: "invalid", "established,related".
 func ctStateNames(mask uint32) string {
 	var names []string
-	for _, b := range []struct {
-		bit  uint32
-		name string
-	}{{NFTCTInvalid, "invalid"}, {NFTCTEstablished, "established"}, {NFTCTRelated, "related"}} {
-		if mask&b.bit != 0 {
-			names = append(names, b.name)
-			mask &^= b.bit
+	for i, name := range []string{"invalid", "established", "related"} { // NFTCTInvalid << i
+		if bit := uint32(NFTCTInvalid) << i; mask&bit != 0 {
+			names, mask = append(names, name), mask&^bit
 		}
 	}
 	if mask != 0 || len(names) == 0 {

@@ -97,14 +97,10 @@ func (r *Ruleset) Plan() []PlanChain {
 		rawOut.Steps, rawIn.Steps = r.dnsZoneSteps(exempts)
 	}
 	r.reroute(in, out.Steps)
-
-	chains := all[:2]
-	for _, c := range all[2:] {
-		if len(c.Steps) > 0 {
-			chains = append(chains, c)
-		}
-	}
-	return chains
+	// Linkerd's two chains always, the others only with steps.
+	return append(all[:2:2], slices.DeleteFunc(all[2:], func(c PlanChain) bool {
+		return len(c.Steps) == 0
+	})...)
 }
 
 // mangleSteps are the mangle chain's: the INVALID drop, and TPROXY with its skips.

@@ -3,6 +3,8 @@ package iptables
 // The steps of the plan: one type per kind of decision, each in its feature's file with its
 // constructor and both renderings (docs/rule-features.md).
 
+import "fmt"
+
 // Step is one decision of the plan: one feature's rule, or its rules over a list.
 type Step interface {
 	// Common returns what every step has: its name, and where it is limited to.
@@ -32,6 +34,23 @@ func (c StepCommon) Common() StepCommon { return c }
 func comment[S Step](s S, items string) string {
 	c := s.Common()
 	return CommentPrefix + c.Name + items + c.NameTail
+}
+
+// appendPer appends x once, named after s, or with a list once per item that set takes, as set
+// fills it in, named after it. (Generic, and given a copy, so that neither s nor a rule is boxed.)
+func appendPer[S Step, T fmt.Stringer](out []XTRule, x XTRule, s S, list []T,
+	set func(XTRule, T) (XTRule, bool)) []XTRule {
+	if len(list) == 0 {
+		x.Comment = comment(s, "")
+		return append(out, x)
+	}
+	for _, v := range list {
+		if y, ok := set(x, v); ok {
+			y.Comment = comment(s, v.String())
+			out = append(out, y)
+		}
+	}
+	return out
 }
 
 // portsComment names a rule over the whole of ports, each spelled by label: xtPorts ("a:b") or

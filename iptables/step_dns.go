@@ -77,7 +77,7 @@ func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.Target, x.ToPort = TargetRedirect, s.Port
 	x.TCP, x.UDP = s.Proto == "tcp", s.Proto == "udp"
 	x.DPort = PortRange{First: DNSPort, Last: DNSPort}
-	return appendPerServer(out, x, s, s.Servers, f)
+	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
 func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
@@ -109,7 +109,7 @@ func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	} else {
 		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
 	}
-	return appendPerServer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, f)
+	return appendPer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, dnsServer(f))
 }
 
 func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
@@ -126,21 +126,12 @@ func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
 }
 
-// appendPerServer appends x once, or once per listed server of family f, to it and named after it.
-func appendPerServer(out []XTRule, x XTRule, s Step, servers []netip.Addr, f Family) []XTRule {
-	if len(servers) == 0 {
-		x.Comment = comment(s, "")
-		return append(out, x)
+// dnsServer is appendPer's setter of a nameserver of family f.
+func dnsServer(f Family) func(XTRule, netip.Addr) (XTRule, bool) {
+	return func(y XTRule, a netip.Addr) (XTRule, bool) {
+		y.Destination = netip.PrefixFrom(a, a.BitLen())
+		return y, a.Is4() == (f == IPv4)
 	}
-	for _, a := range servers {
-		if a.Is4() != (f == IPv4) {
-			continue
-		}
-		y := x
-		y.Destination, y.Comment = netip.PrefixFrom(a, a.BitLen()), comment(s, a.String())
-		out = append(out, y)
-	}
-	return out
 }
 
 // perServer adds rl with matches ms once, or once per family of the servers listed, to them.

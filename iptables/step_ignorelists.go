@@ -49,20 +49,14 @@ func (s ignoreSubnetsStep) rerouted(iface string) Step { return reroutedStep(s, 
 
 // xtRules: one rule per subnet of family f.
 func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	for _, p := range s.Subnets {
-		if !f.Contains(p) {
-			continue
-		}
-		y := x
+	return appendPer(out, x, s, s.Subnets, func(y XTRule, p netip.Prefix) (XTRule, bool) {
 		if s.Source {
 			y.Source = p
 		} else {
 			y.Destination = p
 		}
-		y.Comment = comment(s, p.String())
-		out = append(out, y)
-	}
-	return out
+		return y, f.Contains(p)
+	})
 }
 
 // nftRules: one rule per family with subnets in the list, matching the family's set of them.

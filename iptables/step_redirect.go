@@ -22,7 +22,7 @@ func (s redirectStep) rerouted(iface string) Step { return reroutedStep(s, iface
 
 func (s redirectStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.Target, x.ToPort = true, TargetRedirect, s.Port
-	return appendPerPort(out, x, s, s.Ports)
+	return appendPer(out, x, s, s.Ports, setDPort)
 }
 
 func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
@@ -31,18 +31,10 @@ func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 	cw.add(rl)
 }
 
-// appendPerPort appends x once, or once per listed port or range, named after it.
-func appendPerPort(out []XTRule, x XTRule, s Step, ports []PortRange) []XTRule {
-	if len(ports) == 0 {
-		x.Comment = comment(s, "")
-		return append(out, x)
-	}
-	for _, p := range ports {
-		y := x
-		y.DPort, y.Comment = p, comment(s, p.String())
-		out = append(out, y)
-	}
-	return out
+// setDPort is appendPer's setter of a redirect's destination ports.
+func setDPort(y XTRule, p PortRange) (XTRule, bool) {
+	y.DPort = p
+	return y, true
 }
 
 // redirectPorts is the port match of a redirecting step: any TCP port, or the direction's set of

@@ -26,7 +26,7 @@ func (r *Ruleset) tproxySteps() []Step {
 	}
 	steps = append(steps, ignoreListSteps(r.InboundIgnorePorts, r.InboundIgnoreSubnets, true)...)
 	steps = append(steps, ignoreEstablishedStep{StepCommon{Name: "ignore-established"}})
-	tp := tproxyStep{StepCommon{Name: "tproxy-all-incoming-to-proxy-port"}, nil, r.InboundProxyPort, TPROXYMark}
+	tp := tproxyStep{StepCommon{Name: "tproxy-all-incoming-to-proxy-port"}, nil, r.InboundProxyPort}
 	if len(r.RedirectPorts) > 0 {
 		tp.Name, tp.NameTail, tp.Ports = "tproxy-port-", "-to-proxy-port", r.RedirectPorts
 	}
@@ -46,26 +46,25 @@ func (s ignoreEstablishedStep) nftRules(w *nftWriter, cw *nftChainWriter, dir st
 }
 
 // tproxyStep hands TCP (to Ports, or every port) to the transparent socket on the local port
-// Port, marking it Mark for the policy route, and drops it when no such socket exists.
+// Port, marking it TPROXYMark for the policy route, and drops it when no such socket exists.
 type tproxyStep struct {
 	StepCommon
 	Ports []PortRange
 	Port  uint16
-	Mark  uint32
 }
 
 func (s tproxyStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	x.TCP, x.Target, x.ToPort, x.Mark = true, TargetTPROXY, s.Port, s.Mark
+	x.TCP, x.Target, x.ToPort, x.Mark = true, TargetTPROXY, s.Port, TPROXYMark
 	x.OnIP = netip.IPv4Unspecified()
 	if f == IPv6 {
 		x.OnIP = netip.IPv6Unspecified()
 	}
-	return appendPerPort(out, x, s, s.Ports)
+	return appendPer(out, x, s, s.Ports, setDPort)
 }
 
 // nftRules: the TPROXY rule, then one that drops what no transparent socket took.
 func (s tproxyStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTTPROXY, RedirectPort: s.Port, Mark: s.Mark}
+	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTTPROXY, RedirectPort: s.Port, Mark: TPROXYMark}
 	if len(w.only4) > 0 {
 		rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
 	}

@@ -230,16 +230,14 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 
 // nativeState is the native table compared with rs's.
 func (s *State) nativeState(rs *iptables.Ruleset) iptables.FamilyState {
-	t := s.findTable(famInet, iptables.NFTTableName)
-	if t == nil || s.native == nil {
-		return iptables.FamilyState{Family: iptables.FamilyInet, Diff: iptables.CompareNFT(rs.NFT(), nil)}
+	h := s.holdings()[1]
+	fs := iptables.FamilyState{Family: iptables.FamilyInet, Diff: iptables.CompareNFT(rs.NFT(), h.Table)}
+	if h.Table != nil {
+		fs.Rules = h.Table.Statements()
 	}
-	have := nativeTable(s.native, t.comment)
-	fs := iptables.FamilyState{Family: iptables.FamilyInet, Rules: have.Statements(), Diff: iptables.CompareNFT(rs.NFT(), have)}
 	// The model has chains and sets only; the kernel's count shows anything else.
-	if other := int(t.use) - len(have.Chains) - len(have.Sets); other > 0 {
-		fs.Diff.Extra = append(fs.Diff.Extra, fmt.Sprintf("%d other objects in table %s %s (named counters, quotas, limits or flowtables)",
-			other, iptables.NFTFamily, iptables.NFTTableName))
+	if h.Other > 0 {
+		fs.Diff.Extra = append(fs.Diff.Extra, iptables.OtherObjects(h.Other))
 	}
 	return fs
 }
@@ -258,42 +256,40 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 func (s *State) present(backends []iptables.Backend) []iptables.Elsewhere {
 	var out []iptables.Elsewhere
 	for _, c := range backends {
-		var lines []string
-		if c == iptables.BackendNFTables {
-			if t := s.findTable(famInet, iptables.NFTTableName); t != nil && s.native != nil {
-				lines = nativeTable(s.native, t.comment).Statements()
+		for _, h := range s.holdings() {
+			if h.Backend == c {
+				out = append(out, h.Elsewhere()...)
 			}
-		} else {
-			for _, f := range families {
-				lines = append(lines, s.saved(f).Present(f)...)
-			}
-		}
-		if len(lines) > 0 {
-			out = append(out, iptables.Elsewhere{Backend: c, Rules: lines})
 		}
 	}
 	return out
 }
 
 // Read returns what of ours nf_tables holds, for show to inspect without a configuration:
-// iptables-nft's rules per family, and the native table when it exists. Both are written over
-// netlink in one transaction for both families; the iptables-nft binaries, which write one per
-// family, leave the same rules, and cannot be told apart.
+// iptables-nft's rules per family, and the native table (Table nil when absent). Both are written
+// over netlink in one transaction for both families; the iptables-nft binaries, which write one
+// per family, leave the same rules, and cannot be told apart.
 func Read(ctx context.Context) ([]iptables.Holding, error) {
 	s, err := readOnce(ctx, func(*State) detail { return detail{xt: true, native: true} })
 	if err != nil {
 		return nil, errclass.Netlink("read the nf_tables ruleset", err)
 	}
+	return s.holdings(), nil
+}
+
+// holdings is what of ours the state holds: iptables-nft's rules, then the native table (nil
+// when absent or unread).
+func (s *State) holdings() []iptables.Holding {
 	xt := iptables.Holding{Backend: iptables.BackendNFT, Saved: map[iptables.Family]iptables.SavedState{}}
 	for _, f := range families {
 		xt.Saved[f] = s.saved(f)
 	}
-	out := []iptables.Holding{xt}
+	native := iptables.Holding{Backend: iptables.BackendNFTables}
 	if t := s.findTable(famInet, iptables.NFTTableName); t != nil && s.native != nil {
-		have := nativeTable(s.native, t.comment)
-		out = append(out, iptables.Holding{Backend: iptables.BackendNFTables, Table: have, Other: max(0, int(t.use)-len(have.Chains)-len(have.Sets))})
+		native.Table = nativeTable(s.native, t.comment)
+		native.Other = max(0, int(t.use)-len(native.Table.Chains)-len(native.Table.Sets))
 	}
-	return out, nil
+	return []iptables.Holding{xt, native}
 }
 
 // OurXTTables lists the tables of iptables-nft's family f that hold one of our chains, in

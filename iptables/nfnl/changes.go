@@ -184,7 +184,12 @@ func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) 
 		}
 	}
 	for _, c := range chains {
-		deleteChain(b, fam, name, c)
+		b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
+		b.str(unix.NFTA_CHAIN_TABLE, name)
+		b.str(unix.NFTA_CHAIN_NAME, c)
+		b.add(what{del: true, render: func() string {
+			return fmt.Sprintf("delete chain %s %s %s", famName(fam), name, c)
+		}})
 	}
 }
 
@@ -203,13 +208,6 @@ func addChain(b *Batch, fam byte, tableName, name string) {
 	b.add(what{render: func() string {
 		return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name)
 	}})
-}
-
-func deleteChain(b *Batch, fam byte, tableName, chainName string) {
-	b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
-	b.str(unix.NFTA_CHAIN_TABLE, tableName)
-	b.str(unix.NFTA_CHAIN_NAME, chainName)
-	b.add(what{del: true, render: func() string { return fmt.Sprintf("delete chain %s %s %s", famName(fam), tableName, chainName) }})
 }
 
 // writeNative adds to b what makes the native table exactly rs's: nothing when it records rs's

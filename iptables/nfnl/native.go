@@ -30,15 +30,6 @@ func keyType(t iptables.NFTSetType) (id uint32, length int) {
 	return uint32(keyTypes[t][0]), keyTypes[t][1]
 }
 
-func keyTypeName(id uint32) iptables.NFTSetType {
-	for t, k := range keyTypes {
-		if uint32(k[0]) == id {
-			return t
-		}
-	}
-	return iptables.NFTSetType("type-" + strconv.FormatUint(uint64(id), 10))
-}
-
 // nativeExprs translates a rule of the model into expressions, exactly as nft compiles the same
 // statement. setIDs are the batch's ids of the sets the rule looks up.
 func nativeExprs(r iptables.NFTRule, setIDs map[string]uint32) ([]expr.Any, error) {
@@ -183,7 +174,12 @@ func nativeTable(t *ruleTable, comment string) *iptables.NFTTable {
 // model turns a set read back into the model: its interval set elements back into inclusive
 // intervals.
 func (s set) model() iptables.NFTSet {
-	out := iptables.NFTSet{Name: s.name, Type: keyTypeName(s.keyType)}
+	out := iptables.NFTSet{Name: s.name, Type: iptables.NFTSetType("type-" + strconv.Itoa(int(s.keyType)))}
+	for t, k := range keyTypes {
+		if uint32(k[0]) == s.keyType {
+			out.Type = t
+		}
+	}
 	const want = unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL
 	if s.flags != want {
 		var f []string

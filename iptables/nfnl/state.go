@@ -155,12 +155,12 @@ func read(src source, want func(*State) detail) (*State, error) {
 		if !looked {
 			return s, nil
 		}
-		gen, err := readGen(src)
+		ans, err := src.exchange(request{key: "getgen", typ: unix.NFT_MSG_GETGEN})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read the nf_tables generation: %w", err)
 		}
-		if gen == s.gen {
-			return s, nil
+		if gen, err := decodeGen(ans[0]); err != nil || gen == s.gen {
+			return s, err
 		}
 		if attempt == attempts {
 			return nil, fmt.Errorf("the nf_tables ruleset kept changing while it was read (%d attempts)", attempt)
@@ -172,14 +172,6 @@ func read(src source, want func(*State) detail) (*State, error) {
 // ruleset in between. Each time, that other writer's transaction has committed, so the next read
 // sees it settled; the runner's namespace lock keeps our own writers from racing at all.
 const attempts = 10
-
-func readGen(src source) (uint32, error) {
-	ans, err := src.exchange(request{key: "getgen", typ: unix.NFT_MSG_GETGEN})
-	if err != nil {
-		return 0, fmt.Errorf("read the nf_tables generation: %w", err)
-	}
-	return decodeGen(ans[0])
-}
 
 func decodeGen(ms []netlink.Message) (uint32, error) {
 	for _, m := range ms {
@@ -211,30 +203,24 @@ func readTables(src source) (*State, error) {
 		return nil, fmt.Errorf("read the nf_tables generation: %w", err)
 	}
 	for _, m := range ans[1] {
-		t, err := decodeTable(m)
-		if err != nil {
+		t := table{family: family(m)}
+		if err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case unix.NFTA_TABLE_NAME:
+				t.name = ad.String()
+			case unix.NFTA_TABLE_USE:
+				t.use = ad.Uint32()
+			case nftaTableHandle:
+				t.handle = ad.Uint64()
+			case nftaTableUserdata:
+				t.comment, _ = userdata.GetString(ad.Bytes(), udataTableComment)
+			}
+		}); err != nil {
 			return nil, fmt.Errorf("decode a table: %w", err)
 		}
 		s.tables = append(s.tables, t)
 	}
 	return s, nil
-}
-
-func decodeTable(m netlink.Message) (table, error) {
-	t := table{family: family(m)}
-	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
-		switch ad.Type() {
-		case unix.NFTA_TABLE_NAME:
-			t.name = ad.String()
-		case unix.NFTA_TABLE_USE:
-			t.use = ad.Uint32()
-		case nftaTableHandle:
-			t.handle = ad.Uint64()
-		case nftaTableUserdata:
-			t.comment, _ = userdata.GetString(ad.Bytes(), udataTableComment)
-		}
-	})
-	return t, err
 }
 
 // readDetail reads what d asks for, and reports whether it read anything beyond the table list.
@@ -489,8 +475,20 @@ func (s *State) readSets(src source) error {
 		return fmt.Errorf("list the sets of table inet %s: %w", iptables.NFTTableName, err)
 	}
 	for _, m := range ans[0] {
-		st, tbl, err := decodeSet(m)
-		if err != nil {
+		var st set
+		var tbl string
+		if err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
+			switch ad.Type() {
+			case unix.NFTA_SET_TABLE:
+				tbl = ad.String()
+			case unix.NFTA_SET_NAME:
+				st.name = ad.String()
+			case unix.NFTA_SET_FLAGS:
+				st.flags = ad.Uint32()
+			case unix.NFTA_SET_KEY_TYPE:
+				st.keyType = ad.Uint32()
+			}
+		}); err != nil {
 			return fmt.Errorf("decode a set: %w", err)
 		}
 		if tbl != iptables.NFTTableName || family(m) != famInet {
@@ -509,24 +507,6 @@ func (s *State) readSets(src source) error {
 		s.native.sets = append(s.native.sets, st)
 	}
 	return nil
-}
-
-func decodeSet(m netlink.Message) (set, string, error) {
-	var st set
-	var tbl string
-	err := eachMsgAttr(m, func(ad *netlink.AttributeDecoder) {
-		switch ad.Type() {
-		case unix.NFTA_SET_TABLE:
-			tbl = ad.String()
-		case unix.NFTA_SET_NAME:
-			st.name = ad.String()
-		case unix.NFTA_SET_FLAGS:
-			st.flags = ad.Uint32()
-		case unix.NFTA_SET_KEY_TYPE:
-			st.keyType = ad.Uint32()
-		}
-	})
-	return st, tbl, err
 }
 
 func (st *set) decodeElements(m netlink.Message) error {

@@ -147,12 +147,6 @@ func (p *exprPool) addr(a netip.Addr) []byte {
 	return b
 }
 
-func (p *exprPool) commentMatch(comment string) *expr.Match {
-	p.comment = xt.Comment(comment)
-	p.match = expr.Match{Name: "comment", Rev: commentRev, Info: &p.comment}
-	return &p.match
-}
-
 // appendXT is encodeXT appending to out, with the expressions of the rule's own from pool.
 func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) {
 	pool.ncmp, pool.naddr = 0, 0
@@ -163,7 +157,9 @@ func appendXT(out []expr.Any, pool *exprPool, f iptables.Family, r iptables.XTRu
 	if len(r.Comment) >= xt.CommentSize {
 		return nil, 0, fmt.Errorf("comment %q is longer than iptables allows (%d bytes)", r.Comment, xt.CommentSize-1)
 	}
-	out = append(out, pool.commentMatch(r.Comment), counter)
+	pool.comment = xt.Comment(r.Comment)
+	pool.match = expr.Match{Name: "comment", Rev: commentRev, Info: &pool.comment}
+	out = append(out, &pool.match, counter)
 	if out, err = appendXTTarget(out, f, r); err != nil {
 		return nil, 0, err
 	}

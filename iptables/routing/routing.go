@@ -61,7 +61,13 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 	for _, p := range want {
 		lines := p.Lines()
 		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
-			r := o.localRoute(p)
+			bits := 128
+			if p.Family == iptables.IPv4 {
+				bits = 32
+			}
+			dst := &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
+			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+				Table: int(p.Table), LinkIndex: o.lo, Dst: dst}
 			if err := netlink.RouteAdd(r); err != nil {
 				if errors.Is(err, unix.ENETDOWN) {
 					// The kernel refuses an IPv6 route through a loopback that is down.
@@ -72,7 +78,8 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 			added = append(added, func() error { return del(lines[1], netlink.RouteDel(r)) })
 		}
 		if !slices.ContainsFunc(o.rules[p.Family], func(r netlink.Rule) bool { return ruleLine(p.Family, r) == lines[0] }) {
-			r := markRule(p)
+			r := netlink.NewRule()
+			r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
 			if err := netlink.RuleAdd(r); err != nil {
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[0], err), undo())
 			}
@@ -115,6 +122,9 @@ var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
 var nlFamilies = map[iptables.Family]int{iptables.IPv4: netlink.FAMILY_V4, iptables.IPv6: netlink.FAMILY_V6}
 
+// ourFamilies is nlFamilies the other way round.
+var ourFamilies = map[int]iptables.Family{netlink.FAMILY_V4: iptables.IPv4, netlink.FAMILY_V6: iptables.IPv6}
+
 // current is what of ours one read found, by family, and the loopback interface's index.
 type current struct {
 	rules  map[iptables.Family][]netlink.Rule
@@ -134,11 +144,9 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		for _, f := range families {
-			if r.Family == nlFamilies[f] && r.Priority == iptables.TPROXYRulePriority &&
-				r.Table == int(iptables.TPROXYTable) {
-				o.rules[f] = append(o.rules[f], r)
-			}
+		if f, ok := ourFamilies[r.Family]; ok && r.Priority == iptables.TPROXYRulePriority &&
+			r.Table == int(iptables.TPROXYTable) {
+			o.rules[f] = append(o.rules[f], r)
 		}
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
@@ -146,10 +154,8 @@ func readOurs() (*current, error) {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		for _, f := range families {
-			if r.Family == nlFamilies[f] {
-				o.routes[f] = append(o.routes[f], r)
-			}
+		if f, ok := ourFamilies[r.Family]; ok {
+			o.routes[f] = append(o.routes[f], r)
 		}
 	}
 	lo, err := netlink.LinkByName("lo")
@@ -165,21 +171,6 @@ func del(what string, err error) error {
 		return nil // gone already: what a removal wants
 	}
 	return fmt.Errorf("remove %s: %w", what, err)
-}
-
-func markRule(p iptables.PolicyRoute) *netlink.Rule {
-	r := netlink.NewRule()
-	r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
-	return r
-}
-
-func (o *current) localRoute(p iptables.PolicyRoute) *netlink.Route {
-	bits := 32
-	if p.Family == iptables.IPv6 {
-		bits = 128
-	}
-	return &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Table: int(p.Table),
-		LinkIndex: o.lo, Dst: &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}}
 }
 
 // ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does; anything beyond a mark shows.

@@ -228,11 +228,10 @@ func (a *Applier) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Stat
 // Holding reads what of ours the backend holds, per family, for show to inspect without a config.
 func (a *Applier) Holding(ctx context.Context) (iptables.Holding, error) {
 	h := iptables.Holding{Backend: a.backend, PerFamily: true, Saved: map[iptables.Family]iptables.SavedState{}}
-	if err := a.capable("read the " + a.name + " rules"); err != nil {
-		return h, err
+	err := a.capable("read the " + a.name + " rules")
+	if err == nil {
+		h.Saved, err = a.readAll(ctx)
 	}
-	var err error
-	h.Saved, err = a.readAll(ctx)
 	return h, err
 }
 
@@ -242,11 +241,7 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := append(saved[iptables.IPv4].Present(iptables.IPv4), saved[iptables.IPv6].Present(iptables.IPv6)...)
-	if len(out) == 0 {
-		return nil, nil
-	}
-	return []iptables.Elsewhere{{Backend: a.backend, Rules: out}}, nil
+	return iptables.Holding{Backend: a.backend, Saved: saved}.Elsewhere(), nil
 }
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}

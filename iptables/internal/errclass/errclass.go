@@ -6,9 +6,6 @@ package errclass
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -50,21 +47,13 @@ func Denied(op string, err error, caps ...string) error {
 
 // Missing returns those of caps the calling thread lacks; unreadable ones count as held.
 func Missing(caps ...string) []string {
-	data, err := os.ReadFile("/proc/thread-self/status")
-	if err != nil {
+	var data [2]unix.CapUserData // capabilities 0-31, 32-63
+	if unix.Capget(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &data[0]) != nil {
 		return nil
-	}
-	var eff uint64
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			if eff, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
-				return nil
-			}
-		}
 	}
 	var out []string
 	for _, c := range caps {
-		if eff&(1<<capBits[c]) == 0 {
+		if data[capBits[c]/32].Effective&(1<<(capBits[c]%32)) == 0 {
 			out = append(out, c)
 		}
 	}
