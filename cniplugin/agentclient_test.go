@@ -42,13 +42,24 @@ type fakeAgent struct {
 
 func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
 	t.Helper()
+	return startFake(t, reply, nil)
+}
+
+// startFakeWriter starts a fake agent that answers write requests with write.
+func startFakeWriter(t *testing.T, write func(wire.Request) wire.Reply) *fakeAgent {
+	t.Helper()
+	return startFake(t, nil, write)
+}
+
+func startFake(t *testing.T, reply func(wire.Request) []byte, write func(wire.Request) wire.Reply) *fakeAgent {
+	t.Helper()
 	nt.RequireRoot(t, "the plugin talks only to a socket root owns")
 	dir, err := os.MkdirTemp("", "fake-agent-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	f := &fakeAgent{socket: filepath.Join(dir, "agent.sock"), reply: reply,
+	f := &fakeAgent{socket: filepath.Join(dir, "agent.sock"), reply: reply, write: write,
 		reqs: make(chan wire.Request, 8), reports: make(chan wire.Report, 8)}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: f.socket, Net: "unixpacket"})
 	if err != nil {
@@ -364,15 +375,14 @@ func fakeWriter(t *testing.T, api PodAPI) *fakeAgent {
 		t.Fatal(err)
 	}
 	rig := newPolicyRig(t, nil)
-	f := startFakeAgent(t, nil)
-	f.write = func(req wire.Request) wire.Reply {
+	f := startFakeWriter(t, func(req wire.Request) wire.Reply {
 		w, err := NewAgentWriter(api, rig.plugin.Runner).AgentAdd(context.Background(), AgentAdd{Conf: conf, ContainerID: req.ContainerID,
 			Pod: PodArgs{Namespace: req.Namespace, Name: req.Name, InfraContainerID: req.ContainerID}, NetNS: req.Netns, Log: io.Discard})
 		if err != nil && w.Error == nil {
 			return wire.Reply{V: wire.WriteVersion, Error: wire.Errorf(wire.CodeNotSeen, "%v", err)}
 		}
 		return wire.Reply{V: wire.WriteVersion, Written: &w}
-	}
+	})
 	t.Cleanup(func() {
 		if d := rig.fake.Dump(); d != "# ipv4\n# ipv6\n" {
 			t.Errorf("the agent wrote rules:\n%s", d)
@@ -387,11 +397,10 @@ func fakeWriter(t *testing.T, api PodAPI) *fakeAgent {
 func TestAgentDeclinesForCapability(t *testing.T) {
 	pod := meshedPod(nil, nil)
 	refused := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: "net:[4026532281]", Op: "write the iptables-nft nat rules", Err: syscall.EPERM}
-	f := startFakeAgent(t, nil)
-	f.write = func(wire.Request) wire.Reply {
+	f := startFakeWriter(t, func(wire.Request) wire.Reply {
 		return wire.Reply{V: wire.WriteVersion, Pod: mustJSONBytes(t, pod), Namespace: mustJSONBytes(t, &Namespace{}),
 			Declined: wire.CapabilityErrorf(refused, "pod web/api-0: %v", refused)}
-	}
+	})
 	r := nodeRig(t, pod)
 	if err := r.plugin.Add(agentArgs(t, r, f.socket, "2s")); err != nil {
 		t.Fatalf("ADD: %v\n%s", err, r.logs.String())
