@@ -1,13 +1,16 @@
 package cniplugin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
+	"github.com/kubemesh/proxy-init/iptables"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -31,9 +35,23 @@ type fakeAgent struct {
 	reports chan wire.Report
 	// writes counts the write requests refused.
 	writes atomic.Int32
+	// write, when set, answers write requests (an agent that writes); without it the fake is an
+	// agent of lookups only, which refuses them.
+	write func(wire.Request) wire.Reply
 }
 
 func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
+	t.Helper()
+	return startFake(t, reply, nil)
+}
+
+// startFakeWriter starts a fake agent that answers write requests with write.
+func startFakeWriter(t *testing.T, write func(wire.Request) wire.Reply) *fakeAgent {
+	t.Helper()
+	return startFake(t, nil, write)
+}
+
+func startFake(t *testing.T, reply func(wire.Request) []byte, write func(wire.Request) wire.Reply) *fakeAgent {
 	t.Helper()
 	nt.RequireRoot(t, "the plugin talks only to a socket root owns")
 	dir, err := os.MkdirTemp("", "fake-agent-")
@@ -41,7 +59,7 @@ func startFakeAgent(t *testing.T, reply func(wire.Request) []byte) *fakeAgent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	f := &fakeAgent{socket: filepath.Join(dir, "agent.sock"), reply: reply,
+	f := &fakeAgent{socket: filepath.Join(dir, "agent.sock"), reply: reply, write: write,
 		reqs: make(chan wire.Request, 8), reports: make(chan wire.Report, 8)}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: f.socket, Net: "unixpacket"})
 	if err != nil {
@@ -67,19 +85,25 @@ func (f *fakeAgent) serve(conn *net.UnixConn) {
 		return
 	}
 	if fd != nil {
-		// An agent of lookups only (protocol 2), as before writes: it refuses the descriptor.
 		fd.Close()
-		f.writes.Add(1)
-		_ = wire.Answer(conn, wire.Reply{Error: wire.Errorf(wire.CodeRefused, "file descriptors attached (protocol 2 carries none); closed unused")})
-		return
-	}
-	f.reqs <- req
-	if f.reply == nil {
-		time.Sleep(time.Minute)
-		return
-	}
-	if _, err := conn.Write(f.reply(req)); err != nil {
-		return
+		if f.write == nil {
+			// An agent of lookups only (protocol 2), as before writes: it refuses the descriptor.
+			f.writes.Add(1)
+			_ = wire.Answer(conn, wire.Reply{Error: wire.Errorf(wire.CodeRefused, "file descriptors attached (protocol 2 carries none); closed unused")})
+			return
+		}
+		if err := wire.Answer(conn, f.write(req)); err != nil {
+			return
+		}
+	} else {
+		f.reqs <- req
+		if f.reply == nil {
+			time.Sleep(time.Minute)
+			return
+		}
+		if _, err := conn.Write(f.reply(req)); err != nil {
+			return
+		}
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if rep, err := wire.ReadReport(conn); err == nil {
@@ -294,14 +318,15 @@ func TestAgentClientDel(t *testing.T) {
 	}
 }
 
-// TestErrorCodesBothRoutes: a failure has the same CNI error code and message whether the pod
-// came from the agent or from the API: an invalid annotation is the config's error (7), nothing
-// written; a pod that cannot be looked up (the agent has not seen it, the API fails) is "try again
-// later" (11).
+// TestErrorCodesBothRoutes: a failure has the same CNI error code and message whether the agent
+// wrote (route 1: its Written error), the pod came from the agent (route 2) or from the API: an
+// invalid annotation is the config's error (7), nothing written; a pod that cannot be looked up
+// (the agent has not seen it, the API fails) is "try again later" (11).
 func TestErrorCodesBothRoutes(t *testing.T) {
 	bad := meshedPod(nil, map[string]string{AnnotationSkipOutboundPorts: "99999"})
 	ns := &Namespace{ObjectMeta: ObjectMeta{Name: "web"}}
 	byAgent := startFakeAgent(t, answer(t, bad, ns))
+	writesBad, writesUnseen := fakeWriter(t, &fakeAPI{pod: bad, ns: ns}), fakeWriter(t, &fakeAPI{err: errors.New("not in the watch")})
 	notSeen := startFakeAgent(t, refusal(t, wire.CodeNotSeen, "pod web/api-0 is not among the pods of node n1 after 1s"))
 	apiDown := errors.New("dial tcp 192.0.2.1:443: connect: connection refused")
 	for _, tc := range []struct {
@@ -311,10 +336,10 @@ func TestErrorCodesBothRoutes(t *testing.T) {
 		wantCode uint
 		wantMsg  string
 	}{
-		{"invalid annotation", bad, map[string]string{"agent": byAgent.socket, "api": ""}, types.ErrInvalidNetworkConfig,
+		{"invalid annotation", bad, map[string]string{"agent writes": writesBad.socket, "agent": byAgent.socket, "api": ""}, types.ErrInvalidNetworkConfig,
 			`invalid annotation: annotation config.linkerd.io/skip-outbound-ports="99999" on pod web/api-0: port 99999 is outside 1-65535`},
-		{"pod not found", nil, map[string]string{"agent not seen, then api": notSeen.socket, "api": ""}, types.ErrTryAgainLater,
-			"pod web/api-0 might be meshed and cannot be looked up (timeout 10s): " + apiDown.Error()},
+		{"pod not found", nil, map[string]string{"agent writes, has not seen it, then api": writesUnseen.socket, "agent not seen, then api": notSeen.socket, "api": ""},
+			types.ErrTryAgainLater, "pod web/api-0 might be meshed and cannot be looked up (timeout 10s): " + apiDown.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msgs := map[string]string{}
@@ -339,6 +364,52 @@ func TestErrorCodesBothRoutes(t *testing.T) {
 				first = m
 			}
 		})
+	}
+}
+
+// fakeWriter is an agent that writes (route 1) with the plugin's own AgentAdd, the pod from api,
+// the node's config the chart's, into a fake of its own: what the node agent answers a write.
+func fakeWriter(t *testing.T, api PodAPI) *fakeAgent {
+	conf, err := ParseConfig(withVersion(t, linkerdChartConfig, "1.0.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig := newPolicyRig(t, nil)
+	f := startFakeWriter(t, func(req wire.Request) wire.Reply {
+		w, err := NewAgentWriter(api, rig.plugin.Runner).AgentAdd(context.Background(), AgentAdd{Conf: conf, ContainerID: req.ContainerID,
+			Pod: PodArgs{Namespace: req.Namespace, Name: req.Name, InfraContainerID: req.ContainerID}, NetNS: req.Netns, Log: io.Discard})
+		if err != nil && w.Error == nil {
+			return wire.Reply{V: wire.WriteVersion, Error: wire.Errorf(wire.CodeNotSeen, "%v", err)}
+		}
+		return wire.Reply{V: wire.WriteVersion, Written: &w}
+	})
+	t.Cleanup(func() {
+		if d := rig.fake.Dump(); d != "# ipv4\n# ipv6\n" {
+			t.Errorf("the agent wrote rules:\n%s", d)
+		}
+	})
+	return f
+}
+
+// TestAgentDeclinesForCapability: an agent whose write the kernel refused for want of a capability
+// declines with the pod (its capability error crosses intact: TestCapabilityErrorCrosses); the
+// plugin writes (route 2) with the agent's pod, no API request, and says why.
+func TestAgentDeclinesForCapability(t *testing.T) {
+	pod := meshedPod(nil, nil)
+	refused := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: "net:[4026532281]", Op: "write the iptables-nft nat rules", Err: syscall.EPERM}
+	f := startFakeWriter(t, func(wire.Request) wire.Reply {
+		return wire.Reply{V: wire.WriteVersion, Pod: mustJSONBytes(t, pod), Namespace: mustJSONBytes(t, &Namespace{}),
+			Declined: wire.CapabilityErrorf(refused, "pod web/api-0: %v", refused)}
+	})
+	r := nodeRig(t, pod)
+	if err := r.plugin.Add(agentArgs(t, r, f.socket, "2s")); err != nil {
+		t.Fatalf("ADD: %v\n%s", err, r.logs.String())
+	}
+	if len(r.api.requests) != 0 || !strings.Contains(r.fake.Dump(), "PROXY_INIT_OUTPUT") {
+		t.Errorf("API requests %v, rules:\n%s\nwant the plugin's write with the agent's pod", r.api.requests, r.fake.Dump())
+	}
+	if l := r.logs.String(); !strings.Contains(l, `why="node agent: capability: pod web/api-0: write the iptables-nft nat rules: permission denied`) || !strings.Contains(l, "route=plugin") {
+		t.Errorf("the log lacks the decline and the plugin's write:\n%s", l)
 	}
 }
 

@@ -157,6 +157,9 @@ type rigOpts struct {
 	// noWrites runs the agent without the node's /var/run/netns, so that it declines every write
 	// (route 2), as with audits off.
 	noWrites bool
+	// auditsOff runs the agent as the chart's with agent.auditPeriod 0s: no audits, no sandbox
+	// finder, no node config, no /var/run/netns; it declines every write (route 2).
+	auditsOff bool
 	// ownNetNS and hostNetNS are the stand-ins for the agent's own and the node's namespaces.
 	ownNetNS, hostNetNS string
 }
@@ -226,10 +229,14 @@ func newRig(t testing.TB, c *kubetest.Cluster, o rigOpts) *rig {
 	if period == 0 {
 		period = time.Hour // tests drive audits with AuditAll and pod events
 	}
-	r.a, err = agent.New(client, agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, KubeletPodsSocket: o.kubeletPods, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
+	opts := agent.Options{NodeName: r.node, Mode: mode, Socket: r.socket, KubeletPodsSocket: o.kubeletPods, HostProc: "/proc", LookupWait: 300 * time.Millisecond,
 		AuditPeriod: period, Sandboxes: r.sandboxes, NetConf: &agent.NetConfSource{Dir: r.netDir},
 		NetNSDir: netnsDir, OwnNetNS: o.ownNetNS, HostNetNS: o.hostNetNS,
-		Log: log, PluginLog: r.pluginLog})
+		Log: log, PluginLog: r.pluginLog}
+	if o.auditsOff {
+		opts.AuditPeriod, opts.Sandboxes, opts.NetConf, opts.NetNSDir = 0, nil, nil, ""
+	}
+	r.a, err = agent.New(client, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -63,12 +64,21 @@ func (a *Agent) whyNoWrites() *wire.Error {
 	}
 	capEff, err := ownCapEff()
 	if err != nil {
-		return wire.Errorf(wire.CodeCapability, "cannot read the agent's capabilities: %v", err)
+		return wire.Errorf(wire.CodeCannotWrite, "cannot read the agent's capabilities: %v", err)
 	}
-	if capEff&(1<<capNetAdmin) == 0 || capEff&(1<<capSysAdmin) == 0 {
-		return wire.Errorf(wire.CodeCapability, "the agent does not hold NET_ADMIN and SYS_ADMIN (CapEff %016x; the chart grants them with audits)", capEff)
+	return capDecline(capEff)
+}
+
+// capDecline is the decline of an agent whose effective capabilities are capEff, nil when they
+// let it write: a capability error (with the agent's own namespace), as the kernel's refusal of
+// the write would be.
+func capDecline(capEff uint64) *wire.Error {
+	if capEff&(1<<capNetAdmin) != 0 && capEff&(1<<capSysAdmin) != 0 {
+		return nil
 	}
-	return nil
+	ce := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN", "CAP_SYS_ADMIN"}, NetNS: netnsutil.Current(),
+		Op: "write the plugin's ADDs in the node agent", Err: fmt.Errorf("the agent's CapEff is %016x", capEff)}
+	return wire.CapabilityErrorf(ce, "the agent does not hold NET_ADMIN and SYS_ADMIN (CapEff %016x; the chart grants them with audits)", capEff)
 }
 
 // ownCapEff reads this process's effective capabilities.
@@ -183,12 +193,14 @@ func (a *Agent) write(ctx context.Context, req wire.Request, netns *os.File) (re
 	var nw *cniplugin.NotWrittenError
 	switch {
 	case errors.As(err, &nw):
-		code := wire.CodeCannotWrite
-		if iptables.IsCapabilityError(err) {
-			code = wire.CodeCapability
+		why := wire.Errorf(wire.CodeCannotWrite, "%s", named(err.Error()))
+		if ce := (*iptables.CapabilityError)(nil); errors.As(err, &ce) {
+			inPod := *ce
+			inPod.Op = named(ce.Op)
+			why = wire.CapabilityErrorf(&inPod, "%s", why.Message)
 		}
-		a.log.Warn("could not write a pod's rules; the plugin writes them", "pod", req.Namespace+"/"+req.Name, "container_id", req.ContainerID, "error", named(err.Error()))
-		return a.declined(ctx, req, wire.Errorf(code, "%s", named(err.Error())))
+		a.log.Warn("could not write a pod's rules; the plugin writes them", "pod", req.Namespace+"/"+req.Name, "container_id", req.ContainerID, "error", why.Message)
+		return a.declined(ctx, req, why)
 	case err != nil && w.Error == nil:
 		// The watch does not hold the pod (or its namespace) yet: the plugin reads the API.
 		a.log.Debug("a plugin asked to write for a pod the watch does not hold", "pod", req.Namespace+"/"+req.Name, "error", err.Error())

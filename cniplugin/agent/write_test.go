@@ -144,36 +144,54 @@ func testRefusedNamespaces(t *testing.T, c *kubetest.Cluster) {
 	ex.Report(wire.Report{Command: wire.CommandAdd, Result: "ok", Lookup: "agent", Route: wire.RoutePlugin})
 }
 
-// testDeclinedWrites: an agent that cannot write (here without the node's /var/run/netns, as with
-// audits off and no capabilities) says so once, declines every write with the pod, and the plugin
-// writes (route 2) with the agent's copy of the pod: no API request, the route in its log line and
-// the agent's metrics.
+// testDeclinedWrites: an agent that cannot write (without the node's /var/run/netns, or as the
+// chart's with agent.auditPeriod 0s, which also lacks the node's config and the capabilities)
+// says so once, declines every write with the pod (a write request's reply: version 3, why, the
+// pod, nothing written), and the plugin writes (route 2) with the agent's copy of the pod: no API
+// request, the route in its log line and the agent's metrics.
 func testDeclinedWrites(t *testing.T, c *kubetest.Cluster) {
-	r := newRig(t, c, rigOpts{noWrites: true})
-	p := r.createPod("web", map[string]string{cniplugin.AnnotationSkipOutboundPorts: "3306"}, nil)
-	add := r.run("ADD", r.args(p, r.conf))
-	if add.err != nil {
-		t.Fatalf("ADD: %v\n%s", add.err, add.stderr)
-	}
-	if calls := add.api.Calls(); len(calls) != 0 {
-		t.Errorf("ADD read %v from the API; want the agent's lookup", calls)
-	}
-	for _, want := range []string{`msg="the node agent did not write the rules; the plugin writes them"`, `why="node agent: cannot-write: the agent has no view of the node's /var/run/netns`,
-		"source=agent api_requests=0 route=plugin"} {
-		if !strings.Contains(add.stderr, want) {
-			t.Errorf("the plugin's log lacks %s:\n%s", want, add.stderr)
-		}
-	}
-	expectRules(t, p, expected(t, iptables.ModeNFT, func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306"} }))
-	if !strings.Contains(r.log.String(), `msg="the agent does not write the plugin's ADDs (route 1); the plugin writes them with the agent's lookups"`) {
-		t.Errorf("the agent did not say it does not write:\n%s", r.log.String())
-	}
-	waitFor(t, "the ADD's report", func() bool { return r.metric(`plugin_rules_written_total{route="plugin"}`) == "1" })
-	if got := r.metric(`socket_requests_total{outcome="lookup"}`); got != "1" {
-		t.Errorf("lookups = %q, want 1", got)
-	}
-	if got := r.metric(`socket_requests_total{outcome="write"}`); got != "" {
-		t.Errorf("writes = %q, want none", got)
+	for _, tc := range []struct {
+		name string
+		opts rigOpts
+		why  string
+	}{
+		{"no /var/run/netns", rigOpts{noWrites: true}, "the agent has no view of the node's /var/run/netns (--netns-dir; audits are off)"},
+		{"agent.auditPeriod 0s", rigOpts{auditsOff: true}, "the agent does not read the node's network config (audits are off: agent.auditPeriod 0s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, c, tc.opts)
+			p := r.createPod("web", map[string]string{cniplugin.AnnotationSkipOutboundPorts: "3306"}, nil)
+			reply := sendRaw(t, r.socket, r.writeBody(t, "web", p.netns.Path()), int(openNS(t, p.netns).Fd()))
+			if d := reply.Declined; reply.V != wire.WriteVersion || d == nil || d.Code != wire.CodeCannotWrite || d.Message != tc.why ||
+				len(reply.Pod) == 0 || len(reply.Namespace) == 0 || reply.Written != nil || reply.Error != nil {
+				t.Errorf("the reply to a write: %+v (declined %+v), want version %d declined %s: %s, with the pod", reply, d, wire.WriteVersion, wire.CodeCannotWrite, tc.why)
+			}
+			expectNoneWritten(t, p.netns)
+			add := r.run("ADD", r.args(p, r.conf))
+			if add.err != nil {
+				t.Fatalf("ADD: %v\n%s", add.err, add.stderr)
+			}
+			if calls := add.api.Calls(); len(calls) != 0 {
+				t.Errorf("ADD read %v from the API; want the agent's lookup", calls)
+			}
+			for _, want := range []string{`msg="the node agent did not write the rules; the plugin writes them"`, `why="node agent: cannot-write: ` + tc.why,
+				"source=agent api_requests=0 route=plugin"} {
+				if !strings.Contains(add.stderr, want) {
+					t.Errorf("the plugin's log lacks %s:\n%s", want, add.stderr)
+				}
+			}
+			expectRules(t, p, expected(t, iptables.ModeNFT, func(c *iptables.Config) { c.OutboundPortsToIgnore = []string{"3306"} }))
+			if !strings.Contains(r.log.String(), `msg="the agent does not write the plugin's ADDs (route 1); the plugin writes them with the agent's lookups"`) {
+				t.Errorf("the agent did not say it does not write:\n%s", r.log.String())
+			}
+			waitFor(t, "the ADD's report", func() bool { return r.metric(`plugin_rules_written_total{route="plugin"}`) == "1" })
+			if got := r.metric(`socket_requests_total{outcome="lookup"}`); got != "2" {
+				t.Errorf("lookups = %q, want 2 (the raw write's and the plugin's)", got)
+			}
+			if got := r.metric(`socket_requests_total{outcome="write"}`); got != "" {
+				t.Errorf("writes = %q, want none", got)
+			}
+		})
 	}
 }
 

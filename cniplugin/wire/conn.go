@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -149,7 +150,9 @@ func CheckSocket(path string) error {
 // with an error no descriptor is returned, none is left open.
 func ReadRequest(conn *net.UnixConn) (Request, *os.File, error) {
 	var req Request
-	b, fd, err := readMessage(conn, make([]byte, MaxMessage), true)
+	buf := messageBufs.Get().(*[]byte)
+	defer messageBufs.Put(buf)
+	b, fd, err := readMessage(conn, *buf, true)
 	if err == nil {
 		err = decode(b, &req, Version, WriteVersion)
 	}
@@ -207,12 +210,22 @@ func Answer(conn *net.UnixConn, r Reply) error {
 // ReadReport reads the plugin's report, within the connection's deadline.
 func ReadReport(conn *net.UnixConn) (Report, error) {
 	var r Report
-	b, _, err := readMessage(conn, make([]byte, MaxMessage), false)
+	buf := messageBufs.Get().(*[]byte)
+	defer messageBufs.Put(buf)
+	b, _, err := readMessage(conn, *buf, false)
 	if err == nil {
 		err = decode(b, &r, Version, WriteVersion)
 	}
 	return r, err
 }
+
+// messageBufs are the agent's read buffers, MaxMessage bytes each: it reads two messages per
+// plugin call (ReadRequest, ReadReport), whose decoded values keep nothing of the buffer, and a
+// fresh 128 KiB each time is garbage the collector must then clear.
+var messageBufs = sync.Pool{New: func() any {
+	b := make([]byte, MaxMessage)
+	return &b
+}}
 
 // readMessage reads one datagram into buf. Without oneFD there is no room for control messages:
 // descriptors the peer attached are closed by the kernel, never installed in this process, and

@@ -19,8 +19,8 @@
 // asks again with a lookup. A plugin older than writes sends only lookups, which the agent
 // answers as before. So either side of a rolling upgrade works with the other.
 //
-// Limits: standard library and golang.org/x/sys only, because the plugin links this package and
-// starts on every pod's sandbox set-up. Linux only.
+// Limits: standard library, golang.org/x/sys and package iptables (for its CapabilityError) only,
+// because the plugin links this package and starts on every pod's sandbox set-up. Linux only.
 //
 // # Tests
 //
@@ -32,7 +32,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/iptables"
 )
 
 const (
@@ -202,9 +207,64 @@ const (
 type Error struct {
 	Code    Code   `json:"code"`
 	Message string `json:"message"`
+	// Capability, set in every CodeCapability error (CapabilityErrorf), is the capability error
+	// itself, so that it stays one across the socket: errors.As finds the *iptables.CapabilityError
+	// in the *Error (Unwrap), as in the plugin's own write. An agent older than the field sends
+	// none; a plugin older than it refuses a reply that carries it (malformed) and writes itself.
+	Capability *Capability `json:"capability,omitempty"`
 }
 
 func (e *Error) Error() string { return "node agent: " + string(e.Code) + ": " + e.Message }
+
+// Unwrap returns the *iptables.CapabilityError that Capability carries, or nil.
+func (e *Error) Unwrap() error {
+	c := e.Capability
+	if c == nil {
+		return nil
+	}
+	return &iptables.CapabilityError{Caps: slices.Clone(c.Caps), NetNS: c.NetNS, Op: c.Op, Err: remoteErr{msg: c.Err, errno: unix.Errno(c.Errno)}}
+}
+
+// Capability is an *iptables.CapabilityError as it crosses the socket: its fields, its error's
+// text, and the kernel's error number under it (EPERM, EACCES) when there was one, so that
+// errors.Is(err, fs.ErrPermission) holds on both sides.
+type Capability struct {
+	Caps  []string `json:"caps"`
+	NetNS string   `json:"netns,omitempty"`
+	Op    string   `json:"op"`
+	Err   string   `json:"err,omitempty"`
+	Errno uintptr  `json:"errno,omitempty"`
+}
+
+// CapabilityErrorf returns the CodeCapability *Error for ce, with the message format says.
+func CapabilityErrorf(ce *iptables.CapabilityError, format string, args ...any) *Error {
+	e := Errorf(CodeCapability, format, args...)
+	e.Capability = &Capability{Caps: ce.Caps, NetNS: ce.NetNS, Op: ce.Op}
+	if ce.Err != nil {
+		e.Capability.Err = ce.Err.Error()
+		var errno unix.Errno
+		if errors.As(ce.Err, &errno) {
+			e.Capability.Errno = uintptr(errno)
+		}
+	}
+	return e
+}
+
+// remoteErr is the error under a CapabilityError that crossed the socket: its text, and its
+// error number when it had one.
+type remoteErr struct {
+	msg   string
+	errno unix.Errno
+}
+
+func (e remoteErr) Error() string { return e.msg }
+
+func (e remoteErr) Unwrap() error {
+	if e.errno == 0 {
+		return nil
+	}
+	return e.errno
+}
 
 // Errorf returns an *Error of code.
 func Errorf(code Code, format string, args ...any) *Error {

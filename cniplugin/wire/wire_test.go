@@ -3,14 +3,17 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kubemesh/proxy-init/iptables"
 	nt "github.com/kubemesh/proxy-init/test/netnstest"
 )
 
@@ -299,5 +302,59 @@ func TestWriteExchange(t *testing.T) {
 	ex, err = AskWrite(old, 2*time.Second, req, self)
 	if ex != nil || CodeOf(err) != CodeVersion || !strings.Contains(err.Error(), "file descriptors attached") {
 		t.Errorf("an agent of lookups only: %v (exchange %v), want a version error", err, ex)
+	}
+}
+
+// TestCapabilityErrorCrosses: a capability error stays one across the socket. The agent's
+// decline for want of a capability (its own, or the kernel's refusal of its write) reaches the
+// plugin as an *Error in which errors.As finds the *iptables.CapabilityError the agent had, with
+// its capabilities, namespace, operation, text and error number; a decline for another reason
+// holds none.
+func TestCapabilityErrorCrosses(t *testing.T) {
+	self, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	refused := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN"}, NetNS: "net:[4026532281]", Op: "write the iptables-nft nat rules",
+		Err: fmt.Errorf("netlink: %w", syscall.EPERM)}
+	declines := map[string]*Error{
+		"capability":   CapabilityErrorf(refused, "pod app/web: %v", refused),
+		"cannot-write": Errorf(CodeCannotWrite, "iptables-mode legacy is written with the iptables binaries"),
+	}
+	socket := listen(t, func(c *net.UnixConn) {
+		req, fd, err := ReadRequest(c)
+		if err != nil {
+			return
+		}
+		fd.Close()
+		_ = Answer(c, Reply{V: WriteVersion, Pod: []byte(`{}`), Namespace: []byte(`{}`), Declined: declines[req.Name]})
+	})
+	for name, sent := range declines {
+		ex, err := AskWrite(socket, 2*time.Second, Request{Namespace: "app", Name: name, ContainerID: "c1", Netns: "/var/run/netns/cni-1", IfName: "eth0"}, self)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		ex.Report(Report{Command: CommandAdd, Result: "ok", Lookup: "agent", Route: RoutePlugin})
+		got := ex.Reply.Declined
+		if got == nil || got.Error() != sent.Error() {
+			t.Fatalf("%s: declined %v, want %v", name, got, sent)
+		}
+		var ce *iptables.CapabilityError
+		if name != "capability" {
+			if errors.As(got, &ce) || iptables.IsCapabilityError(got) {
+				t.Errorf("%s: a capability error in %v", name, got)
+			}
+			continue
+		}
+		if !errors.As(got, &ce) || !iptables.IsCapabilityError(fmt.Errorf("wrapped: %w", got)) {
+			t.Fatalf("%s: no *iptables.CapabilityError in %#v", name, got)
+		}
+		if ce.Error() != refused.Error() || !slices.Equal(ce.Caps, refused.Caps) || ce.NetNS != refused.NetNS || ce.Op != refused.Op {
+			t.Errorf("%s: %+v, want %+v", name, ce, refused)
+		}
+		if !errors.Is(got, syscall.EPERM) || !errors.Is(got, fs.ErrPermission) {
+			t.Errorf("%s: errors.Is(%v, EPERM) is false", name, got)
+		}
 	}
 }

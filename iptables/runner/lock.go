@@ -20,8 +20,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -172,8 +172,22 @@ func (l *HostLockFile) Remove() error {
 	return nil
 }
 
-// hostLockRE matches the names of host lock files.
-var hostLockRE = regexp.MustCompile(`^[0-9]+-[0-9]+$`)
+// isHostLockName matches the names of host lock files (hostLockName's: digits, '-', digits). A
+// function, not a regular expression: a package-level one is compiled at every start of the
+// plugin, which runs this only in its sweep.
+func isHostLockName(name string) bool {
+	dev, ino, ok := strings.Cut(name, "-")
+	return ok && allDigits(dev) && allDigits(ino)
+}
+
+func allDigits(s string) bool {
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
 
 func hostLockName(dev, ino uint64) string {
 	return strconv.FormatUint(dev, 10) + "-" + strconv.FormatUint(ino, 10)
@@ -195,7 +209,7 @@ func SweepHostLocks(dir string) (int, error) {
 	n := 0
 	var errs []error
 	for _, e := range entries {
-		if !e.Type().IsRegular() || !hostLockRE.MatchString(e.Name()) {
+		if !e.Type().IsRegular() || !isHostLockName(e.Name()) {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
