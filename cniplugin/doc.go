@@ -24,11 +24,7 @@
 // internal/netnsutil and never decides which rules exist: the iptables package does. DEL never
 // fails, so it can never block sandbox teardown.
 //
-// Tests: without root, the config, CNI_ARGS, classification and merge, the failure policy with a
-// fake applier (policy_test.go) and fuzzers (`make fuzz`); as root with a kube-apiserver, TestCNI
-// runs the plugin binary through libcni with the real bridge, host-local and loopback plugins in
-// an isolated node namespace (modes, sidecars, annotations, refused credentials, a hung API,
-// STATUS, concurrency, Multus), TestKubeconfigRefused and TestKubeClient the API client, and
-// TestCNIWithAgent and agent_test.go the node agent's routes. Run one part with, for example,
-// `go test -count=1 -run TestCNI -v ./cniplugin/` (root, after make kube-bins).
+// Tests: without root, the parsing, merge and failure policy over a fake applier, and fuzzers; as
+// root with a kube-apiserver (after make kube-bins), the plugin binary through libcni with the
+// real reference plugins, the API client and the node agent's routes.
 package cniplugin

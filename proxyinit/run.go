@@ -337,32 +337,26 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"netns", netnsutil.Label(o.NetNS),
 	}
 	// The features beyond Linkerd's, only when on: a Linkerd command line logs what it always did.
-	if rs.IPv6Auto {
-		attrs = append(attrs, "ipv6", "auto")
-	}
-	if rs.DNSPort != 0 {
-		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers))
-	}
-	if rs.TPROXY {
-		attrs = append(attrs, "inbound_mode", string(iptables.InboundTPROXY))
-	}
-	if len(rs.OutboundRedirectPorts) > 0 {
-		attrs = append(attrs, "outbound_ports_to_redirect", join(rs.OutboundRedirectPorts))
-	}
-	if len(rs.OutboundRedirectSubnets) > 0 {
-		attrs = append(attrs, "outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets))
-	}
-	if len(rs.IgnoreInterfaces) > 0 {
-		attrs = append(attrs, "interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ","))
-	}
-	if len(rs.IgnoreUIDs) > 0 || len(rs.IgnoreGIDs) > 0 {
-		attrs = append(attrs, "uids_to_ignore", fmt.Sprint(rs.IgnoreUIDs), "gids_to_ignore", fmt.Sprint(rs.IgnoreGIDs))
-	}
-	if rs.DropInvalid {
-		attrs = append(attrs, "drop_invalid", true)
-	}
-	if len(rs.RerouteInterfaces) > 0 {
-		attrs = append(attrs, "reroute_virtual_interfaces", strings.Join(rs.RerouteInterfaces, ","))
+	for _, f := range []struct {
+		on    bool
+		attrs []any
+	}{
+		{rs.IPv6Auto, []any{"ipv6", "auto"}},
+		{rs.DNSPort != 0, []any{"redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers)}},
+		{rs.TPROXY, []any{"inbound_mode", string(iptables.InboundTPROXY)}},
+		{len(rs.OutboundRedirectPorts) > 0, []any{"outbound_ports_to_redirect", join(rs.OutboundRedirectPorts)}},
+		{len(rs.OutboundRedirectSubnets) > 0,
+			[]any{"outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets)}},
+		{len(rs.IgnoreInterfaces) > 0, []any{"interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ",")}},
+		{len(rs.IgnoreUIDs)+len(rs.IgnoreGIDs) > 0,
+			[]any{"uids_to_ignore", fmt.Sprint(rs.IgnoreUIDs), "gids_to_ignore", fmt.Sprint(rs.IgnoreGIDs)}},
+		{rs.DropInvalid, []any{"drop_invalid", true}},
+		{len(rs.RerouteInterfaces) > 0,
+			[]any{"reroute_virtual_interfaces", strings.Join(rs.RerouteInterfaces, ",")}},
+	} {
+		if f.on {
+			attrs = append(attrs, f.attrs...)
+		}
 	}
 	return attrs
 }
