@@ -381,17 +381,9 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	if !binSet && !saveSet {
 		return iptables.ModeAuto, "default", nil, nil
 	}
-	binMode, binOK := modeFromBinary(v.firewallBin, false)
-	saveMode, saveOK := modeFromBinary(v.firewallSave, true)
 	var probs []badinput.Problem
-	if binSet && !binOK {
-		probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
-			Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
-	}
-	if saveSet && !saveOK {
-		probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
-			Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
-	}
+	binMode := modeFromBinary(flagFirewallBin, v.firewallBin, "", binSet, &probs)
+	saveMode := modeFromBinary(flagFirewallSave, v.firewallSave, "-save", saveSet, &probs)
 	if len(probs) > 0 {
 		return iptables.ModeAuto, "", nil, probs
 	}
@@ -406,22 +398,22 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 	}
 }
 
-// modeFromBinary maps a Linkerd firewall binary path to a mode by its base name.
-func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
-	base := filepath.Base(strings.TrimSpace(path))
-	plain := "iptables"
-	if save {
-		plain = "iptables-save"
-	}
-	switch {
+// modeFromBinary maps the path of a Linkerd firewall binary (iptables or, with suffix "-save",
+// iptables-save) to a mode by its base name; one that names none, when set, is a problem.
+func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Problem) iptables.Mode {
+	switch base := filepath.Base(strings.TrimSpace(path)); {
 	case strings.HasPrefix(base, "iptables-legacy"):
-		return iptables.ModeLegacy, true
+		return iptables.ModeLegacy
 	case strings.HasPrefix(base, "iptables-nft"):
-		return iptables.ModeNFT, true
-	case base == plain:
-		return iptables.ModePlain, true
+		return iptables.ModeNFT
+	case base == "iptables"+suffix:
+		return iptables.ModePlain
 	}
-	return "", false
+	if set {
+		*probs = append(*probs, badinput.Problem{Field: flag, Value: path, Reason: fmt.Sprintf("cannot tell the iptables mode "+
+			"from it; want a path ending in iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s (or use --iptables-mode)", suffix)})
+	}
+	return ""
 }
 
 // lenient is an int or bool flag that keeps its text, so a bad value is reported with the others.

@@ -80,7 +80,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	switch cmd := o.Command; {
 	case cmd == CommandVersion:
-		return version(stdout, o.Output)
+		info := buildinfo.Get()
+		return writeReport(stdout, o.Output, info, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, "proxy-init "+info.String())
+			return err
+		})
 	case o.Simulate && (cmd == CommandApply || cmd == CommandCleanup):
 		return simulate(ctx, o, stdout, log, r)
 	case cmd == CommandApply:
@@ -93,14 +97,6 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
-}
-
-func version(stdout io.Writer, output string) error {
-	info := buildinfo.Get()
-	return writeReport(stdout, output, info, func(w io.Writer) error {
-		_, err := fmt.Fprintln(w, "proxy-init "+info.String())
-		return err
-	})
 }
 
 // target is where and how the command line asks to work. With --netns proxy-init runs on the
