@@ -277,15 +277,12 @@ func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply str
 // hopLimitOne keeps a connection that is not redirected from reaching the connect address: its SYN
 // expires at the first router. A redirected one is delivered locally.
 func hopLimitOne(network, _ string, rc syscall.RawConn) error {
+	level, opt := unix.IPPROTO_IP, unix.IP_TTL
+	if strings.HasSuffix(network, "6") {
+		level, opt = unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS
+	}
 	var serr error
-	err := rc.Control(func(fd uintptr) {
-		if strings.HasSuffix(network, "6") {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 1)
-		} else {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TTL, 1)
-		}
-	})
-	if err != nil {
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
 		return err
 	}
 	if serr != nil {
