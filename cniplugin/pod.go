@@ -343,14 +343,11 @@ func (m *merger) annotations() {
 // its value into the config, and returns why it cannot when the value does not even have the
 // right form. A list is bounded by max-annotation-list-entries.
 func (m *merger) each(key string, list bool, set func(v string) string) {
-	var v string
-	var from *Object
-	if v = m.pod.Annotations[key]; v != "" {
-		from = &m.pod
-	} else if m.ns != nil && m.ns.Annotations[key] != "" {
-		v, from = m.ns.Annotations[key], m.ns
+	from, v := &m.pod, m.pod.Annotations[key]
+	if v == "" && m.ns != nil {
+		from, v = m.ns, m.ns.Annotations[key]
 	}
-	if from == nil {
+	if v == "" {
 		return
 	}
 	src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}
