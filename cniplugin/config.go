@@ -181,9 +181,7 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
 	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
-	}
+	_ = json.Unmarshal(data, &top) // the object that decoded into PluginConf
 	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
 		if strict {
 			return nil, nil, fmt.Errorf("parse prevResult of the linkerd-cni network config: %w", err)

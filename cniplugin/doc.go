@@ -13,11 +13,9 @@
 //     and NewAgentWriter (the node agent's write of an ADD, agentwriter.go);
 //   - agentclient.go: the node agent (protocol: package wire), asked first: it writes an ADD
 //     (route 1), or gives the pod and the plugin writes (route 2);
-//   - kubelet.go, kubeapi.go: the pod from the kubelet, else from the API server with the
-//     standard library's HTTPS client, so that the node's plugin starts as a small Go program does;
+//   - kubelet.go, kubeapi.go: the pod from the kubelet, else from the API server (standard library);
 //   - agentaudit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
-//   - record.go: what ADD merged from annotations, recorded on the node, so that CHECK and the
-//     audits use the settings of the sandbox's set-up, not annotations edited since.
+//   - record.go: what ADD merged from annotations, for CHECK and the audits (not later edits).
 //
 // Limits: CHECK and DEL are always this process's. The plugin only ever writes its CNI result to
 // stdout; logs go to stderr and optionally to log_file. It enters namespaces only through
