@@ -109,11 +109,10 @@ func (c Config) checks() []check {
 	}
 	out := []check{{name: name, connect: connect, listen: listen}}
 	if c.IPv6 && !connect.Addr().Unmap().Is6() {
-		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr)}
+		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr),
+			listen: netip.AddrPortFrom(netip.IPv6Unspecified(), listen.Port())}
 		if c.IPv6ListenAddr != "" {
 			v6.listen = netip.MustParseAddrPort(c.IPv6ListenAddr)
-		} else {
-			v6.listen = netip.AddrPortFrom(netip.IPv6Unspecified(), listen.Port())
 		}
 		out = append(out, v6)
 	}
