@@ -181,9 +181,7 @@ func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error
 		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
 	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(data, &top); err != nil {
-		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
-	}
+	_ = json.Unmarshal(data, &top) // the object that decoded into PluginConf
 	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
 		if strict {
 			return nil, nil, fmt.Errorf("parse prevResult of the linkerd-cni network config: %w", err)
@@ -290,10 +288,8 @@ func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd)
 
 // validate checks the values that decoded, with the rule builder's checks on the linkerd block.
 func (c *NetConf) validate() []badinput.Problem {
-	var probs []badinput.Problem
-	bad := func(field, value, reason string) {
-		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
-	}
+	d := &decoder{}
+	bad := d.bad
 	if _, ok := parseLevel(c.LogLevel); !ok {
 		bad("log_level", c.LogLevel, "want trace, debug, info, warn or error")
 	}
@@ -324,11 +320,11 @@ func (c *NetConf) validate() []badinput.Problem {
 	if v, ok := badinput.As(err); ok {
 		for _, p := range v.Problems {
 			p.Field = "linkerd." + p.Field
-			probs = append(probs, p)
+			d.probs = append(d.probs, p)
 		}
 	}
 	c.baseRules = rs
-	return probs
+	return d.probs
 }
 
 // parseLevel maps log_level to slog, with the names proxy-init accepts; an absent key is info.

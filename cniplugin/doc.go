@@ -13,22 +13,16 @@
 //     and NewAgentWriter (the node agent's write of an ADD, agentwriter.go);
 //   - agentclient.go: the node agent (protocol: package wire), asked first: it writes an ADD
 //     (route 1), or gives the pod and the plugin writes (route 2);
-//   - kubelet.go, kubeapi.go: the pod from the kubelet, else from the API server with the
-//     standard library's HTTPS client, so that the node's plugin starts as a small Go program does;
+//   - kubelet.go, kubeapi.go: the pod from the kubelet, else from the API server (standard library);
 //   - agentaudit.go: CHECK (and a rewrite) for a running pod, for the node agent's audits;
-//   - record.go: what ADD merged from annotations, recorded on the node, so that CHECK and the
-//     audits use the settings of the sandbox's set-up, not annotations edited since.
+//   - record.go: what ADD merged from annotations, for CHECK and the audits (not later edits).
 //
 // Limits: CHECK and DEL are always this process's. The plugin only ever writes its CNI result to
 // stdout; logs go to stderr and optionally to log_file. It enters namespaces only through
 // internal/netnsutil and never decides which rules exist: the iptables package does. DEL never
 // fails, so it can never block sandbox teardown.
 //
-// Tests: without root, the config, CNI_ARGS, classification and merge, the failure policy with a
-// fake applier (policy_test.go) and fuzzers (`make fuzz`); as root with a kube-apiserver, TestCNI
-// runs the plugin binary through libcni with the real bridge, host-local and loopback plugins in
-// an isolated node namespace (modes, sidecars, annotations, refused credentials, a hung API,
-// STATUS, concurrency, Multus), TestKubeconfigRefused and TestKubeClient the API client, and
-// TestCNIWithAgent and agent_test.go the node agent's routes. Run one part with, for example,
-// `go test -count=1 -run TestCNI -v ./cniplugin/` (root, after make kube-bins).
+// Tests: without root, the parsing, merge and failure policy over a fake applier, and fuzzers; as
+// root with a kube-apiserver (after make kube-bins), the plugin binary through libcni with the
+// real reference plugins, the API client and the node agent's routes.
 package cniplugin

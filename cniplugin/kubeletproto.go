@@ -139,17 +139,22 @@ func decodeObjectMeta(b []byte, p *kubeletPod) error {
 	})
 }
 
-// mapEntry adds one entry of a map<string, string> (key = 1, value = 2) to *m.
-func mapEntry(b []byte, m *map[string]string) error {
-	var k, v string
-	err := eachField(b, "entry", map[uint64]string{1: "key", 2: "value"}, func(num uint64, s []byte) error {
+// twoStrings reads a message of two string fields: number 1, and the other one known names.
+func twoStrings(b []byte, what string, known map[uint64]string) (first, second string, err error) {
+	err = eachField(b, what, known, func(num uint64, v []byte) error {
 		if num == 1 {
-			k = string(s)
+			first = string(v)
 		} else {
-			v = string(s)
+			second = string(v)
 		}
 		return nil
 	})
+	return first, second, err
+}
+
+// mapEntry adds one entry of a map<string, string> (key = 1, value = 2) to *m.
+func mapEntry(b []byte, m *map[string]string) error {
+	k, v, err := twoStrings(b, "entry", map[uint64]string{1: "key", 2: "value"})
 	if err != nil {
 		return err
 	}
@@ -175,16 +180,8 @@ func decodePodSpec(b []byte, s *PodSpec) error {
 
 // decodeContainer reads core/v1 Container: name = 1, restartPolicy = 24.
 func decodeContainer(b []byte) (Container, error) {
-	var c Container
-	err := eachField(b, "Container", map[uint64]string{1: "name", 24: "restartPolicy"}, func(num uint64, v []byte) error {
-		if num == 1 {
-			c.Name = string(v)
-		} else {
-			c.RestartPolicy = string(v)
-		}
-		return nil
-	})
-	return c, err
+	name, policy, err := twoStrings(b, "Container", map[uint64]string{1: "name", 24: "restartPolicy"})
+	return Container{Name: name, RestartPolicy: policy}, err
 }
 
 // protoString appends the string field num = s to b.

@@ -246,14 +246,8 @@ type Ceilings struct {
 	MaxListEntries int
 }
 
-// The ceilings when the network config sets none.
-const (
-	DefaultMaxCloseWaitSecs         = 3600
-	DefaultMaxAnnotationListEntries = 1024
-)
-
 // DefaultCeilings are the ceilings of a network config that sets none.
-var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxListEntries: DefaultMaxAnnotationListEntries}
+var DefaultCeilings = Ceilings{MaxCloseWaitSecs: 3600, MaxListEntries: 1024}
 
 // Merge applies the annotations of pod, else of its namespace ns (nil when not needed), to base,
 // with Linkerd's semantics: skip-inbound-ports and skip-inbound-subnets are appended to the
@@ -266,13 +260,8 @@ var DefaultCeilings = Ceilings{MaxCloseWaitSecs: DefaultMaxCloseWaitSecs, MaxLis
 // annotation, the object it is on and its whole value. A value beyond one of lim's ceilings is
 // refused too; a list over its ceiling is reported by its length, not echoed.
 func Merge(base iptables.Config, lim Ceilings, pod Object, ns *Object, apiServerPorts []string) (Settings, error) {
-	m := &merger{
-		s:     Settings{Config: base, Sources: map[string]string{}},
-		lim:   lim,
-		pod:   pod,
-		ns:    ns,
-		found: map[string][]badinput.Problem{},
-	}
+	m := &merger{s: Settings{Config: base, Sources: map[string]string{}}, lim: lim, pod: pod, ns: ns,
+		found: map[string][]badinput.Problem{}}
 	// base's lists are only ever appended to clipped (copied), never written in place.
 	m.annotations()
 	m.s.Config.OutboundPortsToIgnore = append(slices.Clip(m.s.Config.OutboundPortsToIgnore), apiServerPorts...)
@@ -354,14 +343,11 @@ func (m *merger) annotations() {
 // its value into the config, and returns why it cannot when the value does not even have the
 // right form. A list is bounded by max-annotation-list-entries.
 func (m *merger) each(key string, list bool, set func(v string) string) {
-	var v string
-	var from *Object
-	if v = m.pod.Annotations[key]; v != "" {
-		from = &m.pod
-	} else if m.ns != nil && m.ns.Annotations[key] != "" {
-		v, from = m.ns.Annotations[key], m.ns
+	from, v := &m.pod, m.pod.Annotations[key]
+	if v == "" && m.ns != nil {
+		from, v = m.ns, m.ns.Annotations[key]
 	}
-	if from == nil {
+	if v == "" {
 		return
 	}
 	src := badinput.Problem{Field: "annotation " + key, Value: v, On: from.String()}

@@ -10,6 +10,7 @@ package cniplugin
 // agent sweeps the records of pods gone without a DEL.
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,15 +113,12 @@ func shortQuote(v string) string {
 	return fmt.Sprintf("%q", v)
 }
 
-// sandboxIDOK says id is a CNI container ID no longer than a file name may be: safe as one. Not a
-// regexp with a bounded repetition: compiling {0,254} cost every plugin start 2 ms.
-func sandboxIDOK(id string) bool {
-	return len(id) <= 255 && utils.ValidateContainerID(id) == nil
-}
-
+// recordPath is the record's file, for a sandbox ID that is a CNI container ID no longer than a
+// file name may be: safe as one. Not a regexp with a bounded repetition: compiling {0,254} cost
+// every plugin start 2 ms.
 func (c *call) recordPath() (string, error) {
 	id := c.args.ContainerID
-	if !sandboxIDOK(id) {
+	if len(id) > 255 || utils.ValidateContainerID(id) != nil {
 		return "", fmt.Errorf("container ID %q: not usable as a file name", id)
 	}
 	return filepath.Join(c.conf.StateDir, RecordsDir, id+".json"), nil
@@ -142,10 +140,7 @@ func (c *call) writeRecord(in Inputs) error {
 		return fmt.Errorf("record the pod's settings: %w", err)
 	}
 	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
+	if err = cmp.Or(err, tmp.Close()); err == nil {
 		err = os.Rename(tmp.Name(), path)
 	}
 	if err != nil {

@@ -206,9 +206,7 @@ func Parse(args []string) (*Options, error) {
 	c.CloseWaitSecs = int64(valueOf(p, flagCloseWait, v.closeWait))
 	o.NetNS = v.netns
 
-	mode, source, warnings, modeProbs := resolveMode(fs, v)
-	c.Mode, o.ModeSource, o.Warnings = mode, source, warnings
-	p.probs = append(p.probs, modeProbs...)
+	c.Mode, o.ModeSource, o.Warnings = p.resolveMode(fs, v)
 	p.output(o, v)
 	o.Config = c
 
@@ -219,9 +217,7 @@ func Parse(args []string) (*Options, error) {
 			}
 		}
 		o.Inspect = o.Command == CommandShow && !ruleFlagSet(fs)
-		var cp []badinput.Problem
-		cp, o.rules = configProblems(o, c, p.badFields, fs)
-		p.probs = append(p.probs, cp...)
+		o.rules = p.configProblems(o, c, fs)
 	}
 	if probs := p.probs; len(probs) > 0 {
 		sortByFlagOrder(fs, probs)
@@ -342,15 +338,14 @@ func ruleFlagSet(fs *pflag.FlagSet) bool {
 
 // configProblems validates the rule configuration and returns the rules when it is valid; cleanup
 // and show without rule flags accept the ports unset, and the alias is named when typed.
-func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pflag.FlagSet) ([]badinput.Problem, *iptables.Ruleset) {
+func (r *flagReader) configProblems(o *Options, c iptables.Config, fs *pflag.FlagSet) *iptables.Ruleset {
 	rs, err := iptables.Build(c)
 	verr, ok := badinput.As(err)
 	if !ok {
-		return nil, rs
+		return rs
 	}
-	var out []badinput.Problem
 	for _, p := range verr.Problems {
-		if skip[p.Field] {
+		if r.badFields[p.Field] {
 			continue
 		}
 		unsetPort := (p.Field == iptables.FieldInboundProxyPort || p.Field == iptables.FieldOutboundProxyPort) && p.Value == "-1"
@@ -360,14 +355,14 @@ func configProblems(o *Options, c iptables.Config, skip map[string]bool, fs *pfl
 		if p.Field == iptables.FieldInboundSubnetsToIgnore && fs.Changed(flagInboundSubnetsAlias) && !fs.Changed(iptables.FieldInboundSubnetsToIgnore) {
 			p.Field = flagInboundSubnetsAlias
 		}
-		out = append(out, p)
+		r.probs = append(r.probs, p)
 	}
-	return out, nil
+	return nil
 }
 
 // resolveMode picks the backend mode: --iptables-mode, which wins over the firewall paths as in
 // Linkerd; else the paths' base names, for charts that still pass them; else auto.
-func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string, []badinput.Problem) {
+func (p *flagReader) resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []string) {
 	binSet := v.firewallBin != ""
 	saveSet := v.firewallSave != ""
 	if fs.Changed(iptables.FieldMode) && v.mode != "" {
@@ -376,52 +371,45 @@ func resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mode, string, []str
 			warnings = append(warnings, fmt.Sprintf("--%s and --%s are ignored: --%s takes precedence", flagFirewallBin, flagFirewallSave, iptables.FieldMode))
 		}
 		// The value itself is checked by iptables.Config.Validate, under the same flag name.
-		return iptables.Mode(v.mode), "--" + iptables.FieldMode, warnings, nil
+		return iptables.Mode(v.mode), "--" + iptables.FieldMode, warnings
 	}
 	if !binSet && !saveSet {
-		return iptables.ModeAuto, "default", nil, nil
+		return iptables.ModeAuto, "default", nil
 	}
-	binMode, binOK := modeFromBinary(v.firewallBin, false)
-	saveMode, saveOK := modeFromBinary(v.firewallSave, true)
-	var probs []badinput.Problem
-	if binSet && !binOK {
-		probs = append(probs, badinput.Problem{Field: flagFirewallBin, Value: v.firewallBin,
-			Reason: "cannot tell the iptables mode from it; want a path ending in iptables, iptables-legacy or iptables-nft (or use --iptables-mode)"})
-	}
-	if saveSet && !saveOK {
-		probs = append(probs, badinput.Problem{Field: flagFirewallSave, Value: v.firewallSave,
-			Reason: "cannot tell the iptables mode from it; want a path ending in iptables-save, iptables-legacy-save or iptables-nft-save (or use --iptables-mode)"})
-	}
-	if len(probs) > 0 {
-		return iptables.ModeAuto, "", nil, probs
-	}
+	n := len(p.probs)
+	binMode := modeFromBinary(flagFirewallBin, v.firewallBin, "", binSet, &p.probs)
+	saveMode := modeFromBinary(flagFirewallSave, v.firewallSave, "-save", saveSet, &p.probs)
 	switch {
+	case len(p.probs) > n:
+		return iptables.ModeAuto, "", nil
 	case binSet && saveSet && binMode != saveMode:
-		return iptables.ModeAuto, "", nil, []badinput.Problem{{Field: flagFirewallSave, Value: v.firewallSave,
-			Reason: fmt.Sprintf("selects mode %s but --%s %q selects mode %s", saveMode, flagFirewallBin, v.firewallBin, binMode)}}
+		p.bad(flagFirewallSave, v.firewallSave,
+			fmt.Sprintf("selects mode %s but --%s %q selects mode %s", saveMode, flagFirewallBin, v.firewallBin, binMode))
+		return iptables.ModeAuto, "", nil
 	case binSet:
-		return binMode, "--" + flagFirewallBin, nil, nil
+		return binMode, "--" + flagFirewallBin, nil
 	default:
-		return saveMode, "--" + flagFirewallSave, nil, nil
+		return saveMode, "--" + flagFirewallSave, nil
 	}
 }
 
-// modeFromBinary maps a Linkerd firewall binary path to a mode by its base name.
-func modeFromBinary(path string, save bool) (iptables.Mode, bool) {
-	base := filepath.Base(strings.TrimSpace(path))
-	plain := "iptables"
-	if save {
-		plain = "iptables-save"
-	}
-	switch {
+// modeFromBinary maps the path of a Linkerd firewall binary (iptables or, with suffix "-save",
+// iptables-save) to a mode by its base name; one that names none, when set, is a problem.
+func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Problem) iptables.Mode {
+	switch base := filepath.Base(strings.TrimSpace(path)); {
 	case strings.HasPrefix(base, "iptables-legacy"):
-		return iptables.ModeLegacy, true
+		return iptables.ModeLegacy
 	case strings.HasPrefix(base, "iptables-nft"):
-		return iptables.ModeNFT, true
-	case base == plain:
-		return iptables.ModePlain, true
+		return iptables.ModeNFT
+	case base == "iptables"+suffix:
+		return iptables.ModePlain
 	}
-	return "", false
+	if set {
+		*probs = append(*probs, badinput.Problem{Field: flag, Value: path, Reason: fmt.Sprintf("cannot tell the "+
+			"iptables mode from it; want a path ending in iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s "+
+			"(or use --iptables-mode)", suffix)})
+	}
+	return ""
 }
 
 // lenient is an int or bool flag that keeps its text, so a bad value is reported with the others.

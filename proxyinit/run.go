@@ -80,7 +80,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger, r runner.Runner) error {
 	switch cmd := o.Command; {
 	case cmd == CommandVersion:
-		return version(stdout, o.Output)
+		info := buildinfo.Get()
+		return writeReport(stdout, o.Output, info, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, "proxy-init "+info.String())
+			return err
+		})
 	case o.Simulate && (cmd == CommandApply || cmd == CommandCleanup):
 		return simulate(ctx, o, stdout, log, r)
 	case cmd == CommandApply:
@@ -93,14 +97,6 @@ func execute(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logger
 		return show(ctx, o, stdout, log, r)
 	}
 	return fmt.Errorf("command %q is not implemented", o.Command)
-}
-
-func version(stdout io.Writer, output string) error {
-	info := buildinfo.Get()
-	return writeReport(stdout, output, info, func(w io.Writer) error {
-		_, err := fmt.Fprintln(w, "proxy-init "+info.String())
-		return err
-	})
 }
 
 // target is where and how the command line asks to work. With --netns proxy-init runs on the
@@ -337,32 +333,27 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"netns", netnsutil.Label(o.NetNS),
 	}
 	// The features beyond Linkerd's, only when on: a Linkerd command line logs what it always did.
-	if rs.IPv6Auto {
-		attrs = append(attrs, "ipv6", "auto")
-	}
-	if rs.DNSPort != 0 {
-		attrs = append(attrs, "redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers))
-	}
-	if rs.TPROXY {
-		attrs = append(attrs, "inbound_mode", string(iptables.InboundTPROXY))
-	}
-	if len(rs.OutboundRedirectPorts) > 0 {
-		attrs = append(attrs, "outbound_ports_to_redirect", join(rs.OutboundRedirectPorts))
-	}
-	if len(rs.OutboundRedirectSubnets) > 0 {
-		attrs = append(attrs, "outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets))
-	}
-	if len(rs.IgnoreInterfaces) > 0 {
-		attrs = append(attrs, "interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ","))
-	}
-	if len(rs.IgnoreUIDs) > 0 || len(rs.IgnoreGIDs) > 0 {
-		attrs = append(attrs, "uids_to_ignore", fmt.Sprint(rs.IgnoreUIDs), "gids_to_ignore", fmt.Sprint(rs.IgnoreGIDs))
-	}
-	if rs.DropInvalid {
-		attrs = append(attrs, "drop_invalid", true)
-	}
-	if len(rs.RerouteInterfaces) > 0 {
-		attrs = append(attrs, "reroute_virtual_interfaces", strings.Join(rs.RerouteInterfaces, ","))
+	for _, f := range []struct {
+		on    bool
+		attrs []any
+	}{
+		{rs.IPv6Auto, []any{"ipv6", "auto"}},
+		{rs.DNSPort != 0, []any{"redirect_dns_to_port", rs.DNSPort, "dns_servers", join(rs.DNSServers)}},
+		{rs.TPROXY, []any{"inbound_mode", string(iptables.InboundTPROXY)}},
+		{len(rs.OutboundRedirectPorts) > 0,
+			[]any{"outbound_ports_to_redirect", join(rs.OutboundRedirectPorts)}},
+		{len(rs.OutboundRedirectSubnets) > 0,
+			[]any{"outbound_subnets_to_redirect", join(rs.OutboundRedirectSubnets)}},
+		{len(rs.IgnoreInterfaces) > 0, []any{"interfaces_to_ignore", strings.Join(rs.IgnoreInterfaces, ",")}},
+		{len(rs.IgnoreUIDs)+len(rs.IgnoreGIDs) > 0,
+			[]any{"uids_to_ignore", fmt.Sprint(rs.IgnoreUIDs), "gids_to_ignore", fmt.Sprint(rs.IgnoreGIDs)}},
+		{rs.DropInvalid, []any{"drop_invalid", true}},
+		{len(rs.RerouteInterfaces) > 0,
+			[]any{"reroute_virtual_interfaces", strings.Join(rs.RerouteInterfaces, ",")}},
+	} {
+		if f.on {
+			attrs = append(attrs, f.attrs...)
+		}
 	}
 	return attrs
 }

@@ -15,9 +15,6 @@
 //
 // # Tests
 //
-// As root: a pass with rules applied through runner.Runner for every backend, over IPv4, IPv6, a
-// dual-stack listener and --ipv6; exit 95 with no rules, only inbound ones, and --ipv6 with
-// IPv4-only rules; the token mismatch; the wrong original destination; a destination rewritten
-// before the rules (Cilium's socket-LB, as an nftables rewrite); the proxy UID check (exempt, not
-// exempt, skipped); exit codes 1 and 2; hop limit 1.
+// As root, with rules written through runner.Runner in every backend: each check's pass and each
+// failure reason over IPv4, IPv6 and dual stack, the proxy UID check, the exit codes, hop limit 1.
 package validator

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"time"
@@ -75,8 +74,11 @@ func DefaultConfig() Config {
 	}
 }
 
-// AddFlags registers the validator's flags on fs, bound to c, with c's values as defaults.
-func (c *Config) AddFlags(fs *pflag.FlagSet) {
+// flagSet holds the validator's flags, bound to c, with c's values as defaults.
+func (c *Config) flagSet() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
 	fs.StringVar(&c.ConnectAddr, FlagConnectAddr, c.ConnectAddr, "address to connect to; the connection must be redirected to --listen-addr (it is never really reached)")
 	fs.StringVar(&c.ListenAddr, FlagListenAddr, c.ListenAddr, "address to listen on: the proxy's outbound port")
 	fs.DurationVar(&c.Timeout, FlagTimeout, c.Timeout, "how long to wait for the redirected connection")
@@ -86,6 +88,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.IPv6ConnectAddr, FlagIPv6ConnectAddr, c.IPv6ConnectAddr, "IPv6 address to connect to when --ipv6 is set")
 	fs.StringVar(&c.IPv6ListenAddr, FlagIPv6ListenAddr, c.IPv6ListenAddr, "IPv6 address to listen on when --ipv6 is set (default [::] on --listen-addr's port)")
 	fs.IntVar(&c.ProxyUID, FlagProxyUID, c.ProxyUID, "also check that this UID's connections are NOT redirected (-1: skip; needs root or CAP_SETUID, else skipped with a log line)")
+	return fs
 }
 
 // ErrHelp is returned by Parse for -h and --help.
@@ -128,14 +131,6 @@ Flags:
 ` + c.flagSet().FlagUsages() + `
 Exit codes: 0 the redirect works, 95 it does not (the message says what failed), 2 bad usage, 1 other errors.
 `
-}
-
-func (c *Config) flagSet() *pflag.FlagSet {
-	fs := pflag.NewFlagSet("validate", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	c.AddFlags(fs)
-	return fs
 }
 
 // Validate reports every problem in c at once, naming the flag and value.
@@ -189,14 +184,6 @@ func (c Config) Validate() error {
 		return &badinput.UsageError{Input: &badinput.Error{What: "invalid input", Problems: probs}}
 	}
 	return nil
-}
-
-// NewLogger returns c's logger, writing to w, and logs how a filter was read.
-func (c Config) NewLogger(w io.Writer) *slog.Logger {
-	f, _ := logging.ParseFilter(c.LogLevel, Target)
-	log := logging.New(w, c.LogFormat, f.Level)
-	f.Log(log)
-	return log
 }
 
 // listenCanReceive reports whether a listener on listen can accept a redirected connection to

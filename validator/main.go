@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kubemesh/proxy-init/internal/logging"
 )
 
 // Main runs `proxy-init validate` with the arguments after "validate", writing help to stdout and
@@ -19,7 +21,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "proxy-init validate: "+err.Error())
 		return ExitCode(err)
 	}
-	log := c.NewLogger(stderr)
+	f, _ := logging.ParseFilter(c.LogLevel, Target) // c is valid
+	log := logging.New(stderr, c.LogFormat, f.Level)
+	f.Log(log) // how a filter was read
 	err = Run(ctx, c, log)
 	code := ExitCode(err)
 	switch code {

@@ -109,11 +109,10 @@ func (c Config) checks() []check {
 	}
 	out := []check{{name: name, connect: connect, listen: listen}}
 	if c.IPv6 && !connect.Addr().Unmap().Is6() {
-		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr)}
+		v6 := check{name: "ipv6", connect: netip.MustParseAddrPort(c.IPv6ConnectAddr),
+			listen: netip.AddrPortFrom(netip.IPv6Unspecified(), listen.Port())}
 		if c.IPv6ListenAddr != "" {
 			v6.listen = netip.MustParseAddrPort(c.IPv6ListenAddr)
-		} else {
-			v6.listen = netip.AddrPortFrom(netip.IPv6Unspecified(), listen.Port())
 		}
 		out = append(out, v6)
 	}
@@ -277,15 +276,12 @@ func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply str
 // hopLimitOne keeps a connection that is not redirected from reaching the connect address: its SYN
 // expires at the first router. A redirected one is delivered locally.
 func hopLimitOne(network, _ string, rc syscall.RawConn) error {
+	level, opt := unix.IPPROTO_IP, unix.IP_TTL
+	if strings.HasSuffix(network, "6") {
+		level, opt = unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS
+	}
 	var serr error
-	err := rc.Control(func(fd uintptr) {
-		if strings.HasSuffix(network, "6") {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 1)
-		} else {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TTL, 1)
-		}
-	})
-	if err != nil {
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
 		return err
 	}
 	if serr != nil {

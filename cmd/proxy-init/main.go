@@ -4,10 +4,8 @@
 //
 // # Tests
 //
-// As root: nft and auto execute no program (under strace); without CAP_NET_ADMIN every mode names
-// it and the namespace; apply, show and cleanup through the binary, Linkerd's chart lines,
-// --simulate and bad input write nothing, the close-wait sysctl, Linkerd's binary names; SIGTERM
-// and SIGINT while apply and cleanup wait to write change nothing.
+// As root, through the binary: every command, Linkerd's command lines and names, no exec in nft
+// and auto, the missing-capability errors, and signals that change nothing mid-write.
 package main
 
 import (

@@ -106,15 +106,12 @@ var refusedUser = map[string]string{
 // Read reads the kubeconfig at path and returns the server, token and CA of its context Context
 // (not its current-context: the file may be shared). Files it names (certificate-authority,
 // tokenFile) are read too. Every error names path and the field.
-func Read(path string) (Params, error) {
-	p, err := read(path)
-	if err != nil {
-		return Params{}, fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	return p, nil
-}
-
-func read(path string) (Params, error) {
+func Read(path string) (_ Params, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+	}()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Params{}, err

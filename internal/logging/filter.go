@@ -31,11 +31,8 @@ func ParseFilter(s, target string) (Filter, error) {
 	if strings.ContainsAny(s, "[]{}") {
 		return Filter{Level: slog.LevelInfo}, fmt.Errorf("span and field filters are not supported; want levels and target=level directives separated by commas, such as %s=info,warn", target)
 	}
-	var (
-		found   bool
-		best    slog.Level
-		applied []string
-	)
+	var best slog.Level
+	var applied []string
 	for _, d := range strings.Split(s, ",") {
 		d = strings.TrimSpace(d)
 		if d == "" {
@@ -56,12 +53,12 @@ func ParseFilter(s, target string) (Filter, error) {
 		if !strings.HasPrefix(target, tgt) {
 			continue
 		}
-		applied = append(applied, d)
-		if !found || lvl < best {
-			best, found = lvl, true
+		if len(applied) == 0 || lvl < best {
+			best = lvl
 		}
+		applied = append(applied, d)
 	}
-	if !found {
+	if len(applied) == 0 {
 		return Filter{Level: slog.LevelError, Note: fmt.Sprintf("no directive of the log filter applies to %s; logging errors only", target)}, nil
 	}
 	return Filter{Level: best, Note: fmt.Sprintf("log filter: the directives for %s are %s; logging at %s, the most verbose of them", target, strings.Join(applied, ","), levelName(best))}, nil

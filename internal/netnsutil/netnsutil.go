@@ -14,6 +14,7 @@
 package netnsutil
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -62,10 +63,8 @@ func Current() string {
 // CheckNetNS reports whether path names a network namespace, without entering it; else what it is.
 func CheckNetNS(path string) error {
 	f, err := os.Open(path)
-	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
-		return pe.Err
-	} else if err != nil {
-		return err
+	if err != nil {
+		return cmp.Or(errors.Unwrap(err), err) // the *os.PathError's cause: the caller names the path
 	}
 	defer f.Close()
 	return CheckNetNSFile(f)

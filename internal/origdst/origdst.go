@@ -27,10 +27,9 @@ func Lookup(c *net.TCPConn) (netip.AddrPort, error) {
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("raw conn: %w", err)
 	}
-	type opt struct{ level, name int }
-	opts := []opt{{unix.SOL_IPV6, ip6tSoOriginalDst}}
-	if local.Is4() {
-		opts = []opt{{unix.SOL_IP, unix.SO_ORIGINAL_DST}, {unix.SOL_IPV6, ip6tSoOriginalDst}}
+	opts := []struct{ level, name int }{{unix.SOL_IP, unix.SO_ORIGINAL_DST}, {unix.SOL_IPV6, ip6tSoOriginalDst}}
+	if !local.Is4() {
+		opts = opts[1:]
 	}
 	var errs []error
 	for _, o := range opts {

@@ -132,12 +132,8 @@ func NamespaceIPv6() (bool, string) {
 		return false, "cannot list the IPv6 addresses: " + err.Error()
 	}
 	for _, l := range strings.Split(string(data), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 6 || len(f[0]) != 32 {
-			continue
-		}
-		// Scope 0x10 is the host's (loopback), 0x20 the link's.
-		if f[3] == "10" || f[3] == "20" {
+		f := strings.Fields(l) // scope 0x10 is the host's (loopback), 0x20 the link's
+		if len(f) < 6 || len(f[0]) != 32 || f[3] == "10" || f[3] == "20" {
 			continue
 		}
 		var a [16]byte

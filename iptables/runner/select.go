@@ -4,12 +4,9 @@
 //
 // # Tests
 //
-// As root: real TCP through every backend, a backend switch leaves one, cleanup removes every
-// backend, show reports other backends, concurrent applies end with one config, /0 subnets are
-// idempotent, half-applied is named and completed; close-wait over netlink; nft and auto with an
-// empty PATH; the real fallbacks; a pod with its own user namespace gets the native table, with
-// real TCP and the proxy's UID exempt, and rules written from inside it are replaced or cleaned up
-// from outside. Without root: the fallback order over fake appliers.
+// As root: real TCP through every backend, backend switches, cleanup, concurrency, half-applied
+// states, close-wait, the real fallbacks and foreign user namespaces. Without root: the fallback
+// order over fake appliers.
 package runner
 
 import (
