@@ -163,17 +163,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may
 // list several files) if set, else the in-cluster service account.
 func RESTConfig(kubeconfig string, getenv func(string) string) (*rest.Config, error) {
-	if kubeconfig == "" && getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+	env := getenv(clientcmd.RecommendedConfigPathEnvVar)
+	if kubeconfig == "" && env == "" {
 		cfg, err := rest.InClusterConfig()
 		if err != nil {
 			return nil, fmt.Errorf("in-cluster config (outside a cluster, pass --kubeconfig or set KUBECONFIG): %w", err)
 		}
 		return cfg, nil
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
-	if kubeconfig == "" {
-		rules.Precedence = strings.Split(getenv(clientcmd.RecommendedConfigPathEnvVar), string(os.PathListSeparator))
-	}
+	// An explicit path wins over the precedence list.
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig, Precedence: filepath.SplitList(env)}
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)

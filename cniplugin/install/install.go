@@ -248,11 +248,8 @@ func (in *installer) watch() (*fsnotify.Watcher, error) {
 		watched = append(watched, d)
 	}
 	for _, d := range watched {
-		d = filepath.Clean(d)
-		if slices.Contains(w.WatchList(), d) {
-			continue
-		}
-		if err := w.Add(d); err != nil {
+		// Adding a directory watched already (two settings may name one) is a no-op.
+		if err := w.Add(filepath.Clean(d)); err != nil {
 			w.Close()
 			return nil, watchError("watch "+d, err)
 		}
