@@ -110,19 +110,12 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		cfg.SkipTLSVerify = b
 	}
-	if err := cfg.validate(); err != nil {
-		e, _ := badinput.As(err)
-		probs = append(probs, e.Problems...)
-	}
-	if len(probs) > 0 {
-		return cfg, &badinput.Error{What: "invalid installer environment", Problems: probs}
-	}
-	return cfg, nil
+	return cfg, cfg.validate(probs...)
 }
 
-// validate returns a *badinput.Error naming each variable (or flag) and value it refuses.
-func (c *Config) validate() error {
-	var probs []badinput.Problem
+// validate returns a *badinput.Error naming each variable (or flag) and value it refuses, after
+// the problems found before.
+func (c *Config) validate(probs ...badinput.Problem) error {
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
