@@ -172,7 +172,7 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 		opts:    opts,
 		client:  client,
 		log:     log.With("node", opts.NodeName),
-		arrived: newNotifier(),
+		arrived: &notifier{ch: make(chan struct{})},
 		deleted: map[types.UID]string{},
 		gone:    map[string]time.Time{},
 
@@ -395,20 +395,11 @@ func (a *Agent) sandboxGone(id string) {
 	}
 }
 
-func (a *Agent) isGone(id string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	_, ok := a.gone[id]
-	return ok
-}
-
 // notifier wakes lookups waiting for the watch to deliver something.
 type notifier struct {
 	mu sync.Mutex
 	ch chan struct{}
 }
-
-func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
 
 func (n *notifier) notify() {
 	n.mu.Lock()

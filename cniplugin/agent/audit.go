@@ -196,7 +196,10 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		return notAudited
 	}
 	defer sb.Close()
-	if a.isGone(sb.ID) {
+	a.mu.Lock()
+	_, gone := a.gone[sb.ID]
+	a.mu.Unlock()
+	if gone {
 		return notAudited
 	}
 	log = log.With("sandbox", sb.ID, "netns", sb.Where)

@@ -265,6 +265,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 	debounce.Stop()
 	resync := time.NewTicker(cfg.Resync)
 	defer resync.Stop()
+	// The list as it is now: fsnotify drops a directory from it before its removal's event.
 	watchedSet := map[string]bool{}
 	for _, d := range w.WatchList() {
 		watchedSet[filepath.Clean(d)] = true
