@@ -115,13 +115,10 @@ type Pass struct {
 // AuditAll audits every meshed pod of the node once, with as many goroutines as the queue has
 // workers: one period's pass without the queue (benchmarks, tests).
 func (a *Agent) AuditAll(ctx context.Context) Pass {
-	var (
-		mu    sync.Mutex
-		p     Pass
-		wg    sync.WaitGroup
-		pods  = make(chan *corev1.Pod)
-		start = time.Now()
-	)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var p Pass
+	pods, start := make(chan *corev1.Pod), time.Now()
 	for range workers {
 		wg.Go(func() {
 			for pod := range pods {

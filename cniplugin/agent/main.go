@@ -202,20 +202,14 @@ func Run(ctx context.Context, opts Options, kubeconfig, adminAddr, userAgent str
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("admin endpoints listening", "addr", ln.Addr().String())
-
-	ctx, cancel := context.WithCancelCause(ctx)
+	// Serve returns only on a failure, or once Shutdown below has run: either ends the agent.
+	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	select {
-	case err = <-serveErr:
-		cancel(err)
-		<-runErr
-		return fmt.Errorf("admin server: %w", err)
-	case err = <-runErr:
+	go func() { cancel(fmt.Errorf("admin server: %w", srv.Serve(ln))) }()
+	log.Info("admin endpoints listening", "addr", ln.Addr().String())
+	err = a.Run(runCtx)
+	if cause := context.Cause(runCtx); cause != nil && ctx.Err() == nil {
+		return cause // the admin server failed
 	}
 	shutdownCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
 	defer stop()
