@@ -32,6 +32,7 @@ package install
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,9 +98,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	source, tmpl := "CNI_NETWORK_CONFIG", cfg.NetworkConfig
 	if cfg.NetworkConfigFile != "" {
 		b, err := os.ReadFile(cfg.NetworkConfigFile)
