@@ -34,13 +34,13 @@ func scanArray(data []byte, pos int) (elems []span, open, close int, err error) 
 }
 
 // scanItems calls item with the key (objects only) and value span of each member of the object
-// (opening '{') or element of the array ('[') starting at data[pos], and returns the positions of
+// (delim '{') or element of the array ('[') starting at data[pos], and returns the positions of
 // its brackets. encoding/json's decoder finds them: a raw value is the exact bytes it ends with.
-func scanItems(data []byte, pos int, opening json.Delim, item func(string, span)) (open, close int, err error) {
+func scanItems(data []byte, pos int, delim json.Delim, item func(string, span)) (open, close int, err error) {
 	dec := json.NewDecoder(bytes.NewReader(data[pos:]))
 	at := func() int { return pos + int(dec.InputOffset()) }
-	if tok, err := dec.Token(); err != nil || tok != opening {
-		if opening == '[' {
+	if tok, err := dec.Token(); err != nil || tok != delim {
+		if delim == '[' {
 			return 0, 0, errors.New("not a JSON array")
 		}
 		return 0, 0, errors.New("not a JSON object")
@@ -48,7 +48,7 @@ func scanItems(data []byte, pos int, opening json.Delim, item func(string, span)
 	open = at() - 1
 	for dec.More() {
 		var key string
-		if opening == '{' {
+		if delim == '{' {
 			tok, err := dec.Token()
 			if err != nil {
 				return 0, 0, err

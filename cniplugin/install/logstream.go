@@ -57,7 +57,8 @@ func (l *lineBuffer) reset() { l.partial = l.partial[:0] }
 // later is read from its start, a replaced or truncated file is followed. Once it has reached
 // maxSize and is streamed to its end, it is renamed to path.1, so it cannot fill the node's disk.
 func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
-	t := &logTail{path: path, maxSize: maxSize, lines: lineBuffer{out: out}, log: log, first: true, buf: make([]byte, 32*1024)}
+	t := &logTail{path: path, maxSize: maxSize, lines: lineBuffer{out: out}, log: log, first: true,
+		buf: make([]byte, 32*1024)}
 	defer func() {
 		if t.f != nil {
 			t.f.Close()
