@@ -166,16 +166,14 @@ func New(client *kubeclient.Client, opts Options) (*Agent, error) {
 	if opts.AuditPeriod > 0 && (opts.Sandboxes == nil || opts.NetConf == nil) {
 		return nil, errors.New("audits need a sandbox finder and the node's network config")
 	}
-	log := cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	controller := cmp.Or(opts.ReportingController, AgentReportingController)
 	a := &Agent{
-		opts:    opts,
-		client:  client,
-		log:     log.With("node", opts.NodeName),
-		arrived: newNotifier(),
-		deleted: map[types.UID]string{},
-		gone:    map[string]time.Time{},
-
+		opts:       opts,
+		client:     client,
+		log:        cmp.Or(opts.Log, slog.New(slog.DiscardHandler)).With("node", opts.NodeName),
+		arrived:    &notifier{ch: make(chan struct{})},
+		deleted:    map[types.UID]string{},
+		gone:       map[string]time.Time{},
 		unrecorded: map[types.UID]bool{},
 	}
 	if a.lookups() {
@@ -395,20 +393,11 @@ func (a *Agent) sandboxGone(id string) {
 	}
 }
 
-func (a *Agent) isGone(id string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	_, ok := a.gone[id]
-	return ok
-}
-
 // notifier wakes lookups waiting for the watch to deliver something.
 type notifier struct {
 	mu sync.Mutex
 	ch chan struct{}
 }
-
-func newNotifier() *notifier { return &notifier{ch: make(chan struct{})} }
 
 func (n *notifier) notify() {
 	n.mu.Lock()

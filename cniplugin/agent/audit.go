@@ -115,13 +115,10 @@ type Pass struct {
 // AuditAll audits every meshed pod of the node once, with as many goroutines as the queue has
 // workers: one period's pass without the queue (benchmarks, tests).
 func (a *Agent) AuditAll(ctx context.Context) Pass {
-	var (
-		mu    sync.Mutex
-		p     Pass
-		wg    sync.WaitGroup
-		pods  = make(chan *corev1.Pod)
-		start = time.Now()
-	)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var p Pass
+	pods, start := make(chan *corev1.Pod), time.Now()
 	for range workers {
 		wg.Go(func() {
 			for pod := range pods {
@@ -196,7 +193,10 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		return notAudited
 	}
 	defer sb.Close()
-	if a.isGone(sb.ID) {
+	a.mu.Lock()
+	_, gone := a.gone[sb.ID]
+	a.mu.Unlock()
+	if gone {
 		return notAudited
 	}
 	log = log.With("sandbox", sb.ID, "netns", sb.Where)

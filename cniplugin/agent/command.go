@@ -26,10 +26,7 @@ type Command struct {
 
 // Parse parses args with the flags addFlags registers. --help comes back as pflag.ErrHelp.
 func (cmd Command) Parse(args []string, addFlags func(*pflag.FlagSet)) error {
-	fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.SortFlags = false
-	addFlags(fs)
+	fs := cmd.flags(addFlags)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
@@ -40,6 +37,15 @@ func (cmd Command) Parse(args []string, addFlags func(*pflag.FlagSet)) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	return nil
+}
+
+// flags returns the command's flags, in the order addFlags registers them, printing nothing.
+func (cmd Command) flags(addFlags func(*pflag.FlagSet)) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	addFlags(fs)
+	return fs
 }
 
 // CheckCommon returns the problems of the flags every node command has, after those of its own.
@@ -72,10 +78,7 @@ func (cmd Command) Main(err error, addFlags func(*pflag.FlagSet), format, level 
 	failed string, run func(*slog.Logger) error) int {
 	switch bad, isBad := badinput.As(err); {
 	case errors.Is(err, pflag.ErrHelp):
-		fs := pflag.NewFlagSet(cmd.Name, pflag.ContinueOnError)
-		fs.SortFlags = false
-		addFlags(fs)
-		fmt.Fprint(stdout, cmd.About+"\n\nFlags:\n"+fs.FlagUsages())
+		fmt.Fprint(stdout, cmd.About+"\n\nFlags:\n"+cmd.flags(addFlags).FlagUsages())
 		return 0
 	case isBad:
 		fmt.Fprint(stderr, "linkerd-cni "+cmd.Name+": "+bad.Lines())

@@ -4,9 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -48,17 +48,11 @@ func (r *eventRecorder) record(ctx context.Context, pod *corev1.Pod, typ, reason
 		r.mu.Unlock()
 	}
 	if len(note) > maxNote {
-		cut := maxNote - len(" ...")
-		for cut > 0 && !utf8.RuneStart(note[cut]) {
-			cut--
-		}
-		note = note[:cut] + " ..."
+		// ToValidUTF8 drops what the cut leaves of a rune.
+		note = strings.ToValidUTF8(note[:maxNote-len(" ...")], "") + " ..."
 	}
 	now := time.Now()
-	name := pod.Name
-	if len(name) > 200 {
-		name = name[:200]
-	}
+	name := pod.Name[:min(len(pod.Name), 200)]
 	ev := &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name + "." + strconv.FormatInt(now.UnixNano(), 16),

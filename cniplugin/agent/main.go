@@ -163,17 +163,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // RESTConfig returns the client configuration: kubeconfig if set, else $KUBECONFIG (which may
 // list several files) if set, else the in-cluster service account.
 func RESTConfig(kubeconfig string, getenv func(string) string) (*rest.Config, error) {
-	if kubeconfig == "" && getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+	env := getenv(clientcmd.RecommendedConfigPathEnvVar)
+	if kubeconfig == "" && env == "" {
 		cfg, err := rest.InClusterConfig()
 		if err != nil {
 			return nil, fmt.Errorf("in-cluster config (outside a cluster, pass --kubeconfig or set KUBECONFIG): %w", err)
 		}
 		return cfg, nil
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}
-	if kubeconfig == "" {
-		rules.Precedence = strings.Split(getenv(clientcmd.RecommendedConfigPathEnvVar), string(os.PathListSeparator))
-	}
+	// An explicit path wins over the precedence list.
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig, Precedence: filepath.SplitList(env)}
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
@@ -203,20 +202,14 @@ func Run(ctx context.Context, opts Options, kubeconfig, adminAddr, userAgent str
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("admin endpoints listening", "addr", ln.Addr().String())
-
-	ctx, cancel := context.WithCancelCause(ctx)
+	// Serve returns only on a failure, or once Shutdown below has run: either ends the agent.
+	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	select {
-	case err = <-serveErr:
-		cancel(err)
-		<-runErr
-		return fmt.Errorf("admin server: %w", err)
-	case err = <-runErr:
+	go func() { cancel(fmt.Errorf("admin server: %w", srv.Serve(ln))) }()
+	log.Info("admin endpoints listening", "addr", ln.Addr().String())
+	err = a.Run(runCtx)
+	if cause := context.Cause(runCtx); cause != nil && ctx.Err() == nil {
+		return cause // the admin server failed
 	}
 	shutdownCtx, stop := context.WithTimeout(context.Background(), 5*time.Second)
 	defer stop()

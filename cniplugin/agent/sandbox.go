@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	kubelettypes "k8s.io/kubelet/pkg/types"
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
@@ -75,9 +76,6 @@ type SandboxFinder interface {
 	// may be empty.
 	Forget(podUID, id string)
 }
-
-// podUIDLabel is the label the kubelet puts on every sandbox it asks the runtime for.
-const podUIDLabel = "io.kubernetes.pod.uid"
 
 // CRIOptions configure NewCRI.
 type CRIOptions struct {
@@ -192,7 +190,7 @@ func (c *CRI) drop(match func(id string, h Sandbox) bool) {
 func (c *CRI) Find(ctx context.Context, podUID string) (Sandbox, error) {
 	resp, err := c.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
-		LabelSelector: map[string]string{podUIDLabel: podUID},
+		LabelSelector: map[string]string{kubelettypes.KubernetesPodUIDLabel: podUID},
 	}})
 	c.note(err)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	kubelettypes "k8s.io/kubelet/pkg/types"
 
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/test/netnstest"
@@ -164,7 +165,7 @@ func inode(t *testing.T, path string) uint64 {
 const podUID = "0c1d2e3f-4a5b-4c6d-8e9f-a0b1c2d3e4f5"
 
 func sandbox(id string, created int64, state runtimeapi.PodSandboxState) *runtimeapi.PodSandbox {
-	return &runtimeapi.PodSandbox{Id: id, CreatedAt: created, State: state, Labels: map[string]string{podUIDLabel: podUID}}
+	return &runtimeapi.PodSandbox{Id: id, CreatedAt: created, State: state, Labels: map[string]string{kubelettypes.KubernetesPodUIDLabel: podUID}}
 }
 
 // Each runtime's status leads to the pod's namespace, opened once and entered through a
@@ -187,7 +188,7 @@ func TestCRIFindsTheNamespaceFromTheRuntimesPath(t *testing.T) {
 					sandbox("old", 1, runtimeapi.PodSandboxState_SANDBOX_READY),
 					sandbox("new", 3, runtimeapi.PodSandboxState_SANDBOX_READY),
 					sandbox("stopped", 4, runtimeapi.PodSandboxState_SANDBOX_NOTREADY),
-					{Id: "other-pod", CreatedAt: 9, State: runtimeapi.PodSandboxState_SANDBOX_READY, Labels: map[string]string{podUIDLabel: "x"}},
+					{Id: "other-pod", CreatedAt: 9, State: runtimeapi.PodSandboxState_SANDBOX_READY, Labels: map[string]string{kubelettypes.KubernetesPodUIDLabel: "x"}},
 				},
 				info: map[string]string{"new": info},
 			}

@@ -110,19 +110,12 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		cfg.SkipTLSVerify = b
 	}
-	if err := cfg.validate(); err != nil {
-		e, _ := badinput.As(err)
-		probs = append(probs, e.Problems...)
-	}
-	if len(probs) > 0 {
-		return cfg, &badinput.Error{What: "invalid installer environment", Problems: probs}
-	}
-	return cfg, nil
+	return cfg, cfg.validate(probs...)
 }
 
-// validate returns a *badinput.Error naming each variable (or flag) and value it refuses.
-func (c *Config) validate() error {
-	var probs []badinput.Problem
+// validate returns a *badinput.Error naming each variable (or flag) and value it refuses, after
+// the problems found before.
+func (c *Config) validate(probs ...badinput.Problem) error {
 	bad := func(field, value, reason string) {
 		probs = append(probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 	}
@@ -205,22 +198,22 @@ func (c Config) withDefaults() Config {
 	c.AdminAddr = cmp.Or(c.AdminAddr, DefaultAdminAddr)
 	c.KubeCAFile = cmp.Or(c.KubeCAFile, filepath.Join(c.ServiceAccountDir, "ca.crt"))
 	c.PluginLogOutput = cmp.Or(c.PluginLogOutput, io.Writer(os.Stdout))
-	if c.Debounce <= 0 {
-		c.Debounce = 50 * time.Millisecond
-	}
-	if c.Resync <= 0 {
-		c.Resync = time.Minute
-	}
-	if c.PluginLogMaxSize <= 0 {
-		c.PluginLogMaxSize = DefaultPluginLogMaxSize
-	}
-	if c.taintBackoff <= 0 {
-		c.taintBackoff = defaultTaintBackoff
-	}
+	c.Debounce = positiveOr(c.Debounce, 50*time.Millisecond)
+	c.Resync = positiveOr(c.Resync, time.Minute)
+	c.PluginLogMaxSize = positiveOr(c.PluginLogMaxSize, DefaultPluginLogMaxSize)
+	c.taintBackoff = positiveOr(c.taintBackoff, defaultTaintBackoff)
 	if c.taintBackoffMax < c.taintBackoff {
 		c.taintBackoffMax = max(defaultTaintBackoffMax, c.taintBackoff)
 	}
 	return c
+}
+
+// positiveOr is v when positive, else def.
+func positiveOr[T int64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // hostPath maps a path on the node to where this container sees it.

@@ -18,8 +18,8 @@ type listDoc struct {
 
 // topMembers returns the members of data's top-level object, if data is valid JSON.
 func topMembers(data []byte) ([]member, error) {
-	if !json.Valid(data) {
-		err := json.Unmarshal(data, new(any))
+	// Unmarshal checks the whole document before it decodes anything.
+	if err := json.Unmarshal(data, new(json.RawMessage)); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			return nil, fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)

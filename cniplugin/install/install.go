@@ -32,6 +32,7 @@ package install
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -97,9 +98,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 func newInstaller(cfg Config, log *slog.Logger) (*installer, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	source, tmpl := "CNI_NETWORK_CONFIG", cfg.NetworkConfig
 	if cfg.NetworkConfigFile != "" {
 		b, err := os.ReadFile(cfg.NetworkConfigFile)
@@ -248,11 +247,8 @@ func (in *installer) watch() (*fsnotify.Watcher, error) {
 		watched = append(watched, d)
 	}
 	for _, d := range watched {
-		d = filepath.Clean(d)
-		if slices.Contains(w.WatchList(), d) {
-			continue
-		}
-		if err := w.Add(d); err != nil {
+		// Adding a directory watched already (two settings may name one) is a no-op.
+		if err := w.Add(filepath.Clean(d)); err != nil {
 			w.Close()
 			return nil, watchError("watch "+d, err)
 		}
@@ -268,6 +264,7 @@ func (in *installer) loop(ctx context.Context, w *fsnotify.Watcher) error {
 	debounce.Stop()
 	resync := time.NewTicker(cfg.Resync)
 	defer resync.Stop()
+	// The list as it is now: fsnotify drops a directory from it before its removal's event.
 	watchedSet := map[string]bool{}
 	for _, d := range w.WatchList() {
 		watchedSet[filepath.Clean(d)] = true

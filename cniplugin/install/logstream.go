@@ -23,15 +23,19 @@ const maxPartialLine = 64 << 10
 // cutMarker ends each maxPartialLine piece of a longer unfinished line.
 const cutMarker = " [linkerd-cni: line cut at 64 KiB; it continues on the next line]\n"
 
-// lineBuffer passes complete lines on and holds at most maxPartialLine bytes of an unfinished one.
-type lineBuffer struct{ partial []byte }
+// lineBuffer passes complete lines on to out and holds at most maxPartialLine bytes of an
+// unfinished one.
+type lineBuffer struct {
+	out     io.Writer
+	partial []byte
+}
 
-// write passes every complete line so far to out, then cuts the unfinished rest into pieces of at
+// Write passes every complete line so far to out, then cuts the unfinished rest into pieces of at
 // most maxPartialLine bytes (not inside a UTF-8 sequence), each ended by cutMarker, until it fits.
-func (l *lineBuffer) write(out io.Writer, b []byte) {
+func (l *lineBuffer) Write(b []byte) (int, error) {
 	l.partial = append(l.partial, b...)
 	if i := bytes.LastIndexByte(l.partial, '\n'); i >= 0 {
-		_, _ = out.Write(l.partial[:i+1])
+		_, _ = l.out.Write(l.partial[:i+1])
 		l.partial = append(l.partial[:0], l.partial[i+1:]...)
 	}
 	for len(l.partial) > maxPartialLine {
@@ -39,9 +43,10 @@ func (l *lineBuffer) write(out io.Writer, b []byte) {
 		for back := 0; back < utf8.UTFMax-1 && !utf8.RuneStart(l.partial[cut]); back++ {
 			cut--
 		}
-		_, _ = out.Write(append(l.partial[:cut:cut], cutMarker...))
+		_, _ = l.out.Write(append(l.partial[:cut:cut], cutMarker...))
 		l.partial = append(l.partial[:0], l.partial[cut:]...)
 	}
+	return len(b), nil
 }
 
 // reset drops an unfinished line: its file was replaced or truncated.
@@ -52,7 +57,8 @@ func (l *lineBuffer) reset() { l.partial = l.partial[:0] }
 // later is read from its start, a replaced or truncated file is followed. Once it has reached
 // maxSize and is streamed to its end, it is renamed to path.1, so it cannot fill the node's disk.
 func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, log *slog.Logger) {
-	t := &logTail{path: path, maxSize: maxSize, out: out, log: log, first: true, buf: make([]byte, 32*1024)}
+	t := &logTail{path: path, maxSize: maxSize, lines: lineBuffer{out: out}, log: log, first: true,
+		buf: make([]byte, 32*1024)}
 	defer func() {
 		if t.f != nil {
 			t.f.Close()
@@ -79,7 +85,6 @@ func streamLog(ctx context.Context, path string, maxSize int64, out io.Writer, l
 type logTail struct {
 	path         string
 	maxSize      int64
-	out          io.Writer
 	log          *slog.Logger
 	rotateFailed bool
 	f            *os.File // nil until the file exists, and after it was replaced
@@ -112,16 +117,9 @@ func (t *logTail) open() {
 
 // drain streams what the open file holds past the offset.
 func (t *logTail) drain() {
-	for {
-		n, err := t.f.Read(t.buf)
-		if n > 0 {
-			t.off += int64(n)
-			t.lines.write(t.out, t.buf[:n])
-		}
-		if err != nil || n == 0 {
-			return
-		}
-	}
+	// The struct hides the file's WriteTo, which would take a new buffer each time.
+	n, _ := io.CopyBuffer(&t.lines, struct{ io.Reader }{t.f}, t.buf)
+	t.off += n
 }
 
 // follow streams the open file, then handles its replacement, truncation or rotation; true: again.

@@ -38,9 +38,9 @@ func TestLineBufferBoundsUnfinishedLines(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var out bytes.Buffer
-			var l lineBuffer
+			l := lineBuffer{out: &out}
 			for _, w := range tt.writes {
-				l.write(&out, []byte(w))
+				l.Write([]byte(w))
 				if len(l.partial) > maxPartialLine {
 					t.Fatalf("holds %d bytes of an unfinished line, more than %d", len(l.partial), maxPartialLine)
 				}
