@@ -221,17 +221,15 @@ func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 // eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.
 func eachMsgAttr(m netlink.Message, f func(ad *netlink.AttributeDecoder)) error {
 	ad, err := attrs(m)
-	if err != nil {
-		return err
-	}
-	for ad.Next() {
-		f(ad)
-	}
-	return ad.Err()
+	return each(ad, err, f)
 }
 
 func eachAttr(b []byte, f func(ad *netlink.AttributeDecoder)) error {
 	ad, err := decoder(b)
+	return each(ad, err, f)
+}
+
+func each(ad *netlink.AttributeDecoder, err error, f func(ad *netlink.AttributeDecoder)) error {
 	if err != nil {
 		return err
 	}
