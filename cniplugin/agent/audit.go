@@ -299,8 +299,8 @@ func (a *Agent) reportBusy(ctx context.Context, pod *corev1.Pod, busy *runner.Bu
 // meshedSpec tells, from the spec alone, whether the plugin writes rules for the pod; the spec
 // is read the way the plugin reads it.
 func meshedSpec(pod *corev1.Pod) bool {
-	spec, err := recode[cniplugin.PodSpec](&pod.Spec, nil)
-	return err == nil && cniplugin.Classify(spec).NeedsRules()
+	spec := pluginSpec(&pod.Spec)
+	return cniplugin.Classify(&spec).NeedsRules()
 }
 
 // sandboxReady tells whether the kubelet reports the pod's sandbox ready (it is, once the CNI
