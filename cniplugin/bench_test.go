@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/test/cnitest"
@@ -45,6 +47,7 @@ func msec(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Micro
 // plugin alone, and with Go's HTTPS stack); the binary's size; and the peak memory of an ADD.
 func BenchmarkADD(b *testing.B) {
 	n := newNode(b, true)
+	stateOnTmpfs(b, filepath.Join(n.dir, "state"))
 	n.createNamespace(b, "bench", nil)
 	n.createPod(b, "bench", "web", shapeClassic, nil, nil)
 	n.createPod(b, "bench", "plain", shapeUnmeshed, nil, nil)
@@ -278,12 +281,33 @@ func BenchmarkADD(b *testing.B) {
 		fmt.Printf("    %-46s over the no-op %s (whole ADD %s)\n", "run directly, nft", ratio(median(direct[2].times)-noopDirect, median(last.times)-noopDirect),
 			ratio(median(direct[2].times), median(last.times)))
 	}
-	fmt.Printf("  start-up, CNI_COMMAND=VERSION, median of %d, the binaries taking turns:\n", startupRuns)
-	fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 10ms: %s)\n", "linkerd-cni, the plugin", msec(startup), ms(startup-noopStartup), meets(startup, 10*time.Millisecond))
+	fmt.Printf("  start-up, CNI_COMMAND=VERSION, median of %d at real-time priority, the binaries taking turns:\n", startupRuns)
+	fmt.Printf("    %-46s %8s  %+.2fms over the no-op (target <= 10ms: %s; <= 0.5ms over the no-op: %s)\n", "linkerd-cni, the plugin", msec(startup),
+		ms(startup-noopStartup), meets(startup, 10*time.Millisecond), meets(startup-noopStartup, 500*time.Microsecond))
 	fmt.Printf("    %-46s %8s\n", "floor: the no-op plugin", msec(noopStartup))
 	fmt.Printf("    %-46s %8s  (what any plugin that reads the API links)\n", "floor: no-op plugin + net/http and crypto/tls", msec(httpsStartup))
 	fmt.Printf("  %-48s %6.1fMB\n", "binary size (static, stripped)", size(bin))
 	fmt.Printf("  %-48s %6.1fMB  (VERSION: %.1fMB)\n", "peak RSS of a meshed ADD read from the API", float64(addRSS)/1024, float64(versionRSS)/1024)
+}
+
+// stateOnTmpfs mounts a tmpfs at dir, the nodes' state-dir: on a node it is under /var/run, a
+// tmpfs, where each ADD creates its lock file and record. Here the temporary directory is on the
+// machine's disk, where ext4 takes 0.3 to 0.5 ms to allocate each new inode once many files have
+// come and gone (its recently_deleted scan), a cost no node pays and the baseline build, which
+// created no files, did not either.
+func stateOnTmpfs(b *testing.B, dir string) {
+	b.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		b.Fatalf("mount a tmpfs at %s: %v", dir, err)
+	}
+	b.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			b.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 }
 
 // echoServer answers every message on a SOCK_SEQPACKET socket with a short one: the other end of
@@ -357,16 +381,40 @@ func sandboxEnv(sb *sandbox) []string {
 }
 
 // startupRuns is how many times each binary's start-up is measured.
-const startupRuns = 101
+const startupRuns = 501
 
 // startups returns the median wall time of CNI_COMMAND=VERSION of each binary, the binaries
 // taking turns startupRuns times.
 func startups(b *testing.B, bins ...string) []time.Duration {
 	b.Helper()
+	// A start-up differs from the floors by a fraction of a millisecond, less than one burst of
+	// the kube-apiserver, etcd and agents this benchmark runs on the same cores. So the binaries
+	// start at real-time priority (SCHED_FIFO, which the child inherits from the thread that
+	// forks it), with no pipes to drain, and nothing else on the machine lands in one binary's
+	// samples and not another's.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	fifo := &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_FIFO, Priority: 1}
+	if err := unix.SchedSetAttr(0, fifo, 0); err != nil {
+		b.Fatalf("run at real-time priority: %v", err)
+	}
+	defer func() {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0); err != nil {
+			b.Fatalf("leave real-time priority: %v", err)
+		}
+	}()
 	times := make([][]time.Duration, len(bins))
 	for range startupRuns {
 		for i, bin := range bins {
-			times[i] = append(times[i], runOnce(b, bin, "VERSION", nil, nil))
+			c := exec.Command(bin)
+			c.Env = []string{"CNI_COMMAND=VERSION"}
+			start := time.Now()
+			err := c.Run()
+			times[i] = append(times[i], time.Since(start))
+			if err != nil {
+				runOnce(b, bin, "VERSION", nil, nil) // fails the benchmark with the binary's output
+				b.Fatalf("%s CNI_COMMAND=VERSION: %v", bin, err)
+			}
 		}
 	}
 	out := make([]time.Duration, len(bins))
