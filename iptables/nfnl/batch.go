@@ -58,7 +58,7 @@ func (w what) String() string {
 	}
 	if w.xt != nil {
 		r := w.xt.Rule()
-		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName(w.fam), w.xt.TableName(), r.Chain, r.Spec), " ")
+		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName[w.fam], w.xt.TableName(), r.Chain, r.Spec), " ")
 	}
 	if w.set != nil {
 		part := *w.set

@@ -314,7 +314,7 @@ func (d *nativeReader) readMeta(m *expr.Meta, i int) int {
 // readNFProto reads a family comparison c at ex[i]: alone, a family match; followed by an
 // address lookup, the dependency nft adds for it.
 func (d *nativeReader) readNFProto(c *expr.Cmp, i int) int {
-	fam := familyOf(c.Data[0])
+	fam := familyOf[c.Data[0]]
 	if fam == "" {
 		d.unknown(c)
 		return i
@@ -392,9 +392,12 @@ func (d *nativeReader) readCTState(i int) bool {
 // tproxy, an immediate mark, meta mark set, accept.
 func (d *nativeReader) readVerdict(tail []expr.Any) bool {
 	var ok bool
-	switch len(tail) {
+	switch v, _ := tail[0].(*expr.Verdict); len(tail) {
 	case 1:
-		ok = d.readReturnOrDrop(tail[0])
+		ok = v != nil && (v.Kind == expr.VerdictReturn || v.Kind == expr.VerdictDrop)
+		if ok && v.Kind == expr.VerdictDrop {
+			d.out.Verdict = iptables.NFTDrop
+		}
 	case 2:
 		ok = d.readRedirectOrZone(tail[0], tail[1])
 	case 5:
@@ -402,18 +405,6 @@ func (d *nativeReader) readVerdict(tail []expr.Any) bool {
 	}
 	d.verdict = d.verdict || ok
 	return ok
-}
-
-func (d *nativeReader) readReturnOrDrop(e expr.Any) bool {
-	v, ok := e.(*expr.Verdict)
-	switch {
-	case ok && v.Kind == expr.VerdictReturn:
-		return true
-	case ok && v.Kind == expr.VerdictDrop:
-		d.out.Verdict = iptables.NFTDrop
-		return true
-	}
-	return false
 }
 
 func (d *nativeReader) readRedirectOrZone(first, second expr.Any) bool {
@@ -441,11 +432,11 @@ func (d *nativeReader) readTPROXY(tail []expr.Any) bool {
 	ac, ok4 := tail[4].(*expr.Verdict)
 	if !ok0 || !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
 		!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
-		(tp.Family != unix.NFPROTO_UNSPEC && familyOf(tp.Family) == "") {
+		(tp.Family != unix.NFPROTO_UNSPEC && familyOf[tp.Family] == "") {
 		return false
 	}
 	d.out.Verdict, d.out.RedirectPort, d.out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
-	d.out.TPROXYFamily = familyOf(tp.Family)
+	d.out.TPROXYFamily = familyOf[tp.Family]
 	return true
 }
 
@@ -473,15 +464,8 @@ func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKin
 	return 0, "", false
 }
 
-func familyOf(b byte) iptables.Family {
-	switch b {
-	case famIP:
-		return iptables.IPv4
-	case famIP6:
-		return iptables.IPv6
-	}
-	return ""
-}
+// familyOf is the iptables family of an nf_tables family, "" for others.
+var familyOf = map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}
 
 // uint16At reads an integer of exactly that size, and 0 from anything else.
 func uint16At(b []byte, order binary.ByteOrder) uint16 {

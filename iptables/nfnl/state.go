@@ -309,14 +309,14 @@ func decodeChain(m netlink.Message) (chain, string, error) {
 // readRules reads the rules of one table. Each dump names its family: given a table name, the
 // kernel stops after the first table of that name, whatever the family.
 func (s *State) readRules(src source, fam byte, name string, t *ruleTable) error {
-	ans, err := src.exchange(request{key: "getrule " + famName(fam) + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
+	ans, err := src.exchange(request{key: "getrule " + famName[fam] + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
 	if err != nil {
-		return fmt.Errorf("list the rules of table %s %s: %w", famName(fam), name, err)
+		return fmt.Errorf("list the rules of table %s %s: %w", famName[fam], name, err)
 	}
 	for _, m := range ans[0] {
 		r, tbl, ch, err := decodeRule(fam, m)
 		if err != nil {
-			return fmt.Errorf("decode a rule of table %s %s: %w", famName(fam), name, err)
+			return fmt.Errorf("decode a rule of table %s %s: %w", famName[fam], name, err)
 		}
 		if family(m) == fam && tbl == name {
 			t.rules[ch] = append(t.rules[ch], r)
@@ -534,6 +534,4 @@ func (st *set) decodeElements(m netlink.Message) error {
 }
 
 // famName is the name nft gives one of our tables' families.
-func famName(fam byte) string { return famNames[fam] }
-
-var famNames = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}
+var famName = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}
