@@ -241,25 +241,19 @@ func decrement(k []byte) []byte {
 
 // nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
 func nativeRule(r rule) iptables.NFTRule {
-	d := &nativeReader{ex: r.exprs, out: iptables.NFTRule{Comment: r.comment}}
+	d := &nativeReader{out: iptables.NFTRule{Comment: r.comment}}
 	if r.foreign != "" {
 		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
 	}
-	ex := r.exprs
-	for i := 0; i < len(ex); i++ {
-		// meta load + cmp eq: the start of most matches.
-		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
-			i = d.readMeta(m, i)
-			continue
-		}
-		if d.readCTState(i) {
-			i += 2
-			continue
-		}
-		if d.readVerdict(ex[i:]) {
+	for i := 0; i < len(r.exprs); i++ {
+		if m, n := readMatch(r.exprs[i:]); n > 0 {
+			d.match(m)
+			i += n - 1
+		} else if d.readVerdict(r.exprs[i:]) {
 			break // a verdict is the rule's last statement
+		} else {
+			d.unknown(r.exprs[i])
 		}
-		d.unknown(ex[i])
 	}
 	if !d.verdict {
 		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
@@ -267,9 +261,8 @@ func nativeRule(r rule) iptables.NFTRule {
 	return d.out
 }
 
-// nativeReader holds a rule being read back: its expressions and the model built so far.
+// nativeReader holds the model of a rule being read back.
 type nativeReader struct {
-	ex      []expr.Any
 	out     iptables.NFTRule
 	verdict bool // the rule ends in a verdict of ours
 }
@@ -281,67 +274,42 @@ func (d *nativeReader) unknown(e expr.Any) {
 	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
 }
 
-// readMeta reads the meta load m at ex[i] and the comparison after it, and what follows them
-// when the pair is a protocol dependency; it returns the index of the last expression it read.
-func (d *nativeReader) readMeta(m *expr.Meta, i int) int {
-	c, ok := d.ex[i+1].(*expr.Cmp)
-	if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
-		d.unknown(m)
-		return i
+// readMatch reads the match ex starts with, and says how many expressions it takes (0: none of
+// ours): a ct state match, or a meta load and its comparison, which for a protocol dependency
+// nft adds may go on with an address's or port's load and its lookup or comparison.
+func readMatch(ex []expr.Any) (iptables.NFTMatch, int) {
+	if m, ok := readCTState(ex); ok {
+		return m, 3
 	}
-	i++
-	l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
-	switch {
-	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
-		return d.readNFProto(c, i)
-	case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
-		return d.readL4Proto(m, c, i)
+	m, ok := ex[0].(*expr.Meta)
+	c, ok2 := next[*expr.Cmp](ex, 1)
+	if !ok || !ok2 || m.SourceRegister || c.Op != expr.CmpOpEq || c.Register != m.Register {
+		return iptables.NFTMatch{}, 0
+	}
+	switch l4 := m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1; {
+	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1 && familyOf[c.Data[0]] != "":
+		fam := familyOf[c.Data[0]]
+		if kind, set, ok := addrLookup(ex, 2, fam); ok {
+			return iptables.NFTMatch{Kind: kind, Family: fam, Set: set}, 4
+		}
+		return iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam}, 2
+	case l4 && (c.Data[0] == unix.IPPROTO_TCP || c.Data[0] == unix.IPPROTO_UDP):
+		if pm, ok := portMatch(ex, 2, c.Data[0] == unix.IPPROTO_TCP); ok {
+			return pm, 4
+		}
+		if c.Data[0] == unix.IPPROTO_TCP {
+			return iptables.NFTMatch{Kind: iptables.NFTMatchTCP}, 2
+		}
 	case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)}, 2
 	case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)}, 2
 	case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))}, 2
 	case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
-	default:
-		d.unknown(m)
-		d.unknown(c)
+		return iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))}, 2
 	}
-	return i
-}
-
-// readNFProto reads a family comparison c at ex[i]: alone, a family match; followed by an
-// address lookup, the dependency nft adds for it.
-func (d *nativeReader) readNFProto(c *expr.Cmp, i int) int {
-	fam := familyOf[c.Data[0]]
-	if fam == "" {
-		d.unknown(c)
-		return i
-	}
-	if kind, set, ok := addrLookup(d.ex, i+1, fam); ok {
-		d.match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
-		return i + 2
-	}
-	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
-	return i
-}
-
-// readL4Proto reads a tcp or udp comparison c at ex[i]: alone, "meta l4proto tcp"; followed by a
-// port's load and its lookup or comparison, the dependency nft adds for the port match.
-func (d *nativeReader) readL4Proto(m *expr.Meta, c *expr.Cmp, i int) int {
-	tcp := c.Data[0] == unix.IPPROTO_TCP
-	if pm, ok := portMatch(d.ex, i+1, tcp); ok {
-		d.match(pm)
-		return i + 2
-	}
-	if tcp {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
-	} else {
-		d.unknown(m)
-		d.unknown(c)
-	}
-	return i
+	return iptables.NFTMatch{}, 0
 }
 
 // portMatch matches a transport port's load at ex[i] and the set lookup or comparison after it,
@@ -370,21 +338,17 @@ func portMatch(ex []expr.Any, i int, tcp bool) (iptables.NFTMatch, bool) {
 	return iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))}, true
 }
 
-// readCTState reads a ct state match at ex[i:]: ct load state, bitwise mask, cmp neq 0.
-func (d *nativeReader) readCTState(i int) bool {
-	ex := d.ex
-	ct, ok := ex[i].(*expr.Ct)
-	if !ok || ct.SourceRegister || ct.Key != expr.CtKeySTATE || i+2 >= len(ex) {
-		return false
+// readCTState reads a ct state match at the start of ex: ct load state, bitwise mask, cmp neq 0.
+func readCTState(ex []expr.Any) (iptables.NFTMatch, bool) {
+	ct, ok := ex[0].(*expr.Ct)
+	bw, ok1 := next[*expr.Bitwise](ex, 1)
+	c, ok2 := next[*expr.Cmp](ex, 2)
+	if ok && ok1 && ok2 && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) &&
+		len(bw.Xor) == 4 && bw.SourceRegister == ct.Register && bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq &&
+		c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+		return iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)}, true
 	}
-	bw, ok1 := ex[i+1].(*expr.Bitwise)
-	c, ok2 := ex[i+2].(*expr.Cmp)
-	if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
-		bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
-		return true
-	}
-	return false
+	return iptables.NFTMatch{}, false
 }
 
 // readVerdict reads tail, the rule's last expressions, as one of our verdicts: return or drop;

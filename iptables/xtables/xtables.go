@@ -326,10 +326,7 @@ func run(ctx context.Context, path string, args []string, input string, combined
 		}
 		files = append(files, os.NewFile(uintptr(fd), name))
 	}
-	if _, err := files[0].WriteString(input); err != nil {
-		return nil, nil, err
-	}
-	if _, err := files[0].Seek(0, io.SeekStart); err != nil {
+	if _, err := files[0].WriteAt([]byte(input), 0); err != nil { // the child reads from offset 0
 		return nil, nil, err
 	}
 	errOut := files[2]
@@ -338,10 +335,7 @@ func run(ctx context.Context, path string, args []string, input string, combined
 	}
 	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
 	for i, dst := range []*[]byte{&out, &stderr} {
-		if _, err := files[i+1].Seek(0, io.SeekStart); err != nil {
-			return nil, nil, err
-		}
-		if *dst, err = io.ReadAll(files[i+1]); err != nil {
+		if *dst, err = io.ReadAll(io.NewSectionReader(files[i+1], 0, 1<<40)); err != nil {
 			return nil, nil, err
 		}
 	}
