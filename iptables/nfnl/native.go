@@ -239,39 +239,29 @@ func decrement(k []byte) []byte {
 	return out
 }
 
-// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
+// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs. What the
+// model does not hold shows as an unknown match, so a diff reports it.
 func nativeRule(r rule) iptables.NFTRule {
-	d := &nativeReader{out: iptables.NFTRule{Comment: r.comment}}
-	if r.foreign != "" {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
+	out := iptables.NFTRule{Comment: r.comment}
+	unknown := func(name string) {
+		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: name})
 	}
-	for i := 0; i < len(r.exprs); i++ {
+	if r.foreign != "" {
+		unknown("expression " + r.foreign)
+	}
+	verdict := false // a verdict of ours, the rule's last statement
+	for i := 0; i < len(r.exprs) && !verdict; i++ {
 		if m, n := readMatch(r.exprs[i:]); n > 0 {
-			d.match(m)
+			out.Matches = append(out.Matches, m)
 			i += n - 1
-		} else if d.readVerdict(r.exprs[i:]) {
-			break // a verdict is the rule's last statement
-		} else {
-			d.unknown(r.exprs[i])
+		} else if verdict = readVerdict(&out, r.exprs[i:]); !verdict {
+			unknown(fmt.Sprintf("%T%+v", r.exprs[i], r.exprs[i]))
 		}
 	}
-	if !d.verdict {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
+	if !verdict {
+		unknown("no verdict of ours")
 	}
-	return d.out
-}
-
-// nativeReader holds the model of a rule being read back.
-type nativeReader struct {
-	out     iptables.NFTRule
-	verdict bool // the rule ends in a verdict of ours
-}
-
-func (d *nativeReader) match(m iptables.NFTMatch) { d.out.Matches = append(d.out.Matches, m) }
-
-// unknown records an expression the model does not hold, so it shows in a diff.
-func (d *nativeReader) unknown(e expr.Any) {
-	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
+	return out
 }
 
 // readMatch reads the match ex starts with, and says how many expressions it takes (0: none of
@@ -351,57 +341,43 @@ func readCTState(ex []expr.Any) (iptables.NFTMatch, bool) {
 	return iptables.NFTMatch{}, false
 }
 
-// readVerdict reads tail, the rule's last expressions, as one of our verdicts: return or drop;
-// an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate port,
-// tproxy, an immediate mark, meta mark set, accept.
-func (d *nativeReader) readVerdict(tail []expr.Any) bool {
-	var ok bool
-	switch v, _ := tail[0].(*expr.Verdict); len(tail) {
-	case 1:
-		ok = v != nil && (v.Kind == expr.VerdictReturn || v.Kind == expr.VerdictDrop)
-		if ok && v.Kind == expr.VerdictDrop {
-			d.out.Verdict = iptables.NFTDrop
+// readVerdict reads tail, the rule's last expressions, as one of our verdicts into out: return or
+// drop; an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate
+// port, tproxy, an immediate mark, meta mark set, accept.
+func readVerdict(out *iptables.NFTRule, tail []expr.Any) bool {
+	v, _ := tail[0].(*expr.Verdict)
+	im, _ := tail[0].(*expr.Immediate)
+	switch {
+	case len(tail) == 1 && v != nil && (v.Kind == expr.VerdictReturn || v.Kind == expr.VerdictDrop):
+		if v.Kind == expr.VerdictDrop {
+			out.Verdict = iptables.NFTDrop
 		}
-	case 2:
-		ok = d.readRedirectOrZone(tail[0], tail[1])
-	case 5:
-		ok = d.readTPROXY(tail)
-	}
-	d.verdict = d.verdict || ok
-	return ok
-}
-
-func (d *nativeReader) readRedirectOrZone(first, second expr.Any) bool {
-	im, ok := first.(*expr.Immediate)
-	if !ok || len(im.Data) != 2 {
-		return false
-	}
-	if rd, ok := second.(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
-		(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
-		d.out.Verdict, d.out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
 		return true
-	}
-	if ct, ok := second.(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
-		d.out.Verdict, d.out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+	case len(tail) == 2 && im != nil && len(im.Data) == 2:
+		if rd, ok := tail[1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
+			(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
+			out.Verdict, out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+			return true
+		}
+		if ct, ok := tail[1].(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
+			out.Verdict, out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+			return true
+		}
+	case len(tail) == 5 && im != nil:
+		tp, ok1 := tail[1].(*expr.TProxy)
+		mk, ok2 := tail[2].(*expr.Immediate)
+		ms, ok3 := tail[3].(*expr.Meta)
+		ac, ok4 := tail[4].(*expr.Verdict)
+		if !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
+			!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
+			(tp.Family != unix.NFPROTO_UNSPEC && familyOf[tp.Family] == "") {
+			return false
+		}
+		out.Verdict, out.RedirectPort, out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
+		out.TPROXYFamily = familyOf[tp.Family]
 		return true
 	}
 	return false
-}
-
-func (d *nativeReader) readTPROXY(tail []expr.Any) bool {
-	im, ok0 := tail[0].(*expr.Immediate)
-	tp, ok1 := tail[1].(*expr.TProxy)
-	mk, ok2 := tail[2].(*expr.Immediate)
-	ms, ok3 := tail[3].(*expr.Meta)
-	ac, ok4 := tail[4].(*expr.Verdict)
-	if !ok0 || !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
-		!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
-		(tp.Family != unix.NFPROTO_UNSPEC && familyOf[tp.Family] == "") {
-		return false
-	}
-	d.out.Verdict, d.out.RedirectPort, d.out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
-	d.out.TPROXYFamily = familyOf[tp.Family]
-	return true
 }
 
 // addrLookup matches an address load and a lookup of it, at ex[i:], for family fam.
