@@ -194,17 +194,10 @@ func (s set) model() iptables.NFTSet {
 		}
 		out.Flags = cmp.Or(strings.Join(f, ","), "none")
 	}
-	if s.flags&unix.NFT_SET_INTERVAL == 0 { // a plain set: every element is a single key
-		for _, e := range s.elems {
-			out.Elements = append(out.Elements, iptables.NFTInterval{First: e.key, Last: e.key})
-		}
-		out.Elements = iptables.NormalizeIntervals(out.Elements)
-		return out
-	}
 	// Sort by key; at equal keys an interval end (of the previous interval) comes before a
 	// start. Then each start pairs with the end that follows it (the key after its last one); a
-	// start with no end runs to the top of the key space; stray ends (nft's leading zero marker)
-	// carry no interval.
+	// start with no end runs to the top of the key space (in a plain set, every element is a
+	// single key); stray ends (nft's leading zero marker) carry no interval.
 	sorted := slices.Clone(s.elems)
 	sort.SliceStable(sorted, func(i, j int) bool {
 		if c := bytes.Compare(sorted[i].key, sorted[j].key); c != 0 {
@@ -217,7 +210,10 @@ func (s set) model() iptables.NFTSet {
 		if e.end {
 			continue
 		}
-		last := bytes.Repeat([]byte{0xff}, len(e.key))
+		last := e.key
+		if s.flags&unix.NFT_SET_INTERVAL != 0 {
+			last = bytes.Repeat([]byte{0xff}, len(e.key))
+		}
 		if i+1 < len(sorted) && sorted[i+1].end {
 			last = decrement(sorted[i+1].key)
 			i++

@@ -437,7 +437,7 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 		switch e := ex[i].(type) {
 		case *expr.Meta:
 			i++
-			d, _ := cmpData(ex, i)
+			d := cmpData(ex, i)
 			switch e.Key {
 			case expr.MetaKeyOIFNAME:
 				r.OutInterface = ifnameOf(d)
@@ -457,7 +457,7 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			if b, ok := next[*expr.Bitwise](ex, i); ok {
 				mask, i = b.Mask, i+1
 			}
-			d, _ := cmpData(ex, i)
+			d := cmpData(ex, i)
 			if p, src := prefixOf(f, e, mask, d); src {
 				r.Source = p
 			} else {
@@ -486,12 +486,11 @@ var xtVerdicts = map[expr.VerdictKind]string{
 }
 
 // cmpData is the data of the equality comparison at ex[i], if that is one.
-func cmpData(ex []expr.Any, i int) ([]byte, bool) {
-	c, ok := next[*expr.Cmp](ex, i)
-	if !ok || c.Op != expr.CmpOpEq {
-		return nil, false
+func cmpData(ex []expr.Any, i int) []byte {
+	if c, ok := next[*expr.Cmp](ex, i); ok && c.Op == expr.CmpOpEq {
+		return c.Data
 	}
-	return c.Data, true
+	return nil
 }
 
 // ifnameOf is iptables' interface name for the compared bytes: without its NUL the name is a
