@@ -403,10 +403,10 @@ func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKin
 // familyOf is the iptables family of an nf_tables family, "" for others.
 var familyOf = map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}
 
-// uint16At reads an integer of exactly that size, and 0 from anything else.
-func uint16At(b []byte, order binary.ByteOrder) uint16 {
+// uint16At reads a big-endian integer of exactly that size, and 0 from anything else.
+func uint16At(b []byte) uint16 {
 	if len(b) != 2 {
 		return 0
 	}
-	return order.Uint16(b)
+	return binary.BigEndian.Uint16(b)
 }

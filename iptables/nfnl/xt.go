@@ -416,23 +416,15 @@ func redirectInfo(f iptables.Family, p uint16) xt.InfoAny {
 }
 
 // decodeXT maps the expressions of a rule in chain back onto an XTRule. ok is false when the
-// rule is not exactly one that encodeXT writes, whatever it looks like.
+// rule is not exactly one that encodeXT writes, whatever it looks like: the expressions are read
+// leniently (a load reads the comparison after it too, an address load its mask), and what they
+// read as must encode back to exactly them.
 func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule, ok bool) {
 	x.Chain = chain
 	if table != iptables.Table {
 		x.Table = table
 	}
-	if r.foreign != "" || !decodeXTInto(f, &x, r.exprs) {
-		return x, false
-	}
-	want, _, err := encodeXT(f, x)
-	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
-}
-
-// decodeXTInto reads the expressions the way encodeXT writes them, leniently: decodeXT encodes
-// what it read again and compares, which refuses anything else. A load reads the comparison
-// after it too, and an address load its mask.
-func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
+	ex := r.exprs
 	for i := 0; i < len(ex); i++ {
 		switch e := ex[i].(type) {
 		case *expr.Meta:
@@ -440,17 +432,25 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 			d := cmpData(ex, i)
 			switch e.Key {
 			case expr.MetaKeyOIFNAME:
-				r.OutInterface = ifnameOf(d)
+				x.OutInterface = ifnameOf(d)
 			case expr.MetaKeyIIFNAME:
-				r.InInterface = ifnameOf(d)
+				x.InInterface = ifnameOf(d)
 			default: // the l4proto load
-				r.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
-				r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
+				x.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
+				x.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
 			}
 		case *expr.Payload:
 			i++
 			if e.Base == expr.PayloadBaseTransportHeader {
-				decodeXTPort(r, e, ex, i)
+				pr := &x.DPort
+				if e.Offset == 0 {
+					pr = &x.SPort
+				}
+				pr.First = uint16At(cmpData(ex, i))
+				pr.Last = pr.First
+				if c, ok := next[*expr.Range](ex, i); ok {
+					pr.First, pr.Last = uint16At(c.FromData), uint16At(c.ToData)
+				}
 				continue
 			}
 			var mask []byte
@@ -458,26 +458,39 @@ func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
 				mask, i = b.Mask, i+1
 			}
 			d := cmpData(ex, i)
-			if p, src := prefixOf(f, e, mask, d); src {
-				r.Source = p
+			bits := len(d) * 8
+			if mask != nil {
+				ones, _ := net.IPMask(mask).Size()
+				bits = max(ones, 0)
+			}
+			srcOff, full := addrOffset(f, true)
+			addr := make([]byte, full)
+			copy(addr, d)
+			a, _ := netip.AddrFromSlice(addr)
+			if p := netip.PrefixFrom(a, bits); e.Offset == srcOff {
+				x.Source = p
 			} else {
-				r.Destination = p
+				x.Destination = p
 			}
 		case *expr.Match:
-			decodeXTMatch(r, e)
+			decodeXTMatch(&x, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			r.Target = e.Chain // a jump's
+			x.Target = e.Chain // a jump's
 			if t, ok := xtVerdicts[e.Kind]; ok {
-				r.Target = t
+				x.Target = t
 			}
 		case *expr.Target:
-			decodeXTTarget(f, r, e)
+			decodeXTTarget(f, &x, e)
 		default:
-			return false
+			return x, false
 		}
 	}
-	return r.Target != ""
+	if r.foreign != "" || x.Target == "" {
+		return x, false
+	}
+	want, _, err := encodeXT(f, x)
+	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
 }
 
 // xtVerdicts are the targets that are native verdicts.
@@ -500,22 +513,6 @@ func ifnameOf(d []byte) string {
 		return string(d[:n])
 	}
 	return string(d) + "+"
-}
-
-// decodeXTPort reads the port comparison or range at ex[i], after the port load e.
-func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) {
-	var pr iptables.PortRange
-	if c, ok := next[*expr.Cmp](ex, i); ok {
-		pr.First = uint16At(c.Data, binary.BigEndian)
-		pr.Last = pr.First
-	} else if c, ok := next[*expr.Range](ex, i); ok {
-		pr.First, pr.Last = uint16At(c.FromData, binary.BigEndian), uint16At(c.ToData, binary.BigEndian)
-	}
-	if e.Offset == 0 {
-		r.SPort = pr
-	} else {
-		r.DPort = pr
-	}
 }
 
 // decodeXTMatch reads an xtables match: the comment, conntrack state, owner or multiport.
@@ -590,21 +587,6 @@ func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
 	}
 	v, ok := ex[i].(T)
 	return v, ok
-}
-
-// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix,
-// and says whether it is the source address.
-func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool) {
-	srcOff, full := addrOffset(f, true)
-	addr := make([]byte, full)
-	copy(addr, data)
-	a, _ := netip.AddrFromSlice(addr)
-	bits := len(data) * 8
-	if mask != nil {
-		ones, _ := net.IPMask(mask).Size()
-		bits = max(ones, 0)
-	}
-	return netip.PrefixFrom(a, bits), p.Offset == srcOff
 }
 
 // sameExprs reports whether two expression lists are the same on the wire, counter values aside.
