@@ -289,8 +289,8 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 }
 
 // beginRule begins a message appending a rule of exprs to a chain.
-func (b *Batch) beginRule(fam byte, tableName, chainName string, exprs []expr.Any) {
-	b.beginIn(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam, tableName, unix.NFTA_RULE_CHAIN, chainName)
+func (b *Batch) beginRule(fam byte, table, chain string, exprs []expr.Any) {
+	b.beginIn(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam, table, unix.NFTA_RULE_CHAIN, chain)
 	b.expressions(fam, exprs)
 }
 

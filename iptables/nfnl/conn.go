@@ -137,12 +137,12 @@ func (w *wbuf) begin(typ uint16, flags netlink.HeaderFlags, family byte) {
 	w.b = append(w.b, family, unix.NFNETLINK_V0, 0, 0)
 }
 
-// beginIn begins a message about the object name (attribute nameAttr) of table, which is
-// attribute 1 of chains, rules, sets and element lists alike (NFTA_*_TABLE).
-func (w *wbuf) beginIn(typ uint16, flags netlink.HeaderFlags, fam byte, table string, nameAttr uint16, name string) {
-	w.begin(typ, flags, fam)
+// beginIn begins a message about the object name (attribute attr) of table, which is attribute
+// 1 of chains, rules, sets and element lists alike (NFTA_*_TABLE).
+func (w *wbuf) beginIn(typ uint16, fl netlink.HeaderFlags, fam byte, table string, attr uint16, name string) {
+	w.begin(typ, fl, fam)
 	w.str(unix.NFTA_RULE_TABLE, table)
-	w.str(nameAttr, name)
+	w.str(attr, name)
 }
 
 // header starts a message with its netlink header: the length is set by end, the port id is the

@@ -329,9 +329,9 @@ func readCTState(ex []expr.Any) (iptables.NFTMatch, bool) {
 	ct, ok := ex[0].(*expr.Ct)
 	bw, ok1 := next[*expr.Bitwise](ex, 1)
 	c, ok2 := next[*expr.Cmp](ex, 2)
-	if ok && ok1 && ok2 && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) &&
-		len(bw.Xor) == 4 && bw.SourceRegister == ct.Register && bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq &&
-		c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+	if ok && ok1 && ok2 && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && bw.Len == 4 && len(bw.Mask) == 4 &&
+		len(bw.Xor) == 4 && isZero(bw.Xor) && bw.SourceRegister == ct.Register && bw.DestRegister == ct.Register &&
+		c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
 		return iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)}, true
 	}
 	return iptables.NFTMatch{}, false

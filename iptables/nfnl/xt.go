@@ -195,18 +195,17 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		}
 		out = addrMatch(out, pool, f, p, i == 0)
 	}
-	if r.UIDOwner != nil {
-		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
-	}
-	if r.GIDOwner != nil {
-		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerGID, *r.GIDOwner)))
+	for i, id := range [2]*uint32{r.UIDOwner, r.GIDOwner} {
+		if what := [2]byte{xtOwnerUID, xtOwnerGID}[i]; id != nil {
+			out = append(out, &expr.Match{Name: "owner", Rev: ownerRev, Info: new(ownerInfo(what, *id))})
+		}
 	}
 	if len(r.MultiportDPorts) > 0 {
 		info, err := multiportInfo(r.MultiportDPorts)
 		if err != nil {
 			return nil, 0, err
 		}
-		out = append(out, xtMatch("multiport", multiportRev, info))
+		out = append(out, &expr.Match{Name: "multiport", Rev: multiportRev, Info: &info})
 	}
 	out, err := appendXTPorts(out, pool, proto, r)
 	if err != nil {
@@ -259,22 +258,18 @@ func appendXTTarget(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]exp
 		if r.ToPort == 0 || !r.OnIP.IsUnspecified() || r.OnIP.Is4() != (f == iptables.IPv4) {
 			return nil, fmt.Errorf("TPROXY to %s port %d: not the family's unspecified address and a port", r.OnIP, r.ToPort)
 		}
-		return append(out, xtTarget("TPROXY", tproxyRev, tproxyInfo(r.ToPort, r.Mark))), nil
+		info := tproxyInfo(r.ToPort, r.Mark)
+		return append(out, &expr.Target{Name: "TPROXY", Rev: tproxyRev, Info: &info}), nil
 	case iptables.TargetCT:
 		if r.Zone == 0 {
 			return nil, errors.New("CT into zone 0")
 		}
-		return append(out, xtTarget("CT", ctRev, ctInfo(r.Zone))), nil
+		return append(out, &expr.Target{Name: "CT", Rev: ctRev, Info: new(ctInfo(r.Zone))}), nil
 	}
 	if !iptables.IsOurChain(r.Target) {
 		return nil, fmt.Errorf("target %q is not one of ours", r.Target)
 	}
 	return append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target}), nil
-}
-
-func xtTarget(name string, rev uint32, info []byte) *expr.Target {
-	i := xt.Unknown(info)
-	return &expr.Target{Name: name, Rev: rev, Info: &i}
 }
 
 // ctStateMasks are the conntrack match's state masks for the state lists we write
@@ -300,8 +295,8 @@ func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
 
 // tproxyInfo is xt_tproxy_target_info_v1 (hand-laid: google/nftables' xt has no TPROXY type):
 // the mark under a full mask, the unspecified address (keep the destination) and the port.
-func tproxyInfo(p uint16, mark uint32) []byte {
-	b := make([]byte, tproxyInfoLen)
+func tproxyInfo(p uint16, mark uint32) xt.Unknown {
+	b := make(xt.Unknown, tproxyInfoLen)
 	binary.NativeEndian.PutUint32(b[0:], 0xffffffff) // mark_mask
 	binary.NativeEndian.PutUint32(b[4:], mark)       // mark_value
 	binary.BigEndian.PutUint16(b[24:], p)            // lport, after the 16 bytes of laddr
@@ -310,15 +305,10 @@ func tproxyInfo(p uint16, mark uint32) []byte {
 
 // ctInfo is xt_ct_target_info_v1 (hand-laid: google/nftables' xt has no CT type) setting the
 // zone alone; the trailing pointer is the kernel's.
-func ctInfo(zone uint16) []byte {
-	b := make([]byte, ctInfoLen)
+func ctInfo(zone uint16) xt.Unknown {
+	b := make(xt.Unknown, ctInfoLen)
 	binary.NativeEndian.PutUint16(b[2:], zone)
 	return b
-}
-
-func xtMatch(name string, rev uint32, info []byte) *expr.Match {
-	i := xt.Unknown(info)
-	return &expr.Match{Name: name, Rev: rev, Info: &i}
 }
 
 func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
@@ -364,8 +354,8 @@ func addrMatch(out []expr.Any, pool *exprPool, f iptables.Family, p netip.Prefix
 }
 
 // ownerInfo is xt_owner_match_info matching one UID (what XT_OWNER_UID) or GID.
-func ownerInfo(what byte, id uint32) []byte {
-	b := make([]byte, ownerInfoLen)
+func ownerInfo(what byte, id uint32) xt.Unknown {
+	b := make(xt.Unknown, ownerInfoLen)
 	off := 0 // uid_min, uid_max
 	if what == xtOwnerGID {
 		off = 8 // gid_min, gid_max
@@ -378,8 +368,8 @@ func ownerInfo(what byte, id uint32) []byte {
 
 // multiportInfo is xt_multiport_v1 matching the destination ports: a range takes two slots, its
 // first flagged in pflags.
-func multiportInfo(ports []iptables.PortRange) ([]byte, error) {
-	b := make([]byte, multiportLen)
+func multiportInfo(ports []iptables.PortRange) (xt.Unknown, error) {
+	b := make(xt.Unknown, multiportLen)
 	b[0] = xtMultiportDst
 	n := 0
 	put := func(p uint16) error {
