@@ -443,7 +443,8 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 	b.u32(unix.NFTA_SET_KEY_LEN, uint32(keyLen))
 	b.u32(unix.NFTA_SET_ID, id)
 	desc := b.nest(unix.NFTA_SET_DESC)
-	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(elementCount(s.Elements)))
+	size := len(b.b) + 4 // where the value goes, once the elements below are counted
+	b.u32(unix.NFTA_SET_DESC_SIZE, 0)
 	b.close(desc)
 	// Key byte order "big endian", as nft records it, so `nft list` prints the keys.
 	b.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
@@ -454,8 +455,9 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 	// The elements the way nft lays intervals out: each interval as its first key and, flagged
 	// as an interval end, the key after its last (none when it runs to the top of the key
 	// space); the first preceded by an end marker at zero when it starts above zero.
-	open, list, from := false, 0, 0
+	open, list, from, n := false, 0, 0, 0
 	elem := func(key []byte, end bool) {
+		n++
 		el := b.nest(unix.NFTA_LIST_ELEM)
 		k := b.nest(unix.NFTA_SET_ELEM_KEY)
 		b.attr(unix.NFTA_DATA_VALUE, key)
@@ -484,20 +486,7 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 			open = false
 		}
 	}
-}
-
-// elementCount is how many set elements the intervals take (see addSet).
-func elementCount(ivs []iptables.NFTInterval) int {
-	n := len(ivs)
-	if n > 0 && !isZero(ivs[0].First) {
-		n++
-	}
-	for _, iv := range ivs {
-		if _, ok := iv.After(); ok {
-			n++
-		}
-	}
-	return n
+	binary.BigEndian.PutUint32(b.b[size:], uint32(n))
 }
 
 // jumpTarget is the chain the rule's verdict jumps or goes to, or "".
