@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 )
@@ -287,6 +285,3 @@ func OurXTTables(ctx context.Context, f iptables.Family) ([]string, error) {
 	}
 	return out, nil
 }
-
-// errVanished is an object the table list named that was gone when its detail was read.
-func errVanished(err error) bool { return errors.Is(err, unix.ENOENT) }

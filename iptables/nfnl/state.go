@@ -146,7 +146,7 @@ func read(src source, want func(*State) detail) (*State, error) {
 			return nil, err
 		}
 		looked, err := s.readDetail(src, want(s))
-		if err != nil && errVanished(err) && attempt < attempts {
+		if errors.Is(err, unix.ENOENT) && attempt < attempts {
 			continue // a table or set listed a moment ago was replaced meanwhile
 		}
 		if err != nil {

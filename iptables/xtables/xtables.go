@@ -75,29 +75,21 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
 	for _, f := range families {
-		b, err := findBinaries(commands[f], prefix, backend)
-		if err != nil {
-			return nil, err
+		cmd := commands[f]
+		b, ok := lookPair(cmd + prefix)
+		if !ok && prefix != "" {
+			// Fall back to the plain binaries, but only if they drive the same kernel backend.
+			if be, err := backendOf(cmd); err == nil && be == backend {
+				b, ok = lookPair(cmd)
+			}
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a plain %s that is %s to fall back on",
+				cmd, prefix, cmd, prefix, os.Getenv("PATH"), cmd, backend)
 		}
 		a.bins[f] = b
 	}
 	return a, nil
-}
-
-func findBinaries(cmd, suffix string, backend iptables.Backend) (binaries, error) {
-	if b, ok := lookPair(cmd + suffix); ok {
-		return b, nil
-	}
-	if suffix != "" {
-		// Fall back to the plain binaries, but only if they drive the same kernel backend.
-		if b, err := backendOf(cmd); err == nil && b == backend {
-			if b, ok := lookPair(cmd); ok {
-				return b, nil
-			}
-		}
-	}
-	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a plain %s that is %s to fall back on",
-		cmd, suffix, cmd, suffix, os.Getenv("PATH"), cmd, backend)
 }
 
 // lookPair finds name-restore and name-save, the second first beside the first (one package):
