@@ -219,11 +219,10 @@ func attrs(m netlink.Message) (*netlink.AttributeDecoder, error) {
 
 func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		ad.ByteOrder = binary.BigEndian
 	}
-	ad.ByteOrder = binary.BigEndian
-	return ad, nil
+	return ad, err
 }
 
 // eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.

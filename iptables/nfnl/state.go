@@ -1,9 +1,8 @@
 package nfnl
 
-// The one read of kernel state: the generation and the table list in one round trip (all a fresh
-// namespace costs), then the detail of the tables that matter. google/nftables' Conn cannot read
-// the generation in the same round trip, and skips expressions it does not know, so that someone
-// else's rule could pass for ours; expressions themselves are decoded by google/nftables.
+// The one read of kernel state (see the package comment): the generation and the table list in
+// one round trip, which google/nftables' Conn cannot do (all a fresh namespace costs), then the
+// detail of the tables that matter, expressions decoded by google/nftables.
 
 import (
 	"errors"
@@ -80,13 +79,8 @@ type chain struct {
 	policy   uint32
 }
 
-func (t *ruleTable) chain(name string) *chain {
-	for i := range t.chains {
-		if t.chains[i].name == name {
-			return &t.chains[i]
-		}
-	}
-	return nil
+func (t *ruleTable) hasChain(name string) bool {
+	return slices.ContainsFunc(t.chains, func(c chain) bool { return c.name == name })
 }
 
 // rule is one rule read back.

@@ -115,9 +115,8 @@ func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) 
 }
 
 // exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
-// while it is laid out: a batch marshals each rule before it encodes the next, which reuses
-// them. Without it, a thousand rules allocated 100 KB of expressions that lived for one rule
-// each.
+// while it is laid out: a batch marshals each rule before it encodes the next, which reuses them
+// (a thousand rules allocated 100 KB of expressions that lived for one rule each).
 type exprPool struct {
 	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
 	ncmp    int
