@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 )
@@ -61,14 +59,14 @@ func (a *Applier) Apply(ctx context.Context, rs *iptables.Ruleset) (iptables.Res
 	if rs == nil {
 		return iptables.Result{}, fmt.Errorf("%s: no ruleset", a.op("write"))
 	}
-	changed, err := transact(ctx, a.op("write"), a.applyDetail(rs), func(s *State) *Batch { return a.applyBatch(s, rs) })
+	changed, err := transact(ctx, a.op("write"), a.want(rs), func(s *State) *Batch { return a.batch(s, rs) })
 	return iptables.Result{Changed: changed}, err
 }
 
 // Cleanup removes our rules from every backend the applier covers, in one transaction. It
 // succeeds when there is nothing to remove.
 func (a *Applier) Cleanup(ctx context.Context) error {
-	_, err := transact(ctx, a.op("remove"), a.cleanupDetail, a.cleanupBatch)
+	_, err := transact(ctx, a.op("remove"), a.want(nil), func(s *State) *Batch { return a.batch(s, nil) })
 	return err
 }
 
@@ -76,11 +74,7 @@ func (a *Applier) Cleanup(ctx context.Context) error {
 // When the state in place cannot be read (no privilege, for one), it is the batch for a
 // namespace holding no tables, which says why.
 func (a *Applier) BatchFor(ctx context.Context, rs *iptables.Ruleset) *Batch {
-	want := a.cleanupDetail
-	if rs != nil {
-		want = a.applyDetail(rs)
-	}
-	s, err := readOnce(ctx, want)
+	s, err := readOnce(ctx, a.want(rs))
 	if err != nil {
 		why := errclass.Netlink("read the nf_tables ruleset", err)
 		var ce *iptables.CapabilityError
@@ -98,21 +92,14 @@ func (a *Applier) PlanFresh(rs *iptables.Ruleset, why string) *Batch {
 	return a.batch(emptyState(why), rs)
 }
 
-// batch is the batch Apply (rs non-nil) or Cleanup (rs nil) plans from s.
-func (a *Applier) batch(s *State, rs *iptables.Ruleset) *Batch {
-	if rs == nil {
-		return a.cleanupBatch(s)
-	}
-	return a.applyBatch(s, rs)
-}
-
-// applyDetail is what a write of rs needs to know beyond the table list: iptables-nft's tables
-// of ours when the applier writes or clears them, and the native table only when it may already
-// be rs's (it is deleted unread otherwise).
-func (a *Applier) applyDetail(rs *iptables.Ruleset) func(*State) detail {
+// want is what Apply of rs, or Cleanup (rs nil), needs to know beyond the table list:
+// iptables-nft's tables of ours when the applier writes or clears them (Cleanup deletes their
+// rules of ours one by one), and the native table only when a write may find it already rs's
+// (it is deleted unread otherwise; Cleanup deletes it whole).
+func (a *Applier) want(rs *iptables.Ruleset) func(*State) detail {
 	return func(*State) detail {
 		d := detail{xt: a.covered(iptables.BackendNFT)}
-		if a.covers[0] == iptables.BackendNFTables {
+		if rs != nil && a.covers[0] == iptables.BackendNFTables {
 			d.native, d.nativeIf = true, nativeReadWorthIt(rs)
 		}
 		return d
@@ -124,31 +111,19 @@ func (a *Applier) readDetail(*State) detail {
 	return detail{xt: a.covered(iptables.BackendNFT), native: a.covered(iptables.BackendNFTables)}
 }
 
-// cleanupDetail is what Cleanup needs: iptables-nft's tables, whose rules of ours it deletes
-// one by one; the native table goes whole, so that it exists is enough.
-func (a *Applier) cleanupDetail(*State) detail {
-	return detail{xt: a.covered(iptables.BackendNFT)}
-}
-
-func (a *Applier) applyBatch(s *State, rs *iptables.Ruleset) *Batch {
+// batch is the batch Apply (rs non-nil) or Cleanup (rs nil) plans from s: the first backend
+// written, the others cleared.
+func (a *Applier) batch(s *State, rs *iptables.Ruleset) *Batch {
 	b := newBatch(s)
 	for i, c := range a.covers {
 		switch {
-		case i == 0 && c == iptables.BackendNFT:
-			s.writeXT(b, rs)
-		case i == 0:
-			s.writeNative(b, rs)
-		default:
+		case i > 0 || rs == nil:
 			s.remove(b, c)
+		case c == iptables.BackendNFT:
+			s.writeXT(b, rs)
+		default:
+			s.writeNative(b, rs)
 		}
-	}
-	return b
-}
-
-func (a *Applier) cleanupBatch(s *State) *Batch {
-	b := newBatch(s)
-	for _, c := range a.covers {
-		s.remove(b, c)
 	}
 	return b
 }
@@ -310,6 +285,3 @@ func OurXTTables(ctx context.Context, f iptables.Family) ([]string, error) {
 	}
 	return out, nil
 }
-
-// errVanished is an object the table list named that was gone when its detail was read.
-func errVanished(err error) bool { return errors.Is(err, unix.ENOENT) }

@@ -58,7 +58,7 @@ func (w what) String() string {
 	}
 	if w.xt != nil {
 		r := w.xt.Rule()
-		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName(w.fam), w.xt.TableName(), r.Chain, r.Spec), " ")
+		return strings.TrimRight(fmt.Sprintf("add rule %s %s %s %s", famName[w.fam], w.xt.TableName(), r.Chain, r.Spec), " ")
 	}
 	if w.set != nil {
 		part := *w.set
@@ -89,9 +89,8 @@ func (b *Batch) marker(typ uint16) {
 func (b *Batch) Len() int { return len(b.what) }
 
 // grow makes room for n more messages of about size bytes in all. The buffer is made, not grown
-// with slices.Grow, which zeroes the room it adds and so touches every page of it at once; a
-// large make gets memory the kernel has just zeroed, whose pages are touched, and paid for, only
-// as far as messages fill them.
+// with slices.Grow, which zeroes the room it adds, touching every page of it at once: a large
+// make gets pages the kernel has zeroed, touched and paid for only as messages fill them.
 func (b *Batch) grow(n, size int) {
 	b.what = slices.Grow(b.what, n)
 	if cap(b.b)-len(b.b) < size {
@@ -109,9 +108,7 @@ func (b *Batch) add(w what) {
 }
 
 // fail records the batch's first error.
-func (b *Batch) fail(err error) {
-	b.err = cmp.Or(b.err, err)
-}
+func (b *Batch) fail(err error) { b.err = cmp.Or(b.err, err) }
 
 // String prints the transaction: a comment line saying what it was planned from, then every
 // message, one a line, in the order the kernel applies them.

@@ -97,7 +97,7 @@ func (s *State) writeXTTable(b *Batch, f iptables.Family, tbl iptables.XTTable, 
 func writeXTChains(b *Batch, f iptables.Family, t *ruleTable, tbl iptables.XTTable, chains []iptables.PlanChain, all []iptables.XTRule) {
 	fam := xtFamily(f)
 	for _, c := range chains {
-		if t.chain(c.Hook.Builtin) == nil {
+		if !t.hasChain(c.Hook.Builtin) {
 			addBaseChain(b, fam, tbl, c.Hook)
 		}
 	}
@@ -111,7 +111,7 @@ func writeXTChains(b *Batch, f iptables.Family, t *ruleTable, tbl iptables.XTTab
 		rules := all[max(start, 0):max(end, 0)]
 		have := t.rules[c.Name]
 		switch {
-		case t.chain(c.Name) == nil:
+		case !t.hasChain(c.Name):
 			addChain(b, fam, tbl.Name, c.Name)
 		case sameXT(f, rules, have):
 			continue
@@ -184,11 +184,9 @@ func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) 
 		}
 	}
 	for _, c := range chains {
-		b.begin(unix.NFT_MSG_DELCHAIN, 0, fam)
-		b.str(unix.NFTA_CHAIN_TABLE, name)
-		b.str(unix.NFTA_CHAIN_NAME, c)
+		b.beginIn(unix.NFT_MSG_DELCHAIN, 0, fam, name, unix.NFTA_CHAIN_NAME, c)
 		b.add(what{del: true, render: func() string {
-			return fmt.Sprintf("delete chain %s %s %s", famName(fam), name, c)
+			return fmt.Sprintf("delete chain %s %s %s", famName[fam], name, c)
 		}})
 	}
 }
@@ -197,16 +195,14 @@ func dropChains(b *Batch, fam byte, name string, t *ruleTable, chains []string) 
 func addTable(b *Batch, fam byte, name string) {
 	b.begin(unix.NFT_MSG_NEWTABLE, netlink.Create, fam)
 	b.str(unix.NFTA_TABLE_NAME, name)
-	b.add(what{text: "add table " + famName(fam) + " " + name})
+	b.add(what{text: "add table " + famName[fam] + " " + name})
 }
 
 // addChain creates a regular chain.
 func addChain(b *Batch, fam byte, tableName, name string) {
-	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-	b.str(unix.NFTA_CHAIN_TABLE, tableName)
-	b.str(unix.NFTA_CHAIN_NAME, name)
+	b.beginIn(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam, tableName, unix.NFTA_CHAIN_NAME, name)
 	b.add(what{render: func() string {
-		return fmt.Sprintf("add chain %s %s %s", famName(fam), tableName, name)
+		return fmt.Sprintf("add chain %s %s %s", famName[fam], tableName, name)
 	}})
 }
 
@@ -252,27 +248,27 @@ func (s *State) removeNative(b *Batch) {
 // the hook, the table's priority, policy accept, and no counters, exactly as iptables-nft
 // creates it. (A chain at another priority makes iptables-nft call the table incompatible.)
 func addBaseChain(b *Batch, fam byte, tbl iptables.XTTable, hook iptables.Hook) {
-	b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam)
-	b.str(unix.NFTA_CHAIN_TABLE, tbl.Name)
-	b.str(unix.NFTA_CHAIN_NAME, hook.Builtin)
-	baseChain(&b.wbuf, tbl.ChainType, hook.Number, int32(tbl.Priority))
+	b.beginBaseChain(fam, tbl.Name, hook.Builtin, tbl.ChainType, hook.Number, int32(tbl.Priority))
 	b.add(what{render: func() string {
 		typ := ""
 		if tbl.ChainType != "nat" {
 			typ = tbl.ChainType
 		}
 		h := iptables.NFTChain{Hook: hook, Priority: tbl.Priority, Type: typ}.Header()
-		return fmt.Sprintf("add chain %s %s %s { %s }", famName(fam), tbl.Name, hook.Builtin, h)
+		return fmt.Sprintf("add chain %s %s %s { %s }", famName[fam], tbl.Name, hook.Builtin, h)
 	}})
 }
 
-func baseChain(w *wbuf, typ string, hook uint32, priority int32) {
-	h := w.nest(unix.NFTA_CHAIN_HOOK)
-	w.u32(unix.NFTA_HOOK_HOOKNUM, hook)
-	w.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
-	w.close(h)
-	w.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
-	w.str(unix.NFTA_CHAIN_TYPE, typ)
+// beginBaseChain begins a message creating a base chain of type typ: the hook at that priority,
+// policy accept.
+func (b *Batch) beginBaseChain(fam byte, table, name, typ string, hook uint32, priority int32) {
+	b.beginIn(unix.NFT_MSG_NEWCHAIN, netlink.Create, fam, table, unix.NFTA_CHAIN_NAME, name)
+	h := b.nest(unix.NFTA_CHAIN_HOOK)
+	b.u32(unix.NFTA_HOOK_HOOKNUM, hook)
+	b.u32(unix.NFTA_HOOK_PRIORITY, uint32(priority))
+	b.close(h)
+	b.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
+	b.str(unix.NFTA_CHAIN_TYPE, typ)
 }
 
 // addXT appends r to its chain.
@@ -293,23 +289,19 @@ func addXT(b *Batch, f iptables.Family, r *iptables.XTRule) {
 }
 
 // beginRule begins a message appending a rule of exprs to a chain.
-func (b *Batch) beginRule(fam byte, tableName, chainName string, exprs []expr.Any) {
-	b.begin(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam)
-	b.str(unix.NFTA_RULE_TABLE, tableName)
-	b.str(unix.NFTA_RULE_CHAIN, chainName)
+func (b *Batch) beginRule(fam byte, table, chain string, exprs []expr.Any) {
+	b.beginIn(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, fam, table, unix.NFTA_RULE_CHAIN, chain)
 	b.expressions(fam, exprs)
 }
 
 // ruleBytes is about what one of our iptables-nft rules takes (its comment alone is 300 bytes).
 const ruleBytes = 640
 
-// expressions adds a rule's expression list, each expression's data marshalled by
-// google/nftables (MarshalExprData: its Marshal would copy it into a buffer of its own with the
-// name), the shared ones once per process and family (Batch.marshal), except the xtables matches
-// and targets and the comparisons, laid out here as google/nftables lays them out (see the
-// package comment): its marshalling allocates four times for each comparison, and marshals an
-// xtables info, then the three attributes, then hands a copy to be copied again, which with a
-// 256-byte comment on every rule was a third of what a 1,000-rule batch allocated.
+// expressions adds a rule's expression list: each expression's data as google/nftables'
+// MarshalExprData gives it (its Marshal copies it once more, with the name), the shared ones once
+// per process and family (Batch.marshal), but the xtables matches and targets and the comparisons
+// laid out here as it lays them out (see the package comment): its marshalling of them, which
+// copies an xtables info three times, was a third of what a 1,000-rule batch allocated.
 func (b *Batch) expressions(fam byte, exprs []expr.Any) {
 	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, e := range exprs {
@@ -381,17 +373,15 @@ func (b *Batch) marshal(fam byte, e expr.Any) []byte {
 // deleteRule deletes a rule by its handle, or, with handle 0 (the kernel's handles start at 1),
 // every rule of the chain: flush.
 func deleteRule(b *Batch, fam byte, tableName, chainName string, handle uint64) {
-	b.begin(unix.NFT_MSG_DELRULE, 0, fam)
-	b.str(unix.NFTA_RULE_TABLE, tableName)
-	b.str(unix.NFTA_RULE_CHAIN, chainName)
+	b.beginIn(unix.NFT_MSG_DELRULE, 0, fam, tableName, unix.NFTA_RULE_CHAIN, chainName)
 	if handle != 0 {
 		b.attr(unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, handle))
 	}
 	b.add(what{del: true, render: func() string {
 		if handle == 0 {
-			return fmt.Sprintf("flush chain %s %s %s", famName(fam), tableName, chainName)
+			return fmt.Sprintf("flush chain %s %s %s", famName[fam], tableName, chainName)
 		}
-		return fmt.Sprintf("delete rule %s %s %s handle %d", famName(fam), tableName, chainName, handle)
+		return fmt.Sprintf("delete rule %s %s %s handle %d", famName[fam], tableName, chainName, handle)
 	}})
 }
 
@@ -413,10 +403,7 @@ func addNativeTable(b *Batch, t iptables.NFTTable) {
 		addSet(b, &t.Sets[i], b.setID)
 	}
 	for _, c := range t.Chains {
-		b.begin(unix.NFT_MSG_NEWCHAIN, netlink.Create, famInet)
-		b.str(unix.NFTA_CHAIN_TABLE, tbl)
-		b.str(unix.NFTA_CHAIN_NAME, c.Name)
-		baseChain(&b.wbuf, cmp.Or(c.Type, "nat"), c.Hook.Number, int32(c.Priority))
+		b.beginBaseChain(famInet, tbl, c.Name, cmp.Or(c.Type, "nat"), c.Hook.Number, int32(c.Priority))
 		b.add(what{render: func() string { return fmt.Sprintf("add chain inet %s %s { %s }", tbl, c.Name, c.Header()) }})
 		for _, r := range c.Rules {
 			exprs, err := nativeExprs(r, setIDs)
@@ -448,15 +435,14 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 			return
 		}
 	}
-	b.begin(unix.NFT_MSG_NEWSET, netlink.Create, famInet)
-	b.str(unix.NFTA_SET_TABLE, tbl)
-	b.str(unix.NFTA_SET_NAME, s.Name)
+	b.beginIn(unix.NFT_MSG_NEWSET, netlink.Create, famInet, tbl, unix.NFTA_SET_NAME, s.Name)
 	b.u32(unix.NFTA_SET_FLAGS, unix.NFT_SET_CONSTANT|unix.NFT_SET_INTERVAL)
 	b.u32(unix.NFTA_SET_KEY_TYPE, typ)
 	b.u32(unix.NFTA_SET_KEY_LEN, uint32(keyLen))
 	b.u32(unix.NFTA_SET_ID, id)
 	desc := b.nest(unix.NFTA_SET_DESC)
-	b.u32(unix.NFTA_SET_DESC_SIZE, uint32(elementCount(s.Elements)))
+	size := len(b.b) + 4 // where the value goes, once the elements below are counted
+	b.u32(unix.NFTA_SET_DESC_SIZE, 0)
 	b.close(desc)
 	// Key byte order "big endian", as nft records it, so `nft list` prints the keys.
 	b.attr(unix.NFTA_SET_USERDATA, userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 2))
@@ -467,8 +453,9 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 	// The elements the way nft lays intervals out: each interval as its first key and, flagged
 	// as an interval end, the key after its last (none when it runs to the top of the key
 	// space); the first preceded by an end marker at zero when it starts above zero.
-	open, list, from := false, 0, 0
+	open, list, from, n := false, 0, 0, 0
 	elem := func(key []byte, end bool) {
+		n++
 		el := b.nest(unix.NFTA_LIST_ELEM)
 		k := b.nest(unix.NFTA_SET_ELEM_KEY)
 		b.attr(unix.NFTA_DATA_VALUE, key)
@@ -480,9 +467,7 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 	}
 	for i, iv := range s.Elements {
 		if !open {
-			b.begin(unix.NFT_MSG_NEWSETELEM, netlink.Create, famInet)
-			b.str(unix.NFTA_SET_ELEM_LIST_TABLE, tbl)
-			b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+			b.beginIn(unix.NFT_MSG_NEWSETELEM, netlink.Create, famInet, tbl, unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 			b.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, id)
 			open, list, from = true, b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS), i
 		}
@@ -499,20 +484,7 @@ func addSet(b *Batch, s *iptables.NFTSet, id uint32) {
 			open = false
 		}
 	}
-}
-
-// elementCount is how many set elements the intervals take (see addSet).
-func elementCount(ivs []iptables.NFTInterval) int {
-	n := len(ivs)
-	if n > 0 && !isZero(ivs[0].First) {
-		n++
-	}
-	for _, iv := range ivs {
-		if _, ok := iv.After(); ok {
-			n++
-		}
-	}
-	return n
+	binary.BigEndian.PutUint32(b.b[size:], uint32(n))
 }
 
 // jumpTarget is the chain the rule's verdict jumps or goes to, or "".

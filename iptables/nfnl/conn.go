@@ -137,6 +137,14 @@ func (w *wbuf) begin(typ uint16, flags netlink.HeaderFlags, family byte) {
 	w.b = append(w.b, family, unix.NFNETLINK_V0, 0, 0)
 }
 
+// beginIn begins a message about the object name (attribute attr) of table, which is attribute
+// 1 of chains, rules, sets and element lists alike (NFTA_*_TABLE).
+func (w *wbuf) beginIn(typ uint16, fl netlink.HeaderFlags, fam byte, table string, attr uint16, name string) {
+	w.begin(typ, fl, fam)
+	w.str(unix.NFTA_RULE_TABLE, table)
+	w.str(attr, name)
+}
+
 // header starts a message with its netlink header: the length is set by end, the port id is the
 // kernel's to fill in, and sequence numbers count from 1.
 func (w *wbuf) header(typ uint16, flags netlink.HeaderFlags) {
@@ -211,11 +219,10 @@ func attrs(m netlink.Message) (*netlink.AttributeDecoder, error) {
 
 func decoder(b []byte) (*netlink.AttributeDecoder, error) {
 	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		ad.ByteOrder = binary.BigEndian
 	}
-	ad.ByteOrder = binary.BigEndian
-	return ad, nil
+	return ad, err
 }
 
 // eachMsgAttr calls f on each attribute of an nf_tables message, and eachAttr on each of b.

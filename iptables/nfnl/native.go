@@ -194,17 +194,10 @@ func (s set) model() iptables.NFTSet {
 		}
 		out.Flags = cmp.Or(strings.Join(f, ","), "none")
 	}
-	if s.flags&unix.NFT_SET_INTERVAL == 0 { // a plain set: every element is a single key
-		for _, e := range s.elems {
-			out.Elements = append(out.Elements, iptables.NFTInterval{First: e.key, Last: e.key})
-		}
-		out.Elements = iptables.NormalizeIntervals(out.Elements)
-		return out
-	}
 	// Sort by key; at equal keys an interval end (of the previous interval) comes before a
 	// start. Then each start pairs with the end that follows it (the key after its last one); a
-	// start with no end runs to the top of the key space; stray ends (nft's leading zero marker)
-	// carry no interval.
+	// start with no end runs to the top of the key space (in a plain set, every element is a
+	// single key); stray ends (nft's leading zero marker) carry no interval.
 	sorted := slices.Clone(s.elems)
 	sort.SliceStable(sorted, func(i, j int) bool {
 		if c := bytes.Compare(sorted[i].key, sorted[j].key); c != 0 {
@@ -217,7 +210,10 @@ func (s set) model() iptables.NFTSet {
 		if e.end {
 			continue
 		}
-		last := bytes.Repeat([]byte{0xff}, len(e.key))
+		last := e.key
+		if s.flags&unix.NFT_SET_INTERVAL != 0 {
+			last = bytes.Repeat([]byte{0xff}, len(e.key))
+		}
 		if i+1 < len(sorted) && sorted[i+1].end {
 			last = decrement(sorted[i+1].key)
 			i++
@@ -239,109 +235,67 @@ func decrement(k []byte) []byte {
 	return out
 }
 
-// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs.
+// nativeRule maps a rule's expressions back onto the model: the inverse of nativeExprs. What the
+// model does not hold shows as an unknown match, so a diff reports it.
 func nativeRule(r rule) iptables.NFTRule {
-	d := &nativeReader{ex: r.exprs, out: iptables.NFTRule{Comment: r.comment}}
+	out := iptables.NFTRule{Comment: r.comment}
+	unknown := func(name string) {
+		out.Matches = append(out.Matches, iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: name})
+	}
 	if r.foreign != "" {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "expression " + r.foreign})
+		unknown("expression " + r.foreign)
 	}
-	ex := r.exprs
-	for i := 0; i < len(ex); i++ {
-		// meta load + cmp eq: the start of most matches.
-		if m, ok := ex[i].(*expr.Meta); ok && !m.SourceRegister && i+1 < len(ex) {
-			i = d.readMeta(m, i)
-			continue
+	verdict := false // a verdict of ours, the rule's last statement
+	for i := 0; i < len(r.exprs) && !verdict; i++ {
+		if m, n := readMatch(r.exprs[i:]); n > 0 {
+			out.Matches = append(out.Matches, m)
+			i += n - 1
+		} else if verdict = readVerdict(&out, r.exprs[i:]); !verdict {
+			unknown(fmt.Sprintf("%T%+v", r.exprs[i], r.exprs[i]))
 		}
-		if d.readCTState(i) {
-			i += 2
-			continue
-		}
-		if d.readVerdict(ex[i:]) {
-			break // a verdict is the rule's last statement
-		}
-		d.unknown(ex[i])
 	}
-	if !d.verdict {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: "no verdict of ours"})
+	if !verdict {
+		unknown("no verdict of ours")
 	}
-	return d.out
+	return out
 }
 
-// nativeReader holds a rule being read back: its expressions and the model built so far.
-type nativeReader struct {
-	ex      []expr.Any
-	out     iptables.NFTRule
-	verdict bool // the rule ends in a verdict of ours
-}
-
-func (d *nativeReader) match(m iptables.NFTMatch) { d.out.Matches = append(d.out.Matches, m) }
-
-// unknown records an expression the model does not hold, so it shows in a diff.
-func (d *nativeReader) unknown(e expr.Any) {
-	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchUnknown, Name: fmt.Sprintf("%T%+v", e, e)})
-}
-
-// readMeta reads the meta load m at ex[i] and the comparison after it, and what follows them
-// when the pair is a protocol dependency; it returns the index of the last expression it read.
-func (d *nativeReader) readMeta(m *expr.Meta, i int) int {
-	c, ok := d.ex[i+1].(*expr.Cmp)
-	if !ok || c.Op != expr.CmpOpEq || c.Register != m.Register {
-		d.unknown(m)
-		return i
+// readMatch reads the match ex starts with, and says how many expressions it takes (0: none of
+// ours): a ct state match, or a meta load and its comparison, which for a protocol dependency
+// nft adds may go on with an address's or port's load and its lookup or comparison.
+func readMatch(ex []expr.Any) (iptables.NFTMatch, int) {
+	if m, ok := readCTState(ex); ok {
+		return m, 3
 	}
-	i++
-	l4 := func(proto byte) bool { return m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1 && c.Data[0] == proto }
-	switch {
-	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1:
-		return d.readNFProto(c, i)
-	case l4(unix.IPPROTO_TCP) || l4(unix.IPPROTO_UDP):
-		return d.readL4Proto(m, c, i)
+	m, ok := ex[0].(*expr.Meta)
+	c, ok2 := next[*expr.Cmp](ex, 1)
+	if !ok || !ok2 || m.SourceRegister || c.Op != expr.CmpOpEq || c.Register != m.Register {
+		return iptables.NFTMatch{}, 0
+	}
+	switch l4 := m.Key == expr.MetaKeyL4PROTO && len(c.Data) == 1; {
+	case m.Key == expr.MetaKeyNFPROTO && len(c.Data) == 1 && familyOf[c.Data[0]] != "":
+		fam := familyOf[c.Data[0]]
+		if kind, set, ok := addrLookup(ex, 2, fam); ok {
+			return iptables.NFTMatch{Kind: kind, Family: fam, Set: set}, 4
+		}
+		return iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam}, 2
+	case l4 && (c.Data[0] == unix.IPPROTO_TCP || c.Data[0] == unix.IPPROTO_UDP):
+		if pm, ok := portMatch(ex, 2, c.Data[0] == unix.IPPROTO_TCP); ok {
+			return pm, 4
+		}
+		if c.Data[0] == unix.IPPROTO_TCP {
+			return iptables.NFTMatch{Kind: iptables.NFTMatchTCP}, 2
+		}
 	case m.Key == expr.MetaKeySKUID && len(c.Data) == 4:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchSkUID, ID: binary.NativeEndian.Uint32(c.Data)}, 2
 	case m.Key == expr.MetaKeySKGID && len(c.Data) == 4:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchSkGID, ID: binary.NativeEndian.Uint32(c.Data)}, 2
 	case m.Key == expr.MetaKeyOIFNAME && len(c.Data) == unix.IFNAMSIZ:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
+		return iptables.NFTMatch{Kind: iptables.NFTMatchOIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))}, 2
 	case m.Key == expr.MetaKeyIIFNAME && len(c.Data) == unix.IFNAMSIZ:
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))})
-	default:
-		d.unknown(m)
-		d.unknown(c)
+		return iptables.NFTMatch{Kind: iptables.NFTMatchIIFName, Name: string(bytes.TrimRight(c.Data, "\x00"))}, 2
 	}
-	return i
-}
-
-// readNFProto reads a family comparison c at ex[i]: alone, a family match; followed by an
-// address lookup, the dependency nft adds for it.
-func (d *nativeReader) readNFProto(c *expr.Cmp, i int) int {
-	fam := familyOf(c.Data[0])
-	if fam == "" {
-		d.unknown(c)
-		return i
-	}
-	if kind, set, ok := addrLookup(d.ex, i+1, fam); ok {
-		d.match(iptables.NFTMatch{Kind: kind, Family: fam, Set: set})
-		return i + 2
-	}
-	d.match(iptables.NFTMatch{Kind: iptables.NFTMatchNFProto, Family: fam})
-	return i
-}
-
-// readL4Proto reads a tcp or udp comparison c at ex[i]: alone, "meta l4proto tcp"; followed by a
-// port's load and its lookup or comparison, the dependency nft adds for the port match.
-func (d *nativeReader) readL4Proto(m *expr.Meta, c *expr.Cmp, i int) int {
-	tcp := c.Data[0] == unix.IPPROTO_TCP
-	if pm, ok := portMatch(d.ex, i+1, tcp); ok {
-		d.match(pm)
-		return i + 2
-	}
-	if tcp {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchTCP})
-	} else {
-		d.unknown(m)
-		d.unknown(c)
-	}
-	return i
+	return iptables.NFTMatch{}, 0
 }
 
 // portMatch matches a transport port's load at ex[i] and the set lookup or comparison after it,
@@ -370,83 +324,56 @@ func portMatch(ex []expr.Any, i int, tcp bool) (iptables.NFTMatch, bool) {
 	return iptables.NFTMatch{Kind: kind, ID: uint32(binary.BigEndian.Uint16(pc.Data))}, true
 }
 
-// readCTState reads a ct state match at ex[i:]: ct load state, bitwise mask, cmp neq 0.
-func (d *nativeReader) readCTState(i int) bool {
-	ex := d.ex
-	ct, ok := ex[i].(*expr.Ct)
-	if !ok || ct.SourceRegister || ct.Key != expr.CtKeySTATE || i+2 >= len(ex) {
-		return false
+// readCTState reads a ct state match at the start of ex: ct load state, bitwise mask, cmp neq 0.
+func readCTState(ex []expr.Any) (iptables.NFTMatch, bool) {
+	ct, ok := ex[0].(*expr.Ct)
+	bw, ok1 := next[*expr.Bitwise](ex, 1)
+	c, ok2 := next[*expr.Cmp](ex, 2)
+	if ok && ok1 && ok2 && !ct.SourceRegister && ct.Key == expr.CtKeySTATE && bw.Len == 4 && len(bw.Mask) == 4 &&
+		len(bw.Xor) == 4 && isZero(bw.Xor) && bw.SourceRegister == ct.Register && bw.DestRegister == ct.Register &&
+		c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
+		return iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)}, true
 	}
-	bw, ok1 := ex[i+1].(*expr.Bitwise)
-	c, ok2 := ex[i+2].(*expr.Cmp)
-	if ok1 && ok2 && bw.Len == 4 && len(bw.Mask) == 4 && isZero(bw.Xor) && len(bw.Xor) == 4 && bw.SourceRegister == ct.Register &&
-		bw.DestRegister == ct.Register && c.Op == expr.CmpOpNeq && c.Register == ct.Register && len(c.Data) == 4 && isZero(c.Data) {
-		d.match(iptables.NFTMatch{Kind: iptables.NFTMatchCTState, ID: binary.NativeEndian.Uint32(bw.Mask)})
-		return true
-	}
-	return false
+	return iptables.NFTMatch{}, false
 }
 
-// readVerdict reads tail, the rule's last expressions, as one of our verdicts: return or drop;
-// an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate port,
-// tproxy, an immediate mark, meta mark set, accept.
-func (d *nativeReader) readVerdict(tail []expr.Any) bool {
-	var ok bool
-	switch len(tail) {
-	case 1:
-		ok = d.readReturnOrDrop(tail[0])
-	case 2:
-		ok = d.readRedirectOrZone(tail[0], tail[1])
-	case 5:
-		ok = d.readTPROXY(tail)
-	}
-	d.verdict = d.verdict || ok
-	return ok
-}
-
-func (d *nativeReader) readReturnOrDrop(e expr.Any) bool {
-	v, ok := e.(*expr.Verdict)
+// readVerdict reads tail, the rule's last expressions, as one of our verdicts into out: return or
+// drop; an immediate port and a redirect to it; an immediate zone and ct zone set; an immediate
+// port, tproxy, an immediate mark, meta mark set, accept.
+func readVerdict(out *iptables.NFTRule, tail []expr.Any) bool {
+	v, _ := tail[0].(*expr.Verdict)
+	im, _ := tail[0].(*expr.Immediate)
 	switch {
-	case ok && v.Kind == expr.VerdictReturn:
+	case len(tail) == 1 && v != nil && (v.Kind == expr.VerdictReturn || v.Kind == expr.VerdictDrop):
+		if v.Kind == expr.VerdictDrop {
+			out.Verdict = iptables.NFTDrop
+		}
 		return true
-	case ok && v.Kind == expr.VerdictDrop:
-		d.out.Verdict = iptables.NFTDrop
+	case len(tail) == 2 && im != nil && len(im.Data) == 2:
+		if rd, ok := tail[1].(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
+			(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
+			out.Verdict, out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
+			return true
+		}
+		if ct, ok := tail[1].(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
+			out.Verdict, out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
+			return true
+		}
+	case len(tail) == 5 && im != nil:
+		tp, ok1 := tail[1].(*expr.TProxy)
+		mk, ok2 := tail[2].(*expr.Immediate)
+		ms, ok3 := tail[3].(*expr.Meta)
+		ac, ok4 := tail[4].(*expr.Verdict)
+		if !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
+			!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
+			(tp.Family != unix.NFPROTO_UNSPEC && familyOf[tp.Family] == "") {
+			return false
+		}
+		out.Verdict, out.RedirectPort, out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
+		out.TPROXYFamily = familyOf[tp.Family]
 		return true
 	}
 	return false
-}
-
-func (d *nativeReader) readRedirectOrZone(first, second expr.Any) bool {
-	im, ok := first.(*expr.Immediate)
-	if !ok || len(im.Data) != 2 {
-		return false
-	}
-	if rd, ok := second.(*expr.Redir); ok && rd.RegisterProtoMin == im.Register &&
-		(rd.RegisterProtoMax == 0 || rd.RegisterProtoMax == im.Register) && rd.Flags == unix.NF_NAT_RANGE_PROTO_SPECIFIED {
-		d.out.Verdict, d.out.RedirectPort = iptables.NFTRedirect, binary.BigEndian.Uint16(im.Data)
-		return true
-	}
-	if ct, ok := second.(*expr.Ct); ok && ct.SourceRegister && ct.Key == expr.CtKeyZONE && ct.Register == im.Register {
-		d.out.Verdict, d.out.Zone = iptables.NFTZone, binary.NativeEndian.Uint16(im.Data)
-		return true
-	}
-	return false
-}
-
-func (d *nativeReader) readTPROXY(tail []expr.Any) bool {
-	im, ok0 := tail[0].(*expr.Immediate)
-	tp, ok1 := tail[1].(*expr.TProxy)
-	mk, ok2 := tail[2].(*expr.Immediate)
-	ms, ok3 := tail[3].(*expr.Meta)
-	ac, ok4 := tail[4].(*expr.Verdict)
-	if !ok0 || !ok1 || !ok2 || !ok3 || !ok4 || len(im.Data) != 2 || tp.RegPort != im.Register || tp.RegAddr != 0 || len(mk.Data) != 4 ||
-		!ms.SourceRegister || ms.Key != expr.MetaKeyMARK || ms.Register != mk.Register || ac.Kind != expr.VerdictAccept ||
-		(tp.Family != unix.NFPROTO_UNSPEC && familyOf(tp.Family) == "") {
-		return false
-	}
-	d.out.Verdict, d.out.RedirectPort, d.out.Mark = iptables.NFTTPROXY, binary.BigEndian.Uint16(im.Data), binary.NativeEndian.Uint32(mk.Data)
-	d.out.TPROXYFamily = familyOf(tp.Family)
-	return true
 }
 
 // addrLookup matches an address load and a lookup of it, at ex[i:], for family fam.
@@ -473,20 +400,13 @@ func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKin
 	return 0, "", false
 }
 
-func familyOf(b byte) iptables.Family {
-	switch b {
-	case famIP:
-		return iptables.IPv4
-	case famIP6:
-		return iptables.IPv6
-	}
-	return ""
-}
+// familyOf is the iptables family of an nf_tables family, "" for others.
+var familyOf = map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}
 
-// uint16At reads an integer of exactly that size, and 0 from anything else.
-func uint16At(b []byte, order binary.ByteOrder) uint16 {
+// uint16At reads a big-endian integer of exactly that size, and 0 from anything else.
+func uint16At(b []byte) uint16 {
 	if len(b) != 2 {
 		return 0
 	}
-	return order.Uint16(b)
+	return binary.BigEndian.Uint16(b)
 }

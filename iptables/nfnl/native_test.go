@@ -530,11 +530,11 @@ func TestStalePlanRefused(t *testing.T) {
 					return err0
 				}
 				defer c.close()
-				s, err0 := read(c, a.applyDetail(rs))
+				s, err0 := read(c, a.want(rs))
 				if err0 != nil {
 					return err0
 				}
-				b := a.applyBatch(s, rs)
+				b := a.batch(s, rs)
 				// Another writer, between our read and our write.
 				mustRun(t, n, "", "nft", "add table inet other")
 				err = c.commit(b)

@@ -153,18 +153,11 @@ func TestPlanFromRecordedStates(t *testing.T) {
 				{"apply nftables (chart defaults)", nativeApplier(), chartRules(t)},
 				{"cleanup", New(iptables.BackendNFT, iptables.BackendNFTables), nil},
 			} {
-				want := tg.a.cleanupDetail
-				if tg.rs != nil {
-					want = tg.a.applyDetail(tg.rs)
-				}
-				s, err := read(&replay{answers: loadRecording(t, path)}, want)
+				s, err := read(&replay{answers: loadRecording(t, path)}, tg.a.want(tg.rs))
 				if err != nil {
 					t.Fatalf("%s: read the recorded state: %v", tg.what, err)
 				}
-				b := tg.a.cleanupBatch(s)
-				if tg.rs != nil {
-					b = tg.a.applyBatch(s, tg.rs)
-				}
+				b := tg.a.batch(s, tg.rs)
 				if b.err != nil {
 					t.Fatalf("%s: %v", tg.what, b.err)
 				}

@@ -1,9 +1,8 @@
 package nfnl
 
-// The one read of kernel state: the generation and the table list in one round trip (all a fresh
-// namespace costs), then the detail of the tables that matter. google/nftables' Conn cannot read
-// the generation in the same round trip, and skips expressions it does not know, so that someone
-// else's rule could pass for ours; expressions themselves are decoded by google/nftables.
+// The one read of kernel state (see the package comment): the generation and the table list in
+// one round trip, which google/nftables' Conn cannot do (all a fresh namespace costs), then the
+// detail of the tables that matter, expressions decoded by google/nftables.
 
 import (
 	"errors"
@@ -80,13 +79,8 @@ type chain struct {
 	policy   uint32
 }
 
-func (t *ruleTable) chain(name string) *chain {
-	for i := range t.chains {
-		if t.chains[i].name == name {
-			return &t.chains[i]
-		}
-	}
-	return nil
+func (t *ruleTable) hasChain(name string) bool {
+	return slices.ContainsFunc(t.chains, func(c chain) bool { return c.name == name })
 }
 
 // rule is one rule read back.
@@ -146,7 +140,7 @@ func read(src source, want func(*State) detail) (*State, error) {
 			return nil, err
 		}
 		looked, err := s.readDetail(src, want(s))
-		if err != nil && errVanished(err) && attempt < attempts {
+		if errors.Is(err, unix.ENOENT) && attempt < attempts {
 			continue // a table or set listed a moment ago was replaced meanwhile
 		}
 		if err != nil {
@@ -309,14 +303,14 @@ func decodeChain(m netlink.Message) (chain, string, error) {
 // readRules reads the rules of one table. Each dump names its family: given a table name, the
 // kernel stops after the first table of that name, whatever the family.
 func (s *State) readRules(src source, fam byte, name string, t *ruleTable) error {
-	ans, err := src.exchange(request{key: "getrule " + famName(fam) + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
+	ans, err := src.exchange(request{key: "getrule " + famName[fam] + " " + name, typ: unix.NFT_MSG_GETRULE, flags: netlink.Dump, fam: fam, name: name})
 	if err != nil {
-		return fmt.Errorf("list the rules of table %s %s: %w", famName(fam), name, err)
+		return fmt.Errorf("list the rules of table %s %s: %w", famName[fam], name, err)
 	}
 	for _, m := range ans[0] {
 		r, tbl, ch, err := decodeRule(fam, m)
 		if err != nil {
-			return fmt.Errorf("decode a rule of table %s %s: %w", famName(fam), name, err)
+			return fmt.Errorf("decode a rule of table %s %s: %w", famName[fam], name, err)
 		}
 		if family(m) == fam && tbl == name {
 			t.rules[ch] = append(t.rules[ch], r)
@@ -534,6 +528,4 @@ func (st *set) decodeElements(m netlink.Message) error {
 }
 
 // famName is the name nft gives one of our tables' families.
-func famName(fam byte) string { return famNames[fam] }
-
-var famNames = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}
+var famName = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}

@@ -115,9 +115,8 @@ func encodeXT(f iptables.Family, r iptables.XTRule) ([]expr.Any, uint32, error) 
 }
 
 // exprPool lends the expressions of one rule of its own (comparisons, addresses, the comment)
-// while it is laid out: a batch marshals each rule before it encodes the next, which reuses
-// them. Without it, a thousand rules allocated 100 KB of expressions that lived for one rule
-// each.
+// while it is laid out: a batch marshals each rule before it encodes the next, which reuses them
+// (a thousand rules allocated 100 KB of expressions that lived for one rule each).
 type exprPool struct {
 	cmps    [4]expr.Cmp // an interface, two addresses and a port at most
 	ncmp    int
@@ -195,18 +194,17 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		}
 		out = addrMatch(out, pool, f, p, i == 0)
 	}
-	if r.UIDOwner != nil {
-		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerUID, *r.UIDOwner)))
-	}
-	if r.GIDOwner != nil {
-		out = append(out, xtMatch("owner", ownerRev, ownerInfo(xtOwnerGID, *r.GIDOwner)))
+	for i, id := range [2]*uint32{r.UIDOwner, r.GIDOwner} {
+		if what := [2]byte{xtOwnerUID, xtOwnerGID}[i]; id != nil {
+			out = append(out, &expr.Match{Name: "owner", Rev: ownerRev, Info: new(ownerInfo(what, *id))})
+		}
 	}
 	if len(r.MultiportDPorts) > 0 {
 		info, err := multiportInfo(r.MultiportDPorts)
 		if err != nil {
 			return nil, 0, err
 		}
-		out = append(out, xtMatch("multiport", multiportRev, info))
+		out = append(out, &expr.Match{Name: "multiport", Rev: multiportRev, Info: &info})
 	}
 	out, err := appendXTPorts(out, pool, proto, r)
 	if err != nil {
@@ -259,22 +257,18 @@ func appendXTTarget(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]exp
 		if r.ToPort == 0 || !r.OnIP.IsUnspecified() || r.OnIP.Is4() != (f == iptables.IPv4) {
 			return nil, fmt.Errorf("TPROXY to %s port %d: not the family's unspecified address and a port", r.OnIP, r.ToPort)
 		}
-		return append(out, xtTarget("TPROXY", tproxyRev, tproxyInfo(r.ToPort, r.Mark))), nil
+		info := tproxyInfo(r.ToPort, r.Mark)
+		return append(out, &expr.Target{Name: "TPROXY", Rev: tproxyRev, Info: &info}), nil
 	case iptables.TargetCT:
 		if r.Zone == 0 {
 			return nil, errors.New("CT into zone 0")
 		}
-		return append(out, xtTarget("CT", ctRev, ctInfo(r.Zone))), nil
+		return append(out, &expr.Target{Name: "CT", Rev: ctRev, Info: new(ctInfo(r.Zone))}), nil
 	}
 	if !iptables.IsOurChain(r.Target) {
 		return nil, fmt.Errorf("target %q is not one of ours", r.Target)
 	}
 	return append(out, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target}), nil
-}
-
-func xtTarget(name string, rev uint32, info []byte) *expr.Target {
-	i := xt.Unknown(info)
-	return &expr.Target{Name: name, Rev: rev, Info: &i}
 }
 
 // ctStateMasks are the conntrack match's state masks for the state lists we write
@@ -300,8 +294,8 @@ func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
 
 // tproxyInfo is xt_tproxy_target_info_v1 (hand-laid: google/nftables' xt has no TPROXY type):
 // the mark under a full mask, the unspecified address (keep the destination) and the port.
-func tproxyInfo(p uint16, mark uint32) []byte {
-	b := make([]byte, tproxyInfoLen)
+func tproxyInfo(p uint16, mark uint32) xt.Unknown {
+	b := make(xt.Unknown, tproxyInfoLen)
 	binary.NativeEndian.PutUint32(b[0:], 0xffffffff) // mark_mask
 	binary.NativeEndian.PutUint32(b[4:], mark)       // mark_value
 	binary.BigEndian.PutUint16(b[24:], p)            // lport, after the 16 bytes of laddr
@@ -310,15 +304,10 @@ func tproxyInfo(p uint16, mark uint32) []byte {
 
 // ctInfo is xt_ct_target_info_v1 (hand-laid: google/nftables' xt has no CT type) setting the
 // zone alone; the trailing pointer is the kernel's.
-func ctInfo(zone uint16) []byte {
-	b := make([]byte, ctInfoLen)
+func ctInfo(zone uint16) xt.Unknown {
+	b := make(xt.Unknown, ctInfoLen)
 	binary.NativeEndian.PutUint16(b[2:], zone)
 	return b
-}
-
-func xtMatch(name string, rev uint32, info []byte) *expr.Match {
-	i := xt.Unknown(info)
-	return &expr.Match{Name: name, Rev: rev, Info: &i}
 }
 
 func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
@@ -364,8 +353,8 @@ func addrMatch(out []expr.Any, pool *exprPool, f iptables.Family, p netip.Prefix
 }
 
 // ownerInfo is xt_owner_match_info matching one UID (what XT_OWNER_UID) or GID.
-func ownerInfo(what byte, id uint32) []byte {
-	b := make([]byte, ownerInfoLen)
+func ownerInfo(what byte, id uint32) xt.Unknown {
+	b := make(xt.Unknown, ownerInfoLen)
 	off := 0 // uid_min, uid_max
 	if what == xtOwnerGID {
 		off = 8 // gid_min, gid_max
@@ -378,8 +367,8 @@ func ownerInfo(what byte, id uint32) []byte {
 
 // multiportInfo is xt_multiport_v1 matching the destination ports: a range takes two slots, its
 // first flagged in pflags.
-func multiportInfo(ports []iptables.PortRange) ([]byte, error) {
-	b := make([]byte, multiportLen)
+func multiportInfo(ports []iptables.PortRange) (xt.Unknown, error) {
+	b := make(xt.Unknown, multiportLen)
 	b[0] = xtMultiportDst
 	n := 0
 	put := func(p uint16) error {
@@ -416,68 +405,81 @@ func redirectInfo(f iptables.Family, p uint16) xt.InfoAny {
 }
 
 // decodeXT maps the expressions of a rule in chain back onto an XTRule. ok is false when the
-// rule is not exactly one that encodeXT writes, whatever it looks like.
+// rule is not exactly one that encodeXT writes, whatever it looks like: the expressions are read
+// leniently (a load reads the comparison after it too, an address load its mask), and what they
+// read as must encode back to exactly them.
 func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule, ok bool) {
 	x.Chain = chain
 	if table != iptables.Table {
 		x.Table = table
 	}
-	if r.foreign != "" || !decodeXTInto(f, &x, r.exprs) {
-		return x, false
-	}
-	want, _, err := encodeXT(f, x)
-	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
-}
-
-// decodeXTInto reads the expressions the way encodeXT writes them, leniently: decodeXT encodes
-// what it read again and compares, which refuses anything else. A load reads the comparison
-// after it too, and an address load its mask.
-func decodeXTInto(f iptables.Family, r *iptables.XTRule, ex []expr.Any) bool {
+	ex := r.exprs
 	for i := 0; i < len(ex); i++ {
 		switch e := ex[i].(type) {
 		case *expr.Meta:
 			i++
-			d, _ := cmpData(ex, i)
+			d := cmpData(ex, i)
 			switch e.Key {
 			case expr.MetaKeyOIFNAME:
-				r.OutInterface = ifnameOf(d)
+				x.OutInterface = ifnameOf(d)
 			case expr.MetaKeyIIFNAME:
-				r.InInterface = ifnameOf(d)
+				x.InInterface = ifnameOf(d)
 			default: // the l4proto load
-				r.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
-				r.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
+				x.TCP = bytes.Equal(d, []byte{unix.IPPROTO_TCP})
+				x.UDP = bytes.Equal(d, []byte{unix.IPPROTO_UDP})
 			}
 		case *expr.Payload:
 			i++
 			if e.Base == expr.PayloadBaseTransportHeader {
-				decodeXTPort(r, e, ex, i)
+				pr := &x.DPort
+				if e.Offset == 0 {
+					pr = &x.SPort
+				}
+				pr.First = uint16At(cmpData(ex, i))
+				pr.Last = pr.First
+				if c, ok := next[*expr.Range](ex, i); ok {
+					pr.First, pr.Last = uint16At(c.FromData), uint16At(c.ToData)
+				}
 				continue
 			}
 			var mask []byte
 			if b, ok := next[*expr.Bitwise](ex, i); ok {
 				mask, i = b.Mask, i+1
 			}
-			d, _ := cmpData(ex, i)
-			if p, src := prefixOf(f, e, mask, d); src {
-				r.Source = p
+			d := cmpData(ex, i)
+			bits := len(d) * 8
+			if mask != nil {
+				ones, _ := net.IPMask(mask).Size()
+				bits = max(ones, 0)
+			}
+			srcOff, full := addrOffset(f, true)
+			addr := make([]byte, full)
+			copy(addr, d)
+			a, _ := netip.AddrFromSlice(addr)
+			if p := netip.PrefixFrom(a, bits); e.Offset == srcOff {
+				x.Source = p
 			} else {
-				r.Destination = p
+				x.Destination = p
 			}
 		case *expr.Match:
-			decodeXTMatch(r, e)
+			decodeXTMatch(&x, e)
 		case *expr.Counter:
 		case *expr.Verdict:
-			r.Target = e.Chain // a jump's
+			x.Target = e.Chain // a jump's
 			if t, ok := xtVerdicts[e.Kind]; ok {
-				r.Target = t
+				x.Target = t
 			}
 		case *expr.Target:
-			decodeXTTarget(f, r, e)
+			decodeXTTarget(f, &x, e)
 		default:
-			return false
+			return x, false
 		}
 	}
-	return r.Target != ""
+	if r.foreign != "" || x.Target == "" {
+		return x, false
+	}
+	want, _, err := encodeXT(f, x)
+	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
 }
 
 // xtVerdicts are the targets that are native verdicts.
@@ -486,12 +488,11 @@ var xtVerdicts = map[expr.VerdictKind]string{
 }
 
 // cmpData is the data of the equality comparison at ex[i], if that is one.
-func cmpData(ex []expr.Any, i int) ([]byte, bool) {
-	c, ok := next[*expr.Cmp](ex, i)
-	if !ok || c.Op != expr.CmpOpEq {
-		return nil, false
+func cmpData(ex []expr.Any, i int) []byte {
+	if c, ok := next[*expr.Cmp](ex, i); ok && c.Op == expr.CmpOpEq {
+		return c.Data
 	}
-	return c.Data, true
+	return nil
 }
 
 // ifnameOf is iptables' interface name for the compared bytes: without its NUL the name is a
@@ -501,22 +502,6 @@ func ifnameOf(d []byte) string {
 		return string(d[:n])
 	}
 	return string(d) + "+"
-}
-
-// decodeXTPort reads the port comparison or range at ex[i], after the port load e.
-func decodeXTPort(r *iptables.XTRule, e *expr.Payload, ex []expr.Any, i int) {
-	var pr iptables.PortRange
-	if c, ok := next[*expr.Cmp](ex, i); ok {
-		pr.First = uint16At(c.Data, binary.BigEndian)
-		pr.Last = pr.First
-	} else if c, ok := next[*expr.Range](ex, i); ok {
-		pr.First, pr.Last = uint16At(c.FromData, binary.BigEndian), uint16At(c.ToData, binary.BigEndian)
-	}
-	if e.Offset == 0 {
-		r.SPort = pr
-	} else {
-		r.DPort = pr
-	}
 }
 
 // decodeXTMatch reads an xtables match: the comment, conntrack state, owner or multiport.
@@ -591,21 +576,6 @@ func next[T expr.Any](ex []expr.Any, i int) (T, bool) {
 	}
 	v, ok := ex[i].(T)
 	return v, ok
-}
-
-// prefixOf turns an address load, its optional mask and the compared bytes back into a prefix,
-// and says whether it is the source address.
-func prefixOf(f iptables.Family, p *expr.Payload, mask, data []byte) (netip.Prefix, bool) {
-	srcOff, full := addrOffset(f, true)
-	addr := make([]byte, full)
-	copy(addr, data)
-	a, _ := netip.AddrFromSlice(addr)
-	bits := len(data) * 8
-	if mask != nil {
-		ones, _ := net.IPMask(mask).Size()
-		bits = max(ones, 0)
-	}
-	return netip.PrefixFrom(a, bits), p.Offset == srcOff
 }
 
 // sameExprs reports whether two expression lists are the same on the wire, counter values aside.

@@ -61,11 +61,10 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 	for _, p := range want {
 		lines := p.Lines()
 		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
-			bits := 128
+			dst := &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
 			if p.Family == iptables.IPv4 {
-				bits = 32
+				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 			}
-			dst := &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
 			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
 				Table: int(p.Table), LinkIndex: o.lo, Dst: dst}
 			if err := netlink.RouteAdd(r); err != nil {

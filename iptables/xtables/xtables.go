@@ -75,29 +75,21 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
 	for _, f := range families {
-		b, err := findBinaries(commands[f], prefix, backend)
-		if err != nil {
-			return nil, err
+		cmd := commands[f]
+		b, ok := lookPair(cmd + prefix)
+		if !ok && prefix != "" {
+			// Fall back to the plain binaries, but only if they drive the same kernel backend.
+			if be, err := backendOf(cmd); err == nil && be == backend {
+				b, ok = lookPair(cmd)
+			}
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a plain %s that is %s to fall back on",
+				cmd, prefix, cmd, prefix, os.Getenv("PATH"), cmd, backend)
 		}
 		a.bins[f] = b
 	}
 	return a, nil
-}
-
-func findBinaries(cmd, suffix string, backend iptables.Backend) (binaries, error) {
-	if b, ok := lookPair(cmd + suffix); ok {
-		return b, nil
-	}
-	if suffix != "" {
-		// Fall back to the plain binaries, but only if they drive the same kernel backend.
-		if b, err := backendOf(cmd); err == nil && b == backend {
-			if b, ok := lookPair(cmd); ok {
-				return b, nil
-			}
-		}
-	}
-	return binaries{}, fmt.Errorf("%s%s-restore and %s%s-save not found in PATH (%s), nor a plain %s that is %s to fall back on",
-		cmd, suffix, cmd, suffix, os.Getenv("PATH"), cmd, backend)
 }
 
 // lookPair finds name-restore and name-save, the second first beside the first (one package):
@@ -326,10 +318,7 @@ func run(ctx context.Context, path string, args []string, input string, combined
 		}
 		files = append(files, os.NewFile(uintptr(fd), name))
 	}
-	if _, err := files[0].WriteString(input); err != nil {
-		return nil, nil, err
-	}
-	if _, err := files[0].Seek(0, io.SeekStart); err != nil {
+	if _, err := files[0].WriteAt([]byte(input), 0); err != nil { // the child reads from offset 0
 		return nil, nil, err
 	}
 	errOut := files[2]
@@ -338,10 +327,7 @@ func run(ctx context.Context, path string, args []string, input string, combined
 	}
 	runErr := forkWait(ctx, path, args, files[0], files[1], errOut)
 	for i, dst := range []*[]byte{&out, &stderr} {
-		if _, err := files[i+1].Seek(0, io.SeekStart); err != nil {
-			return nil, nil, err
-		}
-		if *dst, err = io.ReadAll(files[i+1]); err != nil {
+		if *dst, err = io.ReadAll(io.NewSectionReader(files[i+1], 0, 1<<40)); err != nil {
 			return nil, nil, err
 		}
 	}
