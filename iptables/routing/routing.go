@@ -24,7 +24,7 @@ type Netlink struct{}
 // Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it,
 // family by family, each family's rules before its routes.
 func (Netlink) Read() ([]string, error) {
-	o, err := readOurs()
+	o, err := readOurs(false)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +54,7 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 	if len(want) == 0 {
 		return undo, nil
 	}
-	o, err := readOurs()
+	o, err := readOurs(true)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 // Prune removes every rule and route of ours that want does not hold (all, for cleanup). Rules
 // go first: one left without its route sends marked packets on to the main table, harmlessly.
 func (Netlink) Prune(want []iptables.PolicyRoute) error {
-	o, err := readOurs()
+	o, err := readOurs(false)
 	if err != nil {
 		return err
 	}
@@ -131,9 +131,18 @@ type current struct {
 	lo     int
 }
 
-func readOurs() (*current, error) {
+// readOurs reads what of ours is in place, over one rtnetlink socket (a socket per request
+// costs nine system calls). The loopback interface, which tells our routes from others, is looked
+// up only when withLo or a route of our table needs it: most pods have none, and every ADD
+// prunes.
+func readOurs(withLo bool) (*current, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("open an rtnetlink socket: %w", err)
+	}
+	defer h.Close()
 	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
-	rules, err := netlink.RuleList(netlink.FAMILY_ALL)
+	rules, err := h.RuleList(netlink.FAMILY_ALL)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		// qemu-user translates rtnetlink but not its ip rules: where they cannot be listed none
 		// can have been written (TPROXY, which adds one, fails there with this error).
@@ -148,7 +157,7 @@ func readOurs() (*current, error) {
 			o.rules[f] = append(o.rules[f], r)
 		}
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
@@ -157,11 +166,13 @@ func readOurs() (*current, error) {
 			o.routes[f] = append(o.routes[f], r)
 		}
 	}
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return nil, fmt.Errorf("find the loopback interface: %w", err)
+	if withLo || len(routes) > 0 {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return nil, fmt.Errorf("find the loopback interface: %w", err)
+		}
+		o.lo = lo.Attrs().Index
 	}
-	o.lo = lo.Attrs().Index
 	return o, nil
 }
 
