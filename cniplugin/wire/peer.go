@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
 // capSysAdmin is CAP_SYS_ADMIN's bit in a capability set.
@@ -114,11 +114,11 @@ func checkProcess(proc string, pid int) error {
 	if caps&(1<<capSysAdmin) == 0 {
 		return Errorf(CodeRefused, "the peer does not hold CAP_SYS_ADMIN (CapEff %s), as the plugin the container runtime runs does", capEff)
 	}
-	own, err := readProc(filepath.Join(dir, "uid_map"))
+	own, err := netnsutil.ReadProc(filepath.Join(dir, "uid_map"))
 	if err != nil {
 		return Errorf(CodeRefused, "cannot read the peer's user namespace: %v", err)
 	}
-	initial, err := readProc(filepath.Join(proc, "1", "uid_map"))
+	initial, err := netnsutil.ReadProc(filepath.Join(proc, "1", "uid_map"))
 	if err != nil {
 		return Errorf(CodeRefused, "cannot read the initial user namespace: %v", err)
 	}
@@ -131,7 +131,7 @@ func checkProcess(proc string, pid int) error {
 
 // statusField returns the value of "name:" in a /proc status-like file.
 func statusField(path, name string) (string, error) {
-	b, err := readProc(path)
+	b, err := netnsutil.ReadProc(path)
 	if err != nil {
 		return "", err
 	}
@@ -141,32 +141,4 @@ func statusField(path, name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: no %s", path, name)
-}
-
-// readProc reads a small /proc file (at most 64 KiB: a status, an fdinfo, a uid_map) with plain
-// system calls: os.Open would also set the descriptor non-blocking and offer it to the poller,
-// four more calls per file, on every plugin call.
-func readProc(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	buf := make([]byte, 0, 4096)
-	for len(buf) < 64<<10 {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, cap(buf))
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case err != nil:
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		case n == 0:
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-	}
-	return nil, fmt.Errorf("%s: larger than 64 KiB", path)
 }

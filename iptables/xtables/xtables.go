@@ -27,6 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kubemesh/proxy-init/internal/netnsutil"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/internal/errclass"
 	"github.com/kubemesh/proxy-init/iptables/nfnl"
@@ -431,7 +432,7 @@ func LegacyTables(f iptables.Family) []string {
 	if f == iptables.IPv6 {
 		file = "/proc/thread-self/net/ip6_tables_names"
 	}
-	data, err := os.ReadFile(file)
+	data, err := netnsutil.ReadProc(file)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // no legacy module loaded at all; any other error leaves the question open
 	}
