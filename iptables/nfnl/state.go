@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
@@ -385,18 +386,18 @@ func newExpr[T any, P interface {
 	return P(new(T))
 }
 
-// exprNames is exprKinds the other way round.
-var exprNames = func() map[reflect.Type]string {
+// exprNames is exprKinds the other way round, built on first use: not at every plugin start.
+var exprNames = sync.OnceValue(func() map[reflect.Type]string {
 	m := map[reflect.Type]string{reflect.TypeFor[*expr.Verdict](): "immediate"}
 	for name, mk := range exprKinds {
 		m[reflect.TypeOf(mk())] = name
 	}
 	return m
-}()
+})
 
 // exprName is the kernel's name of an expression of the kinds our rules hold.
 func exprName(e expr.Any) string {
-	if name, ok := exprNames[reflect.TypeOf(e)]; ok {
+	if name, ok := exprNames()[reflect.TypeOf(e)]; ok {
 		return name
 	}
 	return fmt.Sprintf("%T", e)
