@@ -257,12 +257,13 @@ func (p *flagReader) bad(field, value, reason string) {
 	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
-// valueOf converts f's text, reporting a malformed value once (Validate then skips the field).
+// valueOf converts f's text; a malformed one is reported once (Validate then skips it) as f.def.
 func valueOf[T any](p *flagReader, name string, f *lenient[T]) T {
-	v, err := f.value()
+	v, err := f.parse(strings.TrimSpace(f.raw))
 	if err != nil {
 		p.bad(name, f.raw, f.notA)
 		p.badFields[name] = true
+		return f.def
 	}
 	return v
 }
@@ -276,7 +277,7 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	c.ProxyGID = valueOf(p, iptables.FieldProxyGID, v.gid)
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
-	} else if b, err := v.ipv6.value(); err != nil {
+	} else if b, err := strconv.ParseBool(strings.TrimSpace(v.ipv6.raw)); err != nil {
 		p.bad(flagIPv6, v.ipv6.raw, "not a boolean or auto (want true, false or auto)")
 	} else {
 		c.IPv6 = b
@@ -435,14 +436,6 @@ func (f *lenient[T]) Type() string       { return f.typ }
 
 // IsBoolFlag lets pflag take a bool flag ("--simulate") without a value, meaning true.
 func (f *lenient[T]) IsBoolFlag() bool { return f.typ == "bool" }
-
-func (f *lenient[T]) value() (T, error) {
-	v, err := f.parse(strings.TrimSpace(f.raw))
-	if err != nil {
-		return f.def, err
-	}
-	return v, nil
-}
 
 // rawList is a repeatable, comma-separated list flag ("-r 80,81 -r 82", as Linkerd's slices) that
 // keeps each occurrence as typed: iptables.Config.Validate splits it and names a bad element.
