@@ -175,12 +175,10 @@ func overlayIndex(idx v1.ImageIndex, res *Overlaid, o OverlayOptions) (v1.ImageI
 
 // withBase is a copy of ann that records the base in AnnotationBaseDigest and AnnotationBaseName.
 func withBase(ann map[string]string, digest v1.Hash, base string) map[string]string {
-	ann = maps.Clone(ann)
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[AnnotationBaseDigest], ann[AnnotationBaseName] = digest.String(), base
-	return ann
+	out := map[string]string{}
+	maps.Copy(out, ann)
+	out[AnnotationBaseDigest], out[AnnotationBaseName] = digest.String(), base
+	return out
 }
 
 // overlayImage appends our layer to one platform's image, once it has checked the platform and
