@@ -378,8 +378,8 @@ func (p *flagReader) resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mod
 		return iptables.ModeAuto, "default", nil
 	}
 	n := len(p.probs)
-	binMode := modeFromBinary(flagFirewallBin, v.firewallBin, "", binSet, &p.probs)
-	saveMode := modeFromBinary(flagFirewallSave, v.firewallSave, "-save", saveSet, &p.probs)
+	binMode := p.modeFromBinary(flagFirewallBin, v.firewallBin, "")
+	saveMode := p.modeFromBinary(flagFirewallSave, v.firewallSave, "-save")
 	switch {
 	case len(p.probs) > n:
 		return iptables.ModeAuto, "", nil
@@ -396,7 +396,7 @@ func (p *flagReader) resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mod
 
 // modeFromBinary maps the path of a Linkerd firewall binary (iptables or, with suffix "-save",
 // iptables-save) to a mode by its base name; one that names none, when set, is a problem.
-func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Problem) iptables.Mode {
+func (p *flagReader) modeFromBinary(flag, path, suffix string) iptables.Mode {
 	switch base := filepath.Base(strings.TrimSpace(path)); {
 	case strings.HasPrefix(base, "iptables-legacy"):
 		return iptables.ModeLegacy
@@ -405,10 +405,9 @@ func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Probl
 	case base == "iptables"+suffix:
 		return iptables.ModePlain
 	}
-	if set {
-		*probs = append(*probs, badinput.Problem{Field: flag, Value: path, Reason: fmt.Sprintf("cannot tell the "+
-			"iptables mode from it; want a path ending in iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s "+
-			"(or use --iptables-mode)", suffix)})
+	if path != "" {
+		p.bad(flag, path, fmt.Sprintf("cannot tell the iptables mode from it; want a path ending in "+
+			"iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s (or use --iptables-mode)", suffix))
 	}
 	return ""
 }

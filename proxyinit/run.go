@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -56,12 +55,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 		fmt.Fprint(stdout, Usage())
 		return ExitOK
 	}
-	if err != nil {
+	if err != nil { // a *badinput.UsageError: Parse reads only the command line
 		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
-		if errors.As(err, new(*badinput.UsageError)) {
-			return ExitUsage
-		}
-		return ExitFailure
+		return ExitUsage
 	}
 	log := logging.New(stderr, o.LogFormat, o.LogLevel)
 	for _, w := range o.Warnings {
