@@ -3,6 +3,7 @@ package release
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -165,10 +166,7 @@ func overlayIndex(idx v1.ImageIndex, res *Overlaid, o OverlayOptions) (v1.ImageI
 	if len(adds) == 0 {
 		return nil, fmt.Errorf("base %s: no image in the index; nothing pushed", o.Base)
 	}
-	mt := im.MediaType
-	if mt == "" {
-		mt = types.OCIImageIndex
-	}
+	mt := cmp.Or(im.MediaType, types.OCIImageIndex)
 	out := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, mt), adds...)
 	return mutate.Annotations(out, withBase(im.Annotations, res.Base, o.Base)).(v1.ImageIndex), nil
 }
