@@ -257,12 +257,13 @@ func (p *flagReader) bad(field, value, reason string) {
 	p.probs = append(p.probs, badinput.Problem{Field: field, Value: value, Reason: reason})
 }
 
-// valueOf converts f's text, reporting a malformed value once (Validate then skips the field).
+// valueOf converts f's text; a malformed one is reported once (Validate then skips it) as f.def.
 func valueOf[T any](p *flagReader, name string, f *lenient[T]) T {
-	v, err := f.value()
+	v, err := f.parse(strings.TrimSpace(f.raw))
 	if err != nil {
 		p.bad(name, f.raw, f.notA)
 		p.badFields[name] = true
+		return f.def
 	}
 	return v
 }
@@ -276,7 +277,7 @@ func (p *flagReader) ruleConfig(fs *pflag.FlagSet, v *flagValues) iptables.Confi
 	c.ProxyGID = valueOf(p, iptables.FieldProxyGID, v.gid)
 	if strings.TrimSpace(v.ipv6.raw) == "auto" {
 		c.IPv6Auto = true
-	} else if b, err := v.ipv6.value(); err != nil {
+	} else if b, err := strconv.ParseBool(strings.TrimSpace(v.ipv6.raw)); err != nil {
 		p.bad(flagIPv6, v.ipv6.raw, "not a boolean or auto (want true, false or auto)")
 	} else {
 		c.IPv6 = b
@@ -377,8 +378,8 @@ func (p *flagReader) resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mod
 		return iptables.ModeAuto, "default", nil
 	}
 	n := len(p.probs)
-	binMode := modeFromBinary(flagFirewallBin, v.firewallBin, "", binSet, &p.probs)
-	saveMode := modeFromBinary(flagFirewallSave, v.firewallSave, "-save", saveSet, &p.probs)
+	binMode := p.modeFromBinary(flagFirewallBin, v.firewallBin, "")
+	saveMode := p.modeFromBinary(flagFirewallSave, v.firewallSave, "-save")
 	switch {
 	case len(p.probs) > n:
 		return iptables.ModeAuto, "", nil
@@ -395,7 +396,7 @@ func (p *flagReader) resolveMode(fs *pflag.FlagSet, v *flagValues) (iptables.Mod
 
 // modeFromBinary maps the path of a Linkerd firewall binary (iptables or, with suffix "-save",
 // iptables-save) to a mode by its base name; one that names none, when set, is a problem.
-func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Problem) iptables.Mode {
+func (p *flagReader) modeFromBinary(flag, path, suffix string) iptables.Mode {
 	switch base := filepath.Base(strings.TrimSpace(path)); {
 	case strings.HasPrefix(base, "iptables-legacy"):
 		return iptables.ModeLegacy
@@ -404,10 +405,9 @@ func modeFromBinary(flag, path, suffix string, set bool, probs *[]badinput.Probl
 	case base == "iptables"+suffix:
 		return iptables.ModePlain
 	}
-	if set {
-		*probs = append(*probs, badinput.Problem{Field: flag, Value: path, Reason: fmt.Sprintf("cannot tell the "+
-			"iptables mode from it; want a path ending in iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s "+
-			"(or use --iptables-mode)", suffix)})
+	if path != "" {
+		p.bad(flag, path, fmt.Sprintf("cannot tell the iptables mode from it; want a path ending in "+
+			"iptables%[1]s, iptables-legacy%[1]s or iptables-nft%[1]s (or use --iptables-mode)", suffix))
 	}
 	return ""
 }
@@ -435,14 +435,6 @@ func (f *lenient[T]) Type() string       { return f.typ }
 
 // IsBoolFlag lets pflag take a bool flag ("--simulate") without a value, meaning true.
 func (f *lenient[T]) IsBoolFlag() bool { return f.typ == "bool" }
-
-func (f *lenient[T]) value() (T, error) {
-	v, err := f.parse(strings.TrimSpace(f.raw))
-	if err != nil {
-		return f.def, err
-	}
-	return v, nil
-}
 
 // rawList is a repeatable, comma-separated list flag ("-r 80,81 -r 82", as Linkerd's slices) that
 // keeps each occurrence as typed: iptables.Config.Validate splits it and names a bad element.

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubemesh/proxy-init/internal/badinput"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
 	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
@@ -56,12 +55,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runner.
 		fmt.Fprint(stdout, Usage())
 		return ExitOK
 	}
-	if err != nil {
+	if err != nil { // a *badinput.UsageError: Parse reads only the command line
 		fmt.Fprintln(stderr, "proxy-init: "+err.Error())
-		if errors.As(err, new(*badinput.UsageError)) {
-			return ExitUsage
-		}
-		return ExitFailure
+		return ExitUsage
 	}
 	log := logging.New(stderr, o.LogFormat, o.LogLevel)
 	for _, w := range o.Warnings {
@@ -310,10 +306,6 @@ func simulate(ctx context.Context, o *Options, stdout io.Writer, log *slog.Logge
 
 func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	c := o.Config
-	fams := make([]string, len(rs.Families))
-	for i, f := range rs.Families {
-		fams[i] = string(f)
-	}
 	redirect := "all"
 	if len(rs.RedirectPorts) > 0 {
 		redirect = join(rs.RedirectPorts)
@@ -328,7 +320,7 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 		"outbound_ports_to_ignore", join(rs.OutboundIgnorePorts),
 		"inbound_subnets_to_ignore", join(rs.InboundIgnoreSubnets),
 		"outbound_subnets_to_ignore", join(rs.OutboundIgnoreSubnets),
-		"families", strings.Join(fams, ","),
+		"families", join(rs.Families),
 		"mode", string(c.Mode),
 		"netns", netnsutil.Label(o.NetNS),
 	}
@@ -358,10 +350,11 @@ func configAttrs(o *Options, rs *iptables.Ruleset) []any {
 	return attrs
 }
 
-func join[T fmt.Stringer](ps []T) string {
+// join lists ps with commas, each as fmt prints it (a Stringer's String, a string type's value).
+func join[T any](ps []T) string {
 	parts := make([]string, len(ps))
 	for i, p := range ps {
-		parts[i] = p.String()
+		parts[i] = fmt.Sprint(p)
 	}
 	return strings.Join(parts, ",")
 }

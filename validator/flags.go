@@ -1,6 +1,7 @@
 package validator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -100,12 +101,8 @@ func Parse(args []string) (Config, error) { return ParseEnv(args, os.Getenv) }
 // ParseEnv is Parse with the environment read through getenv.
 func ParseEnv(args []string, getenv func(string) string) (Config, error) {
 	c := DefaultConfig()
-	if v := getenv(EnvLogLevel); v != "" {
-		c.LogLevel = v
-	}
-	if v := getenv(EnvLogFormat); v != "" {
-		c.LogFormat = v
-	}
+	c.LogLevel = cmp.Or(getenv(EnvLogLevel), c.LogLevel)
+	c.LogFormat = cmp.Or(getenv(EnvLogFormat), c.LogFormat)
 	fs := c.flagSet()
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -250,12 +250,9 @@ func setThreadUID(uid int) error {
 
 // exchange connects to addr (connected says if it did), sends token and reads one line back.
 func exchange(ctx context.Context, addr netip.AddrPort, token string) (reply string, connected bool, err error) {
-	network := "tcp4"
-	if !addr.Addr().Unmap().Is4() {
-		network = "tcp6"
-	}
+	// The literal picks the family; Control is told it ("tcp4" or "tcp6").
 	d := net.Dialer{Control: hopLimitOne}
-	conn, err := d.DialContext(ctx, network, addr.String())
+	conn, err := d.DialContext(ctx, "tcp", addr.String())
 	if err != nil {
 		return "", false, err
 	}

@@ -224,10 +224,8 @@ func (c *Config) netDir() string { return c.hostPath(c.DestNetDir) }
 func (c *Config) binDir() string { return c.hostPath(c.DestBinDir) }
 
 // kubeconfigPath is the kubeconfig as the container sees it, kubeconfigHostPath as the node does.
-func (c *Config) kubeconfigPath() string { return filepath.Join(c.netDir(), c.KubeconfigFileName) }
-func (c *Config) kubeconfigHostPath() string {
-	return path.Join(c.DestNetDir, c.KubeconfigFileName)
-}
+func (c *Config) kubeconfigPath() string     { return filepath.Join(c.netDir(), c.KubeconfigFileName) }
+func (c *Config) kubeconfigHostPath() string { return path.Join(c.DestNetDir, c.KubeconfigFileName) }
 
 // serverURL is the API server URL; JoinHostPort brackets IPv6 hosts.
 func (c *Config) serverURL() string {

@@ -50,9 +50,8 @@ func replaceFile(path string, r io.Reader, mode fs.FileMode, ownerOf, what strin
 	if err == nil {
 		uid, gid := 0, 0
 		if fi, serr := os.Stat(ownerOf); ownerOf != "" && serr == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				uid, gid = int(st.Uid), int(st.Gid)
-			}
+			st := fi.Sys().(*syscall.Stat_t) // always, on Linux
+			uid, gid = int(st.Uid), int(st.Gid)
 		}
 		if cerr := f.Chown(uid, gid); cerr != nil && os.Geteuid() == 0 {
 			err = cerr // only root can chown: an unprivileged test's files stay its own
@@ -80,7 +79,7 @@ func inPlace(path string, want []byte, mode fs.FileMode) bool {
 	if err != nil || fi.Mode().Perm() != mode {
 		return false
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || (st.Uid != 0 && os.Geteuid() == 0) {
+	if fi.Sys().(*syscall.Stat_t).Uid != 0 && os.Geteuid() == 0 {
 		return false
 	}
 	have, err := os.ReadFile(path)
@@ -117,11 +116,8 @@ func statID(path string) (fileID, error) {
 	if err != nil {
 		return fileID{}, err
 	}
-	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano(), mode: fi.Mode()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.ino = int64(st.Ino)
-	}
-	return id, nil
+	ino := int64(fi.Sys().(*syscall.Stat_t).Ino)
+	return fileID{ino: ino, size: fi.Size(), mtime: fi.ModTime().UnixNano(), mode: fi.Mode()}, nil
 }
 
 func hashOf(data []byte) [32]byte { return sha256.Sum256(data) }

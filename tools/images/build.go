@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -17,10 +18,9 @@ import (
 
 // Find returns the image named name among Images and Overlay.
 func Find(name string) (Image, error) {
-	for _, img := range append(append([]Image{}, Images...), Overlay) {
-		if img.Name == name {
-			return img, nil
-		}
+	all := append(slices.Clone(Images), Overlay)
+	if i := slices.IndexFunc(all, func(img Image) bool { return img.Name == name }); i >= 0 {
+		return all[i], nil
 	}
 	var names []string
 	for _, img := range Images {
@@ -111,8 +111,7 @@ func Build(img Image, tag string, platforms []string, in Inputs) (*Built, error)
 		b.Platforms = append(b.Platforms, pi)
 		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &pi.Platform}})
 	}
-	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
-	idx = mutate.AppendManifests(idx, adds...)
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
 	b.Index = mutate.Annotations(idx, map[string]string{AnnotationVersion: tag}).(v1.ImageIndex)
 	return b, nil
 }

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"net/url"
@@ -74,10 +75,7 @@ func FetchDebs(cache, goarch string, pkgs []string) ([]DebPackage, error) {
 	if !ok {
 		return nil, fmt.Errorf("architecture %q: no Debian name known", goarch)
 	}
-	if cache == "" {
-		cache = DefaultDebCache
-	}
-	dir := filepath.Join(cache, arch)
+	dir := filepath.Join(cmp.Or(cache, DefaultDebCache), arch)
 	debs := filepath.Join(dir, "debs")
 	for _, d := range []string{"state/lists/partial", "cache/archives/partial", "debs"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {

@@ -3,6 +3,7 @@ package release
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -165,22 +166,17 @@ func overlayIndex(idx v1.ImageIndex, res *Overlaid, o OverlayOptions) (v1.ImageI
 	if len(adds) == 0 {
 		return nil, fmt.Errorf("base %s: no image in the index; nothing pushed", o.Base)
 	}
-	mt := im.MediaType
-	if mt == "" {
-		mt = types.OCIImageIndex
-	}
+	mt := cmp.Or(im.MediaType, types.OCIImageIndex)
 	out := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, mt), adds...)
 	return mutate.Annotations(out, withBase(im.Annotations, res.Base, o.Base)).(v1.ImageIndex), nil
 }
 
 // withBase is a copy of ann that records the base in AnnotationBaseDigest and AnnotationBaseName.
 func withBase(ann map[string]string, digest v1.Hash, base string) map[string]string {
-	ann = maps.Clone(ann)
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[AnnotationBaseDigest], ann[AnnotationBaseName] = digest.String(), base
-	return ann
+	out := map[string]string{}
+	maps.Copy(out, ann)
+	out[AnnotationBaseDigest], out[AnnotationBaseName] = digest.String(), base
+	return out
 }
 
 // overlayImage appends our layer to one platform's image, once it has checked the platform and

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -186,7 +187,7 @@ func run(args []string) error {
 		}
 		return images.WriteRootFS(*out, img, in)
 	case "dockerfiles":
-		for _, img := range append(append([]images.Image{}, images.Images...), images.Overlay) {
+		for _, img := range append(slices.Clone(images.Images), images.Overlay) {
 			if err := os.WriteFile(filepath.Join(*out, img.Name+".Dockerfile"), []byte(images.Dockerfile(img)), 0o644); err != nil {
 				return err
 			}
