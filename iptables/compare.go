@@ -57,19 +57,11 @@ func savedRule(line string) Rule {
 	return r
 }
 
-func savedRules(lines []string) []Rule {
-	out := make([]Rule, len(lines))
-	for i, l := range lines {
-		out[i] = savedRule(l)
-	}
-	return out
-}
-
-// inTable returns those of rules that are in table t.
-func inTable(t XTTable, rules []Rule) []Rule {
+// rulesIn parses those of lines (as Rule.String renders them) that are in table t.
+func rulesIn(t XTTable, lines []string) []Rule {
 	var out []Rule
-	for _, r := range rules {
-		if r.Table == t.Name {
+	for _, l := range lines {
+		if r := savedRule(l); r.Table == t.Name {
 			out = append(out, r)
 		}
 	}
@@ -213,15 +205,14 @@ func diffLines(want, have []string) Diff {
 // added one by one, so a jump in place is never removed and re-added (no gap) and duplicates go.
 // Someone else's jumps are kept, unless their chain goes, which they would keep from deletion.
 func TransitionPayload(current, target SavedState) string {
-	rules := savedRules(target.Rules)
 	var b strings.Builder
 	size := 256
-	for _, rl := range rules {
-		size += len(rl.Chain) + len(rl.Spec) + 5
+	for _, l := range target.Rules {
+		size += len(l) + 1
 	}
 	b.Grow(size)
 	for _, t := range XTTables() {
-		transition(&b, t, current, target.Chains, inTable(t, rules))
+		transition(&b, t, current, target.Chains, rulesIn(t, target.Rules))
 	}
 	return b.String()
 }
@@ -244,10 +235,10 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		}
 	}
 	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
-	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool {
+	curJumps := slices.DeleteFunc(rulesIn(t, current.Rules), func(r Rule) bool {
 		return IsOurChain(r.Chain)
 	})
-	foreign := inTable(t, savedRules(current.ForeignJumps))
+	foreign := rulesIn(t, current.ForeignJumps)
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}
