@@ -40,7 +40,7 @@ func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) 
 	}
 	for _, e := range exempts {
 		s := zone("dns-zone-"+e.name, ZoneDirect)
-		s.Owner, s.ID = e.owner, e.id
+		s.exemption = e
 		output = append(output, s)
 	}
 	for _, name := range r.IgnoreInterfaces {
@@ -90,13 +90,12 @@ func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) 
 }
 
 // dnsZoneStep puts DNS packets into conntrack zone Zone: UDP to port 53 (to Servers, when given)
-// or, when SPort is set, UDP from that port, from sockets of the user or group ID (Owner) or out
+// or, when SPort is set, UDP from that port, from sockets of the exemption's user or group or out
 // of the interface Interface, when given.
 type dnsZoneStep struct {
 	StepCommon
+	exemption
 	Servers   []netip.Addr
-	Owner     Owner
-	ID        uint32
 	Interface string
 	SPort     uint16
 	Zone      uint16
@@ -104,16 +103,17 @@ type dnsZoneStep struct {
 
 func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.UDP, x.Target, x.Zone, x.OutInterface = true, TargetCT, s.Zone, s.Interface
+	x.UIDOwner, x.GIDOwner = s.uid, s.gid
 	if s.SPort != 0 {
 		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
 	} else {
 		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
 	}
-	return appendPer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, dnsServer(f))
+	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
 func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	ms := nftOwner(s.Owner, s.ID)
+	ms := s.nftMatches()
 	if s.Interface != "" {
 		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
 	}
