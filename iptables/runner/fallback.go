@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kubemesh/proxy-init/iptables"
@@ -107,7 +108,9 @@ func (f *Fallback) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Sta
 			return iptables.State{}, withPassed(err, passed)
 		case err != nil:
 			passed = append(passed, fmt.Sprintf("%s: %v", t.what, err))
-		case hasRules(st):
+		case slices.ContainsFunc(st.Families, func(fs iptables.FamilyState) bool {
+			return len(fs.Rules) > 0 // holds rules of ours
+		}):
 			f.chosen = a
 			return st, nil
 		case first == nil:
@@ -118,15 +121,6 @@ func (f *Fallback) Show(ctx context.Context, rs *iptables.Ruleset) (iptables.Sta
 		return iptables.State{}, fmt.Errorf("no backend can read here: %s", strings.Join(passed, "; "))
 	}
 	return *first, nil
-}
-
-func hasRules(st iptables.State) bool {
-	for _, fs := range st.Families {
-		if len(fs.Rules) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Present lists what of ours the first backend that can read finds.

@@ -148,14 +148,14 @@ func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockF
 			f.Close()
 			return nil, lockError(err, wait, path)
 		}
-		if same, err := stillAt(f, path); same || err != nil {
-			if err != nil {
-				f.Close()
-				return nil, err
-			}
+		same, err := stillAt(f, path)
+		if same {
 			return &HostLockFile{f: f, path: path}, nil
 		}
-		f.Close() // removed while we waited: take the new one
+		f.Close() // removed while we waited: take the new one, unless stat failed
+		if err != nil {
+			return nil, err
+		}
 	}
 }
 
@@ -177,16 +177,9 @@ func (l *HostLockFile) Remove() error {
 // plugin, which runs this only in its sweep.
 func isHostLockName(name string) bool {
 	dev, ino, ok := strings.Cut(name, "-")
-	return ok && allDigits(dev) && allDigits(ino)
-}
-
-func allDigits(s string) bool {
-	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return s != ""
+	_, errDev := strconv.ParseUint(dev, 10, 64)
+	_, errIno := strconv.ParseUint(ino, 10, 64)
+	return ok && errDev == nil && errIno == nil
 }
 
 func hostLockName(dev, ino uint64) string {

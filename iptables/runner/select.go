@@ -94,11 +94,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 	}
 	var out string
 	err := r.Enter(t, false, func() error {
-		rs := r.decideIPv6(t, rs)
-		if binaries {
-			out = simulation(t.Mode, rs, nil)
-			return nil
-		}
+		rs := r.decideIPv6(t, rs) // the iptables binaries' simulation calls no plan
 		out = simulation(t.Mode, rs, func(bs ...iptables.Backend) string { return nfnl.New(bs...).BatchFor(ctx, rs).String() })
 		return nil
 	})
