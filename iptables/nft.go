@@ -247,38 +247,36 @@ func (r *Ruleset) NFT() NFTTable {
 		w.only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
 	for _, c := range r.Plan() {
-		cw := &nftChainWriter{ch: NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}}
+		w.ch = NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}
 		if c.Table.ChainType != "nat" {
-			cw.ch.Type = c.Table.ChainType
+			w.ch.Type = c.Table.ChainType
 		}
 		for _, s := range c.Steps {
 			sc := s.Common()
-			cw.iif = sc.Arriving
-			s.nftRules(w, cw, cmp.Or(sc.Direction, c.Direction))
+			w.iif, w.dir = sc.Arriving, cmp.Or(sc.Direction, c.Direction)
+			s.nftRules(w)
 		}
-		w.t.Chains = append(w.t.Chains, cw.ch)
+		w.t.Chains = append(w.t.Chains, w.ch)
 	}
 	return w.t
 }
 
-// nftWriter builds the table NFT returns.
+// nftWriter builds the table NFT returns, a chain at a time.
 type nftWriter struct {
 	r     *Ruleset
 	t     NFTTable
 	only4 []NFTMatch // "meta nfproto ipv4" when IPv6 is off
+	ch    NFTChain   // the chain being written
+	iif   string     // the step's arriving interface, when it is limited to one
+	dir   string     // the step's direction, which names the sets of its lists
 }
 
-// nftChainWriter collects one chain's rules.
-type nftChainWriter struct {
-	ch  NFTChain
-	iif string // the step's arriving interface, when it is limited to one
-}
-
-func (cw *nftChainWriter) add(rl NFTRule) {
-	if cw.iif != "" {
-		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: cw.iif}}, rl.Matches...)
+// add adds rl to the chain, limited to the step's arriving interface.
+func (w *nftWriter) add(rl NFTRule) {
+	if w.iif != "" {
+		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: w.iif}}, rl.Matches...)
 	}
-	cw.ch.Rules = append(cw.ch.Rules, rl)
+	w.ch.Rules = append(w.ch.Rules, rl)
 }
 
 // addSet adds the set name, unless the table has it already, and returns its name.

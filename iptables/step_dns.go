@@ -80,13 +80,13 @@ func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
-func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s redirectDNSStep) nftRules(w *nftWriter) {
 	port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
 	if s.Proto == "tcp" {
 		port.Kind = NFTMatchTCPDPort
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
-	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(port))
+	w.perServer(s.StepCommon, s.Servers, rl, w.acting(port))
 }
 
 // dnsZoneStep puts DNS packets into conntrack zone Zone: UDP to port 53 (to Servers, when given)
@@ -112,7 +112,7 @@ func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
-func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s dnsZoneStep) nftRules(w *nftWriter) {
 	ms := s.nftMatches()
 	if s.Interface != "" {
 		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
@@ -123,7 +123,7 @@ func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTZone, Zone: s.Zone}
-	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
+	w.perServer(s.StepCommon, s.Servers, rl, w.acting(ms...))
 }
 
 // dnsServer is appendPer's setter of a nameserver of family f.
@@ -135,10 +135,10 @@ func dnsServer(f Family) func(XTRule, netip.Addr) (XTRule, bool) {
 }
 
 // perServer adds rl with matches ms once, or once per family of the servers listed, to them.
-func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
+func (w *nftWriter) perServer(c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
 	if len(servers) == 0 {
 		rl.Matches = ms
-		cw.add(rl)
+		w.add(rl)
 		return
 	}
 	var hosts []netip.Prefix
@@ -152,6 +152,6 @@ func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.
 		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
 			return m.Kind == NFTMatchNFProto
 		})...)
-		cw.add(x)
+		w.add(x)
 	})
 }

@@ -49,8 +49,8 @@ func (s ignoreOwnerStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return append(out, x)
 }
 
-func (s ignoreOwnerStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	cw.add(NFTRule{Comment: comment(s, ""), Matches: s.nftMatches()})
+func (s ignoreOwnerStep) nftRules(w *nftWriter) {
+	w.add(NFTRule{Comment: comment(s, ""), Matches: s.nftMatches()})
 }
 
 // nftMatches is the nftables match of the exemption's owner; none for the zero exemption.
