@@ -78,15 +78,7 @@ func parseFilterLevel(s string) (slog.Level, error) {
 
 // validTarget accepts the characters of a Rust module path (a::b_c).
 func validTarget(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r == ':' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
+	return s != "" && strings.Trim(s, "_:-.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == ""
 }
 
 func levelName(l slog.Level) string {
