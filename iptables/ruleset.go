@@ -358,7 +358,8 @@ func (r *Ruleset) Hash() string {
 		}
 		h.Write([]byte("|"))
 	}
-	if r.beyondLinkerd() {
+	if r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
+		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0 {
 		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
 			byFamily(r.Families, r.OutboundRedirectSubnets, is4), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
@@ -380,12 +381,6 @@ func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 		}
 	}
 	return out
-}
-
-// beyondLinkerd reports whether a feature beyond Linkerd's that Hash hashes together is on.
-func (r *Ruleset) beyondLinkerd() bool {
-	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
-		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0
 }
 
 // joinXTPorts renders a multiport argument list: "4190,4191,6000:7000".

@@ -103,9 +103,7 @@ func (t Target) lock(exclusive bool) (func(), error) {
 // shared or exclusive, waiting at most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(wait)
-	if path == "" {
-		path = "/proc/thread-self/ns/net"
-	}
+	path = cmp.Or(path, "/proc/thread-self/ns/net")
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
@@ -127,9 +125,7 @@ type HostLockFile struct {
 // in dir (made 0700, refused when others may reach it), shared or exclusive, waiting at most wait.
 // A lock file removed while this call waited is taken anew, so a removal never lets two holders in.
 func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockFile, error) {
-	if netns == "" {
-		netns = "/proc/thread-self/ns/net"
-	}
+	netns = cmp.Or(netns, "/proc/thread-self/ns/net")
 	var ns unix.Stat_t
 	if err := unix.Stat(netns, &ns); err != nil {
 		return nil, fmt.Errorf("stat the network namespace %s to name its lock: %w", netns, err)
