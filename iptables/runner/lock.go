@@ -49,10 +49,6 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting (lock: %s)", e.Wait, e.Lock)
 }
 
-var errStillHeld = errors.New("still held")
-
-const inPodLabel = "the namespace's own file, which any process in the pod can hold too"
-
 // enterLocked runs fn inside the target's namespace holding the locks it asks for.
 func enterLocked(t Target, exclusive bool, fn func() error) error {
 	return netnsutil.Do(t.NetNS, func() error {
@@ -108,9 +104,10 @@ func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err e
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
 	}
-	if err := flockUntil(f, exclusive, deadline); err != nil {
+	busy := &BusyError{Wait: wait, Lock: "the namespace's own file, which any process in the pod can hold too"}
+	if err := flockUntil(f, exclusive, deadline, busy); err != nil {
 		f.Close()
-		return nil, lockError(err, wait, inPodLabel)
+		return nil, err
 	}
 	return func() { f.Close() }, nil
 }
@@ -140,9 +137,9 @@ func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockF
 		if err != nil {
 			return nil, err
 		}
-		if err := flockUntil(f, exclusive, deadline); err != nil {
+		if err := flockUntil(f, exclusive, deadline, &BusyError{Wait: wait, Lock: path}); err != nil {
 			f.Close()
-			return nil, lockError(err, wait, path)
+			return nil, err
 		}
 		same, err := stillAt(f, path)
 		if same {
@@ -255,12 +252,12 @@ func stillAt(f *os.File, path string) (bool, error) {
 	return held.Dev == now.Dev && held.Ino == now.Ino, nil
 }
 
-// flockUntil takes flock on f, polling until deadline (then errStillHeld). The descriptor is made
+// flockUntil takes flock on f, polling until deadline (then busy). The descriptor is made
 // inheritable: an iptables-restore started under the lock keeps it, so a writer killed while its
 // restore runs keeps the namespace locked until that restore finishes.
-func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
+func flockUntil(f *os.File, exclusive bool, deadline time.Time, busy *BusyError) error {
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
-		return err
+		return fmt.Errorf("lock the network namespace: %w", err)
 	}
 	how := unix.LOCK_SH
 	if exclusive {
@@ -272,18 +269,12 @@ func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			return &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
+			err = &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
+			return fmt.Errorf("lock the network namespace: %w", err)
 		}
 		if time.Now().After(deadline) {
-			return errStillHeld
+			return busy
 		}
 		time.Sleep(pause)
 	}
-}
-
-func lockError(err error, wait time.Duration, lock string) error {
-	if errors.Is(err, errStillHeld) {
-		return &BusyError{Wait: wait, Lock: lock}
-	}
-	return fmt.Errorf("lock the network namespace: %w", err)
 }
