@@ -8,6 +8,7 @@ package iptables
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -378,19 +379,14 @@ func normalize(s []NFTInterval) []NFTInterval {
 // ElementString renders one interval of set type t in nft syntax: "80", "1000-2000",
 // "192.0.2.0/24", "198.51.100.7" or "203.0.113.0-203.0.113.9".
 func (t NFTSetType) ElementString(iv NFTInterval) string {
-	if t == NFTPorts {
-		if len(iv.First) != 2 || len(iv.Last) != 2 {
-			return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
-		}
-		p := PortRange{First: uint16(iv.First[0])<<8 | uint16(iv.First[1]), Last: uint16(iv.Last[0])<<8 | uint16(iv.Last[1])}
-		return p.String()
-	}
 	first, ok1 := netip.AddrFromSlice(iv.First)
 	last, ok2 := netip.AddrFromSlice(iv.Last)
-	if !ok1 || !ok2 {
+	switch {
+	case t == NFTPorts && len(iv.First) == 2 && len(iv.Last) == 2:
+		return PortRange{binary.BigEndian.Uint16(iv.First), binary.BigEndian.Uint16(iv.Last)}.String()
+	case t == NFTPorts || !ok1 || !ok2:
 		return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
-	}
-	if first == last {
+	case first == last:
 		return first.String()
 	}
 	// A range that is exactly one prefix prints as the prefix, as nft does.
