@@ -130,7 +130,7 @@ func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockF
 	if err := rootonly.Make(dir); err != nil {
 		return nil, fmt.Errorf("the namespace locks' directory: %w", err)
 	}
-	path := filepath.Join(dir, hostLockName(ns.Dev, ns.Ino))
+	path := filepath.Join(dir, fmt.Sprintf("%d-%d", ns.Dev, ns.Ino)) // nsfs device and inode
 	deadline := time.Now().Add(wait)
 	for {
 		f, err := openLockFile(path)
@@ -165,7 +165,7 @@ func (l *HostLockFile) Remove() error {
 	return nil
 }
 
-// isHostLockName matches the names of host lock files (hostLockName's: digits, '-', digits). A
+// isHostLockName matches the names of host lock files (HostLock's: device, '-', inode). A
 // function, not a regular expression: a package-level one is compiled at every start of the
 // plugin, which runs this only in its sweep.
 func isHostLockName(name string) bool {
@@ -173,10 +173,6 @@ func isHostLockName(name string) bool {
 	_, errDev := strconv.ParseUint(dev, 10, 64)
 	_, errIno := strconv.ParseUint(ino, 10, 64)
 	return ok && errDev == nil && errIno == nil
-}
-
-func hostLockName(dev, ino uint64) string {
-	return strconv.FormatUint(dev, 10) + "-" + strconv.FormatUint(ino, 10)
 }
 
 // SweepHostLocks removes from dir every lock file nobody holds, and returns how many: a lock file

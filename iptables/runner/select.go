@@ -112,8 +112,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...iptables.Backend) string) string {
 	var b strings.Builder
 	netlink := func(title string, bs ...iptables.Backend) {
-		b.WriteString("# " + title + "\n")
-		b.WriteString(plan(bs...))
+		b.WriteString("# " + title + "\n" + plan(bs...))
 	}
 	restores := func() {
 		fams := []iptables.Family{iptables.IPv4, iptables.IPv6}
