@@ -7,7 +7,7 @@ package iptables
 import (
 	"fmt"
 	"slices"
-	"strconv"
+	"strings"
 )
 
 // Hook is a netfilter hook one of our chains is attached to, under each backend's name for it.
@@ -166,9 +166,4 @@ func (p PolicyRoute) Lines() []string {
 }
 
 // xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".
-func xtPorts(p PortRange) string {
-	if p.First == p.Last {
-		return strconv.Itoa(int(p.First))
-	}
-	return strconv.Itoa(int(p.First)) + ":" + strconv.Itoa(int(p.Last))
-}
+func xtPorts(p PortRange) string { return strings.Replace(p.String(), "-", ":", 1) }
