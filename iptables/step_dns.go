@@ -35,34 +35,30 @@ func (r *Ruleset) dnsRedirectSteps() []Step {
 // dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
 // zones; the first that matches holds.
 func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
-	zone := func(name string, z uint16) dnsZoneStep {
-		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z}
+	zone := func(name string, z, sport uint16) dnsZoneStep {
+		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z, SPort: sport}
 	}
 	for _, e := range exempts {
-		s := zone("dns-zone-"+e.name, ZoneDirect)
+		s := zone("dns-zone-"+e.name, ZoneDirect, 0)
 		s.exemption = e
 		output = append(output, s)
 	}
 	for _, name := range r.IgnoreInterfaces {
-		s := zone("dns-zone-interface-"+name, ZoneDirect)
+		s := zone("dns-zone-interface-"+name, ZoneDirect, 0)
 		s.Interface = name
 		output = append(output, s)
 	}
-	answers := zone("dns-zone-proxy-answers", ZoneCaptured)
-	answers.SPort = r.DNSPort
-	output = append(output, answers)
-	captured := zone("dns-zone-captured", ZoneCaptured)
+	output = append(output, zone("dns-zone-proxy-answers", ZoneCaptured, r.DNSPort))
+	captured := zone("dns-zone-captured", ZoneCaptured, 0)
 	captured.Servers = r.DNSServers
 	if len(r.DNSServers) > 0 {
 		captured.Name += "-"
 	}
 	output = append(output, captured)
 	if len(r.DNSServers) > 0 {
-		output = append(output, zone("dns-zone-not-captured", ZoneDirect))
+		output = append(output, zone("dns-zone-not-captured", ZoneDirect, 0))
 	}
-	nameservers := zone("dns-zone-nameserver-answers", ZoneDirect)
-	nameservers.SPort = DNSPort
-	return output, []Step{nameservers}
+	return output, []Step{zone("dns-zone-nameserver-answers", ZoneDirect, DNSPort)}
 }
 
 // redirectDNSStep redirects DNS over Proto to Servers (every nameserver when empty) to port Port.
