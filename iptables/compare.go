@@ -220,18 +220,12 @@ func TransitionPayload(current, target SavedState) string {
 // transition writes the transaction of table t: current is the whole state in place, chains the
 // target's chains and target its rules of t, in iptables-save order, jumps included.
 func transition(b *strings.Builder, t XTTable, current SavedState, chains []string, target []Rule) {
-	var declare, keep []string
+	var declare []string
 	for _, c := range Chains() {
-		if c.Table != t {
-			continue
-		}
-		wanted, present := slices.Contains(chains, c.Name), slices.Contains(current.Chains, c.Name)
 		// Linkerd's two are declared whatever the states hold, as they always were.
-		if wanted || present || t == TableNAT {
+		either := slices.Contains(chains, c.Name) || slices.Contains(current.Chains, c.Name)
+		if c.Table == t && (either || t == TableNAT) {
 			declare = append(declare, c.Name)
-		}
-		if wanted {
-			keep = append(keep, c.Name)
 		}
 	}
 	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
@@ -253,7 +247,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		}
 	}
 	for _, r := range foreign {
-		if !slices.Contains(keep, jumpTarget(r.Spec)) {
+		if !slices.Contains(chains, jumpTarget(r.Spec)) {
 			r.writeTo(b, "-D ")
 		}
 	}
@@ -266,7 +260,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		j.writeTo(b, "-D ")
 	}
 	for _, c := range declare {
-		if !slices.Contains(keep, c) {
+		if !slices.Contains(chains, c) {
 			b.WriteString("-X " + c + "\n")
 		}
 	}
