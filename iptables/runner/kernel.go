@@ -52,11 +52,10 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 		if !rs.TPROXY {
 			return nil
 		}
-		s, err := p.TPROXY(ctx)
-		if err != nil {
-			return nil
+		if s, err := p.TPROXY(ctx); err == nil {
+			return tproxyVerdict(mode, s)
 		}
-		return tproxyVerdict(mode, s)
+		return nil // the kernel cannot be asked: the write's own error stands
 	}
 }
 
