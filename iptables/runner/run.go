@@ -168,7 +168,7 @@ func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
 	var in iptables.InPlace
 	err := r.Enter(t, false, func() error {
 		hs, err := nfnl.Read(ctx)
-		if err != nil && (iptables.IsCapabilityError(err) || !errors.Is(err, iptables.ErrUnsupported)) {
+		if err != nil && !passedOver(err) {
 			return err
 		}
 		in.Holdings = hs
@@ -343,12 +343,8 @@ func notInKernel(t Target, a iptables.Applier, err error) bool {
 // lists a legacy table (no exec in a fresh namespace; without the binaries none was written).
 func realOthers(covered []iptables.Backend) []iptables.Applier {
 	var out []iptables.Applier
-	var netlink []iptables.Backend
-	for _, b := range []iptables.Backend{iptables.BackendNFT, iptables.BackendNFTables} {
-		if !slices.Contains(covered, b) {
-			netlink = append(netlink, b)
-		}
-	}
+	netlink := []iptables.Backend{iptables.BackendNFT, iptables.BackendNFTables}
+	netlink = slices.DeleteFunc(netlink, func(b iptables.Backend) bool { return slices.Contains(covered, b) })
 	if len(netlink) > 0 {
 		out = append(out, nfnl.New(netlink...))
 	}
