@@ -199,11 +199,8 @@ func SweepHostLocks(dir string) (int, error) {
 		if err != nil {
 			continue // gone since the listing
 		}
-		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-			f.Close() // held: in use
-			continue
-		}
-		if same, _ := stillAt(f, path); same {
+		inUse := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil // someone holds it
+		if same, _ := stillAt(f, path); same && !inUse {
 			if err := os.Remove(path); err != nil {
 				errs = append(errs, err)
 			} else {
