@@ -40,12 +40,7 @@ type Target struct {
 	RemoveHostLock bool
 }
 
-func (t Target) log() *slog.Logger {
-	if t.Log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return t.Log
-}
+func (t Target) log() *slog.Logger { return cmp.Or(t.Log, slog.New(slog.DiscardHandler)) }
 
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
