@@ -91,7 +91,7 @@ func (r *Ruleset) Plan() []PlanChain {
 		mangle.Steps = r.interfaceSteps(true)
 	}
 	if r.DropInvalid {
-		mangle.Steps = append(mangle.Steps, dropInvalidStep{StepCommon{Name: "drop-invalid"}})
+		mangle.Steps = append(mangle.Steps, dropInvalid())
 	}
 	if r.TPROXY {
 		mangle.Steps = append(mangle.Steps, r.tproxySteps()...)

@@ -5,6 +5,8 @@ package iptables
 // dropInvalidStep drops TCP that conntrack marks INVALID.
 type dropInvalidStep struct{ StepCommon }
 
+func dropInvalid() Step { return dropInvalidStep{StepCommon{Name: "drop-invalid"}} }
+
 func (s dropInvalidStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.TCP, x.CTState, x.Target, x.Comment = true, CTStateInvalid, TargetDrop, comment(s, "")
 	return append(out, x)
