@@ -295,9 +295,8 @@ func (c *Config) absorb(r ruleFacts) {
 			c.OutboundPortsToIgnore = append(c.OutboundPortsToIgnore, r.ports...)
 		case r.name == "ignore-subnet-":
 			c.OutboundSubnetsToIgnore = append(c.OutboundSubnetsToIgnore, r.subnets...)
-		case r.name == "redirect-all-outgoing-to-proxy-port":
-			c.OutboundProxyPort = r.toPort
-		case r.name == "redirect-outbound-port-", r.name == "redirect-outbound-subnet-":
+		case r.name == "redirect-all-outgoing-to-proxy-port", // which lists no ports or subnets
+			r.name == "redirect-outbound-port-", r.name == "redirect-outbound-subnet-":
 			c.OutboundProxyPort = r.toPort
 			c.OutboundPortsToRedirect = append(c.OutboundPortsToRedirect, r.ports...)
 			c.OutboundSubnetsToRedirect = append(c.OutboundSubnetsToRedirect, r.subnets...)
