@@ -397,10 +397,8 @@ func setPrefixes(s NFTSet) []string {
 	var out []string
 	for _, iv := range s.Elements {
 		first, _ := netip.AddrFromSlice(iv.First)
-		last, ok := netip.AddrFromSlice(iv.Last)
-		if ok {
-			out = append(out, strs(rangePrefixes(first, last))...)
-		}
+		last, _ := netip.AddrFromSlice(iv.Last) // a bad key is no address: rangePrefixes makes none
+		out = append(out, strs(rangePrefixes(first, last))...)
 	}
 	return out
 }
