@@ -190,14 +190,13 @@ func (f *Found) build(c Config) *Ruleset {
 
 // diffProblems says how a family's rules differ from what the configuration writes.
 func (f *Found) diffProblems(st FamilyState) {
-	var jumps, rules int
+	jumps := 0
 	for _, l := range st.Diff.Missing {
-		if r := savedRule(l); strings.HasPrefix(l, "-") && !IsOurChain(r.Chain) {
+		if strings.HasPrefix(l, "-") && !IsOurChain(savedRule(l).Chain) {
 			jumps++
-		} else {
-			rules++
 		}
 	}
+	rules := len(st.Diff.Missing) - jumps
 	if jumps > 0 {
 		f.Problems = append(f.Problems, fmt.Sprintf("%s lacks %d of the jumps into our chains: packets never reach their rules", st.Family, jumps))
 	}
