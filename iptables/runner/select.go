@@ -219,8 +219,7 @@ func (r Runner) Simulate(ctx context.Context, t Target, rs *iptables.Ruleset) st
 	if userns, _ := netnsutil.ForeignUserNS(t.NetNS); userns != "" {
 		t.Mode, pre = iptables.ModeNFTables, "# "+fmt.Sprintf(userNSReason, userns)+"\n"
 	}
-	binaries := t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain
-	if binaries && (rs == nil || !rs.IPv6Auto) {
+	if (t.Mode == iptables.ModeLegacy || t.Mode == iptables.ModePlain) && (rs == nil || !rs.IPv6Auto) {
 		return simulation(t.Mode, rs, nil)
 	}
 	var out string
