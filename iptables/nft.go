@@ -111,10 +111,7 @@ type NFTMatch struct {
 
 // String renders the match in nft syntax.
 func (m NFTMatch) String() string {
-	ip := "ip"
-	if m.Family == IPv6 {
-		ip = "ip6"
-	}
+	ip := cmp.Or(map[Family]string{IPv6: "ip6"}[m.Family], "ip")
 	switch m.Kind {
 	case NFTMatchNFProto:
 		return "meta nfproto " + string(m.Family)
