@@ -10,6 +10,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -250,10 +251,7 @@ func simulation(mode iptables.Mode, rs *iptables.Ruleset, plan func(backends ...
 			fams = rs.Families
 		}
 		for _, f := range fams {
-			bin := "iptables-restore"
-			if f == iptables.IPv6 {
-				bin = "ip6tables-restore"
-			}
+			bin := cmp.Or(map[iptables.Family]string{iptables.IPv6: "ip6"}[f], "ip") + "tables-restore"
 			fmt.Fprintf(&b, "# %s: %s --noflush\n", f, bin)
 			if rs == nil {
 				b.WriteString(iptables.CleanupPayload())
