@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -161,12 +162,9 @@ func ParsePort(s string) (PortRange, error) {
 	if !isRange {
 		hi = lo
 	}
-	first, err := parsePortNumber(lo)
-	if err != nil {
-		return PortRange{}, err
-	}
-	last, err := parsePortNumber(hi)
-	if err != nil {
+	first, errFirst := parsePortNumber(lo)
+	last, errLast := parsePortNumber(hi)
+	if err := cmp.Or(errFirst, errLast); err != nil {
 		return PortRange{}, err
 	}
 	if last < first {
