@@ -451,9 +451,8 @@ func nameservers(bad func(field, value, reason string), values []string) []netip
 	return out
 }
 
-// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It looks each up
-// in a sorted copy: a map of a thousand prefixes touches far more pages, which a fresh process
-// pays for.
+// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It looks each up in a
+// sorted copy: a map of a thousand prefixes touches far more pages, which a fresh process pays for.
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
 	sorted := slices.Clone(ps)
 	slices.SortFunc(sorted, netip.Prefix.Compare)
