@@ -99,8 +99,7 @@ func (t Target) lock(exclusive bool) (func(), error) {
 // shared or exclusive, waiting at most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(wait)
-	path = cmp.Or(path, "/proc/thread-self/ns/net")
-	f, err := os.Open(path)
+	f, err := os.Open(cmp.Or(path, "/proc/thread-self/ns/net"))
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
 	}
