@@ -262,12 +262,8 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 	}
 	out := make([]XTRule, 0, n)
 	for _, c := range r.Plan() {
-		table := ""
-		if c.Table != TableNAT {
-			table = c.Table.Name
-		}
 		for _, s := range c.Steps {
-			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn, InInterface: s.Common().Arriving}
+			x := XTRule{Table: c.Table.Name, Chain: c.Name, Target: TargetReturn, InInterface: s.Common().Arriving}
 			out = s.xtRules(out, x, f)
 		}
 	}
@@ -287,11 +283,7 @@ func xtJumps(chains []PlanChain) []XTRule {
 			if c.Table != t {
 				continue
 			}
-			table := ""
-			if t != TableNAT {
-				table = t.Name
-			}
-			out = append(out, XTRule{Table: table, Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
+			out = append(out, XTRule{Table: t.Name, Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
 		}
 	}
 	return out
