@@ -57,19 +57,11 @@ func savedRule(line string) Rule {
 	return r
 }
 
-func savedRules(lines []string) []Rule {
-	out := make([]Rule, len(lines))
-	for i, l := range lines {
-		out[i] = savedRule(l)
-	}
-	return out
-}
-
-// inTable returns those of rules that are in table t.
-func inTable(t XTTable, rules []Rule) []Rule {
+// rulesIn parses those of lines (as Rule.String renders them) that are in table t.
+func rulesIn(t XTTable, lines []string) []Rule {
 	var out []Rule
-	for _, r := range rules {
-		if r.Table == t.Name {
+	for _, l := range lines {
+		if r := savedRule(l); r.Table == t.Name {
 			out = append(out, r)
 		}
 	}
@@ -213,15 +205,14 @@ func diffLines(want, have []string) Diff {
 // added one by one, so a jump in place is never removed and re-added (no gap) and duplicates go.
 // Someone else's jumps are kept, unless their chain goes, which they would keep from deletion.
 func TransitionPayload(current, target SavedState) string {
-	rules := savedRules(target.Rules)
 	var b strings.Builder
 	size := 256
-	for _, rl := range rules {
-		size += len(rl.Chain) + len(rl.Spec) + 5
+	for _, l := range target.Rules {
+		size += len(l) + 1
 	}
 	b.Grow(size)
 	for _, t := range XTTables() {
-		transition(&b, t, current, target.Chains, inTable(t, rules))
+		transition(&b, t, current, target.Chains, rulesIn(t, target.Rules))
 	}
 	return b.String()
 }
@@ -229,25 +220,19 @@ func TransitionPayload(current, target SavedState) string {
 // transition writes the transaction of table t: current is the whole state in place, chains the
 // target's chains and target its rules of t, in iptables-save order, jumps included.
 func transition(b *strings.Builder, t XTTable, current SavedState, chains []string, target []Rule) {
-	var declare, keep []string
+	var declare []string
 	for _, c := range Chains() {
-		if c.Table != t {
-			continue
-		}
-		wanted, present := slices.Contains(chains, c.Name), slices.Contains(current.Chains, c.Name)
 		// Linkerd's two are declared whatever the states hold, as they always were.
-		if wanted || present || t == TableNAT {
+		either := slices.Contains(chains, c.Name) || slices.Contains(current.Chains, c.Name)
+		if c.Table == t && (either || t == TableNAT) {
 			declare = append(declare, c.Name)
-		}
-		if wanted {
-			keep = append(keep, c.Name)
 		}
 	}
 	// Our jumps in place, parsed back to be deleted exactly as they are, and someone else's.
-	curJumps := slices.DeleteFunc(inTable(t, savedRules(current.Rules)), func(r Rule) bool {
+	curJumps := slices.DeleteFunc(rulesIn(t, current.Rules), func(r Rule) bool {
 		return IsOurChain(r.Chain)
 	})
-	foreign := inTable(t, savedRules(current.ForeignJumps))
+	foreign := rulesIn(t, current.ForeignJumps)
 	if t != TableNAT && len(declare) == 0 && len(curJumps) == 0 && len(foreign) == 0 {
 		return
 	}
@@ -262,7 +247,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		}
 	}
 	for _, r := range foreign {
-		if !slices.Contains(keep, jumpTarget(r.Spec)) {
+		if !slices.Contains(chains, jumpTarget(r.Spec)) {
 			r.writeTo(b, "-D ")
 		}
 	}
@@ -275,7 +260,7 @@ func transition(b *strings.Builder, t XTTable, current SavedState, chains []stri
 		j.writeTo(b, "-D ")
 	}
 	for _, c := range declare {
-		if !slices.Contains(keep, c) {
+		if !slices.Contains(chains, c) {
 			b.WriteString("-X " + c + "\n")
 		}
 	}

@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -161,12 +162,9 @@ func ParsePort(s string) (PortRange, error) {
 	if !isRange {
 		hi = lo
 	}
-	first, err := parsePortNumber(lo)
-	if err != nil {
-		return PortRange{}, err
-	}
-	last, err := parsePortNumber(hi)
-	if err != nil {
+	first, errFirst := parsePortNumber(lo)
+	last, errLast := parsePortNumber(hi)
+	if err := cmp.Or(errFirst, errLast); err != nil {
 		return PortRange{}, err
 	}
 	if last < first {
@@ -453,27 +451,17 @@ func nameservers(bad func(field, value, reason string), values []string) []netip
 	return out
 }
 
-// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It sorts indexes:
-// a map of a thousand prefixes touches far more pages, which a fresh process pays for.
+// dedupePrefixes drops repeated prefixes in place, keeping the first of each. It looks each up in a
+// sorted copy: a map of a thousand prefixes touches far more pages, which a fresh process pays for.
 func dedupePrefixes(ps []netip.Prefix) []netip.Prefix {
-	if len(ps) < 2 {
-		return ps
-	}
-	idx := make([]int32, len(ps))
-	for i := range idx {
-		idx[i] = int32(i)
-	}
-	// Stable: among equal prefixes the first stays first, and is the one kept.
-	slices.SortStableFunc(idx, func(a, b int32) int { return ps[a].Compare(ps[b]) })
-	dup := make([]bool, len(ps))
-	for k := 1; k < len(idx); k++ {
-		if ps[idx[k]] == ps[idx[k-1]] {
-			dup[idx[k]] = true
-		}
-	}
+	sorted := slices.Clone(ps)
+	slices.SortFunc(sorted, netip.Prefix.Compare)
+	// seen[i]: the prefix at sorted[i], the first of its run, is kept already.
+	seen := make([]bool, len(ps))
 	out := ps[:0]
-	for i, p := range ps {
-		if !dup[i] {
+	for _, p := range ps {
+		if i, _ := slices.BinarySearchFunc(sorted, p, netip.Prefix.Compare); !seen[i] {
+			seen[i] = true
 			out = append(out, p)
 		}
 	}

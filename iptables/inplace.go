@@ -190,14 +190,13 @@ func (f *Found) build(c Config) *Ruleset {
 
 // diffProblems says how a family's rules differ from what the configuration writes.
 func (f *Found) diffProblems(st FamilyState) {
-	var jumps, rules int
+	jumps := 0
 	for _, l := range st.Diff.Missing {
-		if r := savedRule(l); strings.HasPrefix(l, "-") && !IsOurChain(r.Chain) {
+		if strings.HasPrefix(l, "-") && !IsOurChain(savedRule(l).Chain) {
 			jumps++
-		} else {
-			rules++
 		}
 	}
+	rules := len(st.Diff.Missing) - jumps
 	if jumps > 0 {
 		f.Problems = append(f.Problems, fmt.Sprintf("%s lacks %d of the jumps into our chains: packets never reach their rules", st.Family, jumps))
 	}
@@ -295,9 +294,8 @@ func (c *Config) absorb(r ruleFacts) {
 			c.OutboundPortsToIgnore = append(c.OutboundPortsToIgnore, r.ports...)
 		case r.name == "ignore-subnet-":
 			c.OutboundSubnetsToIgnore = append(c.OutboundSubnetsToIgnore, r.subnets...)
-		case r.name == "redirect-all-outgoing-to-proxy-port":
-			c.OutboundProxyPort = r.toPort
-		case r.name == "redirect-outbound-port-", r.name == "redirect-outbound-subnet-":
+		case r.name == "redirect-all-outgoing-to-proxy-port", // which lists no ports or subnets
+			r.name == "redirect-outbound-port-", r.name == "redirect-outbound-subnet-":
 			c.OutboundProxyPort = r.toPort
 			c.OutboundPortsToRedirect = append(c.OutboundPortsToRedirect, r.ports...)
 			c.OutboundSubnetsToRedirect = append(c.OutboundSubnetsToRedirect, r.subnets...)
@@ -398,10 +396,8 @@ func setPrefixes(s NFTSet) []string {
 	var out []string
 	for _, iv := range s.Elements {
 		first, _ := netip.AddrFromSlice(iv.First)
-		last, ok := netip.AddrFromSlice(iv.Last)
-		if ok {
-			out = append(out, strs(rangePrefixes(first, last))...)
-		}
+		last, _ := netip.AddrFromSlice(iv.Last) // a bad key is no address: rangePrefixes makes none
+		out = append(out, strs(rangePrefixes(first, last))...)
 	}
 	return out
 }

@@ -8,6 +8,7 @@ package iptables
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -110,10 +111,7 @@ type NFTMatch struct {
 
 // String renders the match in nft syntax.
 func (m NFTMatch) String() string {
-	ip := "ip"
-	if m.Family == IPv6 {
-		ip = "ip6"
-	}
+	ip := cmp.Or(map[Family]string{IPv6: "ip6"}[m.Family], "ip")
 	switch m.Kind {
 	case NFTMatchNFProto:
 		return "meta nfproto " + string(m.Family)
@@ -247,38 +245,36 @@ func (r *Ruleset) NFT() NFTTable {
 		w.only4 = []NFTMatch{{Kind: NFTMatchNFProto, Family: IPv4}}
 	}
 	for _, c := range r.Plan() {
-		cw := &nftChainWriter{ch: NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}}
+		w.ch = NFTChain{Name: c.Name, Hook: c.Hook, Priority: c.Table.Priority}
 		if c.Table.ChainType != "nat" {
-			cw.ch.Type = c.Table.ChainType
+			w.ch.Type = c.Table.ChainType
 		}
 		for _, s := range c.Steps {
 			sc := s.Common()
-			cw.iif = sc.Arriving
-			s.nftRules(w, cw, cmp.Or(sc.Direction, c.Direction))
+			w.iif, w.dir = sc.Arriving, cmp.Or(sc.Direction, c.Direction)
+			s.nftRules(w)
 		}
-		w.t.Chains = append(w.t.Chains, cw.ch)
+		w.t.Chains = append(w.t.Chains, w.ch)
 	}
 	return w.t
 }
 
-// nftWriter builds the table NFT returns.
+// nftWriter builds the table NFT returns, a chain at a time.
 type nftWriter struct {
 	r     *Ruleset
 	t     NFTTable
 	only4 []NFTMatch // "meta nfproto ipv4" when IPv6 is off
+	ch    NFTChain   // the chain being written
+	iif   string     // the step's arriving interface, when it is limited to one
+	dir   string     // the step's direction, which names the sets of its lists
 }
 
-// nftChainWriter collects one chain's rules.
-type nftChainWriter struct {
-	ch  NFTChain
-	iif string // the step's arriving interface, when it is limited to one
-}
-
-func (cw *nftChainWriter) add(rl NFTRule) {
-	if cw.iif != "" {
-		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: cw.iif}}, rl.Matches...)
+// add adds rl to the chain, limited to the step's arriving interface.
+func (w *nftWriter) add(rl NFTRule) {
+	if w.iif != "" {
+		rl.Matches = append([]NFTMatch{{Kind: NFTMatchIIFName, Name: w.iif}}, rl.Matches...)
 	}
-	cw.ch.Rules = append(cw.ch.Rules, rl)
+	w.ch.Rules = append(w.ch.Rules, rl)
 }
 
 // addSet adds the set name, unless the table has it already, and returns its name.
@@ -380,19 +376,14 @@ func normalize(s []NFTInterval) []NFTInterval {
 // ElementString renders one interval of set type t in nft syntax: "80", "1000-2000",
 // "192.0.2.0/24", "198.51.100.7" or "203.0.113.0-203.0.113.9".
 func (t NFTSetType) ElementString(iv NFTInterval) string {
-	if t == NFTPorts {
-		if len(iv.First) != 2 || len(iv.Last) != 2 {
-			return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
-		}
-		p := PortRange{First: uint16(iv.First[0])<<8 | uint16(iv.First[1]), Last: uint16(iv.Last[0])<<8 | uint16(iv.Last[1])}
-		return p.String()
-	}
 	first, ok1 := netip.AddrFromSlice(iv.First)
 	last, ok2 := netip.AddrFromSlice(iv.Last)
-	if !ok1 || !ok2 {
+	switch {
+	case t == NFTPorts && len(iv.First) == 2 && len(iv.Last) == 2:
+		return PortRange{binary.BigEndian.Uint16(iv.First), binary.BigEndian.Uint16(iv.Last)}.String()
+	case t == NFTPorts || !ok1 || !ok2:
 		return fmt.Sprintf("<bad key %x-%x>", iv.First, iv.Last)
-	}
-	if first == last {
+	case first == last:
 		return first.String()
 	}
 	// A range that is exactly one prefix prints as the prefix, as nft does.

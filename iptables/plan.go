@@ -7,7 +7,7 @@ package iptables
 import (
 	"fmt"
 	"slices"
-	"strconv"
+	"strings"
 )
 
 // Hook is a netfilter hook one of our chains is attached to, under each backend's name for it.
@@ -86,11 +86,19 @@ var ourChains = []PlanChain{
 func (r *Ruleset) Plan() []PlanChain {
 	all := Chains()
 	in, out, mangle, rawIn, rawOut := &all[0], &all[1], &all[2], &all[3], &all[4]
-	if !r.TPROXY {
+	// The mangle chain's: the INVALID drop, and TPROXY with its skips, in place of the nat chain's.
+	if r.DropInvalid || r.TPROXY {
+		mangle.Steps = r.interfaceSteps(true)
+	}
+	if r.DropInvalid {
+		mangle.Steps = append(mangle.Steps, dropInvalid())
+	}
+	if r.TPROXY {
+		mangle.Steps = append(mangle.Steps, r.tproxySteps()...)
+	} else {
 		in.Steps = append(r.interfaceSteps(true), ignoreListSteps(r.InboundIgnorePorts, r.InboundIgnoreSubnets, true)...)
 		in.Steps = append(in.Steps, r.inboundRedirect())
 	}
-	mangle.Steps = r.mangleSteps()
 	exempts := r.exemptions()
 	out.Steps = r.outboundSteps(exempts)
 	if r.DNSPort != 0 {
@@ -101,21 +109,6 @@ func (r *Ruleset) Plan() []PlanChain {
 	return append(all[:2:2], slices.DeleteFunc(all[2:], func(c PlanChain) bool {
 		return len(c.Steps) == 0
 	})...)
-}
-
-// mangleSteps are the mangle chain's: the INVALID drop, and TPROXY with its skips.
-func (r *Ruleset) mangleSteps() []Step {
-	var steps []Step
-	if r.DropInvalid || r.TPROXY {
-		steps = r.interfaceSteps(true)
-	}
-	if r.DropInvalid {
-		steps = append(steps, dropInvalid())
-	}
-	if r.TPROXY {
-		steps = append(steps, r.tproxySteps()...)
-	}
-	return steps
 }
 
 // outboundSteps are the outbound chain's: the exemptions, the ignored interfaces, DNS capture,
@@ -166,9 +159,4 @@ func (p PolicyRoute) Lines() []string {
 }
 
 // xtPorts renders a range the way xtables matches want it: "80" or "1000:2000".
-func xtPorts(p PortRange) string {
-	if p.First == p.Last {
-		return strconv.Itoa(int(p.First))
-	}
-	return strconv.Itoa(int(p.First)) + ":" + strconv.Itoa(int(p.Last))
-}
+func xtPorts(p PortRange) string { return strings.Replace(p.String(), "-", ":", 1) }

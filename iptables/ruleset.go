@@ -262,12 +262,8 @@ func (r *Ruleset) XTRules(f Family) []XTRule {
 	}
 	out := make([]XTRule, 0, n)
 	for _, c := range r.Plan() {
-		table := ""
-		if c.Table != TableNAT {
-			table = c.Table.Name
-		}
 		for _, s := range c.Steps {
-			x := XTRule{Table: table, Chain: c.Name, Target: TargetReturn, InInterface: s.Common().Arriving}
+			x := XTRule{Table: c.Table.Name, Chain: c.Name, Target: TargetReturn, InInterface: s.Common().Arriving}
 			out = s.xtRules(out, x, f)
 		}
 	}
@@ -287,11 +283,7 @@ func xtJumps(chains []PlanChain) []XTRule {
 			if c.Table != t {
 				continue
 			}
-			table := ""
-			if t != TableNAT {
-				table = t.Name
-			}
-			out = append(out, XTRule{Table: table, Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
+			out = append(out, XTRule{Table: t.Name, Chain: c.Hook.Builtin, Comment: CommentPrefix + c.JumpName, Target: c.Name})
 		}
 	}
 	return out
@@ -358,7 +350,8 @@ func (r *Ruleset) Hash() string {
 		}
 		h.Write([]byte("|"))
 	}
-	if r.beyondLinkerd() {
+	if r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
+		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0 {
 		fmt.Fprintf(h, "beyond|%d|%v|%t|%v|%v|%q|%v|%v|%t|", r.DNSPort, byFamily(r.Families, r.DNSServers, netip.Addr.Is4), r.TPROXY, r.OutboundRedirectPorts,
 			byFamily(r.Families, r.OutboundRedirectSubnets, is4), r.IgnoreInterfaces, r.IgnoreUIDs, r.IgnoreGIDs, r.DropInvalid)
 	}
@@ -380,12 +373,6 @@ func byFamily[T any](fams []Family, list []T, is4 func(T) bool) []T {
 		}
 	}
 	return out
-}
-
-// beyondLinkerd reports whether a feature beyond Linkerd's that Hash hashes together is on.
-func (r *Ruleset) beyondLinkerd() bool {
-	return r.DNSPort != 0 || r.TPROXY || r.DropInvalid || len(r.OutboundRedirectPorts) > 0 || len(r.OutboundRedirectSubnets) > 0 ||
-		len(r.IgnoreInterfaces) > 0 || len(r.IgnoreUIDs) > 0 || len(r.IgnoreGIDs) > 0
 }
 
 // joinXTPorts renders a multiport argument list: "4190,4191,6000:7000".

@@ -12,8 +12,8 @@ type Step interface {
 	// xtRules appends the step's iptables rules for family f: x (chain, arriving interface,
 	// RETURN) with what the step adds.
 	xtRules(out []XTRule, x XTRule, f Family) []XTRule
-	// nftRules adds the step's nftables rules to cw; dir names the sets of its lists.
-	nftRules(w *nftWriter, cw *nftChainWriter, dir string)
+	// nftRules adds the step's nftables rules to w's chain.
+	nftRules(w *nftWriter)
 }
 
 // StepCommon is what every step has.

@@ -35,34 +35,30 @@ func (r *Ruleset) dnsRedirectSteps() []Step {
 // dnsZoneSteps are the raw chains' steps (output, prerouting) that put DNS into its conntrack
 // zones; the first that matches holds.
 func (r *Ruleset) dnsZoneSteps(exempts []exemption) (output, prerouting []Step) {
-	zone := func(name string, z uint16) dnsZoneStep {
-		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z}
+	zone := func(name string, z, sport uint16) dnsZoneStep {
+		return dnsZoneStep{StepCommon: StepCommon{Name: name}, Zone: z, SPort: sport}
 	}
 	for _, e := range exempts {
-		s := zone("dns-zone-"+e.name, ZoneDirect)
-		s.Owner, s.ID = e.owner, e.id
+		s := zone("dns-zone-"+e.name, ZoneDirect, 0)
+		s.exemption = e
 		output = append(output, s)
 	}
 	for _, name := range r.IgnoreInterfaces {
-		s := zone("dns-zone-interface-"+name, ZoneDirect)
+		s := zone("dns-zone-interface-"+name, ZoneDirect, 0)
 		s.Interface = name
 		output = append(output, s)
 	}
-	answers := zone("dns-zone-proxy-answers", ZoneCaptured)
-	answers.SPort = r.DNSPort
-	output = append(output, answers)
-	captured := zone("dns-zone-captured", ZoneCaptured)
+	output = append(output, zone("dns-zone-proxy-answers", ZoneCaptured, r.DNSPort))
+	captured := zone("dns-zone-captured", ZoneCaptured, 0)
 	captured.Servers = r.DNSServers
 	if len(r.DNSServers) > 0 {
 		captured.Name += "-"
 	}
 	output = append(output, captured)
 	if len(r.DNSServers) > 0 {
-		output = append(output, zone("dns-zone-not-captured", ZoneDirect))
+		output = append(output, zone("dns-zone-not-captured", ZoneDirect, 0))
 	}
-	nameservers := zone("dns-zone-nameserver-answers", ZoneDirect)
-	nameservers.SPort = DNSPort
-	return output, []Step{nameservers}
+	return output, []Step{zone("dns-zone-nameserver-answers", ZoneDirect, DNSPort)}
 }
 
 // redirectDNSStep redirects DNS over Proto to Servers (every nameserver when empty) to port Port.
@@ -80,23 +76,22 @@ func (s redirectDNSStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
-func (s redirectDNSStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s redirectDNSStep) nftRules(w *nftWriter) {
 	port := NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort}
 	if s.Proto == "tcp" {
 		port.Kind = NFTMatchTCPDPort
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
-	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(port))
+	w.perServer(s.StepCommon, s.Servers, rl, w.acting(port))
 }
 
 // dnsZoneStep puts DNS packets into conntrack zone Zone: UDP to port 53 (to Servers, when given)
-// or, when SPort is set, UDP from that port, from sockets of the user or group ID (Owner) or out
+// or, when SPort is set, UDP from that port, from sockets of the exemption's user or group or out
 // of the interface Interface, when given.
 type dnsZoneStep struct {
 	StepCommon
+	exemption
 	Servers   []netip.Addr
-	Owner     Owner
-	ID        uint32
 	Interface string
 	SPort     uint16
 	Zone      uint16
@@ -104,16 +99,17 @@ type dnsZoneStep struct {
 
 func (s dnsZoneStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	x.UDP, x.Target, x.Zone, x.OutInterface = true, TargetCT, s.Zone, s.Interface
+	x.UIDOwner, x.GIDOwner = s.uid, s.gid
 	if s.SPort != 0 {
 		x.SPort = PortRange{First: s.SPort, Last: s.SPort}
 	} else {
 		x.DPort = PortRange{First: DNSPort, Last: DNSPort}
 	}
-	return appendPer(out, xtOwner(x, s.Owner, s.ID), s, s.Servers, dnsServer(f))
+	return appendPer(out, x, s, s.Servers, dnsServer(f))
 }
 
-func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	ms := nftOwner(s.Owner, s.ID)
+func (s dnsZoneStep) nftRules(w *nftWriter) {
+	ms := s.nftMatches()
 	if s.Interface != "" {
 		ms = append(ms, NFTMatch{Kind: NFTMatchOIFName, Name: s.Interface})
 	}
@@ -123,7 +119,7 @@ func (s dnsZoneStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
 		ms = append(ms, NFTMatch{Kind: NFTMatchUDPDPort, ID: DNSPort})
 	}
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTZone, Zone: s.Zone}
-	w.perServer(cw, s.StepCommon, s.Servers, rl, w.acting(ms...))
+	w.perServer(s.StepCommon, s.Servers, rl, w.acting(ms...))
 }
 
 // dnsServer is appendPer's setter of a nameserver of family f.
@@ -135,10 +131,10 @@ func dnsServer(f Family) func(XTRule, netip.Addr) (XTRule, bool) {
 }
 
 // perServer adds rl with matches ms once, or once per family of the servers listed, to them.
-func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
+func (w *nftWriter) perServer(c StepCommon, servers []netip.Addr, rl NFTRule, ms []NFTMatch) {
 	if len(servers) == 0 {
 		rl.Matches = ms
-		cw.add(rl)
+		w.add(rl)
 		return
 	}
 	var hosts []netip.Prefix
@@ -152,6 +148,6 @@ func (w *nftWriter) perServer(cw *nftChainWriter, c StepCommon, servers []netip.
 		x.Matches = append([]NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}}, slices.DeleteFunc(slices.Clone(ms), func(m NFTMatch) bool {
 			return m.Kind == NFTMatchNFProto
 		})...)
-		cw.add(x)
+		w.add(x)
 	})
 }

@@ -33,9 +33,9 @@ func (s ignorePortsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return out
 }
 
-func (s ignorePortsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	set := w.addSet(dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
-	cw.add(NFTRule{Comment: portsComment(s.StepCommon, s.Ports, xtPorts), Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}})
+func (s ignorePortsStep) nftRules(w *nftWriter) {
+	set := w.addSet(w.dir+"_ignore_ports", NFTPorts, portIntervals(s.Ports))
+	w.add(NFTRule{Comment: portsComment(s.StepCommon, s.Ports, xtPorts), Matches: []NFTMatch{{Kind: NFTMatchDPortSet, Set: set}}})
 }
 
 // ignoreSubnetsStep returns traffic from (Source) or to the subnets Subnets, of both families.
@@ -60,13 +60,13 @@ func (s ignoreSubnetsStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 }
 
 // nftRules: one rule per family with subnets in the list, matching the family's set of them.
-func (s ignoreSubnetsStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s ignoreSubnetsStep) nftRules(w *nftWriter) {
 	kind := NFTMatchDAddrSet
 	if s.Source {
 		kind = NFTMatchSAddrSet
 	}
-	w.perFamily(dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
-		cw.add(NFTRule{
+	w.perFamily(w.dir+"_ignore_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+		w.add(NFTRule{
 			Comment: listComment(s.StepCommon, len(ps), func(i int) string { return ps[i].String() }),
 			Matches: []NFTMatch{{Kind: kind, Family: f, Set: set}},
 		})

@@ -56,20 +56,20 @@ func (s redirectOutboundStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule
 }
 
 // nftRules: one rule, or with subnets one per family to the family's set of them.
-func (s redirectOutboundStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s redirectOutboundStep) nftRules(w *nftWriter) {
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
-	ports := w.redirectPorts(dir, s.StepCommon, s.Ports, xtPorts, &rl)
+	ports := w.redirectPorts(s.StepCommon, s.Ports, xtPorts, &rl)
 	if len(s.Subnets) == 0 {
 		rl.Matches = w.acting(ports)
-		cw.add(rl)
+		w.add(rl)
 		return
 	}
-	w.perFamily(dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
+	w.perFamily(w.dir+"_redirect_subnets", s.Subnets, func(f Family, set string, ps []netip.Prefix) {
 		x := rl
 		x.Matches = []NFTMatch{{Kind: NFTMatchDAddrSet, Family: f, Set: set}, ports}
 		if len(s.Ports) == 0 {
 			x.Comment = listComment(s.StepCommon, len(ps), func(i int) string { return ps[i].String() })
 		}
-		cw.add(x)
+		w.add(x)
 	})
 }

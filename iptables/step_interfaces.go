@@ -33,10 +33,10 @@ func (s ignoreInterfaceStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule 
 	return append(out, x)
 }
 
-func (s ignoreInterfaceStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s ignoreInterfaceStep) nftRules(w *nftWriter) {
 	kind := NFTMatchOIFName
 	if s.In {
 		kind = NFTMatchIIFName
 	}
-	cw.add(NFTRule{Comment: comment(s, ""), Matches: []NFTMatch{{Kind: kind, Name: s.Interface}}})
+	w.add(NFTRule{Comment: comment(s, ""), Matches: []NFTMatch{{Kind: kind, Name: s.Interface}}})
 }

@@ -12,7 +12,7 @@ func (s dropInvalidStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return append(out, x)
 }
 
-func (s dropInvalidStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	cw.add(NFTRule{Comment: comment(s, ""), Verdict: NFTDrop,
+func (s dropInvalidStep) nftRules(w *nftWriter) {
+	w.add(NFTRule{Comment: comment(s, ""), Verdict: NFTDrop,
 		Matches: w.acting(NFTMatch{Kind: NFTMatchTCP}, NFTMatch{Kind: NFTMatchCTState, ID: NFTCTInvalid})})
 }

@@ -5,35 +5,26 @@ package iptables
 
 import "strconv"
 
-// Owner says which socket owner a step matches.
-type Owner int
-
-const (
-	OwnerAny Owner = iota
-	OwnerUID
-	OwnerGID
-)
-
 // exemption is a user or group whose traffic goes out as it is: the proxy's, or one to ignore.
+// The zero exemption matches every socket owner.
 type exemption struct {
-	name  string
-	owner Owner
-	id    uint32
+	name     string
+	uid, gid *uint32 // the socket owner matched: -m owner --uid-owner or --gid-owner
 }
 
 func (r *Ruleset) exemptions() []exemption {
 	var exempts []exemption
 	if r.ProxyUID >= 0 {
-		exempts = append(exempts, exemption{"proxy-user-id", OwnerUID, uint32(r.ProxyUID)})
+		exempts = append(exempts, exemption{"proxy-user-id", new(uint32(r.ProxyUID)), nil})
 	}
 	if r.ProxyGID >= 0 {
-		exempts = append(exempts, exemption{"proxy-group-id", OwnerGID, uint32(r.ProxyGID)})
+		exempts = append(exempts, exemption{"proxy-group-id", nil, new(uint32(r.ProxyGID))})
 	}
-	for _, id := range r.IgnoreUIDs {
-		exempts = append(exempts, exemption{"user-id-" + strconv.FormatUint(uint64(id), 10), OwnerUID, id})
+	for _, v := range r.IgnoreUIDs {
+		exempts = append(exempts, exemption{"user-id-" + strconv.FormatUint(uint64(v), 10), &v, nil})
 	}
-	for _, id := range r.IgnoreGIDs {
-		exempts = append(exempts, exemption{"group-id-" + strconv.FormatUint(uint64(id), 10), OwnerGID, id})
+	for _, v := range r.IgnoreGIDs {
+		exempts = append(exempts, exemption{"group-id-" + strconv.FormatUint(uint64(v), 10), nil, &v})
 	}
 	return exempts
 }
@@ -42,45 +33,33 @@ func (r *Ruleset) exemptions() []exemption {
 func ownerSteps(exempts []exemption) []Step {
 	var steps []Step
 	for _, e := range exempts {
-		steps = append(steps, ignoreOwnerStep{StepCommon{Name: "ignore-" + e.name}, e.owner, e.id})
+		steps = append(steps, ignoreOwnerStep{StepCommon{Name: "ignore-" + e.name}, e})
 	}
 	return steps
 }
 
-// ignoreOwnerStep returns traffic of sockets owned by the user (OwnerUID) or group ID.
+// ignoreOwnerStep returns traffic of sockets owned by the exemption's user or group.
 type ignoreOwnerStep struct {
 	StepCommon
-	Owner Owner
-	ID    uint32
+	exemption
 }
 
 func (s ignoreOwnerStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
-	x.Comment = comment(s, "")
-	return append(out, xtOwner(x, s.Owner, s.ID))
+	x.Comment, x.UIDOwner, x.GIDOwner = comment(s, ""), s.uid, s.gid
+	return append(out, x)
 }
 
-func (s ignoreOwnerStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	cw.add(NFTRule{Comment: comment(s, ""), Matches: nftOwner(s.Owner, s.ID)})
+func (s ignoreOwnerStep) nftRules(w *nftWriter) {
+	w.add(NFTRule{Comment: comment(s, ""), Matches: s.nftMatches()})
 }
 
-// xtOwner is x matching sockets of the user (OwnerUID) or group (OwnerGID) id.
-func xtOwner(x XTRule, o Owner, id uint32) XTRule {
-	switch o {
-	case OwnerUID:
-		x.UIDOwner = &id
-	case OwnerGID:
-		x.GIDOwner = &id
-	}
-	return x
-}
-
-// nftOwner is the nftables match of xtOwner.
-func nftOwner(o Owner, id uint32) []NFTMatch {
-	switch o {
-	case OwnerUID:
-		return []NFTMatch{{Kind: NFTMatchSkUID, ID: id}}
-	case OwnerGID:
-		return []NFTMatch{{Kind: NFTMatchSkGID, ID: id}}
+// nftMatches is the nftables match of the exemption's owner; none for the zero exemption.
+func (e exemption) nftMatches() []NFTMatch {
+	switch {
+	case e.uid != nil:
+		return []NFTMatch{{Kind: NFTMatchSkUID, ID: *e.uid}}
+	case e.gid != nil:
+		return []NFTMatch{{Kind: NFTMatchSkGID, ID: *e.gid}}
 	}
 	return nil
 }

@@ -25,10 +25,10 @@ func (s redirectStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 	return appendPer(out, x, s, s.Ports, setDPort)
 }
 
-func (s redirectStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s redirectStep) nftRules(w *nftWriter) {
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTRedirect, RedirectPort: s.Port}
-	rl.Matches = w.acting(w.redirectPorts(dir, s.StepCommon, s.Ports, PortRange.String, &rl))
-	cw.add(rl)
+	rl.Matches = w.acting(w.redirectPorts(s.StepCommon, s.Ports, PortRange.String, &rl))
+	w.add(rl)
 }
 
 // setDPort is appendPer's setter of a redirect's destination ports.
@@ -39,10 +39,10 @@ func setDPort(y XTRule, p PortRange) (XTRule, bool) {
 
 // redirectPorts is the port match of a redirecting step: any TCP port, or the direction's set of
 // those listed, whose list (each spelled by label) then names rl.
-func (w *nftWriter) redirectPorts(dir string, c StepCommon, ports []PortRange, label func(PortRange) string, rl *NFTRule) NFTMatch {
+func (w *nftWriter) redirectPorts(c StepCommon, ports []PortRange, label func(PortRange) string, rl *NFTRule) NFTMatch {
 	if len(ports) == 0 {
 		return NFTMatch{Kind: NFTMatchTCP}
 	}
 	rl.Comment = portsComment(c, ports, label)
-	return NFTMatch{Kind: NFTMatchDPortSet, Set: w.addSet(dir+"_redirect_ports", NFTPorts, portIntervals(ports))}
+	return NFTMatch{Kind: NFTMatchDPortSet, Set: w.addSet(w.dir+"_redirect_ports", NFTPorts, portIntervals(ports))}
 }

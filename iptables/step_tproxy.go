@@ -41,8 +41,8 @@ func (s ignoreEstablishedStep) xtRules(out []XTRule, x XTRule, f Family) []XTRul
 	return append(out, x)
 }
 
-func (s ignoreEstablishedStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
-	cw.add(NFTRule{Comment: comment(s, ""), Matches: []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}})
+func (s ignoreEstablishedStep) nftRules(w *nftWriter) {
+	w.add(NFTRule{Comment: comment(s, ""), Matches: []NFTMatch{{Kind: NFTMatchTCP}, {Kind: NFTMatchCTState, ID: NFTCTEstablished | NFTCTRelated}}})
 }
 
 // tproxyStep hands TCP (to Ports, or every port) to the transparent socket on the local port
@@ -63,12 +63,12 @@ func (s tproxyStep) xtRules(out []XTRule, x XTRule, f Family) []XTRule {
 }
 
 // nftRules: the TPROXY rule, then one that drops what no transparent socket took.
-func (s tproxyStep) nftRules(w *nftWriter, cw *nftChainWriter, dir string) {
+func (s tproxyStep) nftRules(w *nftWriter) {
 	rl := NFTRule{Comment: comment(s, ""), Verdict: NFTTPROXY, RedirectPort: s.Port, Mark: TPROXYMark}
 	if len(w.only4) > 0 {
 		rl.TPROXYFamily = IPv4 // nft takes a family-less tproxy only where both pass
 	}
-	rl.Matches = w.acting(w.redirectPorts(dir, s.StepCommon, s.Ports, PortRange.String, &rl))
-	cw.add(rl)
-	cw.add(NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop})
+	rl.Matches = w.acting(w.redirectPorts(s.StepCommon, s.Ports, PortRange.String, &rl))
+	w.add(rl)
+	w.add(NFTRule{Comment: CommentPrefix + NFTTPROXYDropName, Matches: rl.Matches, Verdict: NFTDrop})
 }

@@ -31,7 +31,7 @@ func ParseFilter(s, target string) (Filter, error) {
 	if strings.ContainsAny(s, "[]{}") {
 		return Filter{Level: slog.LevelInfo}, fmt.Errorf("span and field filters are not supported; want levels and target=level directives separated by commas, such as %s=info,warn", target)
 	}
-	var best slog.Level
+	best := LevelOff // above every level, so min keeps the most verbose directive's
 	var applied []string
 	for _, d := range strings.Split(s, ",") {
 		d = strings.TrimSpace(d)
@@ -53,9 +53,7 @@ func ParseFilter(s, target string) (Filter, error) {
 		if !strings.HasPrefix(target, tgt) {
 			continue
 		}
-		if len(applied) == 0 || lvl < best {
-			best = lvl
-		}
+		best = min(best, lvl)
 		applied = append(applied, d)
 	}
 	if len(applied) == 0 {
@@ -78,15 +76,7 @@ func parseFilterLevel(s string) (slog.Level, error) {
 
 // validTarget accepts the characters of a Rust module path (a::b_c).
 func validTarget(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r == ':' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
+	return s != "" && strings.Trim(s, "_:-.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == ""
 }
 
 func levelName(l slog.Level) string {

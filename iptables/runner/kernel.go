@@ -52,11 +52,10 @@ func CheckKernelWith(p Probes) func(context.Context, iptables.Mode, *iptables.Ru
 		if !rs.TPROXY {
 			return nil
 		}
-		s, err := p.TPROXY(ctx)
-		if err != nil {
-			return nil
+		if s, err := p.TPROXY(ctx); err == nil {
+			return tproxyVerdict(mode, s)
 		}
-		return tproxyVerdict(mode, s)
+		return nil // the kernel cannot be asked: the write's own error stands
 	}
 }
 
@@ -89,26 +88,16 @@ func legacyVerdict(mode iptables.Mode, families []iptables.Family, missing func(
 
 // tproxyVerdict is CheckKernelWith's answer for what the probe found.
 func tproxyVerdict(mode iptables.Mode, s nfnl.TPROXYSupport) error {
-	const (
-		xt     = "iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY)"
-		native = "nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY)"
-	)
-	var missing []string
+	xt := fmt.Sprintf("iptables' TPROXY target (xt_TPROXY, CONFIG_NETFILTER_XT_TARGET_TPROXY): %v", s.XTErr)
+	native := fmt.Sprintf("nftables' tproxy expression (nft_tproxy, CONFIG_NFT_TPROXY): %v", s.NativeErr)
+	ok, missing := s.XT, []string{xt}
 	switch mode {
 	case iptables.ModeNFTables:
-		if !s.Native {
-			missing = append(missing, fmt.Sprintf("%s: %v", native, s.NativeErr))
-		}
+		ok, missing = s.Native, []string{native}
 	case iptables.ModeAuto, "":
-		if !s.XT && !s.Native {
-			missing = append(missing, fmt.Sprintf("%s: %v", xt, s.XTErr), fmt.Sprintf("%s: %v", native, s.NativeErr))
-		}
-	default:
-		if !s.XT {
-			missing = append(missing, fmt.Sprintf("%s: %v", xt, s.XTErr))
-		}
+		ok, missing = s.XT || s.Native, []string{xt, native}
 	}
-	if len(missing) == 0 {
+	if ok {
 		return nil
 	}
 	return fmt.Errorf("inbound-mode tproxy: %w for TPROXY in iptables mode %s, which needs %s; nothing was written",

@@ -49,10 +49,6 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("another proxy-init or linkerd-cni is still writing rules in this network namespace after %s; gave up waiting (lock: %s)", e.Wait, e.Lock)
 }
 
-var errStillHeld = errors.New("still held")
-
-const inPodLabel = "the namespace's own file, which any process in the pod can hold too"
-
 // enterLocked runs fn inside the target's namespace holding the locks it asks for.
 func enterLocked(t Target, exclusive bool, fn func() error) error {
 	return netnsutil.Do(t.NetNS, func() error {
@@ -103,16 +99,14 @@ func (t Target) lock(exclusive bool) (func(), error) {
 // shared or exclusive, waiting at most wait, and returns its release.
 func Lock(path string, exclusive bool, wait time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(wait)
-	if path == "" {
-		path = "/proc/thread-self/ns/net"
-	}
-	f, err := os.Open(path)
+	f, err := os.Open(cmp.Or(path, "/proc/thread-self/ns/net"))
 	if err != nil {
 		return nil, fmt.Errorf("open the network namespace to lock it: %w", err)
 	}
-	if err := flockUntil(f, exclusive, deadline); err != nil {
+	busy := &BusyError{Wait: wait, Lock: "the namespace's own file, which any process in the pod can hold too"}
+	if err := flockUntil(f, exclusive, deadline, busy); err != nil {
 		f.Close()
-		return nil, lockError(err, wait, inPodLabel)
+		return nil, err
 	}
 	return func() { f.Close() }, nil
 }
@@ -127,9 +121,7 @@ type HostLockFile struct {
 // in dir (made 0700, refused when others may reach it), shared or exclusive, waiting at most wait.
 // A lock file removed while this call waited is taken anew, so a removal never lets two holders in.
 func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockFile, error) {
-	if netns == "" {
-		netns = "/proc/thread-self/ns/net"
-	}
+	netns = cmp.Or(netns, "/proc/thread-self/ns/net")
 	var ns unix.Stat_t
 	if err := unix.Stat(netns, &ns); err != nil {
 		return nil, fmt.Errorf("stat the network namespace %s to name its lock: %w", netns, err)
@@ -137,25 +129,25 @@ func HostLock(dir, netns string, exclusive bool, wait time.Duration) (*HostLockF
 	if err := rootonly.Make(dir); err != nil {
 		return nil, fmt.Errorf("the namespace locks' directory: %w", err)
 	}
-	path := filepath.Join(dir, hostLockName(ns.Dev, ns.Ino))
+	path := filepath.Join(dir, fmt.Sprintf("%d-%d", ns.Dev, ns.Ino)) // nsfs device and inode
 	deadline := time.Now().Add(wait)
 	for {
 		f, err := openLockFile(path)
 		if err != nil {
 			return nil, err
 		}
-		if err := flockUntil(f, exclusive, deadline); err != nil {
+		if err := flockUntil(f, exclusive, deadline, &BusyError{Wait: wait, Lock: path}); err != nil {
 			f.Close()
-			return nil, lockError(err, wait, path)
+			return nil, err
 		}
-		if same, err := stillAt(f, path); same || err != nil {
-			if err != nil {
-				f.Close()
-				return nil, err
-			}
+		same, err := stillAt(f, path)
+		if same {
 			return &HostLockFile{f: f, path: path}, nil
 		}
-		f.Close() // removed while we waited: take the new one
+		f.Close() // removed while we waited: take the new one, unless stat failed
+		if err != nil {
+			return nil, err
+		}
 	}
 }
 
@@ -172,25 +164,14 @@ func (l *HostLockFile) Remove() error {
 	return nil
 }
 
-// isHostLockName matches the names of host lock files (hostLockName's: digits, '-', digits). A
+// isHostLockName matches the names of host lock files (HostLock's: device, '-', inode). A
 // function, not a regular expression: a package-level one is compiled at every start of the
 // plugin, which runs this only in its sweep.
 func isHostLockName(name string) bool {
 	dev, ino, ok := strings.Cut(name, "-")
-	return ok && allDigits(dev) && allDigits(ino)
-}
-
-func allDigits(s string) bool {
-	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
-
-func hostLockName(dev, ino uint64) string {
-	return strconv.FormatUint(dev, 10) + "-" + strconv.FormatUint(ino, 10)
+	_, errDev := strconv.ParseUint(dev, 10, 64)
+	_, errIno := strconv.ParseUint(ino, 10, 64)
+	return ok && errDev == nil && errIno == nil
 }
 
 // SweepHostLocks removes from dir every lock file nobody holds, and returns how many: a lock file
@@ -217,11 +198,8 @@ func SweepHostLocks(dir string) (int, error) {
 		if err != nil {
 			continue // gone since the listing
 		}
-		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-			f.Close() // held: in use
-			continue
-		}
-		if same, _ := stillAt(f, path); same {
+		inUse := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil // someone holds it
+		if same, _ := stillAt(f, path); same && !inUse {
 			if err := os.Remove(path); err != nil {
 				errs = append(errs, err)
 			} else {
@@ -266,12 +244,12 @@ func stillAt(f *os.File, path string) (bool, error) {
 	return held.Dev == now.Dev && held.Ino == now.Ino, nil
 }
 
-// flockUntil takes flock on f, polling until deadline (then errStillHeld). The descriptor is made
+// flockUntil takes flock on f, polling until deadline (then busy). The descriptor is made
 // inheritable: an iptables-restore started under the lock keeps it, so a writer killed while its
 // restore runs keeps the namespace locked until that restore finishes.
-func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
+func flockUntil(f *os.File, exclusive bool, deadline time.Time, busy *BusyError) error {
 	if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
-		return err
+		return fmt.Errorf("lock the network namespace: %w", err)
 	}
 	how := unix.LOCK_SH
 	if exclusive {
@@ -283,18 +261,12 @@ func flockUntil(f *os.File, exclusive bool, deadline time.Time) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			return &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
+			err = &fs.PathError{Op: "flock", Path: f.Name(), Err: err}
+			return fmt.Errorf("lock the network namespace: %w", err)
 		}
 		if time.Now().After(deadline) {
-			return errStillHeld
+			return busy
 		}
 		time.Sleep(pause)
 	}
-}
-
-func lockError(err error, wait time.Duration, lock string) error {
-	if errors.Is(err, errStillHeld) {
-		return &BusyError{Wait: wait, Lock: lock}
-	}
-	return fmt.Errorf("lock the network namespace: %w", err)
 }

@@ -40,12 +40,7 @@ type Target struct {
 	RemoveHostLock bool
 }
 
-func (t Target) log() *slog.Logger {
-	if t.Log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return t.Log
-}
+func (t Target) log() *slog.Logger { return cmp.Or(t.Log, slog.New(slog.DiscardHandler)) }
 
 // Outcome says what Apply did, for the caller's log line.
 type Outcome struct {
@@ -159,6 +154,36 @@ func (r Runner) Show(ctx context.Context, t Target, rs *iptables.Ruleset) (iptab
 		return nil
 	})
 	return st, err
+}
+
+// Read reads, under the shared lock and for iptables.Inspect, what of ours every backend holds
+// (iptables-legacy only where /proc lists a table) and the policy routing.
+func (r Runner) Read(ctx context.Context, t Target) (iptables.InPlace, error) {
+	r = r.withDefaults()
+	var in iptables.InPlace
+	err := r.Enter(t, false, func() error {
+		hs, err := nfnl.Read(ctx)
+		if err != nil && !passedOver(err) {
+			return err
+		}
+		in.Holdings = hs
+		if len(xtables.LegacyTables(iptables.IPv4)) > 0 || len(xtables.LegacyTables(iptables.IPv6)) > 0 {
+			a, err := xtables.New(iptables.ModeLegacy, xtables.Options{Wait: t.Wait})
+			if err != nil {
+				return fmt.Errorf("this namespace has iptables-legacy tables, which cannot be read: %w", err)
+			}
+			h, err := a.Holding(ctx)
+			if err != nil {
+				return err
+			}
+			in.Holdings = append(in.Holdings, h)
+		}
+		if in.Routes, err = r.Routing.Read(); err != nil {
+			return fmt.Errorf("read the policy routing: %w", err)
+		}
+		return nil
+	})
+	return in, err
 }
 
 // Cleanup removes every rule and chain of ours from every backend, and nothing else.
@@ -313,12 +338,8 @@ func notInKernel(t Target, a iptables.Applier, err error) bool {
 // lists a legacy table (no exec in a fresh namespace; without the binaries none was written).
 func realOthers(covered []iptables.Backend) []iptables.Applier {
 	var out []iptables.Applier
-	var netlink []iptables.Backend
-	for _, b := range []iptables.Backend{iptables.BackendNFT, iptables.BackendNFTables} {
-		if !slices.Contains(covered, b) {
-			netlink = append(netlink, b)
-		}
-	}
+	netlink := []iptables.Backend{iptables.BackendNFT, iptables.BackendNFTables}
+	netlink = slices.DeleteFunc(netlink, func(b iptables.Backend) bool { return slices.Contains(covered, b) })
 	if len(netlink) > 0 {
 		out = append(out, nfnl.New(netlink...))
 	}
