@@ -18,29 +18,59 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
 // Do runs fn inside the network namespace at nsPath ("" for the current one) on a locked OS thread
 // and switches it back. Errors entering it name nsPath; fn's own error is returned unchanged.
+//
+// fn runs on a goroutine of its own, locked to its thread: a thread that cannot be switched back
+// stays locked and ends with that goroutine, so nothing else ever runs in the namespace it was
+// left in. The namespaces are opened with plain system calls (vishvananda/netns): os.Open, as the
+// CNI plugins' ns package opens them, offers each to the poller, and a write pays three such
+// opens.
 func Do(nsPath string, fn func() error) error {
 	if nsPath == "" {
 		return fn()
 	}
-	var fnErr error
-	ran := false
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		ran = true
-		fnErr = fn()
-		return fnErr
-	})
-	if ran || err == nil {
-		// err is fn's (ns.Do reports a failure to switch back only by discarding the thread).
-		return fnErr
+	target, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return fmt.Errorf("enter netns %s: %w", nsPath, err)
 	}
-	return fmt.Errorf("enter netns %s: %w", nsPath, err)
+	defer target.Close()
+	var fnErr, enterErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		home, err := netns.GetFromPath("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			enterErr = fmt.Errorf("open the thread's own network namespace: %w", err)
+			return
+		}
+		defer home.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			if errors.Is(err, unix.EINVAL) {
+				err = fmt.Errorf("%w: not a network namespace", err)
+			}
+			enterErr = err
+			return
+		}
+		fnErr = fn()
+		if netns.Set(home) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	<-done
+	if enterErr != nil {
+		return fmt.Errorf("enter netns %s: %w", nsPath, enterErr)
+	}
+	return fnErr
 }
 
 // Label names the namespace at nsPath in messages: the path, or "(current)" for "".
