@@ -132,13 +132,6 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	return true, p.printPrev(c)
 }
 
-// tellAgent tells the node agent that the call's sandbox is going (DEL).
-func (c *call) tellAgent() {
-	if _, err := c.exchange(); err != nil {
-		c.logAgent(err, "the node agent was not told of the DEL")
-	}
-}
-
 // exchange opens the call's exchange with the node agent: the request and the agent's reply.
 func (c *call) exchange() (*wire.Exchange, error) {
 	socket := c.conf.Agent.Socket
@@ -180,14 +173,10 @@ type agentLookup struct {
 // decodeReply reads the agent's answer; one without the pod, or without its namespace and a
 // reason for its absence, is no answer.
 func decodeReply(r *wire.Reply) (*agentLookup, error) {
-	l := &agentLookup{nsErr: r.NamespaceError, source: "agent"}
-	switch r.Source {
-	case "":
-	case wire.SourceKubelet:
-		l.source = r.Source
-	default:
+	if r.Source != "" && r.Source != wire.SourceKubelet {
 		return nil, fmt.Errorf("the node agent's answer: unknown source %q", r.Source)
 	}
+	l := &agentLookup{nsErr: r.NamespaceError, source: cmp.Or(r.Source, "agent")}
 	for _, o := range []struct {
 		what string
 		raw  json.RawMessage

@@ -50,10 +50,7 @@ func eachField(b []byte, what string, known map[uint64]string, f func(num uint64
 			}
 			b = b[n:]
 		case wireFixed64, wireFixed32:
-			size := 8
-			if typ == wireFixed32 {
-				size = 4
-			}
+			size := [...]int{wireFixed64: 8, wireFixed32: 4}[typ]
 			if len(b) < size {
 				return fmt.Errorf("%s.%s: %d bytes left, want %d", what, name, len(b), size)
 			}

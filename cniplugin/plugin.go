@@ -132,9 +132,14 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 		logFile = conf.LogFile
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
-	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
-		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID)...)
-	c.trace.logIgnored(c.log)
+	attrs := []any{"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID}
+	if c.trace.id != "" {
+		attrs = append(attrs, "trace_id", c.trace.id)
+	}
+	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile, attrs...)
+	if t := c.trace; t.malformed != "" {
+		c.log.Debug("ignoring "+EnvTraceParent+": not a W3C traceparent", "traceparent", t.malformed, "error", t.why)
+	}
 	return c, argErr
 }
 
@@ -297,7 +302,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return nil
 	}
 	if p.nodeAgent {
-		c.tellAgent()
+		if _, err := c.exchange(); err != nil {
+			c.logAgent(err, "the node agent was not told of the DEL")
+		}
 	}
 	c.removeRecord()
 	switch {
@@ -450,13 +457,10 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 	defer cancel()
 	pl := &podRules{}
 	count := func() {
-		switch a := api.(type) {
-		case interface{ APIRequests() int }: // the kubelet's pod, the rest from the API
+		if a, ok := api.(interface{ APIRequests() int }); ok { // the kubelet's pod, the rest from the API
 			pl.requests = a.APIRequests()
-		default:
-			if !cached(api) {
-				pl.requests++
-			}
+		} else if ca, ok := api.(Cached); !ok || !ca.Cached() {
+			pl.requests++
 		}
 	}
 	t1 := time.Now()
@@ -556,9 +560,6 @@ func describeSources(src map[string]string) string {
 				parts = append(parts, field+" from "+from)
 			}
 		}
-	}
-	if len(parts) == 0 {
-		return "none"
 	}
 	return strings.Join(parts, ", ")
 }

@@ -62,11 +62,6 @@ type PodAPI interface {
 // what the agent sent): its lookups are not counted as API requests.
 type Cached interface{ Cached() bool }
 
-func cached(api PodAPI) bool {
-	c, ok := api.(Cached)
-	return ok && c.Cached()
-}
-
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
 // core/v1. Importing k8s.io/api/core/v1 (or even apimachinery's small packages) would make every
 // plugin start slower (docs/performance.md).

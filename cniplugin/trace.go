@@ -8,7 +8,6 @@ package cniplugin
 
 import (
 	"errors"
-	"log/slog"
 	"os"
 	"strings"
 
@@ -38,19 +37,6 @@ func readTrace() traceContext {
 		return traceContext{malformed: v, why: err.Error()}
 	}
 	return traceContext{id: id}
-}
-
-func (t traceContext) attrs(attrs ...any) []any {
-	if t.id == "" {
-		return attrs
-	}
-	return append(attrs, "trace_id", t.id)
-}
-
-func (t traceContext) logIgnored(log *slog.Logger) {
-	if t.malformed != "" {
-		log.Debug("ignoring "+EnvTraceParent+": not a W3C traceparent", "traceparent", t.malformed, "error", t.why)
-	}
 }
 
 // parseTraceParent returns the trace ID of a W3C traceparent, version "-" trace-id "-" parent-id
