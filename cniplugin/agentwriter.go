@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
@@ -60,7 +61,7 @@ func (e *NotWrittenError) Unwrap() error { return e.Err }
 func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error) {
 	start := time.Now()
 	conf := in.Conf
-	level, _ := parseLevel(conf.LogLevel)
+	level, _ := logging.ParseLevel(conf.LogLevel)
 	c := &call{cmd: "ADD", args: &skel.CmdArgs{ContainerID: in.ContainerID, Netns: in.NetNS}, conf: conf, pod: in.Pod, lookup: "agent"}
 	c.log = slog.New(slog.NewTextHandler(in.Log, &slog.HandlerOptions{Level: level})).With(
 		"cmd", "ADD", "pod", in.Pod.Name, "namespace", in.Pod.Namespace, "container_id", in.ContainerID, "writer", "agent")

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -290,7 +289,8 @@ func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd)
 func (c *NetConf) validate() []badinput.Problem {
 	d := &decoder{}
 	bad := d.bad
-	if _, ok := parseLevel(c.LogLevel); !ok {
+	// An absent key is info, which is also what logging.ParseLevel gives for a name it refuses.
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil && strings.TrimSpace(c.LogLevel) != "" {
 		bad("log_level", c.LogLevel, "want trace, debug, info, warn or error")
 	}
 	for _, ns := range c.ExcludeNamespaces {
@@ -325,15 +325,6 @@ func (c *NetConf) validate() []badinput.Problem {
 	}
 	c.baseRules = rs
 	return d.probs
-}
-
-// parseLevel maps log_level to slog, with the names proxy-init accepts; an absent key is info.
-func parseLevel(s string) (slog.Level, bool) {
-	if strings.TrimSpace(s) == "" {
-		return slog.LevelInfo, true
-	}
-	l, err := logging.ParseLevel(s)
-	return l, err == nil
 }
 
 // decoder decodes one key at a time so that a type error names the key and shows the value.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/runner"
 )
@@ -128,7 +129,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	pod, argErr := ParseCNIArgs(args.Args)
 	level, logFile := slog.LevelInfo, ""
 	if conf != nil {
-		level, _ = parseLevel(conf.LogLevel)
+		level, _ = logging.ParseLevel(conf.LogLevel)
 		logFile = conf.LogFile
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}

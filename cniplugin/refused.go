@@ -36,18 +36,13 @@ func (c *NetConf) StatusUnauthorizedAfter() time.Duration {
 	return cmp.Or(c.Kubernetes.StatusUnauthorizedAfter, DefaultStatusUnauthorizedAfter)
 }
 
-// credentialsRefused tells whether err is the API server refusing the plugin's token: 401, or 403
-// (an RBAC that no longer grants the reads).
-func credentialsRefused(err error) bool {
-	var se *statusError
-	return errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden)
-}
-
 // noteLookup keeps the marker after an ADD's lookup: created (if absent, so its time is the first
-// refusal's) when the API server refused the credentials, removed when the lookup worked; other
-// failures say nothing about the credentials. Problems are logged: the ADD's answer matters more.
+// refusal's) when the API server refused the credentials (401, or 403: an RBAC that no longer
+// grants the reads), removed when the lookup worked; other failures say nothing about the
+// credentials. Problems are logged: the ADD's answer matters more.
 func (c *call) noteLookup(err error) {
 	path := filepath.Join(c.conf.StateDir, RefusedFile)
+	var se *statusError
 	switch {
 	case err == nil:
 		if rmErr := os.Remove(path); rmErr == nil {
@@ -55,7 +50,7 @@ func (c *call) noteLookup(err error) {
 		} else if !errors.Is(rmErr, fs.ErrNotExist) {
 			c.log.Warn("cannot remove the credentials-refused marker", "path", path, "error", rmErr)
 		}
-	case credentialsRefused(err):
+	case errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden):
 		if mkErr := rootonly.Make(c.conf.StateDir); mkErr != nil {
 			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "error", mkErr)
 			return

@@ -63,11 +63,4 @@ func parseTraceParent(s string) (string, error) {
 	return id, nil
 }
 
-func lowerHex(s string) bool {
-	for _, c := range []byte(s) {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
+func lowerHex(s string) bool { return strings.Trim(s, "0123456789abcdef") == "" }
