@@ -103,9 +103,7 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 		}
 	}()
 	// A gRPC message: uncompressed (0), its length (4 bytes, big-endian), the protobuf.
-	body := make([]byte, 5, 5+len(req))
-	binary.BigEndian.PutUint32(body[1:], uint32(len(req)))
-	body = append(body, req...)
+	body := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(req))), req...)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+method, bytes.NewReader(body))
 	if err != nil {
 		return nil, err

@@ -434,11 +434,9 @@ func splitList(v string) []string {
 // skipped. It returns nil when the Service has no usable port.
 func APIServerPorts(svc *Service) []string {
 	var out []string
-	seen := map[int32]bool{}
 	add := func(p int32) {
-		if p > 0 && p <= 65535 && !seen[p] {
-			seen[p] = true
-			out = append(out, strconv.Itoa(int(p)))
+		if s := strconv.Itoa(int(p)); p > 0 && p <= 65535 && !slices.Contains(out, s) {
+			out = append(out, s)
 		}
 	}
 	for _, p := range svc.Spec.Ports {
