@@ -72,27 +72,10 @@ func newKubeletClient(path string) *kubeletClient {
 
 func (k *kubeletClient) close() { k.http.CloseIdleConnections() }
 
-// grpcStatusError is a call the kubelet answered with a gRPC status other than OK.
-type grpcStatusError struct {
-	Code    int
-	Message string
-}
-
 // grpcCodes names gRPC's status codes (google.rpc.Code), for messages.
 var grpcCodes = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
 	"AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
 	"Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"}
-
-func (e *grpcStatusError) Error() string {
-	name := "code " + strconv.Itoa(e.Code)
-	if e.Code >= 0 && e.Code < len(grpcCodes) {
-		name = grpcCodes[e.Code]
-	}
-	if e.Message == "" {
-		return "gRPC status " + name
-	}
-	return fmt.Sprintf("gRPC status %s: %s", name, e.Message)
-}
 
 // call makes one unary gRPC call: req is the request message's protobuf, the answer's is
 // returned, at most lim bytes. Its errors name the socket and the method.
@@ -172,19 +155,27 @@ func unexpectedEOF(err error) error {
 	return err
 }
 
-// grpcStatus is the call's outcome from its grpc-status and grpc-message (percent-encoded).
+// grpcStatus is the call's outcome from its grpc-status and grpc-message (percent-encoded): nil
+// for OK, else an error naming the status.
 func grpcStatus(code, msg string) error {
 	c, err := strconv.Atoi(code)
 	if err != nil {
 		return fmt.Errorf("grpc-status %q is not a number", code)
 	}
-	if c == 0 {
+	name := "code " + strconv.Itoa(c)
+	switch {
+	case c == 0:
 		return nil
+	case c > 0 && c < len(grpcCodes):
+		name = grpcCodes[c]
 	}
 	if m, err := url.PathUnescape(msg); err == nil {
 		msg = m
 	}
-	return &grpcStatusError{Code: c, Message: msg}
+	if msg == "" {
+		return errors.New("gRPC status " + name)
+	}
+	return fmt.Errorf("gRPC status %s: %s", name, msg)
 }
 
 // kubeletPod is a pod as the kubelet gave it: what the plugin reads, and what tells it that the
