@@ -16,9 +16,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/internal/rootonly"
 )
@@ -58,13 +57,12 @@ func (c *call) noteLookup(err error) {
 		if fi, statErr := os.Lstat(path); statErr == nil && c.renewedSince(fi.ModTime()) {
 			_ = os.Remove(path) // refusals of an older kubeconfig: this one's clock starts now
 		}
-		fd, openErr := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		f, openErr := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 		switch {
-		case errors.Is(openErr, unix.EEXIST):
+		case errors.Is(openErr, fs.ErrExist):
 		case openErr != nil:
 			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "path", path, "error", openErr)
 		default:
-			f := os.NewFile(uintptr(fd), path)
 			_, _ = fmt.Fprintln(f, time.Now().UTC().Format(time.RFC3339)) // for people; the file's time is what counts
 			_ = f.Close()
 			c.log.Warn("the Kubernetes API refuses the plugin's credentials; STATUS fails if this lasts",
