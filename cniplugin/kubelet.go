@@ -12,6 +12,7 @@ package cniplugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -104,10 +105,8 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 	}
 	// A call that fails at once is answered with its status in the headers, and no message.
 	if st := resp.Header.Get("Grpc-Status"); st != "" {
-		if err := grpcStatus(st, resp.Header.Get("Grpc-Message")); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("grpc-status OK and no message")
+		err := grpcStatus(st, resp.Header.Get("Grpc-Message"))
+		return nil, cmp.Or(err, errors.New("grpc-status OK and no message"))
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/grpc" && ct != "application/grpc+proto" {
 		return nil, fmt.Errorf("content-type %q, want application/grpc", ct)
@@ -142,10 +141,7 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 	if st == "" {
 		return nil, errors.New("the answer has no grpc-status trailer")
 	}
-	if err := grpcStatus(st, resp.Trailer.Get("Grpc-Message")); err != nil {
-		return nil, err
-	}
-	return msg, nil
+	return msg, grpcStatus(st, resp.Trailer.Get("Grpc-Message"))
 }
 
 func unexpectedEOF(err error) error {

@@ -510,17 +510,14 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 // podAPI is where the call reads the pod: the node agent's answer, else the kubelet's pods API
 // (which needs neither the API server nor a token), else the API server.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
+	if p.nodeAgent && c.agentAPI == nil && !c.asked {
+		c.agentAPI = c.askAgent()
+	}
 	if c.agentAPI != nil {
 		c.lookup = c.agentAPI.source
 		return c.agentAPI, nil
 	}
 	if p.nodeAgent {
-		if !c.asked {
-			if api := c.askAgent(); api != nil {
-				c.lookup = api.source
-				return api, nil
-			}
-		}
 		if api := c.askKubelet(func() (PodAPI, error) { return p.NewPodAPI(c.conf) }); api != nil {
 			c.lookup = wire.SourceKubelet
 			return api, nil
