@@ -247,9 +247,7 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.get(ld, lp, "simulate", &l.Simulate, "true or false")
 	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
 	d.get(ld, lp, iptables.FieldMode, &l.IPTablesMode, "a string")
-	if l.IPTablesMode == "" {
-		l.IPTablesMode = iptables.ModeLegacy
-	}
+	l.IPTablesMode = cmp.Or(l.IPTablesMode, iptables.ModeLegacy)
 	d.ipv6(ld, lp+"ipv6", l)
 
 	// The features beyond Linkerd's.

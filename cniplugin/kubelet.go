@@ -132,9 +132,7 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 	}
 	// A unary answer is one message, then the trailers.
 	if _, err := io.ReadFull(resp.Body, head[:1]); err != io.EOF {
-		if err == nil {
-			err = errors.New("more than one message")
-		}
+		err = cmp.Or(err, errors.New("more than one message"))
 		return nil, fmt.Errorf("after the answer's message: %w", err)
 	}
 	st := resp.Trailer.Get("Grpc-Status")

@@ -373,11 +373,13 @@ func (m *merger) source(p badinput.Problem) (badinput.Problem, bool) {
 	if !ok {
 		return p, false
 	}
-	i := slices.IndexFunc(srcs, func(c badinput.Problem) bool { return slices.Contains(splitList(c.Value), p.Value) })
-	if i < 0 {
-		i = len(srcs) - 1 // else the last annotation to set the field
+	src := srcs[len(srcs)-1]
+	for _, c := range srcs {
+		if slices.Contains(splitList(c.Value), p.Value) {
+			src = c
+			break
+		}
 	}
-	src := srcs[i]
 	src.Reason = p.Reason
 	if p.Value != strings.TrimSpace(src.Value) && !strings.Contains(p.Reason, p.Value) {
 		src.Reason = fmt.Sprintf("%q: %s", p.Value, p.Reason)
