@@ -359,11 +359,7 @@ func (m *merger) each(key string, list bool, set func(v string) string) {
 	}
 	field := annotationFields[key]
 	m.found[field] = append(m.found[field], src)
-	from1 := "annotation " + key + " on " + from.String()
-	if prev := m.s.Sources[field]; prev != "" {
-		from1 = prev + ", " + from1
-	}
-	m.s.Sources[field] = from1
+	m.s.Sources[field] = strings.TrimPrefix(m.s.Sources[field]+", "+src.Field+" on "+src.On, ", ")
 }
 
 // source is the rule builder's problem p as a problem of the annotation that holds the bad
