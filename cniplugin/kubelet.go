@@ -58,14 +58,13 @@ type kubeletClient struct {
 
 func newKubeletClient(path string) *kubeletClient {
 	var dialer net.Dialer
+	// No Proxy: the environment's is for the API server, never for a node-local socket.
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "unix", path)
 		},
 		Protocols:          new(http.Protocols),
 		DisableCompression: true,
-		// The environment's proxy is for the API server, never for a node-local socket.
-		Proxy: nil,
 	}
 	tr.Protocols.SetUnencryptedHTTP2(true) // gRPC's h2c with prior knowledge; no HTTP/1.1
 	return &kubeletClient{path: path, http: &http.Client{Transport: tr}}
@@ -255,15 +254,14 @@ func (k *kubeletLookup) Pod(context.Context, string, string) (*Pod, error) { ret
 // never set up with settings other than its own.
 func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {
 	api, err := k.api()
-	var ns *Namespace
 	if err == nil {
 		k.requests++
-		ns, err = api.Namespace(ctx, name)
+		var ns *Namespace
+		if ns, err = api.Namespace(ctx, name); err == nil {
+			return ns, nil
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
-	}
-	return ns, nil
+	return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
 }
 
 func (k *kubeletLookup) Service(ctx context.Context, namespace, name string) (*Service, error) {
