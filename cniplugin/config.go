@@ -248,7 +248,14 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
 	d.get(ld, lp, iptables.FieldMode, &l.IPTablesMode, "a string")
 	l.IPTablesMode = cmp.Or(l.IPTablesMode, iptables.ModeLegacy)
-	d.ipv6(ld, lp+"ipv6", l)
+	if raw, ok := ld["ipv6"]; ok { // a JSON boolean, as Linkerd has it, or (new) the string "auto"
+		var s string
+		if json.Unmarshal(raw, &s) == nil && s == "auto" {
+			l.IPv6Auto = true
+		} else if err := json.Unmarshal(raw, &l.IPv6); err != nil {
+			d.bad(lp+"ipv6", compact(raw), `want true, false or "auto"`)
+		}
+	}
 
 	// The features beyond Linkerd's.
 	d.get(ld, lp, iptables.FieldRedirectDNS, &l.RedirectDNSToPort, "an integer")
@@ -265,22 +272,6 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.ids(ld, lp, iptables.FieldGIDsToIgnore, &l.GIDsToIgnore)
 	d.get(ld, lp, iptables.FieldDropInvalid, &l.DropInvalid, "true or false")
 	d.get(ld, lp, iptables.FieldRerouteVirtualInterfaces, &l.RerouteVirtualInterfaces, "a list of interface names")
-}
-
-// ipv6 decodes the ipv6 key: a JSON boolean, as Linkerd has it, or the string "auto".
-func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd) {
-	raw, ok := obj["ipv6"]
-	if !ok {
-		return
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil && s == "auto" {
-		l.IPv6Auto = true
-		return
-	}
-	if err := json.Unmarshal(raw, &l.IPv6); err != nil {
-		d.bad(field, compact(raw), `want true, false or "auto"`)
-	}
 }
 
 // validate checks the values that decoded, with the rule builder's checks on the linkerd block.

@@ -324,13 +324,25 @@ func (m *merger) annotations() {
 	m.each(AnnotationProxyGID, false, integer(&c.ProxyGID, "GID"))
 	m.each(AnnotationInboundPort, false, integer(&c.InboundProxyPort, "port"))
 	m.each(AnnotationOutboundPort, false, integer(&c.OutboundProxyPort, "port"))
+	// close-wait-timeout: what the proxy injector accepts (a Go duration such as "1h"), and whole
+	// seconds for convenience. Whether the kernel takes that many is the rule builder's check.
 	m.each(AnnotationCloseWaitTimeout, false, func(v string) string {
-		secs, reason := parseCloseWait(v)
-		if reason == "" && secs > m.lim.MaxCloseWaitSecs {
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return "not a duration such as \"1h\" or \"3600s\""
+			}
+			secs = int64(d / time.Second)
+		}
+		switch {
+		case secs < 1:
+			return "must be at least 1s"
+		case secs > m.lim.MaxCloseWaitSecs:
 			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, m.lim.MaxCloseWaitSecs)
 		}
 		c.CloseWaitSecs = secs
-		return reason
+		return ""
 	})
 }
 
@@ -394,24 +406,6 @@ func integer(dst *int, what string) func(string) string {
 		*dst = n
 		return ""
 	}
-}
-
-// parseCloseWait accepts what the proxy injector accepts (a Go duration such as "1h"), and whole
-// seconds for convenience, and returns whole seconds. Whether the kernel takes that many is the
-// rule builder's check.
-func parseCloseWait(v string) (int64, string) {
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return 0, "not a duration such as \"1h\" or \"3600s\""
-		}
-		n = int64(d / time.Second)
-	}
-	if n < 1 {
-		return 0, "must be at least 1s"
-	}
-	return n, ""
 }
 
 // splitList splits a comma-separated annotation value into trimmed, non-empty items.
