@@ -45,20 +45,6 @@ const (
 // started is when the plugin's process began, for the duration it reports.
 var started = time.Now()
 
-// askAgent asks the node agent for the call's pod and keeps the exchange open for the report. It
-// returns nil when the agent does not answer with the pod; the plugin then reads the API.
-func (c *call) askAgent() *agentLookup {
-	ex, err := c.exchange()
-	if err == nil {
-		var l *agentLookup
-		if l, err = decodeReply(&ex.Reply); err == nil {
-			return l
-		}
-	}
-	c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
-	return nil
-}
-
 // addByAgent offers an ADD to the node agent (route 1). It returns done, with the ADD's result,
 // when the agent wrote the rules (or found none needed, or failed the ADD closed with a CNI
 // error); otherwise the plugin writes (route 2): with the agent's copy of the pod when its reply

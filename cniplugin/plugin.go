@@ -507,11 +507,18 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 	return pl, nil
 }
 
-// podAPI is where the call reads the pod: the node agent's answer, else the kubelet's pods API
-// (which needs neither the API server nor a token), else the API server.
+// podAPI is where the call reads the pod: the node agent's answer (its exchange kept open for the
+// report), else the kubelet's pods API (which needs neither the API server nor a token), else the
+// API server.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
 	if p.nodeAgent && c.agentAPI == nil && !c.asked {
-		c.agentAPI = c.askAgent()
+		ex, err := c.exchange()
+		if err == nil {
+			c.agentAPI, err = decodeReply(&ex.Reply)
+		}
+		if err != nil {
+			c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
+		}
 	}
 	if c.agentAPI != nil {
 		c.lookup = c.agentAPI.source
