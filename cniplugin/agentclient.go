@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 )
@@ -46,20 +45,6 @@ const (
 // started is when the plugin's process began, for the duration it reports.
 var started = time.Now()
 
-// askAgent asks the node agent for the call's pod and keeps the exchange open for the report. It
-// returns nil when the agent does not answer with the pod; the plugin then reads the API.
-func (c *call) askAgent() *agentLookup {
-	ex, err := c.exchange()
-	if err == nil {
-		var l *agentLookup
-		if l, err = decodeReply(&ex.Reply); err == nil {
-			return l
-		}
-	}
-	c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
-	return nil
-}
-
 // addByAgent offers an ADD to the node agent (route 1). It returns done, with the ADD's result,
 // when the agent wrote the rules (or found none needed, or failed the ADD closed with a CNI
 // error); otherwise the plugin writes (route 2): with the agent's copy of the pod when its reply
@@ -75,13 +60,12 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
 		return false, nil
 	}
-	fd, err := unix.Open(c.args.Netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	netns, err := os.Open(c.args.Netns)
 	if err != nil {
 		// The plugin's own write will say what is wrong with CNI_NETNS.
 		c.log.Debug("cannot open the pod's network namespace to pass it to the node agent; the plugin writes", "netns", c.args.Netns, "error", err)
 		return false, nil
 	}
-	netns := os.NewFile(uintptr(fd), c.args.Netns)
 	defer netns.Close()
 	start := time.Now()
 	ex, err := wire.AskWrite(socket, cmp.Or(c.conf.Agent.Timeout, DefaultAgentTimeout), wire.Request{
@@ -132,13 +116,6 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	return true, p.printPrev(c)
 }
 
-// tellAgent tells the node agent that the call's sandbox is going (DEL).
-func (c *call) tellAgent() {
-	if _, err := c.exchange(); err != nil {
-		c.logAgent(err, "the node agent was not told of the DEL")
-	}
-}
-
 // exchange opens the call's exchange with the node agent: the request and the agent's reply.
 func (c *call) exchange() (*wire.Exchange, error) {
 	socket := c.conf.Agent.Socket
@@ -180,14 +157,10 @@ type agentLookup struct {
 // decodeReply reads the agent's answer; one without the pod, or without its namespace and a
 // reason for its absence, is no answer.
 func decodeReply(r *wire.Reply) (*agentLookup, error) {
-	l := &agentLookup{nsErr: r.NamespaceError, source: "agent"}
-	switch r.Source {
-	case "":
-	case wire.SourceKubelet:
-		l.source = r.Source
-	default:
+	if r.Source != "" && r.Source != wire.SourceKubelet {
 		return nil, fmt.Errorf("the node agent's answer: unknown source %q", r.Source)
 	}
+	l := &agentLookup{nsErr: r.NamespaceError, source: cmp.Or(r.Source, "agent")}
 	for _, o := range []struct {
 		what string
 		raw  json.RawMessage

@@ -1,11 +1,10 @@
 package cniplugin
 
-// Route 1: the node agent writes an ADD's rules with the plugin's own code. The agent receives the
-// pod's network namespace as a descriptor, checks it, and runs AgentAdd with the node's network
-// config (never the request's) and its watch's copy of the pod; the plugin the runtime ran then
-// only reports what was done. Everything ADD decides (the pod's kind, its annotations and their
-// ceilings, the record of its settings, the rules, the backend, a user namespace's native table)
-// is this package's, so both routes write the same rules and fail with the same CNI codes.
+// Route 1 (agentclient.go): the agent runs AgentAdd with the node's network config (never the
+// request's) and its watch's copy of the pod. Everything ADD decides (the pod's kind, its
+// annotations and their ceilings, the record of its settings, the rules, the backend, a user
+// namespace's native table) is this package's, so both routes write the same rules and fail with
+// the same CNI codes.
 
 import (
 	"context"
@@ -18,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
@@ -60,7 +60,7 @@ func (e *NotWrittenError) Unwrap() error { return e.Err }
 func (p *Plugin) AgentAdd(ctx context.Context, in AgentAdd) (wire.Written, error) {
 	start := time.Now()
 	conf := in.Conf
-	level, _ := parseLevel(conf.LogLevel)
+	level, _ := logging.ParseLevel(conf.LogLevel)
 	c := &call{cmd: "ADD", args: &skel.CmdArgs{ContainerID: in.ContainerID, Netns: in.NetNS}, conf: conf, pod: in.Pod, lookup: "agent"}
 	c.log = slog.New(slog.NewTextHandler(in.Log, &slog.HandlerOptions{Level: level})).With(
 		"cmd", "ADD", "pod", in.Pod.Name, "namespace", in.Pod.Namespace, "container_id", in.ContainerID, "writer", "agent")

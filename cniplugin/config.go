@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -248,10 +247,15 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.get(ld, lp, "simulate", &l.Simulate, "true or false")
 	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
 	d.get(ld, lp, iptables.FieldMode, &l.IPTablesMode, "a string")
-	if l.IPTablesMode == "" {
-		l.IPTablesMode = iptables.ModeLegacy
+	l.IPTablesMode = cmp.Or(l.IPTablesMode, iptables.ModeLegacy)
+	if raw, ok := ld["ipv6"]; ok { // a JSON boolean, as Linkerd has it, or (new) the string "auto"
+		var s string
+		if json.Unmarshal(raw, &s) == nil && s == "auto" {
+			l.IPv6Auto = true
+		} else if err := json.Unmarshal(raw, &l.IPv6); err != nil {
+			d.bad(lp+"ipv6", compact(raw), `want true, false or "auto"`)
+		}
 	}
-	d.ipv6(ld, lp+"ipv6", l)
 
 	// The features beyond Linkerd's.
 	d.get(ld, lp, iptables.FieldRedirectDNS, &l.RedirectDNSToPort, "an integer")
@@ -270,27 +274,12 @@ func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	d.get(ld, lp, iptables.FieldRerouteVirtualInterfaces, &l.RerouteVirtualInterfaces, "a list of interface names")
 }
 
-// ipv6 decodes the ipv6 key: a JSON boolean, as Linkerd has it, or the string "auto".
-func (d *decoder) ipv6(obj map[string]json.RawMessage, field string, l *Linkerd) {
-	raw, ok := obj["ipv6"]
-	if !ok {
-		return
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil && s == "auto" {
-		l.IPv6Auto = true
-		return
-	}
-	if err := json.Unmarshal(raw, &l.IPv6); err != nil {
-		d.bad(field, compact(raw), `want true, false or "auto"`)
-	}
-}
-
 // validate checks the values that decoded, with the rule builder's checks on the linkerd block.
 func (c *NetConf) validate() []badinput.Problem {
 	d := &decoder{}
 	bad := d.bad
-	if _, ok := parseLevel(c.LogLevel); !ok {
+	// An absent key is info, which is also what logging.ParseLevel gives for a name it refuses.
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil && strings.TrimSpace(c.LogLevel) != "" {
 		bad("log_level", c.LogLevel, "want trace, debug, info, warn or error")
 	}
 	for _, ns := range c.ExcludeNamespaces {
@@ -325,15 +314,6 @@ func (c *NetConf) validate() []badinput.Problem {
 	}
 	c.baseRules = rs
 	return d.probs
-}
-
-// parseLevel maps log_level to slog, with the names proxy-init accepts; an absent key is info.
-func parseLevel(s string) (slog.Level, bool) {
-	if strings.TrimSpace(s) == "" {
-		return slog.LevelInfo, true
-	}
-	l, err := logging.ParseLevel(s)
-	return l, err == nil
 }
 
 // decoder decodes one key at a time so that a type error names the key and shows the value.

@@ -8,9 +8,8 @@
 //   - config.go: the network config JSON, validated as a whole before anything happens;
 //   - pod.go: the few fields of pods, namespaces and services the plugin reads; which pods are
 //     meshed, and how annotations override the config (pure, no I/O);
-//   - plugin.go: the CNI commands, the failure policy and the logging, in three roles, one per
-//     constructor: NewNodePlugin (the runtime's), NewStandalone (a given PodAPI: tests, audits)
-//     and NewAgentWriter (the node agent's write of an ADD, agentwriter.go);
+//   - plugin.go: the CNI commands, the failure policy and the logging, in the three roles of
+//     Plugin's constructors (NewAgentWriter, the node agent's write of an ADD: agentwriter.go);
 //   - agentclient.go: the node agent (protocol: package wire), asked first: it writes an ADD
 //     (route 1), or gives the pod and the plugin writes (route 2);
 //   - kubelet.go, kubeapi.go: the pod from the kubelet, else from the API server (standard library);

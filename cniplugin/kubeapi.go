@@ -63,18 +63,15 @@ func NewKubeClient(conf *NetConf) (PodAPI, error) {
 }
 
 func (k *kubeClient) Pod(ctx context.Context, namespace, name string) (*Pod, error) {
-	var pod Pod
-	return &pod, k.get(ctx, "get pod "+namespace+"/"+name, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/pods/"+url.PathEscape(name), &pod)
+	return get[Pod](ctx, k, "get pod "+namespace+"/"+name, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/pods/"+url.PathEscape(name))
 }
 
 func (k *kubeClient) Namespace(ctx context.Context, name string) (*Namespace, error) {
-	var ns Namespace
-	return &ns, k.get(ctx, "get namespace "+name, "/api/v1/namespaces/"+url.PathEscape(name), &ns)
+	return get[Namespace](ctx, k, "get namespace "+name, "/api/v1/namespaces/"+url.PathEscape(name))
 }
 
 func (k *kubeClient) Service(ctx context.Context, namespace, name string) (*Service, error) {
-	var svc Service
-	return &svc, k.get(ctx, "get service "+namespace+"/"+name, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/services/"+url.PathEscape(name), &svc)
+	return get[Service](ctx, k, "get service "+namespace+"/"+name, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/services/"+url.PathEscape(name))
 }
 
 // statusError is the API server's answer to a request it refused: a metav1.Status.
@@ -94,19 +91,20 @@ func (e *statusError) Error() string {
 // get reads one object, from the API server's watch cache (resourceVersion 0), which saves a round
 // trip to etcd (docs/performance.md): the cache trails etcd by milliseconds, and the objects exist
 // well before the pod's sandbox does. An object the cache has not seen yet is read from etcd.
-func (k *kubeClient) get(ctx context.Context, what, path string, into any) error {
+func get[T any](ctx context.Context, k *kubeClient, what, path string) (*T, error) {
 	body, err := k.do(ctx, path+"?resourceVersion=0")
 	var se *statusError
 	if errors.As(err, &se) && se.Code == http.StatusNotFound {
 		body, err = k.do(ctx, path)
 	}
 	if err != nil {
-		return k.explain(ctx, what, err)
+		return nil, k.explain(ctx, what, err)
 	}
-	if err := json.Unmarshal(body, into); err != nil {
-		return fmt.Errorf("%s: decode the answer of %s: %w", what, k.server, err)
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		return nil, fmt.Errorf("%s: decode the answer of %s: %w", what, k.server, err)
 	}
-	return nil
+	return &v, nil
 }
 
 func (k *kubeClient) do(ctx context.Context, pathQuery string) ([]byte, error) {

@@ -12,6 +12,7 @@ package cniplugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -57,14 +58,13 @@ type kubeletClient struct {
 
 func newKubeletClient(path string) *kubeletClient {
 	var dialer net.Dialer
+	// No Proxy: the environment's is for the API server, never for a node-local socket.
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "unix", path)
 		},
 		Protocols:          new(http.Protocols),
 		DisableCompression: true,
-		// The environment's proxy is for the API server, never for a node-local socket.
-		Proxy: nil,
 	}
 	tr.Protocols.SetUnencryptedHTTP2(true) // gRPC's h2c with prior knowledge; no HTTP/1.1
 	return &kubeletClient{path: path, http: &http.Client{Transport: tr}}
@@ -72,27 +72,10 @@ func newKubeletClient(path string) *kubeletClient {
 
 func (k *kubeletClient) close() { k.http.CloseIdleConnections() }
 
-// grpcStatusError is a call the kubelet answered with a gRPC status other than OK.
-type grpcStatusError struct {
-	Code    int
-	Message string
-}
-
 // grpcCodes names gRPC's status codes (google.rpc.Code), for messages.
 var grpcCodes = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
 	"AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
 	"Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"}
-
-func (e *grpcStatusError) Error() string {
-	name := "code " + strconv.Itoa(e.Code)
-	if e.Code >= 0 && e.Code < len(grpcCodes) {
-		name = grpcCodes[e.Code]
-	}
-	if e.Message == "" {
-		return "gRPC status " + name
-	}
-	return fmt.Sprintf("gRPC status %s: %s", name, e.Message)
-}
 
 // call makes one unary gRPC call: req is the request message's protobuf, the answer's is
 // returned, at most lim bytes. Its errors name the socket and the method.
@@ -103,9 +86,7 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 		}
 	}()
 	// A gRPC message: uncompressed (0), its length (4 bytes, big-endian), the protobuf.
-	body := make([]byte, 5, 5+len(req))
-	binary.BigEndian.PutUint32(body[1:], uint32(len(req)))
-	body = append(body, req...)
+	body := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(req))), req...)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+method, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -123,10 +104,8 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 	}
 	// A call that fails at once is answered with its status in the headers, and no message.
 	if st := resp.Header.Get("Grpc-Status"); st != "" {
-		if err := grpcStatus(st, resp.Header.Get("Grpc-Message")); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("grpc-status OK and no message")
+		err := grpcStatus(st, resp.Header.Get("Grpc-Message"))
+		return nil, cmp.Or(err, errors.New("grpc-status OK and no message"))
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/grpc" && ct != "application/grpc+proto" {
 		return nil, fmt.Errorf("content-type %q, want application/grpc", ct)
@@ -152,19 +131,14 @@ func (k *kubeletClient) call(ctx context.Context, method string, req []byte, lim
 	}
 	// A unary answer is one message, then the trailers.
 	if _, err := io.ReadFull(resp.Body, head[:1]); err != io.EOF {
-		if err == nil {
-			err = errors.New("more than one message")
-		}
+		err = cmp.Or(err, errors.New("more than one message"))
 		return nil, fmt.Errorf("after the answer's message: %w", err)
 	}
 	st := resp.Trailer.Get("Grpc-Status")
 	if st == "" {
 		return nil, errors.New("the answer has no grpc-status trailer")
 	}
-	if err := grpcStatus(st, resp.Trailer.Get("Grpc-Message")); err != nil {
-		return nil, err
-	}
-	return msg, nil
+	return msg, grpcStatus(st, resp.Trailer.Get("Grpc-Message"))
 }
 
 func unexpectedEOF(err error) error {
@@ -174,19 +148,27 @@ func unexpectedEOF(err error) error {
 	return err
 }
 
-// grpcStatus is the call's outcome from its grpc-status and grpc-message (percent-encoded).
+// grpcStatus is the call's outcome from its grpc-status and grpc-message (percent-encoded): nil
+// for OK, else an error naming the status.
 func grpcStatus(code, msg string) error {
 	c, err := strconv.Atoi(code)
 	if err != nil {
 		return fmt.Errorf("grpc-status %q is not a number", code)
 	}
-	if c == 0 {
+	name := "code " + strconv.Itoa(c)
+	switch {
+	case c == 0:
 		return nil
+	case c > 0 && c < len(grpcCodes):
+		name = grpcCodes[c]
 	}
 	if m, err := url.PathUnescape(msg); err == nil {
 		msg = m
 	}
-	return &grpcStatusError{Code: c, Message: msg}
+	if msg == "" {
+		return errors.New("gRPC status " + name)
+	}
+	return fmt.Errorf("gRPC status %s: %s", name, msg)
 }
 
 // kubeletPod is a pod as the kubelet gave it: what the plugin reads, and what tells it that the
@@ -272,15 +254,14 @@ func (k *kubeletLookup) Pod(context.Context, string, string) (*Pod, error) { ret
 // never set up with settings other than its own.
 func (k *kubeletLookup) Namespace(ctx context.Context, name string) (*Namespace, error) {
 	api, err := k.api()
-	var ns *Namespace
 	if err == nil {
 		k.requests++
-		ns, err = api.Namespace(ctx, name)
+		var ns *Namespace
+		if ns, err = api.Namespace(ctx, name); err == nil {
+			return ns, nil
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
-	}
-	return ns, nil
+	return nil, fmt.Errorf("the pod came from the kubelet, namespace %s needs the API: %w", name, err)
 }
 
 func (k *kubeletLookup) Service(ctx context.Context, namespace, name string) (*Service, error) {

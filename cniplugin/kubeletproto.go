@@ -50,10 +50,7 @@ func eachField(b []byte, what string, known map[uint64]string, f func(num uint64
 			}
 			b = b[n:]
 		case wireFixed64, wireFixed32:
-			size := 8
-			if typ == wireFixed32 {
-				size = 4
-			}
+			size := [...]int{wireFixed64: 8, wireFixed32: 4}[typ]
 			if len(b) < size {
 				return fmt.Errorf("%s.%s: %d bytes left, want %d", what, name, len(b), size)
 			}
@@ -165,10 +162,12 @@ func mapEntry(b []byte, m *map[string]string) error {
 	return nil
 }
 
-// decodePodSpec reads core/v1 PodSpec: containers = 2, initContainers = 20.
+// decodePodSpec reads core/v1 PodSpec: containers = 2, initContainers = 20; of each Container,
+// name = 1, restartPolicy = 24.
 func decodePodSpec(b []byte, s *PodSpec) error {
 	return eachField(b, "PodSpec", map[uint64]string{2: "containers", 20: "initContainers"}, func(num uint64, v []byte) error {
-		c, err := decodeContainer(v)
+		name, policy, err := twoStrings(v, "Container", map[uint64]string{1: "name", 24: "restartPolicy"})
+		c := Container{Name: name, RestartPolicy: policy}
 		if num == 2 {
 			s.Containers = append(s.Containers, c)
 		} else {
@@ -176,12 +175,6 @@ func decodePodSpec(b []byte, s *PodSpec) error {
 		}
 		return err
 	})
-}
-
-// decodeContainer reads core/v1 Container: name = 1, restartPolicy = 24.
-func decodeContainer(b []byte) (Container, error) {
-	name, policy, err := twoStrings(b, "Container", map[uint64]string{1: "name", 24: "restartPolicy"})
-	return Container{Name: name, RestartPolicy: policy}, err
 }
 
 // protoString appends the string field num = s to b.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/internal/buildinfo"
+	"github.com/kubemesh/proxy-init/internal/logging"
 	"github.com/kubemesh/proxy-init/iptables"
 	"github.com/kubemesh/proxy-init/iptables/runner"
 )
@@ -128,13 +129,18 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 	pod, argErr := ParseCNIArgs(args.Args)
 	level, logFile := slog.LevelInfo, ""
 	if conf != nil {
-		level, _ = parseLevel(conf.LogLevel)
+		level, _ = logging.ParseLevel(conf.LogLevel)
 		logFile = conf.LogFile
 	}
 	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
-	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile,
-		c.trace.attrs("cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID)...)
-	c.trace.logIgnored(c.log)
+	attrs := []any{"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID}
+	if c.trace.id != "" {
+		attrs = append(attrs, "trace_id", c.trace.id)
+	}
+	c.log, c.lines, c.closeLog = newLogger(io.MultiWriter(p.Stderr, c.own), level, logFile, attrs...)
+	if t := c.trace; t.malformed != "" {
+		c.log.Debug("ignoring "+EnvTraceParent+": not a W3C traceparent", "traceparent", t.malformed, "error", t.why)
+	}
 	return c, argErr
 }
 
@@ -297,7 +303,9 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return nil
 	}
 	if p.nodeAgent {
-		c.tellAgent()
+		if _, err := c.exchange(); err != nil {
+			c.logAgent(err, "the node agent was not told of the DEL")
+		}
 	}
 	c.removeRecord()
 	switch {
@@ -450,13 +458,10 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 	defer cancel()
 	pl := &podRules{}
 	count := func() {
-		switch a := api.(type) {
-		case interface{ APIRequests() int }: // the kubelet's pod, the rest from the API
+		if a, ok := api.(interface{ APIRequests() int }); ok { // the kubelet's pod, the rest from the API
 			pl.requests = a.APIRequests()
-		default:
-			if !cached(api) {
-				pl.requests++
-			}
+		} else if ca, ok := api.(Cached); !ok || !ca.Cached() {
+			pl.requests++
 		}
 	}
 	t1 := time.Now()
@@ -502,20 +507,24 @@ func (p *Plugin) podRules(c *call) (*podRules, error) {
 	return pl, nil
 }
 
-// podAPI is where the call reads the pod: the node agent's answer, else the kubelet's pods API
-// (which needs neither the API server nor a token), else the API server.
+// podAPI is where the call reads the pod: the node agent's answer (its exchange kept open for the
+// report), else the kubelet's pods API (which needs neither the API server nor a token), else the
+// API server.
 func (p *Plugin) podAPI(c *call) (PodAPI, error) {
+	if p.nodeAgent && c.agentAPI == nil && !c.asked {
+		ex, err := c.exchange()
+		if err == nil {
+			c.agentAPI, err = decodeReply(&ex.Reply)
+		}
+		if err != nil {
+			c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
+		}
+	}
 	if c.agentAPI != nil {
 		c.lookup = c.agentAPI.source
 		return c.agentAPI, nil
 	}
 	if p.nodeAgent {
-		if !c.asked {
-			if api := c.askAgent(); api != nil {
-				c.lookup = api.source
-				return api, nil
-			}
-		}
 		if api := c.askKubelet(func() (PodAPI, error) { return p.NewPodAPI(c.conf) }); api != nil {
 			c.lookup = wire.SourceKubelet
 			return api, nil
@@ -556,9 +565,6 @@ func describeSources(src map[string]string) string {
 				parts = append(parts, field+" from "+from)
 			}
 		}
-	}
-	if len(parts) == 0 {
-		return "none"
 	}
 	return strings.Join(parts, ", ")
 }

@@ -62,11 +62,6 @@ type PodAPI interface {
 // what the agent sent): its lookups are not counted as API requests.
 type Cached interface{ Cached() bool }
 
-func cached(api PodAPI) bool {
-	c, ok := api.(Cached)
-	return ok && c.Cached()
-}
-
 // The plugin's view of the API objects it reads: only the fields it uses, with the JSON names of
 // core/v1. Importing k8s.io/api/core/v1 (or even apimachinery's small packages) would make every
 // plugin start slower (docs/performance.md).
@@ -329,13 +324,25 @@ func (m *merger) annotations() {
 	m.each(AnnotationProxyGID, false, integer(&c.ProxyGID, "GID"))
 	m.each(AnnotationInboundPort, false, integer(&c.InboundProxyPort, "port"))
 	m.each(AnnotationOutboundPort, false, integer(&c.OutboundProxyPort, "port"))
+	// close-wait-timeout: what the proxy injector accepts (a Go duration such as "1h"), and whole
+	// seconds for convenience. Whether the kernel takes that many is the rule builder's check.
 	m.each(AnnotationCloseWaitTimeout, false, func(v string) string {
-		secs, reason := parseCloseWait(v)
-		if reason == "" && secs > m.lim.MaxCloseWaitSecs {
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return "not a duration such as \"1h\" or \"3600s\""
+			}
+			secs = int64(d / time.Second)
+		}
+		switch {
+		case secs < 1:
+			return "must be at least 1s"
+		case secs > m.lim.MaxCloseWaitSecs:
 			return fmt.Sprintf("%ds is more than max-close-wait-timeout-secs allows (%d)", secs, m.lim.MaxCloseWaitSecs)
 		}
 		c.CloseWaitSecs = secs
-		return reason
+		return ""
 	})
 }
 
@@ -364,11 +371,7 @@ func (m *merger) each(key string, list bool, set func(v string) string) {
 	}
 	field := annotationFields[key]
 	m.found[field] = append(m.found[field], src)
-	from1 := "annotation " + key + " on " + from.String()
-	if prev := m.s.Sources[field]; prev != "" {
-		from1 = prev + ", " + from1
-	}
-	m.s.Sources[field] = from1
+	m.s.Sources[field] = strings.TrimPrefix(m.s.Sources[field]+", "+src.Field+" on "+src.On, ", ")
 }
 
 // source is the rule builder's problem p as a problem of the annotation that holds the bad
@@ -405,24 +408,6 @@ func integer(dst *int, what string) func(string) string {
 	}
 }
 
-// parseCloseWait accepts what the proxy injector accepts (a Go duration such as "1h"), and whole
-// seconds for convenience, and returns whole seconds. Whether the kernel takes that many is the
-// rule builder's check.
-func parseCloseWait(v string) (int64, string) {
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return 0, "not a duration such as \"1h\" or \"3600s\""
-		}
-		n = int64(d / time.Second)
-	}
-	if n < 1 {
-		return 0, "must be at least 1s"
-	}
-	return n, ""
-}
-
 // splitList splits a comma-separated annotation value into trimmed, non-empty items.
 func splitList(v string) []string {
 	var out []string
@@ -439,11 +424,9 @@ func splitList(v string) []string {
 // skipped. It returns nil when the Service has no usable port.
 func APIServerPorts(svc *Service) []string {
 	var out []string
-	seen := map[int32]bool{}
 	add := func(p int32) {
-		if p > 0 && p <= 65535 && !seen[p] {
-			seen[p] = true
-			out = append(out, strconv.Itoa(int(p)))
+		if s := strconv.Itoa(int(p)); p > 0 && p <= 65535 && !slices.Contains(out, s) {
+			out = append(out, s)
 		}
 	}
 	for _, p := range svc.Spec.Ports {

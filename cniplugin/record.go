@@ -81,19 +81,12 @@ func (in Inputs) merge(c *call) (Settings, error) {
 	return Merge(c.conf.Linkerd.Config(), c.conf.Ceilings, pod, ns, in.APIServerPorts)
 }
 
-// effective is the value an annotation takes: the pod's, else its namespace's.
-func (in Inputs) effective(key string) string {
-	if v := in.Pod[key]; v != "" {
-		return v
-	}
-	return in.Namespace[key]
-}
-
-// changes names what differs between the recorded inputs and now's, with both values.
+// changes names what differs between the recorded inputs and now's, with both values; an
+// annotation's value is the pod's, else its namespace's.
 func (in Inputs) changes(now Inputs) []string {
 	var out []string
 	for _, k := range Annotations {
-		if was, is := in.effective(k), now.effective(k); was != is {
+		if was, is := cmp.Or(in.Pod[k], in.Namespace[k]), cmp.Or(now.Pod[k], now.Namespace[k]); was != is {
 			out = append(out, fmt.Sprintf("%s (was %s, now %s)", k, shortQuote(was), shortQuote(is)))
 		}
 	}

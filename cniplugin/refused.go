@@ -16,9 +16,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/internal/rootonly"
 )
@@ -36,18 +35,13 @@ func (c *NetConf) StatusUnauthorizedAfter() time.Duration {
 	return cmp.Or(c.Kubernetes.StatusUnauthorizedAfter, DefaultStatusUnauthorizedAfter)
 }
 
-// credentialsRefused tells whether err is the API server refusing the plugin's token: 401, or 403
-// (an RBAC that no longer grants the reads).
-func credentialsRefused(err error) bool {
-	var se *statusError
-	return errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden)
-}
-
 // noteLookup keeps the marker after an ADD's lookup: created (if absent, so its time is the first
-// refusal's) when the API server refused the credentials, removed when the lookup worked; other
-// failures say nothing about the credentials. Problems are logged: the ADD's answer matters more.
+// refusal's) when the API server refused the credentials (401, or 403: an RBAC that no longer
+// grants the reads), removed when the lookup worked; other failures say nothing about the
+// credentials. Problems are logged: the ADD's answer matters more.
 func (c *call) noteLookup(err error) {
 	path := filepath.Join(c.conf.StateDir, RefusedFile)
+	var se *statusError
 	switch {
 	case err == nil:
 		if rmErr := os.Remove(path); rmErr == nil {
@@ -55,7 +49,7 @@ func (c *call) noteLookup(err error) {
 		} else if !errors.Is(rmErr, fs.ErrNotExist) {
 			c.log.Warn("cannot remove the credentials-refused marker", "path", path, "error", rmErr)
 		}
-	case credentialsRefused(err):
+	case errors.As(err, &se) && (se.Code == http.StatusUnauthorized || se.Code == http.StatusForbidden):
 		if mkErr := rootonly.Make(c.conf.StateDir); mkErr != nil {
 			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "error", mkErr)
 			return
@@ -63,13 +57,12 @@ func (c *call) noteLookup(err error) {
 		if fi, statErr := os.Lstat(path); statErr == nil && c.renewedSince(fi.ModTime()) {
 			_ = os.Remove(path) // refusals of an older kubeconfig: this one's clock starts now
 		}
-		fd, openErr := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		f, openErr := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 		switch {
-		case errors.Is(openErr, unix.EEXIST):
+		case errors.Is(openErr, fs.ErrExist):
 		case openErr != nil:
 			c.log.Warn("cannot record that the API server refuses the plugin's credentials", "path", path, "error", openErr)
 		default:
-			f := os.NewFile(uintptr(fd), path)
 			_, _ = fmt.Fprintln(f, time.Now().UTC().Format(time.RFC3339)) // for people; the file's time is what counts
 			_ = f.Close()
 			c.log.Warn("the Kubernetes API refuses the plugin's credentials; STATUS fails if this lasts",

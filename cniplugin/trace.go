@@ -8,7 +8,6 @@ package cniplugin
 
 import (
 	"errors"
-	"log/slog"
 	"os"
 	"strings"
 
@@ -40,19 +39,6 @@ func readTrace() traceContext {
 	return traceContext{id: id}
 }
 
-func (t traceContext) attrs(attrs ...any) []any {
-	if t.id == "" {
-		return attrs
-	}
-	return append(attrs, "trace_id", t.id)
-}
-
-func (t traceContext) logIgnored(log *slog.Logger) {
-	if t.malformed != "" {
-		log.Debug("ignoring "+EnvTraceParent+": not a W3C traceparent", "traceparent", t.malformed, "error", t.why)
-	}
-}
-
 // parseTraceParent returns the trace ID of a W3C traceparent, version "-" trace-id "-" parent-id
 // "-" flags, all lower-case hex. Version 00 has exactly these four fields; a later version may
 // add more after the flags, which are ignored, as the specification asks; version ff is invalid.
@@ -77,11 +63,4 @@ func parseTraceParent(s string) (string, error) {
 	return id, nil
 }
 
-func lowerHex(s string) bool {
-	for _, c := range []byte(s) {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
+func lowerHex(s string) bool { return strings.Trim(s, "0123456789abcdef") == "" }

@@ -9,6 +9,7 @@
 package kubeclient
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -51,9 +52,7 @@ type Client struct {
 // pool, one token file watch), as the Clientset's groups do.
 func New(cfg *rest.Config) (*Client, error) {
 	c := *cfg
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
+	c.UserAgent = cmp.Or(c.UserAgent, rest.DefaultKubernetesUserAgent())
 	httpClient, err := rest.HTTPClientFor(&c)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client for %s: %w", c.Host, err)
