@@ -31,7 +31,6 @@ const (
 type server struct {
 	a    *Agent
 	ln   *net.UnixListener
-	path string
 	wg   sync.WaitGroup
 	slot chan struct{}
 }
@@ -67,7 +66,7 @@ func (a *Agent) listen() (*server, error) {
 		return nil, fmt.Errorf("socket %s: make it root-only: %w", path, err)
 	}
 	a.log.Info("serving the CNI plugin", "socket", path)
-	return &server{a: a, ln: ln, path: path, slot: make(chan struct{}, maxConcurrentCalls)}, nil
+	return &server{a: a, ln: ln, slot: make(chan struct{}, maxConcurrentCalls)}, nil
 }
 
 func (s *server) close() {
@@ -76,15 +75,12 @@ func (s *server) close() {
 }
 
 func (s *server) serve(ctx context.Context) {
-	go func() {
-		<-ctx.Done()
-		s.ln.Close()
-	}()
+	context.AfterFunc(ctx, func() { s.ln.Close() })
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				s.a.log.Error("socket accept failed; lookups go to the API until the agent restarts", "socket", s.path, "error", err)
+				s.a.log.Error("socket accept failed; lookups go to the API until the agent restarts", "socket", s.a.opts.Socket, "error", err)
 			}
 			return
 		}

@@ -208,12 +208,3 @@ func (a *Agent) declined(ctx context.Context, req wire.Request, why *wire.Error)
 	reply.V, reply.Declined = wire.WriteVersion, why
 	return reply, outcome, nil
 }
-
-// sayWrites says once, at start, whether the agent writes the plugin's ADDs and why not.
-func (a *Agent) sayWrites() {
-	if a.writeOff != nil {
-		a.log.Info("the agent does not write the plugin's ADDs (route 1); the plugin writes them with the agent's lookups", "why", a.writeOff.Message)
-		return
-	}
-	a.log.Info("the agent writes the plugin's ADDs (route 1)", "netns_dir", a.opts.NetNSDir)
-}
