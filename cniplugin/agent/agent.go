@@ -105,8 +105,7 @@ type Options struct {
 	OwnNetNS, HostNetNS string
 	// Runner writes and reads the rules; the zero Runner is the real one.
 	Runner runner.Runner
-	// MetricsPrefix and ReportingController name the metrics and the Events' controller; empty
-	// are the agent's.
+	// MetricsPrefix and ReportingController name the metrics and the Events' controller (empty: the agent's).
 	MetricsPrefix, ReportingController string
 	// Log receives the agent's logs; nil discards them. PluginLog receives the plugin calls'
 	// lines verbatim (nil: not printed).
@@ -315,7 +314,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		defer srv.close()
-		a.sayWrites()
+		if a.writeOff != nil {
+			a.log.Info("the agent does not write the plugin's ADDs (route 1); the plugin writes them with the agent's lookups", "why", a.writeOff.Message)
+		} else {
+			a.log.Info("the agent writes the plugin's ADDs (route 1)", "netns_dir", a.opts.NetNSDir)
+		}
 		go srv.serve(ctx)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

@@ -105,8 +105,7 @@ func (a *Agent) meshedPods(namespace string) []*corev1.Pod {
 
 // Pass is what one AuditAll did.
 type Pass struct {
-	// Audited counts the pods whose rules were looked at; Busy those whose namespace lock was not
-	// had.
+	// Audited counts the pods whose rules were looked at; Busy those whose namespace lock was busy.
 	Audited, Busy int
 	// Took is the whole pass; LastAudited is when the last pod counted in Audited was done.
 	Took, LastAudited time.Duration

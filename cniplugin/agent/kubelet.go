@@ -8,7 +8,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -29,9 +28,6 @@ const DefaultKubeletPodsSocket = "/host/kubelet/pods-api/pods-api.sock"
 
 // kubeletTimeout bounds one request to the kubelet: it answers from memory, on the node.
 const kubeletTimeout = time.Second
-
-// errKubeletMismatch is an answer of the kubelet's for another pod than the one asked about.
-var errKubeletMismatch = errors.New("the kubelet answered with another pod")
 
 // kubeletPods reads pods from the kubelet's pods API.
 type kubeletPods struct {
@@ -74,7 +70,8 @@ func (k *kubeletPods) pod(ctx context.Context, namespace, name string, uid types
 		return nil, fmt.Errorf("the kubelet's pods API at %s: pod uid %s: %w", k.path, uid, err)
 	}
 	if pod.Namespace != namespace || pod.Name != name || pod.UID != uid {
-		return nil, fmt.Errorf("asked for %s/%s (uid %s), got %s/%s (uid %s): %w", namespace, name, uid, pod.Namespace, pod.Name, pod.UID, errKubeletMismatch)
+		return nil, fmt.Errorf("asked for %s/%s (uid %s), got %s/%s (uid %s): the kubelet answered with another pod",
+			namespace, name, uid, pod.Namespace, pod.Name, pod.UID)
 	}
 	return pod, nil
 }

@@ -22,9 +22,6 @@ var everything = labels.Everything()
 // plugin then asks the API itself.
 var errNotSeen = errors.New("not seen by the agent's watch")
 
-// errNoKubelet: the agent was not given the kubelet's pods API.
-var errNoKubelet = errors.New("the kubelet's pods API is not configured (--kubelet-pods-socket)")
-
 // cacheAPI is the plugin's PodAPI over the agent's watch caches. It answers only for pods of the
 // agent's node (the pod watch holds no other), and waits at most the lookup wait for a pod or
 // namespace the watch has not delivered yet.
@@ -71,7 +68,7 @@ func (c *cacheAPI) pod(ctx context.Context, namespace, name string) (*corev1.Pod
 // that it did (the reply's Source).
 func (c *cacheAPI) fromKubelet(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	if c.a.kubelet == nil {
-		return nil, errNoKubelet
+		return nil, errors.New("the kubelet's pods API is not configured (--kubelet-pods-socket)")
 	}
 	p, err := c.a.kubelet.pod(ctx, namespace, name, c.uid)
 	if err != nil {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -126,27 +125,18 @@ const installerPoll = 5 * time.Second
 func (a *Agent) watchInstaller(ctx context.Context, url string) {
 	client := &http.Client{Timeout: 2 * time.Second}
 	tick(ctx, installerPoll, false, func() bool {
-		a.metrics.installerReady.Set(boolGauge(installerReady(ctx, client, url)))
+		ready := false
+		if req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil); err == nil {
+			if resp, err := client.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+				resp.Body.Close()
+				ready = resp.StatusCode == http.StatusOK
+			}
+		}
+		a.metrics.installerReady.Set(boolGauge(ready))
 		return true
 	})
 }
-
-func installerReady(ctx context.Context, client *http.Client, url string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return false
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	return resp.StatusCode == http.StatusOK
-}
-
-// errNotRunning is reported by /live before Run starts and after it returns.
-var errNotRunning = errors.New("agent not running")
 
 // Handler serves the admin endpoints: /live (200 while Run runs, unless the runtime's CRI has
 // refused every call for two minutes), /ready (200 once the watches have synced) and /metrics
@@ -155,7 +145,7 @@ func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.running.Load() {
-			http.Error(w, errNotRunning.Error(), http.StatusServiceUnavailable)
+			http.Error(w, "agent not running", http.StatusServiceUnavailable) // before Run, or after it
 			return
 		}
 		if h, ok := a.opts.Sandboxes.(interface{ Healthy() error }); ok {

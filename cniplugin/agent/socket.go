@@ -1,9 +1,7 @@
 package agent
 
-// The socket the CNI plugin asks, over the protocol of package cniplugin/wire: the agent writes
-// an ADD's rules when asked with the pod's namespace attached and it can check it (write.go,
-// route 1), answers an ADD or CHECK with the pod from its watch cache otherwise (the plugin
-// writes: route 2), hears of a DEL, and takes the plugin's report of the call.
+// The socket the CNI plugin asks, over the protocol of package cniplugin/wire (routes 1 and 2:
+// the package doc).
 
 import (
 	"context"
@@ -33,7 +31,6 @@ const (
 type server struct {
 	a    *Agent
 	ln   *net.UnixListener
-	path string
 	wg   sync.WaitGroup
 	slot chan struct{}
 }
@@ -69,7 +66,7 @@ func (a *Agent) listen() (*server, error) {
 		return nil, fmt.Errorf("socket %s: make it root-only: %w", path, err)
 	}
 	a.log.Info("serving the CNI plugin", "socket", path)
-	return &server{a: a, ln: ln, path: path, slot: make(chan struct{}, maxConcurrentCalls)}, nil
+	return &server{a: a, ln: ln, slot: make(chan struct{}, maxConcurrentCalls)}, nil
 }
 
 func (s *server) close() {
@@ -78,15 +75,12 @@ func (s *server) close() {
 }
 
 func (s *server) serve(ctx context.Context) {
-	go func() {
-		<-ctx.Done()
-		s.ln.Close()
-	}()
+	context.AfterFunc(ctx, func() { s.ln.Close() })
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				s.a.log.Error("socket accept failed; lookups go to the API until the agent restarts", "socket", s.path, "error", err)
+				s.a.log.Error("socket accept failed; lookups go to the API until the agent restarts", "socket", s.a.opts.Socket, "error", err)
 			}
 			return
 		}
@@ -176,11 +170,8 @@ func (a *Agent) refuse(conn *net.UnixConn, peer wire.Peer, req wire.Request, err
 	}
 	a.log.Warn(msg, args...)
 	if conn != nil {
-		v := wire.Version
-		if req.V == wire.WriteVersion {
-			v = wire.WriteVersion
-		}
-		_ = wire.Answer(conn, wire.Reply{V: v, Error: werr})
+		// req.V is 0 (Answer's Version), Version or WriteVersion (wire.ReadRequest).
+		_ = wire.Answer(conn, wire.Reply{V: req.V, Error: werr})
 	}
 }
 
@@ -191,33 +182,25 @@ func (a *Agent) answer(ctx context.Context, req wire.Request) (wire.Reply, strin
 		return wire.Reply{}, "del"
 	}
 	api := &cacheAPI{a: a, uid: k8stypes.UID(req.UID)}
+	var reply wire.Reply
+	var err error
 	if !a.synced.Load() {
 		if a.kubelet == nil {
 			return wire.Reply{Error: wire.Errorf(wire.CodeNotSynced, "the agent's watches have not synced yet")}, string(wire.CodeNotSynced)
 		}
-		reply, err := api.unsyncedLookup(ctx, req.Namespace, req.Name)
-		if err != nil {
+		if reply, err = api.unsyncedLookup(ctx, req.Namespace, req.Name); err != nil {
 			return wire.Reply{Error: wire.Errorf(wire.CodeNotSynced, "the agent's watches have not synced yet, and %v", err)}, string(wire.CodeNotSynced)
 		}
-		a.kubeletAnswered(req, reply)
-		return reply, lookupOutcome(reply)
-	}
-	reply, err := api.lookup(ctx, req.Namespace, req.Name)
-	if err != nil {
+	} else if reply, err = api.lookup(ctx, req.Namespace, req.Name); err != nil {
 		a.log.Debug("a plugin asked for a pod the watch does not hold", "pod", req.Namespace+"/"+req.Name, "error", err.Error())
 		return wire.Reply{Error: wire.Errorf(wire.CodeNotSeen, "%v", err)}, string(wire.CodeNotSeen)
 	}
 	a.kubeletAnswered(req, reply)
-	return reply, lookupOutcome(reply)
-}
-
-// lookupOutcome is the outcome a lookup is counted under: "lookup" from the watch, "kubelet"
-// from the kubelet's pods API.
-func lookupOutcome(r wire.Reply) string {
-	if r.Source == wire.SourceKubelet {
-		return "kubelet"
+	// Counted under "lookup" from the watch, "kubelet" from the kubelet's pods API.
+	if reply.Source == wire.SourceKubelet {
+		return reply, "kubelet"
 	}
-	return "lookup"
+	return reply, "lookup"
 }
 
 // kubeletAnswered says, at info, that a pod came from the kubelet: it happens only while the

@@ -62,11 +62,11 @@ func (a *Agent) whyNoWrites() *wire.Error {
 	case a.opts.NetNSDir == "":
 		return wire.Errorf(wire.CodeCannotWrite, "the agent has no view of the node's /var/run/netns (--netns-dir; audits are off)")
 	}
-	capEff, err := ownCapEff()
-	if err != nil {
+	var data [2]unix.CapUserData // capabilities 0-31, 32-63
+	if err := unix.Capget(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &data[0]); err != nil {
 		return wire.Errorf(wire.CodeCannotWrite, "cannot read the agent's capabilities: %v", err)
 	}
-	return capDecline(capEff)
+	return capDecline(uint64(data[1].Effective)<<32 | uint64(data[0].Effective))
 }
 
 // capDecline is the decline of an agent whose effective capabilities are capEff, nil when they
@@ -79,20 +79,6 @@ func capDecline(capEff uint64) *wire.Error {
 	ce := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN", "CAP_SYS_ADMIN"}, NetNS: netnsutil.Current(),
 		Op: "write the plugin's ADDs in the node agent", Err: fmt.Errorf("the agent's CapEff is %016x", capEff)}
 	return wire.CapabilityErrorf(ce, "the agent does not hold NET_ADMIN and SYS_ADMIN (CapEff %016x; the chart grants them with audits)", capEff)
-}
-
-// ownCapEff reads this process's effective capabilities.
-func ownCapEff() (uint64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-		}
-	}
-	return 0, errors.New("no CapEff in /proc/self/status")
 }
 
 // nsRefs are the namespaces a write may never go to, and where the runtime's pins are seen.
@@ -152,7 +138,8 @@ func checkWriteNetNS(f *os.File, cniNetns string, refs nsRefs) (refuse, decline 
 // write answers a write request: the rules written (Written), or why not (Declined, with the pod
 // as for a lookup), or a refusal (refuse, which the caller logs and answers).
 func (a *Agent) write(ctx context.Context, req wire.Request, netns *os.File) (reply wire.Reply, outcome string, refuse error) {
-	refusal, decline := checkWriteNetNS(netns, req.Netns, a.nsRefs())
+	refs := nsRefs{own: a.opts.OwnNetNS, host: a.opts.HostNetNS, pinned: a.opts.NetNSDir}
+	refusal, decline := checkWriteNetNS(netns, req.Netns, refs)
 	if refusal != nil {
 		return wire.Reply{}, "", refusal
 	}
@@ -220,18 +207,4 @@ func (a *Agent) declined(ctx context.Context, req wire.Request, why *wire.Error)
 	reply, outcome := a.answer(ctx, req)
 	reply.V, reply.Declined = wire.WriteVersion, why
 	return reply, outcome, nil
-}
-
-// nsRefs are the agent's references for checkWriteNetNS.
-func (a *Agent) nsRefs() nsRefs {
-	return nsRefs{own: a.opts.OwnNetNS, host: a.opts.HostNetNS, pinned: a.opts.NetNSDir}
-}
-
-// sayWrites says once, at start, whether the agent writes the plugin's ADDs and why not.
-func (a *Agent) sayWrites() {
-	if a.writeOff != nil {
-		a.log.Info("the agent does not write the plugin's ADDs (route 1); the plugin writes them with the agent's lookups", "why", a.writeOff.Message)
-		return
-	}
-	a.log.Info("the agent writes the plugin's ADDs (route 1)", "netns_dir", a.opts.NetNSDir)
 }

@@ -10,9 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,7 +43,7 @@ func AskWrite(socket string, timeout time.Duration, req Request, netns *os.File)
 	return exchange(socket, timeout, req, netns)
 }
 
-func exchange(socket string, timeout time.Duration, req Request, netns *os.File) (*Exchange, error) {
+func exchange(socket string, timeout time.Duration, req Request, netns *os.File) (ex *Exchange, err error) {
 	if err := CheckSocket(socket); err != nil {
 		return nil, err
 	}
@@ -63,30 +61,30 @@ func exchange(socket string, timeout time.Duration, req Request, netns *os.File)
 		return nil, err
 	}
 	conn := c.(*net.UnixConn)
-	ex := &Exchange{conn: conn, v: req.V}
+	defer func() {
+		if ex == nil {
+			conn.Close()
+		}
+	}()
 	if err := conn.SetDeadline(deadline); err != nil {
-		conn.Close()
 		return nil, err
 	}
 	if _, _, err := conn.WriteMsgUnix(body, oob, nil); err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("send the request: %w", err)
 	}
+	ex = &Exchange{conn: conn, v: req.V}
 	b, _, err := readMessage(conn, make([]byte, MaxMessage), false)
 	if err == nil {
 		// The reply to a write may come from an agent that speaks only lookups.
-		err = decode(b, &ex.Reply, Version, req.V)
+		_, err = decode(b, &ex.Reply, req.V)
 	}
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
-		conn.Close()
 		return nil, fmt.Errorf("no answer within %s: %w", timeout, err)
 	case err != nil:
-		conn.Close()
 		return nil, fmt.Errorf("the agent's answer: %w", err)
 	case ex.Reply.V != req.V:
-		conn.Close()
 		msg := "the agent's reply"
 		if ex.Reply.Error != nil {
 			msg = ex.Reply.Error.Error()
@@ -150,12 +148,7 @@ func CheckSocket(path string) error {
 // with an error no descriptor is returned, none is left open.
 func ReadRequest(conn *net.UnixConn) (Request, *os.File, error) {
 	var req Request
-	buf := messageBufs.Get().(*[]byte)
-	defer messageBufs.Put(buf)
-	b, fd, err := readMessage(conn, *buf, true)
-	if err == nil {
-		err = decode(b, &req, Version, WriteVersion)
-	}
+	v, fd, err := read(conn, &req, true)
 	var ve *Error
 	switch {
 	case fd != nil && (req.V != WriteVersion || errors.As(err, &ve) && ve.Code == CodeVersion):
@@ -180,12 +173,7 @@ func ReadRequest(conn *net.UnixConn) (Request, *os.File, error) {
 			fd = nil
 		}
 		// The refusal is answered in the version the peer speaks, when it is one of ours.
-		var head struct {
-			V int `json:"v"`
-		}
-		if json.Unmarshal(b, &head) == nil && (head.V == Version || head.V == WriteVersion) {
-			req.V = head.V
-		}
+		req.V = v
 	}
 	return req, fd, err
 }
@@ -210,12 +198,7 @@ func Answer(conn *net.UnixConn, r Reply) error {
 // ReadReport reads the plugin's report, within the connection's deadline.
 func ReadReport(conn *net.UnixConn) (Report, error) {
 	var r Report
-	buf := messageBufs.Get().(*[]byte)
-	defer messageBufs.Put(buf)
-	b, _, err := readMessage(conn, *buf, false)
-	if err == nil {
-		err = decode(b, &r, Version, WriteVersion)
-	}
+	_, _, err := read(conn, &r, false)
 	return r, err
 }
 
@@ -226,6 +209,19 @@ var messageBufs = sync.Pool{New: func() any {
 	b := make([]byte, MaxMessage)
 	return &b
 }}
+
+// read reads one message of either version into v, in a buffer of messageBufs, and returns the
+// descriptor attached (oneFD: readMessage) and the message's version when it is one of ours.
+func read(conn *net.UnixConn, v any, oneFD bool) (int, *os.File, error) {
+	buf := messageBufs.Get().(*[]byte)
+	defer messageBufs.Put(buf)
+	b, fd, err := readMessage(conn, *buf, oneFD)
+	if err != nil {
+		return 0, nil, err
+	}
+	version, err := decode(b, v, WriteVersion)
+	return version, fd, err
+}
 
 // readMessage reads one datagram into buf. Without oneFD there is no room for control messages:
 // descriptors the peer attached are closed by the kernel, never installed in this process, and
@@ -272,9 +268,6 @@ func readMessage(conn *net.UnixConn, buf []byte, oneFD bool) ([]byte, *os.File, 
 // receivedFDs returns the descriptors of the SCM_RIGHTS messages in oob; anything else is an
 // error (with the descriptors found so far, for the caller to close).
 func receivedFDs(oob []byte) ([]int, error) {
-	if len(oob) == 0 {
-		return nil, nil
-	}
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil, err
@@ -290,30 +283,27 @@ func receivedFDs(oob []byte) ([]int, error) {
 	return fds, nil
 }
 
-// decode reads a message of this protocol version into v, refusing unknown fields: a field of
-// another version's message (a network config, a namespace descriptor) is never ignored.
-func decode(b []byte, v any, versions ...int) error {
+// decode reads a message of a version from Version to maxV into v, and returns its version (0
+// when it is not one of those), refusing unknown fields: a field of another version's message (a
+// network config, a namespace descriptor) is never ignored.
+func decode(b []byte, v any, maxV int) (int, error) {
 	var head struct {
 		V int `json:"v"`
 	}
 	if err := json.Unmarshal(b, &head); err != nil {
-		return Errorf(CodeMalformed, "%v", err)
+		return 0, Errorf(CodeMalformed, "%v", err)
 	}
-	if !slices.Contains(versions, head.V) {
-		return Errorf(CodeVersion, "protocol version %d, want %s", head.V, versionList(versions))
+	if head.V < Version || head.V > maxV {
+		want := strconv.Itoa(Version) // the versions are consecutive: Version and WriteVersion
+		if maxV > Version {
+			want += " or " + strconv.Itoa(maxV)
+		}
+		return 0, Errorf(CodeVersion, "protocol version %d, want %s", head.V, want)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return Errorf(CodeMalformed, "%v", err)
+		return head.V, Errorf(CodeMalformed, "%v", err)
 	}
-	return nil
-}
-
-func versionList(vs []int) string {
-	var out []string
-	for _, v := range slices.Compact(slices.Sorted(slices.Values(vs))) {
-		out = append(out, strconv.Itoa(v))
-	}
-	return strings.Join(out, " or ")
+	return head.V, nil
 }
