@@ -46,12 +46,6 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// capNetAdmin and capSysAdmin are the capabilities' bits in CapEff.
-const (
-	capNetAdmin = 12
-	capSysAdmin = 21
-)
-
 // whyNoWrites says why the agent cannot write any pod's rules, or is nil when it can: it needs the
 // node's network config and its /var/run/netns (both come with audits) and NET_ADMIN and
 // SYS_ADMIN (the chart grants them only with audits).
@@ -73,7 +67,7 @@ func (a *Agent) whyNoWrites() *wire.Error {
 // let it write: a capability error (with the agent's own namespace), as the kernel's refusal of
 // the write would be.
 func capDecline(capEff uint64) *wire.Error {
-	if capEff&(1<<capNetAdmin) != 0 && capEff&(1<<capSysAdmin) != 0 {
+	if capEff&(1<<unix.CAP_NET_ADMIN) != 0 && capEff&(1<<unix.CAP_SYS_ADMIN) != 0 {
 		return nil
 	}
 	ce := &iptables.CapabilityError{Caps: []string{"CAP_NET_ADMIN", "CAP_SYS_ADMIN"}, NetNS: netnsutil.Current(),

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kubemesh/proxy-init/cniplugin/wire"
 	"github.com/kubemesh/proxy-init/iptables"
 )
@@ -30,11 +32,11 @@ func TestCheckWriteNetNSOwn(t *testing.T) {
 // stays one for the plugin (errors.As finds the *iptables.CapabilityError, naming both
 // capabilities), with the message the docs show; one with both writes.
 func TestCapDecline(t *testing.T) {
-	both := uint64(1<<capNetAdmin | 1<<capSysAdmin)
+	both := uint64(1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_SYS_ADMIN)
 	if d := capDecline(both); d != nil {
 		t.Errorf("CapEff %016x: declined %v", both, d)
 	}
-	for _, capEff := range []uint64{0, 1 << capNetAdmin, 1 << capSysAdmin} {
+	for _, capEff := range []uint64{0, 1 << unix.CAP_NET_ADMIN, 1 << unix.CAP_SYS_ADMIN} {
 		d := capDecline(capEff)
 		want := fmt.Sprintf("the agent does not hold NET_ADMIN and SYS_ADMIN (CapEff %016x; the chart grants them with audits)", capEff)
 		var ce *iptables.CapabilityError

@@ -14,9 +14,6 @@ import (
 	"github.com/kubemesh/proxy-init/internal/netnsutil"
 )
 
-// capSysAdmin is CAP_SYS_ADMIN's bit in a capability set.
-const capSysAdmin = 21
-
 // Peer is the process at the other end of the agent's connection, as far as CheckPeer found it.
 type Peer struct {
 	// PID is the peer's PID in the PID namespace of the /proc it was checked in (-1: unknown).
@@ -111,7 +108,7 @@ func checkProcess(proc string, pid int) error {
 	if err != nil {
 		return Errorf(CodeRefused, "the peer's CapEff %q: %v", capEff, err)
 	}
-	if caps&(1<<capSysAdmin) == 0 {
+	if caps&(1<<unix.CAP_SYS_ADMIN) == 0 {
 		return Errorf(CodeRefused, "the peer does not hold CAP_SYS_ADMIN (CapEff %s), as the plugin the container runtime runs does", capEff)
 	}
 	own, err := netnsutil.ReadProc(filepath.Join(dir, "uid_map"))
