@@ -138,7 +138,7 @@ func (c *call) logAgent(err error, msg string) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		lvl = slog.LevelDebug
-	case wire.IsNotSeen(err), wire.IsNotSynced(err):
+	case wire.CodeOf(err) == wire.CodeNotSeen, wire.CodeOf(err) == wire.CodeNotSynced:
 		lvl = slog.LevelInfo
 	}
 	c.log.Log(context.Background(), lvl, msg, "socket", c.conf.Agent.Socket, "error", err)

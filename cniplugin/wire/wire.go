@@ -272,12 +272,6 @@ func CodeOf(err error) Code {
 	return ""
 }
 
-// IsNotSynced reports whether err is the agent's CodeNotSynced.
-func IsNotSynced(err error) bool { return CodeOf(err) == CodeNotSynced }
-
-// IsNotSeen reports whether err is the agent's CodeNotSeen.
-func IsNotSeen(err error) bool { return CodeOf(err) == CodeNotSeen }
-
 // TruncateLog bounds log text to MaxLog, keeping whole lines from the start.
 func TruncateLog(s string) string {
 	if len(s) <= MaxLog {

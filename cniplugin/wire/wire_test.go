@@ -113,8 +113,8 @@ func TestExchange(t *testing.T) {
 		if err == nil || err.Error() != want || ex == nil {
 			t.Errorf("%s: %v (exchange %v), want %s with the exchange", name, err, ex, want)
 		}
-		if name == "unknown" && !IsNotSeen(err) {
-			t.Errorf("IsNotSeen(%v) = false", err)
+		if name == "unknown" && CodeOf(err) != CodeNotSeen {
+			t.Errorf("CodeOf(%v) = %q, want %q", err, CodeOf(err), CodeNotSeen)
 		}
 		ex.Report(Report{Command: CommandCheck, Result: "ok", Lookup: "api"})
 		<-got
