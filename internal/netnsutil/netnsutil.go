@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -26,12 +27,9 @@ import (
 
 // Do runs fn inside the network namespace at nsPath ("" for the current one) on a locked OS thread
 // and switches it back. Errors entering it name nsPath; fn's own error is returned unchanged.
-//
-// fn runs on a goroutine of its own, locked to its thread: a thread that cannot be switched back
-// stays locked and ends with that goroutine, so nothing else ever runs in the namespace it was
-// left in. The namespaces are opened with plain system calls (vishvananda/netns): os.Open, as the
-// CNI plugins' ns package opens them, offers each to the poller, and a write pays three such
-// opens.
+// A thread that cannot be switched back stays locked and ends with fn's goroutine. The namespaces
+// are opened with plain calls (vishvananda/netns), not os.Open as the CNI plugins' ns package
+// does: it offers each file to the poller, three times a write.
 func Do(nsPath string, fn func() error) error {
 	if nsPath == "" {
 		return fn()
@@ -41,34 +39,30 @@ func Do(nsPath string, fn func() error) error {
 		return fmt.Errorf("enter netns %s: %w", nsPath, err)
 	}
 	defer target.Close()
-	var fnErr, enterErr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var fnErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		runtime.LockOSThread()
-		home, err := netns.GetFromPath("/proc/thread-self/ns/net")
+		home, herr := netns.GetFromPath("/proc/thread-self/ns/net")
+		if err = herr; err == nil {
+			defer home.Close()
+			err = netns.Set(target)
+		}
 		if err != nil {
 			runtime.UnlockOSThread()
-			enterErr = fmt.Errorf("open the thread's own network namespace: %w", err)
-			return
-		}
-		defer home.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			if errors.Is(err, unix.EINVAL) {
-				err = fmt.Errorf("%w: not a network namespace", err)
-			}
-			enterErr = err
 			return
 		}
 		fnErr = fn()
 		if netns.Set(home) == nil {
 			runtime.UnlockOSThread()
 		}
-	}()
-	<-done
-	if enterErr != nil {
-		return fmt.Errorf("enter netns %s: %w", nsPath, enterErr)
+	})
+	wg.Wait()
+	if errors.Is(err, unix.EINVAL) {
+		err = fmt.Errorf("%w: not a network namespace", err)
+	}
+	if err != nil {
+		return fmt.Errorf("enter netns %s: %w", nsPath, err)
 	}
 	return fnErr
 }

@@ -131,10 +131,8 @@ type current struct {
 	lo     int
 }
 
-// readOurs reads what of ours is in place, over one rtnetlink socket (a socket per request
-// costs nine system calls). The loopback interface, which tells our routes from others, is looked
-// up only when withLo or a route of our table needs it: most pods have none, and every ADD
-// prunes.
+// readOurs reads what of ours is in place over one rtnetlink socket; the loopback interface only
+// when withLo or a route of our table needs it (most pods have none, and every ADD prunes).
 func readOurs(withLo bool) (*current, error) {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
