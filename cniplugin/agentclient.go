@@ -56,11 +56,6 @@ func (p *Plugin) addByAgent(c *call, began time.Time) (bool, error) {
 	if socket == "" {
 		return false, nil // agent.socket "": never asked
 	}
-	if err := wire.CheckSocket(socket); err != nil {
-		c.asked = true
-		c.logAgent(err, "the node agent did not look the pod up; reading it from the API")
-		return false, nil
-	}
 	// A plain open: os.Open would offer the namespace file to the poller (four more calls).
 	fd, err := unix.Open(c.args.Netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
