@@ -81,64 +81,14 @@ type Agent struct {
 	Timeout time.Duration
 }
 
-// Linkerd is the "linkerd" block: proxy-init's settings under their flag names.
+// Linkerd is the "linkerd" block: the rule builder's config, each key the proxy-init flag of the
+// same name (iptables-mode is Mode; empty means legacy, as in Linkerd; ipv6 is true, false or, new,
+// "auto": IPv6Auto), and the plugin's own two keys. iptables.Build only reads its lists and Merge
+// copies them before it changes them, so one Linkerd serves concurrent calls (the agent's writes).
 type Linkerd struct {
-	IncomingProxyPort     int
-	OutgoingProxyPort     int
-	ProxyUID              int
-	ProxyGID              int
-	PortsToRedirect       []string
-	InboundPortsToIgnore  []string
-	OutboundPortsToIgnore []string
-	SubnetsToIgnore       []string
-	// OutboundSubnetsToIgnore is outbound-subnets-to-ignore (new key): skip by destination.
-	OutboundSubnetsToIgnore []string
-	Simulate                bool
-	UseWaitFlag             bool
-	// IPTablesMode is iptables-mode; empty means legacy, as in Linkerd.
-	IPTablesMode iptables.Mode
-	// IPv6 is ipv6: true or false, as in Linkerd, or (new) "auto" (IPv6Auto).
-	IPv6     bool
-	IPv6Auto bool
-
-	// The new keys of the features beyond Linkerd's, each proxy-init's flag of the same name.
-	RedirectDNSToPort         int
-	InboundMode               iptables.InboundMode
-	OutboundPortsToRedirect   []string
-	OutboundSubnetsToRedirect []string
-	InterfacesToIgnore        []string
-	UIDsToIgnore              []string
-	GIDsToIgnore              []string
-	DropInvalid               bool
-	RerouteVirtualInterfaces  []string
-}
-
-// Config returns the rule builder's config for this block, before any annotation.
-func (l Linkerd) Config() iptables.Config {
-	return iptables.Config{
-		InboundProxyPort:        l.IncomingProxyPort,
-		OutboundProxyPort:       l.OutgoingProxyPort,
-		ProxyUID:                l.ProxyUID,
-		ProxyGID:                l.ProxyGID,
-		PortsToRedirect:         slices.Clone(l.PortsToRedirect),
-		InboundPortsToIgnore:    slices.Clone(l.InboundPortsToIgnore),
-		OutboundPortsToIgnore:   slices.Clone(l.OutboundPortsToIgnore),
-		InboundSubnetsToIgnore:  slices.Clone(l.SubnetsToIgnore),
-		OutboundSubnetsToIgnore: slices.Clone(l.OutboundSubnetsToIgnore),
-		IPv6:                    l.IPv6,
-		Mode:                    l.IPTablesMode,
-
-		IPv6Auto:                  l.IPv6Auto,
-		RedirectDNSToPort:         l.RedirectDNSToPort,
-		InboundMode:               l.InboundMode,
-		OutboundPortsToRedirect:   slices.Clone(l.OutboundPortsToRedirect),
-		OutboundSubnetsToRedirect: slices.Clone(l.OutboundSubnetsToRedirect),
-		InterfacesToIgnore:        slices.Clone(l.InterfacesToIgnore),
-		UIDsToIgnore:              slices.Clone(l.UIDsToIgnore),
-		GIDsToIgnore:              slices.Clone(l.GIDsToIgnore),
-		DropInvalid:               l.DropInvalid,
-		RerouteVirtualInterfaces:  slices.Clone(l.RerouteVirtualInterfaces),
-	}
+	iptables.Config
+	Simulate    bool
+	UseWaitFlag bool
 }
 
 // APITimeout is the effective bound on the API requests of one command.
@@ -175,7 +125,7 @@ func ParseConfigLenient(data []byte) (*NetConf, error) {
 
 func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error) {
 	def := iptables.NewConfig() // the -1s: unset ports, no UID or GID exemption
-	conf := &NetConf{Linkerd: Linkerd{IncomingProxyPort: def.InboundProxyPort, OutgoingProxyPort: def.OutboundProxyPort, ProxyUID: def.ProxyUID, ProxyGID: def.ProxyGID}}
+	conf := &NetConf{Linkerd: Linkerd{Config: iptables.Config{InboundProxyPort: def.InboundProxyPort, OutboundProxyPort: def.OutboundProxyPort, ProxyUID: def.ProxyUID, ProxyGID: def.ProxyGID}}}
 	if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
 		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
 	}
@@ -235,19 +185,19 @@ func (d *decoder) kubernetesAndAgent(top map[string]json.RawMessage, conf *NetCo
 // linkerd decodes the linkerd object: Linkerd's own keys, then the features beyond them.
 func (d *decoder) linkerd(ld map[string]json.RawMessage, l *Linkerd) {
 	const lp = "linkerd."
-	d.get(ld, lp, iptables.FieldInboundProxyPort, &l.IncomingProxyPort, "an integer")
-	d.get(ld, lp, iptables.FieldOutboundProxyPort, &l.OutgoingProxyPort, "an integer")
+	d.get(ld, lp, iptables.FieldInboundProxyPort, &l.InboundProxyPort, "an integer")
+	d.get(ld, lp, iptables.FieldOutboundProxyPort, &l.OutboundProxyPort, "an integer")
 	d.get(ld, lp, iptables.FieldProxyUID, &l.ProxyUID, "an integer")
 	d.get(ld, lp, iptables.FieldProxyGID, &l.ProxyGID, "an integer")
 	d.ports(ld, lp, iptables.FieldPortsToRedirect, &l.PortsToRedirect)
 	d.ports(ld, lp, iptables.FieldInboundPortsToIgnore, &l.InboundPortsToIgnore)
 	d.ports(ld, lp, iptables.FieldOutboundPortsToIgnore, &l.OutboundPortsToIgnore)
-	d.get(ld, lp, iptables.FieldInboundSubnetsToIgnore, &l.SubnetsToIgnore, "a list of CIDR strings")
+	d.get(ld, lp, iptables.FieldInboundSubnetsToIgnore, &l.InboundSubnetsToIgnore, "a list of CIDR strings")
 	d.get(ld, lp, iptables.FieldOutboundSubnetsToIgnore, &l.OutboundSubnetsToIgnore, "a list of CIDR strings")
 	d.get(ld, lp, "simulate", &l.Simulate, "true or false")
 	d.get(ld, lp, "use-wait-flag", &l.UseWaitFlag, "true or false")
-	d.get(ld, lp, iptables.FieldMode, &l.IPTablesMode, "a string")
-	l.IPTablesMode = cmp.Or(l.IPTablesMode, iptables.ModeLegacy)
+	d.get(ld, lp, iptables.FieldMode, &l.Mode, "a string")
+	l.Mode = cmp.Or(l.Mode, iptables.ModeLegacy)
 	if raw, ok := ld["ipv6"]; ok { // a JSON boolean, as Linkerd has it, or (new) the string "auto"
 		var s string
 		if json.Unmarshal(raw, &s) == nil && s == "auto" {
@@ -305,7 +255,7 @@ func (c *NetConf) validate() []badinput.Problem {
 	if c.Kubernetes.Kubeconfig == "" {
 		bad("kubernetes.kubeconfig", "", "must be set: the plugin reads the pod from the Kubernetes API with it")
 	}
-	rs, err := iptables.Build(c.Linkerd.Config())
+	rs, err := iptables.Build(c.Linkerd.Config)
 	if v, ok := badinput.As(err); ok {
 		for _, p := range v.Problems {
 			p.Field = "linkerd." + p.Field

@@ -104,12 +104,12 @@ func TestParseConfigPerCNIVersion(t *testing.T) {
 			if conf.PrevResult == nil || conf.PrevResult.Version() != ver {
 				t.Fatalf("prevResult not parsed as %s: %#v", ver, conf.PrevResult)
 			}
-			want := Linkerd{
-				IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+			want := Linkerd{Config: iptables.Config{
+				InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
 				PortsToRedirect: []string{}, InboundPortsToIgnore: []string{"4191", "4190"},
-				OutboundPortsToIgnore: []string{}, SubnetsToIgnore: []string{},
-				IPTablesMode: iptables.ModeNFT,
-			}
+				OutboundPortsToIgnore: []string{}, InboundSubnetsToIgnore: []string{},
+				Mode: iptables.ModeNFT,
+			}}
 			if !reflect.DeepEqual(conf.Linkerd, want) {
 				t.Errorf("linkerd block\n got %+v\nwant %+v", conf.Linkerd, want)
 			}
@@ -155,14 +155,14 @@ func TestParseConfigKeys(t *testing.T) {
 		Ceilings: Ceilings{MaxCloseWaitSecs: 600, MaxListEntries: 64}, StateDir: "/run/lcni",
 		Kubernetes: Kubernetes{Kubeconfig: "/k", APIRoot: "https://203.0.113.10:6443", Timeout: 2500 * time.Millisecond, KubeletPodsSocket: "/var/lib/k0s/kubelet/pods-api/pods-api.sock"},
 		Agent:      Agent{Socket: "/run/linkerd-cni/agent.sock", Timeout: 1500 * time.Millisecond},
-		Linkerd: Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
+		Linkerd: Linkerd{Config: iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: 2103,
 			PortsToRedirect: []string{"80", "8080"}, InboundPortsToIgnore: []string{"4190,4191"},
-			OutboundPortsToIgnore: []string{"443"}, SubnetsToIgnore: []string{"10.0.0.0/8"},
-			OutboundSubnetsToIgnore: []string{"192.0.2.0/24"}, Simulate: true, UseWaitFlag: true,
-			IPTablesMode: iptables.ModeNFTables, IPv6: true},
+			OutboundPortsToIgnore: []string{"443"}, InboundSubnetsToIgnore: []string{"10.0.0.0/8"},
+			OutboundSubnetsToIgnore: []string{"192.0.2.0/24"}, Mode: iptables.ModeNFTables, IPv6: true},
+			Simulate: true, UseWaitFlag: true},
 	}
 	// The rules built while validating are those of the linkerd block.
-	if rs, err := iptables.Build(want.Linkerd.Config()); err != nil || conf.baseRules == nil || conf.baseRules.Hash() != rs.Hash() {
+	if rs, err := iptables.Build(want.Linkerd.Config); err != nil || conf.baseRules == nil || conf.baseRules.Hash() != rs.Hash() {
 		t.Errorf("base rules %v are not the linkerd block's (%v)", conf.baseRules, err)
 	}
 	want.PluginConf, want.baseRules = conf.PluginConf, conf.baseRules
@@ -184,11 +184,11 @@ func TestParseConfigFeatureKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, IPTablesMode: iptables.ModeLegacy,
+	want := Linkerd{Config: iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, Mode: iptables.ModeLegacy,
 		IPv6Auto: true, RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY,
 		OutboundPortsToRedirect: []string{"80", "443", "8000-8100"}, OutboundSubnetsToRedirect: []string{"10.0.0.0/8", "2001:db8::/32"},
 		InterfacesToIgnore: []string{"net1", "eth1"}, UIDsToIgnore: []string{"1000", "1001"}, GIDsToIgnore: []string{"3000,3001"}, DropInvalid: true,
-		RerouteVirtualInterfaces: []string{"k6t-eth0", "tap0"}}
+		RerouteVirtualInterfaces: []string{"k6t-eth0", "tap0"}}}
 	if !reflect.DeepEqual(conf.Linkerd, want) {
 		t.Errorf("\n got %+v\nwant %+v", conf.Linkerd, want)
 	}
@@ -206,7 +206,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := conf.Linkerd
-	if l.ProxyUID != -1 || l.ProxyGID != -1 || l.IPTablesMode != iptables.ModeLegacy || l.IPv6 || l.Simulate {
+	if l.ProxyUID != -1 || l.ProxyGID != -1 || l.Mode != iptables.ModeLegacy || l.IPv6 || l.Simulate {
 		t.Errorf("defaults: %+v (want uid/gid -1, empty iptables-mode = legacy, ipv6 off)", l)
 	}
 	if conf.PrevResult != nil {
@@ -313,8 +313,8 @@ func TestParseConfigLenientForDEL(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lenient parse refused a config DEL must accept: %v", err)
 	}
-	if conf.Linkerd.IPTablesMode != iptables.ModeNFTables {
-		t.Errorf("mode %q, want the decodable keys kept", conf.Linkerd.IPTablesMode)
+	if conf.Linkerd.Mode != iptables.ModeNFTables {
+		t.Errorf("mode %q, want the decodable keys kept", conf.Linkerd.Mode)
 	}
 	if _, err := ParseConfigLenient([]byte(`not json`)); err == nil {
 		t.Error("undecodable JSON accepted")

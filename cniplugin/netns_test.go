@@ -36,9 +36,9 @@ func TestCommandsInNetns(t *testing.T) {
 			}
 			jsonEqual(t, out.String(), prevResults["1.0.0"])
 
-			want := (Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+			want := iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
 				InboundPortsToIgnore: []string{"4191", "4190"}, OutboundPortsToIgnore: []string{"3306"},
-				IPTablesMode: mode, IPv6: true}).Config()
+				Mode: mode, IPv6: true}
 			rs, err := iptables.Build(want)
 			if err != nil {
 				t.Fatal(err)
@@ -175,12 +175,12 @@ func TestFeatureKeysInNetns(t *testing.T) {
 				}
 				return st
 			}
-			want, err := iptables.Build((Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
-				InboundPortsToIgnore: []string{"4191", "4190"}, IPTablesMode: mode, IPv6Auto: true,
+			want, err := iptables.Build(iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+				InboundPortsToIgnore: []string{"4191", "4190"}, Mode: mode, IPv6Auto: true,
 				RedirectDNSToPort: 5353, InboundMode: iptables.InboundTPROXY, OutboundPortsToRedirect: []string{"80", "443"},
 				OutboundSubnetsToRedirect: []string{"192.0.2.0/24"}, InterfacesToIgnore: []string{"net1"},
 				UIDsToIgnore: []string{"1000"}, GIDsToIgnore: []string{"3000"}, DropInvalid: true,
-				RerouteVirtualInterfaces: []string{"k6t-eth0"}}).Config())
+				RerouteVirtualInterfaces: []string{"k6t-eth0"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -264,7 +264,7 @@ func TestCeilingsInNetns(t *testing.T) {
 			if strings.Contains(logs.String(), "192.0.2.1/32,192.0.2.1/32") {
 				t.Errorf("the log echoes the whole list:\n%.300s", logs.String())
 			}
-			rs, err := iptables.Build((Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, IPTablesMode: iptables.ModeNFT}).Config())
+			rs, err := iptables.Build(iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1, Mode: iptables.ModeNFT})
 			if err != nil {
 				t.Fatal(err)
 			}

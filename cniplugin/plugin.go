@@ -359,7 +359,7 @@ func (p *Plugin) GC(*skel.CmdArgs) error { return nil }
 func (c *call) target(netns string) runner.Target {
 	l := c.conf.Linkerd
 	return runner.Target{
-		Options:     runner.Options{Mode: l.IPTablesMode, Wait: l.UseWaitFlag},
+		Options:     runner.Options{Mode: l.Mode, Wait: l.UseWaitFlag},
 		NetNS:       netns,
 		Log:         c.log,
 		ChoiceLevel: slog.LevelDebug,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,10 +76,40 @@ func TestNeedsNamespace(t *testing.T) {
 }
 
 func baseConfig() iptables.Config {
-	c := Linkerd{IncomingProxyPort: 4143, OutgoingProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
+	return iptables.Config{InboundProxyPort: 4143, OutboundProxyPort: 4140, ProxyUID: 2102, ProxyGID: -1,
 		InboundPortsToIgnore: []string{"4191", "4190"}, OutboundPortsToIgnore: []string{"25"},
-		SubnetsToIgnore: []string{"10.0.0.0/8"}, IPTablesMode: iptables.ModeNFTables}
-	return c.Config()
+		InboundSubnetsToIgnore: []string{"10.0.0.0/8"}, Mode: iptables.ModeNFTables}
+}
+
+// TestMergeLeavesBaseAlone: the agent's concurrent writes share one node config, whose linkerd
+// block is Merge's base, so Merge and the rule builder must never write into base's lists, not
+// even into their spare capacity, whatever the annotations append or replace.
+func TestMergeLeavesBaseAlone(t *testing.T) {
+	base := baseConfig()
+	spare := func(s ...string) []string { return append(make([]string, 0, 8), s...) }
+	base.InboundPortsToIgnore, base.OutboundPortsToIgnore = spare("4191", "4190"), spare("25")
+	base.InboundSubnetsToIgnore, base.OutboundSubnetsToIgnore = spare("10.0.0.0/8"), spare("192.0.2.0/24")
+	base.RerouteVirtualInterfaces = spare("tap0")
+	lists := []*[]string{&base.InboundPortsToIgnore, &base.OutboundPortsToIgnore, &base.InboundSubnetsToIgnore,
+		&base.OutboundSubnetsToIgnore, &base.RerouteVirtualInterfaces}
+	before := make([][]string, len(lists))
+	for i, l := range lists {
+		before[i] = slices.Clone((*l)[:cap(*l)])
+	}
+	pod := Object{Kind: "pod", Name: "web/api-0", Annotations: map[string]string{
+		AnnotationSkipInboundPorts: "9090", AnnotationSkipOutboundPorts: "3306", AnnotationSkipSubnets: "198.51.100.0/24",
+		AnnotationSkipInboundSubnets: "203.0.113.0/24", AnnotationSkipOutboundSubnets: "2001:db8::/32",
+		AnnotationRerouteVirtualInterfaces: "k6t-eth0"}}
+	for range 2 {
+		if _, err := Merge(base, DefaultCeilings, pod, nil, []string{"6443"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, l := range lists {
+		if got := (*l)[:cap(*l)]; !slices.Equal(got, before[i]) {
+			t.Errorf("base list %d written: %q, was %q", i, got, before[i])
+		}
+	}
 }
 
 func TestMerge(t *testing.T) {

@@ -120,7 +120,7 @@ func mustRules(t *testing.T) *iptables.Ruleset {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := iptables.Build(conf.Linkerd.Config())
+	rs, err := iptables.Build(conf.Linkerd.Config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func (in Inputs) merge(c *call) (Settings, error) {
 	if in.Namespace != nil {
 		ns = &Object{Kind: "namespace", Name: c.pod.Namespace, Annotations: in.Namespace}
 	}
-	return Merge(c.conf.Linkerd.Config(), c.conf.Ceilings, pod, ns, in.APIServerPorts)
+	return Merge(c.conf.Linkerd.Config, c.conf.Ceilings, pod, ns, in.APIServerPorts)
 }
 
 // changes names what differs between the recorded inputs and now's, with both values; an

@@ -67,7 +67,7 @@ func cniDefaultConfig(t *testing.T, apiServerPorts []string) *iptables.Ruleset {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := cniplugin.Merge(conf.Linkerd.Config(), conf.Ceilings, cniplugin.Object{Kind: "pod", Name: "emojivoto/web-0"}, nil, apiServerPorts)
+	s, err := cniplugin.Merge(conf.Linkerd.Config, conf.Ceilings, cniplugin.Object{Kind: "pod", Name: "emojivoto/web-0"}, nil, apiServerPorts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func (a *Agent) audit(ctx context.Context, pod *corev1.Pod) outcome {
 		log.Debug("not audited: no linkerd-cni network config on the node", "error", err.Error())
 		return notAudited
 	}
-	if mode := conf.Linkerd.IPTablesMode; needsBinaries(mode) && !a.haveBinaries(mode) {
+	if mode := conf.Linkerd.Mode; needsBinaries(mode) && !a.haveBinaries(mode) {
 		a.unauditable.Do(func() {
 			log.Warn("not auditing: iptables-mode " + string(mode) + " is read with the iptables binaries, which this image does not hold; the plugin still writes the rules at ADD")
 		})

@@ -107,7 +107,7 @@ func TestNetConfSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if conf.Name != "k8s-pod-network" || conf.CNIVersion != "1.0.0" || conf.Linkerd.IPTablesMode != iptables.ModeNFTables || conf.Linkerd.ProxyUID != 2102 {
+	if conf.Name != "k8s-pod-network" || conf.CNIVersion != "1.0.0" || conf.Linkerd.Mode != iptables.ModeNFTables || conf.Linkerd.ProxyUID != 2102 {
 		t.Errorf("Load = %+v", conf)
 	}
 	write("10-calico.conflist", `{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"calico"},

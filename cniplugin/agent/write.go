@@ -151,8 +151,8 @@ func (a *Agent) write(ctx context.Context, req wire.Request, netns *os.File) (re
 	case decline != nil:
 	case !a.synced.Load():
 		decline = wire.Errorf(wire.CodeCannotWrite, "the agent's watches have not synced yet")
-	case needsBinaries(conf.Linkerd.IPTablesMode) && !a.haveBinaries(conf.Linkerd.IPTablesMode):
-		decline = wire.Errorf(wire.CodeCannotWrite, "iptables-mode %s is written with the iptables binaries, which the agent's image does not hold", conf.Linkerd.IPTablesMode)
+	case needsBinaries(conf.Linkerd.Mode) && !a.haveBinaries(conf.Linkerd.Mode):
+		decline = wire.Errorf(wire.CodeCannotWrite, "iptables-mode %s is written with the iptables binaries, which the agent's image does not hold", conf.Linkerd.Mode)
 	}
 	if decline != nil {
 		return a.declined(ctx, req, decline)
