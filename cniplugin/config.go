@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/types/create"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kubemesh/proxy-init/internal/badinput"
@@ -126,12 +127,27 @@ func ParseConfigLenient(data []byte) (*NetConf, error) {
 func decodeConfig(data []byte, strict bool) (*NetConf, []badinput.Problem, error) {
 	def := iptables.NewConfig() // the -1s: unset ports, no UID or GID exemption
 	conf := &NetConf{Linkerd: Linkerd{Config: iptables.Config{InboundProxyPort: def.InboundProxyPort, OutboundProxyPort: def.OutboundProxyPort, ProxyUID: def.ProxyUID, ProxyGID: def.ProxyGID}}}
-	if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
-		return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
+	// prevResult goes straight into its result type. CNI's ParsePrevResult, which goes through a
+	// map and back to JSON (0.1 ms of the plugin's cold start), decodes what that refuses, with its
+	// errors: a result without its version (before CNI 1.0), null, or not a result at all.
+	var pc struct {
+		types.PluginConf
+		Prev json.RawMessage `json:"prevResult"`
+	}
+	err := json.Unmarshal(data, &pc)
+	if err == nil && pc.Prev != nil {
+		pc.PrevResult, err = create.Create(pc.CNIVersion, pc.Prev)
+	}
+	conf.PluginConf = pc.PluginConf
+	if err != nil {
+		if err := json.Unmarshal(data, &conf.PluginConf); err != nil {
+			return nil, nil, fmt.Errorf("parse linkerd-cni network config: %w", err)
+		}
+		err = version.ParsePrevResult(&conf.PluginConf)
 	}
 	var top map[string]json.RawMessage
 	_ = json.Unmarshal(data, &top) // the object that decoded into PluginConf
-	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+	if err != nil {
 		if strict {
 			return nil, nil, fmt.Errorf("parse prevResult of the linkerd-cni network config: %w", err)
 		}

@@ -51,6 +51,61 @@ var prevResults = map[string]string{
 		"routes":[{"dst":"0.0.0.0/0","gw":"203.0.113.1","mtu":1400,"table":100,"scope":0}],"dns":{"nameservers":["203.0.113.53"]}}`,
 }
 
+// TestPrevResultAsCNIParsesIt holds ParseConfig's own decoding of prevResult to what CNI's
+// ParsePrevResult makes of it: the same result, or the same error, for every version, for a result
+// without its version (which takes the config's), and for prevResults that are no result.
+func TestPrevResultAsCNIParsesIt(t *testing.T) {
+	cases := map[string]struct{ ver, prev string }{
+		"no version, 0.3.1":   {"0.3.1", `{"ips":[{"version":"4","address":"203.0.113.5/24"}]}`},
+		"no version, 1.0.0":   {"1.0.0", `{"ips":[{"address":"203.0.113.5/24"}]}`},
+		"empty":               {"1.0.0", `{}`},
+		"null":                {"1.0.0", `null`},
+		"a number":            {"1.0.0", `5`},
+		"a list":              {"1.1.0", `[]`},
+		"bad address":         {"1.0.0", `{"cniVersion":"1.0.0","ips":[{"address":"nope"}]}`},
+		"empty version":       {"1.0.0", `{"cniVersion":"","ips":[]}`},
+		"older than config":   {"1.1.0", `{"cniVersion":"1.0.0","ips":[{"address":"203.0.113.5/24"}]}`},
+		"newer than config":   {"0.4.0", prevResults["1.0.0"]},
+		"unknown version":     {"1.0.0", `{"cniVersion":"9.9.9"}`},
+		"version in capitals": {"0.4.0", `{"CNIVersion":"0.4.0","ips":[]}`},
+	}
+	for ver, prev := range prevResults {
+		cases[ver] = struct{ ver, prev string }{ver, prev}
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			data := []byte(strings.Replace(linkerdChartConfig, "{", `{"cniVersion":"`+c.ver+`","state-dir":"/var/run/linkerd-cni","prevResult":`+c.prev+",", 1))
+			var want types.PluginConf
+			wantErr := json.Unmarshal(data, &want)
+			if wantErr != nil {
+				wantErr = fmt.Errorf("parse linkerd-cni network config: %w", wantErr)
+			} else if err := version.ParsePrevResult(&want); err != nil {
+				wantErr = fmt.Errorf("parse prevResult of the linkerd-cni network config: %w", err)
+			}
+			conf, err := ParseConfig(data)
+			switch {
+			case wantErr != nil || err != nil:
+				if fmt.Sprint(err) != fmt.Sprint(wantErr) {
+					t.Fatalf("error\n got %v\nwant %v", err, wantErr)
+				}
+			case (conf.PrevResult == nil) != (want.PrevResult == nil):
+				t.Fatalf("prevResult %#v, CNI's %#v", conf.PrevResult, want.PrevResult)
+			case want.PrevResult != nil:
+				var got, exp bytes.Buffer
+				if err := conf.PrevResult.PrintTo(&got); err != nil {
+					t.Fatal(err)
+				}
+				if err := want.PrevResult.PrintTo(&exp); err != nil {
+					t.Fatal(err)
+				}
+				if got.String() != exp.String() || conf.PrevResult.Version() != want.PrevResult.Version() {
+					t.Errorf("prevResult (%s)\n got %s\nwant %s (%s)", conf.PrevResult.Version(), got.String(), exp.String(), want.PrevResult.Version())
+				}
+			}
+		})
+	}
+}
+
 // withVersion returns the chart config as the runtime hands it to the plugin: with cniVersion and
 // the previous plugin's result; and with a state-dir of the test's own unless it has one.
 func withVersion(t *testing.T, base, ver string) []byte {
