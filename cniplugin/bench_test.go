@@ -28,7 +28,7 @@ import (
 )
 
 // benchRuns is how many times each measurement is repeated; medians are reported.
-const benchRuns = 15
+const benchRuns = 31
 
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
