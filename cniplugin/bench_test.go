@@ -53,8 +53,8 @@ func BenchmarkADD(b *testing.B) {
 	// namespaces. They take turns too, many more of them: they differ by a fraction of a
 	// millisecond.
 	startBins := []string{filepath.Join(binDirs[0], "linkerd-cni"), filepath.Join(binDirs[0], "noopcni"), floorPlugin(b, "linkhttps")}
-	if dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE"); dir != "" {
-		startBins = append(startBins, filepath.Join(dir, "plugin", "linkerd-cni"))
+	if plugin := baselinePlugin(); plugin != "" {
+		startBins = append(startBins, plugin)
 	}
 	starts := startups(b, startBins...)
 	n.createNamespace(b, "bench", nil)
@@ -534,6 +534,14 @@ type baseline struct {
 	cni                 *libcni.CNIConfig
 }
 
+// baselinePlugin is the baseline build's plugin, "" without LINKERD_CNI_BENCH_BASELINE.
+func baselinePlugin() string {
+	if dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE"); dir != "" {
+		return filepath.Join(dir, "plugin", "linkerd-cni")
+	}
+	return ""
+}
+
 // startBaseline starts the baseline build's agent, or returns nil without the variable.
 func (n *node) startBaseline(b *testing.B) *baseline {
 	b.Helper()
@@ -546,7 +554,7 @@ func (n *node) startBaseline(b *testing.B) *baseline {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
-	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: filepath.Join(dir, "plugin", "linkerd-cni"),
+	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: baselinePlugin(),
 		// Its plugins' stderr is dropped: the figures, not the baseline's log lines.
 		cni: libcni.NewCNIConfigWithCacheDir(append([]string{filepath.Join(dir, "plugin")}, binDirs...), filepath.Join(n.dir, "cache"),
 			&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: io.Discard}})}
