@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
@@ -16,7 +17,8 @@ import (
 // JSON, an unknown cniVersion) before our Del runs, and a failing DEL blocks the sandbox's
 // teardown forever, while our rules die with the pod's namespace anyway.
 func PluginMain(p *Plugin) {
-	err := skel.PluginMainFuncsWithError(p.Funcs(), version.All, About)
+	started = time.Now()
+	err := skel.PluginMainFuncsWithError(p.Funcs(), version.All, about())
 	if err == nil {
 		os.Exit(0)
 	}

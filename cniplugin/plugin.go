@@ -25,8 +25,10 @@ import (
 	"github.com/kubemesh/proxy-init/iptables/runner"
 )
 
-// About is the plugin's one-line description for skel.
-var About = "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transparent-proxy redirect, as a chained CNI plugin"
+// about is the plugin's one-line description for skel.
+func about() string {
+	return "linkerd-cni " + buildinfo.Version + ": Linkerd-compatible transparent-proxy redirect, as a chained CNI plugin"
+}
 
 // applyTimeout bounds writing, reading back or removing the rules in one namespace.
 const applyTimeout = 60 * time.Second
@@ -126,6 +128,9 @@ func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
 // start parses CNI_ARGS and opens the logger. The logger exists even when the config is bad, so
 // that the failure itself is logged with the pod it concerns.
 func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, error) {
+	if started.IsZero() { // a caller other than PluginMain
+		started = time.Now()
+	}
 	pod, argErr := ParseCNIArgs(args.Args)
 	level, logFile := slog.LevelInfo, ""
 	if conf != nil {

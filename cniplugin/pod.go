@@ -213,23 +213,6 @@ type Settings struct {
 	Sources map[string]string
 }
 
-// annotationFields maps each annotation to the rule builder's field it sets, so that the
-// builder's own validation of that field is reported as a problem with the annotation.
-var annotationFields = map[string]string{
-	AnnotationSkipOutboundPorts:   iptables.FieldOutboundPortsToIgnore,
-	AnnotationSkipInboundPorts:    iptables.FieldInboundPortsToIgnore,
-	AnnotationSkipSubnets:         iptables.FieldInboundSubnetsToIgnore,
-	AnnotationSkipInboundSubnets:  iptables.FieldInboundSubnetsToIgnore,
-	AnnotationSkipOutboundSubnets: iptables.FieldOutboundSubnetsToIgnore,
-	AnnotationProxyUID:            iptables.FieldProxyUID,
-	AnnotationProxyGID:            iptables.FieldProxyGID,
-	AnnotationInboundPort:         iptables.FieldInboundProxyPort,
-	AnnotationOutboundPort:        iptables.FieldOutboundProxyPort,
-	AnnotationCloseWaitTimeout:    iptables.FieldCloseWait,
-
-	AnnotationRerouteVirtualInterfaces: iptables.FieldRerouteVirtualInterfaces,
-}
-
 // Ceilings bound what a pod's (or its namespace's) annotations may ask of the node, which the
 // plugin and agent serve as root: else one pod could hold node-wide conntrack slots for weeks, or
 // make every audit of it cost seconds and megabytes. proxy-init's flags (the admins') have none.
@@ -301,18 +284,18 @@ type merger struct {
 func (m *merger) annotations() {
 	c := &m.s.Config
 	for _, l := range []struct {
-		key     string
-		dst     *[]string
-		appends bool
+		key, field string // the annotation, and the rule builder's field it sets
+		dst        *[]string
+		appends    bool
 	}{
-		{AnnotationSkipOutboundPorts, &c.OutboundPortsToIgnore, false},
-		{AnnotationSkipInboundPorts, &c.InboundPortsToIgnore, true},
-		{AnnotationSkipSubnets, &c.InboundSubnetsToIgnore, false},
-		{AnnotationSkipInboundSubnets, &c.InboundSubnetsToIgnore, true},
-		{AnnotationSkipOutboundSubnets, &c.OutboundSubnetsToIgnore, false},
-		{AnnotationRerouteVirtualInterfaces, &c.RerouteVirtualInterfaces, false},
+		{AnnotationSkipOutboundPorts, iptables.FieldOutboundPortsToIgnore, &c.OutboundPortsToIgnore, false},
+		{AnnotationSkipInboundPorts, iptables.FieldInboundPortsToIgnore, &c.InboundPortsToIgnore, true},
+		{AnnotationSkipSubnets, iptables.FieldInboundSubnetsToIgnore, &c.InboundSubnetsToIgnore, false},
+		{AnnotationSkipInboundSubnets, iptables.FieldInboundSubnetsToIgnore, &c.InboundSubnetsToIgnore, true},
+		{AnnotationSkipOutboundSubnets, iptables.FieldOutboundSubnetsToIgnore, &c.OutboundSubnetsToIgnore, false},
+		{AnnotationRerouteVirtualInterfaces, iptables.FieldRerouteVirtualInterfaces, &c.RerouteVirtualInterfaces, false},
 	} {
-		m.each(l.key, true, func(v string) string {
+		m.each(l.key, l.field, true, func(v string) string {
 			if !l.appends {
 				*l.dst = nil
 			}
@@ -320,13 +303,13 @@ func (m *merger) annotations() {
 			return ""
 		})
 	}
-	m.each(AnnotationProxyUID, false, integer(&c.ProxyUID, "UID"))
-	m.each(AnnotationProxyGID, false, integer(&c.ProxyGID, "GID"))
-	m.each(AnnotationInboundPort, false, integer(&c.InboundProxyPort, "port"))
-	m.each(AnnotationOutboundPort, false, integer(&c.OutboundProxyPort, "port"))
+	m.each(AnnotationProxyUID, iptables.FieldProxyUID, false, integer(&c.ProxyUID, "UID"))
+	m.each(AnnotationProxyGID, iptables.FieldProxyGID, false, integer(&c.ProxyGID, "GID"))
+	m.each(AnnotationInboundPort, iptables.FieldInboundProxyPort, false, integer(&c.InboundProxyPort, "port"))
+	m.each(AnnotationOutboundPort, iptables.FieldOutboundProxyPort, false, integer(&c.OutboundProxyPort, "port"))
 	// close-wait-timeout: what the proxy injector accepts (a Go duration such as "1h"), and whole
 	// seconds for convenience. Whether the kernel takes that many is the rule builder's check.
-	m.each(AnnotationCloseWaitTimeout, false, func(v string) string {
+	m.each(AnnotationCloseWaitTimeout, iptables.FieldCloseWait, false, func(v string) string {
 		secs, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			d, err := time.ParseDuration(v)
@@ -347,9 +330,10 @@ func (m *merger) annotations() {
 }
 
 // each takes one annotation when present, from the pod, else from its namespace; set converts
-// its value into the config, and returns why it cannot when the value does not even have the
-// right form. A list is bounded by max-annotation-list-entries.
-func (m *merger) each(key string, list bool, set func(v string) string) {
+// its value into the config's field, and returns why it cannot when the value does not even have
+// the right form, so that the builder's own validation of that field is reported as a problem
+// with the annotation. A list is bounded by max-annotation-list-entries.
+func (m *merger) each(key, field string, list bool, set func(v string) string) {
 	from, v := &m.pod, m.pod.Annotations[key]
 	if v == "" && m.ns != nil {
 		from, v = m.ns, m.ns.Annotations[key]
@@ -369,7 +353,6 @@ func (m *merger) each(key string, list bool, set func(v string) string) {
 		m.probs = append(m.probs, src)
 		return
 	}
-	field := annotationFields[key]
 	m.found[field] = append(m.found[field], src)
 	m.s.Sources[field] = strings.TrimPrefix(m.s.Sources[field]+", "+src.Field+" on "+src.On, ", ")
 }

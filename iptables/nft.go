@@ -135,7 +135,9 @@ func (m NFTMatch) String() string {
 	return fmt.Sprintf("<unknown match %d>", m.Kind)
 }
 
-var nftMatchPrefixes = map[NFTMatchKind]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
+// nftMatchPrefixes are the words before a match's value, by kind: an array, not a map, which the
+// CNI plugin, linking this package, would build at every start.
+var nftMatchPrefixes = [...]string{NFTMatchSkUID: "meta skuid ", NFTMatchSkGID: "meta skgid ",
 	NFTMatchTCPDPort: "tcp dport ", NFTMatchUDPDPort: "udp dport ", NFTMatchUDPSPort: "udp sport ",
 	NFTMatchOIFName: "oifname ", NFTMatchIIFName: "iifname "}
 

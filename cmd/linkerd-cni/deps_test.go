@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kubemesh/proxy-init/test/cnitest"
 )
 
 // TestPluginStaysLean guards the plugin's start-up: every package linked into a binary runs its
@@ -41,6 +45,42 @@ func TestPluginStaysLean(t *testing.T) {
 				t.Errorf("the plugin links %s", dep)
 			}
 		}
+	}
+}
+
+// TestPluginRunsNoInitialiserOfOurs guards the other half of the plugin's start-up: what its
+// packages compute before main. Go runs every linked package's initialisers at every start, for
+// VERSION as for an ADD that the agent writes, so the tables of our packages the plugin links are
+// switches, arrays and values filled on first use, never maps or calls in package variables. The
+// runtime's own trace of its initialisers (GODEBUG=inittrace=1) lists every package that ran one.
+func TestPluginRunsNoInitialiserOfOurs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the command: skipped with -short")
+	}
+	dir := t.TempDir()
+	if err := cnitest.GoBuild(dir, cnitest.NodeBinaries...); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(dir, "linkerd-cni"))
+	cmd.Env = []string{"CNI_COMMAND=VERSION", "GODEBUG=inittrace=1"}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("VERSION: %v\n%s", err, stderr.String())
+	}
+	traced := 0
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		f := strings.Fields(line) // init <package> @<when> ms, <took> ms clock, ...
+		if len(f) < 2 || f[0] != "init" {
+			continue
+		}
+		traced++
+		if f[1] == "main" || strings.HasPrefix(f[1], "github.com/kubemesh/proxy-init/") {
+			t.Errorf("the plugin runs an initialiser of %s at every start: %s", f[1], line)
+		}
+	}
+	if traced == 0 { // the trace itself is what this test reads
+		t.Fatalf("GODEBUG=inittrace=1 traced no initialiser:\n%s", stderr.String())
 	}
 }
 

@@ -30,7 +30,7 @@ func main() {
 		os.Exit(2)
 	}
 	if len(args) > 0 {
-		if run, ok := subcommands[args[0]]; ok {
+		if run := subcommand(args[0]); run != nil {
 			os.Exit(run(args[1:]))
 		}
 	}

@@ -21,6 +21,8 @@ var subcommands = map[string]func(args []string) int{
 	"agent":   untilSignal(agent.Main),
 }
 
+func subcommand(name string) func(args []string) int { return subcommands[name] }
+
 func untilSignal(run func(context.Context, []string, io.Writer, io.Writer) int) func([]string) int {
 	return func(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

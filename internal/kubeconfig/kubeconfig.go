@@ -91,16 +91,18 @@ func Render(p Params) []byte {
 	return append(b, '\n')
 }
 
-// refusedUser are the ways to authenticate the plugin does not take, with why.
-var refusedUser = map[string]string{
-	"exec":                    "a credential plugin is not run by the CNI plugin: use token or tokenFile",
-	"auth-provider":           "an auth provider is not run by the CNI plugin: use token or tokenFile",
-	"client-certificate":      "client certificates are not supported: use token or tokenFile",
-	"client-certificate-data": "client certificates are not supported: use token or tokenFile",
-	"client-key":              "client certificates are not supported: use token or tokenFile",
-	"client-key-data":         "client certificates are not supported: use token or tokenFile",
-	"username":                "basic authentication is not supported: use token or tokenFile",
-	"password":                "basic authentication is not supported: use token or tokenFile",
+// refusedUser are the ways to authenticate the plugin does not take, with why (made when read).
+func refusedUser() map[string]string {
+	return map[string]string{
+		"exec":                    "a credential plugin is not run by the CNI plugin: use token or tokenFile",
+		"auth-provider":           "an auth provider is not run by the CNI plugin: use token or tokenFile",
+		"client-certificate":      "client certificates are not supported: use token or tokenFile",
+		"client-certificate-data": "client certificates are not supported: use token or tokenFile",
+		"client-key":              "client certificates are not supported: use token or tokenFile",
+		"client-key-data":         "client certificates are not supported: use token or tokenFile",
+		"username":                "basic authentication is not supported: use token or tokenFile",
+		"password":                "basic authentication is not supported: use token or tokenFile",
+	}
 }
 
 // Read reads the kubeconfig at path and returns the server, token and CA of its context Context
@@ -132,7 +134,7 @@ func Read(path string) (_ Params, err error) {
 		return Params{}, err
 	}
 	var u user
-	if err := pick(f.Users, "users", kc.User, "user", func(n named) json.RawMessage { return n.User }, &u, refusedUser); err != nil {
+	if err := pick(f.Users, "users", kc.User, "user", func(n named) json.RawMessage { return n.User }, &u, refusedUser()); err != nil {
 		return Params{}, err
 	}
 	return resolve(c, u, "clusters["+kc.Cluster+"].cluster", "users["+kc.User+"].user")

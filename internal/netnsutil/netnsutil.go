@@ -113,12 +113,11 @@ func CheckNetNSFile(f *os.File) error {
 		return fmt.Errorf("ask the namespace's type: %w", err)
 	}
 	if typ != unix.CLONE_NEWNET {
+		nsTypes := map[int]string{
+			unix.CLONE_NEWNS: "mount", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc", unix.CLONE_NEWUSER: "user",
+			unix.CLONE_NEWPID: "pid", unix.CLONE_NEWCGROUP: "cgroup", unix.CLONE_NEWTIME: "time",
+		}
 		return fmt.Errorf("a %s namespace, not a network namespace", nsTypes[typ])
 	}
 	return nil
-}
-
-var nsTypes = map[int]string{
-	unix.CLONE_NEWNS: "mount", unix.CLONE_NEWUTS: "uts", unix.CLONE_NEWIPC: "ipc", unix.CLONE_NEWUSER: "user",
-	unix.CLONE_NEWPID: "pid", unix.CLONE_NEWCGROUP: "cgroup", unix.CLONE_NEWTIME: "time",
 }

@@ -21,13 +21,21 @@ import (
 	"github.com/kubemesh/proxy-init/iptables"
 )
 
-// keyTypes are the set key types: the number nft gives the datatype, and the key length.
-var keyTypes = map[iptables.NFTSetType][2]int{
-	iptables.NFTIPv4: {7, 4}, iptables.NFTIPv6: {8, 16}, iptables.NFTPorts: {13, 2},
-}
+// keyTypes are the set key types: the number nft gives the datatype, and the key length. Tables
+// here are arrays, never maps, which the CNI plugin would build at every start.
+var keyTypes = [...]struct {
+	t      iptables.NFTSetType
+	id     uint32
+	length int
+}{{iptables.NFTIPv4, 7, 4}, {iptables.NFTIPv6, 8, 16}, {iptables.NFTPorts, 13, 2}}
 
 func keyType(t iptables.NFTSetType) (id uint32, length int) {
-	return uint32(keyTypes[t][0]), keyTypes[t][1]
+	for _, k := range keyTypes {
+		if k.t == t {
+			return k.id, k.length
+		}
+	}
+	return 0, 0
 }
 
 // nativeExprs translates a rule of the model into expressions, exactly as nft compiles the same
@@ -175,9 +183,9 @@ func nativeTable(t *ruleTable, comment string) *iptables.NFTTable {
 // intervals.
 func (s set) model() iptables.NFTSet {
 	out := iptables.NFTSet{Name: s.name, Type: iptables.NFTSetType("type-" + strconv.Itoa(int(s.keyType)))}
-	for t, k := range keyTypes {
-		if uint32(k[0]) == s.keyType {
-			out.Type = t
+	for _, k := range keyTypes {
+		if k.id == s.keyType {
+			out.Type = k.t
 		}
 	}
 	const want = unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL
@@ -401,7 +409,7 @@ func addrLookup(ex []expr.Any, i int, fam iptables.Family) (iptables.NFTMatchKin
 }
 
 // familyOf is the iptables family of an nf_tables family, "" for others.
-var familyOf = map[byte]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}
+var familyOf = [256]iptables.Family{famIP: iptables.IPv4, famIP6: iptables.IPv6}
 
 // uint16At reads a big-endian integer of exactly that size, and 0 from anything else.
 func uint16At(b []byte) uint16 {

@@ -370,13 +370,20 @@ func (r *rule) decodeExpr(fam byte, el *netlink.AttributeDecoder) error {
 }
 
 // exprKinds are the expressions our rules, in either representation, are made of, by the
-// kernel's name; a verdict is an immediate that writes the verdict register.
-var exprKinds = map[string]func() expr.Any{
-	"meta": newExpr[expr.Meta], "cmp": newExpr[expr.Cmp], "payload": newExpr[expr.Payload],
-	"bitwise": newExpr[expr.Bitwise], "range": newExpr[expr.Range], "lookup": newExpr[expr.Lookup],
-	"match": newExpr[expr.Match], "target": newExpr[expr.Target], "counter": newExpr[expr.Counter],
-	"redir": newExpr[expr.Redir], "ct": newExpr[expr.Ct], "tproxy": newExpr[expr.TProxy],
-	"immediate": newExpr[expr.Immediate],
+// kernel's name; a verdict is an immediate that writes the verdict register. The tables of this
+// package are arrays, and values filled on first use: the CNI plugin links it, and a map in a
+// package variable is built at every start (TestPluginRunsNoInitialiserOfOurs).
+var exprKinds = [...]exprKind{
+	{"meta", newExpr[expr.Meta]}, {"cmp", newExpr[expr.Cmp]}, {"payload", newExpr[expr.Payload]},
+	{"bitwise", newExpr[expr.Bitwise]}, {"range", newExpr[expr.Range]}, {"lookup", newExpr[expr.Lookup]},
+	{"match", newExpr[expr.Match]}, {"target", newExpr[expr.Target]}, {"counter", newExpr[expr.Counter]},
+	{"redir", newExpr[expr.Redir]}, {"ct", newExpr[expr.Ct]}, {"tproxy", newExpr[expr.TProxy]},
+	{"immediate", newExpr[expr.Immediate]},
+}
+
+type exprKind struct {
+	name string
+	mk   func() expr.Any
 }
 
 func newExpr[T any, P interface {
@@ -386,18 +393,21 @@ func newExpr[T any, P interface {
 	return P(new(T))
 }
 
-// exprNames is exprKinds the other way round, built on first use: not at every plugin start.
-var exprNames = sync.OnceValue(func() map[reflect.Type]string {
-	m := map[reflect.Type]string{reflect.TypeFor[*expr.Verdict](): "immediate"}
-	for name, mk := range exprKinds {
-		m[reflect.TypeOf(mk())] = name
-	}
-	return m
-})
+// exprNames is exprKinds the other way round, built on first use.
+var (
+	exprNamesOnce sync.Once
+	exprNames     map[reflect.Type]string
+)
 
 // exprName is the kernel's name of an expression of the kinds our rules hold.
 func exprName(e expr.Any) string {
-	if name, ok := exprNames()[reflect.TypeOf(e)]; ok {
+	exprNamesOnce.Do(func() {
+		exprNames = map[reflect.Type]string{reflect.TypeFor[*expr.Verdict](): "immediate"}
+		for _, k := range exprKinds {
+			exprNames[reflect.TypeOf(k.mk())] = k.name
+		}
+	})
+	if name, ok := exprNames[reflect.TypeOf(e)]; ok {
 		return name
 	}
 	return fmt.Sprintf("%T", e)
@@ -406,11 +416,11 @@ func exprName(e expr.Any) string {
 // unmarshalExpr decodes one expression of exprKinds; any other kind returns nil, which marks the
 // rule as not ours.
 func unmarshalExpr(fam byte, name string, data []byte) (expr.Any, error) {
-	mk, ok := exprKinds[name]
-	if !ok {
+	k := slices.IndexFunc(exprKinds[:], func(k exprKind) bool { return k.name == name })
+	if k < 0 {
 		return nil, nil
 	}
-	e, err := mk(), error(nil)
+	e, err := exprKinds[k].mk(), error(nil)
 	switch x := e.(type) {
 	case *expr.Ct:
 		// google/nftables' Ct does not read a source register (ct zone set).
@@ -529,4 +539,4 @@ func (st *set) decodeElements(m netlink.Message) error {
 }
 
 // famName is the name nft gives one of our tables' families.
-var famName = map[byte]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}
+var famName = [256]string{famIP: "ip", famIP6: "ip6", famInet: "inet"}

@@ -67,21 +67,25 @@ var (
 	dropExpr    = &expr.Verdict{Kind: expr.VerdictDrop}
 	singles     = [...]expr.Any{tcpMeta, tcpCmp, oifnameMeta, dportLoad, counter, returnExpr, udpCmp, iifnameMeta, sportLoad, dropExpr}
 	// addrLoads are the loads of the first n bytes of an address: [index in addrOffsets][n].
-	addrOffsets = [...]uint32{8, 12, 16, 24} // where the two headers hold the addresses (addrOffset)
-	addrLoads   = sync.OnceValue(func() *[len(addrOffsets)][17]*expr.Payload {
-		var t [len(addrOffsets)][17]*expr.Payload
-		for i, off := range addrOffsets {
-			for n := uint32(1); n <= 16; n++ {
-				t[i][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
-			}
-		}
-		return &t
-	})
+	addrOffsets   = [...]uint32{8, 12, 16, 24} // where the two headers hold the addresses (addrOffset)
+	addrLoadsOnce sync.Once                    // fills addrLoadTable on first use, not in a package initialiser
+	addrLoadTable [len(addrOffsets)][17]*expr.Payload
 	// sharedWire holds the shared expressions' marshalled data, filled as they are first used:
 	// [index in wireFamilies][sharedSlot].
 	wireFamilies = [...]byte{famIP, famIP6, famInet}
 	sharedWire   [len(wireFamilies)][len(singles) + len(addrOffsets)*17]atomic.Pointer[[]byte]
 )
+
+func addrLoads() *[len(addrOffsets)][17]*expr.Payload {
+	addrLoadsOnce.Do(func() {
+		for i, off := range addrOffsets {
+			for n := uint32(1); n <= 16; n++ {
+				addrLoadTable[i][n] = &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+			}
+		}
+	})
+	return &addrLoadTable
+}
 
 func addrLoad(off, n uint32) *expr.Payload {
 	return addrLoads()[slices.Index(addrOffsets[:], off)][n]
@@ -211,10 +215,11 @@ func appendXTMatches(out []expr.Any, pool *exprPool, f iptables.Family, r iptabl
 		return nil, 0, err
 	}
 	if r.CTState != "" {
-		mask, ok := ctStateMasks[r.CTState]
-		if !ok {
+		i := slices.IndexFunc(ctStateMasks[:], func(m ctStateMask) bool { return m.states == r.CTState })
+		if i < 0 {
 			return nil, 0, fmt.Errorf("conntrack state %q is not one we match", r.CTState)
 		}
+		mask := ctStateMasks[i].mask
 		out = append(out, &expr.Match{Name: "conntrack", Rev: conntrackRev, Info: conntrackInfo(f, mask)})
 	}
 	return out, proto, nil
@@ -273,7 +278,12 @@ func appendXTTarget(out []expr.Any, f iptables.Family, r iptables.XTRule) ([]exp
 
 // ctStateMasks are the conntrack match's state masks for the state lists we write
 // (XT_CONNTRACK_STATE_BIT: INVALID is bit 0, ESTABLISHED 1, RELATED 2).
-var ctStateMasks = map[string]uint16{iptables.CTStateInvalid: 1, iptables.CTStateEstablished: 6}
+var ctStateMasks = [...]ctStateMask{{iptables.CTStateInvalid, 1}, {iptables.CTStateEstablished, 6}}
+
+type ctStateMask struct {
+	states string
+	mask   uint16
+}
 
 // conntrackInfo is xt_conntrack_mtinfo3 matching the state mask alone.
 func conntrackInfo(f iptables.Family, mask uint16) *xt.ConntrackMtinfo3 {
@@ -466,8 +476,11 @@ func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule
 		case *expr.Counter:
 		case *expr.Verdict:
 			x.Target = e.Chain // a jump's
-			if t, ok := xtVerdicts[e.Kind]; ok {
-				x.Target = t
+			switch e.Kind {
+			case expr.VerdictReturn:
+				x.Target = iptables.TargetReturn
+			case expr.VerdictDrop:
+				x.Target = iptables.TargetDrop
 			}
 		case *expr.Target:
 			decodeXTTarget(f, &x, e)
@@ -480,11 +493,6 @@ func decodeXT(f iptables.Family, table, chain string, r rule) (x iptables.XTRule
 	}
 	want, _, err := encodeXT(f, x)
 	return x, err == nil && sameExprs(xtFamily(f), want, r.exprs)
-}
-
-// xtVerdicts are the targets that are native verdicts.
-var xtVerdicts = map[expr.VerdictKind]string{
-	expr.VerdictReturn: iptables.TargetReturn, expr.VerdictDrop: iptables.TargetDrop,
 }
 
 // cmpData is the data of the equality comparison at ex[i], if that is one.
@@ -510,9 +518,9 @@ func decodeXTMatch(r *iptables.XTRule, e *expr.Match) {
 	case *xt.Comment:
 		r.Comment = string(*info)
 	case *xt.ConntrackMtinfo3:
-		for s, mask := range ctStateMasks {
-			if mask == info.StateMask {
-				r.CTState = s
+		for _, m := range ctStateMasks {
+			if m.mask == info.StateMask {
+				r.CTState = m.states
 			}
 		}
 	case *xt.Unknown:

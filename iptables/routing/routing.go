@@ -65,7 +65,7 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 			if p.Family == iptables.IPv4 {
 				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 			}
-			r := &netlink.Route{Family: nlFamilies[p.Family], Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+			r := &netlink.Route{Family: nlFamily(p.Family), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
 				Table: int(p.Table), LinkIndex: o.lo, Dst: dst}
 			if err := netlink.RouteAdd(r); err != nil {
 				if errors.Is(err, unix.ENETDOWN) {
@@ -78,7 +78,7 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 		}
 		if !slices.ContainsFunc(o.rules[p.Family], func(r netlink.Rule) bool { return ruleLine(p.Family, r) == lines[0] }) {
 			r := netlink.NewRule()
-			r.Family, r.Priority, r.Table, r.Mark = nlFamilies[p.Family], p.Priority, int(p.Table), p.Mark
+			r.Family, r.Priority, r.Table, r.Mark = nlFamily(p.Family), p.Priority, int(p.Table), p.Mark
 			if err := netlink.RuleAdd(r); err != nil {
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[0], err), undo())
 			}
@@ -119,10 +119,23 @@ func (Netlink) Prune(want []iptables.PolicyRoute) error {
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
-var nlFamilies = map[iptables.Family]int{iptables.IPv4: netlink.FAMILY_V4, iptables.IPv6: netlink.FAMILY_V6}
+// nlFamily is netlink's number of a family. Functions, not maps: the CNI plugin links this package
+// and runs no package initialiser of ours.
+func nlFamily(f iptables.Family) int {
+	if f == iptables.IPv6 {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
 
-// ourFamilies is nlFamilies the other way round.
-var ourFamilies = map[int]iptables.Family{netlink.FAMILY_V4: iptables.IPv4, netlink.FAMILY_V6: iptables.IPv6}
+// ourFamily is nlFamily the other way round; false for other families.
+func ourFamily(nl int) (iptables.Family, bool) {
+	f := iptables.IPv4
+	if nl == netlink.FAMILY_V6 {
+		f = iptables.IPv6
+	}
+	return f, nlFamily(f) == nl
+}
 
 // current is what of ours one read found, by family, and the loopback interface's index.
 type current struct {
@@ -150,7 +163,7 @@ func readOurs(withLo bool) (*current, error) {
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		if f, ok := ourFamilies[r.Family]; ok && r.Priority == iptables.TPROXYRulePriority &&
+		if f, ok := ourFamily(r.Family); ok && r.Priority == iptables.TPROXYRulePriority &&
 			r.Table == int(iptables.TPROXYTable) {
 			o.rules[f] = append(o.rules[f], r)
 		}
@@ -160,7 +173,7 @@ func readOurs(withLo bool) (*current, error) {
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		if f, ok := ourFamilies[r.Family]; ok {
+		if f, ok := ourFamily(r.Family); ok {
 			o.routes[f] = append(o.routes[f], r)
 		}
 	}

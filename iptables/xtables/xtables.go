@@ -76,7 +76,7 @@ func New(mode iptables.Mode, opts Options) (*Applier, error) {
 	}
 	a := &Applier{name: "iptables" + prefix, backend: backend, opts: opts, bins: map[iptables.Family]binaries{}}
 	for _, f := range families {
-		cmd := commands[f]
+		cmd := command(f)
 		b, ok := lookPair(cmd + prefix)
 		if !ok && prefix != "" {
 			// Fall back to the plain binaries, but only if they drive the same kernel backend.
@@ -239,7 +239,14 @@ func (a *Applier) Present(ctx context.Context) ([]iptables.Elsewhere, error) {
 
 var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
 
-var commands = map[iptables.Family]string{iptables.IPv4: "iptables", iptables.IPv6: "ip6tables"}
+// command is a family's iptables command. A function, not a map: the CNI plugin links this package
+// and runs no package initialiser of ours.
+func command(f iptables.Family) string {
+	if f == iptables.IPv6 {
+		return "ip6tables"
+	}
+	return "iptables"
+}
 
 // readAll reads both families' rules of ours, stopping at the first that fails.
 func (a *Applier) readAll(ctx context.Context) (map[iptables.Family]iptables.SavedState, error) {

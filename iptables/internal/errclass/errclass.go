@@ -19,8 +19,6 @@ const (
 	NetRaw   = "CAP_NET_RAW"
 )
 
-var capBits = map[string]uint{NetAdmin: unix.CAP_NET_ADMIN, NetRaw: unix.CAP_NET_RAW}
-
 // Netlink classifies an error of a netlink backend, which needs CAP_NET_ADMIN: op says what was
 // being done ("write the iptables-nft nat rules").
 func Netlink(op string, err error) error {
@@ -51,6 +49,7 @@ func Missing(caps ...string) []string {
 	if unix.Capget(&unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}, &data[0]) != nil {
 		return nil
 	}
+	capBits := map[string]uint{NetAdmin: unix.CAP_NET_ADMIN, NetRaw: unix.CAP_NET_RAW}
 	var out []string
 	for _, c := range caps {
 		if data[capBits[c]/32].Effective&(1<<(capBits[c]%32)) == 0 {
