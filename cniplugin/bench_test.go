@@ -53,8 +53,9 @@ func BenchmarkADD(b *testing.B) {
 	// namespaces. They take turns too, many more of them: they differ by a fraction of a
 	// millisecond.
 	startBins := []string{filepath.Join(binDirs[0], "linkerd-cni"), filepath.Join(binDirs[0], "noopcni"), floorPlugin(b, "linkhttps")}
-	if plugin := baselinePlugin(); plugin != "" {
-		startBins = append(startBins, plugin)
+	basePlugins := baselinePlugins(b)
+	if basePlugins != "" {
+		startBins = append(startBins, filepath.Join(basePlugins, "linkerd-cni"))
 	}
 	starts := startups(b, startBins...)
 	n.createNamespace(b, "bench", nil)
@@ -148,7 +149,7 @@ func BenchmarkADD(b *testing.B) {
 	}
 	// Same-run rows of a baseline build (LINKERD_CNI_BENCH_BASELINE), its plugin through libcni
 	// with its own agent: the ratio route 1 is held to.
-	base := n.startBaseline(b)
+	base := n.startBaseline(b, basePlugins)
 	var baseRows []*addRow
 	if base != nil {
 		for _, mode := range []iptables.Mode{iptables.ModeNFT, iptables.ModeAuto} {
@@ -534,16 +535,31 @@ type baseline struct {
 	cni                 *libcni.CNIConfig
 }
 
-// baselinePlugin is the baseline build's plugin, "" without LINKERD_CNI_BENCH_BASELINE.
-func baselinePlugin() string {
-	if dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE"); dir != "" {
-		return filepath.Join(dir, "plugin", "linkerd-cni")
+// baselinePlugins copies the baseline build's plugin directory into a new one as the installer
+// copies the plugin onto a node (cnitest.CopyAsInstalled), as this build's are, and returns it; ""
+// without LINKERD_CNI_BENCH_BASELINE.
+func baselinePlugins(b *testing.B) string {
+	b.Helper()
+	dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE")
+	if dir == "" {
+		return ""
 	}
-	return ""
+	out := b.TempDir()
+	files, err := os.ReadDir(filepath.Join(dir, "plugin"))
+	for _, f := range files {
+		if err == nil {
+			err = cnitest.CopyAsInstalled(filepath.Join(dir, "plugin", f.Name()), filepath.Join(out, f.Name()))
+		}
+	}
+	if err != nil {
+		b.Fatalf("copy the baseline build's plugins: %v", err)
+	}
+	return out
 }
 
-// startBaseline starts the baseline build's agent, or returns nil without the variable.
-func (n *node) startBaseline(b *testing.B) *baseline {
+// startBaseline starts the baseline build's agent, its plugins in plugins (baselinePlugins), or
+// returns nil without the variable.
+func (n *node) startBaseline(b *testing.B, plugins string) *baseline {
 	b.Helper()
 	dir := os.Getenv("LINKERD_CNI_BENCH_BASELINE")
 	if dir == "" {
@@ -554,9 +570,9 @@ func (n *node) startBaseline(b *testing.B) *baseline {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(sockDir) })
-	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: baselinePlugin(),
+	base := &baseline{dir: dir, socket: filepath.Join(sockDir, "run", "agent.sock"), plugin: filepath.Join(plugins, "linkerd-cni"),
 		// Its plugins' stderr is dropped: the figures, not the baseline's log lines.
-		cni: libcni.NewCNIConfigWithCacheDir(append([]string{filepath.Join(dir, "plugin")}, binDirs...), filepath.Join(n.dir, "cache"),
+		cni: libcni.NewCNIConfigWithCacheDir(append([]string{plugins}, binDirs...), filepath.Join(n.dir, "cache"),
 			&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: io.Discard}})}
 	var log cnitest.SyncBuffer
 	cmd := exec.Command("nsenter", "--net="+n.ns.Path(), "--", filepath.Join(dir, "linkerd-cni"), "agent", "--node-name="+nodeName,

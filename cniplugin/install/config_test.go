@@ -89,7 +89,7 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	}{
 		{"network config file missing", func(h *host) { h.cfg.NetworkConfigFile = h.root + "/nope.json" }, "CNI_NETWORK_CONFIG_FILE: open " + "%ROOT%/nope.json"},
 		{"network config invalid", func(h *host) { h.cfg.NetworkConfig = `{"type":` }, "CNI_NETWORK_CONFIG: invalid JSON"},
-		{"plugin binary missing from the image", func(h *host) { os.Remove(h.imageBin + "/linkerd-cni") }, "plugin binary: copy: open %ROOT%/image/opt/cni/bin/linkerd-cni: no such file or directory"},
+		{"plugin binary missing from the image", func(h *host) { os.Remove(h.imageBin + "/linkerd-cni") }, "plugin binary: copy: stat %ROOT%/image/opt/cni/bin/linkerd-cni: no such file or directory"},
 		// The kubeconfig comes before the binary: no plugin on the node without it.
 		{"service account token missing", func(h *host) { os.Remove(h.saDir + "/token") },
 			"service account token %ROOT%/sa/token does not exist: is automountServiceAccountToken disabled for the DaemonSet's pods?"},

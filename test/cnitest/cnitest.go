@@ -41,15 +41,43 @@ var NodeBinaries = []string{"-tags=pluginonly", "github.com/kubemesh/proxy-init/
 
 // GoBuild builds into dir as `make build` builds the node's plugin: static (CGO_ENABLED=0),
 // stripped and with trimmed paths. args are further go build flags (such as -tags=pluginonly,
-// which builds linkerd-cni without the DaemonSet subcommands), then the packages.
+// which builds linkerd-cni without the DaemonSet subcommands), then the packages. Each binary is
+// then copied into dir as the installer copies the plugin onto a node (CopyAsInstalled).
 func GoBuild(dir string, args ...string) error {
-	args = append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, args...)
+	tmp, err := os.MkdirTemp(dir, ".build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	args = append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", tmp + "/"}, args...)
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
-	return nil
+	built, err := os.ReadDir(tmp)
+	for _, f := range built {
+		if err == nil {
+			err = CopyAsInstalled(filepath.Join(tmp, f.Name()), filepath.Join(dir, f.Name()))
+		}
+	}
+	return err
+}
+
+// CopyAsInstalled copies the binary src to dst as the installer copies the plugin onto a node:
+// read whole and written in one call. How a file was written decides how the kernel caches it
+// (a file written in one call is held in large folios where the kernel can), and the linker's
+// output started 0.3-0.8 ms slower than the same bytes written in one call on Linux 6.18 and ext4:
+// a benchmark of start-ups measures its binaries as a node holds them.
+func CopyAsInstalled(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err == nil {
+		err = os.WriteFile(dst+".tmp", data, 0o755)
+	}
+	if err == nil {
+		err = os.Rename(dst+".tmp", dst)
+	}
+	return err
 }
 
 // PluginsDir returns a directory holding the pluginPkgs plugins at the
