@@ -44,6 +44,9 @@ var NodeBinaries = []string{"-tags=pluginonly", "github.com/kubemesh/proxy-init/
 // which builds linkerd-cni without the DaemonSet subcommands), then the packages. Each binary is
 // then copied into dir as the installer copies the plugin onto a node (CopyAsInstalled).
 func GoBuild(dir string, args ...string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil { // as go build -o dir/ would
+		return err
+	}
 	tmp, err := os.MkdirTemp(dir, ".build-")
 	if err != nil {
 		return err
