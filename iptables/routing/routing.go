@@ -9,10 +9,10 @@ package routing
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
+	"strings"
 
-	"github.com/vishvananda/netlink"
+	"github.com/jsimonetti/rtnetlink/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/kubemesh/proxy-init/iptables"
@@ -24,17 +24,18 @@ type Netlink struct{}
 // Read returns the policy routing of ours in place, as iptables.PolicyRoute.Lines renders it,
 // family by family, each family's rules before its routes.
 func (Netlink) Read() ([]string, error) {
-	o, err := readOurs(false)
+	o, err := readOurs()
 	if err != nil {
 		return nil, err
 	}
+	defer o.c.Close()
 	var out []string
-	for _, f := range families {
-		for _, r := range o.rules[f] {
+	for i, f := range families {
+		for _, r := range o.rules[i] {
 			out = append(out, ruleLine(f, r))
 		}
-		for _, r := range o.routes[f] {
-			out = append(out, o.routeLine(f, r))
+		for _, r := range o.routes[i] {
+			out = append(out, routeLine(f, r))
 		}
 	}
 	return out, nil
@@ -43,46 +44,49 @@ func (Netlink) Read() ([]string, error) {
 // Ensure adds what of want is missing, and returns what undoes exactly that, for when the rules
 // that need it fail. Routes go in before their rules, so no marked packet meets an empty table.
 func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error) {
-	var added []func() error
+	var added []func(*rtnetlink.Conn) error
 	undo = func() error {
+		c, err := rtnetlink.Dial(nil)
+		if err != nil {
+			return fmt.Errorf("open an rtnetlink socket: %w", err)
+		}
+		defer c.Close()
 		var errs []error
 		for i := len(added) - 1; i >= 0; i-- {
-			errs = append(errs, added[i]())
+			errs = append(errs, added[i](c))
 		}
 		return errors.Join(errs...)
 	}
 	if len(want) == 0 {
 		return undo, nil
 	}
-	o, err := readOurs(true)
+	o, err := readOurs()
 	if err != nil {
 		return nil, err
 	}
+	defer o.c.Close()
 	for _, p := range want {
-		lines := p.Lines()
-		if !slices.ContainsFunc(o.routes[p.Family], func(r netlink.Route) bool { return o.routeLine(p.Family, r) == lines[1] }) {
-			dst := &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
-			if p.Family == iptables.IPv4 {
-				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-			}
-			r := &netlink.Route{Family: nlFamily(p.Family), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
-				Table: int(p.Table), LinkIndex: o.lo, Dst: dst}
-			if err := netlink.RouteAdd(r); err != nil {
+		i, lines := slices.Index(families[:], p.Family), p.Lines()
+		if !slices.ContainsFunc(o.routes[i], func(r rtnetlink.RouteMessage) bool { return routeLine(p.Family, r) == lines[1] }) {
+			r := &rtnetlink.RouteMessage{Family: afs[i], Protocol: unix.RTPROT_BOOT, Scope: unix.RT_SCOPE_HOST,
+				Type: unix.RTN_LOCAL, Attributes: rtnetlink.RouteAttributes{Table: p.Table, OutIface: loopback}}
+			if err := o.c.Route.Add(r); err != nil {
 				if errors.Is(err, unix.ENETDOWN) {
 					// The kernel refuses an IPv6 route through a loopback that is down.
 					err = fmt.Errorf("%w: the namespace's loopback interface is down (TPROXY delivers through it; bring lo up first, as every pod runtime does)", err)
 				}
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[1], err), undo())
 			}
-			added = append(added, func() error { return del(lines[1], netlink.RouteDel(r)) })
+			added = append(added, func(c *rtnetlink.Conn) error { return del(lines[1], c.Route.Delete(r)) })
 		}
-		if !slices.ContainsFunc(o.rules[p.Family], func(r netlink.Rule) bool { return ruleLine(p.Family, r) == lines[0] }) {
-			r := netlink.NewRule()
-			r.Family, r.Priority, r.Table, r.Mark = nlFamily(p.Family), p.Priority, int(p.Table), p.Mark
-			if err := netlink.RuleAdd(r); err != nil {
+		if !slices.ContainsFunc(o.rules[i], func(r rtnetlink.RuleMessage) bool { return ruleLine(p.Family, r) == lines[0] }) {
+			prio := uint32(p.Priority)
+			r := &rtnetlink.RuleMessage{Family: afs[i], Action: unix.FR_ACT_TO_TBL,
+				Attributes: &rtnetlink.RuleAttributes{Priority: &prio, FwMark: &p.Mark, Table: &p.Table}}
+			if err := o.c.Rule.Add(r); err != nil {
 				return nil, errors.Join(fmt.Errorf("add %s: %w", lines[0], err), undo())
 			}
-			added = append(added, func() error { return del(lines[0], netlink.RuleDel(r)) })
+			added = append(added, func(c *rtnetlink.Conn) error { return del(lines[0], c.Rule.Delete(r)) })
 		}
 	}
 	return undo, nil
@@ -91,100 +95,92 @@ func (Netlink) Ensure(want []iptables.PolicyRoute) (undo func() error, err error
 // Prune removes every rule and route of ours that want does not hold (all, for cleanup). Rules
 // go first: one left without its route sends marked packets on to the main table, harmlessly.
 func (Netlink) Prune(want []iptables.PolicyRoute) error {
-	o, err := readOurs(false)
+	o, err := readOurs()
 	if err != nil {
 		return err
 	}
+	defer o.c.Close()
 	var keep []string
 	for _, p := range want {
 		keep = append(keep, p.Lines()...)
 	}
 	var errs []error
-	for _, f := range families {
-		for i := range o.rules[f] {
-			if l := ruleLine(f, o.rules[f][i]); !slices.Contains(keep, l) {
-				errs = append(errs, del(l, netlink.RuleDel(&o.rules[f][i])))
+	for i, f := range families {
+		for _, r := range o.rules[i] {
+			if l := ruleLine(f, r); !slices.Contains(keep, l) {
+				errs = append(errs, del(l, o.c.Rule.Delete(&r)))
 			}
 		}
 	}
-	for _, f := range families {
-		for i := range o.routes[f] {
-			if l := o.routeLine(f, o.routes[f][i]); !slices.Contains(keep, l) {
-				errs = append(errs, del(l, netlink.RouteDel(&o.routes[f][i])))
+	for i, f := range families {
+		for _, r := range o.routes[i] {
+			if l := routeLine(f, r); !slices.Contains(keep, l) {
+				errs = append(errs, del(l, o.c.Route.Delete(&r)))
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-var families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+// families are ours in the order Read renders them, and afs rtnetlink's number of each. Arrays
+// of constants: the CNI plugin links this package and runs no package initialiser of ours.
+var (
+	families = [2]iptables.Family{iptables.IPv4, iptables.IPv6}
+	afs      = [2]uint8{unix.AF_INET, unix.AF_INET6}
+)
 
-// nlFamily is netlink's number of a family. Functions, not maps: the CNI plugin links this package
-// and runs no package initialiser of ours.
-func nlFamily(f iptables.Family) int {
-	if f == iptables.IPv6 {
-		return netlink.FAMILY_V6
-	}
-	return netlink.FAMILY_V4
-}
+// loopback is lo's interface index, the same in every network namespace (the kernel's
+// LOOPBACK_IFINDEX), so no lookup is needed.
+const loopback = 1
 
-// ourFamily is nlFamily the other way round; false for other families.
-func ourFamily(nl int) (iptables.Family, bool) {
-	f := iptables.IPv4
-	if nl == netlink.FAMILY_V6 {
-		f = iptables.IPv6
-	}
-	return f, nlFamily(f) == nl
-}
-
-// current is what of ours one read found, by family, and the loopback interface's index.
+// current is what of ours one read found, by family, and the socket it was read over.
 type current struct {
-	rules  map[iptables.Family][]netlink.Rule
-	routes map[iptables.Family][]netlink.Route
-	lo     int
+	c      *rtnetlink.Conn
+	rules  [2][]rtnetlink.RuleMessage
+	routes [2][]rtnetlink.RouteMessage
 }
 
-// readOurs reads what of ours is in place over one rtnetlink socket; the loopback interface only
-// when withLo or a route of our table needs it (most pods have none, and every ADD prunes).
-func readOurs(withLo bool) (*current, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+// readOurs reads what of ours is in place over one rtnetlink socket, which the caller closes.
+func readOurs() (*current, error) {
+	c, err := rtnetlink.Dial(nil)
 	if err != nil {
 		return nil, fmt.Errorf("open an rtnetlink socket: %w", err)
 	}
-	defer h.Close()
-	o := &current{rules: map[iptables.Family][]netlink.Rule{}, routes: map[iptables.Family][]netlink.Route{}}
-	rules, err := h.RuleList(netlink.FAMILY_ALL)
+	o := &current{c: c}
+	rules, err := c.Rule.List()
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		// qemu-user translates rtnetlink but not its ip rules: where they cannot be listed none
 		// can have been written (TPROXY, which adds one, fails there with this error).
 		rules, err = nil, nil
 	}
 	if err != nil {
+		c.Close()
 		return nil, fmt.Errorf("list the ip rules: %w", err)
 	}
 	for _, r := range rules {
-		if f, ok := ourFamily(r.Family); ok && r.Priority == iptables.TPROXYRulePriority &&
-			r.Table == int(iptables.TPROXYTable) {
-			o.rules[f] = append(o.rules[f], r)
+		if i := slices.Index(afs[:], r.Family); i >= 0 && r.Attributes != nil && value(r.Attributes.Priority) == iptables.TPROXYRulePriority &&
+			value(r.Attributes.Table) == iptables.TPROXYTable {
+			o.rules[i] = append(o.rules[i], r)
 		}
 	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: int(iptables.TPROXYTable)}, netlink.RT_FILTER_TABLE)
+	routes, err := c.Route.List()
 	if err != nil {
+		c.Close()
 		return nil, fmt.Errorf("list the routes of table %d: %w", iptables.TPROXYTable, err)
 	}
 	for _, r := range routes {
-		if f, ok := ourFamily(r.Family); ok {
-			o.routes[f] = append(o.routes[f], r)
+		if i := slices.Index(afs[:], r.Family); i >= 0 && r.Attributes.Table == iptables.TPROXYTable {
+			o.routes[i] = append(o.routes[i], r)
 		}
-	}
-	if withLo || len(routes) > 0 {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return nil, fmt.Errorf("find the loopback interface: %w", err)
-		}
-		o.lo = lo.Attrs().Index
 	}
 	return o, nil
+}
+
+func value[T any](p *T) (v T) {
+	if p != nil {
+		v = *p
+	}
+	return v
 }
 
 func del(what string, err error) error {
@@ -195,31 +191,28 @@ func del(what string, err error) error {
 }
 
 // ruleLine renders a rule of ours as iptables.PolicyRoute.Lines does; anything beyond a mark shows.
-func ruleLine(f iptables.Family, r netlink.Rule) string {
-	p := iptables.PolicyRoute{Family: f, Mark: r.Mark, Table: uint32(r.Table), Priority: r.Priority}
+func ruleLine(f iptables.Family, r rtnetlink.RuleMessage) string {
+	a := r.Attributes
+	p := iptables.PolicyRoute{Family: f, Mark: value(a.FwMark), Table: value(a.Table), Priority: int(value(a.Priority))}
 	l := p.Lines()[0]
-	if r.Mask != nil && *r.Mask != 0xffffffff {
-		l += fmt.Sprintf(" (mask %#x)", *r.Mask)
+	if a.FwMask != nil && *a.FwMask != 0xffffffff {
+		l += fmt.Sprintf(" (mask %#x)", *a.FwMask)
 	}
-	if r.Src != nil || r.Dst != nil || r.IifName != "" || r.OifName != "" || r.Invert {
-		l += " (and more: " + r.String() + ")"
+	if a.Src != nil || a.Dst != nil || a.IIFName != nil || a.OIFName != nil || r.Flags&unix.FIB_RULE_INVERT != 0 ||
+		a.IPProto != nil || a.SPortRange != nil || a.DPortRange != nil || a.UIDRange != nil || r.TOS != 0 {
+		l += fmt.Sprintf(" (and more: from %v/%d to %v/%d iif %q oif %q flags %#x tos %d ipproto %d sport %v dport %v uid %v)",
+			value(a.Src), r.SrcLength, value(a.Dst), r.DstLength, value(a.IIFName), value(a.OIFName), r.Flags, r.TOS,
+			value(a.IPProto), value(a.SPortRange), value(a.DPortRange), value(a.UIDRange))
 	}
 	return l
 }
 
 // routeLine renders a route of our table as iptables.PolicyRoute.Lines does, or as what it is.
-func (o *current) routeLine(f iptables.Family, r netlink.Route) string {
-	def := r.Dst == nil
-	if r.Dst != nil {
-		ones, _ := r.Dst.Mask.Size()
-		def = ones == 0 && r.Dst.IP.IsUnspecified()
+func routeLine(f iptables.Family, r rtnetlink.RouteMessage) string {
+	a := r.Attributes
+	if r.DstLength == 0 && r.Type == unix.RTN_LOCAL && a.OutIface == loopback && a.Gateway == nil {
+		return iptables.PolicyRoute{Family: f, Table: a.Table}.Lines()[1]
 	}
-	if def && r.Type == unix.RTN_LOCAL && r.LinkIndex == o.lo {
-		return iptables.PolicyRoute{Family: f, Table: uint32(r.Table)}.Lines()[1]
-	}
-	v := "-4"
-	if f == iptables.IPv6 {
-		v = "-6"
-	}
-	return fmt.Sprintf("ip %s route: %s (in table %d, not as proxy-init writes it)", v, r.String(), r.Table)
+	return fmt.Sprintf("%s: type %d to %s/%d via %s dev %d (in table %d, not as proxy-init writes it)",
+		strings.Split(iptables.PolicyRoute{Family: f}.Lines()[1], ":")[0], r.Type, a.Dst, r.DstLength, a.Gateway, a.OutIface, a.Table)
 }

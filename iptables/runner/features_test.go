@@ -813,7 +813,7 @@ func TestTPROXYWithLoopbackDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = runner.Runner{}.Apply(context.Background(), target(w, iptables.ModeNFTables), rs)
-	want := "add the policy routing TPROXY needs (nothing else was written): add ip -6 route: local ::/0 dev lo table 4143: network is down: the namespace's loopback interface is down"
+	want := "add the policy routing TPROXY needs (nothing else was written): add ip -6 route: local ::/0 dev lo table 4143: netlink receive: network is down: the namespace's loopback interface is down"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("apply: %v, want an error with %q", err, want)
 	}
