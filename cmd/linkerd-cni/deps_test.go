@@ -35,7 +35,7 @@ func TestPluginStaysLean(t *testing.T) {
 		"google.golang.org/grpc",         // the agent's CRI client
 		"github.com/prometheus/",         // the DaemonSet's metrics
 		"github.com/fsnotify/fsnotify",   // the installer's watches
-		"github.com/vishvananda/netlink", // the tests' (the policy routing speaks rtnetlink over mdlayher/netlink)
+		"github.com/vishvananda/netlink", // the tests' only: the policy routing uses jsimonetti/rtnetlink
 		"github.com/kubemesh/proxy-init/cniplugin/agent",
 		"github.com/kubemesh/proxy-init/cniplugin/install",
 		"github.com/kubemesh/proxy-init/cniplugin/repair",
