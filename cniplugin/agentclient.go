@@ -43,10 +43,6 @@ const (
 	DefaultAgentTimeout = 3 * time.Second
 )
 
-// started is when the plugin's main began, for the duration it reports. PluginMain sets it, not
-// a package initialiser: the plugin runs none of ours (TestPluginRunsNoInitialiserOfOurs).
-var started time.Time
-
 // addByAgent offers an ADD to the node agent (route 1). It returns done, with the ADD's result,
 // when the agent wrote the rules (or found none needed, or failed the ADD closed with a CNI
 // error); otherwise the plugin writes (route 2): with the agent's copy of the pod when its reply

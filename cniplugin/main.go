@@ -17,7 +17,7 @@ import (
 // JSON, an unknown cniVersion) before our Del runs, and a failing DEL blocks the sandbox's
 // teardown forever, while our rules die with the pod's namespace anyway.
 func PluginMain(p *Plugin) {
-	started = time.Now()
+	p.started = time.Now()
 	err := skel.PluginMainFuncsWithError(p.Funcs(), version.All, about())
 	if err == nil {
 		os.Exit(0)

@@ -2,6 +2,7 @@ package cniplugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,9 @@ type Plugin struct {
 	Runner runner.Runner
 	// nodeAgent is NewNodePlugin's: ADD and CHECK ask the node agent for the pod, DEL tells it.
 	nodeAgent bool
+	// started is when PluginMain began, the start of the duration a call reports (its stdin and
+	// config read included); zero for other callers, whose calls count from their own start.
+	started time.Time
 }
 
 // NewNodePlugin returns the plugin the container runtime runs, on the process's stdout and
@@ -121,6 +125,7 @@ type call struct {
 	agentAPI *agentLookup
 	route    string // who wrote an ADD's rules: wire.RouteAgent or wire.RoutePlugin ("": none)
 	trace    traceContext
+	started  time.Time // the start of the duration reported to the node agent
 }
 
 func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
@@ -128,16 +133,14 @@ func (c *call) podName() string { return c.pod.Namespace + "/" + c.pod.Name }
 // start parses CNI_ARGS and opens the logger. The logger exists even when the config is bad, so
 // that the failure itself is logged with the pod it concerns.
 func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, error) {
-	if started.IsZero() { // a caller other than PluginMain
-		started = time.Now()
-	}
 	pod, argErr := ParseCNIArgs(args.Args)
 	level, logFile := slog.LevelInfo, ""
 	if conf != nil {
 		level, _ = logging.ParseLevel(conf.LogLevel)
 		logFile = conf.LogFile
 	}
-	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace()}
+	c := &call{cmd: cmd, args: args, conf: conf, pod: pod, own: &bytes.Buffer{}, lookup: "none", trace: readTrace(),
+		started: cmp.Or(p.started, time.Now())}
 	attrs := []any{"cmd", cmd, "pod", pod.Name, "namespace", pod.Namespace, "container_id", args.ContainerID}
 	if c.trace.id != "" {
 		attrs = append(attrs, "trace_id", c.trace.id)
@@ -153,7 +156,7 @@ func (p *Plugin) start(cmd string, args *skel.CmdArgs, conf *NetConf) (*call, er
 // the pod came from, its duration and its log lines), and closes the log file.
 func (c *call) end(err error) {
 	if c.ex != nil {
-		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Route: c.route, Seconds: time.Since(started).Seconds(), Log: c.own.String(), TraceID: c.trace.id}
+		r := wire.Report{Command: c.cmd, Result: "ok", Lookup: c.lookup, Route: c.route, Seconds: time.Since(c.started).Seconds(), Log: c.own.String(), TraceID: c.trace.id}
 		if err != nil {
 			r.Result = "error"
 			var ce *types.Error

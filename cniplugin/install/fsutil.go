@@ -91,13 +91,13 @@ func inPlace(path string, want []byte, mode fs.FileMode) bool {
 // write: the kernel then caches it in large folios where it can, faster to exec (performance.md).
 func copyFileAtomic(src, dst string) error {
 	fi, err := os.Stat(src)
-	if err == nil && !fi.Mode().IsRegular() {
+	if err != nil {
+		return fmt.Errorf("copy: %w", err)
+	}
+	if !fi.Mode().IsRegular() { // before reading: a FIFO would block
 		return fmt.Errorf("copy: %s is not a regular file", src)
 	}
-	var data []byte
-	if err == nil {
-		data, err = os.ReadFile(src)
-	}
+	data, err := os.ReadFile(src)
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
